@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, builds, and runs every test with CTest, then runs
+# the suites again under AddressSanitizer and ThreadSanitizer builds.
+#
+#   ./ci.sh              everything
+#   ./ci.sh --quick      the plain build's tests only
+set -euo pipefail
+cd "$(dirname "$0")"
+
+./scripts/deps.sh
+
+jobs=$(nproc 2>/dev/null || echo 2)
+run_build() { # name, extra cmake args...
+  local dir="build-ci-$1"
+  shift
+  echo "== configure $dir $*"
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
+  cmake --build "$dir" -j "$jobs"
+  echo "== test $dir"
+  (cd "$dir" && ctest --output-on-failure -j "$jobs")
+}
+
+run_build plain -DCMAKE_C_FLAGS=-Werror
+if [ "${1:-}" != "--quick" ]; then
+  run_build asan -DIFD_SANITIZE=address -DIFD_BUILD_BENCH=OFF
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+    run_build tsan -DIFD_SANITIZE=thread -DIFD_BUILD_BENCH=OFF
+fi
+echo "== all tests passed"

@@ -1,0 +1,68 @@
+#include "core/log.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+volatile int ifd_log_level_ = IFD_LOG_WARN;
+
+static const char *const level_names[] = {"error", "warn", "info", "debug"};
+
+void ifd_log_set_level(int level)
+{
+    if (level < IFD_LOG_ERROR)
+        level = IFD_LOG_ERROR;
+    if (level > IFD_LOG_DEBUG)
+        level = IFD_LOG_DEBUG;
+    ifd_log_level_ = level;
+}
+
+int ifd_log_get_level(void)
+{
+    return ifd_log_level_;
+}
+
+int ifd_log_level_parse(const char *name, int *out)
+{
+    for (int i = 0; i < (int)(sizeof level_names / sizeof level_names[0]); i++) {
+        if (strcmp(name, level_names[i]) == 0) {
+            *out = i;
+            return IFD_OK;
+        }
+    }
+    return IFD_EINVAL;
+}
+
+const char *ifd_log_level_name(int level)
+{
+    if (level < IFD_LOG_ERROR || level > IFD_LOG_DEBUG)
+        return "?";
+    return level_names[level];
+}
+
+void ifd_log_write(int level, const char *fmt, ...)
+{
+    char line[1024];
+    char tname[16] = "?";
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    pthread_getname_np(pthread_self(), tname, sizeof tname);
+    int n = snprintf(line, sizeof line, "%02d:%02d:%02d.%03ld infeed %-5s [%s] ", tm.tm_hour,
+                     tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, ifd_log_level_name(level), tname);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && n < (int)sizeof line)
+        vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    va_end(ap);
+    /* One fputs per line keeps lines from different threads whole. */
+    size_t len = strlen(line);
+    if (len + 1 < sizeof line) {
+        line[len] = '\n';
+        line[len + 1] = '\0';
+    }
+    fputs(line, stderr);
+}

@@ -1,0 +1,219 @@
+#include "core/queue.h"
+
+#include "core/thread.h"
+#include "infeed/error.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct ifd_queue {
+    ifd_mutex mu;
+    ifd_cond not_empty;
+    ifd_cond not_full;
+    size_t item_size;
+    size_t cap;
+    size_t head; /* next item to pop */
+    size_t len;
+    int closed;
+    int aborted;
+    int waiting_pop;
+    int waiting_push;
+    unsigned char *buf;
+};
+
+int ifd_queue_create(ifd_queue **out, size_t item_size, size_t capacity)
+{
+    *out = NULL;
+    if (item_size == 0 || capacity == 0)
+        return IFD_EINVAL;
+    ifd_queue *q = calloc(1, sizeof *q);
+    if (q == NULL)
+        goto fail_alloc;
+    q->buf = malloc(item_size * capacity);
+    if (q->buf == NULL)
+        goto fail_buf;
+    q->item_size = item_size;
+    q->cap = capacity;
+    ifd_mutex_init(&q->mu);
+    ifd_cond_init(&q->not_empty);
+    ifd_cond_init(&q->not_full);
+    *out = q;
+    return IFD_OK;
+
+fail_buf:
+    free(q);
+fail_alloc:
+    return IFD_ENOMEM;
+}
+
+void ifd_queue_destroy(ifd_queue *q)
+{
+    if (q == NULL)
+        return;
+    ifd_cond_fini(&q->not_full);
+    ifd_cond_fini(&q->not_empty);
+    ifd_mutex_fini(&q->mu);
+    free(q->buf);
+    free(q);
+}
+
+/* deadline_ns < 0 means wait forever. */
+static int queue_push(ifd_queue *q, const void *item, int64_t deadline_ns)
+{
+    int rc = IFD_OK;
+    ifd_mutex_lock(&q->mu);
+    for (;;) {
+        if (q->aborted) {
+            rc = IFD_ESTOPPED;
+            goto out;
+        }
+        if (q->closed) {
+            rc = IFD_ECLOSED;
+            goto out;
+        }
+        if (q->len < q->cap)
+            break;
+        q->waiting_push++;
+        int t = 0;
+        if (deadline_ns < 0)
+            ifd_cond_wait(&q->not_full, &q->mu);
+        else
+            t = ifd_cond_wait_until(&q->not_full, &q->mu, deadline_ns);
+        q->waiting_push--;
+        if (t != 0 && !q->aborted && !q->closed && q->len == q->cap) {
+            rc = IFD_ETIMEDOUT;
+            goto out;
+        }
+    }
+    size_t tail = (q->head + q->len) % q->cap;
+    memcpy(q->buf + tail * q->item_size, item, q->item_size);
+    q->len++;
+    if (q->waiting_pop)
+        ifd_cond_signal(&q->not_empty);
+out:
+    ifd_mutex_unlock(&q->mu);
+    return rc;
+}
+
+static int queue_pop(ifd_queue *q, void *item, int64_t deadline_ns)
+{
+    int rc = IFD_OK;
+    ifd_mutex_lock(&q->mu);
+    for (;;) {
+        if (q->aborted) {
+            rc = IFD_ESTOPPED;
+            goto out;
+        }
+        if (q->len > 0)
+            break;
+        if (q->closed) {
+            rc = IFD_ECLOSED;
+            goto out;
+        }
+        q->waiting_pop++;
+        int t = 0;
+        if (deadline_ns < 0)
+            ifd_cond_wait(&q->not_empty, &q->mu);
+        else
+            t = ifd_cond_wait_until(&q->not_empty, &q->mu, deadline_ns);
+        q->waiting_pop--;
+        if (t != 0 && !q->aborted && !q->closed && q->len == 0) {
+            rc = IFD_ETIMEDOUT;
+            goto out;
+        }
+    }
+    memcpy(item, q->buf + q->head * q->item_size, q->item_size);
+    q->head = (q->head + 1) % q->cap;
+    q->len--;
+    if (q->waiting_push)
+        ifd_cond_signal(&q->not_full);
+out:
+    ifd_mutex_unlock(&q->mu);
+    return rc;
+}
+
+int ifd_queue_push(ifd_queue *q, const void *item)
+{
+    return queue_push(q, item, -1);
+}
+
+int ifd_queue_pop(ifd_queue *q, void *item)
+{
+    return queue_pop(q, item, -1);
+}
+
+int ifd_queue_push_until(ifd_queue *q, const void *item, int64_t deadline_ns)
+{
+    return queue_push(q, item, deadline_ns < 0 ? 0 : deadline_ns);
+}
+
+int ifd_queue_pop_until(ifd_queue *q, void *item, int64_t deadline_ns)
+{
+    return queue_pop(q, item, deadline_ns < 0 ? 0 : deadline_ns);
+}
+
+void ifd_queue_close(ifd_queue *q)
+{
+    ifd_mutex_lock(&q->mu);
+    q->closed = 1;
+    ifd_cond_broadcast(&q->not_empty);
+    ifd_cond_broadcast(&q->not_full);
+    ifd_mutex_unlock(&q->mu);
+}
+
+void ifd_queue_abort(ifd_queue *q)
+{
+    ifd_mutex_lock(&q->mu);
+    q->aborted = 1;
+    ifd_cond_broadcast(&q->not_empty);
+    ifd_cond_broadcast(&q->not_full);
+    ifd_mutex_unlock(&q->mu);
+}
+
+size_t ifd_queue_drain(ifd_queue *q, void (*fn)(void *item, void *arg), void *arg)
+{
+    size_t n = 0;
+    unsigned char tmp[256];
+    unsigned char *item = q->item_size <= sizeof tmp ? tmp : malloc(q->item_size);
+    if (item == NULL)
+        return 0;
+    for (;;) {
+        ifd_mutex_lock(&q->mu);
+        if (q->len == 0) {
+            ifd_mutex_unlock(&q->mu);
+            break;
+        }
+        memcpy(item, q->buf + q->head * q->item_size, q->item_size);
+        q->head = (q->head + 1) % q->cap;
+        q->len--;
+        ifd_cond_broadcast(&q->not_full);
+        ifd_mutex_unlock(&q->mu);
+        if (fn)
+            fn(item, arg);
+        n++;
+    }
+    if (item != tmp)
+        free(item);
+    return n;
+}
+
+size_t ifd_queue_len(ifd_queue *q)
+{
+    ifd_mutex_lock(&q->mu);
+    size_t n = q->len;
+    ifd_mutex_unlock(&q->mu);
+    return n;
+}
+
+size_t ifd_queue_capacity(const ifd_queue *q)
+{
+    return q->cap;
+}
+
+int ifd_queue_is_closed(ifd_queue *q)
+{
+    ifd_mutex_lock(&q->mu);
+    int c = q->closed || q->aborted;
+    ifd_mutex_unlock(&q->mu);
+    return c;
+}

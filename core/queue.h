@@ -1,0 +1,42 @@
+/*
+ * A bounded blocking FIFO of fixed-size items, copied in and out by value (a ring buffer guarded
+ * by one mutex). Any number of producers and consumers.
+ *
+ * Closing and aborting:
+ * - ifd_queue_close: no more pushes (they fail with IFD_ECLOSED); pops drain what is left, then
+ *   fail with IFD_ECLOSED. This is the end of a stream.
+ * - ifd_queue_abort: every blocked or later push and pop fails at once with IFD_ESTOPPED, even
+ *   with items still inside. This is the error path. ifd_queue_drain gives the items that were
+ *   left back to their owner.
+ * Both wake every blocked thread, and both are idempotent and may be called from any thread.
+ */
+#ifndef IFD_CORE_QUEUE_H
+#define IFD_CORE_QUEUE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ifd_queue ifd_queue;
+
+int ifd_queue_create(ifd_queue **out, size_t item_size, size_t capacity);
+void ifd_queue_destroy(ifd_queue *q);
+
+/* Blocks while the queue is full. IFD_OK, IFD_ECLOSED or IFD_ESTOPPED. */
+int ifd_queue_push(ifd_queue *q, const void *item);
+/* Blocks while the queue is empty. IFD_OK, IFD_ECLOSED (closed and drained) or IFD_ESTOPPED. */
+int ifd_queue_pop(ifd_queue *q, void *item);
+/* As above, giving up with IFD_ETIMEDOUT at the monotonic deadline (ifd_clock_ns); a deadline in
+ * the past makes them non-blocking. */
+int ifd_queue_push_until(ifd_queue *q, const void *item, int64_t deadline_ns);
+int ifd_queue_pop_until(ifd_queue *q, void *item, int64_t deadline_ns);
+
+void ifd_queue_close(ifd_queue *q);
+void ifd_queue_abort(ifd_queue *q);
+/* Pops every item left (whatever the state) and hands each to fn. Returns how many. */
+size_t ifd_queue_drain(ifd_queue *q, void (*fn)(void *item, void *arg), void *arg);
+
+size_t ifd_queue_len(ifd_queue *q);
+size_t ifd_queue_capacity(const ifd_queue *q);
+int ifd_queue_is_closed(ifd_queue *q);
+
+#endif

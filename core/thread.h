@@ -1,0 +1,49 @@
+/*
+ * Thin pthread wrappers. A failed lock or unlock is a bug, not a condition to handle: it aborts.
+ * Condition variables are always waited on in a loop by the caller.
+ */
+#ifndef IFD_CORE_THREAD_H
+#define IFD_CORE_THREAD_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+typedef struct ifd_mutex {
+    pthread_mutex_t m;
+} ifd_mutex;
+
+typedef struct ifd_cond {
+    pthread_cond_t c;
+} ifd_cond;
+
+typedef struct ifd_thread {
+    pthread_t tid;
+    int started;
+} ifd_thread;
+
+void ifd_mutex_init(ifd_mutex *m);
+void ifd_mutex_fini(ifd_mutex *m);
+void ifd_mutex_lock(ifd_mutex *m);
+void ifd_mutex_unlock(ifd_mutex *m);
+
+/* Uses CLOCK_MONOTONIC for timed waits. */
+void ifd_cond_init(ifd_cond *c);
+void ifd_cond_fini(ifd_cond *c);
+void ifd_cond_wait(ifd_cond *c, ifd_mutex *m);
+/* Waits until the monotonic deadline (ns, ifd_clock_ns). Returns 0 when woken, ETIMEDOUT at the
+ * deadline. */
+int ifd_cond_wait_until(ifd_cond *c, ifd_mutex *m, int64_t deadline_ns);
+void ifd_cond_signal(ifd_cond *c);
+void ifd_cond_broadcast(ifd_cond *c);
+
+/* Starts fn(arg) on a new thread named name (at most 15 characters are kept). Returns IFD_OK or
+ * IFD_ENOMEM. */
+int ifd_thread_start(ifd_thread *t, const char *name, void *(*fn)(void *), void *arg);
+/* Joins a started thread; a no-op for one never started. */
+void ifd_thread_join(ifd_thread *t);
+
+/* Monotonic clock in nanoseconds. */
+int64_t ifd_clock_ns(void);
+void ifd_sleep_ns(int64_t ns);
+
+#endif

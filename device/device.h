@@ -1,0 +1,136 @@
+/*
+ * The device backend vtable. A backend runs R replicas, each with a mirror of the parameters, a
+ * bounded infeed ring of shards and a bounded outfeed ring of step records, and runs device
+ * loops of n steps on every replica. The core allocates the backend's private block (priv_size)
+ * and calls through the inline wrappers below (nng's protocol ops, curl's TLS backends).
+ *
+ * Threads and blocking, per operation:
+ * - open, close, run_loop, read_params: the session's thread only, never concurrently.
+ * - infeed_enqueue, infeed_end: the infeed controller thread only.
+ * - outfeed_dequeue: the outfeed controller thread only.
+ * - global_step, stats, abort: any thread, never block.
+ *
+ * - infeed_enqueue blocks while the replica's ring is full (back-pressure to the infeed thread),
+ *   and takes a reference on shard->batch that the backend drops once the replica's step no
+ *   longer reads the shard (cpu: after the step; cuda: after the host-to-device copy).
+ * - run_loop(n) returns once every replica has finished n steps (cuda: enqueued them and waited
+ *   for the last, never for each); within the loop the host never waits on a replica's step.
+ *   IFD_EEOF when the infeed ended (infeed_end) before n steps: *steps_done says how many were
+ *   completed on every replica.
+ * - outfeed_dequeue blocks until replica's next step record is ready. IFD_EEOF once the infeed
+ *   ended and every completed step was dequeued.
+ * - abort makes every blocked and later call return IFD_ESTOPPED; it is how the error
+ *   rendezvous stops a run within a bounded time.
+ * - A replica thread that fails reports through cfg.on_error before its run_loop returns, so
+ *   the rendezvous can stop the other threads at once.
+ */
+#ifndef IFD_DEVICE_DEVICE_H
+#define IFD_DEVICE_DEVICE_H
+
+#include "core/batch.h"
+#include "device/step.h"
+#include "infeed/infeed.h"
+
+typedef struct ifd_device ifd_device;
+
+/* A replica's part of a host batch: rows [row0, row0 + rows) of every tensor. */
+typedef struct ifd_shard {
+    ifd_batch *batch;
+    int64_t row0;
+    int64_t rows;
+} ifd_shard;
+
+/* One step's outfeed from one replica, copied to the host. */
+typedef struct ifd_outfeed_rec {
+    int64_t step; /* the global step after this step */
+    ifd_step_out out;
+} ifd_outfeed_rec;
+
+/* Cumulative per-replica counters. */
+typedef struct ifd_device_stats {
+    int64_t steps;
+    int64_t loop_ns;         /* time inside device loops */
+    int64_t infeed_wait_ns;  /* of which waiting for a shard */
+    int64_t outfeed_wait_ns; /* of which waiting for a free outfeed slot */
+} ifd_device_stats;
+
+typedef struct ifd_device_config {
+    int replicas;
+    const ifd_program *program;
+    int64_t max_shard_rows;
+    ifd_optimizer optimizer;
+    float loss_scale;
+    uint64_t seed;
+    int64_t initial_step;
+    int infeed_depth;
+    int outfeed_depth;
+    void (*on_error)(void *arg, const char *source, const ifd_error *err);
+    void *on_error_arg;
+} ifd_device_config;
+
+typedef struct ifd_device_backend {
+    const char *name;
+    size_t priv_size;
+    int (*open)(ifd_device *dev, ifd_error *err);
+    void (*close)(ifd_device *dev);
+    int (*infeed_enqueue)(ifd_device *dev, int replica, const ifd_shard *shard);
+    void (*infeed_end)(ifd_device *dev);
+    int (*outfeed_dequeue)(ifd_device *dev, int replica, ifd_outfeed_rec *rec);
+    int (*run_loop)(ifd_device *dev, int64_t n, int64_t *steps_done, ifd_error *err);
+    int (*read_params)(ifd_device *dev, int replica, float *out, ifd_error *err);
+    int64_t (*global_step)(ifd_device *dev);
+    void (*stats)(ifd_device *dev, int replica, ifd_device_stats *out);
+    void (*abort)(ifd_device *dev);
+} ifd_device_backend;
+
+struct ifd_device {
+    const ifd_device_backend *be;
+    ifd_device_config cfg;
+    void *priv;
+};
+
+extern const ifd_device_backend ifd_device_backend_cpu;
+
+/* Finds the backend by name and opens it. The error names the backend and the known ones. */
+int ifd_device_create(ifd_device **out, const char *backend, const ifd_device_config *cfg,
+                      ifd_error *err);
+void ifd_device_destroy(ifd_device *dev);
+
+static inline int ifd_device_infeed_enqueue(ifd_device *d, int r, const ifd_shard *s)
+{
+    return d->be->infeed_enqueue(d, r, s);
+}
+static inline void ifd_device_infeed_end(ifd_device *d)
+{
+    d->be->infeed_end(d);
+}
+static inline int ifd_device_outfeed_dequeue(ifd_device *d, int r, ifd_outfeed_rec *rec)
+{
+    return d->be->outfeed_dequeue(d, r, rec);
+}
+static inline int ifd_device_run_loop(ifd_device *d, int64_t n, int64_t *done, ifd_error *err)
+{
+    return d->be->run_loop(d, n, done, err);
+}
+static inline int ifd_device_read_params(ifd_device *d, int r, float *out, ifd_error *err)
+{
+    return d->be->read_params(d, r, out, err);
+}
+static inline int64_t ifd_device_global_step(ifd_device *d)
+{
+    return d->be->global_step(d);
+}
+static inline void ifd_device_stats_get(ifd_device *d, int r, ifd_device_stats *out)
+{
+    d->be->stats(d, r, out);
+}
+static inline void ifd_device_abort(ifd_device *d)
+{
+    d->be->abort(d);
+}
+static inline int ifd_device_replicas(const ifd_device *d)
+{
+    return d->cfg.replicas;
+}
+
+#endif

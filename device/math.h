@@ -1,0 +1,97 @@
+/*
+ * The elementwise math, written once. Every function here compiles as host C (the cpu backend's
+ * ops loop over them) and as CUDA device code (the cuda backend's kernels call them per row or
+ * element), so the CPU tests check the formulas the GPU runs. No libc beyond <math.h>, no
+ * allocation, no globals.
+ */
+#ifndef IFD_DEVICE_MATH_H
+#define IFD_DEVICE_MATH_H
+
+#include <math.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define IFD_HD static inline __host__ __device__
+#else
+#define IFD_HD static inline
+#endif
+
+/* Softmax cross-entropy of one row. Writes gscale * (softmax - onehot) to dlogits (may alias
+ * nothing else), returns the row's loss -log p[label] and sets *correct when the first argmax is
+ * the label. */
+IFD_HD float ifd_math_softmax_xent_row(const float *logits, int64_t k, int32_t label, float gscale,
+                                       float *dlogits, int *correct)
+{
+    float mx = logits[0];
+    int64_t arg = 0;
+    for (int64_t j = 1; j < k; j++) {
+        if (logits[j] > mx) {
+            mx = logits[j];
+            arg = j;
+        }
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; j++)
+        sum += expf(logits[j] - mx);
+    float lse = mx + logf(sum);
+    for (int64_t j = 0; j < k; j++) {
+        float p = expf(logits[j] - lse);
+        dlogits[j] = gscale * (p - (j == label ? 1.0f : 0.0f));
+    }
+    *correct = (arg == label);
+    return lse - logits[label];
+}
+
+/* Least squares of one row: returns 0.5 * |pred - y|^2 and writes gscale * (pred - y). */
+IFD_HD float ifd_math_sq_err_row(const float *pred, const float *y, int64_t k, float gscale,
+                                 float *dpred)
+{
+    float s = 0.0f;
+    for (int64_t j = 0; j < k; j++) {
+        float d = pred[j] - y[j];
+        s += d * d;
+        dpred[j] = gscale * d;
+    }
+    return 0.5f * s;
+}
+
+IFD_HD float ifd_math_relu(float x)
+{
+    return x > 0.0f ? x : 0.0f;
+}
+
+IFD_HD float ifd_math_relu_grad(float y, float dy)
+{
+    return y > 0.0f ? dy : 0.0f;
+}
+
+/* Optimizer updates of one element. */
+IFD_HD void ifd_math_sgd(float *p, float g, float lr)
+{
+    *p -= lr * g;
+}
+
+/* m = mu * m + g; p -= lr * m (TensorFlow's MomentumOptimizer without Nesterov). */
+IFD_HD void ifd_math_momentum(float *p, float *m, float g, float lr, float mu)
+{
+    *m = mu * *m + g;
+    *p -= lr * *m;
+}
+
+/* The step size of Adam at step t (1-based): lr * sqrt(1 - beta2^t) / (1 - beta1^t). */
+IFD_HD float ifd_math_adam_lr(float lr, float beta1, float beta2, int64_t t)
+{
+    double b1t = pow((double)beta1, (double)t), b2t = pow((double)beta2, (double)t);
+    return (float)((double)lr * sqrt(1.0 - b2t) / (1.0 - b1t));
+}
+
+/* m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; p -= lr_t m / (sqrt(v) + eps) (TensorFlow's Adam). */
+IFD_HD void ifd_math_adam(float *p, float *m, float *v, float g, float lr_t, float beta1,
+                          float beta2, float eps)
+{
+    *m = beta1 * *m + (1.0f - beta1) * g;
+    *v = beta2 * *v + (1.0f - beta2) * g * g;
+    *p -= lr_t * *m / (sqrtf(*v) + eps);
+}
+
+#endif

@@ -1,0 +1,120 @@
+/* The op set and the replication ops on the host: CBLAS for products, device/math.h for the
+ * elementwise math. Sums over rows are accumulated in double in row order, so results are
+ * repeatable. */
+#include "device/math.h"
+#include "device/step.h"
+
+#include <cblas.h>
+
+static void cpu_gemm(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                     const float *a, const float *b, float beta, float *c)
+{
+    (void)ctx;
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (int)m, (int)n, (int)k, alpha, a, ta ? (int)m : (int)k, b, tb ? (int)k : (int)n,
+                beta, c, (int)n);
+}
+
+static void cpu_bias_add(void *ctx, int64_t rows, int64_t cols, const float *bias, float *x)
+{
+    (void)ctx;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            x[r * cols + c] += bias[c];
+}
+
+static void cpu_col_sum(void *ctx, int64_t rows, int64_t cols, const float *x, float *out)
+{
+    (void)ctx;
+    for (int64_t c = 0; c < cols; c++)
+        out[c] = 0.0f;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            out[c] += x[r * cols + c];
+}
+
+static void cpu_relu(void *ctx, int64_t n, const float *x, float *y)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++)
+        y[i] = ifd_math_relu(x[i]);
+}
+
+static void cpu_relu_grad(void *ctx, int64_t n, const float *y, const float *dy, float *dx)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++)
+        dx[i] = ifd_math_relu_grad(y[i], dy[i]);
+}
+
+static void cpu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *logits,
+                             const int32_t *labels, float scale, float *dlogits, ifd_step_out *out)
+{
+    (void)ctx;
+    double loss = 0.0;
+    int64_t correct = 0;
+    float gscale = rows > 0 ? scale / (float)rows : 0.0f;
+    for (int64_t r = 0; r < rows; r++) {
+        int ok;
+        loss += ifd_math_softmax_xent_row(logits + r * k, k, labels[r], gscale, dlogits + r * k,
+                                          &ok);
+        correct += ok;
+    }
+    out->loss = rows > 0 ? (float)(scale * loss / (double)rows) : 0.0f;
+    out->correct = (float)correct;
+}
+
+static void cpu_squared_error(void *ctx, int64_t rows, int64_t k, const float *pred,
+                              const float *y, float scale, float *dpred, ifd_step_out *out)
+{
+    (void)ctx;
+    double loss = 0.0;
+    float gscale = rows > 0 ? scale / (float)rows : 0.0f;
+    for (int64_t r = 0; r < rows; r++)
+        loss += ifd_math_sq_err_row(pred + r * k, y + r * k, k, gscale, dpred + r * k);
+    out->loss = rows > 0 ? (float)(scale * loss / (double)rows) : 0.0f;
+    out->correct = 0.0f;
+}
+
+void ifd_cpu_ops_init(ifd_ops *ops, void *ctx)
+{
+    ops->ctx = ctx;
+    ops->gemm = cpu_gemm;
+    ops->bias_add = cpu_bias_add;
+    ops->col_sum = cpu_col_sum;
+    ops->relu = cpu_relu;
+    ops->relu_grad = cpu_relu_grad;
+    ops->softmax_xent = cpu_softmax_xent;
+    ops->squared_error = cpu_squared_error;
+}
+
+void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *step, int64_t n,
+                             float *params, const float *grads, float *slot0, float *slot1)
+{
+    (void)ctx;
+    float lr = opt->learning_rate;
+    switch (opt->kind) {
+    case IFD_OPT_SGD:
+        for (int64_t i = 0; i < n; i++)
+            ifd_math_sgd(&params[i], grads[i], lr);
+        break;
+    case IFD_OPT_MOMENTUM:
+        for (int64_t i = 0; i < n; i++)
+            ifd_math_momentum(&params[i], &slot0[i], grads[i], lr, opt->momentum);
+        break;
+    case IFD_OPT_ADAM: {
+        float lr_t = ifd_math_adam_lr(lr, opt->beta1, opt->beta2, *step + 1);
+        for (int64_t i = 0; i < n; i++)
+            ifd_math_adam(&params[i], &slot0[i], &slot1[i], grads[i], lr_t, opt->beta1,
+                          opt->beta2, opt->epsilon);
+        break;
+    }
+    }
+}
+
+void ifd_cpu_finish_step(void *ctx, int64_t *step, ifd_step_out *out, int64_t rows)
+{
+    (void)ctx;
+    *step += 1;
+    out->count = (float)rows;
+}

@@ -1,0 +1,55 @@
+/*
+ * The training step shared by every backend (the seed's TowerOptimizer and _distributed_apply):
+ *
+ *   program step on the replica's shard, loss scaled by `scale` (1/R for MEAN, 1 for SUM)
+ *   -> all-reduce of the gradients (sum, deterministic)
+ *   -> optimizer update of this replica's mirror
+ *   -> global_step += 1, outfeed record (loss, correct, count)
+ *
+ * It is written against two tables the backend fills: the program op set (ifd_ops) and the
+ * replication ops below. On cpu they run at once; on cuda they enqueue work on the replica's
+ * stream (and the whole step is captured in a graph), so nothing here may read device memory.
+ */
+#ifndef IFD_DEVICE_STEP_H
+#define IFD_DEVICE_STEP_H
+
+#include "infeed/infeed.h"
+
+typedef struct ifd_step_ops {
+    /* In place: buf = sum over replicas of buf, in replica order, so every mirror gets the same
+     * bits. Collective: every replica calls it once per step. IFD_OK, IFD_ESTOPPED (aborted) or
+     * IFD_EEOF (a peer's input ended). */
+    int (*allreduce_sum)(void *ctx, float *buf, int64_t n, ifd_error *err);
+    /* One optimizer update over n elements; *step is the global step before this update (device
+     * memory), so Adam's t is *step + 1. */
+    void (*optimizer_apply)(void *ctx, const ifd_optimizer *opt, const int64_t *step, int64_t n,
+                            float *params, const float *grads, float *slot0, float *slot1);
+    /* *step += 1 and out->count = rows (device memory). */
+    void (*finish_step)(void *ctx, int64_t *step, ifd_step_out *out, int64_t rows);
+} ifd_step_ops;
+
+/* One replica's mirror, in device memory. */
+typedef struct ifd_replica_state {
+    float *params;
+    float *grads;
+    float *slot0; /* momentum / adam m */
+    float *slot1; /* adam v */
+    float *workspace;
+    int64_t *step;
+} ifd_replica_state;
+
+/* Optimizer slot vectors the kind needs (0, 1 or 2). */
+int ifd_optimizer_slots(ifd_optimizer_kind kind);
+
+/* One training step of one replica. */
+int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops *sops,
+                   void *sctx, const ifd_replica_state *st, const ifd_optimizer *opt, float scale,
+                   const ifd_tensor *inputs, int64_t rows, ifd_step_out *out, ifd_error *err);
+
+/* The cpu implementations, for the cpu backend and for tests that run a program directly. */
+void ifd_cpu_ops_init(ifd_ops *ops, void *ctx);
+void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *step, int64_t n,
+                             float *params, const float *grads, float *slot0, float *slot1);
+void ifd_cpu_finish_step(void *ctx, int64_t *step, ifd_step_out *out, int64_t rows);
+
+#endif

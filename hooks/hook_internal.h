@@ -1,0 +1,17 @@
+/* The run context the session shares with hooks: hooks see only these fields, through the
+ * accessors in infeed.h. */
+#ifndef IFD_HOOKS_HOOK_INTERNAL_H
+#define IFD_HOOKS_HOOK_INTERNAL_H
+
+#include "infeed/infeed.h"
+
+struct ifd_run_context {
+    int64_t global_step;
+    int64_t loop_length;
+    int64_t loop_index;
+    int64_t next_loop_length; /* 0: not set by any hook */
+    int stop_requested;
+    char stop_reason[64];
+};
+
+#endif

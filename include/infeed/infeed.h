@@ -1,0 +1,240 @@
+/*
+ * libinfeed: the runtime, usable in-process with no network.
+ *
+ * A session owns a device backend with R replicas, an infeed controller thread that takes
+ * batches from a batch source and shards them to the replicas, an outfeed controller thread that
+ * turns every step's outfeed into metrics and JSON summaries, and the hooks that decide how long
+ * each device loop runs and when the run ends. ifd_session_run drives it all from the calling
+ * thread:
+ *
+ *   begin -> after_create_session -> { before_run -> device loop of n steps -> after_run }* -> end
+ *
+ * Threading: a session is driven by one thread; ifd_session_request_stop may be called from any
+ * thread. Batch sources and sinks are borrowed and must outlive the session.
+ */
+#ifndef IFD_INFEED_H
+#define IFD_INFEED_H
+
+#include "infeed/error.h"
+#include "infeed/program.h"
+#include "infeed/tensor.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define IFD_VERSION_STRING "0.1.0"
+
+/* ---- logging ---------------------------------------------------------------------------- */
+
+enum { IFD_LOG_ERROR = 0, IFD_LOG_WARN = 1, IFD_LOG_INFO = 2, IFD_LOG_DEBUG = 3 };
+void ifd_log_set_level(int level);
+int ifd_log_get_level(void);
+/* "error", "warn", "info", "debug" */
+int ifd_log_level_parse(const char *name, int *out);
+const char *ifd_log_level_name(int level);
+
+/* ---- configuration ----------------------------------------------------------------------- */
+
+typedef enum { IFD_MODE_TRAIN = 0, IFD_MODE_EVAL, IFD_MODE_PREDICT } ifd_mode;
+typedef enum {
+    IFD_INPUT_PER_HOST = 0,
+    IFD_INPUT_PER_HOST_V2,
+    IFD_INPUT_PER_CORE,
+    IFD_INPUT_BROADCAST
+} ifd_input_mode;
+typedef enum { IFD_REDUCE_MEAN = 0, IFD_REDUCE_SUM } ifd_loss_reduction;
+typedef enum { IFD_OPT_SGD = 0, IFD_OPT_MOMENTUM, IFD_OPT_ADAM } ifd_optimizer_kind;
+
+typedef struct ifd_optimizer {
+    ifd_optimizer_kind kind;
+    float learning_rate;
+    float momentum; /* momentum */
+    float beta1;    /* adam */
+    float beta2;    /* adam */
+    float epsilon;  /* adam */
+} ifd_optimizer;
+
+typedef struct ifd_config {
+    const char *backend; /* "cpu" */
+    int replicas;
+    const char *program; /* "linear", "softmax", or a registered program */
+    ifd_program_settings settings;
+    ifd_mode mode;
+    ifd_input_mode input_mode;
+    int64_t batch_size; /* global: rows per host batch */
+    int64_t iterations_per_loop;
+    int64_t num_steps; /* exactly one of num_steps and last_step is > 0 in train mode */
+    int64_t last_step;
+    int64_t initial_global_step;
+    ifd_optimizer optimizer;
+    ifd_loss_reduction loss_reduction;
+    int64_t summary_every; /* steps between train summaries; 0: only at the end */
+    uint64_t seed;
+    int infeed_depth;  /* shards buffered per replica */
+    int outfeed_depth; /* step records buffered per replica */
+} ifd_config;
+
+/* Fills every field with its default (see docs/config.md). */
+void ifd_config_defaults(ifd_config *cfg);
+/* One validation pass; the error names the field, the allowed values and what was given. */
+int ifd_config_validate(const ifd_config *cfg, ifd_error *err);
+
+const char *ifd_mode_name(ifd_mode m);
+int ifd_mode_parse(const char *s, ifd_mode *out);
+const char *ifd_input_mode_name(ifd_input_mode m);
+int ifd_input_mode_parse(const char *s, ifd_input_mode *out);
+const char *ifd_loss_reduction_name(ifd_loss_reduction r);
+int ifd_loss_reduction_parse(const char *s, ifd_loss_reduction *out);
+const char *ifd_optimizer_name(ifd_optimizer_kind k);
+int ifd_optimizer_parse(const char *s, ifd_optimizer_kind *out);
+
+/* ---- batches and batch sources ----------------------------------------------------------- */
+
+#define IFD_BATCH_STOP 0x1u /* stopping signal (predict mode) */
+
+/*
+ * A host batch: one tensor per program input, all with `rows` rows. The batch does not own the
+ * tensors' bytes; release(batch, release_arg) is called exactly once, from whichever thread
+ * drops the last reference, when every replica has consumed its shard (or the run dropped the
+ * batch unconsumed at its end). After that the bytes may be reused.
+ */
+typedef struct ifd_batch ifd_batch;
+struct ifd_batch {
+    int64_t seq;
+    int64_t rows;
+    uint32_t flags;
+    int ntensors;
+    ifd_tensor tensors[IFD_MAX_INPUTS];
+    const char *producer; /* for error sentences; may be NULL */
+    void (*release)(ifd_batch *b, void *arg);
+    void *release_arg;
+    int refs; /* managed by the runtime */
+};
+
+/* Initialises the bookkeeping fields; the caller fills seq, rows, tensors, release. */
+void ifd_batch_init(ifd_batch *b);
+
+typedef struct ifd_batch_source_ops {
+    /* Infeed thread: the next batch. Blocks. IFD_OK, IFD_EEOF at the end of the input,
+     * IFD_ESTOPPED after abort, or an error with err filled. */
+    int (*next)(void *ctx, ifd_batch **out, ifd_error *err);
+    /* Any thread: make a blocked or later next() return IFD_ESTOPPED. Must not block. */
+    void (*abort)(void *ctx);
+} ifd_batch_source_ops;
+
+typedef struct ifd_batch_source {
+    const ifd_batch_source_ops *ops;
+    void *ctx;
+} ifd_batch_source;
+
+/* A bounded queue as a batch source: producers push, closing ends the input. */
+typedef struct ifd_batch_queue ifd_batch_queue;
+int ifd_batch_queue_create(ifd_batch_queue **out, size_t capacity);
+/* Frees the queue, releasing batches still inside. */
+void ifd_batch_queue_destroy(ifd_batch_queue *q);
+/* Blocks while full. IFD_OK, IFD_ECLOSED after close, IFD_ESTOPPED after the run aborted (the
+ * batch is not taken: the caller still owns it). */
+int ifd_batch_queue_push(ifd_batch_queue *q, ifd_batch *b);
+/* The end of the input: the run ends after the batches already queued. */
+void ifd_batch_queue_close(ifd_batch_queue *q);
+ifd_batch_source ifd_batch_queue_source(ifd_batch_queue *q);
+size_t ifd_batch_queue_len(ifd_batch_queue *q);
+
+/* ---- summary sinks ----------------------------------------------------------------------- */
+
+/* A sink receives each summary as one JSON object without a newline. Called from one thread at
+ * a time (the outfeed thread while the run goes, the session's thread at the end). */
+typedef struct ifd_sink_ops {
+    int (*write)(void *ctx, const char *json, size_t len, ifd_error *err);
+    int (*flush)(void *ctx, ifd_error *err);
+    void (*destroy)(void *ctx);
+} ifd_sink_ops;
+
+typedef struct ifd_sink ifd_sink;
+int ifd_sink_create(ifd_sink **out, const ifd_sink_ops *ops, void *ctx);
+/* JSON Lines, appended to path; flushed after every summary. */
+int ifd_sink_jsonl_create(ifd_sink **out, const char *path, ifd_error *err);
+/* Keeps every summary in memory (tests, embedding). */
+int ifd_sink_memory_create(ifd_sink **out);
+size_t ifd_sink_memory_count(ifd_sink *s);
+/* The i-th summary (a copy the caller frees), NULL past the end. */
+char *ifd_sink_memory_get(ifd_sink *s, size_t i);
+int ifd_sink_write(ifd_sink *s, const char *json, size_t len, ifd_error *err);
+int ifd_sink_flush(ifd_sink *s, ifd_error *err);
+void ifd_sink_destroy(ifd_sink *s);
+
+/* ---- hooks ------------------------------------------------------------------------------- */
+
+/* What a hook may see and change of a running session. */
+typedef struct ifd_run_context ifd_run_context;
+int64_t ifd_run_context_global_step(const ifd_run_context *ctx);
+/* The length of the loop that just ran (in after_run) or is about to run (in before_run). */
+int64_t ifd_run_context_loop_length(const ifd_run_context *ctx);
+/* 0-based index of the current loop. */
+int64_t ifd_run_context_loop_index(const ifd_run_context *ctx);
+void ifd_run_context_set_next_loop_length(ifd_run_context *ctx, int64_t n);
+/* Ends the run after the current loop; reason is copied into the end summary. */
+void ifd_run_context_request_stop(ifd_run_context *ctx, const char *reason);
+
+/* Every callback is optional and returns IFD_OK or an error (which ends the run). */
+typedef struct ifd_hook {
+    const char *name;
+    int (*begin)(void *arg, ifd_run_context *ctx, ifd_error *err);
+    int (*after_create_session)(void *arg, ifd_run_context *ctx, ifd_error *err);
+    int (*before_run)(void *arg, ifd_run_context *ctx, ifd_error *err);
+    int (*after_run)(void *arg, ifd_run_context *ctx, ifd_error *err);
+    int (*end)(void *arg, ifd_run_context *ctx, ifd_error *err);
+    void (*destroy)(void *arg); /* called when the session is destroyed */
+    void *arg;
+} ifd_hook;
+
+/* The seed's _TPUStopAtStepHook: exactly one of num_steps and last_step is > 0 (the other
+ * <= 0); each loop runs min(last_step - global_step, iterations_per_loop) steps; the global step
+ * is re-read after every loop and the run stops once it reaches last_step. */
+int ifd_hook_stop_at_step(ifd_hook *out, int64_t iterations_per_loop, int64_t num_steps,
+                          int64_t last_step, ifd_error *err);
+
+/* ---- the session ------------------------------------------------------------------------- */
+
+typedef struct ifd_session ifd_session;
+
+typedef enum {
+    IFD_END_NONE = 0,
+    IFD_END_LAST_STEP,   /* reached the last step */
+    IFD_END_INPUT_ENDED, /* the batch source ended before the last step */
+    IFD_END_STOPPED,     /* ifd_session_request_stop or a hook asked */
+    IFD_END_ERROR
+} ifd_end_reason;
+const char *ifd_end_reason_name(ifd_end_reason r);
+
+/* Validates cfg, opens the backend and initialises the parameters from cfg->seed. In train
+ * mode, installs the stop-at-step hook from num_steps/last_step. src is borrowed. */
+int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_source src,
+                       ifd_error *err);
+/* Before ifd_session_run. The hook is copied; its destroy runs in ifd_session_destroy. */
+int ifd_session_add_hook(ifd_session *s, const ifd_hook *hook);
+/* Before ifd_session_run. Borrowed. */
+int ifd_session_add_sink(ifd_session *s, ifd_sink *sink);
+/* Runs until the last step, the end of the input, a stop request or an error. Returns IFD_OK
+ * when the run ended well (including the input ending early), else the first real error, with
+ * err filled as "<source>: <sentence>". Every thread is joined before it returns. Once only. */
+int ifd_session_run(ifd_session *s, ifd_error *err);
+/* Any thread: end the run at the end of the current loop. */
+void ifd_session_request_stop(ifd_session *s);
+int64_t ifd_session_global_step(ifd_session *s);
+ifd_end_reason ifd_session_end_reason(ifd_session *s);
+const ifd_program *ifd_session_program(ifd_session *s);
+/* Copies replica's parameters (program->nparam_floats floats) to host memory. Not while
+ * ifd_session_run is in a device loop. */
+int ifd_session_read_params(ifd_session *s, int replica, float *out);
+void ifd_session_destroy(ifd_session *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

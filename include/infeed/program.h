@@ -1,0 +1,145 @@
+/*
+ * The program ABI. A program is a model: it declares the tensors it takes from the infeed and its
+ * parameters, and computes one replica's loss and gradients in the backend-neutral op set below.
+ * The runtime does the rest: loss scaling for the MEAN reduction, the all-reduce, the optimizer,
+ * the global step and the outfeed.
+ *
+ * Every pointer a step receives (inputs, params, grads, workspace, out) is device memory of the
+ * backend that runs it: host memory on cpu, GPU memory on cuda. A program never dereferences
+ * them itself; it only does pointer arithmetic and calls the ops, which is what lets one program
+ * run unchanged on every backend.
+ */
+#ifndef IFD_PROGRAM_H
+#define IFD_PROGRAM_H
+
+#include "infeed/tensor.h"
+
+#include <stdint.h>
+
+#define IFD_MAX_INPUTS 8
+#define IFD_MAX_PARAMS 8
+#define IFD_NAME_MAX 32
+
+/* One tensor the program takes from the infeed: its name, dtype and per-row shape (the batch
+ * dimension is not part of it; rank 0 means one scalar per row). */
+typedef struct ifd_input_spec {
+    char name[IFD_NAME_MAX];
+    ifd_dtype dtype;
+    int rank;
+    int64_t dims[IFD_MAX_RANK];
+} ifd_input_spec;
+
+/* One float32 parameter: a row-major block of the program's flat parameter vector. */
+typedef struct ifd_param_spec {
+    char name[IFD_NAME_MAX];
+    int rank;
+    int64_t dims[2];
+    int64_t offset; /* in floats, into the flat vector */
+    int64_t count;
+} ifd_param_spec;
+
+/* The settings a built-in program reads; a value <= 0 means "not set". */
+typedef struct ifd_program_settings {
+    int64_t features; /* D */
+    int64_t classes;  /* K: classes for classifiers, outputs for linear */
+    int64_t hidden;   /* hidden width (mlp) */
+} ifd_program_settings;
+
+/* What one replica's step writes to its outfeed, in device memory. loss is already multiplied
+ * by the step's scale. */
+typedef struct ifd_step_out {
+    float loss;
+    float correct; /* correct predictions, classifiers only */
+    float count;   /* rows in the shard */
+    float reserved;
+} ifd_step_out;
+
+/*
+ * The op set. Matrices are row-major and dense. Each op is enqueued on the replica's device and
+ * may run asynchronously (cuda); ops on one replica run in call order.
+ */
+typedef struct ifd_ops {
+    void *ctx;
+    /* C[m,n] = alpha * op(A) * op(B) + beta * C, op(X) = X or X^T. A is [m,k] ([k,m] when
+     * trans_a), B is [k,n] ([n,k] when trans_b). */
+    void (*gemm)(void *ctx, int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+                 const float *a, const float *b, float beta, float *c);
+    /* x[r,c] += bias[c] */
+    void (*bias_add)(void *ctx, int64_t rows, int64_t cols, const float *bias, float *x);
+    /* out[c] = sum over r of x[r,c] (the bias gradient) */
+    void (*col_sum)(void *ctx, int64_t rows, int64_t cols, const float *x, float *out);
+    /* y = max(x, 0); dx = dy where y > 0, else 0 */
+    void (*relu)(void *ctx, int64_t n, const float *x, float *y);
+    void (*relu_grad)(void *ctx, int64_t n, const float *y, const float *dy, float *dx);
+    /* Softmax cross-entropy of logits [rows,k] against int32 labels in [0,k):
+     * out->loss = scale * mean over rows of -log softmax(logits)[label],
+     * out->correct = rows whose argmax equals the label,
+     * dlogits = scale / rows * (softmax(logits) - onehot(label)). */
+    void (*softmax_xent)(void *ctx, int64_t rows, int64_t k, const float *logits,
+                         const int32_t *labels, float scale, float *dlogits, ifd_step_out *out);
+    /* Least squares: out->loss = scale * mean over rows of 0.5 * |pred - y|^2,
+     * dpred = scale / rows * (pred - y). */
+    void (*squared_error)(void *ctx, int64_t rows, int64_t k, const float *pred, const float *y,
+                          float scale, float *dpred, ifd_step_out *out);
+} ifd_ops;
+
+typedef struct ifd_program ifd_program;
+
+/* One replica's step. */
+typedef struct ifd_step_args {
+    const ifd_tensor *inputs; /* ninputs views of the replica's shard, in spec order */
+    int64_t rows;
+    const float *params;
+    float *grads; /* written in full by the step */
+    float *workspace;
+    float scale; /* 1/replicas for the MEAN reduction, 1 for SUM */
+    ifd_step_out *out;
+} ifd_step_args;
+
+typedef struct ifd_program_class {
+    const char *name;
+    const char *description;
+    /* Validates p->settings and fills inputs, params, nparam_floats and classifier. */
+    int (*setup)(ifd_program *p, ifd_error *err);
+    /* Host memory: the initial flat parameter vector, a function of seed alone. */
+    void (*init_params)(const ifd_program *p, float *params, uint64_t seed);
+    /* Floats of workspace a step over rows rows needs. */
+    int64_t (*workspace_floats)(const ifd_program *p, int64_t rows);
+    /* Optional. Host memory: checks values a step cannot (labels in range). first_row is the
+     * index of inputs' row 0 in the batch, for the sentence. */
+    int (*check_batch)(const ifd_program *p, const ifd_tensor *inputs, int64_t rows, ifd_error *err);
+    /* Loss and gradients of one shard. */
+    int (*train_step)(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
+                      ifd_error *err);
+} ifd_program_class;
+
+struct ifd_program {
+    const ifd_program_class *cls;
+    ifd_program_settings settings;
+    int ninputs;
+    ifd_input_spec inputs[IFD_MAX_INPUTS];
+    int nparams;
+    ifd_param_spec params[IFD_MAX_PARAMS];
+    int64_t nparam_floats;
+    int classifier;
+};
+
+/* Makes cls findable by name (built-ins are registered already). IFD_EINVAL when the name is
+ * taken. Not thread-safe: register before creating sessions. */
+int ifd_program_register(const ifd_program_class *cls);
+const ifd_program_class *ifd_program_find(const char *name);
+/* Writes the registered names, comma-separated, into buf. */
+const char *ifd_program_names(char *buf, size_t len);
+/* Finds the class and runs its setup. */
+int ifd_program_init(ifd_program *p, const char *name, const ifd_program_settings *s,
+                     ifd_error *err);
+
+/* Helpers for setup functions. */
+int ifd_program_add_input(ifd_program *p, const char *name, ifd_dtype dt, int rank,
+                          const int64_t *dims);
+int ifd_program_add_param(ifd_program *p, const char *name, int rank, const int64_t *dims);
+const ifd_param_spec *ifd_program_param(const ifd_program *p, const char *name);
+/* Glorot-uniform weights for a [fan_in, fan_out] block, deterministic in (seed, offset). */
+void ifd_program_init_glorot(float *w, int64_t fan_in, int64_t fan_out, uint64_t seed);
+
+#endif

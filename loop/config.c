@@ -1,0 +1,148 @@
+#include "infeed/infeed.h"
+
+#include <math.h>
+#include <string.h>
+
+void ifd_config_defaults(ifd_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->backend = "cpu";
+    cfg->replicas = 1;
+    cfg->program = "softmax";
+    cfg->mode = IFD_MODE_TRAIN;
+    cfg->input_mode = IFD_INPUT_PER_HOST;
+    cfg->batch_size = 32;
+    cfg->iterations_per_loop = 100;
+    cfg->num_steps = 0;
+    cfg->last_step = 0;
+    cfg->initial_global_step = 0;
+    cfg->optimizer = (ifd_optimizer){
+        .kind = IFD_OPT_SGD,
+        .learning_rate = 0.1f,
+        .momentum = 0.9f,
+        .beta1 = 0.9f,
+        .beta2 = 0.999f,
+        .epsilon = 1e-8f,
+    };
+    cfg->loss_reduction = IFD_REDUCE_MEAN;
+    cfg->summary_every = 100;
+    cfg->seed = 1;
+    cfg->infeed_depth = 4;
+    cfg->outfeed_depth = 64;
+}
+
+#define NAMES(type, fn_name, fn_parse, ...)                                                        \
+    static const char *const fn_name##_table[] = {__VA_ARGS__};                                    \
+    const char *fn_name(type v)                                                                    \
+    {                                                                                              \
+        if ((int)v < 0 || (size_t)v >= sizeof fn_name##_table / sizeof fn_name##_table[0])         \
+            return "?";                                                                            \
+        return fn_name##_table[v];                                                                 \
+    }                                                                                              \
+    int fn_parse(const char *s, type *out)                                                         \
+    {                                                                                              \
+        for (size_t i = 0; s && i < sizeof fn_name##_table / sizeof fn_name##_table[0]; i++) {     \
+            if (strcmp(s, fn_name##_table[i]) == 0) {                                              \
+                *out = (type)i;                                                                    \
+                return IFD_OK;                                                                     \
+            }                                                                                      \
+        }                                                                                          \
+        return IFD_EINVAL;                                                                         \
+    }
+
+NAMES(ifd_mode, ifd_mode_name, ifd_mode_parse, "train", "eval", "predict")
+NAMES(ifd_input_mode, ifd_input_mode_name, ifd_input_mode_parse, "per-host", "per-host-v2",
+      "per-core", "broadcast")
+NAMES(ifd_loss_reduction, ifd_loss_reduction_name, ifd_loss_reduction_parse, "mean", "sum")
+NAMES(ifd_optimizer_kind, ifd_optimizer_name, ifd_optimizer_parse, "sgd", "momentum", "adam")
+NAMES(ifd_end_reason, ifd_end_reason_name, ifd_end_reason_parse_, "none", "last_step",
+      "input_ended", "stopped", "error")
+
+#define MAX_REPLICAS 1024
+#define MAX_DEPTH 65536
+
+static int in_unit(float v)
+{
+    return isfinite(v) && v >= 0.0f && v < 1.0f;
+}
+
+int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
+{
+    if (cfg->backend == NULL || (strcmp(cfg->backend, "cpu") && strcmp(cfg->backend, "cuda")))
+        return ifd_error_set(err, IFD_EINVAL, "backend: expected cpu or cuda, got '%s'",
+                             cfg->backend ? cfg->backend : "(none)");
+    if (cfg->replicas < 1 || cfg->replicas > MAX_REPLICAS)
+        return ifd_error_set(err, IFD_EINVAL, "replicas: expected 1 to %d, got %d", MAX_REPLICAS,
+                             cfg->replicas);
+    if (cfg->program == NULL || ifd_program_find(cfg->program) == NULL) {
+        char names[256];
+        return ifd_error_set(err, IFD_EINVAL, "program: expected one of %s, got '%s'",
+                             ifd_program_names(names, sizeof names),
+                             cfg->program ? cfg->program : "(none)");
+    }
+    if (cfg->mode != IFD_MODE_TRAIN)
+        return ifd_error_set(err, IFD_ENOTSUP,
+                             "mode: expected train (eval and predict are not implemented yet), "
+                             "got '%s'",
+                             ifd_mode_name(cfg->mode));
+    if (cfg->input_mode != IFD_INPUT_PER_HOST)
+        return ifd_error_set(err, IFD_ENOTSUP,
+                             "input_mode: expected per-host (the other modes are not implemented "
+                             "yet), got '%s'",
+                             ifd_input_mode_name(cfg->input_mode));
+    if (cfg->batch_size < 1)
+        return ifd_error_set(err, IFD_EINVAL, "batch_size: expected a positive integer, got %lld",
+                             (long long)cfg->batch_size);
+    if (cfg->input_mode == IFD_INPUT_PER_HOST && cfg->batch_size % cfg->replicas != 0)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "batch_size: %lld is not divisible by replicas %d (per-host input "
+                             "gives each replica batch_size / replicas rows)",
+                             (long long)cfg->batch_size, cfg->replicas);
+    if (cfg->iterations_per_loop < 1)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "iterations_per_loop: expected a positive integer, got %lld",
+                             (long long)cfg->iterations_per_loop);
+    if (cfg->mode == IFD_MODE_TRAIN && (cfg->num_steps > 0) == (cfg->last_step > 0))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "num_steps and last_step: exactly one must be a positive integer, got "
+                             "num_steps=%lld and last_step=%lld",
+                             (long long)cfg->num_steps, (long long)cfg->last_step);
+    if (cfg->initial_global_step < 0)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "initial_global_step: expected 0 or more, got %lld",
+                             (long long)cfg->initial_global_step);
+    const ifd_optimizer *o = &cfg->optimizer;
+    if ((int)o->kind < IFD_OPT_SGD || o->kind > IFD_OPT_ADAM)
+        return ifd_error_set(err, IFD_EINVAL, "optimizer: expected sgd, momentum or adam, got %d",
+                             (int)o->kind);
+    if (!(isfinite(o->learning_rate) && o->learning_rate > 0.0f))
+        return ifd_error_set(err, IFD_EINVAL, "learning_rate: expected a positive number, got %g",
+                             (double)o->learning_rate);
+    if (o->kind == IFD_OPT_MOMENTUM && !in_unit(o->momentum))
+        return ifd_error_set(err, IFD_EINVAL, "momentum: expected 0 <= momentum < 1, got %g",
+                             (double)o->momentum);
+    if (o->kind == IFD_OPT_ADAM) {
+        if (!in_unit(o->beta1))
+            return ifd_error_set(err, IFD_EINVAL, "beta1: expected 0 <= beta1 < 1, got %g",
+                                 (double)o->beta1);
+        if (!in_unit(o->beta2))
+            return ifd_error_set(err, IFD_EINVAL, "beta2: expected 0 <= beta2 < 1, got %g",
+                                 (double)o->beta2);
+        if (!(isfinite(o->epsilon) && o->epsilon > 0.0f))
+            return ifd_error_set(err, IFD_EINVAL, "epsilon: expected a positive number, got %g",
+                                 (double)o->epsilon);
+    }
+    if ((int)cfg->loss_reduction < IFD_REDUCE_MEAN || cfg->loss_reduction > IFD_REDUCE_SUM)
+        return ifd_error_set(err, IFD_EINVAL, "loss_reduction: expected mean or sum, got %d",
+                             (int)cfg->loss_reduction);
+    if (cfg->summary_every < 0)
+        return ifd_error_set(err, IFD_EINVAL, "summary_every: expected 0 or more, got %lld",
+                             (long long)cfg->summary_every);
+    if (cfg->infeed_depth < 1 || cfg->infeed_depth > MAX_DEPTH)
+        return ifd_error_set(err, IFD_EINVAL, "infeed_depth: expected 1 to %d, got %d", MAX_DEPTH,
+                             cfg->infeed_depth);
+    if (cfg->outfeed_depth < 1 || cfg->outfeed_depth > MAX_DEPTH)
+        return ifd_error_set(err, IFD_EINVAL, "outfeed_depth: expected 1 to %d, got %d",
+                             MAX_DEPTH, cfg->outfeed_depth);
+    return IFD_OK;
+}

@@ -1,0 +1,350 @@
+/*
+ * The session: the seed's MonitoredSession with TPUInfeedOutfeedSessionHook. It owns the device,
+ * the two controller threads, the hooks, the error rendezvous and the global step.
+ */
+#include "core/log.h"
+#include "core/rendezvous.h"
+#include "core/thread.h"
+#include "device/device.h"
+#include "hooks/hook_internal.h"
+#include "infeed/infeed_internal.h"
+#include "outfeed/outfeed_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_HOOKS 16
+
+struct ifd_session {
+    ifd_config cfg;
+    ifd_program program;
+    ifd_batch_source src;
+    ifd_device *dev;
+    ifd_rendezvous *rv;
+    ifd_infeed *infeed;
+    ifd_outfeed *outfeed;
+    ifd_summary_writer writer;
+    ifd_hook hooks[MAX_HOOKS];
+    int nhooks;
+    ifd_run_context ctx;
+    int stop_requested; /* atomic */
+    int ran;
+    ifd_end_reason reason;
+    char message[256];
+};
+
+static void on_device_error(void *arg, const char *source, const ifd_error *err)
+{
+    ifd_session *s = arg;
+    ifd_rendezvous_record_error(s->rv, source, err);
+}
+
+static void stop_device(void *arg)
+{
+    ifd_device_abort(arg);
+}
+
+static void stop_source(void *arg)
+{
+    ifd_session *s = arg;
+    if (s->src.ops->abort)
+        s->src.ops->abort(s->src.ctx);
+}
+
+int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_source src,
+                       ifd_error *err)
+{
+    *out = NULL;
+    int rc = ifd_config_validate(cfg, err);
+    if (rc)
+        return rc;
+    if (src.ops == NULL || src.ops->next == NULL)
+        return ifd_error_set(err, IFD_EINVAL, "batch source: no next function");
+    ifd_session *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "session");
+    s->cfg = *cfg;
+    s->src = src;
+    rc = ifd_program_init(&s->program, cfg->program, &cfg->settings, err);
+    if (rc)
+        goto fail_program;
+    rc = ifd_rendezvous_create(&s->rv);
+    if (rc) {
+        ifd_error_set(err, rc, "session: rendezvous");
+        goto fail_program;
+    }
+    ifd_device_config dc = {
+        .replicas = cfg->replicas,
+        .program = &s->program,
+        .max_shard_rows = cfg->batch_size,
+        .optimizer = cfg->optimizer,
+        .loss_scale = cfg->loss_reduction == IFD_REDUCE_MEAN ? 1.0f / (float)cfg->replicas : 1.0f,
+        .seed = cfg->seed,
+        .initial_step = cfg->initial_global_step,
+        .infeed_depth = cfg->infeed_depth,
+        .outfeed_depth = cfg->outfeed_depth,
+        .on_error = on_device_error,
+        .on_error_arg = s,
+    };
+    rc = ifd_device_create(&s->dev, cfg->backend, &dc, err);
+    if (rc)
+        goto fail_device;
+    ifd_rendezvous_on_stop(s->rv, stop_device, s->dev);
+    ifd_rendezvous_on_stop(s->rv, stop_source, s);
+    if (cfg->mode == IFD_MODE_TRAIN) {
+        ifd_hook h;
+        rc = ifd_hook_stop_at_step(&h, cfg->iterations_per_loop, cfg->num_steps, cfg->last_step,
+                                   err);
+        if (rc)
+            goto fail_hook;
+        s->hooks[s->nhooks++] = h;
+    }
+    s->ctx.global_step = cfg->initial_global_step;
+    *out = s;
+    return IFD_OK;
+
+fail_hook:
+    ifd_device_destroy(s->dev);
+fail_device:
+    ifd_rendezvous_destroy(s->rv);
+fail_program:
+    free(s);
+    return rc;
+}
+
+int ifd_session_add_hook(ifd_session *s, const ifd_hook *hook)
+{
+    if (s->ran || hook == NULL)
+        return IFD_EINVAL;
+    if (s->nhooks == MAX_HOOKS)
+        return IFD_ENOMEM;
+    s->hooks[s->nhooks++] = *hook;
+    return IFD_OK;
+}
+
+int ifd_session_add_sink(ifd_session *s, ifd_sink *sink)
+{
+    if (s->ran)
+        return IFD_EINVAL;
+    return ifd_summary_writer_add(&s->writer, sink);
+}
+
+enum { CB_BEGIN, CB_AFTER_CREATE, CB_BEFORE_RUN, CB_AFTER_RUN, CB_END };
+
+/* Runs one callback of every hook, in order. The first error goes to the rendezvous. */
+static int call_hooks(ifd_session *s, int which)
+{
+    static const char *const names[] = {"begin", "after_create_session", "before_run",
+                                        "after_run", "end"};
+    for (int i = 0; i < s->nhooks; i++) {
+        const ifd_hook *h = &s->hooks[i];
+        int (*fn)(void *, ifd_run_context *, ifd_error *) =
+            which == CB_BEGIN          ? h->begin
+            : which == CB_AFTER_CREATE ? h->after_create_session
+            : which == CB_BEFORE_RUN   ? h->before_run
+            : which == CB_AFTER_RUN    ? h->after_run
+                                       : h->end;
+        if (fn == NULL)
+            continue;
+        ifd_error e;
+        ifd_error_clear(&e);
+        int rc = fn(h->arg, &s->ctx, &e);
+        if (rc) {
+            char source[64];
+            snprintf(source, sizeof source, "hook %s", h->name ? h->name : "(unnamed)");
+            if (e.code != rc)
+                ifd_error_set(&e, rc, "%s failed", names[which]);
+            ifd_rendezvous_record_error(s->rv, source, &e);
+            return rc;
+        }
+    }
+    return IFD_OK;
+}
+
+static double wall_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The last line of a run. */
+static void emit_end(ifd_session *s, int code, const ifd_error *cause)
+{
+    json_t *j = json_object();
+    json_object_set_new(j, "event", json_string("end"));
+    json_object_set_new(j, "mode", json_string(ifd_mode_name(s->cfg.mode)));
+    json_object_set_new(j, "global_step", json_integer(s->ctx.global_step));
+    json_object_set_new(j, "status", json_string(code ? "error" : "ok"));
+    json_object_set_new(j, "reason", json_string(ifd_end_reason_name(s->reason)));
+    if (code) {
+        json_object_set_new(j, "error", json_string(ifd_error_text(cause)));
+        json_object_set_new(j, "code", json_string(ifd_errname(code)));
+    } else if (s->message[0]) {
+        json_object_set_new(j, "message", json_string(s->message));
+    }
+    json_object_set_new(j, "steps", json_integer(s->ctx.global_step - s->cfg.initial_global_step));
+    json_object_set_new(j, "time", json_real(wall_seconds()));
+    ifd_error e;
+    if (ifd_summary_emit(&s->writer, j, &e) || ifd_summary_flush(&s->writer, &e))
+        IFD_LOG_ERROR("cannot write the end summary: %s", ifd_error_text(&e));
+}
+
+/* Runs device loops until a hook, a stop request, the input or an error ends the run. */
+static void run_loops(ifd_session *s)
+{
+    ifd_run_context *ctx = &s->ctx;
+    for (;;) {
+        if (ctx->stop_requested) {
+            s->reason = strcmp(ctx->stop_reason, "last_step") == 0 ? IFD_END_LAST_STEP
+                                                                   : IFD_END_STOPPED;
+            return;
+        }
+        if (__atomic_load_n(&s->stop_requested, __ATOMIC_ACQUIRE)) {
+            s->reason = IFD_END_STOPPED;
+            snprintf(s->message, sizeof s->message, "stop requested at global step %lld",
+                     (long long)ctx->global_step);
+            return;
+        }
+        if (ifd_rendezvous_stopping(s->rv))
+            return;
+        int64_t n = ctx->next_loop_length > 0 ? ctx->next_loop_length : s->cfg.iterations_per_loop;
+        ctx->next_loop_length = 0;
+        ctx->loop_length = n;
+        IFD_LOG_DEBUG("loop %lld: %lld steps from global step %lld", (long long)ctx->loop_index,
+                      (long long)n, (long long)ctx->global_step);
+        /* before_run: signal both controllers, then the hooks (the seed's infeed/outfeed hook
+         * runs first). */
+        int rc = ifd_infeed_signal(s->infeed, n);
+        if (rc == IFD_OK)
+            rc = ifd_outfeed_signal(s->outfeed, n);
+        if (rc) {
+            ifd_rendezvous_error(s->rv, "session", rc, "cannot signal the controllers");
+            return;
+        }
+        if (call_hooks(s, CB_BEFORE_RUN))
+            return;
+        ifd_error e;
+        ifd_error_clear(&e);
+        int64_t done = 0;
+        rc = ifd_device_run_loop(s->dev, n, &done, &e);
+        ctx->global_step = ifd_device_global_step(s->dev);
+        if (rc == IFD_EEOF) {
+            s->reason = IFD_END_INPUT_ENDED;
+            snprintf(s->message, sizeof s->message,
+                     "the input ended after global step %lld, %lld steps into a loop of %lld",
+                     (long long)ctx->global_step, (long long)done, (long long)n);
+            IFD_LOG_WARN("%s; ending the run", s->message);
+            return;
+        }
+        if (rc) {
+            ifd_rendezvous_record_error(s->rv, "device", &e);
+            return;
+        }
+        if (call_hooks(s, CB_AFTER_RUN))
+            return;
+        ctx->loop_index++;
+    }
+}
+
+int ifd_session_run(ifd_session *s, ifd_error *err)
+{
+    if (s->ran)
+        return ifd_error_set(err, IFD_EINVAL, "session: ifd_session_run may be called once");
+    s->ran = 1;
+    ifd_error_clear(err);
+    s->ctx.global_step = ifd_device_global_step(s->dev);
+
+    if (call_hooks(s, CB_BEGIN) == IFD_OK) {
+        ifd_infeed_config ic = {
+            .dev = s->dev,
+            .program = &s->program,
+            .src = s->src,
+            .input_mode = s->cfg.input_mode,
+            .mode = s->cfg.mode,
+            .batch_size = s->cfg.batch_size,
+            .rv = s->rv,
+        };
+        ifd_outfeed_config oc = {
+            .dev = s->dev,
+            .program = &s->program,
+            .mode = s->cfg.mode,
+            .summary_every = s->cfg.summary_every,
+            .writer = &s->writer,
+            .rv = s->rv,
+        };
+        int rc = ifd_infeed_start(&s->infeed, &ic);
+        if (rc == IFD_OK)
+            rc = ifd_outfeed_start(&s->outfeed, &oc);
+        if (rc)
+            ifd_rendezvous_error(s->rv, "session", rc, "cannot start the controller threads");
+        else if (call_hooks(s, CB_AFTER_CREATE) == IFD_OK)
+            run_loops(s);
+    }
+
+    /* end: STOP and join both controllers, then the hooks, then the last summaries. */
+    ifd_infeed_stop(s->infeed);
+    ifd_outfeed_stop(s->outfeed);
+    s->ctx.global_step = ifd_device_global_step(s->dev);
+    call_hooks(s, CB_END);
+    if (s->outfeed) {
+        ifd_error e;
+        if (ifd_outfeed_flush(s->outfeed, &e))
+            ifd_rendezvous_record_error(s->rv, "outfeed", &e);
+    }
+    ifd_error cause;
+    int code = ifd_rendezvous_cause(s->rv, &cause);
+    if (code) {
+        s->reason = IFD_END_ERROR;
+        if (err)
+            *err = cause;
+    } else if (s->reason == IFD_END_NONE) {
+        s->reason = IFD_END_STOPPED;
+    }
+    emit_end(s, code, &cause);
+    IFD_LOG_INFO("run ended at global step %lld: %s%s%s", (long long)s->ctx.global_step,
+                 ifd_end_reason_name(s->reason), code ? ": " : "",
+                 code ? ifd_error_text(&cause) : "");
+    return code;
+}
+
+void ifd_session_request_stop(ifd_session *s)
+{
+    __atomic_store_n(&s->stop_requested, 1, __ATOMIC_RELEASE);
+}
+
+int64_t ifd_session_global_step(ifd_session *s)
+{
+    return ifd_device_global_step(s->dev);
+}
+
+ifd_end_reason ifd_session_end_reason(ifd_session *s)
+{
+    return s->reason;
+}
+
+const ifd_program *ifd_session_program(ifd_session *s)
+{
+    return &s->program;
+}
+
+int ifd_session_read_params(ifd_session *s, int replica, float *out)
+{
+    return ifd_device_read_params(s->dev, replica, out, NULL);
+}
+
+void ifd_session_destroy(ifd_session *s)
+{
+    if (s == NULL)
+        return;
+    ifd_infeed_destroy(s->infeed);
+    ifd_outfeed_destroy(s->outfeed);
+    ifd_device_destroy(s->dev);
+    for (int i = 0; i < s->nhooks; i++)
+        if (s->hooks[i].destroy)
+            s->hooks[i].destroy(s->hooks[i].arg);
+    ifd_rendezvous_destroy(s->rv);
+    free(s);
+}

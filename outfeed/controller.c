@@ -1,0 +1,194 @@
+#include "core/log.h"
+#include "core/opqueue.h"
+#include "core/thread.h"
+#include "outfeed/outfeed_internal.h"
+
+#include <stdlib.h>
+#include <time.h>
+
+#define SOURCE "outfeed"
+
+struct ifd_outfeed {
+    ifd_outfeed_config cfg;
+    ifd_opq *opq;
+    int replicas;
+    ifd_outfeed_rec *recs;
+    float *cat;
+    ifd_metrics window;
+    int64_t window_start_ns;
+    int64_t last_step;
+    ifd_device_stats *snap; /* per replica, at the window start */
+    int64_t steps;          /* atomic */
+};
+
+/* part / whole in [0, 1]; the counters are read one by one while replicas run, so a snapshot
+ * can be a step out of step. */
+static double fraction(double part, double whole)
+{
+    if (whole <= 0.0)
+        return 0.0;
+    double f = part / whole;
+    return f < 0.0 ? 0.0 : f > 1.0 ? 1.0 : f;
+}
+
+static double wall_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void window_reset(ifd_outfeed *o, int64_t now)
+{
+    o->window = (ifd_metrics){0};
+    o->window_start_ns = now;
+    for (int r = 0; r < o->replicas; r++)
+        ifd_device_stats_get(o->cfg.dev, r, &o->snap[r]);
+}
+
+/* Emits the window's summary and starts a new window. */
+static int emit_window(ifd_outfeed *o, ifd_error *err)
+{
+    const ifd_metrics *m = &o->window;
+    if (m->steps == 0)
+        return IFD_OK;
+    int64_t now = ifd_clock_ns();
+    double secs = (double)(now - o->window_start_ns) * 1e-9;
+    double loop_ns = 0, in_ns = 0, out_ns = 0;
+    for (int r = 0; r < o->replicas; r++) {
+        ifd_device_stats st;
+        ifd_device_stats_get(o->cfg.dev, r, &st);
+        loop_ns += (double)(st.loop_ns - o->snap[r].loop_ns);
+        in_ns += (double)(st.infeed_wait_ns - o->snap[r].infeed_wait_ns);
+        out_ns += (double)(st.outfeed_wait_ns - o->snap[r].outfeed_wait_ns);
+    }
+    json_t *j = json_object();
+    json_object_set_new(j, "event", json_string(ifd_mode_name(o->cfg.mode)));
+    json_object_set_new(j, "mode", json_string(ifd_mode_name(o->cfg.mode)));
+    json_object_set_new(j, "global_step", json_integer(o->last_step));
+    json_object_set_new(j, "steps", json_integer(m->steps));
+    json_object_set_new(j, "loss", json_real(m->loss_sum / (double)m->steps));
+    if (o->cfg.program->classifier)
+        json_object_set_new(j, "accuracy", json_real(m->count > 0 ? m->correct / m->count : 0.0));
+    json_object_set_new(j, "examples", json_integer((json_int_t)m->count));
+    json_object_set_new(j, "examples_per_sec", json_real(secs > 0 ? m->count / secs : 0.0));
+    json_object_set_new(j, "steps_per_sec", json_real(secs > 0 ? (double)m->steps / secs : 0.0));
+    json_object_set_new(j, "infeed_wait_fraction", json_real(fraction(in_ns, loop_ns)));
+    json_object_set_new(j, "outfeed_wait_fraction", json_real(fraction(out_ns, loop_ns)));
+    json_object_set_new(j, "time", json_real(wall_seconds()));
+    int rc = ifd_summary_emit(o->cfg.writer, j, err);
+    window_reset(o, now);
+    return rc;
+}
+
+/* One step: a record from every replica, concatenated, through the host call. */
+static int outfeed_step(ifd_outfeed *o, ifd_error *err)
+{
+    for (int r = 0; r < o->replicas; r++) {
+        int rc = ifd_device_outfeed_dequeue(o->cfg.dev, r, &o->recs[r]);
+        if (rc == IFD_EEOF)
+            return rc;
+        if (rc)
+            return ifd_error_set(err, rc, "replica %d outfeed: %s", r, ifd_strerror(rc));
+    }
+    ifd_tensor t[IFD_OUT_NTENSORS];
+    ifd_outfeed_concat(o->recs, o->replicas, o->cat, t);
+    int rc = ifd_metrics_host_call(&o->window, t, err);
+    if (rc)
+        return ifd_error_prefix(err, "host call at step %lld", (long long)o->recs[0].step);
+    o->last_step = o->recs[0].step;
+    __atomic_add_fetch(&o->steps, 1, __ATOMIC_RELAXED);
+    if (o->cfg.summary_every > 0 && o->last_step % o->cfg.summary_every == 0)
+        return emit_window(o, err);
+    return IFD_OK;
+}
+
+static void outfeed_main(ifd_opq *q, void *arg)
+{
+    ifd_outfeed *o = arg;
+    ifd_error err;
+    ifd_error_clear(&err);
+    int64_t n;
+    int first = 1;
+    while (ifd_opq_next(q, &n)) {
+        if (first) {
+            window_reset(o, ifd_clock_ns());
+            first = 0;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            int rc = outfeed_step(o, &err);
+            if (rc == IFD_EEOF) {
+                IFD_LOG_DEBUG("outfeed: the device's input ended; no more steps");
+                return;
+            }
+            if (rc) {
+                ifd_rendezvous_record_error(o->cfg.rv, SOURCE, &err);
+                return;
+            }
+        }
+    }
+}
+
+int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg)
+{
+    *out = NULL;
+    ifd_outfeed *o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return IFD_ENOMEM;
+    o->cfg = *cfg;
+    o->replicas = ifd_device_replicas(cfg->dev);
+    o->last_step = ifd_device_global_step(cfg->dev);
+    o->recs = calloc((size_t)o->replicas, sizeof *o->recs);
+    o->cat = calloc((size_t)o->replicas * IFD_OUT_NTENSORS, sizeof *o->cat);
+    o->snap = calloc((size_t)o->replicas, sizeof *o->snap);
+    int rc = IFD_ENOMEM;
+    if (o->recs == NULL || o->cat == NULL || o->snap == NULL)
+        goto fail;
+    window_reset(o, ifd_clock_ns());
+    rc = ifd_opq_start(&o->opq, "ifd-outfeed", outfeed_main, o, 0);
+    if (rc)
+        goto fail;
+    *out = o;
+    return IFD_OK;
+
+fail:
+    free(o->snap);
+    free(o->cat);
+    free(o->recs);
+    free(o);
+    return rc;
+}
+
+int ifd_outfeed_signal(ifd_outfeed *o, int64_t n)
+{
+    return ifd_opq_signal(o->opq, n);
+}
+
+void ifd_outfeed_stop(ifd_outfeed *o)
+{
+    if (o) {
+        ifd_opq_join(o->opq);
+        ifd_rendezvous_record_done(o->cfg.rv, SOURCE);
+    }
+}
+
+int ifd_outfeed_flush(ifd_outfeed *o, ifd_error *err)
+{
+    return emit_window(o, err);
+}
+
+int64_t ifd_outfeed_steps(ifd_outfeed *o)
+{
+    return __atomic_load_n(&o->steps, __ATOMIC_RELAXED);
+}
+
+void ifd_outfeed_destroy(ifd_outfeed *o)
+{
+    if (o == NULL)
+        return;
+    ifd_opq_destroy(o->opq);
+    free(o->snap);
+    free(o->cat);
+    free(o->recs);
+    free(o);
+}

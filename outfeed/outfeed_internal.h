@@ -1,0 +1,74 @@
+/*
+ * The outfeed side: host calls, summaries and the outfeed controller thread (the seed's
+ * _run_outfeed and _OutfeedHostCall).
+ *
+ * Every step each replica outfeeds a small record (loss, correct, count). The controller
+ * dequeues one record per replica per step, concatenates them along axis 0 in replica order
+ * (tensors of shape [R]), runs the host call on them, and every summary_every steps emits a
+ * summary to the sinks.
+ */
+#ifndef IFD_OUTFEED_INTERNAL_H
+#define IFD_OUTFEED_INTERNAL_H
+
+#include "core/rendezvous.h"
+#include "device/device.h"
+
+#include <jansson.h>
+
+/* ---- summaries ---- */
+
+#define IFD_MAX_SINKS 8
+
+typedef struct ifd_summary_writer {
+    ifd_sink *sinks[IFD_MAX_SINKS];
+    int nsinks;
+} ifd_summary_writer;
+
+int ifd_summary_writer_add(ifd_summary_writer *w, ifd_sink *sink);
+/* Dumps obj (compact, one line) to every sink, then releases obj (steals the reference). The
+ * first failing sink's error is returned; the other sinks still get the summary. */
+int ifd_summary_emit(ifd_summary_writer *w, json_t *obj, ifd_error *err);
+int ifd_summary_flush(ifd_summary_writer *w, ifd_error *err);
+
+/* ---- host call: the built-in metrics ---- */
+
+enum { IFD_OUT_LOSS = 0, IFD_OUT_CORRECT, IFD_OUT_COUNT, IFD_OUT_NTENSORS };
+
+/* Concatenates R records along axis 0 into three float32 [R] tensors over buf (3 * R floats). */
+void ifd_outfeed_concat(const ifd_outfeed_rec *recs, int replicas, float *buf,
+                        ifd_tensor out[IFD_OUT_NTENSORS]);
+
+/* Running sums over a summary window. */
+typedef struct ifd_metrics {
+    int64_t steps;
+    double loss_sum; /* sum over steps of the step loss (sum over replicas) */
+    double correct;
+    double count;
+} ifd_metrics;
+
+/* The metrics host call: adds one step's concatenated tensors. */
+int ifd_metrics_host_call(ifd_metrics *m, const ifd_tensor t[IFD_OUT_NTENSORS], ifd_error *err);
+
+/* ---- the controller ---- */
+
+typedef struct ifd_outfeed ifd_outfeed;
+
+typedef struct ifd_outfeed_config {
+    ifd_device *dev;
+    const ifd_program *program;
+    ifd_mode mode;
+    int64_t summary_every;
+    ifd_summary_writer *writer;
+    ifd_rendezvous *rv;
+} ifd_outfeed_config;
+
+int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg);
+int ifd_outfeed_signal(ifd_outfeed *o, int64_t n);
+void ifd_outfeed_stop(ifd_outfeed *o);
+/* After stop: emits the summary of the steps since the last one, if any. */
+int ifd_outfeed_flush(ifd_outfeed *o, ifd_error *err);
+/* Steps whose outfeed was processed (any thread). */
+int64_t ifd_outfeed_steps(ifd_outfeed *o);
+void ifd_outfeed_destroy(ifd_outfeed *o);
+
+#endif

@@ -1,0 +1,175 @@
+/* The replication invariant: with the MEAN reduction, R replicas over a global batch B end with
+ * the parameters of one replica over the same batches; with SUM the reported loss is the sum of
+ * the replicas' losses. Every mirror stays bit-identical. */
+#include "tests/util/testutil.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const programs[] = {"linear", "softmax"};
+static const ifd_optimizer_kind optimizers[] = {IFD_OPT_SGD, IFD_OPT_MOMENTUM, IFD_OPT_ADAM};
+
+static void make_config(ifd_config *cfg, const char *program, ifd_optimizer_kind opt, int64_t d,
+                        int64_t k, int64_t b, uint64_t seed)
+{
+    ifd_config_defaults(cfg);
+    cfg->program = program;
+    cfg->settings.features = d;
+    cfg->settings.classes = k;
+    cfg->batch_size = b;
+    cfg->num_steps = 20;
+    cfg->iterations_per_loop = 7;
+    cfg->optimizer.kind = opt;
+    cfg->optimizer.learning_rate = opt == IFD_OPT_ADAM ? 0.01f : 0.1f;
+    cfg->summary_every = 1;
+    cfg->seed = seed;
+}
+
+static tu_batch **make_batches(const ifd_config *cfg, int64_t n, uint64_t seed)
+{
+    ifd_program p;
+    ifd_error err;
+    ck_assert_int_eq(ifd_program_init(&p, cfg->program, &cfg->settings, &err), IFD_OK);
+    ifd_rng rng;
+    ifd_rng_seed(&rng, seed);
+    tu_batch **bs = calloc((size_t)n, sizeof *bs);
+    for (int64_t i = 0; i < n; i++)
+        bs[i] = tu_batch_random(&p, cfg->batch_size, i, &rng);
+    return bs;
+}
+
+static void free_batches(tu_batch **bs, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        tu_batch_free(bs[i]);
+    free(bs);
+}
+
+static double summary_loss(const tu_result *r, size_t i)
+{
+    json_error_t je;
+    json_t *j = json_loads(r->summaries[i], 0, &je);
+    ck_assert_ptr_nonnull(j);
+    double v = json_number_value(json_object_get(j, "loss"));
+    json_decref(j);
+    return v;
+}
+
+/* _i picks the program and optimizer; shapes and data are random per case. */
+START_TEST(mean_matches_one_replica)
+{
+    const char *program = programs[_i % 2];
+    ifd_optimizer_kind opt = optimizers[(_i / 2) % 3];
+    ifd_rng rng;
+    ifd_rng_seed(&rng, 5000 + (uint64_t)_i);
+    int64_t d = 1 + (int64_t)ifd_rng_below(&rng, 12);
+    int64_t k = 2 + (int64_t)ifd_rng_below(&rng, 6);
+    int64_t b = 12 * (1 + (int64_t)ifd_rng_below(&rng, 3)); /* divisible by 1..4 */
+    ifd_config cfg;
+    make_config(&cfg, program, opt, d, k, b, 99 + (uint64_t)_i);
+    tu_batch **bs = make_batches(&cfg, cfg.num_steps, 7000 + (uint64_t)_i);
+
+    tu_result one;
+    cfg.replicas = 1;
+    tu_run(&cfg, bs, cfg.num_steps, &one);
+    ck_assert_msg(one.rc == IFD_OK, "%s", ifd_error_text(&one.err));
+    ck_assert_int_eq(one.global_step, 20);
+    for (int r = 2; r <= 4; r++) {
+        tu_result many;
+        cfg.replicas = r;
+        tu_run(&cfg, bs, cfg.num_steps, &many);
+        ck_assert_msg(many.rc == IFD_OK, "%s", ifd_error_text(&many.err));
+        ck_assert_int_eq(many.global_step, 20);
+        ck_assert_msg(many.mirrors_identical, "R=%d: replica mirrors differ", r);
+        double diff = tu_max_rel_diff(many.params, one.params, one.nparams, 1e-2);
+        ck_assert_msg(diff <= 1e-5,
+                      "%s/%s D=%lld K=%lld B=%lld R=%d: params differ from R=1 by %g relative",
+                      program, ifd_optimizer_name(opt), (long long)d, (long long)k, (long long)b,
+                      r, diff);
+        /* The reported loss is the same global mean at every step. */
+        ck_assert_int_eq(many.nsummaries, one.nsummaries);
+        for (size_t i = 0; i + 1 < one.nsummaries; i++) {
+            double a = summary_loss(&many, i), e = summary_loss(&one, i);
+            ck_assert_msg(fabs(a - e) <= 1e-4 * (fabs(e) + 1e-3), "step %zu loss %g vs %g", i + 1,
+                          a, e);
+        }
+        tu_result_free(&many);
+    }
+    tu_result_free(&one);
+    free_batches(bs, cfg.num_steps);
+}
+END_TEST
+
+START_TEST(sum_reports_the_sum)
+{
+    const char *program = programs[_i % 2];
+    ifd_rng rng;
+    ifd_rng_seed(&rng, 9000 + (uint64_t)_i);
+    int r = 2 + (int)ifd_rng_below(&rng, 3);
+    int64_t d = 1 + (int64_t)ifd_rng_below(&rng, 10);
+    int64_t k = 2 + (int64_t)ifd_rng_below(&rng, 5);
+    int64_t b = r * (1 + (int64_t)ifd_rng_below(&rng, 6));
+    ifd_config cfg;
+    make_config(&cfg, program, IFD_OPT_SGD, d, k, b, 3);
+    cfg.num_steps = 1;
+    cfg.replicas = r;
+    tu_batch **bs = make_batches(&cfg, 1, 11 + (uint64_t)_i);
+    tu_result mean, sum;
+    tu_run(&cfg, bs, 1, &mean);
+    cfg.loss_reduction = IFD_REDUCE_SUM;
+    tu_run(&cfg, bs, 1, &sum);
+    ck_assert_int_eq(mean.rc, IFD_OK);
+    ck_assert_int_eq(sum.rc, IFD_OK);
+    /* Same parameters and data at step 1: the sum of R shard means is R times their mean. */
+    double lm = summary_loss(&mean, 0), ls = summary_loss(&sum, 0);
+    ck_assert_msg(fabs(ls - r * lm) <= 1e-5 * fabs(r * lm), "R=%d: sum loss %g, mean loss %g", r,
+                  ls, lm);
+    ck_assert(sum.mirrors_identical);
+    /* SUM's gradient is R times MEAN's: with SGD, the first update is R times larger. */
+    ifd_program p;
+    ifd_error err;
+    ifd_program_init(&p, cfg.program, &cfg.settings, &err);
+    float *init = malloc(sizeof(float) * (size_t)p.nparam_floats);
+    p.cls->init_params(&p, init, cfg.seed);
+    for (int64_t i = 0; i < p.nparam_floats; i++) {
+        double dm = (double)mean.params[i] - init[i], ds = (double)sum.params[i] - init[i];
+        ck_assert_msg(fabs(ds - r * dm) <= 1e-4 * (fabs(r * dm) + 1e-4),
+                      "param %lld: sum update %g, mean update %g, R=%d", (long long)i, ds, dm, r);
+    }
+    free(init);
+    tu_result_free(&mean);
+    tu_result_free(&sum);
+    free_batches(bs, 1);
+}
+END_TEST
+
+START_TEST(runs_are_repeatable)
+{
+    ifd_config cfg;
+    make_config(&cfg, "softmax", IFD_OPT_ADAM, 7, 3, 8, 5);
+    cfg.replicas = 4;
+    tu_batch **bs = make_batches(&cfg, cfg.num_steps, 1);
+    tu_result a, b;
+    tu_run(&cfg, bs, cfg.num_steps, &a);
+    tu_run(&cfg, bs, cfg.num_steps, &b);
+    ck_assert_int_eq(a.rc, IFD_OK);
+    ck_assert_mem_eq(a.params, b.params, sizeof(float) * (size_t)a.nparams);
+    tu_result_free(&a);
+    tu_result_free(&b);
+    free_batches(bs, cfg.num_steps);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("replication");
+    TCase *tc = tcase_create("invariant");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, mean_matches_one_replica, 0, 12);
+    tcase_add_loop_test(tc, sum_reports_the_sum, 0, 6);
+    tcase_add_test(tc, runs_are_repeatable);
+    suite_add_tcase(s, tc);
+    return tu_run_suite(s);
+}

@@ -1,0 +1,493 @@
+/* The session: loop schedule (stop at step), hook order, summaries, the end of the input, stop
+ * requests. */
+#include "tests/util/testutil.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_LOOPS 64
+
+typedef struct recorder {
+    int64_t lengths[MAX_LOOPS];
+    int64_t steps_after[MAX_LOOPS];
+    int nloops;
+    char trace[512];
+    ifd_session *stop_session;
+    int stop_after_loop;
+} recorder;
+
+static void trace(recorder *r, const char *what)
+{
+    size_t len = strlen(r->trace);
+    snprintf(r->trace + len, sizeof r->trace - len, "%s%s", len ? "," : "", what);
+}
+
+static int rec_begin(void *arg, ifd_run_context *ctx, ifd_error *err)
+{
+    (void)ctx;
+    (void)err;
+    trace(arg, "begin");
+    return IFD_OK;
+}
+
+static int rec_after_create(void *arg, ifd_run_context *ctx, ifd_error *err)
+{
+    (void)ctx;
+    (void)err;
+    trace(arg, "create");
+    return IFD_OK;
+}
+
+static int rec_before(void *arg, ifd_run_context *ctx, ifd_error *err)
+{
+    (void)err;
+    char buf[32];
+    snprintf(buf, sizeof buf, "before%lld", (long long)ifd_run_context_loop_length(ctx));
+    trace(arg, buf);
+    return IFD_OK;
+}
+
+static int rec_after(void *arg, ifd_run_context *ctx, ifd_error *err)
+{
+    (void)err;
+    recorder *r = arg;
+    ck_assert_int_lt(r->nloops, MAX_LOOPS);
+    ck_assert_int_eq(ifd_run_context_loop_index(ctx), r->nloops);
+    r->lengths[r->nloops] = ifd_run_context_loop_length(ctx);
+    r->steps_after[r->nloops] = ifd_run_context_global_step(ctx);
+    r->nloops++;
+    trace(r, "after");
+    if (r->stop_session && r->nloops == r->stop_after_loop)
+        ifd_session_request_stop(r->stop_session);
+    return IFD_OK;
+}
+
+static int rec_end(void *arg, ifd_run_context *ctx, ifd_error *err)
+{
+    (void)ctx;
+    (void)err;
+    trace(arg, "end");
+    return IFD_OK;
+}
+
+static ifd_hook recorder_hook(recorder *r)
+{
+    ifd_hook h = {
+        .name = "recorder",
+        .begin = rec_begin,
+        .after_create_session = rec_after_create,
+        .before_run = rec_before,
+        .after_run = rec_after,
+        .end = rec_end,
+        .arg = r,
+    };
+    return h;
+}
+
+static void base_config(ifd_config *cfg, int replicas, int64_t rows_per_replica)
+{
+    ifd_config_defaults(cfg);
+    cfg->program = "softmax";
+    cfg->settings.features = 5;
+    cfg->settings.classes = 3;
+    cfg->replicas = replicas;
+    cfg->batch_size = rows_per_replica * replicas;
+    cfg->summary_every = 0;
+}
+
+/* Runs a session with a recorder hook over n random batches. */
+typedef struct run_out {
+    int rc;
+    ifd_error err;
+    int64_t global_step;
+    ifd_end_reason reason;
+    int released;
+    int64_t pushed;
+    json_t **sums;
+    size_t nsums;
+} run_out;
+
+static void run_with(const ifd_config *cfg, int64_t nbatches, recorder *rec, int stop_after,
+                     run_out *out)
+{
+    memset(out, 0, sizeof *out);
+    ifd_rng rng;
+    ifd_rng_seed(&rng, 42);
+    ifd_program prog;
+    ifd_error err;
+    ck_assert_int_eq(ifd_program_init(&prog, cfg->program, &cfg->settings, &err), IFD_OK);
+    tu_batch **batches = calloc((size_t)nbatches + 1, sizeof *batches);
+    for (int64_t i = 0; i < nbatches; i++) {
+        batches[i] = tu_batch_random(&prog, cfg->batch_size, i, &rng);
+        batches[i]->released = &out->released;
+    }
+    ifd_batch_queue *q;
+    ck_assert_int_eq(ifd_batch_queue_create(&q, 3), IFD_OK);
+    ifd_sink *sink;
+    ck_assert_int_eq(ifd_sink_memory_create(&sink), IFD_OK);
+    ifd_session *s;
+    int rc = ifd_session_create(&s, cfg, ifd_batch_queue_source(q), &err);
+    ck_assert_msg(rc == IFD_OK, "create: %s", ifd_error_text(&err));
+    if (stop_after) {
+        rec->stop_session = s;
+        rec->stop_after_loop = stop_after;
+    }
+    ifd_hook h = recorder_hook(rec);
+    ck_assert_int_eq(ifd_session_add_hook(s, &h), IFD_OK);
+    ck_assert_int_eq(ifd_session_add_sink(s, sink), IFD_OK);
+    tu_producer *p = tu_producer_start(q, batches, nbatches, 0);
+    out->rc = ifd_session_run(s, &out->err);
+    ifd_batch_queue_close(q);
+    out->pushed = tu_producer_join(p);
+    out->global_step = ifd_session_global_step(s);
+    out->reason = ifd_session_end_reason(s);
+    ifd_session_destroy(s);
+    ifd_batch_queue_destroy(q);
+    out->nsums = ifd_sink_memory_count(sink);
+    out->sums = calloc(out->nsums + 1, sizeof *out->sums);
+    for (size_t i = 0; i < out->nsums; i++) {
+        char *line = ifd_sink_memory_get(sink, i);
+        json_error_t je;
+        out->sums[i] = json_loads(line, 0, &je);
+        ck_assert_msg(out->sums[i] != NULL, "summary %zu is not JSON: %s", i, line);
+        ck_assert_msg(strchr(line, '\n') == NULL, "summary %zu spans lines", i);
+        free(line);
+    }
+    ifd_sink_destroy(sink);
+    free(batches);
+}
+
+static void run_out_free(run_out *o)
+{
+    for (size_t i = 0; i < o->nsums; i++)
+        json_decref(o->sums[i]);
+    free(o->sums);
+}
+
+static const char *jstr(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    ck_assert_msg(json_is_string(v), "summary key '%s' is not a string", key);
+    return json_string_value(v);
+}
+
+static json_int_t jint(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    ck_assert_msg(json_is_integer(v), "summary key '%s' is not an integer", key);
+    return json_integer_value(v);
+}
+
+static double jnum(json_t *o, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    ck_assert_msg(json_is_number(v), "summary key '%s' is not a number", key);
+    return json_number_value(v);
+}
+
+START_TEST(schedule_num_steps)
+{
+    /* The seed's example: iterations_per_loop 4, steps 10 -> loops of 4, 4, 2. */
+    ifd_config cfg;
+    base_config(&cfg, 1 + _i % 3, 2);
+    cfg.iterations_per_loop = 4;
+    cfg.num_steps = 10;
+    recorder rec = {0};
+    run_out o;
+    run_with(&cfg, 30, &rec, 0, &o);
+    ck_assert_msg(o.rc == IFD_OK, "%s", ifd_error_text(&o.err));
+    ck_assert_int_eq(rec.nloops, 3);
+    ck_assert_int_eq(rec.lengths[0], 4);
+    ck_assert_int_eq(rec.lengths[1], 4);
+    ck_assert_int_eq(rec.lengths[2], 2);
+    ck_assert_int_eq(rec.steps_after[0], 4);
+    ck_assert_int_eq(rec.steps_after[1], 8);
+    ck_assert_int_eq(rec.steps_after[2], 10);
+    ck_assert_int_eq(o.global_step, 10);
+    ck_assert_int_eq(o.reason, IFD_END_LAST_STEP);
+    /* Batches the run did not take are released too, by the queue that held them. */
+    ck_assert_int_eq(o.released, o.pushed);
+    ck_assert_int_ge(o.pushed, 10);
+    run_out_free(&o);
+}
+END_TEST
+
+START_TEST(schedule_last_step)
+{
+    /* iterations_per_loop 5, last_step 23, from global step 7 -> 5, 5, 5, 1. */
+    ifd_config cfg;
+    base_config(&cfg, 1 + _i % 4, 1 + _i);
+    cfg.iterations_per_loop = 5;
+    cfg.last_step = 23;
+    cfg.initial_global_step = 7;
+    recorder rec = {0};
+    run_out o;
+    run_with(&cfg, 16, &rec, 0, &o);
+    ck_assert_msg(o.rc == IFD_OK, "%s", ifd_error_text(&o.err));
+    ck_assert_int_eq(rec.nloops, 4);
+    int64_t want[4] = {5, 5, 5, 1};
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(rec.lengths[i], want[i]);
+    ck_assert_int_eq(rec.steps_after[3], 23);
+    ck_assert_int_eq(o.global_step, 23);
+    json_t *end = o.sums[o.nsums - 1];
+    ck_assert_str_eq(jstr(end, "event"), "end");
+    ck_assert_int_eq(jint(end, "global_step"), 23);
+    ck_assert_int_eq(jint(end, "steps"), 16);
+    run_out_free(&o);
+}
+END_TEST
+
+START_TEST(schedule_already_done)
+{
+    /* last_step at or below the starting step: no loop runs at all. */
+    ifd_config cfg;
+    base_config(&cfg, 2, 2);
+    cfg.last_step = 5;
+    cfg.initial_global_step = 5;
+    recorder rec = {0};
+    run_out o;
+    run_with(&cfg, 3, &rec, 0, &o);
+    ck_assert_int_eq(o.rc, IFD_OK);
+    ck_assert_int_eq(rec.nloops, 0);
+    ck_assert_int_eq(o.global_step, 5);
+    ck_assert_int_eq(o.released, o.pushed);
+    run_out_free(&o);
+}
+END_TEST
+
+START_TEST(stop_at_step_arguments)
+{
+    ifd_hook h;
+    ifd_error err;
+    ck_assert_int_eq(ifd_hook_stop_at_step(&h, 4, 10, 20, &err), IFD_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "both"));
+    ck_assert_int_eq(ifd_hook_stop_at_step(&h, 4, 0, 0, &err), IFD_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "neither"));
+    ck_assert_int_eq(ifd_hook_stop_at_step(&h, 0, 10, 0, &err), IFD_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "iterations_per_loop"));
+    ck_assert_int_eq(ifd_hook_stop_at_step(&h, 4, 10, 0, &err), IFD_OK);
+    h.destroy(h.arg);
+
+    ifd_config cfg;
+    base_config(&cfg, 1, 4);
+    cfg.num_steps = 3;
+    cfg.last_step = 9;
+    ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "num_steps=3"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "last_step=9"));
+}
+END_TEST
+
+START_TEST(hook_order)
+{
+    ifd_config cfg;
+    base_config(&cfg, 2, 3);
+    cfg.iterations_per_loop = 3;
+    cfg.num_steps = 5;
+    recorder rec = {0};
+    run_out o;
+    run_with(&cfg, 5, &rec, 0, &o);
+    ck_assert_int_eq(o.rc, IFD_OK);
+    ck_assert_str_eq(rec.trace, "begin,create,before3,after,before2,after,end");
+    run_out_free(&o);
+}
+END_TEST
+
+START_TEST(summaries)
+{
+    ifd_rng rng;
+    ifd_rng_seed(&rng, 1000 + (uint64_t)_i);
+    ifd_config cfg;
+    base_config(&cfg, 1 + (int)ifd_rng_below(&rng, 4), 1 + (int64_t)ifd_rng_below(&rng, 5));
+    cfg.iterations_per_loop = 1 + (int64_t)ifd_rng_below(&rng, 6);
+    cfg.num_steps = 5 + (int64_t)ifd_rng_below(&rng, 20);
+    cfg.summary_every = 1 + (int64_t)ifd_rng_below(&rng, 6);
+    recorder rec = {0};
+    run_out o;
+    run_with(&cfg, cfg.num_steps, &rec, 0, &o);
+    ck_assert_msg(o.rc == IFD_OK, "%s", ifd_error_text(&o.err));
+    /* One train summary per summary_every steps, one more for the remainder, then the end. */
+    int64_t full = cfg.num_steps / cfg.summary_every;
+    int64_t expect = full + (cfg.num_steps % cfg.summary_every ? 1 : 0) + 1;
+    ck_assert_msg((int64_t)o.nsums == expect, "%zu summaries, expected %lld (steps %lld every %lld)",
+                  o.nsums, (long long)expect, (long long)cfg.num_steps,
+                  (long long)cfg.summary_every);
+    int64_t steps_seen = 0;
+    for (size_t i = 0; i + 1 < o.nsums; i++) {
+        json_t *j = o.sums[i];
+        ck_assert_str_eq(jstr(j, "event"), "train");
+        ck_assert_str_eq(jstr(j, "mode"), "train");
+        int64_t gs = jint(j, "global_step");
+        int64_t steps = jint(j, "steps");
+        steps_seen += steps;
+        ck_assert_int_eq(gs, steps_seen);
+        if (i + 2 < o.nsums)
+            ck_assert_int_eq(gs % cfg.summary_every, 0);
+        ck_assert_int_eq(jint(j, "examples"), steps * cfg.batch_size);
+        double loss = jnum(j, "loss"), acc = jnum(j, "accuracy");
+        ck_assert(loss > 0.0 && loss < 50.0);
+        ck_assert(acc >= 0.0 && acc <= 1.0);
+        ck_assert(jnum(j, "examples_per_sec") > 0.0);
+        ck_assert(jnum(j, "steps_per_sec") > 0.0);
+        double in = jnum(j, "infeed_wait_fraction"), out = jnum(j, "outfeed_wait_fraction");
+        ck_assert(in >= 0.0 && in <= 1.0);
+        ck_assert(out >= 0.0 && out <= 1.0);
+    }
+    ck_assert_int_eq(steps_seen, cfg.num_steps);
+    json_t *end = o.sums[o.nsums - 1];
+    ck_assert_str_eq(jstr(end, "event"), "end");
+    ck_assert_str_eq(jstr(end, "status"), "ok");
+    ck_assert_str_eq(jstr(end, "reason"), "last_step");
+    ck_assert_int_eq(jint(end, "global_step"), cfg.num_steps);
+    run_out_free(&o);
+}
+END_TEST
+
+START_TEST(summaries_linear_has_no_accuracy)
+{
+    ifd_config cfg;
+    base_config(&cfg, 2, 2);
+    cfg.program = "linear";
+    cfg.num_steps = 4;
+    cfg.summary_every = 2;
+    recorder rec = {0};
+    run_out o;
+    run_with(&cfg, 4, &rec, 0, &o);
+    ck_assert_int_eq(o.rc, IFD_OK);
+    ck_assert_int_eq(o.nsums, 3);
+    ck_assert_ptr_null(json_object_get(o.sums[0], "accuracy"));
+    ck_assert_ptr_nonnull(json_object_get(o.sums[0], "loss"));
+    run_out_free(&o);
+}
+END_TEST
+
+START_TEST(input_ends_early)
+{
+    ifd_rng rng;
+    ifd_rng_seed(&rng, 77 + (uint64_t)_i);
+    ifd_config cfg;
+    base_config(&cfg, 1 + (int)ifd_rng_below(&rng, 4), 2);
+    cfg.iterations_per_loop = 1 + (int64_t)ifd_rng_below(&rng, 5);
+    cfg.num_steps = 20;
+    cfg.summary_every = 3;
+    int64_t nbatches = (int64_t)ifd_rng_below(&rng, 20); /* 0..19 < 20 steps */
+    recorder rec = {0};
+    run_out o;
+    run_with(&cfg, nbatches, &rec, 0, &o);
+    ck_assert_msg(o.rc == IFD_OK, "%s", ifd_error_text(&o.err));
+    ck_assert_int_eq(o.reason, IFD_END_INPUT_ENDED);
+    ck_assert_int_eq(o.global_step, nbatches);
+    ck_assert_int_eq(o.released, nbatches);
+    json_t *end = o.sums[o.nsums - 1];
+    ck_assert_str_eq(jstr(end, "event"), "end");
+    ck_assert_str_eq(jstr(end, "status"), "ok");
+    ck_assert_str_eq(jstr(end, "reason"), "input_ended");
+    ck_assert_int_eq(jint(end, "global_step"), nbatches);
+    char want[64];
+    snprintf(want, sizeof want, "after global step %lld", (long long)nbatches);
+    ck_assert_msg(strstr(jstr(end, "message"), want), "message: %s", jstr(end, "message"));
+    /* Every completed step was summarised. */
+    int64_t steps = 0;
+    for (size_t i = 0; i + 1 < o.nsums; i++)
+        steps += jint(o.sums[i], "steps");
+    ck_assert_int_eq(steps, nbatches);
+    run_out_free(&o);
+}
+END_TEST
+
+START_TEST(request_stop_ends_at_loop_boundary)
+{
+    ifd_config cfg;
+    base_config(&cfg, 2, 2);
+    cfg.iterations_per_loop = 3;
+    cfg.num_steps = 30;
+    recorder rec = {0};
+    run_out o;
+    run_with(&cfg, 30, &rec, 2, &o);
+    ck_assert_int_eq(o.rc, IFD_OK);
+    ck_assert_int_eq(rec.nloops, 2);
+    ck_assert_int_eq(o.global_step, 6);
+    ck_assert_int_eq(o.reason, IFD_END_STOPPED);
+    ck_assert_str_eq(jstr(o.sums[o.nsums - 1], "reason"), "stopped");
+    ck_assert_int_eq(o.released, o.pushed);
+    ck_assert_int_ge(o.pushed, 6);
+    run_out_free(&o);
+}
+END_TEST
+
+START_TEST(config_errors_name_the_field)
+{
+    ifd_config cfg;
+    ifd_error err;
+    base_config(&cfg, 3, 2);
+    cfg.num_steps = 1;
+    ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_OK);
+    cfg.batch_size = 10;
+    ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
+    ck_assert_msg(strstr(err.msg, "batch_size") && strstr(err.msg, "10") && strstr(err.msg, "3"),
+                  "%s", err.msg);
+    base_config(&cfg, 0, 2);
+    cfg.num_steps = 1;
+    ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "replicas"));
+    base_config(&cfg, 1, 2);
+    cfg.num_steps = 1;
+    cfg.program = "resnet";
+    ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
+    ck_assert_msg(strstr(err.msg, "resnet") && strstr(err.msg, "softmax"), "%s", err.msg);
+    base_config(&cfg, 1, 2);
+    cfg.num_steps = 1;
+    cfg.mode = IFD_MODE_EVAL;
+    ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_ENOTSUP);
+    ck_assert_ptr_nonnull(strstr(err.msg, "mode"));
+    base_config(&cfg, 1, 2);
+    cfg.num_steps = 1;
+    cfg.optimizer.learning_rate = -1.0f;
+    ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "learning_rate"));
+    base_config(&cfg, 1, 2);
+    cfg.num_steps = 1;
+    cfg.backend = "tpu";
+    ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
+    ck_assert_msg(strstr(err.msg, "backend") && strstr(err.msg, "tpu"), "%s", err.msg);
+    /* A program setting error comes from session creation. */
+    base_config(&cfg, 1, 2);
+    cfg.num_steps = 1;
+    cfg.settings.features = 0;
+    ifd_batch_queue *q;
+    ifd_batch_queue_create(&q, 1);
+    ifd_session *s;
+    ck_assert_int_eq(ifd_session_create(&s, &cfg, ifd_batch_queue_source(q), &err), IFD_EINVAL);
+    ck_assert_ptr_null(s);
+    ck_assert_ptr_nonnull(strstr(err.msg, "features"));
+    ifd_batch_queue_destroy(q);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("session");
+    TCase *tc = tcase_create("schedule");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, schedule_num_steps, 0, 3);
+    tcase_add_loop_test(tc, schedule_last_step, 0, 4);
+    tcase_add_test(tc, schedule_already_done);
+    tcase_add_test(tc, stop_at_step_arguments);
+    tcase_add_test(tc, hook_order);
+    tcase_add_test(tc, request_stop_ends_at_loop_boundary);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("summaries");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, summaries, 0, 8);
+    tcase_add_test(tc, summaries_linear_has_no_accuracy);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("input");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, input_ends_early, 0, 8);
+    tcase_add_test(tc, config_errors_name_the_field);
+    suite_add_tcase(s, tc);
+    return tu_run_suite(s);
+}

@@ -1,0 +1,206 @@
+#include "tests/util/testutil.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void tu_release(ifd_batch *b, void *arg)
+{
+    (void)arg;
+    tu_batch *tb = (tu_batch *)b;
+    if (tb->released)
+        __atomic_add_fetch(tb->released, 1, __ATOMIC_RELAXED);
+    tu_batch_free(tb);
+}
+
+void tu_batch_free(tu_batch *tb)
+{
+    if (tb == NULL)
+        return;
+    for (int i = 0; i < IFD_MAX_INPUTS; i++)
+        free(tb->data[i]);
+    free(tb);
+}
+
+tu_batch *tu_batch_random(const ifd_program *p, int64_t rows, int64_t seq, ifd_rng *rng)
+{
+    tu_batch *tb = calloc(1, sizeof *tb);
+    ifd_batch_init(&tb->b);
+    tb->b.seq = seq;
+    tb->b.rows = rows;
+    tb->b.ntensors = p->ninputs;
+    tb->b.producer = "test";
+    tb->b.release = tu_release;
+    for (int i = 0; i < p->ninputs; i++) {
+        const ifd_input_spec *in = &p->inputs[i];
+        int64_t dims[IFD_MAX_RANK] = {rows};
+        int64_t per = 1;
+        for (int d = 0; d < in->rank; d++) {
+            dims[d + 1] = in->dims[d];
+            per *= in->dims[d];
+        }
+        size_t n = (size_t)(rows * per);
+        tb->data[i] = malloc((n ? n : 1) * ifd_dtype_size(in->dtype));
+        if (in->dtype == IFD_F32) {
+            float *f = tb->data[i];
+            for (size_t j = 0; j < n; j++)
+                f[j] = (float)(2.0 * ifd_rng_uniform(rng) - 1.0);
+        } else if (in->dtype == IFD_I32) {
+            int32_t *v = tb->data[i];
+            for (size_t j = 0; j < n; j++)
+                v[j] = (int32_t)ifd_rng_below(rng, (uint64_t)p->settings.classes);
+        } else {
+            memset(tb->data[i], 0, n * ifd_dtype_size(in->dtype));
+        }
+        ifd_tensor_init(&tb->b.tensors[i], in->dtype, in->rank + 1, dims, tb->data[i]);
+    }
+    return tb;
+}
+
+tu_batch *tu_batch_clone(const tu_batch *src)
+{
+    tu_batch *tb = malloc(sizeof *tb);
+    *tb = *src;
+    for (int i = 0; i < src->b.ntensors; i++) {
+        size_t n = ifd_tensor_nbytes(&src->b.tensors[i]);
+        tb->data[i] = malloc(n ? n : 1);
+        memcpy(tb->data[i], src->data[i], n);
+        tb->b.tensors[i].data = tb->data[i];
+    }
+    tb->b.refs = 0;
+    return tb;
+}
+
+struct tu_producer {
+    pthread_t t;
+    ifd_batch_queue *q;
+    tu_batch **batches;
+    int64_t n, pushed;
+    int keep_open;
+};
+
+static void *producer_main(void *arg)
+{
+    tu_producer *p = arg;
+    for (int64_t i = 0; i < p->n; i++) {
+        if (ifd_batch_queue_push(p->q, &p->batches[i]->b) != IFD_OK)
+            break;
+        p->pushed++;
+    }
+    if (!p->keep_open)
+        ifd_batch_queue_close(p->q);
+    return NULL;
+}
+
+tu_producer *tu_producer_start(ifd_batch_queue *q, tu_batch **batches, int64_t n, int keep_open)
+{
+    tu_producer *p = calloc(1, sizeof *p);
+    p->q = q;
+    p->batches = batches;
+    p->n = n;
+    p->keep_open = keep_open;
+    pthread_create(&p->t, NULL, producer_main, p);
+    return p;
+}
+
+int64_t tu_producer_join(tu_producer *p)
+{
+    pthread_join(p->t, NULL);
+    for (int64_t i = p->pushed; i < p->n; i++)
+        tu_batch_free(p->batches[i]);
+    int64_t pushed = p->pushed;
+    free(p);
+    return pushed;
+}
+
+void tu_run(const ifd_config *cfg, tu_batch **batches, int64_t n, tu_result *res)
+{
+    memset(res, 0, sizeof *res);
+    tu_batch **copies = calloc((size_t)(n ? n : 1), sizeof *copies);
+    for (int64_t i = 0; i < n; i++) {
+        copies[i] = tu_batch_clone(batches[i]);
+        copies[i]->released = &res->released;
+    }
+    ifd_batch_queue *q;
+    ck_assert_int_eq(ifd_batch_queue_create(&q, 4), IFD_OK);
+    ifd_sink *sink;
+    ck_assert_int_eq(ifd_sink_memory_create(&sink), IFD_OK);
+    ifd_session *s;
+    int rc = ifd_session_create(&s, cfg, ifd_batch_queue_source(q), &res->err);
+    ck_assert_msg(rc == IFD_OK, "session_create: %s", ifd_error_text(&res->err));
+    ck_assert_int_eq(ifd_session_add_sink(s, sink), IFD_OK);
+    tu_producer *p = tu_producer_start(q, copies, n, 0);
+    res->rc = ifd_session_run(s, &res->err);
+    ifd_batch_queue_close(q);
+    tu_producer_join(p);
+    res->global_step = ifd_session_global_step(s);
+    res->reason = ifd_session_end_reason(s);
+    const ifd_program *prog = ifd_session_program(s);
+    res->nparams = prog->nparam_floats;
+    res->params = malloc(sizeof(float) * (size_t)res->nparams);
+    ck_assert_int_eq(ifd_session_read_params(s, 0, res->params), IFD_OK);
+    res->mirrors_identical = 1;
+    float *other = malloc(sizeof(float) * (size_t)res->nparams);
+    for (int r = 1; r < cfg->replicas; r++) {
+        ck_assert_int_eq(ifd_session_read_params(s, r, other), IFD_OK);
+        if (memcmp(other, res->params, sizeof(float) * (size_t)res->nparams) != 0)
+            res->mirrors_identical = 0;
+    }
+    free(other);
+    ifd_session_destroy(s);
+    ifd_batch_queue_destroy(q);
+    res->nsummaries = ifd_sink_memory_count(sink);
+    res->summaries = calloc(res->nsummaries + 1, sizeof *res->summaries);
+    for (size_t i = 0; i < res->nsummaries; i++)
+        res->summaries[i] = ifd_sink_memory_get(sink, i);
+    ifd_sink_destroy(sink);
+    free(copies);
+}
+
+void tu_result_free(tu_result *res)
+{
+    free(res->params);
+    for (size_t i = 0; i < res->nsummaries; i++)
+        free(res->summaries[i]);
+    free(res->summaries);
+}
+
+int tu_thread_count(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    if (d == NULL)
+        return -1;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            n++;
+    closedir(d);
+    return n;
+}
+
+double tu_max_rel_diff(const float *a, const float *b, int64_t n, double floor)
+{
+    double worst = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double den = fabs((double)b[i]);
+        if (den < floor)
+            den = floor;
+        double d = fabs((double)a[i] - (double)b[i]) / den;
+        if (d > worst || d != d)
+            worst = d != d ? INFINITY : d;
+    }
+    return worst;
+}
+
+int tu_run_suite(Suite *s)
+{
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,57 @@
+/* Helpers shared by the test suites: random valid batches for a program, a producer thread that
+ * streams them through a batch queue, and a one-call session runner. */
+#ifndef IFD_TESTUTIL_H
+#define IFD_TESTUTIL_H
+
+#include "core/rng.h"
+#include "infeed/infeed.h"
+
+#include <check.h>
+#include <stdint.h>
+
+/* A batch that owns its bytes; released (freed) when the runtime is done with it. */
+typedef struct tu_batch {
+    ifd_batch b;
+    void *data[IFD_MAX_INPUTS];
+    int *released; /* incremented on release when not NULL */
+} tu_batch;
+
+/* Random data shaped for p: float inputs uniform in [-1, 1), int32 labels uniform in [0, K). */
+tu_batch *tu_batch_random(const ifd_program *p, int64_t rows, int64_t seq, ifd_rng *rng);
+/* A deep copy (same values), so several runs can consume the same data. */
+tu_batch *tu_batch_clone(const tu_batch *src);
+void tu_batch_free(tu_batch *tb);
+
+/* A producer thread that pushes batches[0..n) into a batch queue, then closes it (unless
+ * keep_open). Takes ownership of the batches it pushes. */
+typedef struct tu_producer tu_producer;
+tu_producer *tu_producer_start(ifd_batch_queue *q, tu_batch **batches, int64_t n, int keep_open);
+/* Joins; batches not pushed are freed. Returns how many were pushed. */
+int64_t tu_producer_join(tu_producer *p);
+
+/* Runs a whole session over clones of batches[0..n) and returns its result. */
+typedef struct tu_result {
+    int rc;
+    ifd_error err;
+    int64_t global_step;
+    ifd_end_reason reason;
+    float *params; /* replica 0's, malloc'd */
+    int64_t nparams;
+    int mirrors_identical; /* every replica's params equal replica 0's, bit for bit */
+    char **summaries;      /* every summary line, malloc'd */
+    size_t nsummaries;
+    int released; /* batches released */
+} tu_result;
+
+void tu_run(const ifd_config *cfg, tu_batch **batches, int64_t n, tu_result *res);
+void tu_result_free(tu_result *res);
+
+/* The number of threads in this process (from /proc/self/task). */
+int tu_thread_count(void);
+/* Max over i of |a-b| / max(|b|, floor). */
+double tu_max_rel_diff(const float *a, const float *b, int64_t n, double floor);
+
+/* Standard main: runs the suite in fork mode. */
+int tu_run_suite(Suite *s);
+
+#endif
