@@ -57,8 +57,7 @@ int ifd_error_prefix(ifd_error *err, const char *fmt, ...)
     va_end(ap);
     char old[IFD_ERROR_MSG_MAX];
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix,
-             old[0] ? old : ifd_strerror(err->code));
+    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old[0] ? old : ifd_strerror(err->code));
     return err->code;
 }
 

@@ -18,6 +18,9 @@ struct ifd_queue {
     int aborted;
     int waiting_pop;
     int waiting_push;
+    size_t wake_len;  /* a blocked consumer is woken at this length, by kick, or at the end */
+    size_t wake_free; /* a blocked producer is woken when this many slots are free */
+    int kicked;
     unsigned char *buf;
 };
 
@@ -34,6 +37,8 @@ int ifd_queue_create(ifd_queue **out, size_t item_size, size_t capacity)
         goto fail_buf;
     q->item_size = item_size;
     q->cap = capacity;
+    q->wake_len = 1;
+    q->wake_free = 1;
     ifd_mutex_init(&q->mu);
     ifd_cond_init(&q->not_empty);
     ifd_cond_init(&q->not_full);
@@ -88,7 +93,7 @@ static int queue_push(ifd_queue *q, const void *item, int64_t deadline_ns)
     size_t tail = (q->head + q->len) % q->cap;
     memcpy(q->buf + tail * q->item_size, item, q->item_size);
     q->len++;
-    if (q->waiting_pop)
+    if (q->waiting_pop && q->len >= q->wake_len)
         ifd_cond_signal(&q->not_empty);
 out:
     ifd_mutex_unlock(&q->mu);
@@ -97,20 +102,21 @@ out:
 
 static int queue_pop(ifd_queue *q, void *item, int64_t deadline_ns)
 {
-    int rc = IFD_OK;
+    int rc = IFD_OK, waited = 0;
     ifd_mutex_lock(&q->mu);
     for (;;) {
         if (q->aborted) {
             rc = IFD_ESTOPPED;
             goto out;
         }
-        if (q->len > 0)
+        if (q->len > 0 && (q->len >= q->wake_len || q->kicked || q->closed || !waited))
             break;
-        if (q->closed) {
+        if (q->len == 0 && q->closed) {
             rc = IFD_ECLOSED;
             goto out;
         }
         q->waiting_pop++;
+        waited = 1;
         int t = 0;
         if (deadline_ns < 0)
             ifd_cond_wait(&q->not_empty, &q->mu);
@@ -121,12 +127,16 @@ static int queue_pop(ifd_queue *q, void *item, int64_t deadline_ns)
             rc = IFD_ETIMEDOUT;
             goto out;
         }
+        if (t != 0 && q->len > 0)
+            break;
     }
     memcpy(item, q->buf + q->head * q->item_size, q->item_size);
     q->head = (q->head + 1) % q->cap;
     q->len--;
-    if (q->waiting_push)
-        ifd_cond_signal(&q->not_full);
+    if (q->len == 0)
+        q->kicked = 0;
+    if (q->waiting_push && q->cap - q->len >= q->wake_free)
+        ifd_cond_broadcast(&q->not_full);
 out:
     ifd_mutex_unlock(&q->mu);
     return rc;
@@ -195,6 +205,30 @@ size_t ifd_queue_drain(ifd_queue *q, void (*fn)(void *item, void *arg), void *ar
     if (item != tmp)
         free(item);
     return n;
+}
+
+static size_t clamp(size_t v, size_t hi)
+{
+    return v < 1 ? 1 : v > hi ? hi : v;
+}
+
+void ifd_queue_set_wake(ifd_queue *q, size_t wake_len, size_t wake_free)
+{
+    ifd_mutex_lock(&q->mu);
+    q->wake_len = clamp(wake_len, q->cap);
+    q->wake_free = clamp(wake_free, q->cap);
+    ifd_mutex_unlock(&q->mu);
+}
+
+void ifd_queue_kick(ifd_queue *q)
+{
+    ifd_mutex_lock(&q->mu);
+    if (q->len > 0) {
+        q->kicked = 1;
+        if (q->waiting_pop)
+            ifd_cond_broadcast(&q->not_empty);
+    }
+    ifd_mutex_unlock(&q->mu);
 }
 
 size_t ifd_queue_len(ifd_queue *q)

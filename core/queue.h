@@ -9,6 +9,13 @@
  *   with items still inside. This is the error path. ifd_queue_drain gives the items that were
  *   left back to their owner.
  * Both wake every blocked thread, and both are idempotent and may be called from any thread.
+ *
+ * Hand-offs in bursts (hysteresis), off by default: with ifd_queue_set_wake,
+ * - a consumer blocked on an empty queue is woken once wake_len items are in, or by
+ *   ifd_queue_kick, close or abort; a producer that sets wake_len > 1 must kick before it stops
+ *   pushing for a while, or the items below wake_len wait;
+ * - a producer blocked on a full queue is woken once wake_free slots are free;
+ * so that a fast consumer and a producer do not pay one wake-up per item.
  */
 #ifndef IFD_CORE_QUEUE_H
 #define IFD_CORE_QUEUE_H
@@ -34,6 +41,12 @@ void ifd_queue_close(ifd_queue *q);
 void ifd_queue_abort(ifd_queue *q);
 /* Pops every item left (whatever the state) and hands each to fn. Returns how many. */
 size_t ifd_queue_drain(ifd_queue *q, void (*fn)(void *item, void *arg), void *arg);
+
+/* Hysteresis (both clamped to 1..capacity; 1 and 1 by default). */
+void ifd_queue_set_wake(ifd_queue *q, size_t wake_len, size_t wake_free);
+/* Wakes a blocked consumer if the queue holds any item; it drains them even below wake_len
+ * until the queue is empty again. */
+void ifd_queue_kick(ifd_queue *q);
 
 size_t ifd_queue_len(ifd_queue *q);
 size_t ifd_queue_capacity(const ifd_queue *q);

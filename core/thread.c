@@ -117,3 +117,20 @@ void ifd_sleep_ns(int64_t ns)
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
         ;
 }
+
+int ifd_spin_until(int (*ready)(void *arg), void *arg, int64_t budget_ns)
+{
+    int64_t deadline = 0;
+    for (;;) {
+        for (int i = 0; i < 64; i++) {
+            if (ready(arg))
+                return 1;
+            ifd_cpu_relax();
+        }
+        int64_t now = ifd_clock_ns();
+        if (deadline == 0)
+            deadline = now + budget_ns;
+        else if (now >= deadline)
+            return ready(arg);
+    }
+}

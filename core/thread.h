@@ -42,6 +42,26 @@ int ifd_thread_start(ifd_thread *t, const char *name, void *(*fn)(void *), void 
 /* Joins a started thread; a no-op for one never started. */
 void ifd_thread_join(ifd_thread *t);
 
+/*
+ * Spin-then-block: before sleeping on a condition variable, a waiter polls a cheap lock-free
+ * hint for up to IFD_SPIN_NS with a pause instruction (no system call), so that a hand-off
+ * between two running threads costs no futex wake-up. The budget is short enough that a waiter
+ * with nothing coming soon still sleeps almost at once and gives its core away.
+ */
+#define IFD_SPIN_NS 5000
+
+static inline void ifd_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Calls ready(arg) until it returns non-zero (returns 1) or the budget is spent (returns 0). */
+int ifd_spin_until(int (*ready)(void *arg), void *arg, int64_t budget_ns);
+
 /* Monotonic clock in nanoseconds. */
 int64_t ifd_clock_ns(void);
 void ifd_sleep_ns(int64_t ns);

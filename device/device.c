@@ -19,8 +19,9 @@ int ifd_device_create(ifd_device **out, const char *backend, const ifd_device_co
             be = backends[i];
     if (be == NULL) {
         if (backend && strcmp(backend, "cuda") == 0)
-            return ifd_error_set(err, IFD_ENOTSUP,
-                                 "backend: 'cuda' is not built into this libinfeed; available: cpu");
+            return ifd_error_set(
+                err, IFD_ENOTSUP,
+                "backend: 'cuda' is not built into this libinfeed; available: cpu");
         return ifd_error_set(err, IFD_EINVAL, "backend: expected cpu, got '%s'",
                              backend ? backend : "(none)");
     }

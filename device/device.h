@@ -6,13 +6,16 @@
  *
  * Threads and blocking, per operation:
  * - open, close, run_loop, read_params: the session's thread only, never concurrently.
- * - infeed_enqueue, infeed_end: the infeed controller thread only.
+ * - infeed_enqueue, infeed_flush, infeed_end: the infeed controller thread only.
  * - outfeed_dequeue: the outfeed controller thread only.
  * - global_step, stats, abort: any thread, never block.
  *
  * - infeed_enqueue blocks while the replica's ring is full (back-pressure to the infeed thread),
  *   and takes a reference on shard->batch that the backend drops once the replica's step no
  *   longer reads the shard (cpu: after the step; cuda: after the host-to-device copy).
+ * - infeed_flush: the infeed thread will not enqueue again soon (its loop's shards are all in, or
+ *   it is about to wait for the batch source): hand what is queued to the replicas now. A backend
+ *   may hold shards back until then to wake its replicas in bursts.
  * - run_loop(n) returns once every replica has finished n steps (cuda: enqueued them and waited
  *   for the last, never for each); within the loop the host never waits on a replica's step.
  *   IFD_EEOF when the infeed ended (infeed_end) before n steps: *steps_done says how many were
@@ -74,6 +77,7 @@ typedef struct ifd_device_backend {
     int (*open)(ifd_device *dev, ifd_error *err);
     void (*close)(ifd_device *dev);
     int (*infeed_enqueue)(ifd_device *dev, int replica, const ifd_shard *shard);
+    void (*infeed_flush)(ifd_device *dev);
     void (*infeed_end)(ifd_device *dev);
     int (*outfeed_dequeue)(ifd_device *dev, int replica, ifd_outfeed_rec *rec);
     int (*run_loop)(ifd_device *dev, int64_t n, int64_t *steps_done, ifd_error *err);
@@ -99,6 +103,10 @@ void ifd_device_destroy(ifd_device *dev);
 static inline int ifd_device_infeed_enqueue(ifd_device *d, int r, const ifd_shard *s)
 {
     return d->be->infeed_enqueue(d, r, s);
+}
+static inline void ifd_device_infeed_flush(ifd_device *d)
+{
+    d->be->infeed_flush(d);
 }
 static inline void ifd_device_infeed_end(ifd_device *d)
 {

@@ -1,6 +1,6 @@
 /* The op set and the replication ops on the host: CBLAS for products, device/math.h for the
- * elementwise math. Sums over rows are accumulated in double in row order, so results are
- * repeatable. */
+ * elementwise math. Every sum over rows runs in row order (losses in double, column sums in
+ * float), so results are repeatable run to run. */
 #include "device/math.h"
 #include "device/step.h"
 
@@ -56,16 +56,16 @@ static void cpu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *lo
     float gscale = rows > 0 ? scale / (float)rows : 0.0f;
     for (int64_t r = 0; r < rows; r++) {
         int ok;
-        loss += ifd_math_softmax_xent_row(logits + r * k, k, labels[r], gscale, dlogits + r * k,
-                                          &ok);
+        loss +=
+            ifd_math_softmax_xent_row(logits + r * k, k, labels[r], gscale, dlogits + r * k, &ok);
         correct += ok;
     }
     out->loss = rows > 0 ? (float)(scale * loss / (double)rows) : 0.0f;
     out->correct = (float)correct;
 }
 
-static void cpu_squared_error(void *ctx, int64_t rows, int64_t k, const float *pred,
-                              const float *y, float scale, float *dpred, ifd_step_out *out)
+static void cpu_squared_error(void *ctx, int64_t rows, int64_t k, const float *pred, const float *y,
+                              float scale, float *dpred, ifd_step_out *out)
 {
     (void)ctx;
     double loss = 0.0;
@@ -105,8 +105,8 @@ void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t 
     case IFD_OPT_ADAM: {
         float lr_t = ifd_math_adam_lr(lr, opt->beta1, opt->beta2, *step + 1);
         for (int64_t i = 0; i < n; i++)
-            ifd_math_adam(&params[i], &slot0[i], &slot1[i], grads[i], lr_t, opt->beta1,
-                          opt->beta2, opt->epsilon);
+            ifd_math_adam(&params[i], &slot0[i], &slot1[i], grads[i], lr_t, opt->beta1, opt->beta2,
+                          opt->epsilon);
         break;
     }
     }

@@ -12,8 +12,8 @@ int ifd_optimizer_slots(ifd_optimizer_kind kind)
     }
 }
 
-int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops *sops,
-                   void *sctx, const ifd_replica_state *st, const ifd_optimizer *opt, float scale,
+int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops *sops, void *sctx,
+                   const ifd_replica_state *st, const ifd_optimizer *opt, float scale,
                    const ifd_tensor *inputs, int64_t rows, ifd_step_out *out, ifd_error *err)
 {
     ifd_step_args a = {

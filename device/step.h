@@ -42,8 +42,8 @@ typedef struct ifd_replica_state {
 int ifd_optimizer_slots(ifd_optimizer_kind kind);
 
 /* One training step of one replica. */
-int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops *sops,
-                   void *sctx, const ifd_replica_state *st, const ifd_optimizer *opt, float scale,
+int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops *sops, void *sctx,
+                   const ifd_replica_state *st, const ifd_optimizer *opt, float scale,
                    const ifd_tensor *inputs, int64_t rows, ifd_step_out *out, ifd_error *err);
 
 /* The cpu implementations, for the cpu backend and for tests that run a program directly. */

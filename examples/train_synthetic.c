@@ -13,7 +13,7 @@
 #include <string.h>
 
 #define D 16
-#define K 4
+#define K 10
 
 typedef struct demo_batch {
     ifd_batch b;
@@ -53,7 +53,7 @@ static void *produce(void *arg)
             int c = rand_r(&p->seed) % K;
             db->y[r] = c;
             for (int j = 0; j < D; j++)
-                db->x[r * D + j] = p->centers[c][j] + 0.5f * (frand(&p->seed) - 0.5f);
+                db->x[r * D + j] = p->centers[c][j] + 2.0f * (frand(&p->seed) - 0.5f);
         }
         ifd_batch_init(&db->b);
         db->b.seq = i;
@@ -112,7 +112,7 @@ int main(int argc, char **argv)
     cfg.settings.features = D;
     cfg.settings.classes = K;
     cfg.optimizer.kind = IFD_OPT_MOMENTUM;
-    cfg.optimizer.learning_rate = 0.05f;
+    cfg.optimizer.learning_rate = 0.02f;
     cfg.summary_every = 50;
 
     producer p = {.batches = cfg.num_steps, .batch_size = cfg.batch_size, .seed = 7};

@@ -29,15 +29,15 @@ int ifd_infeed_check_batch(const ifd_program *p, const ifd_batch *b, int64_t bat
         const ifd_input_spec *in = &p->inputs[i];
         const ifd_tensor *t = &b->tensors[i];
         if (t->dtype != in->dtype)
-            return ifd_error_set(err, IFD_EDTYPE, "tensor '%s' has dtype %s, expected %s",
-                                 in->name, ifd_dtype_name(t->dtype), ifd_dtype_name(in->dtype));
+            return ifd_error_set(err, IFD_EDTYPE, "tensor '%s' has dtype %s, expected %s", in->name,
+                                 ifd_dtype_name(t->dtype), ifd_dtype_name(in->dtype));
         ifd_shape expect = {.rank = in->rank + 1};
         expect.dims[0] = b->rows;
         for (int d = 0; d < in->rank; d++)
             expect.dims[d + 1] = in->dims[d];
         if (!ifd_shape_equal(&t->shape, &expect))
-            return ifd_error_set(err, IFD_ESHAPE, "tensor '%s' has shape %s, expected %s",
-                                 in->name, ifd_shape_format(&t->shape, got, sizeof got),
+            return ifd_error_set(err, IFD_ESHAPE, "tensor '%s' has shape %s, expected %s", in->name,
+                                 ifd_shape_format(&t->shape, got, sizeof got),
                                  ifd_shape_format(&expect, want, sizeof want));
         if (t->data == NULL && b->rows > 0)
             return ifd_error_set(err, IFD_EINVAL, "tensor '%s' has no data", in->name);
@@ -82,7 +82,13 @@ static void infeed_main(ifd_opq *q, void *arg)
         IFD_LOG_DEBUG("infeed: loop %lld: enqueue %lld batches", (long long)loop, (long long)n);
         for (int64_t i = 0; i < n; i++) {
             ifd_batch *b = NULL;
-            int rc = cfg->src.ops->next(cfg->src.ctx, &b, &err);
+            int rc = IFD_ETIMEDOUT;
+            if (cfg->src.ops->try_next)
+                rc = cfg->src.ops->try_next(cfg->src.ctx, &b, &err);
+            if (rc == IFD_ETIMEDOUT) {
+                ifd_device_infeed_flush(cfg->dev);
+                rc = cfg->src.ops->next(cfg->src.ctx, &b, &err);
+            }
             if (rc == IFD_EEOF) {
                 IFD_LOG_INFO("infeed: the input ended after %lld batches",
                              (long long)__atomic_load_n(&f->batches, __ATOMIC_RELAXED));
@@ -99,6 +105,7 @@ static void infeed_main(ifd_opq *q, void *arg)
             }
             __atomic_add_fetch(&f->batches, 1, __ATOMIC_RELAXED);
         }
+        ifd_device_infeed_flush(cfg->dev);
         loop++;
     }
 }

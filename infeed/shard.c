@@ -16,8 +16,7 @@ static int shard_per_host(ifd_batch *b, int replicas, ifd_shard *out, ifd_error 
     return IFD_OK;
 }
 
-int ifd_shard_batch(ifd_input_mode mode, ifd_batch *b, int replicas, ifd_shard *out,
-                    ifd_error *err)
+int ifd_shard_batch(ifd_input_mode mode, ifd_batch *b, int replicas, ifd_shard *out, ifd_error *err)
 {
     switch (mode) {
     case IFD_INPUT_PER_HOST:

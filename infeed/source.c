@@ -67,13 +67,25 @@ static int bq_next(void *ctx, ifd_batch **out, ifd_error *err)
     return rc;
 }
 
+static int bq_try_next(void *ctx, ifd_batch **out, ifd_error *err)
+{
+    ifd_batch_queue *bq = ctx;
+    int rc = ifd_queue_pop_until(bq->q, out, 0);
+    if (rc == IFD_ECLOSED)
+        return IFD_EEOF;
+    if (rc && rc != IFD_ETIMEDOUT)
+        ifd_error_set(err, rc, "batch queue aborted");
+    return rc;
+}
+
 static void bq_abort(void *ctx)
 {
     ifd_batch_queue *bq = ctx;
     ifd_queue_abort(bq->q);
 }
 
-static const ifd_batch_source_ops bq_ops = {.next = bq_next, .abort = bq_abort};
+static const ifd_batch_source_ops bq_ops = {
+    .next = bq_next, .abort = bq_abort, .try_next = bq_try_next};
 
 ifd_batch_source ifd_batch_queue_source(ifd_batch_queue *bq)
 {

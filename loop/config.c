@@ -27,7 +27,7 @@ void ifd_config_defaults(ifd_config *cfg)
     cfg->loss_reduction = IFD_REDUCE_MEAN;
     cfg->summary_every = 100;
     cfg->seed = 1;
-    cfg->infeed_depth = 4;
+    cfg->infeed_depth = 16;
     cfg->outfeed_depth = 64;
 }
 
@@ -108,8 +108,7 @@ int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
                              "num_steps=%lld and last_step=%lld",
                              (long long)cfg->num_steps, (long long)cfg->last_step);
     if (cfg->initial_global_step < 0)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "initial_global_step: expected 0 or more, got %lld",
+        return ifd_error_set(err, IFD_EINVAL, "initial_global_step: expected 0 or more, got %lld",
                              (long long)cfg->initial_global_step);
     const ifd_optimizer *o = &cfg->optimizer;
     if ((int)o->kind < IFD_OPT_SGD || o->kind > IFD_OPT_ADAM)
@@ -142,7 +141,7 @@ int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
         return ifd_error_set(err, IFD_EINVAL, "infeed_depth: expected 1 to %d, got %d", MAX_DEPTH,
                              cfg->infeed_depth);
     if (cfg->outfeed_depth < 1 || cfg->outfeed_depth > MAX_DEPTH)
-        return ifd_error_set(err, IFD_EINVAL, "outfeed_depth: expected 1 to %d, got %d",
-                             MAX_DEPTH, cfg->outfeed_depth);
+        return ifd_error_set(err, IFD_EINVAL, "outfeed_depth: expected 1 to %d, got %d", MAX_DEPTH,
+                             cfg->outfeed_depth);
     return IFD_OK;
 }

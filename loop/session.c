@@ -136,16 +136,16 @@ enum { CB_BEGIN, CB_AFTER_CREATE, CB_BEFORE_RUN, CB_AFTER_RUN, CB_END };
 /* Runs one callback of every hook, in order. The first error goes to the rendezvous. */
 static int call_hooks(ifd_session *s, int which)
 {
-    static const char *const names[] = {"begin", "after_create_session", "before_run",
-                                        "after_run", "end"};
+    static const char *const names[] = {"begin", "after_create_session", "before_run", "after_run",
+                                        "end"};
     for (int i = 0; i < s->nhooks; i++) {
         const ifd_hook *h = &s->hooks[i];
-        int (*fn)(void *, ifd_run_context *, ifd_error *) =
-            which == CB_BEGIN          ? h->begin
-            : which == CB_AFTER_CREATE ? h->after_create_session
-            : which == CB_BEFORE_RUN   ? h->before_run
-            : which == CB_AFTER_RUN    ? h->after_run
-                                       : h->end;
+        int (*fn)(void *, ifd_run_context *, ifd_error *) = which == CB_BEGIN ? h->begin
+                                                            : which == CB_AFTER_CREATE
+                                                                ? h->after_create_session
+                                                            : which == CB_BEFORE_RUN ? h->before_run
+                                                            : which == CB_AFTER_RUN  ? h->after_run
+                                                                                     : h->end;
         if (fn == NULL)
             continue;
         ifd_error e;
@@ -198,8 +198,8 @@ static void run_loops(ifd_session *s)
     ifd_run_context *ctx = &s->ctx;
     for (;;) {
         if (ctx->stop_requested) {
-            s->reason = strcmp(ctx->stop_reason, "last_step") == 0 ? IFD_END_LAST_STEP
-                                                                   : IFD_END_STOPPED;
+            s->reason =
+                strcmp(ctx->stop_reason, "last_step") == 0 ? IFD_END_LAST_STEP : IFD_END_STOPPED;
             return;
         }
         if (__atomic_load_n(&s->stop_requested, __ATOMIC_ACQUIRE)) {

@@ -35,7 +35,20 @@ void ifd_cpu_allreduce_bind(ifd_cpu_allreduce *ar, int r, float *buf)
     ar->bufs[r] = buf;
 }
 
-/* A reusable barrier that can be broken by leave/abort. */
+typedef struct barrier_wait {
+    ifd_cpu_allreduce *ar;
+    int64_t gen;
+} barrier_wait;
+
+static int barrier_passed(void *arg)
+{
+    barrier_wait *w = arg;
+    return __atomic_load_n(&w->ar->generation, __ATOMIC_ACQUIRE) != w->gen ||
+           __atomic_load_n(&w->ar->state, __ATOMIC_ACQUIRE) != IFD_OK;
+}
+
+/* A reusable barrier that can be broken by leave/abort. Peers usually arrive within
+ * microseconds of each other, so a waiter spins briefly before it sleeps. */
 static int barrier(ifd_cpu_allreduce *ar)
 {
     ifd_mutex_lock(&ar->mu);
@@ -47,13 +60,20 @@ static int barrier(ifd_cpu_allreduce *ar)
     int64_t gen = ar->generation;
     if (++ar->arrived == ar->replicas) {
         ar->arrived = 0;
-        ar->generation++;
-        ifd_cond_broadcast(&ar->cv);
+        __atomic_store_n(&ar->generation, gen + 1, __ATOMIC_RELEASE);
+        if (ar->sleepers)
+            ifd_cond_broadcast(&ar->cv);
         ifd_mutex_unlock(&ar->mu);
         return IFD_OK;
     }
+    ifd_mutex_unlock(&ar->mu);
+    barrier_wait w = {ar, gen};
+    ifd_spin_until(barrier_passed, &w, IFD_SPIN_NS);
+    ifd_mutex_lock(&ar->mu);
+    ar->sleepers++;
     while (gen == ar->generation && ar->state == IFD_OK)
         ifd_cond_wait(&ar->cv, &ar->mu);
+    ar->sleepers--;
     int s = gen == ar->generation ? ar->state : IFD_OK;
     ifd_mutex_unlock(&ar->mu);
     return s;
@@ -85,7 +105,7 @@ static void set_state(ifd_cpu_allreduce *ar, int state)
 {
     ifd_mutex_lock(&ar->mu);
     if (ar->state != IFD_ESTOPPED)
-        ar->state = state;
+        __atomic_store_n(&ar->state, state, __ATOMIC_RELEASE);
     ifd_cond_broadcast(&ar->cv);
     ifd_mutex_unlock(&ar->mu);
 }
@@ -104,7 +124,7 @@ void ifd_cpu_allreduce_reset(ifd_cpu_allreduce *ar)
 {
     ifd_mutex_lock(&ar->mu);
     if (ar->state == IFD_EEOF)
-        ar->state = IFD_OK;
+        __atomic_store_n(&ar->state, IFD_OK, __ATOMIC_RELEASE);
     ar->arrived = 0;
     ifd_mutex_unlock(&ar->mu);
 }

@@ -19,6 +19,7 @@ typedef struct ifd_cpu_allreduce {
     ifd_mutex mu;
     ifd_cond cv;
     int arrived;
+    int sleepers;
     int64_t generation;
     int state; /* IFD_OK, IFD_EEOF (a replica left: its input ended) or IFD_ESTOPPED */
 } ifd_cpu_allreduce;

@@ -96,6 +96,7 @@ static int pop_slot(cpu_replica *rep, ifd_outfeed_rec **slot)
     int rc = ifd_queue_pop_until(rep->out_free, slot, 0);
     if (rc != IFD_ETIMEDOUT)
         return rc;
+    ifd_queue_kick(rep->out_full); /* the outfeed thread must drain to free a slot */
     int64_t t0 = ifd_clock_ns();
     rc = ifd_queue_pop(rep->out_free, slot);
     rep->pending_out_ns += ifd_clock_ns() - t0;
@@ -171,6 +172,8 @@ static void *replica_main(void *arg)
                 break;
             done++;
         }
+        /* The outfeed thread is woken in bursts; the end of a loop hands over the rest. */
+        ifd_queue_kick(rep->out_full);
         if (rc == IFD_EEOF) {
             /* The input ended: peers stop at the same step instead of waiting for us, and the
              * outfeed thread learns there is nothing more once it has drained what we wrote. */
@@ -192,8 +195,7 @@ static void *replica_main(void *arg)
     return NULL;
 }
 
-static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *init,
-                        ifd_error *err)
+static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *init, ifd_error *err)
 {
     const ifd_device_config *cfg = &cd->dev->cfg;
     const ifd_program *p = cfg->program;
@@ -223,6 +225,9 @@ static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *i
         ifd_queue_create(&rep->out_free, sizeof(ifd_outfeed_rec *), (size_t)cfg->outfeed_depth) ||
         ifd_queue_create(&rep->out_full, sizeof(ifd_outfeed_rec *), (size_t)cfg->outfeed_depth))
         return ifd_error_set(err, IFD_ENOMEM, "cpu backend: replica %d rings", index);
+    /* Hand-offs in bursts of half a ring: see core/queue.h. */
+    ifd_queue_set_wake(rep->infeed, (size_t)cfg->infeed_depth / 2, (size_t)cfg->infeed_depth / 2);
+    ifd_queue_set_wake(rep->out_full, (size_t)cfg->outfeed_depth / 2, 1);
     for (int i = 0; i < cfg->outfeed_depth; i++) {
         ifd_outfeed_rec *slot = &rep->slots[i];
         ifd_queue_push(rep->out_free, &slot);
@@ -230,8 +235,7 @@ static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *i
     char tname[32];
     snprintf(tname, sizeof tname, "ifd-replica%d", index);
     if (ifd_thread_start(&rep->thread, tname, replica_main, rep))
-        return ifd_error_set(err, IFD_ENOMEM, "cpu backend: cannot start replica thread %d",
-                             index);
+        return ifd_error_set(err, IFD_ENOMEM, "cpu backend: cannot start replica thread %d", index);
     return IFD_OK;
 }
 
@@ -330,6 +334,13 @@ static int cpu_infeed_enqueue(ifd_device *dev, int replica, const ifd_shard *sha
     return rc == IFD_ECLOSED ? IFD_ESTOPPED : rc;
 }
 
+static void cpu_infeed_flush(ifd_device *dev)
+{
+    cpu_dev *cd = dev->priv;
+    for (int r = 0; r < cd->replicas; r++)
+        ifd_queue_kick(cd->reps[r].infeed);
+}
+
 static void cpu_infeed_end(ifd_device *dev)
 {
     cpu_dev *cd = dev->priv;
@@ -393,8 +404,8 @@ static int cpu_read_params(ifd_device *dev, int replica, float *out, ifd_error *
 {
     cpu_dev *cd = dev->priv;
     if (replica < 0 || replica >= cd->replicas)
-        return ifd_error_set(err, IFD_EINVAL, "replica: expected 0 to %d, got %d",
-                             cd->replicas - 1, replica);
+        return ifd_error_set(err, IFD_EINVAL, "replica: expected 0 to %d, got %d", cd->replicas - 1,
+                             replica);
     memcpy(out, cd->reps[replica].st.params,
            sizeof(float) * (size_t)dev->cfg.program->nparam_floats);
     return IFD_OK;
@@ -433,6 +444,7 @@ const ifd_device_backend ifd_device_backend_cpu = {
     .open = cpu_open,
     .close = cpu_close,
     .infeed_enqueue = cpu_infeed_enqueue,
+    .infeed_flush = cpu_infeed_flush,
     .infeed_end = cpu_infeed_end,
     .outfeed_dequeue = cpu_outfeed_dequeue,
     .run_loop = cpu_run_loop,

@@ -124,6 +124,9 @@ typedef struct ifd_batch_source_ops {
     int (*next)(void *ctx, ifd_batch **out, ifd_error *err);
     /* Any thread: make a blocked or later next() return IFD_ESTOPPED. Must not block. */
     void (*abort)(void *ctx);
+    /* Optional: as next, but IFD_ETIMEDOUT at once when no batch is ready. The infeed uses it to
+     * hand the replicas what it has queued before it blocks on the source. */
+    int (*try_next)(void *ctx, ifd_batch **out, ifd_error *err);
 } ifd_batch_source_ops;
 
 typedef struct ifd_batch_source {

@@ -105,9 +105,10 @@ typedef struct ifd_program_class {
     void (*init_params)(const ifd_program *p, float *params, uint64_t seed);
     /* Floats of workspace a step over rows rows needs. */
     int64_t (*workspace_floats)(const ifd_program *p, int64_t rows);
-    /* Optional. Host memory: checks values a step cannot (labels in range). first_row is the
-     * index of inputs' row 0 in the batch, for the sentence. */
-    int (*check_batch)(const ifd_program *p, const ifd_tensor *inputs, int64_t rows, ifd_error *err);
+    /* Optional. Host memory: checks values a step cannot (labels in range) over a whole host
+     * batch; row numbers in the sentence are the batch's. */
+    int (*check_batch)(const ifd_program *p, const ifd_tensor *inputs, int64_t rows,
+                       ifd_error *err);
     /* Loss and gradients of one shard. */
     int (*train_step)(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
                       ifd_error *err);

@@ -85,6 +85,7 @@ static void *push_main(void *arg)
         }
         __atomic_add_fetch(&p->pushed, 1, __ATOMIC_RELEASE);
     }
+    ifd_device_infeed_flush(p->f->dev);
     return NULL;
 }
 
@@ -183,8 +184,11 @@ START_TEST(backend_selection)
     ifd_program_settings st = {.features = 2, .classes = 2};
     ifd_error err;
     ifd_program_init(&prog, "softmax", &st, &err);
-    ifd_device_config dc = {.replicas = 1, .program = &prog, .max_shard_rows = 1,
-                            .infeed_depth = 1, .outfeed_depth = 1};
+    ifd_device_config dc = {.replicas = 1,
+                            .program = &prog,
+                            .max_shard_rows = 1,
+                            .infeed_depth = 1,
+                            .outfeed_depth = 1};
     ifd_device *dev;
     ck_assert_int_eq(ifd_device_create(&dev, "tpu", &dc, &err), IFD_EINVAL);
     ck_assert_ptr_null(dev);

@@ -91,8 +91,8 @@ START_TEST(per_host_shards_are_views)
                                              shards[r].row0 + shards[r].rows, &v),
                              IFD_OK);
             /* No copy: the view points into the batch's own bytes. */
-            ck_assert_ptr_eq(v.data, (char *)tb->data[t] + (size_t)shards[r].row0 *
-                                                               ifd_tensor_row_bytes(&v));
+            ck_assert_ptr_eq(v.data, (char *)tb->data[t] +
+                                         (size_t)shards[r].row0 * ifd_tensor_row_bytes(&v));
             ck_assert_int_eq(v.shape.dims[0], per);
         }
     }

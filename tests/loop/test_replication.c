@@ -84,10 +84,9 @@ START_TEST(mean_matches_one_replica)
         ck_assert_int_eq(many.global_step, 20);
         ck_assert_msg(many.mirrors_identical, "R=%d: replica mirrors differ", r);
         double diff = tu_max_rel_diff(many.params, one.params, one.nparams, 1e-2);
-        ck_assert_msg(diff <= 1e-5,
-                      "%s/%s D=%lld K=%lld B=%lld R=%d: params differ from R=1 by %g relative",
-                      program, ifd_optimizer_name(opt), (long long)d, (long long)k, (long long)b,
-                      r, diff);
+        ck_assert_msg(
+            diff <= 1e-5, "%s/%s D=%lld K=%lld B=%lld R=%d: params differ from R=1 by %g relative",
+            program, ifd_optimizer_name(opt), (long long)d, (long long)k, (long long)b, r, diff);
         /* The reported loss is the same global mean at every step. */
         ck_assert_int_eq(many.nsummaries, one.nsummaries);
         for (size_t i = 0; i + 1 < one.nsummaries; i++) {

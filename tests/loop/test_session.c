@@ -312,9 +312,9 @@ START_TEST(summaries)
     /* One train summary per summary_every steps, one more for the remainder, then the end. */
     int64_t full = cfg.num_steps / cfg.summary_every;
     int64_t expect = full + (cfg.num_steps % cfg.summary_every ? 1 : 0) + 1;
-    ck_assert_msg((int64_t)o.nsums == expect, "%zu summaries, expected %lld (steps %lld every %lld)",
-                  o.nsums, (long long)expect, (long long)cfg.num_steps,
-                  (long long)cfg.summary_every);
+    ck_assert_msg((int64_t)o.nsums == expect,
+                  "%zu summaries, expected %lld (steps %lld every %lld)", o.nsums,
+                  (long long)expect, (long long)cfg.num_steps, (long long)cfg.summary_every);
     int64_t steps_seen = 0;
     for (size_t i = 0; i + 1 < o.nsums; i++) {
         json_t *j = o.sums[i];

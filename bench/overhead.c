@@ -1,0 +1,174 @@
+/*
+ * bench_overhead: the host overhead per step of the runtime on the cpu backend.
+ *
+ * A tiny program (linear, D = K = 1, one row per replica) runs num_steps steps at
+ * iterations_per_loop 1, 10 and 100 with R = 1 and 2. The batch source hands out one prebuilt
+ * batch, so no producer or allocation is measured. The compute of one replica's step (the same
+ * program step and optimizer, called directly in a loop) is measured in the same run; the
+ * overhead per step is the session's wall time per step minus that compute time.
+ *
+ *   bench_overhead [--steps N] [--repeat N]
+ */
+#include "core/thread.h"
+#include "device/step.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct static_source {
+    ifd_batch batch;
+    float x[8], y[8];
+} static_source;
+
+static int static_next(void *ctx, ifd_batch **out, ifd_error *err)
+{
+    (void)err;
+    *out = &((static_source *)ctx)->batch;
+    return IFD_OK;
+}
+
+static void static_abort(void *ctx)
+{
+    (void)ctx;
+}
+
+static const ifd_batch_source_ops static_ops = {.next = static_next, .abort = static_abort};
+
+static void source_init(static_source *s, int rows)
+{
+    memset(s, 0, sizeof *s);
+    ifd_batch_init(&s->batch);
+    s->batch.rows = rows;
+    s->batch.ntensors = 2;
+    for (int i = 0; i < rows; i++) {
+        s->x[i] = 0.5f + 0.1f * (float)i;
+        s->y[i] = 1.0f;
+    }
+    int64_t dims[2] = {rows, 1};
+    ifd_tensor_init(&s->batch.tensors[0], IFD_F32, 2, dims, s->x);
+    ifd_tensor_init(&s->batch.tensors[1], IFD_F32, 2, dims, s->y);
+    s->batch.refs = 1; /* owned here: never released */
+}
+
+static void config_for(ifd_config *cfg, int replicas, int64_t ipl, int64_t steps)
+{
+    ifd_config_defaults(cfg);
+    cfg->program = "linear";
+    cfg->settings.features = 1;
+    cfg->settings.classes = 1;
+    cfg->replicas = replicas;
+    cfg->batch_size = replicas;
+    cfg->iterations_per_loop = ipl;
+    cfg->num_steps = steps;
+    cfg->optimizer.learning_rate = 0.01f;
+    cfg->summary_every = 0;
+}
+
+/* Seconds per step of a whole session. */
+static double session_step_seconds(int replicas, int64_t ipl, int64_t steps)
+{
+    ifd_config cfg;
+    config_for(&cfg, replicas, ipl, steps);
+    static_source src;
+    source_init(&src, replicas);
+    ifd_session *s;
+    ifd_error err;
+    if (ifd_session_create(&s, &cfg, (ifd_batch_source){&static_ops, &src}, &err)) {
+        fprintf(stderr, "bench_overhead: %s\n", ifd_error_text(&err));
+        exit(1);
+    }
+    int64_t t0 = ifd_clock_ns();
+    int rc = ifd_session_run(s, &err);
+    int64_t t1 = ifd_clock_ns();
+    if (rc || ifd_session_global_step(s) != steps) {
+        fprintf(stderr, "bench_overhead: run failed: %s\n", ifd_error_text(&err));
+        exit(1);
+    }
+    ifd_session_destroy(s);
+    return (double)(t1 - t0) * 1e-9 / (double)steps;
+}
+
+static int noop_allreduce(void *ctx, float *buf, int64_t n, ifd_error *err)
+{
+    (void)ctx;
+    (void)buf;
+    (void)n;
+    (void)err;
+    return IFD_OK;
+}
+
+/* Seconds per step of one replica's compute alone: program step, optimizer, step counter. */
+static double compute_step_seconds(int64_t steps)
+{
+    ifd_config cfg;
+    config_for(&cfg, 1, 1, steps);
+    ifd_program p;
+    ifd_error err;
+    ifd_program_init(&p, "linear", &cfg.settings, &err);
+    float params[2] = {0.1f, 0.0f}, grads[2], s0[2], s1[2], ws[4];
+    int64_t step = 0;
+    ifd_replica_state st = {params, grads, s0, s1, ws, &step};
+    ifd_ops ops;
+    ifd_cpu_ops_init(&ops, NULL);
+    ifd_step_ops sops = {noop_allreduce, ifd_cpu_optimizer_apply, ifd_cpu_finish_step};
+    static_source src;
+    source_init(&src, 1);
+    ifd_step_out out;
+    int64_t t0 = ifd_clock_ns();
+    for (int64_t i = 0; i < steps; i++)
+        ifd_step_train(&p, &ops, &sops, NULL, &st, &cfg.optimizer, 1.0f, src.batch.tensors, 1, &out,
+                       &err);
+    int64_t t1 = ifd_clock_ns();
+    return (double)(t1 - t0) * 1e-9 / (double)steps;
+}
+
+static double median(double *v, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return v[n / 2];
+}
+
+int main(int argc, char **argv)
+{
+    int64_t steps = 200000;
+    int repeat = 5;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--steps") == 0)
+            steps = strtoll(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--repeat") == 0)
+            repeat = atoi(argv[i + 1]);
+    }
+    if (steps < 100 || repeat < 1 || repeat > 64) {
+        fprintf(stderr, "usage: bench_overhead [--steps N >= 100] [--repeat 1..64]\n");
+        return 2;
+    }
+    double samples[64];
+    for (int k = 0; k < repeat; k++)
+        samples[k] = compute_step_seconds(steps);
+    double compute = median(samples, repeat);
+    printf("compute of one replica's step (tiny linear program): %.3f us\n", compute * 1e6);
+    printf("%-9s %-4s %12s %12s %14s %10s\n", "ipl", "R", "steps/s", "us/step", "overhead_us",
+           "vs_ipl1");
+    const int64_t ipls[] = {1, 10, 100};
+    for (int r = 1; r <= 2; r++) {
+        double base = 0;
+        for (int i = 0; i < 3; i++) {
+            /* ipl 1 pays a loop round trip per step; fewer steps keep it short. */
+            int64_t n = ipls[i] == 1 ? steps / 10 : steps;
+            for (int k = 0; k < repeat; k++)
+                samples[k] = session_step_seconds(r, ipls[i], n);
+            double per = median(samples, repeat);
+            if (i == 0)
+                base = per;
+            printf("%-9lld %-4d %12.0f %12.3f %14.3f %9.1fx\n", (long long)ipls[i], r, 1.0 / per,
+                   per * 1e6, (per - compute) * 1e6, base / per);
+        }
+    }
+    return 0;
+}
