@@ -97,8 +97,10 @@ START_TEST(infeed_ring_applies_back_pressure)
     pusher p = {.f = &f, .n = depth + 3};
     ifd_thread t;
     ifd_thread_start(&t, "pusher", push_main, &p);
-    ifd_sleep_ns(100 * 1000000);
-    /* The ring holds depth shards per replica; the pusher is blocked on the next one. */
+    /* The ring holds depth shards per replica; the pusher then blocks on the next one. */
+    for (int w = 0; w < 1000 && __atomic_load_n(&p.pushed, __ATOMIC_ACQUIRE) < depth; w++)
+        ifd_sleep_ns(5 * 1000000);
+    ifd_sleep_ns(50 * 1000000);
     ck_assert_int_eq(__atomic_load_n(&p.pushed, __ATOMIC_ACQUIRE), depth);
     /* Running steps drains the ring and unblocks it. */
     int64_t done;
