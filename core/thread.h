@@ -48,7 +48,7 @@ void ifd_thread_join(ifd_thread *t);
  * between two running threads costs no futex wake-up. The budget is short enough that a waiter
  * with nothing coming soon still sleeps almost at once and gives its core away.
  */
-#define IFD_SPIN_NS 5000
+#define IFD_SPIN_NS 50000
 
 static inline void ifd_cpu_relax(void)
 {

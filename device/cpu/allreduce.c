@@ -10,10 +10,18 @@ int ifd_cpu_allreduce_init(ifd_cpu_allreduce *ar, int replicas, int64_t n)
     memset(ar, 0, sizeof *ar);
     ar->replicas = replicas;
     ar->n = n;
+    ar->small = (int64_t)replicas * n <= IFD_ALLREDUCE_SMALL;
+    size_t nn = (size_t)(n > 0 ? n : 1);
     ar->bufs = calloc((size_t)replicas, sizeof *ar->bufs);
-    ar->sum = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-    if (ar->bufs == NULL || ar->sum == NULL) {
+    ar->call = calloc((size_t)replicas, sizeof *ar->call);
+    if (ar->small)
+        ar->stage = malloc(sizeof(float) * 2 * (size_t)replicas * nn);
+    else
+        ar->sum = malloc(sizeof(float) * nn);
+    if (ar->bufs == NULL || ar->call == NULL || (ar->stage == NULL && ar->sum == NULL)) {
         free(ar->bufs);
+        free(ar->call);
+        free(ar->stage);
         free(ar->sum);
         return IFD_ENOMEM;
     }
@@ -27,6 +35,8 @@ void ifd_cpu_allreduce_fini(ifd_cpu_allreduce *ar)
     ifd_cond_fini(&ar->cv);
     ifd_mutex_fini(&ar->mu);
     free(ar->bufs);
+    free(ar->call);
+    free(ar->stage);
     free(ar->sum);
 }
 
@@ -47,43 +57,66 @@ static int barrier_passed(void *arg)
            __atomic_load_n(&w->ar->state, __ATOMIC_ACQUIRE) != IFD_OK;
 }
 
-/* A reusable barrier that can be broken by leave/abort. Peers usually arrive within
- * microseconds of each other, so a waiter spins briefly before it sleeps. */
+/*
+ * A reusable barrier that leave/abort can break. Arrival is one atomic add; peers usually
+ * arrive within microseconds of each other, so a waiter spins (IFD_SPIN_NS) before it sleeps.
+ * The last arriver and a would-be sleeper order "bump generation, read sleepers" against
+ * "count myself a sleeper, read generation" with sequentially consistent operations, and the
+ * sleeper re-checks under the mutex the waker takes to broadcast, so no wake-up is lost.
+ */
 static int barrier(ifd_cpu_allreduce *ar)
 {
-    ifd_mutex_lock(&ar->mu);
-    if (ar->state != IFD_OK) {
-        int s = ar->state;
-        ifd_mutex_unlock(&ar->mu);
+    int64_t gen = __atomic_load_n(&ar->generation, __ATOMIC_ACQUIRE);
+    int s = __atomic_load_n(&ar->state, __ATOMIC_ACQUIRE);
+    if (s != IFD_OK)
         return s;
-    }
-    int64_t gen = ar->generation;
-    if (++ar->arrived == ar->replicas) {
-        ar->arrived = 0;
-        __atomic_store_n(&ar->generation, gen + 1, __ATOMIC_RELEASE);
-        if (ar->sleepers)
+    if (__atomic_add_fetch(&ar->arrived, 1, __ATOMIC_ACQ_REL) == ar->replicas) {
+        __atomic_store_n(&ar->arrived, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&ar->generation, gen + 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&ar->sleepers, __ATOMIC_SEQ_CST)) {
+            ifd_mutex_lock(&ar->mu);
             ifd_cond_broadcast(&ar->cv);
-        ifd_mutex_unlock(&ar->mu);
+            ifd_mutex_unlock(&ar->mu);
+        }
         return IFD_OK;
     }
-    ifd_mutex_unlock(&ar->mu);
     barrier_wait w = {ar, gen};
-    ifd_spin_until(barrier_passed, &w, IFD_SPIN_NS);
-    ifd_mutex_lock(&ar->mu);
-    ar->sleepers++;
-    while (gen == ar->generation && ar->state == IFD_OK)
-        ifd_cond_wait(&ar->cv, &ar->mu);
-    ar->sleepers--;
-    int s = gen == ar->generation ? ar->state : IFD_OK;
-    ifd_mutex_unlock(&ar->mu);
-    return s;
+    if (!ifd_spin_until(barrier_passed, &w, IFD_SPIN_NS)) {
+        ifd_mutex_lock(&ar->mu);
+        __atomic_add_fetch(&ar->sleepers, 1, __ATOMIC_SEQ_CST);
+        while (__atomic_load_n(&ar->generation, __ATOMIC_SEQ_CST) == gen &&
+               __atomic_load_n(&ar->state, __ATOMIC_ACQUIRE) == IFD_OK)
+            ifd_cond_wait(&ar->cv, &ar->mu);
+        __atomic_sub_fetch(&ar->sleepers, 1, __ATOMIC_SEQ_CST);
+        ifd_mutex_unlock(&ar->mu);
+    }
+    if (__atomic_load_n(&ar->generation, __ATOMIC_ACQUIRE) != gen)
+        return IFD_OK;
+    return __atomic_load_n(&ar->state, __ATOMIC_ACQUIRE);
 }
 
-int ifd_cpu_allreduce_run(ifd_cpu_allreduce *ar, int r)
+static int run_small(ifd_cpu_allreduce *ar, int r)
 {
     int R = ar->replicas;
-    if (R == 1)
-        return IFD_OK;
+    size_t n = (size_t)ar->n;
+    float *set = ar->stage + (size_t)(ar->call[r]++ & 1) * (size_t)R * n;
+    memcpy(set + (size_t)r * n, ar->bufs[r], sizeof(float) * n);
+    int rc = barrier(ar);
+    if (rc)
+        return rc;
+    float *out = ar->bufs[r];
+    memcpy(out, set, sizeof(float) * n);
+    for (int j = 1; j < R; j++) {
+        const float *in = set + (size_t)j * n;
+        for (size_t i = 0; i < n; i++)
+            out[i] += in[i];
+    }
+    return IFD_OK;
+}
+
+static int run_large(ifd_cpu_allreduce *ar, int r)
+{
+    int R = ar->replicas;
     int rc = barrier(ar);
     if (rc)
         return rc;
@@ -101,11 +134,18 @@ int ifd_cpu_allreduce_run(ifd_cpu_allreduce *ar, int r)
     return IFD_OK;
 }
 
+int ifd_cpu_allreduce_run(ifd_cpu_allreduce *ar, int r)
+{
+    if (ar->replicas == 1)
+        return IFD_OK;
+    return ar->small ? run_small(ar, r) : run_large(ar, r);
+}
+
 static void set_state(ifd_cpu_allreduce *ar, int state)
 {
     ifd_mutex_lock(&ar->mu);
-    if (ar->state != IFD_ESTOPPED)
-        __atomic_store_n(&ar->state, state, __ATOMIC_RELEASE);
+    if (__atomic_load_n(&ar->state, __ATOMIC_ACQUIRE) != IFD_ESTOPPED)
+        __atomic_store_n(&ar->state, state, __ATOMIC_SEQ_CST);
     ifd_cond_broadcast(&ar->cv);
     ifd_mutex_unlock(&ar->mu);
 }
@@ -123,8 +163,8 @@ void ifd_cpu_allreduce_abort(ifd_cpu_allreduce *ar)
 void ifd_cpu_allreduce_reset(ifd_cpu_allreduce *ar)
 {
     ifd_mutex_lock(&ar->mu);
-    if (ar->state == IFD_EEOF)
-        __atomic_store_n(&ar->state, IFD_OK, __ATOMIC_RELEASE);
-    ar->arrived = 0;
+    if (__atomic_load_n(&ar->state, __ATOMIC_ACQUIRE) == IFD_EEOF)
+        __atomic_store_n(&ar->state, IFD_OK, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&ar->arrived, 0, __ATOMIC_RELAXED);
     ifd_mutex_unlock(&ar->mu);
 }

@@ -925,6 +925,46 @@ START_TEST(test_mutex_and_clock)
 }
 END_TEST
 
+static int flag_ready(void *arg)
+{
+    return atomic_load((atomic_int *)arg);
+}
+
+static void *raise_later(void *arg)
+{
+    ifd_sleep_ns(20 * MS);
+    atomic_store((atomic_int *)arg, 1);
+    return NULL;
+}
+
+/* ifd_spin_until: at once when ready, 0 after about the budget when never ready, and it sees a
+ * flag raised by another thread while spinning. */
+START_TEST(test_spin_until)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    atomic_int flag;
+    atomic_init(&flag, 1);
+    ck_assert_int_eq(ifd_spin_until(flag_ready, &flag, 0), 1);
+    ck_assert_int_eq(ifd_spin_until(flag_ready, &flag, 1000 * MS), 1);
+
+    atomic_store(&flag, 0);
+    int64_t budget = rand_between(&rng, 1, 20) * MS;
+    int64_t t0 = ifd_clock_ns();
+    int rc = ifd_spin_until(flag_ready, &flag, budget);
+    int64_t el = ifd_clock_ns() - t0;
+    ck_assert_int_eq(rc, 0);
+    RASSERT(el >= budget, "gave up after %" PRId64 " ns, budget %" PRId64, el, budget);
+    RASSERT(el < budget + 2000 * MS, "spun %" PRId64 " ns, budget %" PRId64, el, budget);
+
+    pthread_t t;
+    ck_assert_int_eq(pthread_create(&t, NULL, raise_later, &flag), 0);
+    rc = ifd_spin_until(flag_ready, &flag, 10000 * MS);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(rc, 1);
+}
+END_TEST
+
 /* ---- log ---------------------------------------------------------------------------------- */
 
 START_TEST(test_log_levels)
@@ -1083,6 +1123,7 @@ int main(void)
     tcase_add_test(tc, test_cond_wait_until_timeout);
     tcase_add_test(tc, test_cond_wait_until_woken);
     tcase_add_test(tc, test_mutex_and_clock);
+    tcase_add_test(tc, test_spin_until);
 
     tc = tcase(s, "log");
     tcase_add_test(tc, test_log_levels);

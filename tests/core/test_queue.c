@@ -907,6 +907,331 @@ START_TEST(test_many_producers_many_consumers)
 }
 END_TEST
 
+/* ---- hand-offs in bursts (ifd_queue_set_wake, ifd_queue_kick) ---------------------------- */
+
+/* A consumer that pops until the end, counting what it got. */
+typedef struct counter_consumer {
+    pthread_t t;
+    ifd_queue *q;
+    uint64_t tags[64];
+    atomic_int n;
+    int last_rc;
+    atomic_int done;
+} counter_consumer;
+
+static void *counter_consumer_main(void *arg)
+{
+    counter_consumer *c = arg;
+    item it;
+    int rc;
+    while ((rc = ifd_queue_pop(c->q, &it)) == IFD_OK) {
+        int n = atomic_load(&c->n);
+        if (n < 64)
+            c->tags[n] = item_valid(&it) ? it.tag : UINT64_MAX;
+        atomic_store(&c->n, n + 1);
+    }
+    c->last_rc = rc;
+    atomic_store(&c->done, 1);
+    return NULL;
+}
+
+static void counter_consumer_start(counter_consumer *c, ifd_queue *q)
+{
+    memset(c, 0, sizeof *c);
+    c->q = q;
+    atomic_init(&c->n, 0);
+    atomic_init(&c->done, 0);
+    ck_assert_int_eq(pthread_create(&c->t, NULL, counter_consumer_main, c), 0);
+}
+
+/* Waits up to timeout_ns for the consumer to have at least n items. */
+static int wait_count(counter_consumer *c, int n, int64_t timeout_ns)
+{
+    int64_t deadline = ifd_clock_ns() + timeout_ns;
+    while (atomic_load(&c->n) < n && ifd_clock_ns() < deadline)
+        ifd_sleep_ns(MS);
+    return atomic_load(&c->n);
+}
+
+/* A consumer blocked on an empty queue stays blocked below wake_len and is woken at wake_len. */
+START_TEST(test_wake_len_batches_consumer)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    size_t cap = (size_t)rand_between(&rng, 2, 8);
+    size_t wake_len = (size_t)rand_between(&rng, 2, (int64_t)cap);
+    ifd_queue *q = make_queue(cap);
+    ifd_queue_set_wake(q, wake_len, 1);
+    counter_consumer c;
+    counter_consumer_start(&c, q);
+    ifd_sleep_ns(BLOCK_CHECK_NS);
+    for (size_t i = 0; i + 1 < wake_len; i++) {
+        fill(q, i, 1);
+        ifd_sleep_ns(BLOCK_CHECK_NS / 2);
+        RASSERT(atomic_load(&c.n) == 0,
+                "consumer woken at %zu items, wake_len %zu (capacity %zu) took %d", i + 1, wake_len,
+                cap, atomic_load(&c.n));
+    }
+    fill(q, wake_len - 1, 1);
+    int got = wait_count(&c, (int)wake_len, 10000 * MS);
+    RASSERT(got == (int)wake_len,
+            "consumer took %d items after wake_len %zu were in (capacity %zu); a woken consumer "
+            "drains what is there",
+            got, wake_len, cap);
+    ifd_queue_close(q);
+    RASSERT(wait_flag(&c.done, 10000 * MS), "consumer did not end at close");
+    pthread_join(c.t, NULL);
+    ck_assert_int_eq(c.last_rc, IFD_ECLOSED);
+    for (size_t i = 0; i < wake_len; i++)
+        RASSERT(c.tags[i] == i, "item %zu: tag %" PRIu64, i, c.tags[i]);
+    ifd_queue_destroy(q);
+}
+END_TEST
+
+/* Below wake_len, kick wakes the consumer, which then drains everything even below wake_len; once
+ * empty, the threshold holds again. Close also hands over items below wake_len. */
+START_TEST(test_kick_and_close_hand_over_below_wake_len)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    size_t cap = (size_t)rand_between(&rng, 3, 8);
+    size_t wake_len = (size_t)rand_between(&rng, 3, (int64_t)cap);
+    ifd_queue *q = make_queue(cap);
+    ifd_queue_set_wake(q, wake_len, 1);
+    counter_consumer c;
+    counter_consumer_start(&c, q);
+    ifd_sleep_ns(BLOCK_CHECK_NS);
+
+    ifd_queue_kick(q); /* empty: nothing to hand over, and no lasting effect */
+    size_t k = (size_t)rand_between(&rng, 1, (int64_t)wake_len - 1);
+    fill(q, 0, k);
+    ifd_sleep_ns(BLOCK_CHECK_NS);
+    RASSERT(atomic_load(&c.n) == 0, "consumer woken by %zu items below wake_len %zu", k, wake_len);
+    ifd_queue_kick(q);
+    int got = wait_count(&c, (int)k, 10000 * MS);
+    RASSERT(got == (int)k, "after kick the consumer took %d of %zu items (wake_len %zu)", got, k,
+            wake_len);
+
+    /* Empty again: one item waits for wake_len (or a kick, or close). */
+    fill(q, k, 1);
+    ifd_sleep_ns(BLOCK_CHECK_NS);
+    RASSERT(atomic_load(&c.n) == (int)k, "a kick lasted past the queue emptying (wake_len %zu)",
+            wake_len);
+    ifd_queue_close(q);
+    RASSERT(wait_flag(&c.done, 10000 * MS), "consumer did not end at close");
+    pthread_join(c.t, NULL);
+    RASSERT(atomic_load(&c.n) == (int)k + 1, "close handed over %d items, expected %zu",
+            atomic_load(&c.n), k + 1);
+    ck_assert_int_eq(c.last_rc, IFD_ECLOSED);
+    for (size_t i = 0; i <= k; i++)
+        RASSERT(c.tags[i] == i, "item %zu: tag %" PRIu64, i, c.tags[i]);
+    ifd_queue_destroy(q);
+}
+END_TEST
+
+/* A pop that finds items does not wait for wake_len; abort wakes a consumer below wake_len. */
+START_TEST(test_wake_len_does_not_delay_ready_pops)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    size_t cap = (size_t)rand_between(&rng, 2, 8);
+    ifd_queue *q = make_queue(cap);
+    ifd_queue_set_wake(q, cap, 1);
+    fill(q, 0, 1);
+    item it;
+    int64_t t0 = ifd_clock_ns();
+    ck_assert_int_eq(ifd_queue_pop_until(q, &it, ifd_clock_ns() + 10000 * MS), IFD_OK);
+    RASSERT(ifd_clock_ns() - t0 < 1000 * MS, "a pop with an item there waited for wake_len");
+    ck_assert_uint_eq(it.tag, 0);
+
+    /* A timed pop below wake_len does not time out empty-handed when an item is there. */
+    fill(q, 1, 1);
+    ck_assert_int_eq(ifd_queue_pop_until(q, &it, 0), IFD_OK);
+
+    counter_consumer c;
+    counter_consumer_start(&c, q);
+    ifd_sleep_ns(BLOCK_CHECK_NS);
+    fill(q, 2, 1); /* one item, below wake_len (cap >= 2) */
+    ifd_sleep_ns(BLOCK_CHECK_NS);
+    RASSERT(atomic_load(&c.n) == 0, "consumer woken below wake_len %zu", cap);
+    ifd_queue_abort(q);
+    RASSERT(wait_flag(&c.done, 10000 * MS), "abort did not wake a consumer below wake_len");
+    pthread_join(c.t, NULL);
+    ck_assert_int_eq(c.last_rc, IFD_ESTOPPED);
+    ifd_queue_destroy(q);
+}
+END_TEST
+
+/* A producer blocked on a full queue stays blocked until wake_free slots are free. */
+START_TEST(test_wake_free_batches_producer)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    size_t cap = (size_t)rand_between(&rng, 2, 8);
+    size_t wake_free = (size_t)rand_between(&rng, 2, (int64_t)cap);
+    ifd_queue *q = make_queue(cap);
+    ifd_queue_set_wake(q, 1, wake_free);
+    fill(q, 0, cap);
+    op_thread p;
+    op_start_blocked(&p, q, 1, cap);
+    item it;
+    for (size_t i = 0; i + 1 < wake_free; i++) {
+        ck_assert_int_eq(ifd_queue_pop(q, &it), IFD_OK);
+        ck_assert_uint_eq(it.tag, i);
+        ifd_sleep_ns(BLOCK_CHECK_NS / 2);
+        RASSERT(!atomic_load(&p.done), "producer woken at %zu free slots, wake_free %zu (cap %zu)",
+                i + 1, wake_free, cap);
+    }
+    ck_assert_int_eq(ifd_queue_pop(q, &it), IFD_OK);
+    op_join_woken(&p, "push at wake_free");
+    ck_assert_int_eq(p.rc, IFD_OK);
+    RASSERT(ifd_queue_len(q) == cap - wake_free + 1, "len %zu", ifd_queue_len(q));
+    ifd_queue_destroy(q);
+}
+END_TEST
+
+/* set_wake clamps to 1..capacity: a huge wake_len still wakes the consumer when the queue is full,
+ * a huge wake_free wakes the producer when the queue is empty, and 0 behaves like 1. */
+START_TEST(test_set_wake_clamps)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    size_t cap = (size_t)rand_between(&rng, 1, 8);
+    ifd_queue *q = make_queue(cap);
+    ifd_queue_set_wake(q, 1000, 1000);
+    counter_consumer c;
+    counter_consumer_start(&c, q);
+    ifd_sleep_ns(BLOCK_CHECK_NS);
+    fill(q, 0, cap);
+    RASSERT(wait_count(&c, (int)cap, 10000 * MS) == (int)cap,
+            "wake_len 1000 was not clamped to capacity %zu", cap);
+    ifd_queue_close(q);
+    RASSERT(wait_flag(&c.done, 10000 * MS), "consumer did not end");
+    pthread_join(c.t, NULL);
+    ifd_queue_destroy(q);
+
+    q = make_queue(cap);
+    ifd_queue_set_wake(q, 1000, 1000);
+    fill(q, 0, cap);
+    op_thread p;
+    op_start_blocked(&p, q, 1, cap);
+    item it;
+    for (size_t i = 0; i < cap; i++)
+        ck_assert_int_eq(ifd_queue_pop(q, &it), IFD_OK);
+    op_join_woken(&p, "push with wake_free 1000");
+    ck_assert_int_eq(p.rc, IFD_OK);
+    ifd_queue_destroy(q);
+
+    q = make_queue(cap);
+    ifd_queue_set_wake(q, 0, 0);
+    counter_consumer_start(&c, q);
+    ifd_sleep_ns(BLOCK_CHECK_NS);
+    fill(q, 0, 1);
+    RASSERT(wait_count(&c, 1, 10000 * MS) == 1, "wake_len 0 was not clamped to 1");
+    ifd_queue_close(q);
+    RASSERT(wait_flag(&c.done, 10000 * MS), "consumer did not end");
+    pthread_join(c.t, NULL);
+    ifd_queue_destroy(q);
+}
+END_TEST
+
+/* Many producers and consumers with random wake thresholds: producers kick when they finish, so
+ * every item arrives exactly once and the stream ends. */
+typedef struct burst_producer {
+    pthread_t t;
+    ifd_queue *q;
+    uint32_t id, count;
+    atomic_int *left;
+    int rc;
+} burst_producer;
+
+static void *burst_producer_main(void *arg)
+{
+    burst_producer *p = arg;
+    p->rc = IFD_OK;
+    for (uint32_t s = 0; s < p->count; s++) {
+        item it = make_item(mp_tag(p->id, s));
+        int rc = ifd_queue_push(p->q, &it);
+        if (rc != IFD_OK) {
+            p->rc = rc;
+            break;
+        }
+    }
+    ifd_queue_kick(p->q);
+    if (atomic_fetch_sub(p->left, 1) == 1)
+        ifd_queue_close(p->q);
+    return NULL;
+}
+
+START_TEST(test_wake_thresholds_many_threads)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    for (int round = 0; round < 6; round++) {
+        int np = (int)rand_between(&rng, 1, MP_MAX), nc = (int)rand_between(&rng, 1, MP_MAX);
+        size_t cap = (size_t)rand_between(&rng, 1, 8);
+        size_t wl = (size_t)rand_between(&rng, 1, (int64_t)cap);
+        size_t wf = (size_t)rand_between(&rng, 1, (int64_t)cap);
+        mp_shared sh;
+        sh.cap = cap;
+        sh.q = make_queue(cap);
+        ifd_queue_set_wake(sh.q, wl, wf);
+        atomic_init(&sh.over_cap, 0);
+        atomic_init(&sh.producers_left, np);
+        atomic_init(&sh.stop_sampler, 0);
+        burst_producer prod[MP_MAX];
+        mp_consumer cons[MP_MAX];
+        size_t total = 0;
+        for (int i = 0; i < np; i++) {
+            prod[i] = (burst_producer){.q = sh.q, .id = (uint32_t)i, .left = &sh.producers_left};
+            prod[i].count = (uint32_t)rand_between(&rng, 0, 1000);
+            total += prod[i].count;
+        }
+        for (int i = 0; i < nc; i++) {
+            cons[i] = (mp_consumer){.sh = &sh, .max = total};
+            cons[i].tags = malloc((total ? total : 1) * sizeof(uint64_t));
+        }
+        for (int i = 0; i < nc; i++)
+            ck_assert_int_eq(pthread_create(&cons[i].t, NULL, mp_consumer_main, &cons[i]), 0);
+        for (int i = 0; i < np; i++)
+            ck_assert_int_eq(pthread_create(&prod[i].t, NULL, burst_producer_main, &prod[i]), 0);
+        for (int i = 0; i < np; i++)
+            pthread_join(prod[i].t, NULL);
+        for (int i = 0; i < nc; i++)
+            pthread_join(cons[i].t, NULL);
+        char what[160];
+        snprintf(what, sizeof what,
+                 "round %d: %d producers, %d consumers, capacity %zu, wake_len %zu, wake_free "
+                 "%zu",
+                 round, np, nc, cap, wl, wf);
+        size_t received = 0;
+        uint8_t *seen[MP_MAX];
+        for (int i = 0; i < np; i++) {
+            RASSERT(prod[i].rc == IFD_OK, "%s: producer %d: %s", what, i, ifd_errname(prod[i].rc));
+            seen[i] = calloc(prod[i].count ? prod[i].count : 1, 1);
+        }
+        for (int c = 0; c < nc; c++) {
+            RASSERT(cons[c].rc == IFD_ECLOSED && !cons[c].bad_item, "%s: consumer %d: %s", what, c,
+                    ifd_errname(cons[c].rc));
+            for (size_t k = 0; k < cons[c].n; k++) {
+                uint32_t pid = (uint32_t)(cons[c].tags[k] >> 32), s = (uint32_t)cons[c].tags[k];
+                RASSERT(pid < (uint32_t)np && s < prod[pid].count && !seen[pid][s],
+                        "%s: tag %" PRIx64 " unknown or received twice", what, cons[c].tags[k]);
+                seen[pid][s] = 1;
+            }
+            received += cons[c].n;
+        }
+        RASSERT(received == total, "%s: %zu items received, %zu pushed", what, received, total);
+        RASSERT(!atomic_load(&sh.over_cap), "%s: len exceeded capacity", what);
+        for (int i = 0; i < np; i++)
+            free(seen[i]);
+        for (int i = 0; i < nc; i++)
+            free(cons[i].tags);
+        ifd_queue_destroy(sh.q);
+    }
+}
+END_TEST
+
 /* ---- opqueue ------------------------------------------------------------------------------ */
 
 #define OPQ_MAX_SIGNALS 512
@@ -1187,6 +1512,14 @@ int main(void)
 
     tc = tcase(s, "concurrency");
     tcase_add_test(tc, test_many_producers_many_consumers);
+
+    tc = tcase(s, "wake");
+    tcase_add_test(tc, test_wake_len_batches_consumer);
+    tcase_add_test(tc, test_kick_and_close_hand_over_below_wake_len);
+    tcase_add_test(tc, test_wake_len_does_not_delay_ready_pops);
+    tcase_add_test(tc, test_wake_free_batches_producer);
+    tcase_add_test(tc, test_set_wake_clamps);
+    tcase_add_test(tc, test_wake_thresholds_many_threads);
 
     tc = tcase(s, "opqueue");
     tcase_add_test(tc, test_opq_signals_in_order);

@@ -1258,7 +1258,7 @@ static int ar_wait_arrived(ifd_cpu_allreduce *ar, int want)
     int64_t deadline = ifd_clock_ns() + 10 * 1000000000ll;
     for (;;) {
         ifd_mutex_lock(&ar->mu);
-        int arrived = ar->arrived;
+        int arrived = __atomic_load_n(&ar->arrived, __ATOMIC_ACQUIRE);
         ifd_mutex_unlock(&ar->mu);
         if (arrived >= want)
             return 1;
