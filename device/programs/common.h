@@ -1,23 +1,80 @@
-/* Settings checks shared by the built-in programs. */
+/* What the built-in programs share: settings checks and the dense layer logits = x W + b with its
+ * gradients, around which linear and softmax differ only in their loss. */
 #ifndef IFD_DEVICE_PROGRAMS_COMMON_H
 #define IFD_DEVICE_PROGRAMS_COMMON_H
 
 #include "infeed/program.h"
 
 #include <inttypes.h>
+#include <string.h>
 
-/* A setting that must lie in [1, max]. */
-static inline int ifd_program_need(const ifd_program *p, const char *key, int64_t v, int64_t max,
-                                   ifd_error *err)
+#define IFD_PROGRAM_MAX_DIM (1 << 20)
+
+/* A setting that must lie in [min, max]. */
+static inline int ifd_program_need(const ifd_program *p, const char *key, int64_t v, int64_t min,
+                                   int64_t max, ifd_error *err)
 {
-    if (v < 1 || v > max)
+    if (v < min || v > max)
         return ifd_error_set(err, IFD_EINVAL,
-                             "program '%s': setting '%s' must be between 1 and %" PRId64
+                             "program '%s': setting '%s' must be between %" PRId64 " and %" PRId64
                              ", got %" PRId64,
-                             p->cls->name, key, max, v);
+                             p->cls->name, key, min, max, v);
     return IFD_OK;
 }
 
-#define IFD_PROGRAM_MAX_DIM (1 << 20)
+/* Inputs x float32 [D] and y (y_dtype, per-row shape y_rank ? [K] : []), parameters W [D,K] and
+ * b [K], with D = features >= 1 and K = classes >= min_classes. */
+static inline int ifd_dense_setup(ifd_program *p, ifd_dtype y_dtype, int y_rank,
+                                  int64_t min_classes, int classifier, ifd_error *err)
+{
+    int64_t d = p->settings.features, k = p->settings.classes;
+    int rc = ifd_program_need(p, "features", d, 1, IFD_PROGRAM_MAX_DIM, err);
+    if (rc == IFD_OK)
+        rc = ifd_program_need(p, "classes", k, min_classes, IFD_PROGRAM_MAX_DIM, err);
+    if (rc)
+        return rc;
+    int64_t wdims[2] = {d, k};
+    ifd_program_add_input(p, "x", IFD_F32, 1, &d);
+    ifd_program_add_input(p, "y", y_dtype, y_rank, &k);
+    ifd_program_add_param(p, "W", 2, wdims);
+    ifd_program_add_param(p, "b", 1, &k);
+    p->classifier = classifier;
+    return IFD_OK;
+}
+
+/* W Glorot-uniform from seed, b zero. */
+static inline void ifd_dense_init_params(const ifd_program *p, float *params, uint64_t seed)
+{
+    const ifd_param_spec *w = &p->params[0], *b = &p->params[1];
+    ifd_program_init_glorot(params + w->offset, w->dims[0], w->dims[1], seed);
+    memset(params + b->offset, 0, sizeof(float) * (size_t)b->count);
+}
+
+/* logits [rows, K] and their gradient [rows, K]. */
+static inline int64_t ifd_dense_workspace(const ifd_program *p, int64_t rows)
+{
+    return 2 * rows * p->settings.classes;
+}
+
+/* The loss of a dense program: writes a->out and the gradient of the loss w.r.t. logits. */
+typedef void (*ifd_dense_loss)(const ifd_ops *ops, int64_t rows, int64_t k, const float *logits,
+                               const void *y, float scale, float *dlogits, ifd_step_out *out);
+
+/* logits = x W + b; loss; dW = x^T dlogits; db = column sums of dlogits. */
+static inline void ifd_dense_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
+                                  ifd_dense_loss loss)
+{
+    int64_t d = p->settings.features, k = p->settings.classes, n = a->rows;
+    const float *x = a->inputs[0].data;
+    const float *w = a->params + p->params[0].offset, *b = a->params + p->params[1].offset;
+    float *dw = a->grads + p->params[0].offset, *db = a->grads + p->params[1].offset;
+    float *logits = a->workspace, *dlogits = a->workspace + n * k;
+
+    ops->gemm(ops->ctx, 0, 0, n, k, d, 1.0f, x, w, 0.0f, logits);
+    ops->bias_add(ops->ctx, n, k, b, logits);
+    loss(ops, n, k, logits, a->inputs[1].data, a->scale, dlogits, a->out);
+    ops->gemm(ops->ctx, 1, 0, d, k, n, 1.0f, x, dlogits, 0.0f, dw);
+    ops->col_sum(ops->ctx, n, k, dlogits, db);
+}
 
 #endif

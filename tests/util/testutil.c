@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void tu_release(ifd_batch *b, void *arg)
 {
@@ -178,6 +179,17 @@ int tu_thread_count(void)
         if (e->d_name[0] != '.')
             n++;
     closedir(d);
+    return n;
+}
+
+int tu_thread_count_settle(int want)
+{
+    int n = tu_thread_count();
+    for (int i = 0; i < 200 && n > want; i++) {
+        struct timespec ts = {0, 10 * 1000000};
+        nanosleep(&ts, NULL);
+        n = tu_thread_count();
+    }
     return n;
 }
 

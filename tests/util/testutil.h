@@ -48,6 +48,10 @@ void tu_result_free(tu_result *res);
 
 /* The number of threads in this process (from /proc/self/task). */
 int tu_thread_count(void);
+/* Waits up to 2 s for the thread count to drop to want and returns the last count: a joined
+ * thread can stay listed in /proc/self/task for a moment after pthread_join returns (the kernel
+ * wakes the joiner before it unhashes the task). */
+int tu_thread_count_settle(int want);
 /* Max over i of |a-b| / max(|b|, floor). */
 double tu_max_rel_diff(const float *a, const float *b, int64_t n, double floor);
 
