@@ -5,6 +5,8 @@
  *
  *   infeed-demo [--replicas N] [--steps N] [--batch-size N] [--iterations-per-loop N]
  */
+#define _POSIX_C_SOURCE 200809L /* rand_r */
+
 #include "infeed/infeed.h"
 
 #include <pthread.h>
