@@ -102,14 +102,14 @@ out:
 
 static int queue_pop(ifd_queue *q, void *item, int64_t deadline_ns)
 {
-    int rc = IFD_OK, waited = 0;
+    int rc = IFD_OK, waited = 0, timed_out = 0;
     ifd_mutex_lock(&q->mu);
     for (;;) {
         if (q->aborted) {
             rc = IFD_ESTOPPED;
             goto out;
         }
-        if (q->len > 0 && (q->len >= q->wake_len || q->kicked || q->closed || !waited))
+        if (q->len > 0 && (q->len >= q->wake_len || q->kicked || q->closed || !waited || timed_out))
             break;
         if (q->len == 0 && q->closed) {
             rc = IFD_ECLOSED;
@@ -127,8 +127,7 @@ static int queue_pop(ifd_queue *q, void *item, int64_t deadline_ns)
             rc = IFD_ETIMEDOUT;
             goto out;
         }
-        if (t != 0 && q->len > 0)
-            break;
+        timed_out = t != 0; /* at the deadline, take an item even below wake_len */
     }
     memcpy(item, q->buf + q->head * q->item_size, q->item_size);
     q->head = (q->head + 1) % q->cap;

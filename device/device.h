@@ -25,7 +25,8 @@
  * - abort makes every blocked and later call return IFD_ESTOPPED; it is how the error
  *   rendezvous stops a run within a bounded time.
  * - A replica thread that fails reports through cfg.on_error before its run_loop returns, so
- *   the rendezvous can stop the other threads at once.
+ *   the rendezvous can stop the other threads at once, and aborts the device itself (an error
+ *   ends the run), so peers waiting for it in the all-reduce never hang.
  */
 #ifndef IFD_DEVICE_DEVICE_H
 #define IFD_DEVICE_DEVICE_H
@@ -43,10 +44,16 @@ typedef struct ifd_shard {
     int64_t rows;
 } ifd_shard;
 
-/* One step's outfeed from one replica, copied to the host. */
+/* One step's outfeed from one replica, copied to the host, with the host-side timing of the
+ * step (monotonic ns, ifd_clock_ns), so that rates are computed from when steps ran rather than
+ * from when the outfeed thread got to them. */
 typedef struct ifd_outfeed_rec {
     int64_t step; /* the global step after this step */
     ifd_step_out out;
+    int64_t end_ns;          /* when the step finished */
+    int64_t step_ns;         /* since the replica's previous step ended (or its loop began) */
+    int64_t infeed_wait_ns;  /* of step_ns, waiting for the shard */
+    int64_t outfeed_wait_ns; /* of step_ns, waiting for a free outfeed slot */
 } ifd_outfeed_rec;
 
 /* Cumulative per-replica counters. */

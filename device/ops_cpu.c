@@ -88,8 +88,9 @@ void ifd_cpu_ops_init(ifd_ops *ops, void *ctx)
     ops->squared_error = cpu_squared_error;
 }
 
-void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *step, int64_t n,
-                             float *params, const float *grads, float *slot0, float *slot1)
+void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
+                             int64_t n, float *params, const float *grads, float *slot0,
+                             float *slot1)
 {
     (void)ctx;
     float lr = opt->learning_rate;
@@ -103,7 +104,7 @@ void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t 
             ifd_math_momentum(&params[i], &slot0[i], grads[i], lr, opt->momentum);
         break;
     case IFD_OPT_ADAM: {
-        float lr_t = ifd_math_adam_lr(lr, opt->beta1, opt->beta2, *step + 1);
+        float lr_t = ifd_math_adam_lr(lr, opt->beta1, opt->beta2, *opt_step + 1);
         for (int64_t i = 0; i < n; i++)
             ifd_math_adam(&params[i], &slot0[i], &slot1[i], grads[i], lr_t, opt->beta1, opt->beta2,
                           opt->epsilon);
@@ -112,9 +113,11 @@ void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t 
     }
 }
 
-void ifd_cpu_finish_step(void *ctx, int64_t *step, ifd_step_out *out, int64_t rows)
+void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
+                         int64_t rows)
 {
     (void)ctx;
     *step += 1;
+    *opt_step += 1;
     out->count = (float)rows;
 }

@@ -26,13 +26,19 @@ int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops 
         .out = out,
     };
     int rc = p->cls->train_step(p, ops, &a, err);
+    if (ifd_error_is_secondary(rc) || rc == IFD_EEOF) {
+        ifd_error_set(err, IFD_EINTERNAL,
+                      "program '%s' returned %s from its step, a code reserved for the runtime",
+                      p->cls->name, ifd_errname(rc));
+        return IFD_EINTERNAL;
+    }
     if (rc)
         return rc;
     rc = sops->allreduce_sum(sctx, st->grads, p->nparam_floats, err);
     if (rc)
         return rc;
-    sops->optimizer_apply(sctx, opt, st->step, p->nparam_floats, st->params, st->grads, st->slot0,
-                          st->slot1);
-    sops->finish_step(sctx, st->step, out, rows);
+    sops->optimizer_apply(sctx, opt, st->opt_step, p->nparam_floats, st->params, st->grads,
+                          st->slot0, st->slot1);
+    sops->finish_step(sctx, st->step, st->opt_step, out, rows);
     return IFD_OK;
 }

@@ -20,12 +20,15 @@ typedef struct ifd_step_ops {
      * bits. Collective: every replica calls it once per step. IFD_OK, IFD_ESTOPPED (aborted) or
      * IFD_EEOF (a peer's input ended). */
     int (*allreduce_sum)(void *ctx, float *buf, int64_t n, ifd_error *err);
-    /* One optimizer update over n elements; *step is the global step before this update (device
-     * memory), so Adam's t is *step + 1. */
-    void (*optimizer_apply)(void *ctx, const ifd_optimizer *opt, const int64_t *step, int64_t n,
+    /* One optimizer update over n elements. *opt_step (device memory) counts the updates this
+     * mirror's slots have seen, so Adam's t is *opt_step + 1 (the optimizer's own count, as
+     * TensorFlow's beta-power accumulators, not the global step: a run resumed at step 1000 with
+     * fresh slots starts at t = 1). Read only. */
+    void (*optimizer_apply)(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step, int64_t n,
                             float *params, const float *grads, float *slot0, float *slot1);
-    /* *step += 1 and out->count = rows (device memory). */
-    void (*finish_step)(void *ctx, int64_t *step, ifd_step_out *out, int64_t rows);
+    /* *step += 1, *opt_step += 1 and out->count = rows (device memory). */
+    void (*finish_step)(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
+                        int64_t rows);
 } ifd_step_ops;
 
 /* One replica's mirror, in device memory. */
@@ -35,21 +38,26 @@ typedef struct ifd_replica_state {
     float *slot0; /* momentum / adam m */
     float *slot1; /* adam v */
     float *workspace;
-    int64_t *step;
+    int64_t *step;     /* the global step */
+    int64_t *opt_step; /* updates the optimizer slots have seen */
 } ifd_replica_state;
 
 /* Optimizer slot vectors the kind needs (0, 1 or 2). */
 int ifd_optimizer_slots(ifd_optimizer_kind kind);
 
-/* One training step of one replica. */
+/* One training step of one replica. A program that returns a code reserved for the runtime's
+ * own stop (stopped, canceled, closed, input ended) gets IFD_EINTERNAL instead, so that it
+ * cannot pass for a consequence of someone else's error. */
 int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops *sops, void *sctx,
                    const ifd_replica_state *st, const ifd_optimizer *opt, float scale,
                    const ifd_tensor *inputs, int64_t rows, ifd_step_out *out, ifd_error *err);
 
 /* The cpu implementations, for the cpu backend and for tests that run a program directly. */
 void ifd_cpu_ops_init(ifd_ops *ops, void *ctx);
-void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *step, int64_t n,
-                             float *params, const float *grads, float *slot0, float *slot1);
-void ifd_cpu_finish_step(void *ctx, int64_t *step, ifd_step_out *out, int64_t rows);
+void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
+                             int64_t n, float *params, const float *grads, float *slot0,
+                             float *slot1);
+void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
+                         int64_t rows);
 
 #endif

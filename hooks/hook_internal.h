@@ -11,7 +11,7 @@ struct ifd_run_context {
     int64_t loop_index;
     int64_t next_loop_length; /* 0: not set by any hook */
     int stop_requested;
-    char stop_reason[64];
+    char stop_reason[200];
 };
 
 #endif

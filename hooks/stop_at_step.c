@@ -53,8 +53,9 @@ int ifd_hook_stop_at_step(ifd_hook *out, int64_t iterations_per_loop, int64_t nu
     if (has_num == has_last)
         return ifd_error_set(err, IFD_EINVAL,
                              "num_steps and last_step: exactly one must be set (a positive "
-                             "integer), got %s",
-                             has_num ? "both" : "neither");
+                             "integer), got %s (num_steps=%lld, last_step=%lld)",
+                             has_num ? "both" : "neither", (long long)num_steps,
+                             (long long)last_step);
     stop_at_step *h = calloc(1, sizeof *h);
     if (h == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "stop_at_step hook");

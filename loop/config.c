@@ -102,6 +102,14 @@ int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
         return ifd_error_set(err, IFD_EINVAL,
                              "iterations_per_loop: expected a positive integer, got %lld",
                              (long long)cfg->iterations_per_loop);
+    if (cfg->num_steps < 0)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "num_steps: expected a positive integer (0: unset), got %lld",
+                             (long long)cfg->num_steps);
+    if (cfg->last_step < 0)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "last_step: expected a positive integer (0: unset), got %lld",
+                             (long long)cfg->last_step);
     if (cfg->mode == IFD_MODE_TRAIN && (cfg->num_steps > 0) == (cfg->last_step > 0))
         return ifd_error_set(err, IFD_EINVAL,
                              "num_steps and last_step: exactly one must be a positive integer, got "

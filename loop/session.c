@@ -49,8 +49,7 @@ static void stop_device(void *arg)
 static void stop_source(void *arg)
 {
     ifd_session *s = arg;
-    if (s->src.ops->abort)
-        s->src.ops->abort(s->src.ctx);
+    s->src.ops->abort(s->src.ctx);
 }
 
 int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_source src,
@@ -60,8 +59,13 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
     int rc = ifd_config_validate(cfg, err);
     if (rc)
         return rc;
-    if (src.ops == NULL || src.ops->next == NULL)
-        return ifd_error_set(err, IFD_EINVAL, "batch source: no next function");
+    if (src.ops == NULL || src.ops->next == NULL || src.ops->abort == NULL)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "batch source: expected next and abort functions (abort is how an "
+                             "error stops a blocked next), got %s",
+                             src.ops == NULL ? "no ops"
+                             : src.ops->next ? "no abort"
+                                             : "no next");
     ifd_session *s = calloc(1, sizeof *s);
     if (s == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "session");
@@ -198,8 +202,12 @@ static void run_loops(ifd_session *s)
     ifd_run_context *ctx = &s->ctx;
     for (;;) {
         if (ctx->stop_requested) {
-            s->reason =
-                strcmp(ctx->stop_reason, "last_step") == 0 ? IFD_END_LAST_STEP : IFD_END_STOPPED;
+            if (strcmp(ctx->stop_reason, "last_step") == 0) {
+                s->reason = IFD_END_LAST_STEP;
+            } else {
+                s->reason = IFD_END_STOPPED;
+                snprintf(s->message, sizeof s->message, "%s", ctx->stop_reason);
+            }
             return;
         }
         if (__atomic_load_n(&s->stop_requested, __ATOMIC_ACQUIRE)) {

@@ -8,6 +8,16 @@
 
 #define SOURCE "outfeed"
 
+/* Timing of a summary window, from the records' own timestamps: the rates say when the steps
+ * ran, not when the outfeed thread got to them. */
+typedef struct window_time {
+    int64_t start_ns; /* when the window's first step began; 0 before the first record */
+    int64_t end_ns;   /* when its last step ended */
+    double step_ns;   /* summed over replicas and steps */
+    double infeed_wait_ns;
+    double outfeed_wait_ns;
+} window_time;
+
 struct ifd_outfeed {
     ifd_outfeed_config cfg;
     ifd_opq *opq;
@@ -15,14 +25,12 @@ struct ifd_outfeed {
     ifd_outfeed_rec *recs;
     float *cat;
     ifd_metrics window;
-    int64_t window_start_ns;
+    window_time time;
     int64_t last_step;
-    ifd_device_stats *snap; /* per replica, at the window start */
-    int64_t steps;          /* atomic */
+    int64_t steps; /* atomic */
 };
 
-/* part / whole in [0, 1]; the counters are read one by one while replicas run, so a snapshot
- * can be a step out of step. */
+/* part / whole, clamped to [0, 1]. */
 static double fraction(double part, double whole)
 {
     if (whole <= 0.0)
@@ -38,30 +46,29 @@ static double wall_seconds(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void window_reset(ifd_outfeed *o, int64_t now)
+static void time_add(window_time *w, const ifd_outfeed_rec *recs, int replicas)
 {
-    o->window = (ifd_metrics){0};
-    o->window_start_ns = now;
-    for (int r = 0; r < o->replicas; r++)
-        ifd_device_stats_get(o->cfg.dev, r, &o->snap[r]);
+    for (int r = 0; r < replicas; r++) {
+        const ifd_outfeed_rec *rec = &recs[r];
+        int64_t begin = rec->end_ns - rec->step_ns;
+        if (w->start_ns == 0 || begin < w->start_ns)
+            w->start_ns = begin;
+        if (rec->end_ns > w->end_ns)
+            w->end_ns = rec->end_ns;
+        w->step_ns += (double)rec->step_ns;
+        w->infeed_wait_ns += (double)rec->infeed_wait_ns;
+        w->outfeed_wait_ns += (double)rec->outfeed_wait_ns;
+    }
 }
 
-/* Emits the window's summary and starts a new window. */
+/* Emits the window's summary and starts the next window where this one ended. */
 static int emit_window(ifd_outfeed *o, ifd_error *err)
 {
     const ifd_metrics *m = &o->window;
+    const window_time *w = &o->time;
     if (m->steps == 0)
         return IFD_OK;
-    int64_t now = ifd_clock_ns();
-    double secs = (double)(now - o->window_start_ns) * 1e-9;
-    double loop_ns = 0, in_ns = 0, out_ns = 0;
-    for (int r = 0; r < o->replicas; r++) {
-        ifd_device_stats st;
-        ifd_device_stats_get(o->cfg.dev, r, &st);
-        loop_ns += (double)(st.loop_ns - o->snap[r].loop_ns);
-        in_ns += (double)(st.infeed_wait_ns - o->snap[r].infeed_wait_ns);
-        out_ns += (double)(st.outfeed_wait_ns - o->snap[r].outfeed_wait_ns);
-    }
+    double secs = (double)(w->end_ns - w->start_ns) * 1e-9;
     json_t *j = json_object();
     json_object_set_new(j, "event", json_string(ifd_mode_name(o->cfg.mode)));
     json_object_set_new(j, "mode", json_string(ifd_mode_name(o->cfg.mode)));
@@ -73,11 +80,14 @@ static int emit_window(ifd_outfeed *o, ifd_error *err)
     json_object_set_new(j, "examples", json_integer((json_int_t)m->count));
     json_object_set_new(j, "examples_per_sec", json_real(secs > 0 ? m->count / secs : 0.0));
     json_object_set_new(j, "steps_per_sec", json_real(secs > 0 ? (double)m->steps / secs : 0.0));
-    json_object_set_new(j, "infeed_wait_fraction", json_real(fraction(in_ns, loop_ns)));
-    json_object_set_new(j, "outfeed_wait_fraction", json_real(fraction(out_ns, loop_ns)));
+    json_object_set_new(j, "infeed_wait_fraction",
+                        json_real(fraction(w->infeed_wait_ns, w->step_ns)));
+    json_object_set_new(j, "outfeed_wait_fraction",
+                        json_real(fraction(w->outfeed_wait_ns, w->step_ns)));
     json_object_set_new(j, "time", json_real(wall_seconds()));
     int rc = ifd_summary_emit(o->cfg.writer, j, err);
-    window_reset(o, now);
+    o->window = (ifd_metrics){0};
+    o->time = (window_time){.start_ns = w->end_ns, .end_ns = w->end_ns};
     return rc;
 }
 
@@ -96,6 +106,7 @@ static int outfeed_step(ifd_outfeed *o, ifd_error *err)
     int rc = ifd_metrics_host_call(&o->window, t, err);
     if (rc)
         return ifd_error_prefix(err, "host call at step %lld", (long long)o->recs[0].step);
+    time_add(&o->time, o->recs, o->replicas);
     o->last_step = o->recs[0].step;
     __atomic_add_fetch(&o->steps, 1, __ATOMIC_RELAXED);
     if (o->cfg.summary_every > 0 && o->last_step % o->cfg.summary_every == 0)
@@ -109,12 +120,7 @@ static void outfeed_main(ifd_opq *q, void *arg)
     ifd_error err;
     ifd_error_clear(&err);
     int64_t n;
-    int first = 1;
     while (ifd_opq_next(q, &n)) {
-        if (first) {
-            window_reset(o, ifd_clock_ns());
-            first = 0;
-        }
         for (int64_t i = 0; i < n; i++) {
             int rc = outfeed_step(o, &err);
             if (rc == IFD_EEOF) {
@@ -140,11 +146,9 @@ int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg)
     o->last_step = ifd_device_global_step(cfg->dev);
     o->recs = calloc((size_t)o->replicas, sizeof *o->recs);
     o->cat = calloc((size_t)o->replicas * IFD_OUT_NTENSORS, sizeof *o->cat);
-    o->snap = calloc((size_t)o->replicas, sizeof *o->snap);
     int rc = IFD_ENOMEM;
-    if (o->recs == NULL || o->cat == NULL || o->snap == NULL)
+    if (o->recs == NULL || o->cat == NULL)
         goto fail;
-    window_reset(o, ifd_clock_ns());
     rc = ifd_opq_start(&o->opq, "ifd-outfeed", outfeed_main, o, 0);
     if (rc)
         goto fail;
@@ -152,7 +156,6 @@ int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg)
     return IFD_OK;
 
 fail:
-    free(o->snap);
     free(o->cat);
     free(o->recs);
     free(o);
@@ -187,7 +190,6 @@ void ifd_outfeed_destroy(ifd_outfeed *o)
     if (o == NULL)
         return;
     ifd_opq_destroy(o->opq);
-    free(o->snap);
     free(o->cat);
     free(o->recs);
     free(o);

@@ -1,5 +1,7 @@
 #include "outfeed/outfeed_internal.h"
 
+#include <math.h>
+
 void ifd_outfeed_concat(const ifd_outfeed_rec *recs, int replicas, float *buf,
                         ifd_tensor out[IFD_OUT_NTENSORS])
 {
@@ -20,12 +22,17 @@ int ifd_metrics_host_call(ifd_metrics *m, const ifd_tensor t[IFD_OUT_NTENSORS], 
     int64_t n = t[IFD_OUT_LOSS].shape.dims[0];
     double step_loss = 0.0;
     for (int64_t r = 0; r < n; r++) {
+        if (!isfinite(loss[r]))
+            return ifd_error_set(err, IFD_ENUMERIC,
+                                 "replica %lld's loss is %g: the model diverged or the input "
+                                 "holds NaN or infinity",
+                                 (long long)r, (double)loss[r]);
         step_loss += loss[r];
+    }
+    for (int64_t r = 0; r < n; r++) {
         m->correct += correct[r];
         m->count += count[r];
     }
-    if (step_loss != step_loss)
-        return ifd_error_set(err, IFD_ENUMERIC, "the loss is NaN at this step");
     m->loss_sum += step_loss;
     m->steps++;
     return IFD_OK;

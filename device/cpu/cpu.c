@@ -27,9 +27,10 @@ typedef struct cpu_replica {
     float *mem; /* params, grads, slot0, slot1, workspace */
     ifd_replica_state st;
     int64_t step;
+    int64_t opt_step;
     ifd_ops ops;
     ifd_tensor views[IFD_MAX_INPUTS];
-    /* stats, written by the replica thread, read by any thread */
+    /* stats, written by the replica thread, read by any thread (ifd_device_stats) */
     int64_t n_steps, loop_ns, infeed_wait_ns, outfeed_wait_ns;
     int64_t pending_in_ns, pending_out_ns; /* this step's waits, published with its time */
     /* result of the current loop, guarded by cd->mu */
@@ -69,9 +70,13 @@ static inline void add64(int64_t *p, int64_t v)
 static int cpu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err)
 {
     cpu_replica *rep = ctx;
-    (void)buf;
-    (void)n;
-    int rc = ifd_cpu_allreduce_run(&rep->cd->ar, rep->index);
+    ifd_cpu_allreduce *ar = &rep->cd->ar;
+    if (buf != ar->bufs[rep->index] || n != ar->n)
+        return ifd_error_set(err, IFD_EINTERNAL,
+                             "all-reduce: the cpu backend reduces the %lld gradient floats bound "
+                             "at open, got another vector of %lld floats",
+                             (long long)ar->n, (long long)n);
+    int rc = ifd_cpu_allreduce_run(ar, rep->index);
     if (rc == IFD_ESTOPPED)
         ifd_error_set(err, rc, "all-reduce aborted");
     else if (rc == IFD_EEOF)
@@ -85,6 +90,9 @@ static int pop_shard(cpu_replica *rep, ifd_shard *sh)
     int rc = ifd_queue_pop_until(rep->infeed, sh, 0);
     if (rc != IFD_ETIMEDOUT)
         return rc;
+    /* About to wait for input: hand the finished steps to the outfeed thread first, or their
+     * summaries would wait for the next input. */
+    ifd_queue_kick(rep->out_full);
     int64_t t0 = ifd_clock_ns();
     rc = ifd_queue_pop(rep->infeed, sh);
     rep->pending_in_ns += ifd_clock_ns() - t0;
@@ -103,8 +111,9 @@ static int pop_slot(cpu_replica *rep, ifd_outfeed_rec **slot)
     return rc;
 }
 
-/* One step. IFD_OK, IFD_EEOF (no more input), IFD_ESTOPPED or an error in rep->err. */
-static int replica_step(cpu_replica *rep)
+/* One step. IFD_OK, IFD_EEOF (no more input), IFD_ESTOPPED or an error in rep->err. *last is
+ * when the previous step ended; it becomes when this one did. */
+static int replica_step(cpu_replica *rep, int64_t *last)
 {
     cpu_dev *cd = rep->cd;
     const ifd_device_config *cfg = &cd->dev->cfg;
@@ -132,10 +141,20 @@ static int replica_step(cpu_replica *rep)
             ifd_error_prefix(&rep->err, "step %lld", (long long)(rep->step + 1));
         return rc;
     }
+    int64_t now = ifd_clock_ns();
     slot->step = rep->step;
+    slot->end_ns = now;
+    slot->step_ns = now - *last;
+    slot->infeed_wait_ns = rep->pending_in_ns;
+    slot->outfeed_wait_ns = rep->pending_out_ns;
     if (rep->index == 0)
         __atomic_store_n(&cd->gstep, rep->step, __ATOMIC_RELEASE);
     add64(&rep->n_steps, 1);
+    add64(&rep->infeed_wait_ns, rep->pending_in_ns);
+    add64(&rep->outfeed_wait_ns, rep->pending_out_ns);
+    add64(&rep->loop_ns, now - *last);
+    rep->pending_in_ns = rep->pending_out_ns = 0;
+    *last = now;
     return ifd_queue_push(rep->out_full, &slot);
 }
 
@@ -161,17 +180,12 @@ static void *replica_main(void *arg)
         int rc = IFD_OK;
         ifd_error_clear(&rep->err);
         while (done < n) {
-            rc = replica_step(rep);
-            int64_t now = ifd_clock_ns();
-            add64(&rep->infeed_wait_ns, rep->pending_in_ns);
-            add64(&rep->outfeed_wait_ns, rep->pending_out_ns);
-            add64(&rep->loop_ns, now - last);
-            rep->pending_in_ns = rep->pending_out_ns = 0;
-            last = now;
+            rc = replica_step(rep, &last);
             if (rc)
                 break;
             done++;
         }
+        rep->pending_in_ns = rep->pending_out_ns = 0;
         /* The outfeed thread is woken in bursts; the end of a loop hands over the rest. */
         ifd_queue_kick(rep->out_full);
         if (rc == IFD_EEOF) {
@@ -184,6 +198,9 @@ static void *replica_main(void *arg)
                 ifd_error_set(&rep->err, rc, "%s", ifd_strerror(rc));
             if (cd->dev->cfg.on_error)
                 cd->dev->cfg.on_error(cd->dev->cfg.on_error_arg, rep->name, &rep->err);
+            /* Peers may be waiting for this replica in the all-reduce: an error ends the run,
+             * so stop the device whether or not anyone listens to on_error. */
+            cd->dev->be->abort(cd->dev);
         }
         ifd_mutex_lock(&cd->mu);
         rep->done_steps = done;
@@ -218,6 +235,7 @@ static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *i
     rep->st.slot1 = rep->mem + 3 * np;
     rep->st.workspace = rep->mem + 4 * np;
     rep->st.step = &rep->step;
+    rep->st.opt_step = &rep->opt_step;
     memcpy(rep->st.params, init, sizeof(float) * (size_t)np);
     ifd_cpu_allreduce_bind(&cd->ar, index, rep->st.grads);
 
@@ -294,20 +312,19 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
 
     int rc = IFD_OK;
     float *init = malloc(sizeof(float) * (size_t)(p->nparam_floats + 1));
-    if (init == NULL || ifd_cpu_allreduce_init(&cd->ar, cd->replicas, p->nparam_floats)) {
+    cd->reps = calloc((size_t)cd->replicas, sizeof *cd->reps);
+    if (init == NULL || cd->reps == NULL ||
+        ifd_cpu_allreduce_init(&cd->ar, cd->replicas, p->nparam_floats)) {
         free(init);
+        free(cd->reps);
+        cd->reps = NULL;
         ifd_cond_fini(&cd->done_cv);
         ifd_cond_fini(&cd->cmd_cv);
         ifd_mutex_fini(&cd->mu);
-        return ifd_error_set(err, IFD_ENOMEM, "cpu backend: %lld parameter floats",
-                             (long long)p->nparam_floats);
+        return ifd_error_set(err, IFD_ENOMEM, "cpu backend: %d replicas of %lld parameter floats",
+                             cd->replicas, (long long)p->nparam_floats);
     }
     p->cls->init_params(p, init, cfg->seed);
-    cd->reps = calloc((size_t)cd->replicas, sizeof *cd->reps);
-    if (cd->reps == NULL) {
-        rc = ifd_error_set(err, IFD_ENOMEM, "cpu backend: %d replicas", cd->replicas);
-        goto fail;
-    }
     for (int r = 0; r < cd->replicas; r++) {
         rc = replica_open(cd, &cd->reps[r], r, init, err);
         if (rc)

@@ -122,7 +122,8 @@ typedef struct ifd_batch_source_ops {
     /* Infeed thread: the next batch. Blocks. IFD_OK, IFD_EEOF at the end of the input,
      * IFD_ESTOPPED after abort, or an error with err filled. */
     int (*next)(void *ctx, ifd_batch **out, ifd_error *err);
-    /* Any thread: make a blocked or later next() return IFD_ESTOPPED. Must not block. */
+    /* Required. Any thread: make a blocked or later next() return IFD_ESTOPPED. Must not
+     * block. */
     void (*abort)(void *ctx);
     /* Optional: as next, but IFD_ETIMEDOUT at once when no batch is ready. The infeed uses it to
      * hand the replicas what it has queued before it blocks on the source. */
@@ -180,7 +181,8 @@ int64_t ifd_run_context_loop_length(const ifd_run_context *ctx);
 /* 0-based index of the current loop. */
 int64_t ifd_run_context_loop_index(const ifd_run_context *ctx);
 void ifd_run_context_set_next_loop_length(ifd_run_context *ctx, int64_t n);
-/* Ends the run after the current loop; reason is copied into the end summary. */
+/* Ends the run after the current loop. The end summary says reason "last_step" when reason is
+ * "last_step" (the stop-at-step hook), else reason "stopped" with this reason as its message. */
 void ifd_run_context_request_stop(ifd_run_context *ctx, const char *reason);
 
 /* Every callback is optional and returns IFD_OK or an error (which ends the run). */
@@ -224,7 +226,10 @@ int ifd_session_add_hook(ifd_session *s, const ifd_hook *hook);
 int ifd_session_add_sink(ifd_session *s, ifd_sink *sink);
 /* Runs until the last step, the end of the input, a stop request or an error. Returns IFD_OK
  * when the run ended well (including the input ending early), else the first real error, with
- * err filled as "<source>: <sentence>". Every thread is joined before it returns. Once only. */
+ * err filled as "<source>: <sentence>". Every thread is joined before it returns. Once only.
+ * The batch source is left as it is: a producer still blocked pushing into an ifd_batch_queue
+ * stays blocked until the queue is closed, so close it after the run before joining such a
+ * producer. */
 int ifd_session_run(ifd_session *s, ifd_error *err);
 /* Any thread: end the run at the end of the current loop. */
 void ifd_session_request_stop(ifd_session *s);

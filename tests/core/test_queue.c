@@ -1,7 +1,8 @@
 /*
  * Tests of the bounded blocking queue (core/queue.h) and the controller signal queue
  * (core/opqueue.h): blocking and wake-ups, close and abort while threads are blocked, timeouts,
- * FIFO order, many producers and consumers, and the signal protocol of a controller thread.
+ * FIFO order, many producers and consumers, the hand-off thresholds (ifd_queue_set_wake,
+ * ifd_queue_kick), and the signal protocol of a controller thread.
  *
  * Sizes and counts are random. The seed comes from IFD_TEST_SEED when set, else from the clock,
  * and every failure message names it so that a failing run can be repeated.
@@ -20,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -68,6 +70,45 @@ static int wait_flag(atomic_int *flag, int64_t timeout_ns)
     return atomic_load(flag);
 }
 
+/* The kernel's id of the calling thread. */
+static int self_tid(void)
+{
+    return (int)syscall(SYS_gettid);
+}
+
+/* The scheduler state of one of our threads ('R', 'S', ...), '?' when /proc cannot tell. */
+static char thread_state(int tid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return '?';
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    const char *paren = strrchr(buf, ')'); /* "tid (comm) S ..." */
+    return paren && paren[1] == ' ' && paren[2] ? paren[2] : '?';
+}
+
+/* Fails unless the thread that publishes its id in *tid gets stuck: it must be seen asleep in the
+ * kernel (twice in a row), then still not have returned BLOCK_CHECK_NS later. Waiting for the
+ * sleep first means a thread slow to start is not mistaken for a blocked one. */
+static void wait_blocked(atomic_int *tid, atomic_int *done, const char *what)
+{
+    int64_t deadline = ifd_clock_ns() + 10000 * MS;
+    for (int seen = 0; seen < 2;) {
+        RASSERT(!atomic_load(done), "%s returned instead of blocking", what);
+        RASSERT(ifd_clock_ns() < deadline, "%s: never seen blocked within 10 s", what);
+        int t = atomic_load(tid);
+        char st = t ? thread_state(t) : 'R';
+        seen = st == 'S' || st == '?' ? seen + 1 : 0;
+        ifd_sleep_ns(MS);
+    }
+    ifd_sleep_ns(BLOCK_CHECK_NS);
+    RASSERT(!atomic_load(done), "%s returned instead of blocking", what);
+}
+
 /* An item with a payload, so that copying by value is checked byte for byte. */
 typedef struct item {
     uint64_t tag;
@@ -111,12 +152,14 @@ typedef struct op_thread {
     item it;
     int64_t deadline_ns; /* < 0: the blocking call, else the _until call */
     int rc;
+    atomic_int tid;
     atomic_int done;
 } op_thread;
 
 static void *pop_main(void *arg)
 {
     op_thread *o = arg;
+    atomic_store(&o->tid, self_tid());
     if (o->deadline_ns < 0)
         o->rc = ifd_queue_pop(o->q, &o->it);
     else
@@ -128,6 +171,7 @@ static void *pop_main(void *arg)
 static void *push_main(void *arg)
 {
     op_thread *o = arg;
+    atomic_store(&o->tid, self_tid());
     if (o->deadline_ns < 0)
         o->rc = ifd_queue_push(o->q, &o->it);
     else
@@ -143,17 +187,21 @@ static void op_start(op_thread *o, ifd_queue *q, int push, uint64_t tag, int64_t
     o->it = make_item(tag);
     o->deadline_ns = deadline_ns;
     o->rc = -1;
+    atomic_init(&o->tid, 0);
     atomic_init(&o->done, 0);
     ck_assert_int_eq(pthread_create(&o->t, NULL, push ? push_main : pop_main, o), 0);
 }
 
-/* Starts a push or pop that must block: fails unless it is still stuck after BLOCK_CHECK_NS. */
+static void op_wait_blocked(op_thread *o, const char *what)
+{
+    wait_blocked(&o->tid, &o->done, what);
+}
+
+/* Starts a push or pop that must block (see wait_blocked). */
 static void op_start_blocked(op_thread *o, ifd_queue *q, int push, uint64_t tag)
 {
     op_start(o, q, push, tag, -1);
-    ifd_sleep_ns(BLOCK_CHECK_NS);
-    RASSERT(!atomic_load(&o->done), "%s returned %d instead of blocking", push ? "push" : "pop",
-            o->rc);
+    op_wait_blocked(o, push ? "push" : "pop");
 }
 
 /* Waits (bounded) for the thread to finish after it was woken, then joins it. */
@@ -336,9 +384,8 @@ START_TEST(test_many_blocked_consumers_woken)
     op_thread c[6];
     for (int i = 0; i < n; i++)
         op_start(&c[i], q, 0, 0, -1);
-    ifd_sleep_ns(BLOCK_CHECK_NS);
     for (int i = 0; i < n; i++)
-        RASSERT(!atomic_load(&c[i].done), "consumer %d returned on an empty queue", i);
+        op_wait_blocked(&c[i], "pop on an empty queue");
     for (int i = 0; i < n; i++) {
         item it = make_item(100 + (uint64_t)i);
         ck_assert_int_eq(ifd_queue_push(q, &it), IFD_OK);
@@ -369,9 +416,8 @@ START_TEST(test_close_wakes_blocked_pop)
     op_thread c[6];
     for (int i = 0; i < n; i++)
         op_start(&c[i], q, 0, 0, -1);
-    ifd_sleep_ns(BLOCK_CHECK_NS);
     for (int i = 0; i < n; i++)
-        RASSERT(!atomic_load(&c[i].done), "consumer %d returned on an empty queue", i);
+        op_wait_blocked(&c[i], "pop on an empty queue");
     ifd_queue_close(q);
     for (int i = 0; i < n; i++) {
         op_join_woken(&c[i], "pop after close");
@@ -391,12 +437,14 @@ typedef struct drainer {
     uint64_t tags[64];
     int n;
     int last_rc;
+    atomic_int tid;
     atomic_int done;
 } drainer;
 
 static void *drainer_main(void *arg)
 {
     drainer *d = arg;
+    atomic_store(&d->tid, self_tid());
     item it;
     int rc;
     while ((rc = ifd_queue_pop(d->q, &it)) == IFD_OK)
@@ -414,10 +462,10 @@ START_TEST(test_close_delivers_pending)
     size_t cap = (size_t)rand_between(&rng, 1, 8);
     ifd_queue *q = make_queue(cap);
     drainer d = {.q = q};
+    atomic_init(&d.tid, 0);
     atomic_init(&d.done, 0);
     ck_assert_int_eq(pthread_create(&d.t, NULL, drainer_main, &d), 0);
-    ifd_sleep_ns(BLOCK_CHECK_NS);
-    RASSERT(!atomic_load(&d.done), "consumer returned on an empty queue");
+    wait_blocked(&d.tid, &d.done, "pop on an empty queue");
     int k = (int)rand_between(&rng, 1, (int64_t)cap);
     fill(q, 0, (size_t)k);
     ifd_queue_close(q);
@@ -496,9 +544,8 @@ START_TEST(test_abort_wakes_blocked_pop)
     op_thread c[6];
     for (int i = 0; i < n; i++)
         op_start(&c[i], q, 0, 0, -1);
-    ifd_sleep_ns(BLOCK_CHECK_NS);
     for (int i = 0; i < n; i++)
-        RASSERT(!atomic_load(&c[i].done), "consumer %d returned on an empty queue", i);
+        op_wait_blocked(&c[i], "pop on an empty queue");
     ifd_queue_abort(q);
     for (int i = 0; i < n; i++) {
         op_join_woken(&c[i], "pop after abort");
@@ -530,9 +577,8 @@ START_TEST(test_abort_wakes_blocked_push_and_drain)
     op_thread p[4];
     for (int i = 0; i < n; i++)
         op_start(&p[i], q, 1, 1000 + (uint64_t)i, -1);
-    ifd_sleep_ns(BLOCK_CHECK_NS);
     for (int i = 0; i < n; i++)
-        RASSERT(!atomic_load(&p[i].done), "producer %d returned on a full queue", i);
+        op_wait_blocked(&p[i], "push on a full queue");
     ifd_queue_abort(q);
     for (int i = 0; i < n; i++) {
         op_join_woken(&p[i], "push after abort");
@@ -692,8 +738,7 @@ START_TEST(test_until_woken_before_deadline)
 
     op_thread c;
     op_start(&c, q, 0, 0, ifd_clock_ns() + 20000 * MS);
-    ifd_sleep_ns(BLOCK_CHECK_NS);
-    RASSERT(!atomic_load(&c.done), "pop_until returned early with %s", ifd_errname(c.rc));
+    op_wait_blocked(&c, "pop_until on an empty queue");
     fill(q, 31, 1);
     op_join_woken(&c, "pop_until");
     ck_assert_int_eq(c.rc, IFD_OK);
@@ -702,8 +747,7 @@ START_TEST(test_until_woken_before_deadline)
     fill(q, 0, cap);
     op_thread p;
     op_start(&p, q, 1, 77, ifd_clock_ns() + 20000 * MS);
-    ifd_sleep_ns(BLOCK_CHECK_NS);
-    RASSERT(!atomic_load(&p.done), "push_until returned early with %s", ifd_errname(p.rc));
+    op_wait_blocked(&p, "push_until on a full queue");
     item it;
     ck_assert_int_eq(ifd_queue_pop(q, &it), IFD_OK);
     op_join_woken(&p, "push_until");
@@ -713,8 +757,7 @@ START_TEST(test_until_woken_before_deadline)
     /* Close wakes a timed pop with IFD_ECLOSED, abort a timed push with IFD_ESTOPPED. */
     q = make_queue(cap);
     op_start(&c, q, 0, 0, ifd_clock_ns() + 20000 * MS);
-    ifd_sleep_ns(BLOCK_CHECK_NS);
-    RASSERT(!atomic_load(&c.done), "pop_until returned early");
+    op_wait_blocked(&c, "pop_until on an empty queue");
     ifd_queue_close(q);
     op_join_woken(&c, "pop_until after close");
     RASSERT(c.rc == IFD_ECLOSED, "timed pop after close gave %s", ifd_errname(c.rc));
@@ -723,8 +766,7 @@ START_TEST(test_until_woken_before_deadline)
     q = make_queue(cap);
     fill(q, 0, cap);
     op_start(&p, q, 1, 1, ifd_clock_ns() + 20000 * MS);
-    ifd_sleep_ns(BLOCK_CHECK_NS);
-    RASSERT(!atomic_load(&p.done), "push_until returned early");
+    op_wait_blocked(&p, "push_until on a full queue");
     ifd_queue_abort(q);
     op_join_woken(&p, "push_until after abort");
     RASSERT(p.rc == IFD_ESTOPPED, "timed push after abort gave %s", ifd_errname(p.rc));
@@ -916,12 +958,14 @@ typedef struct counter_consumer {
     uint64_t tags[64];
     atomic_int n;
     int last_rc;
+    atomic_int tid;
     atomic_int done;
 } counter_consumer;
 
 static void *counter_consumer_main(void *arg)
 {
     counter_consumer *c = arg;
+    atomic_store(&c->tid, self_tid());
     item it;
     int rc;
     while ((rc = ifd_queue_pop(c->q, &it)) == IFD_OK) {
@@ -940,6 +984,7 @@ static void counter_consumer_start(counter_consumer *c, ifd_queue *q)
     memset(c, 0, sizeof *c);
     c->q = q;
     atomic_init(&c->n, 0);
+    atomic_init(&c->tid, 0);
     atomic_init(&c->done, 0);
     ck_assert_int_eq(pthread_create(&c->t, NULL, counter_consumer_main, c), 0);
 }
@@ -964,7 +1009,7 @@ START_TEST(test_wake_len_batches_consumer)
     ifd_queue_set_wake(q, wake_len, 1);
     counter_consumer c;
     counter_consumer_start(&c, q);
-    ifd_sleep_ns(BLOCK_CHECK_NS);
+    wait_blocked(&c.tid, &c.done, "consumer on an empty queue");
     for (size_t i = 0; i + 1 < wake_len; i++) {
         fill(q, i, 1);
         ifd_sleep_ns(BLOCK_CHECK_NS / 2);
@@ -1000,7 +1045,7 @@ START_TEST(test_kick_and_close_hand_over_below_wake_len)
     ifd_queue_set_wake(q, wake_len, 1);
     counter_consumer c;
     counter_consumer_start(&c, q);
-    ifd_sleep_ns(BLOCK_CHECK_NS);
+    wait_blocked(&c.tid, &c.done, "consumer on an empty queue");
 
     ifd_queue_kick(q); /* empty: nothing to hand over, and no lasting effect */
     size_t k = (size_t)rand_between(&rng, 1, (int64_t)wake_len - 1);
@@ -1013,6 +1058,7 @@ START_TEST(test_kick_and_close_hand_over_below_wake_len)
             wake_len);
 
     /* Empty again: one item waits for wake_len (or a kick, or close). */
+    wait_blocked(&c.tid, &c.done, "consumer on an emptied queue");
     fill(q, k, 1);
     ifd_sleep_ns(BLOCK_CHECK_NS);
     RASSERT(atomic_load(&c.n) == (int)k, "a kick lasted past the queue emptying (wake_len %zu)",
@@ -1050,7 +1096,7 @@ START_TEST(test_wake_len_does_not_delay_ready_pops)
 
     counter_consumer c;
     counter_consumer_start(&c, q);
-    ifd_sleep_ns(BLOCK_CHECK_NS);
+    wait_blocked(&c.tid, &c.done, "consumer on an empty queue");
     fill(q, 2, 1); /* one item, below wake_len (cap >= 2) */
     ifd_sleep_ns(BLOCK_CHECK_NS);
     RASSERT(atomic_load(&c.n) == 0, "consumer woken below wake_len %zu", cap);
@@ -1058,6 +1104,32 @@ START_TEST(test_wake_len_does_not_delay_ready_pops)
     RASSERT(wait_flag(&c.done, 10000 * MS), "abort did not wake a consumer below wake_len");
     pthread_join(c.t, NULL);
     ck_assert_int_eq(c.last_rc, IFD_ESTOPPED);
+    ifd_queue_destroy(q);
+}
+END_TEST
+
+/* A timed pop that waited, with items below wake_len at its deadline, takes one rather than
+ * timing out empty-handed. */
+START_TEST(test_timed_pop_below_wake_len_at_deadline)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    size_t cap = (size_t)rand_between(&rng, 2, 8);
+    ifd_queue *q = make_queue(cap);
+    ifd_queue_set_wake(q, cap, 1);
+    int64_t wait = rand_between(&rng, 150, 250) * MS;
+    int64_t t0 = ifd_clock_ns();
+    op_thread c;
+    op_start(&c, q, 0, 0, t0 + wait);
+    op_wait_blocked(&c, "pop_until on an empty queue");
+    fill(q, 7, 1);
+    op_join_woken(&c, "pop_until below wake_len");
+    int64_t el = ifd_clock_ns() - t0;
+    RASSERT(c.rc == IFD_OK && c.it.tag == 7,
+            "pop_until with an item below wake_len %zu at its deadline gave %s", cap,
+            ifd_errname(c.rc));
+    RASSERT(el >= wait, "pop_until took the item below wake_len %zu before its deadline", cap);
+    ck_assert_uint_eq(ifd_queue_len(q), 0);
     ifd_queue_destroy(q);
 }
 END_TEST
@@ -1101,7 +1173,7 @@ START_TEST(test_set_wake_clamps)
     ifd_queue_set_wake(q, 1000, 1000);
     counter_consumer c;
     counter_consumer_start(&c, q);
-    ifd_sleep_ns(BLOCK_CHECK_NS);
+    wait_blocked(&c.tid, &c.done, "consumer on an empty queue");
     fill(q, 0, cap);
     RASSERT(wait_count(&c, (int)cap, 10000 * MS) == (int)cap,
             "wake_len 1000 was not clamped to capacity %zu", cap);
@@ -1125,7 +1197,7 @@ START_TEST(test_set_wake_clamps)
     q = make_queue(cap);
     ifd_queue_set_wake(q, 0, 0);
     counter_consumer_start(&c, q);
-    ifd_sleep_ns(BLOCK_CHECK_NS);
+    wait_blocked(&c.tid, &c.done, "consumer on an empty queue");
     fill(q, 0, 1);
     RASSERT(wait_count(&c, 1, 10000 * MS) == 1, "wake_len 0 was not clamped to 1");
     ifd_queue_close(q);
@@ -1517,6 +1589,7 @@ int main(void)
     tcase_add_test(tc, test_wake_len_batches_consumer);
     tcase_add_test(tc, test_kick_and_close_hand_over_below_wake_len);
     tcase_add_test(tc, test_wake_len_does_not_delay_ready_pops);
+    tcase_add_test(tc, test_timed_pop_below_wake_len_at_deadline);
     tcase_add_test(tc, test_wake_free_batches_producer);
     tcase_add_test(tc, test_set_wake_clamps);
     tcase_add_test(tc, test_wake_thresholds_many_threads);

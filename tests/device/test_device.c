@@ -205,8 +205,95 @@ START_TEST(backend_selection)
 }
 END_TEST
 
+/* A program whose step fails with a chosen code on its first call, on one replica only. */
+static int fail_code;
+static int fail_calls; /* atomic */
+
+static int failing_setup(ifd_program *p, ifd_error *err)
+{
+    const ifd_program_class *self = p->cls;
+    int rc = ifd_program_find("softmax")->setup(p, err);
+    p->cls = self;
+    return rc;
+}
+
+static void failing_init(const ifd_program *p, float *params, uint64_t seed)
+{
+    ifd_program_find("softmax")->init_params(p, params, seed);
+}
+
+static int64_t failing_ws(const ifd_program *p, int64_t rows)
+{
+    return ifd_program_find("softmax")->workspace_floats(p, rows);
+}
+
+static int failing_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
+                        ifd_error *err)
+{
+    if (__atomic_fetch_add(&fail_calls, 1, __ATOMIC_ACQ_REL) == 0)
+        return ifd_error_set(err, fail_code, "injected");
+    return ifd_program_find("softmax")->train_step(p, ops, a, err);
+}
+
+static const ifd_program_class failing_program = {
+    .name = "failing",
+    .setup = failing_setup,
+    .init_params = failing_init,
+    .workspace_floats = failing_ws,
+    .train_step = failing_step,
+};
+
+START_TEST(replica_error_stops_peers_without_a_listener)
+{
+    /* No on_error callback: the failing replica still breaks the all-reduce its peers wait in,
+     * and a program returning a code reserved for the runtime gets IFD_EINTERNAL. */
+    static const int codes[] = {IFD_ENUMERIC, IFD_ECANCELED, IFD_ESTOPPED, IFD_EEOF};
+    fail_code = codes[_i % 4];
+    __atomic_store_n(&fail_calls, 0, __ATOMIC_RELEASE);
+    ifd_program prog;
+    ifd_program_settings st = {.features = 3, .classes = 2};
+    ifd_error err;
+    ck_assert_int_eq(ifd_program_init(&prog, "failing", &st, &err), IFD_OK);
+    int replicas = 2 + _i % 3;
+    ifd_device_config dc = {
+        .replicas = replicas,
+        .program = &prog,
+        .max_shard_rows = 1,
+        .optimizer = {.kind = IFD_OPT_SGD, .learning_rate = 0.1f},
+        .loss_scale = 1.0f,
+        .infeed_depth = 4,
+        .outfeed_depth = 4,
+    };
+    ifd_device *dev;
+    ck_assert_int_eq(ifd_device_create(&dev, "cpu", &dc, &err), IFD_OK);
+    ifd_rng rng;
+    ifd_rng_seed(&rng, 3);
+    tu_batch *tb = tu_batch_random(&prog, replicas, 0, &rng);
+    tb->b.refs = 1;
+    tb->b.release = NULL;
+    for (int r = 0; r < replicas; r++) {
+        ifd_shard sh = {.batch = &tb->b, .row0 = r, .rows = 1};
+        ck_assert_int_eq(ifd_device_infeed_enqueue(dev, r, &sh), IFD_OK);
+    }
+    ifd_device_infeed_flush(dev);
+    int64_t t0 = ifd_clock_ns(), done;
+    int rc = ifd_device_run_loop(dev, 3, &done, &err);
+    ck_assert_msg(ifd_clock_ns() - t0 < 5000000000ll, "run_loop took more than 5 s");
+    int want = fail_code == IFD_ENUMERIC ? IFD_ENUMERIC : IFD_EINTERNAL;
+    ck_assert_msg(rc == want, "code %s: run_loop gave %s: %s", ifd_errname(fail_code),
+                  ifd_errname(rc), err.msg);
+    if (want == IFD_EINTERNAL)
+        ck_assert_msg(strstr(err.msg, "failing") && strstr(err.msg, ifd_errname(fail_code)), "%s",
+                      err.msg);
+    ifd_device_destroy(dev);
+    ck_assert_int_eq(tb->b.refs, 1);
+    tu_batch_free(tb);
+}
+END_TEST
+
 int main(void)
 {
+    ifd_program_register(&failing_program);
     Suite *s = suite_create("device");
     TCase *tc = tcase_create("cpu");
     tcase_set_timeout(tc, 30);
@@ -215,6 +302,7 @@ int main(void)
     tcase_add_loop_test(tc, input_end_mid_loop, 0, 8);
     tcase_add_test(tc, unconsumed_shards_are_released_at_close);
     tcase_add_test(tc, backend_selection);
+    tcase_add_loop_test(tc, replica_error_stops_peers_without_a_listener, 0, 8);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

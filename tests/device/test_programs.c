@@ -766,6 +766,7 @@ static void trainer_init(trainer *t, const char *name, int64_t d, int64_t k, int
     t->st.workspace = falloc(ws);
     fill_nan(t->st.workspace, ws);
     t->st.step = calloc(1, sizeof(int64_t));
+    t->st.opt_step = calloc(1, sizeof(int64_t));
     t->p.cls->init_params(&t->p, t->st.params, init_seed);
 }
 
@@ -797,6 +798,7 @@ static void trainer_free(trainer *t)
     free(t->st.slot1);
     free(t->st.workspace);
     free(t->st.step);
+    free(t->st.opt_step);
 }
 
 static ifd_optimizer make_opt(ifd_optimizer_kind kind, float lr)
@@ -975,6 +977,7 @@ START_TEST(test_step_train_one_step)
     ck_assert_int_eq(tr.ar.calls, 1);
     ck_assert_int_eq(tr.ar.last_n, np);
     ck_assert_int_eq(*tr.st.step, step0 + 1);
+    ck_assert_int_eq(*tr.st.opt_step, 1); /* the optimizer's own count, not the global step */
     ck_assert_msg(out.count == (float)rows, "count %g, want %lld", (double)out.count,
                   (long long)rows);
     ck_assert_msg(out.loss == want.loss && out.correct == want.correct,

@@ -161,6 +161,28 @@ START_TEST(runs_are_repeatable)
 }
 END_TEST
 
+START_TEST(adam_counts_its_own_updates)
+{
+    /* Adam's bias correction follows the updates its slots have seen, not the global step: a
+     * run that starts at global step 1000 with fresh slots trains exactly like one from 0. */
+    ifd_config cfg;
+    make_config(&cfg, _i ? "softmax" : "linear", IFD_OPT_ADAM, 4, 3, 6, 21);
+    cfg.replicas = 1 + _i;
+    tu_batch **bs = make_batches(&cfg, cfg.num_steps, 5);
+    tu_result a, b;
+    tu_run(&cfg, bs, cfg.num_steps, &a);
+    cfg.initial_global_step = 1000;
+    tu_run(&cfg, bs, cfg.num_steps, &b);
+    ck_assert_int_eq(a.rc, IFD_OK);
+    ck_assert_int_eq(b.rc, IFD_OK);
+    ck_assert_int_eq(b.global_step, 1020);
+    ck_assert_mem_eq(a.params, b.params, sizeof(float) * (size_t)a.nparams);
+    tu_result_free(&a);
+    tu_result_free(&b);
+    free_batches(bs, cfg.num_steps);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("replication");
@@ -169,6 +191,7 @@ int main(void)
     tcase_add_loop_test(tc, mean_matches_one_replica, 0, 12);
     tcase_add_loop_test(tc, sum_reports_the_sum, 0, 6);
     tcase_add_test(tc, runs_are_repeatable);
+    tcase_add_loop_test(tc, adam_counts_its_own_updates, 0, 2);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

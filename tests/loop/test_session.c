@@ -3,6 +3,9 @@
 #include "tests/util/testutil.h"
 
 #include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -264,6 +267,7 @@ START_TEST(stop_at_step_arguments)
     ifd_error err;
     ck_assert_int_eq(ifd_hook_stop_at_step(&h, 4, 10, 20, &err), IFD_EINVAL);
     ck_assert_ptr_nonnull(strstr(err.msg, "both"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "num_steps=10, last_step=20"));
     ck_assert_int_eq(ifd_hook_stop_at_step(&h, 4, 0, 0, &err), IFD_EINVAL);
     ck_assert_ptr_nonnull(strstr(err.msg, "neither"));
     ck_assert_int_eq(ifd_hook_stop_at_step(&h, 0, 10, 0, &err), IFD_EINVAL);
@@ -450,6 +454,10 @@ START_TEST(config_errors_name_the_field)
     ck_assert_ptr_nonnull(strstr(err.msg, "learning_rate"));
     base_config(&cfg, 1, 2);
     cfg.num_steps = 1;
+    cfg.num_steps = -5;
+    ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
+    ck_assert_msg(strstr(err.msg, "num_steps") && strstr(err.msg, "-5"), "%s", err.msg);
+    cfg.num_steps = 1;
     cfg.backend = "tpu";
     ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
     ck_assert_msg(strstr(err.msg, "backend") && strstr(err.msg, "tpu"), "%s", err.msg);
@@ -464,6 +472,186 @@ START_TEST(config_errors_name_the_field)
     ck_assert_ptr_null(s);
     ck_assert_ptr_nonnull(strstr(err.msg, "features"));
     ifd_batch_queue_destroy(q);
+}
+END_TEST
+
+/* ---- a session driven by hand: batches pushed one by one from the test ---- */
+
+typedef struct live {
+    ifd_config cfg;
+    ifd_program prog;
+    ifd_batch_queue *q;
+    ifd_sink *sink;
+    ifd_session *s;
+    pthread_t runner;
+    int rc;
+    ifd_error err;
+    ifd_rng rng;
+    int64_t pushed;
+} live;
+
+static void *live_run(void *arg)
+{
+    live *l = arg;
+    l->rc = ifd_session_run(l->s, &l->err);
+    return NULL;
+}
+
+static void live_start(live *l, const ifd_hook *hook)
+{
+    ifd_error err;
+    ck_assert_int_eq(ifd_program_init(&l->prog, l->cfg.program, &l->cfg.settings, &err), IFD_OK);
+    ifd_rng_seed(&l->rng, 4242);
+    ck_assert_int_eq(ifd_batch_queue_create(&l->q, 4), IFD_OK);
+    ck_assert_int_eq(ifd_sink_memory_create(&l->sink), IFD_OK);
+    int rc = ifd_session_create(&l->s, &l->cfg, ifd_batch_queue_source(l->q), &err);
+    ck_assert_msg(rc == IFD_OK, "%s", ifd_error_text(&err));
+    ifd_session_add_sink(l->s, l->sink);
+    if (hook)
+        ifd_session_add_hook(l->s, hook);
+    pthread_create(&l->runner, NULL, live_run, l);
+}
+
+static void live_push(live *l)
+{
+    tu_batch *tb = tu_batch_random(&l->prog, l->cfg.batch_size, l->pushed++, &l->rng);
+    ck_assert_int_eq(ifd_batch_queue_push(l->q, &tb->b), IFD_OK);
+}
+
+/* Waits up to 5 s for at least n summaries; returns how many there are. */
+static size_t live_wait_summaries(live *l, size_t n)
+{
+    size_t have = ifd_sink_memory_count(l->sink);
+    for (int i = 0; i < 500 && have < n; i++) {
+        struct timespec ts = {0, 10 * 1000000};
+        nanosleep(&ts, NULL);
+        have = ifd_sink_memory_count(l->sink);
+    }
+    return have;
+}
+
+static void live_finish(live *l)
+{
+    ifd_batch_queue_close(l->q);
+    pthread_join(l->runner, NULL);
+    ifd_session_destroy(l->s);
+    ifd_batch_queue_destroy(l->q);
+    ifd_sink_destroy(l->sink);
+}
+
+START_TEST(summaries_do_not_wait_for_more_input)
+{
+    /* A step's summary is written while the run waits for its next batch: the finished steps
+     * are handed to the outfeed thread before a replica blocks on an empty ring. */
+    live l = {0};
+    base_config(&l.cfg, 1 + _i, 2);
+    l.cfg.num_steps = 100;
+    l.cfg.iterations_per_loop = 100;
+    l.cfg.summary_every = 1;
+    l.cfg.outfeed_depth = 8;
+    l.cfg.infeed_depth = 8;
+    live_start(&l, NULL);
+    for (size_t k = 1; k <= 3; k++) {
+        live_push(&l);
+        ck_assert_uint_eq(live_wait_summaries(&l, k), k);
+    }
+    live_finish(&l);
+    ck_assert_int_eq(l.rc, IFD_OK);
+}
+END_TEST
+
+START_TEST(rates_come_from_when_steps_ran)
+{
+    /* Batches arrive every 20 ms: whatever the outfeed thread's timing, a window of 5 steps
+     * reports about 50 steps/s and a replica that waited for input most of the time. */
+    live l = {0};
+    base_config(&l.cfg, 2, 2);
+    l.cfg.num_steps = 10;
+    l.cfg.iterations_per_loop = 10;
+    l.cfg.summary_every = 5;
+    live_start(&l, NULL);
+    for (int k = 0; k < 10; k++) {
+        struct timespec ts = {0, 20 * 1000000};
+        nanosleep(&ts, NULL);
+        live_push(&l);
+    }
+    ck_assert_uint_ge(live_wait_summaries(&l, 3), 3);
+    for (size_t i = 0; i < 2; i++) {
+        char *line = ifd_sink_memory_get(l.sink, i);
+        json_error_t je;
+        json_t *j = json_loads(line, 0, &je);
+        ck_assert_str_eq(jstr(j, "event"), "train");
+        double sps = jnum(j, "steps_per_sec"), eps = jnum(j, "examples_per_sec");
+        double wait = jnum(j, "infeed_wait_fraction");
+        ck_assert_msg(sps > 10.0 && sps < 70.0, "window %zu: %g steps/s, expected about 50", i,
+                      sps);
+        ck_assert_msg(fabs(eps - sps * 4.0) <= 1e-6 * eps, "examples/s %g vs steps/s %g", eps, sps);
+        ck_assert_msg(wait > 0.5, "window %zu: infeed_wait_fraction %g", i, wait);
+        json_decref(j);
+        free(line);
+    }
+    live_finish(&l);
+    ck_assert_int_eq(l.rc, IFD_OK);
+}
+END_TEST
+
+static int stop_with_reason(void *arg, ifd_run_context *ctx, ifd_error *err)
+{
+    (void)arg;
+    (void)err;
+    if (ifd_run_context_loop_index(ctx) == 1)
+        ifd_run_context_request_stop(ctx, "early stopping: the loss plateaued");
+    return IFD_OK;
+}
+
+START_TEST(hook_stop_reason_reaches_the_end_summary)
+{
+    ifd_config cfg;
+    base_config(&cfg, 2, 2);
+    cfg.iterations_per_loop = 2;
+    cfg.num_steps = 20;
+    live l = {.cfg = cfg};
+    ifd_hook h = {.name = "early", .after_run = stop_with_reason};
+    live_start(&l, &h);
+    for (int k = 0; k < 4; k++)
+        live_push(&l);
+    pthread_join(l.runner, NULL);
+    ck_assert_int_eq(l.rc, IFD_OK);
+    size_t n = ifd_sink_memory_count(l.sink);
+    char *line = ifd_sink_memory_get(l.sink, n - 1);
+    json_error_t je;
+    json_t *end = json_loads(line, 0, &je);
+    ck_assert_str_eq(jstr(end, "reason"), "stopped");
+    ck_assert_str_eq(jstr(end, "message"), "early stopping: the loss plateaued");
+    ck_assert_int_eq(jint(end, "global_step"), 4);
+    json_decref(end);
+    free(line);
+    l.runner = pthread_self(); /* already joined */
+    ifd_batch_queue_close(l.q);
+    ifd_session_destroy(l.s);
+    ifd_batch_queue_destroy(l.q);
+    ifd_sink_destroy(l.sink);
+}
+END_TEST
+
+static int no_next(void *ctx, ifd_batch **out, ifd_error *err)
+{
+    (void)ctx;
+    (void)out;
+    return ifd_error_set(err, IFD_EIO, "unused");
+}
+
+START_TEST(source_without_abort_is_rejected)
+{
+    static const ifd_batch_source_ops ops = {.next = no_next};
+    ifd_config cfg;
+    base_config(&cfg, 1, 1);
+    cfg.num_steps = 1;
+    ifd_session *s;
+    ifd_error err;
+    ck_assert_int_eq(ifd_session_create(&s, &cfg, (ifd_batch_source){&ops, NULL}, &err),
+                     IFD_EINVAL);
+    ck_assert_msg(strstr(err.msg, "abort"), "%s", err.msg);
 }
 END_TEST
 
@@ -488,6 +676,10 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, input_ends_early, 0, 8);
     tcase_add_test(tc, config_errors_name_the_field);
+    tcase_add_test(tc, source_without_abort_is_rejected);
+    tcase_add_loop_test(tc, summaries_do_not_wait_for_more_input, 0, 3);
+    tcase_add_test(tc, rates_come_from_when_steps_ran);
+    tcase_add_test(tc, hook_stop_reason_reaches_the_end_summary);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
