@@ -44,7 +44,7 @@ const char *ifd_log_level_name(int level)
 
 void ifd_log_write(int level, const char *fmt, ...)
 {
-    char line[1024];
+    char line[1024 + 2];
     char tname[16] = "?";
     struct timespec ts;
     struct tm tm;
@@ -58,11 +58,12 @@ void ifd_log_write(int level, const char *fmt, ...)
     if (n > 0 && n < (int)sizeof line)
         vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
     va_end(ap);
-    /* One fputs per line keeps lines from different threads whole. */
+    /* One fputs per line keeps lines from different threads whole; a line too long for the
+     * buffer is cut, and still ends with its newline. */
     size_t len = strlen(line);
-    if (len + 1 < sizeof line) {
-        line[len] = '\n';
-        line[len + 1] = '\0';
-    }
+    if (len > sizeof line - 2)
+        len = sizeof line - 2;
+    line[len] = '\n';
+    line[len + 1] = '\0';
     fputs(line, stderr);
 }

@@ -182,7 +182,7 @@ void ifd_queue_abort(ifd_queue *q)
 size_t ifd_queue_drain(ifd_queue *q, void (*fn)(void *item, void *arg), void *arg)
 {
     size_t n = 0;
-    unsigned char tmp[256];
+    _Alignas(max_align_t) unsigned char tmp[256];
     unsigned char *item = q->item_size <= sizeof tmp ? tmp : malloc(q->item_size);
     if (item == NULL)
         return 0;

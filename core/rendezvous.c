@@ -17,8 +17,8 @@ typedef struct rv_entry {
 
 struct ifd_rendezvous {
     ifd_mutex mu;
-    rv_entry entries[IFD_RENDEZVOUS_MAX_SOURCES];
-    int nentries;
+    rv_entry *entries; /* grows as sources report */
+    int nentries, cap;
     long next_order;
     int triggered;
     struct {
@@ -34,6 +34,13 @@ int ifd_rendezvous_create(ifd_rendezvous **out)
     *out = rv;
     if (rv == NULL)
         return IFD_ENOMEM;
+    rv->cap = 16;
+    rv->entries = calloc((size_t)rv->cap, sizeof *rv->entries);
+    if (rv->entries == NULL) {
+        free(rv);
+        *out = NULL;
+        return IFD_ENOMEM;
+    }
     ifd_mutex_init(&rv->mu);
     rv->next_order = 1;
     return IFD_OK;
@@ -44,6 +51,7 @@ void ifd_rendezvous_destroy(ifd_rendezvous *rv)
     if (rv == NULL)
         return;
     ifd_mutex_fini(&rv->mu);
+    free(rv->entries);
     free(rv);
 }
 
@@ -68,8 +76,14 @@ static rv_entry *entry_for(ifd_rendezvous *rv, const char *source)
     for (int i = 0; i < rv->nentries; i++)
         if (strcmp(rv->entries[i].source, source) == 0)
             return &rv->entries[i];
-    if (rv->nentries == IFD_RENDEZVOUS_MAX_SOURCES)
-        return &rv->entries[IFD_RENDEZVOUS_MAX_SOURCES - 1];
+    if (rv->nentries == rv->cap) {
+        rv_entry *more = realloc(rv->entries, sizeof *more * (size_t)rv->cap * 2);
+        if (more == NULL) /* out of memory: keep the error under the last source's name */
+            return &rv->entries[rv->nentries - 1];
+        memset(more + rv->cap, 0, sizeof *more * (size_t)rv->cap);
+        rv->entries = more;
+        rv->cap *= 2;
+    }
     rv_entry *e = &rv->entries[rv->nentries++];
     snprintf(e->source, sizeof e->source, "%s", source);
     return e;

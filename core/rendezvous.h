@@ -15,7 +15,6 @@
 
 #include <stddef.h>
 
-#define IFD_RENDEZVOUS_MAX_SOURCES 64
 #define IFD_RENDEZVOUS_MAX_ACTIONS 8
 
 typedef struct ifd_rendezvous ifd_rendezvous;
@@ -38,7 +37,8 @@ int ifd_rendezvous_error(ifd_rendezvous *rv, const char *source, int code, const
 void ifd_rendezvous_abort(ifd_rendezvous *rv);
 void ifd_rendezvous_record_done(ifd_rendezvous *rv, const char *source);
 
-/* 1 once the stop actions have been triggered. */
+/* 1 once the stop has been triggered (the actions may still be running on the triggering
+ * thread). */
 int ifd_rendezvous_stopping(ifd_rendezvous *rv);
 /* The cause: IFD_OK when no error was recorded; else the code, with *out filled as
  * "<source>: <sentence>" when out is not NULL. */

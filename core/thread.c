@@ -65,6 +65,8 @@ void ifd_cond_wait(ifd_cond *c, ifd_mutex *m)
 
 int ifd_cond_wait_until(ifd_cond *c, ifd_mutex *m, int64_t deadline_ns)
 {
+    if (deadline_ns < 0)
+        deadline_ns = 0; /* long past: times out at once */
     struct timespec ts = {.tv_sec = deadline_ns / 1000000000, .tv_nsec = deadline_ns % 1000000000};
     int rc = pthread_cond_timedwait(&c->c, &m->m, &ts);
     if (rc && rc != ETIMEDOUT)
@@ -82,14 +84,34 @@ void ifd_cond_broadcast(ifd_cond *c)
     pthread_cond_broadcast(&c->c);
 }
 
+typedef struct thread_boot {
+    char name[16];
+    void *(*fn)(void *);
+    void *arg;
+} thread_boot;
+
+/* The new thread names itself before it runs fn, so that its first log line carries the name. */
+static void *thread_trampoline(void *p)
+{
+    thread_boot boot = *(thread_boot *)p;
+    free(p);
+    pthread_setname_np(pthread_self(), boot.name);
+    return boot.fn(boot.arg);
+}
+
 int ifd_thread_start(ifd_thread *t, const char *name, void *(*fn)(void *), void *arg)
 {
     t->started = 0;
-    if (pthread_create(&t->tid, NULL, fn, arg) != 0)
+    thread_boot *boot = malloc(sizeof *boot);
+    if (boot == NULL)
         return IFD_ENOMEM;
-    char buf[16];
-    snprintf(buf, sizeof buf, "%s", name);
-    pthread_setname_np(t->tid, buf);
+    snprintf(boot->name, sizeof boot->name, "%s", name);
+    boot->fn = fn;
+    boot->arg = arg;
+    if (pthread_create(&t->tid, NULL, thread_trampoline, boot) != 0) {
+        free(boot);
+        return IFD_ENOMEM;
+    }
     t->started = 1;
     return IFD_OK;
 }

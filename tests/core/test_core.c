@@ -753,6 +753,7 @@ END_TEST
 /* ---- thread ------------------------------------------------------------------------------- */
 
 typedef struct name_ctx {
+    atomic_int ready;
     atomic_int go;
     char name[32];
 } name_ctx;
@@ -760,10 +761,11 @@ typedef struct name_ctx {
 static void *name_main(void *arg)
 {
     name_ctx *c = arg;
-    /* Read our own name once the starter has returned from ifd_thread_start. */
+    /* Our own name, first thing; then stay alive until the starter has read it from outside. */
+    pthread_getname_np(pthread_self(), c->name, sizeof c->name);
+    atomic_store(&c->ready, 1);
     while (!atomic_load(&c->go))
         ifd_sleep_ns(MS / 10);
-    pthread_getname_np(pthread_self(), c->name, sizeof c->name);
     return NULL;
 }
 
@@ -779,9 +781,12 @@ START_TEST(test_thread_names)
         name_ctx c;
         memset(&c, 0, sizeof c);
         atomic_init(&c.go, 0);
+        atomic_init(&c.ready, 0);
         ifd_thread t;
         ck_assert_int_eq(ifd_thread_start(&t, k[i].given, name_main, &c), IFD_OK);
         ck_assert_int_eq(t.started, 1);
+        while (!atomic_load(&c.ready))
+            ifd_sleep_ns(MS / 10);
         char from_outside[32] = "";
         ck_assert_int_eq(pthread_getname_np(t.tid, from_outside, sizeof from_outside), 0);
         ck_assert_str_eq(from_outside, k[i].kept);
@@ -1094,6 +1099,87 @@ static TCase *tcase(Suite *s, const char *name)
     return tc;
 }
 
+/* ---- regressions for defects found in review ---- */
+
+START_TEST(test_cond_wait_until_past_deadlines)
+{
+    /* Any deadline in the past, negative included, times out at once instead of failing. */
+    ifd_mutex m;
+    ifd_cond c;
+    ifd_mutex_init(&m);
+    ifd_cond_init(&c);
+    int64_t deadlines[] = {-1, -1000000000ll * 5 - 7, 0, ifd_clock_ns() - 1};
+    ifd_mutex_lock(&m);
+    for (size_t i = 0; i < sizeof deadlines / sizeof deadlines[0]; i++)
+        ck_assert_int_eq(ifd_cond_wait_until(&c, &m, deadlines[i]), ETIMEDOUT);
+    ifd_mutex_unlock(&m);
+    ifd_cond_fini(&c);
+    ifd_mutex_fini(&m);
+}
+END_TEST
+
+static void *report_own_name(void *arg)
+{
+    /* The very first thing the thread does: its name must already be set. */
+    pthread_getname_np(pthread_self(), arg, 16);
+    return NULL;
+}
+
+START_TEST(test_thread_named_before_it_runs)
+{
+    for (int i = 0; i < 20; i++) {
+        char seen[16] = "";
+        char want[16];
+        snprintf(want, sizeof want, "ifd-early%d", i);
+        ifd_thread t;
+        ck_assert_int_eq(ifd_thread_start(&t, want, report_own_name, seen), IFD_OK);
+        ifd_thread_join(&t);
+        ck_assert_str_eq(seen, want);
+    }
+}
+END_TEST
+
+START_TEST(test_rendezvous_many_sources)
+{
+    /* Far more sources than any fixed table: each keeps its own error under its own name. */
+    ifd_rendezvous *rv;
+    ck_assert_int_eq(ifd_rendezvous_create(&rv), IFD_OK);
+    int n = 300;
+    for (int i = 0; i < n; i++) {
+        char src[32];
+        snprintf(src, sizeof src, "replica %d", i);
+        ifd_rendezvous_error(rv, src, i == n - 1 ? IFD_EIO : IFD_ESTOPPED, "from %d", i);
+    }
+    ifd_error e;
+    ck_assert_int_eq(ifd_rendezvous_cause(rv, &e), IFD_EIO);
+    ck_assert_str_eq(e.msg, "replica 299: from 299");
+    ck_assert_int_eq(ifd_rendezvous_source_error(rv, "replica 150", &e), IFD_ESTOPPED);
+    ck_assert_str_eq(e.msg, "from 150");
+    ifd_rendezvous_destroy(rv);
+}
+END_TEST
+
+static void log_long_line(void)
+{
+    char big[3000];
+    memset(big, 'x', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    ifd_log_set_level(IFD_LOG_ERROR);
+    IFD_LOG_ERROR("%s", big);
+    IFD_LOG_ERROR("after");
+}
+
+START_TEST(test_log_long_line_keeps_its_newline)
+{
+    char *out = capture_stderr(log_long_line);
+    char *nl = strchr(out, '\n');
+    ck_assert_ptr_nonnull(nl);
+    ck_assert_msg(strstr(nl + 1, "after") != NULL && strchr(nl + 1, '\n') != NULL,
+                  "the cut line ran into the next one: %.80s", nl);
+    free(out);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("core");
@@ -1117,6 +1203,7 @@ int main(void)
     tcase_add_test(tc, test_rendezvous_source_keeps_first_real);
     tcase_add_test(tc, test_rendezvous_actions_order_and_abort);
     tcase_add_test(tc, test_rendezvous_concurrent_once);
+    tcase_add_test(tc, test_rendezvous_many_sources);
 
     tc = tcase(s, "thread");
     tcase_add_test(tc, test_thread_names);
@@ -1124,10 +1211,13 @@ int main(void)
     tcase_add_test(tc, test_cond_wait_until_woken);
     tcase_add_test(tc, test_mutex_and_clock);
     tcase_add_test(tc, test_spin_until);
+    tcase_add_test(tc, test_cond_wait_until_past_deadlines);
+    tcase_add_test(tc, test_thread_named_before_it_runs);
 
     tc = tcase(s, "log");
     tcase_add_test(tc, test_log_levels);
     tcase_add_test(tc, test_log_disabled_not_evaluated);
+    tcase_add_test(tc, test_log_long_line_keeps_its_newline);
 
     return tu_run_suite(s);
 }
