@@ -28,36 +28,6 @@
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
-static uint64_t g_seed;
-
-static void seed_rng(ifd_rng *rng)
-{
-    const char *env = getenv("IFD_TEST_SEED");
-    if (env && *env)
-        g_seed = strtoull(env, NULL, 0);
-    else
-        g_seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20) ^ (uint64_t)ifd_clock_ns();
-    ifd_rng_seed(rng, g_seed);
-}
-
-/* ck_assert_msg that also names the seed. */
-#define RASSERT(cond, ...)                                                                         \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            char rassert_msg_[1024];                                                               \
-            snprintf(rassert_msg_, sizeof rassert_msg_, __VA_ARGS__);                              \
-            ck_abort_msg("%s [seed %" PRIu64 "; rerun with IFD_TEST_SEED=%" PRIu64 "]",            \
-                         rassert_msg_, g_seed, g_seed);                                            \
-        }                                                                                          \
-    } while (0)
-
-static int64_t rand_between(ifd_rng *rng, int64_t lo, int64_t hi)
-{
-    return lo + (int64_t)ifd_rng_below(rng, (uint64_t)(hi - lo + 1));
-}
-
-#define MS (INT64_C(1000000))
-
 /* The rendezvous logs every error it records; keep those lines out of the test output. */
 static void quiet_stderr(void)
 {

@@ -209,39 +209,13 @@ END_TEST
 static int fail_code;
 static int fail_calls; /* atomic */
 
-static int failing_setup(ifd_program *p, ifd_error *err)
-{
-    const ifd_program_class *self = p->cls;
-    int rc = ifd_program_find("softmax")->setup(p, err);
-    p->cls = self;
-    return rc;
-}
-
-static void failing_init(const ifd_program *p, float *params, uint64_t seed)
-{
-    ifd_program_find("softmax")->init_params(p, params, seed);
-}
-
-static int64_t failing_ws(const ifd_program *p, int64_t rows)
-{
-    return ifd_program_find("softmax")->workspace_floats(p, rows);
-}
-
 static int failing_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
                         ifd_error *err)
 {
     if (__atomic_fetch_add(&fail_calls, 1, __ATOMIC_ACQ_REL) == 0)
         return ifd_error_set(err, fail_code, "injected");
-    return ifd_program_find("softmax")->train_step(p, ops, a, err);
+    return tu_softmax_step(p, ops, a, err);
 }
-
-static const ifd_program_class failing_program = {
-    .name = "failing",
-    .setup = failing_setup,
-    .init_params = failing_init,
-    .workspace_floats = failing_ws,
-    .train_step = failing_step,
-};
 
 START_TEST(replica_error_stops_peers_without_a_listener)
 {
@@ -293,7 +267,7 @@ END_TEST
 
 int main(void)
 {
-    ifd_program_register(&failing_program);
+    tu_register_softmax_like("failing", failing_step);
     Suite *s = suite_create("device");
     TCase *tc = tcase_create("cpu");
     tcase_set_timeout(tc, 30);

@@ -14,40 +14,13 @@ typedef enum { INJ_LABEL, INJ_SOURCE, INJ_SINK, INJ_REPLICA, INJ_HOOK, INJ_COUNT
 
 static int fault_countdown; /* atomic */
 
-static int fault_setup(ifd_program *p, ifd_error *err)
-{
-    const ifd_program_class *softmax = ifd_program_find("softmax");
-    const ifd_program_class *self = p->cls;
-    int rc = softmax->setup(p, err);
-    p->cls = self;
-    return rc;
-}
-
-static void fault_init(const ifd_program *p, float *params, uint64_t seed)
-{
-    ifd_program_find("softmax")->init_params(p, params, seed);
-}
-
-static int64_t fault_ws(const ifd_program *p, int64_t rows)
-{
-    return ifd_program_find("softmax")->workspace_floats(p, rows);
-}
-
 static int fault_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
                       ifd_error *err)
 {
     if (__atomic_sub_fetch(&fault_countdown, 1, __ATOMIC_ACQ_REL) == 0)
         return ifd_error_set(err, IFD_ENUMERIC, "injected replica fault");
-    return ifd_program_find("softmax")->train_step(p, ops, a, err);
+    return tu_softmax_step(p, ops, a, err);
 }
-
-static const ifd_program_class fault_program = {
-    .name = "fault",
-    .setup = fault_setup,
-    .init_params = fault_init,
-    .workspace_floats = fault_ws,
-    .train_step = fault_step,
-};
 
 /* ---- a batch source that fails after n batches ---- */
 
@@ -237,7 +210,7 @@ END_TEST
 
 int main(void)
 {
-    ifd_program_register(&fault_program);
+    tu_register_softmax_like("fault", fault_step);
     Suite *s = suite_create("errors");
     TCase *tc = tcase_create("rendezvous");
     tcase_set_timeout(tc, 30);

@@ -1,11 +1,14 @@
 #include "tests/util/testutil.h"
 
+#include "core/thread.h"
+
 #include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static void tu_release(ifd_batch *b, void *arg)
 {
@@ -205,6 +208,53 @@ double tu_max_rel_diff(const float *a, const float *b, int64_t n, double floor)
             worst = d != d ? INFINITY : d;
     }
     return worst;
+}
+
+static int like_setup(ifd_program *p, ifd_error *err)
+{
+    const ifd_program_class *self = p->cls;
+    int rc = ifd_program_find("softmax")->setup(p, err);
+    p->cls = self;
+    return rc;
+}
+
+static void like_init(const ifd_program *p, float *params, uint64_t seed)
+{
+    ifd_program_find("softmax")->init_params(p, params, seed);
+}
+
+static int64_t like_workspace(const ifd_program *p, int64_t rows)
+{
+    return ifd_program_find("softmax")->workspace_floats(p, rows);
+}
+
+int tu_softmax_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
+                    ifd_error *err)
+{
+    return ifd_program_find("softmax")->train_step(p, ops, a, err);
+}
+
+int tu_register_softmax_like(const char *name, tu_step_fn step)
+{
+    ifd_program_class *cls = calloc(1, sizeof *cls); /* lives as long as the registry */
+    cls->name = name;
+    cls->setup = like_setup;
+    cls->init_params = like_init;
+    cls->workspace_floats = like_workspace;
+    cls->train_step = step;
+    return ifd_program_register(cls);
+}
+
+uint64_t g_seed;
+
+void seed_rng(ifd_rng *rng)
+{
+    const char *env = getenv("IFD_TEST_SEED");
+    if (env && *env)
+        g_seed = strtoull(env, NULL, 0);
+    else
+        g_seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20) ^ (uint64_t)ifd_clock_ns();
+    ifd_rng_seed(rng, g_seed);
 }
 
 int tu_run_suite(Suite *s)

@@ -7,7 +7,9 @@
 #include "infeed/infeed.h"
 
 #include <check.h>
+#include <inttypes.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* A batch that owns its bytes; released (freed) when the runtime is done with it. */
 typedef struct tu_batch {
@@ -54,6 +56,38 @@ int tu_thread_count(void);
 int tu_thread_count_settle(int want);
 /* Max over i of |a-b| / max(|b|, floor). */
 double tu_max_rel_diff(const float *a, const float *b, int64_t n, double floor);
+
+/* A program class that is softmax in all but its step (failure injection): registers a class
+ * named name whose train_step is step; step may call tu_softmax_step. */
+typedef int (*tu_step_fn)(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
+                          ifd_error *err);
+int tu_register_softmax_like(const char *name, tu_step_fn step);
+int tu_softmax_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
+                    ifd_error *err);
+
+/* Random seeds that a failure names: IFD_TEST_SEED when set, else the clock. Each test runs in
+ * its own forked process, so one global seed per process is enough. */
+extern uint64_t g_seed;
+void seed_rng(ifd_rng *rng);
+
+/* ck_assert_msg that also names the seed. */
+#define RASSERT(cond, ...)                                                                         \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            char rassert_msg_[1024];                                                               \
+            snprintf(rassert_msg_, sizeof rassert_msg_, __VA_ARGS__);                              \
+            ck_abort_msg("%s [seed %" PRIu64 "; rerun with IFD_TEST_SEED=%" PRIu64 "]",            \
+                         rassert_msg_, g_seed, g_seed);                                            \
+        }                                                                                          \
+    } while (0)
+
+/* Random integer in [lo, hi]. */
+static inline int64_t rand_between(ifd_rng *rng, int64_t lo, int64_t hi)
+{
+    return lo + (int64_t)ifd_rng_below(rng, (uint64_t)(hi - lo + 1));
+}
+
+#define MS (INT64_C(1000000))
 
 /* Standard main: runs the suite in fork mode. */
 int tu_run_suite(Suite *s);
