@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, and runs every test with CTest, then runs
-# the suites again under AddressSanitizer and ThreadSanitizer builds.
+# the suites again under AddressSanitizer, ThreadSanitizer and UndefinedBehaviorSanitizer builds.
 #
 #   ./ci.sh              everything
 #   ./ci.sh --quick      the plain build's tests only
@@ -25,5 +25,7 @@ if [ "${1:-}" != "--quick" ]; then
   run_build asan -DIFD_SANITIZE=address -DIFD_BUILD_BENCH=OFF
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
     run_build tsan -DIFD_SANITIZE=thread -DIFD_BUILD_BENCH=OFF
+  UBSAN_OPTIONS="print_stacktrace=1" \
+    run_build ubsan -DIFD_SANITIZE=undefined -DIFD_BUILD_BENCH=OFF
 fi
 echo "== all tests passed"

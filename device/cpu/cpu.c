@@ -158,12 +158,27 @@ static int replica_step(cpu_replica *rep, int64_t *last)
     return ifd_queue_push(rep->out_full, &slot);
 }
 
+typedef struct loop_wait {
+    cpu_dev *cd;
+    int64_t seen;
+} loop_wait;
+
+static int next_loop_ready(void *arg)
+{
+    loop_wait *w = arg;
+    return __atomic_load_n(&w->cd->generation, __ATOMIC_ACQUIRE) != w->seen ||
+           __atomic_load_n(&w->cd->quit, __ATOMIC_ACQUIRE);
+}
+
 static void *replica_main(void *arg)
 {
     cpu_replica *rep = arg;
     cpu_dev *cd = rep->cd;
     int64_t seen = 0;
     for (;;) {
+        /* The next loop usually follows within microseconds: spin before sleeping. */
+        loop_wait w = {cd, seen};
+        ifd_spin_until(next_loop_ready, &w, IFD_SPIN_NS);
         ifd_mutex_lock(&cd->mu);
         while (!cd->quit && cd->generation == seen)
             ifd_cond_wait(&cd->cmd_cv, &cd->mu);
@@ -205,7 +220,7 @@ static void *replica_main(void *arg)
         ifd_mutex_lock(&cd->mu);
         rep->done_steps = done;
         rep->status = rc;
-        cd->ndone++;
+        __atomic_store_n(&cd->ndone, cd->ndone + 1, __ATOMIC_RELEASE);
         ifd_cond_broadcast(&cd->done_cv);
         ifd_mutex_unlock(&cd->mu);
     }
@@ -269,7 +284,7 @@ static void cpu_close(ifd_device *dev)
     if (cd->reps == NULL)
         return;
     ifd_mutex_lock(&cd->mu);
-    cd->quit = 1;
+    __atomic_store_n(&cd->quit, 1, __ATOMIC_RELEASE);
     ifd_cond_broadcast(&cd->cmd_cv);
     ifd_mutex_unlock(&cd->mu);
     for (int r = 0; r < cd->replicas; r++)
@@ -389,9 +404,11 @@ static int cpu_run_loop(ifd_device *dev, int64_t n, int64_t *steps_done, ifd_err
         return ifd_error_set(err, IFD_ESTOPPED, "device aborted");
     ifd_mutex_lock(&cd->mu);
     cd->loop_n = n;
-    cd->ndone = 0;
-    cd->generation++;
+    __atomic_store_n(&cd->ndone, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&cd->generation, cd->generation + 1, __ATOMIC_RELEASE);
     ifd_cond_broadcast(&cd->cmd_cv);
+    ifd_mutex_unlock(&cd->mu);
+    ifd_mutex_lock(&cd->mu);
     while (cd->ndone < cd->replicas)
         ifd_cond_wait(&cd->done_cv, &cd->mu);
     int64_t done = n;
