@@ -153,8 +153,3 @@ void ifd_infeed_destroy(ifd_infeed *f)
     free(f->shards);
     free(f);
 }
-
-int64_t ifd_infeed_batches(ifd_infeed *f)
-{
-    return __atomic_load_n(&f->batches, __ATOMIC_RELAXED);
-}

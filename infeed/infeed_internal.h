@@ -27,8 +27,6 @@ int ifd_infeed_signal(ifd_infeed *f, int64_t n);
 /* STOP and join. */
 void ifd_infeed_stop(ifd_infeed *f);
 void ifd_infeed_destroy(ifd_infeed *f);
-/* Batches pushed to the device so far (any thread). */
-int64_t ifd_infeed_batches(ifd_infeed *f);
 
 /* Checks a batch against the program's inputs: tensor count, dtypes, per-row shapes, the same
  * row count everywhere and, when batch_size > 0, rows == batch_size; then the program's own

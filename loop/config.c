@@ -55,8 +55,13 @@ NAMES(ifd_input_mode, ifd_input_mode_name, ifd_input_mode_parse, "per-host", "pe
       "per-core", "broadcast")
 NAMES(ifd_loss_reduction, ifd_loss_reduction_name, ifd_loss_reduction_parse, "mean", "sum")
 NAMES(ifd_optimizer_kind, ifd_optimizer_name, ifd_optimizer_parse, "sgd", "momentum", "adam")
-NAMES(ifd_end_reason, ifd_end_reason_name, ifd_end_reason_parse_, "none", "last_step",
-      "input_ended", "stopped", "error")
+const char *ifd_end_reason_name(ifd_end_reason r)
+{
+    static const char *const names[] = {"none", "last_step", "input_ended", "stopped", "error"};
+    if ((int)r < 0 || (size_t)r >= sizeof names / sizeof names[0])
+        return "?";
+    return names[r];
+}
 
 #define MAX_REPLICAS 1024
 #define MAX_DEPTH 65536

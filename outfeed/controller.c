@@ -27,7 +27,6 @@ struct ifd_outfeed {
     ifd_metrics window;
     window_time time;
     int64_t last_step;
-    int64_t steps; /* atomic */
 };
 
 /* part / whole, clamped to [0, 1]. */
@@ -108,7 +107,6 @@ static int outfeed_step(ifd_outfeed *o, ifd_error *err)
         return ifd_error_prefix(err, "host call at step %lld", (long long)o->recs[0].step);
     time_add(&o->time, o->recs, o->replicas);
     o->last_step = o->recs[0].step;
-    __atomic_add_fetch(&o->steps, 1, __ATOMIC_RELAXED);
     if (o->cfg.summary_every > 0 && o->last_step % o->cfg.summary_every == 0)
         return emit_window(o, err);
     return IFD_OK;
@@ -178,11 +176,6 @@ void ifd_outfeed_stop(ifd_outfeed *o)
 int ifd_outfeed_flush(ifd_outfeed *o, ifd_error *err)
 {
     return emit_window(o, err);
-}
-
-int64_t ifd_outfeed_steps(ifd_outfeed *o)
-{
-    return __atomic_load_n(&o->steps, __ATOMIC_RELAXED);
 }
 
 void ifd_outfeed_destroy(ifd_outfeed *o)

@@ -67,8 +67,6 @@ int ifd_outfeed_signal(ifd_outfeed *o, int64_t n);
 void ifd_outfeed_stop(ifd_outfeed *o);
 /* After stop: emits the summary of the steps since the last one, if any. */
 int ifd_outfeed_flush(ifd_outfeed *o, ifd_error *err);
-/* Steps whose outfeed was processed (any thread). */
-int64_t ifd_outfeed_steps(ifd_outfeed *o);
 void ifd_outfeed_destroy(ifd_outfeed *o);
 
 #endif

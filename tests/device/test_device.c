@@ -110,6 +110,14 @@ START_TEST(infeed_ring_applies_back_pressure)
     ifd_thread_join(&t);
     ck_assert_int_eq(p.pushed, depth + 3);
     ck_assert_int_eq(ifd_device_global_step(f.dev), depth + 3);
+    /* Per-replica counters: every step counted, waits inside the loop time. */
+    for (int r = 0; r < ifd_device_replicas(f.dev); r++) {
+        ifd_device_stats st;
+        ifd_device_stats_get(f.dev, r, &st);
+        ck_assert_int_eq(st.steps, depth + 3);
+        ck_assert_int_gt(st.loop_ns, 0);
+        ck_assert_int_le(st.infeed_wait_ns + st.outfeed_wait_ns, st.loop_ns);
+    }
     /* One outfeed record per replica per step, in step order. */
     for (int s = 1; s <= 4 && s <= depth + 3; s++) {
         for (int r = 0; r < ifd_device_replicas(f.dev); r++) {

@@ -655,6 +655,39 @@ START_TEST(source_without_abort_is_rejected)
 }
 END_TEST
 
+START_TEST(enum_names_round_trip)
+{
+    for (int v = 0; v < 3; v++) {
+        ifd_mode m;
+        ck_assert_int_eq(ifd_mode_parse(ifd_mode_name((ifd_mode)v), &m), IFD_OK);
+        ck_assert_int_eq(m, v);
+        ifd_optimizer_kind k;
+        ck_assert_int_eq(ifd_optimizer_parse(ifd_optimizer_name((ifd_optimizer_kind)v), &k),
+                         IFD_OK);
+        ck_assert_int_eq(k, v);
+    }
+    for (int v = 0; v < 4; v++) {
+        ifd_input_mode im;
+        ck_assert_int_eq(ifd_input_mode_parse(ifd_input_mode_name((ifd_input_mode)v), &im), IFD_OK);
+        ck_assert_int_eq(im, v);
+    }
+    for (int v = 0; v < 2; v++) {
+        ifd_loss_reduction r;
+        ck_assert_int_eq(
+            ifd_loss_reduction_parse(ifd_loss_reduction_name((ifd_loss_reduction)v), &r), IFD_OK);
+        ck_assert_int_eq(r, v);
+    }
+    ck_assert_str_eq(ifd_input_mode_name(IFD_INPUT_PER_HOST_V2), "per-host-v2");
+    ck_assert_str_eq(ifd_end_reason_name(IFD_END_INPUT_ENDED), "input_ended");
+    ck_assert_str_eq(ifd_mode_name((ifd_mode)7), "?");
+    ifd_mode m = IFD_MODE_TRAIN;
+    ck_assert_int_eq(ifd_mode_parse("Train", &m), IFD_EINVAL);
+    ck_assert_int_eq(ifd_mode_parse(NULL, &m), IFD_EINVAL);
+    ifd_optimizer_kind k;
+    ck_assert_int_eq(ifd_optimizer_parse("rmsprop", &k), IFD_EINVAL);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("session");
@@ -677,6 +710,7 @@ int main(void)
     tcase_add_loop_test(tc, input_ends_early, 0, 8);
     tcase_add_test(tc, config_errors_name_the_field);
     tcase_add_test(tc, source_without_abort_is_rejected);
+    tcase_add_test(tc, enum_names_round_trip);
     tcase_add_loop_test(tc, summaries_do_not_wait_for_more_input, 0, 3);
     tcase_add_test(tc, rates_come_from_when_steps_ran);
     tcase_add_test(tc, hook_stop_reason_reaches_the_end_summary);
