@@ -17,8 +17,9 @@
 
 typedef struct ifd_step_ops {
     /* In place: buf = sum over replicas of buf, in replica order, so every mirror gets the same
-     * bits. Collective: every replica calls it once per step. IFD_OK, IFD_ESTOPPED (aborted) or
-     * IFD_EEOF (a peer's input ended). */
+     * bits. Collective: every replica calls it once per step. IFD_OK, IFD_ESTOPPED (aborted),
+     * IFD_EEOF (a peer's input ended), or another error with err filled (IFD_EINTERNAL on cpu for
+     * a vector other than the gradients it was set up with). */
     int (*allreduce_sum)(void *ctx, float *buf, int64_t n, ifd_error *err);
     /* One optimizer update over n elements. *opt_step (device memory) counts the updates this
      * mirror's slots have seen, so Adam's t is *opt_step + 1 (the optimizer's own count, as

@@ -9,9 +9,9 @@
 #define SOURCE "outfeed"
 
 /* Timing of a summary window, from the records' own timestamps: the rates say when the steps
- * ran, not when the outfeed thread got to them. */
+ * ran, not when the outfeed thread got to them. Windows are back to back. */
 typedef struct window_time {
-    int64_t start_ns; /* when the window's first step began; 0 before the first record */
+    int64_t start_ns; /* the previous window's end; the first loop's signal for the first */
     int64_t end_ns;   /* when its last step ended */
     double step_ns;   /* summed over replicas and steps */
     double infeed_wait_ns;
@@ -27,6 +27,7 @@ struct ifd_outfeed {
     ifd_metrics window;
     window_time time;
     int64_t last_step;
+    int64_t first_step; /* the global step the run started from */
 };
 
 /* part / whole, clamped to [0, 1]. */
@@ -45,13 +46,13 @@ static double wall_seconds(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void time_add(window_time *w, const ifd_outfeed_rec *recs, int replicas)
+static void time_add(window_time *w, const ifd_outfeed_rec *recs, int replicas, int first)
 {
     for (int r = 0; r < replicas; r++) {
         const ifd_outfeed_rec *rec = &recs[r];
-        int64_t begin = rec->end_ns - rec->step_ns;
-        if (w->start_ns == 0 || begin < w->start_ns)
-            w->start_ns = begin;
+        /* The outfeed thread may wake after the first step began: the run starts no later. */
+        if (first && rec->end_ns - rec->step_ns < w->start_ns)
+            w->start_ns = rec->end_ns - rec->step_ns;
         if (rec->end_ns > w->end_ns)
             w->end_ns = rec->end_ns;
         w->step_ns += (double)rec->step_ns;
@@ -105,7 +106,7 @@ static int outfeed_step(ifd_outfeed *o, ifd_error *err)
     int rc = ifd_metrics_host_call(&o->window, t, err);
     if (rc)
         return ifd_error_prefix(err, "host call at step %lld", (long long)o->recs[0].step);
-    time_add(&o->time, o->recs, o->replicas);
+    time_add(&o->time, o->recs, o->replicas, o->last_step == o->first_step);
     o->last_step = o->recs[0].step;
     if (o->cfg.summary_every > 0 && o->last_step % o->cfg.summary_every == 0)
         return emit_window(o, err);
@@ -119,6 +120,8 @@ static void outfeed_main(ifd_opq *q, void *arg)
     ifd_error_clear(&err);
     int64_t n;
     while (ifd_opq_next(q, &n)) {
+        if (o->time.start_ns == 0)
+            o->time.start_ns = o->time.end_ns = ifd_clock_ns();
         for (int64_t i = 0; i < n; i++) {
             int rc = outfeed_step(o, &err);
             if (rc == IFD_EEOF) {
@@ -141,7 +144,7 @@ int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg)
         return IFD_ENOMEM;
     o->cfg = *cfg;
     o->replicas = ifd_device_replicas(cfg->dev);
-    o->last_step = ifd_device_global_step(cfg->dev);
+    o->last_step = o->first_step = ifd_device_global_step(cfg->dev);
     o->recs = calloc((size_t)o->replicas, sizeof *o->recs);
     o->cat = calloc((size_t)o->replicas * IFD_OUT_NTENSORS, sizeof *o->cat);
     int rc = IFD_ENOMEM;

@@ -159,12 +159,3 @@ void ifd_cpu_allreduce_abort(ifd_cpu_allreduce *ar)
 {
     set_state(ar, IFD_ESTOPPED);
 }
-
-void ifd_cpu_allreduce_reset(ifd_cpu_allreduce *ar)
-{
-    ifd_mutex_lock(&ar->mu);
-    if (__atomic_load_n(&ar->state, __ATOMIC_ACQUIRE) == IFD_EEOF)
-        __atomic_store_n(&ar->state, IFD_OK, __ATOMIC_SEQ_CST);
-    __atomic_store_n(&ar->arrived, 0, __ATOMIC_RELAXED);
-    ifd_mutex_unlock(&ar->mu);
-}

@@ -43,11 +43,10 @@ void ifd_cpu_allreduce_bind(ifd_cpu_allreduce *ar, int r, float *buf);
 /* Collective, in place: every replica calls it with its own bound vector. IFD_OK, IFD_EEOF or
  * IFD_ESTOPPED. */
 int ifd_cpu_allreduce_run(ifd_cpu_allreduce *ar, int r);
-/* A replica whose input ended: peers waiting now or later get IFD_EEOF. */
+/* A replica whose input ended: peers waiting now or later get IFD_EEOF. Final, like abort: the
+ * input does not resume. */
 void ifd_cpu_allreduce_leave(ifd_cpu_allreduce *ar);
 /* Any thread: peers waiting now or later get IFD_ESTOPPED. */
 void ifd_cpu_allreduce_abort(ifd_cpu_allreduce *ar);
-/* Before a new loop: forget a previous leave. Only while no replica is inside. */
-void ifd_cpu_allreduce_reset(ifd_cpu_allreduce *ar);
 
 #endif

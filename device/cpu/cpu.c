@@ -74,7 +74,7 @@ static int cpu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err)
     if (buf != ar->bufs[rep->index] || n != ar->n)
         return ifd_error_set(err, IFD_EINTERNAL,
                              "all-reduce: the cpu backend reduces the %lld gradient floats bound "
-                             "at open, got another vector of %lld floats",
+                             "at open, got a different vector (%lld floats)",
                              (long long)ar->n, (long long)n);
     int rc = ifd_cpu_allreduce_run(ar, rep->index);
     if (rc == IFD_ESTOPPED)
@@ -200,6 +200,10 @@ static void *replica_main(void *arg)
                 break;
             done++;
         }
+        /* A step that did not finish (input ended, stopped, failed) still spent its time. */
+        add64(&rep->infeed_wait_ns, rep->pending_in_ns);
+        add64(&rep->outfeed_wait_ns, rep->pending_out_ns);
+        add64(&rep->loop_ns, ifd_clock_ns() - last);
         rep->pending_in_ns = rep->pending_out_ns = 0;
         /* The outfeed thread is woken in bursts; the end of a loop hands over the rest. */
         ifd_queue_kick(rep->out_full);
@@ -407,8 +411,6 @@ static int cpu_run_loop(ifd_device *dev, int64_t n, int64_t *steps_done, ifd_err
     __atomic_store_n(&cd->ndone, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&cd->generation, cd->generation + 1, __ATOMIC_RELEASE);
     ifd_cond_broadcast(&cd->cmd_cv);
-    ifd_mutex_unlock(&cd->mu);
-    ifd_mutex_lock(&cd->mu);
     while (cd->ndone < cd->replicas)
         ifd_cond_wait(&cd->done_cv, &cd->mu);
     int64_t done = n;

@@ -1,5 +1,6 @@
 /* The session: loop schedule (stop at step), hook order, summaries, the end of the input, stop
  * requests. */
+#include "core/thread.h"
 #include "tests/util/testutil.h"
 
 #include <jansson.h>
@@ -688,6 +689,56 @@ START_TEST(enum_names_round_trip)
 }
 END_TEST
 
+static int sleep_after_run(void *arg, ifd_run_context *ctx, ifd_error *err)
+{
+    (void)arg;
+    (void)ctx;
+    (void)err;
+    struct timespec ts = {0, 20 * 1000000};
+    nanosleep(&ts, NULL);
+    return IFD_OK;
+}
+
+START_TEST(windows_tile_the_run)
+{
+    /* Windows are back to back: their seconds (steps / steps_per_sec) add up to the run's wall
+     * time, host time between loops included (here 20 ms after each of 4 loops). */
+    ifd_config cfg;
+    base_config(&cfg, 2, 2);
+    cfg.iterations_per_loop = 5;
+    cfg.num_steps = 20;
+    cfg.summary_every = 5;
+    live l = {.cfg = cfg};
+    ifd_hook h = {.name = "sleepy", .after_run = sleep_after_run};
+    int64_t t0 = ifd_clock_ns();
+    live_start(&l, &h);
+    for (int k = 0; k < 20; k++)
+        live_push(&l);
+    pthread_join(l.runner, NULL);
+    double wall = (double)(ifd_clock_ns() - t0) * 1e-9;
+    ck_assert_int_eq(l.rc, IFD_OK);
+    ck_assert_uint_eq(ifd_sink_memory_count(l.sink), 5);
+    double secs = 0.0;
+    for (size_t i = 0; i < 4; i++) {
+        char *line = ifd_sink_memory_get(l.sink, i);
+        json_error_t je;
+        json_t *j = json_loads(line, 0, &je);
+        double sps = jnum(j, "steps_per_sec");
+        ck_assert_msg(sps > 0.0, "window %zu: %g steps/s", i, sps);
+        secs += (double)jint(j, "steps") / sps;
+        json_decref(j);
+        free(line);
+    }
+    ck_assert_msg(secs >= 0.060 && secs <= wall, "windows add up to %.4f s; run %.4f s", secs,
+                  wall);
+    l.runner = pthread_self();
+    ifd_batch_queue_close(l.q);
+    ifd_session_destroy(l.s);
+    ifd_batch_queue_destroy(l.q);
+    ifd_sink_destroy(l.sink);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("session");
@@ -713,6 +764,7 @@ int main(void)
     tcase_add_test(tc, enum_names_round_trip);
     tcase_add_loop_test(tc, summaries_do_not_wait_for_more_input, 0, 3);
     tcase_add_test(tc, rates_come_from_when_steps_ran);
+    tcase_add_test(tc, windows_tile_the_run);
     tcase_add_test(tc, hook_stop_reason_reaches_the_end_summary);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
