@@ -2,9 +2,8 @@
 // build fails the build here, before the CUDA backend uses them. Nothing runs this kernel.
 #include "device/math.h"
 
-extern "C" __global__ void ifd_math_check_kernel(const float *logits, const int *labels,
-                                                 float *out, float *dlogits, long long rows,
-                                                 long long k)
+extern "C" __global__ void ifd_math_check_kernel(const float *logits, const int *labels, float *out,
+                                                 float *dlogits, long long rows, long long k)
 {
     long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x;
     if (r >= rows)

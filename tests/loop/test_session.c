@@ -489,6 +489,7 @@ typedef struct live {
     ifd_error err;
     ifd_rng rng;
     int64_t pushed;
+    int joined; /* the runner thread was joined already */
 } live;
 
 static void *live_run(void *arg)
@@ -534,7 +535,8 @@ static size_t live_wait_summaries(live *l, size_t n)
 static void live_finish(live *l)
 {
     ifd_batch_queue_close(l->q);
-    pthread_join(l->runner, NULL);
+    if (!l->joined)
+        pthread_join(l->runner, NULL);
     ifd_session_destroy(l->s);
     ifd_batch_queue_destroy(l->q);
     ifd_sink_destroy(l->sink);
@@ -627,11 +629,8 @@ START_TEST(hook_stop_reason_reaches_the_end_summary)
     ck_assert_int_eq(jint(end, "global_step"), 4);
     json_decref(end);
     free(line);
-    l.runner = pthread_self(); /* already joined */
-    ifd_batch_queue_close(l.q);
-    ifd_session_destroy(l.s);
-    ifd_batch_queue_destroy(l.q);
-    ifd_sink_destroy(l.sink);
+    l.joined = 1;
+    live_finish(&l);
 }
 END_TEST
 
@@ -731,11 +730,8 @@ START_TEST(windows_tile_the_run)
     }
     ck_assert_msg(secs >= 0.060 && secs <= wall, "windows add up to %.4f s; run %.4f s", secs,
                   wall);
-    l.runner = pthread_self();
-    ifd_batch_queue_close(l.q);
-    ifd_session_destroy(l.s);
-    ifd_batch_queue_destroy(l.q);
-    ifd_sink_destroy(l.sink);
+    l.joined = 1;
+    live_finish(&l);
 }
 END_TEST
 
