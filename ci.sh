@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, and runs every test with CTest, then runs
-# the suites again under AddressSanitizer, ThreadSanitizer and UndefinedBehaviorSanitizer builds.
+# the suites again under AddressSanitizer, ThreadSanitizer and UndefinedBehaviorSanitizer builds
+# (the CUDA code is compiled in the plain build only).
 #
 #   ./ci.sh              everything
 #   ./ci.sh --quick      the plain build's tests only
@@ -22,10 +23,10 @@ run_build() { # name, extra cmake args...
 
 run_build plain -DCMAKE_C_FLAGS=-Werror
 if [ "${1:-}" != "--quick" ]; then
-  run_build asan -DIFD_SANITIZE=address -DIFD_BUILD_BENCH=OFF
+  run_build asan -DIFD_SANITIZE=address -DIFD_BUILD_BENCH=OFF -DIFD_CUDA=OFF
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-    run_build tsan -DIFD_SANITIZE=thread -DIFD_BUILD_BENCH=OFF
+    run_build tsan -DIFD_SANITIZE=thread -DIFD_BUILD_BENCH=OFF -DIFD_CUDA=OFF
   UBSAN_OPTIONS="print_stacktrace=1" \
-    run_build ubsan -DIFD_SANITIZE=undefined -DIFD_BUILD_BENCH=OFF
+    run_build ubsan -DIFD_SANITIZE=undefined -DIFD_BUILD_BENCH=OFF -DIFD_CUDA=OFF
 fi
 echo "== all tests passed"
