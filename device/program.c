@@ -10,10 +10,11 @@
 
 extern const ifd_program_class ifd_program_linear;
 extern const ifd_program_class ifd_program_softmax;
+extern const ifd_program_class ifd_program_read;
 
-static const ifd_program_class *registry[MAX_PROGRAMS] = {&ifd_program_linear,
-                                                          &ifd_program_softmax};
-static int nregistered = 2;
+static const ifd_program_class *registry[MAX_PROGRAMS] = {&ifd_program_linear, &ifd_program_softmax,
+                                                          &ifd_program_read};
+static int nregistered = 3;
 
 int ifd_program_register(const ifd_program_class *cls)
 {

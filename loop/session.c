@@ -239,6 +239,13 @@ static void run_loops(ifd_session *s)
         int64_t done = 0;
         rc = ifd_device_run_loop(s->dev, n, &done, &e);
         ctx->global_step = ifd_device_global_step(s->dev);
+        if (rc == IFD_EEOF && __atomic_load_n(&s->stop_requested, __ATOMIC_ACQUIRE)) {
+            s->reason = IFD_END_STOPPED;
+            snprintf(s->message, sizeof s->message,
+                     "stop requested; the input was closed after global step %lld",
+                     (long long)ctx->global_step);
+            return;
+        }
         if (rc == IFD_EEOF) {
             s->reason = IFD_END_INPUT_ENDED;
             snprintf(s->message, sizeof s->message,
@@ -253,7 +260,7 @@ static void run_loops(ifd_session *s)
         }
         if (call_hooks(s, CB_AFTER_RUN))
             return;
-        ctx->loop_index++;
+        __atomic_store_n(&ctx->loop_index, ctx->loop_index + 1, __ATOMIC_RELAXED);
     }
 }
 
@@ -321,6 +328,16 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
 void ifd_session_request_stop(ifd_session *s)
 {
     __atomic_store_n(&s->stop_requested, 1, __ATOMIC_RELEASE);
+}
+
+void ifd_session_abort(ifd_session *s, const char *why)
+{
+    ifd_rendezvous_error(s->rv, "abort", IFD_ECANCELED, "%s", why ? why : "aborted");
+}
+
+int64_t ifd_session_loop_index(ifd_session *s)
+{
+    return __atomic_load_n(&s->ctx.loop_index, __ATOMIC_RELAXED);
 }
 
 int64_t ifd_session_global_step(ifd_session *s)

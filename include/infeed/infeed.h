@@ -231,8 +231,14 @@ int ifd_session_add_sink(ifd_session *s, ifd_sink *sink);
  * stays blocked until the queue is closed, so close it after the run before joining such a
  * producer. */
 int ifd_session_run(ifd_session *s, ifd_error *err);
-/* Any thread: end the run at the end of the current loop. */
+/* Any thread: end the run at the end of the current loop. When the loop then ends early because
+ * the input ended, the end reason is still "stopped". */
 void ifd_session_request_stop(ifd_session *s);
+/* Any thread: end the run now, as an error (IFD_ECANCELED, source "abort", with why as its
+ * sentence) unless a real error came first. Every thread wakes; ifd_session_run returns soon. */
+void ifd_session_abort(ifd_session *s, const char *why);
+/* Any thread: 0-based index of the loop running now (or the number of loops run). */
+int64_t ifd_session_loop_index(ifd_session *s);
 int64_t ifd_session_global_step(ifd_session *s);
 ifd_end_reason ifd_session_end_reason(ifd_session *s);
 const ifd_program *ifd_session_program(ifd_session *s);

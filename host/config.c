@@ -1,0 +1,593 @@
+#include "host/config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { K_STR, K_INT, K_I64, K_U64, K_F32, K_ENUM, K_BOOL, K_LOG } opt_kind;
+
+typedef struct opt {
+    const char *key; /* the JSON key; the flag is --key with '_' as '-' */
+    opt_kind kind;
+    size_t off;
+    const char *metavar;
+    const char *help;
+    const char *choices; /* K_ENUM, K_LOG: "a, b or c" */
+    int (*parse_enum)(const char *s, int *out);
+} opt;
+
+#define OFF(field) offsetof(ifd_daemon_config, field)
+
+static int parse_mode(const char *s, int *out)
+{
+    ifd_mode v;
+    int rc = ifd_mode_parse(s, &v);
+    *out = (int)v;
+    return rc;
+}
+static int parse_input_mode(const char *s, int *out)
+{
+    ifd_input_mode v;
+    int rc = ifd_input_mode_parse(s, &v);
+    *out = (int)v;
+    return rc;
+}
+static int parse_optimizer(const char *s, int *out)
+{
+    ifd_optimizer_kind v;
+    int rc = ifd_optimizer_parse(s, &v);
+    *out = (int)v;
+    return rc;
+}
+static int parse_reduction(const char *s, int *out)
+{
+    ifd_loss_reduction v;
+    int rc = ifd_loss_reduction_parse(s, &v);
+    *out = (int)v;
+    return rc;
+}
+
+static const char *mode_name(int v)
+{
+    return ifd_mode_name((ifd_mode)v);
+}
+static const char *input_mode_name(int v)
+{
+    return ifd_input_mode_name((ifd_input_mode)v);
+}
+static const char *optimizer_name(int v)
+{
+    return ifd_optimizer_name((ifd_optimizer_kind)v);
+}
+static const char *reduction_name(int v)
+{
+    return ifd_loss_reduction_name((ifd_loss_reduction)v);
+}
+
+static const opt opts[] = {
+    {"listen", K_STR, OFF(listen), "ENDPOINT", "ingest ROUTER endpoint producers connect to", NULL,
+     NULL},
+    {"publish", K_STR, OFF(publish), "ENDPOINT", "summaries PUB endpoint (\"\" disables it)", NULL,
+     NULL},
+    {"control", K_STR, OFF(control), "ENDPOINT",
+     "control REP endpoint: {\"cmd\":\"status\"} or {\"cmd\":\"stop\"} (\"\" disables it)", NULL,
+     NULL},
+    {"summaries", K_STR, OFF(summaries), "PATH",
+     "also append every summary to this JSON Lines file", NULL, NULL},
+    {"backend", K_STR, OFF(run.backend), "NAME", "device backend: cpu or cuda", NULL, NULL},
+    {"replicas", K_INT, OFF(run.replicas), "N", "replicas (cpu: threads; cuda: GPUs)", NULL, NULL},
+    {"program", K_STR, OFF(run.program), "NAME", "the model: linear, softmax or read (benchmark)",
+     NULL, NULL},
+    {"features", K_I64, OFF(run.settings.features), "D", "program setting: columns of x", NULL,
+     NULL},
+    {"classes", K_I64, OFF(run.settings.classes), "K",
+     "program setting: classes (softmax) or outputs (linear)", NULL, NULL},
+    {"hidden", K_I64, OFF(run.settings.hidden), "H",
+     "program setting: hidden width (mlp, a later version)", NULL, NULL},
+    {"mode", K_ENUM, OFF(run.mode), "MODE", "train (eval and predict come in a later version)",
+     "train, eval or predict", parse_mode},
+    {"input_mode", K_ENUM, OFF(run.input_mode), "MODE",
+     "how batches are sharded: per-host (the others come in a later version)",
+     "per-host, per-host-v2, per-core or broadcast", parse_input_mode},
+    {"batch_size", K_I64, OFF(run.batch_size), "ROWS",
+     "global batch size: rows in every batch, divisible by replicas", NULL, NULL},
+    {"iterations_per_loop", K_I64, OFF(run.iterations_per_loop), "N",
+     "steps per device loop without a host round trip", NULL, NULL},
+    {"steps", K_I64, OFF(run.num_steps), "N", "steps to run (exactly one of steps and last_step)",
+     NULL, NULL},
+    {"last_step", K_I64, OFF(run.last_step), "N", "the global step to stop at", NULL, NULL},
+    {"initial_global_step", K_I64, OFF(run.initial_global_step), "N",
+     "the global step the run starts from", NULL, NULL},
+    {"optimizer", K_ENUM, OFF(run.optimizer.kind), "NAME", "sgd, momentum or adam",
+     "sgd, momentum or adam", parse_optimizer},
+    {"learning_rate", K_F32, OFF(run.optimizer.learning_rate), "LR", "learning rate", NULL, NULL},
+    {"momentum", K_F32, OFF(run.optimizer.momentum), "M", "momentum optimizer: momentum", NULL,
+     NULL},
+    {"beta1", K_F32, OFF(run.optimizer.beta1), "B1", "adam: beta1", NULL, NULL},
+    {"beta2", K_F32, OFF(run.optimizer.beta2), "B2", "adam: beta2", NULL, NULL},
+    {"epsilon", K_F32, OFF(run.optimizer.epsilon), "EPS", "adam: epsilon", NULL, NULL},
+    {"loss_reduction", K_ENUM, OFF(run.loss_reduction), "R",
+     "mean (loss scaled by 1/replicas) or sum", "mean or sum", parse_reduction},
+    {"summary_every", K_I64, OFF(run.summary_every), "N",
+     "steps between train summaries (0: only at the end)", NULL, NULL},
+    {"seed", K_U64, OFF(run.seed), "S", "seed of the parameter initialisation", NULL, NULL},
+    {"infeed_depth", K_INT, OFF(run.infeed_depth), "N", "shards buffered per replica", NULL, NULL},
+    {"outfeed_depth", K_INT, OFF(run.outfeed_depth), "N", "step records buffered per replica", NULL,
+     NULL},
+    {"credit", K_INT, OFF(credit), "N", "batches a producer may have in flight", NULL, NULL},
+    {"max_producers", K_INT, OFF(max_producers), "N", "producers connected at once", NULL, NULL},
+    {"log_level", K_LOG, OFF(log_level), "LEVEL", "error, warn, info or debug",
+     "error, warn, info or debug", NULL},
+    {"cuda_graphs", K_BOOL, OFF(cuda_graphs), "on|off",
+     "cuda backend: capture each step in a CUDA Graph", NULL, NULL},
+};
+
+#define NOPTS ((int)(sizeof opts / sizeof opts[0]))
+
+void ifd_daemon_config_defaults(ifd_daemon_config *c)
+{
+    memset(c, 0, sizeof *c);
+    ifd_config_defaults(&c->run);
+    c->listen = "tcp://127.0.0.1:5555";
+    c->publish = "tcp://127.0.0.1:5556";
+    c->control = "tcp://127.0.0.1:5557";
+    c->summaries = NULL;
+    c->credit = 8;
+    c->max_producers = 64;
+    c->log_level = IFD_LOG_INFO;
+    c->cuda_graphs = 1;
+}
+
+void ifd_daemon_config_free(ifd_daemon_config *c)
+{
+    for (int i = 0; i < c->nstrings; i++)
+        free(c->strings[i]);
+    c->nstrings = 0;
+}
+
+static const opt *find_key(const char *key, size_t len)
+{
+    for (int i = 0; i < NOPTS; i++)
+        if (strlen(opts[i].key) == len && strncmp(opts[i].key, key, len) == 0)
+            return &opts[i];
+    return NULL;
+}
+
+/* --iterations-per-loop -> iterations_per_loop */
+static const opt *find_flag(const char *flag, size_t len)
+{
+    char key[64];
+    if (len >= sizeof key)
+        return NULL;
+    for (size_t i = 0; i < len; i++)
+        key[i] = flag[i] == '-' ? '_' : flag[i];
+    return find_key(key, len);
+}
+
+static void flag_name(const opt *o, char *buf, size_t len)
+{
+    snprintf(buf, len, "--%s", o->key);
+    for (char *p = buf + 2; *p; p++)
+        if (*p == '_')
+            *p = '-';
+}
+
+static int parse_i64(const char *s, int64_t *out)
+{
+    if (s == NULL || *s == '\0')
+        return IFD_EINVAL;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end != '\0')
+        return IFD_EINVAL;
+    *out = v;
+    return IFD_OK;
+}
+
+/* Sets o from its text form. where: "flag --x" or "config file f: key 'x'". */
+static int set_value(ifd_daemon_config *c, const opt *o, const char *val, const char *where,
+                     ifd_error *err)
+{
+    char *field = (char *)c + o->off;
+    int64_t i64;
+    switch (o->kind) {
+    case K_STR: {
+        if (c->nstrings == (int)(sizeof c->strings / sizeof c->strings[0]))
+            return ifd_error_set(err, IFD_EINVAL, "%s: too many string values", where);
+        char *copy = strdup(val);
+        if (copy == NULL)
+            return ifd_error_set(err, IFD_ENOMEM, "%s", where);
+        c->strings[c->nstrings++] = copy;
+        *(const char **)field = copy;
+        return IFD_OK;
+    }
+    case K_INT:
+        if (parse_i64(val, &i64) || i64 < INT32_MIN || i64 > INT32_MAX)
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected an integer, got '%s'", where, val);
+        *(int *)field = (int)i64;
+        return IFD_OK;
+    case K_I64:
+        if (parse_i64(val, &i64))
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected an integer, got '%s'", where, val);
+        *(int64_t *)field = i64;
+        return IFD_OK;
+    case K_U64: {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(val, &end, 10);
+        if (*val == '\0' || *val == '-' || errno || *end != '\0')
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "%s: expected an integer from 0 to 2^64-1, got '%s'", where, val);
+        *(uint64_t *)field = v;
+        return IFD_OK;
+    }
+    case K_F32: {
+        char *end;
+        errno = 0;
+        double v = strtod(val, &end);
+        if (*val == '\0' || errno || *end != '\0' || !isfinite(v))
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected a number, got '%s'", where, val);
+        *(float *)field = (float)v;
+        return IFD_OK;
+    }
+    case K_ENUM: {
+        int v;
+        if (o->parse_enum(val, &v))
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected %s, got '%s'", where, o->choices,
+                                 val);
+        *(int *)field = v;
+        return IFD_OK;
+    }
+    case K_LOG: {
+        int v;
+        if (ifd_log_level_parse(val, &v))
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected %s, got '%s'", where, o->choices,
+                                 val);
+        *(int *)field = v;
+        return IFD_OK;
+    }
+    case K_BOOL:
+        if (strcmp(val, "on") == 0 || strcmp(val, "true") == 0 || strcmp(val, "1") == 0)
+            *(int *)field = 1;
+        else if (strcmp(val, "off") == 0 || strcmp(val, "false") == 0 || strcmp(val, "0") == 0)
+            *(int *)field = 0;
+        else
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected on or off, got '%s'", where, val);
+        return IFD_OK;
+    }
+    return ifd_error_set(err, IFD_EINTERNAL, "%s: unknown kind", where);
+}
+
+static const char *json_type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a number with a fraction";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "a boolean";
+    case JSON_NULL:
+        return "null";
+    }
+    return "?";
+}
+
+int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const char *source,
+                                 ifd_error *err)
+{
+    json_error_t je;
+    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+    if (root == NULL)
+        return ifd_error_set(err, IFD_EINVAL, "%s: line %d, column %d: %s", source, je.line,
+                             je.column, je.text);
+    int rc = IFD_OK;
+    if (!json_is_object(root)) {
+        rc = ifd_error_set(err, IFD_EINVAL, "%s: expected a JSON object of config keys, got %s",
+                           source, json_type_name(root));
+        goto done;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v)
+    {
+        const opt *o = find_key(key, strlen(key));
+        char where[160];
+        snprintf(where, sizeof where, "%s: key '%s'", source, key);
+        if (o == NULL) {
+            rc = ifd_error_set(err, IFD_EINVAL,
+                               "%s: unknown key '%s' (the keys are the flags of infeedd --help "
+                               "with '_' for '-')",
+                               source, key);
+            goto done;
+        }
+        char buf[64];
+        const char *val = NULL, *want = NULL;
+        switch (o->kind) {
+        case K_STR:
+        case K_ENUM:
+        case K_LOG:
+            if (json_is_string(v))
+                val = json_string_value(v);
+            else
+                want = "a string";
+            break;
+        case K_INT:
+        case K_I64:
+        case K_U64:
+            if (json_is_integer(v)) {
+                snprintf(buf, sizeof buf, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+                val = buf;
+            } else {
+                want = "an integer";
+            }
+            break;
+        case K_F32:
+            if (json_is_number(v)) {
+                snprintf(buf, sizeof buf, "%.17g", json_number_value(v));
+                val = buf;
+            } else {
+                want = "a number";
+            }
+            break;
+        case K_BOOL:
+            if (json_is_boolean(v))
+                val = json_is_true(v) ? "on" : "off";
+            else if (json_is_string(v))
+                val = json_string_value(v);
+            else
+                want = "true or false";
+            break;
+        }
+        if (want) {
+            rc = ifd_error_set(err, IFD_EINVAL, "%s: expected %s, got %s", where, want,
+                               json_type_name(v));
+            goto done;
+        }
+        rc = set_value(c, o, val, where, err);
+        if (rc)
+            goto done;
+    }
+done:
+    json_decref(root);
+    return rc;
+}
+
+static int load_file(ifd_daemon_config *c, const char *path, ifd_error *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return ifd_error_set(err, IFD_EINVAL, "--config: cannot open '%s': %s", path,
+                             strerror(errno));
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    int rc = IFD_OK;
+    for (;;) {
+        if (len + 4096 + 1 > cap) {
+            cap = cap ? 2 * cap : 8192;
+            if (cap > (1u << 24)) {
+                rc = ifd_error_set(err, IFD_EINVAL, "--config: '%s' is larger than 16 MiB", path);
+                goto out;
+            }
+            char *t = realloc(text, cap);
+            if (t == NULL) {
+                rc = ifd_error_set(err, IFD_ENOMEM, "--config: '%s'", path);
+                goto out;
+            }
+            text = t;
+        }
+        size_t n = fread(text + len, 1, cap - len - 1, f);
+        len += n;
+        if (n == 0)
+            break;
+    }
+    if (ferror(f)) {
+        rc = ifd_error_set(err, IFD_EINVAL, "--config: cannot read '%s'", path);
+        goto out;
+    }
+    text[len] = '\0';
+    char source[300];
+    snprintf(source, sizeof source, "config file %s", path);
+    rc = ifd_daemon_config_apply_json(c, text, source, err);
+out:
+    free(text);
+    fclose(f);
+    return rc;
+}
+
+/* Splits "--key=value" or "--key value"; *val is NULL when the value is missing. */
+static int flag_at(int argc, char **argv, int *i, const char **name, size_t *name_len,
+                   const char **val, ifd_error *err)
+{
+    const char *a = argv[*i];
+    if (strncmp(a, "--", 2) != 0 || a[2] == '\0')
+        return ifd_error_set(err, IFD_EINVAL,
+                             "unexpected argument '%s': infeedd takes only flags (see --help)", a);
+    *name = a + 2;
+    const char *eq = strchr(*name, '=');
+    *name_len = eq ? (size_t)(eq - *name) : strlen(*name);
+    *val = eq ? eq + 1 : NULL;
+    if (*val == NULL && *i + 1 < argc)
+        *val = argv[++*i];
+    return IFD_OK;
+}
+
+int ifd_daemon_config_parse(ifd_daemon_config *c, int argc, char **argv, FILE *out, int *exit_now,
+                            ifd_error *err)
+{
+    *exit_now = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            ifd_daemon_config_usage(out);
+            *exit_now = 1;
+            return IFD_OK;
+        }
+        if (strcmp(argv[i], "--version") == 0) {
+            fprintf(out, "infeedd %s (protocol 1)\n", IFD_VERSION_STRING);
+            *exit_now = 1;
+            return IFD_OK;
+        }
+    }
+    /* The file first, wherever --config stands. */
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0 || strncmp(argv[i], "--config=", 9) == 0) {
+            const char *path = argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[++i] : NULL);
+            if (path == NULL || *path == '\0')
+                return ifd_error_set(err, IFD_EINVAL, "flag --config: expected a file name");
+            int rc = load_file(c, path, err);
+            if (rc)
+                return rc;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *name = NULL, *val = NULL;
+        size_t len = 0;
+        int rc = flag_at(argc, argv, &i, &name, &len, &val, err);
+        if (rc)
+            return rc;
+        if (len == 6 && strncmp(name, "config", 6) == 0)
+            continue;
+        const opt *o = find_flag(name, len);
+        if (o == NULL)
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "unknown flag '--%.*s' (infeedd --help lists them)", (int)len,
+                                 name);
+        char where[80];
+        flag_name(o, where + 5, sizeof where - 5);
+        memcpy(where, "flag ", 5);
+        if (val == NULL)
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected a value (%s)", where, o->metavar);
+        rc = set_value(c, o, val, where, err);
+        if (rc)
+            return rc;
+    }
+    return ifd_daemon_config_validate(c, err);
+}
+
+int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
+{
+    /* The runtime names the key num_steps, the daemon steps: check that pair here, and the rest
+     * with the runtime's pass in the order it uses. */
+    ifd_config r = c->run;
+    int steps_bad = r.num_steps < 0 || r.last_step < 0 ||
+                    (r.mode == IFD_MODE_TRAIN && (r.num_steps > 0) == (r.last_step > 0));
+    if (steps_bad) {
+        r.num_steps = 1;
+        r.last_step = 0;
+    }
+    if (ifd_config_validate(&r, err))
+        return IFD_EINVAL;
+    if (c->run.num_steps < 0)
+        return ifd_error_set(err, IFD_EINVAL, "steps: expected a positive integer, got %lld",
+                             (long long)c->run.num_steps);
+    if (c->run.last_step < 0)
+        return ifd_error_set(err, IFD_EINVAL, "last_step: expected a positive integer, got %lld",
+                             (long long)c->run.last_step);
+    if (steps_bad)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "steps and last_step: expected exactly one of them, got %s",
+                             c->run.num_steps > 0 ? "both" : "neither");
+    ifd_program p;
+    if (ifd_program_init(&p, r.program, &r.settings, err))
+        return IFD_EINVAL;
+    if (c->listen == NULL || c->listen[0] == '\0')
+        return ifd_error_set(err, IFD_EINVAL, "listen: expected a ZeroMQ endpoint, got ''");
+    if (c->credit < 1 || c->credit > 65536)
+        return ifd_error_set(err, IFD_EINVAL, "credit: expected 1 to 65536, got %d", c->credit);
+    if (c->max_producers < 1 || c->max_producers > 4096)
+        return ifd_error_set(err, IFD_EINVAL, "max_producers: expected 1 to 4096, got %d",
+                             c->max_producers);
+    return IFD_OK;
+}
+
+static void format_default(const opt *o, const ifd_daemon_config *d, char *buf, size_t len)
+{
+    const char *field = (const char *)d + o->off;
+    switch (o->kind) {
+    case K_STR: {
+        const char *s = *(const char *const *)field;
+        snprintf(buf, len, "%s", s == NULL ? "none" : s[0] ? s : "\"\"");
+        return;
+    }
+    case K_INT:
+        snprintf(buf, len, "%d", *(const int *)field);
+        return;
+    case K_I64: {
+        int64_t v = *(const int64_t *)field;
+        if (v == 0 && (strcmp(o->key, "steps") == 0 || strcmp(o->key, "last_step") == 0 ||
+                       strcmp(o->key, "features") == 0 || strcmp(o->key, "classes") == 0 ||
+                       strcmp(o->key, "hidden") == 0))
+            snprintf(buf, len, "unset");
+        else
+            snprintf(buf, len, "%" PRId64, v);
+        return;
+    }
+    case K_U64:
+        snprintf(buf, len, "%" PRIu64, *(const uint64_t *)field);
+        return;
+    case K_F32:
+        snprintf(buf, len, "%g", (double)*(const float *)field);
+        return;
+    case K_ENUM: {
+        int v = *(const int *)field;
+        const char *name = o->parse_enum == parse_mode         ? mode_name(v)
+                           : o->parse_enum == parse_input_mode ? input_mode_name(v)
+                           : o->parse_enum == parse_optimizer  ? optimizer_name(v)
+                                                               : reduction_name(v);
+        snprintf(buf, len, "%s", name);
+        return;
+    }
+    case K_LOG:
+        snprintf(buf, len, "%s", ifd_log_level_name(*(const int *)field));
+        return;
+    case K_BOOL:
+        snprintf(buf, len, "%s", *(const int *)field ? "on" : "off");
+        return;
+    }
+}
+
+void ifd_daemon_config_usage(FILE *out)
+{
+    ifd_daemon_config d;
+    ifd_daemon_config_defaults(&d);
+    fprintf(out,
+            "Usage: infeedd [--config FILE.json] [flags]\n"
+            "\n"
+            "The infeed host daemon: producers stream batches to --listen (docs/protocol.md); the\n"
+            "daemon shards them over the replicas, runs device loops of --iterations-per-loop\n"
+            "steps and publishes JSON summaries on --publish and to --summaries.\n"
+            "\n"
+            "Settings apply in this order: defaults, the --config file (a JSON object whose keys\n"
+            "are the flag names with '_' for '-'), then the flags. Flags take '--flag VALUE' or\n"
+            "'--flag=VALUE'.\n"
+            "\n"
+            "  --config FILE.json                     config file (applied before the flags)\n");
+    for (int i = 0; i < NOPTS; i++) {
+        char flag[64], left[96], def[96];
+        flag_name(&opts[i], flag, sizeof flag);
+        snprintf(left, sizeof left, "%s %s", flag, opts[i].metavar);
+        format_default(&opts[i], &d, def, sizeof def);
+        fprintf(out, "  %-38s %s (default: %s)\n", left, opts[i].help, def);
+    }
+    fprintf(out,
+            "  --help                                 this text\n"
+            "  --version                              the version and the protocol version\n"
+            "\n"
+            "Signals: SIGINT or SIGTERM stops at the end of the current loop, flushes the\n"
+            "summaries, writes the end event and exits 0; a second signal aborts at once.\n"
+            "Exit status: 0 the run ended well; 1 a runtime error (the end summary carries it);\n"
+            "2 a usage or config error.\n");
+    ifd_daemon_config_free(&d);
+}

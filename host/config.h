@@ -1,0 +1,53 @@
+/*
+ * infeedd's configuration: the runtime's ifd_config plus the daemon's own keys (endpoints,
+ * credit, logging). One table (host/config.c) drives the JSON file keys, the command-line flags,
+ * --help and the defaults it prints, so they cannot drift apart:
+ *
+ *   defaults -> the JSON file (--config) -> flags -> one validation pass
+ *
+ * Every error names the key (or flag), what was expected and what was given.
+ */
+#ifndef IFD_HOST_CONFIG_H
+#define IFD_HOST_CONFIG_H
+
+#include "infeed/infeed.h"
+
+#include <stdio.h>
+
+typedef struct ifd_daemon_config {
+    ifd_config run;
+    const char *listen;    /* ingest ROUTER endpoint */
+    const char *publish;   /* summaries PUB endpoint; "" disables it */
+    const char *control;   /* control REP endpoint; "" disables it */
+    const char *summaries; /* JSON Lines path; NULL: none */
+    int credit;            /* batches a producer may have in flight */
+    int max_producers;
+    int log_level;
+    int cuda_graphs;   /* cuda backend: capture each step in a CUDA Graph */
+    char *strings[64]; /* owned copies of string values */
+    int nstrings;
+} ifd_daemon_config;
+
+void ifd_daemon_config_defaults(ifd_daemon_config *c);
+void ifd_daemon_config_free(ifd_daemon_config *c);
+
+/*
+ * Parses argv into c (which holds the defaults): the file named by --config first, then every
+ * flag in order, then the validation pass. Returns IFD_OK; or IFD_EINVAL with err filled for a
+ * usage or config error (exit status 2); *exit_now is set to 1 after --help or --version (which
+ * print to out and want exit status 0).
+ */
+int ifd_daemon_config_parse(ifd_daemon_config *c, int argc, char **argv, FILE *out, int *exit_now,
+                            ifd_error *err);
+
+/* Applies a JSON object of config keys (the file's format). source names it in errors. */
+int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const char *source,
+                                 ifd_error *err);
+
+/* The validation pass: the runtime's checks, the program's settings, the daemon's keys. */
+int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err);
+
+/* Writes --help. */
+void ifd_daemon_config_usage(FILE *out);
+
+#endif

@@ -1,0 +1,1237 @@
+#include "host/ingest.h"
+
+#include "core/log.h"
+#include "core/thread.h"
+#include "host/protocol.h"
+#include "infeed/infeed_internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define MAX_PARTS (IFD_MAX_INPUTS + 2) /* routing id, header, tensors */
+#define RECV_BURST 256                 /* messages handled before polling the others again */
+#define OUTBOX_MAX 4096                /* summaries waiting for the PUB socket */
+#define STOP_GRACE_NS 1000000000LL     /* a stop waits this long for input before closing it */
+#define RID_MAX 256
+
+typedef struct host_batch host_batch;
+
+/* A producer's connection: its ROUTER routing id. */
+typedef struct producer_rid {
+    const uint8_t *rid;
+    size_t len;
+} producer_rid;
+
+typedef struct producer {
+    int used;
+    char name[IFD_PROTO_NAME_MAX + 1];
+    uint8_t rid[RID_MAX];
+    size_t rid_len;
+    int welcomed, ended;
+    int credit;       /* batches it may still send */
+    int in_flight;    /* accepted, not acknowledged */
+    int64_t last_seq; /* highest accepted */
+    int64_t acked_seq;
+    int64_t accepted, rejected;
+    host_batch *head, *tail; /* accepted, in order, until acknowledged */
+} producer;
+
+struct host_batch {
+    ifd_batch b;
+    ifd_ingest *g;
+    producer *p;
+    int done; /* atomic: released by the runtime */
+    int nframes;
+    zmq_msg_t frames[IFD_MAX_INPUTS];
+    void *copies[IFD_MAX_INPUTS];
+    char name[IFD_PROTO_NAME_MAX + 1];
+    host_batch *pnext; /* the producer's list */
+    host_batch *qnext; /* the source FIFO */
+};
+
+typedef struct outmsg {
+    struct outmsg *next;
+    size_t len;
+    char json[];
+} outmsg;
+
+struct ifd_ingest {
+    const ifd_daemon_config *cfg;
+    volatile sig_atomic_t *signals;
+    void *zctx;
+    void *router, *pub, *rep;
+    int efd;
+    ifd_session *session;
+    const ifd_program *program;
+    ifd_thread thread;
+    int started;
+    size_t max_frame;
+
+    producer *producers;
+    int nproducers; /* slots in use */
+    int64_t next_anon;
+    int ever_welcomed;
+    int input_closed;
+    int handled_signals;
+    int64_t stop_ns; /* when a stop was asked, 0: none */
+    int64_t accepted, rejected, copied_bytes;
+    double steps_per_sec, examples_per_sec;
+    int64_t last_summary_step;
+
+    /* the source FIFO */
+    ifd_mutex qmu;
+    ifd_cond qcv;
+    host_batch *qhead, *qtail;
+    size_t qlen;
+    int qclosed, qaborted;
+
+    /* the outbox, from other threads */
+    ifd_mutex omu;
+    outmsg *ohead, *otail;
+    size_t olen;
+    int64_t odropped;
+    int acks_pending; /* atomic */
+    int finishing;    /* under omu */
+    int fin_code;
+    char fin_reason[32];
+    char fin_message[512];
+
+    ifd_sink *pub_sink;
+};
+
+/* ---- small helpers ------------------------------------------------------------------------ */
+
+void ifd_ingest_wake(ifd_ingest *g)
+{
+    uint64_t one = 1;
+    ssize_t n = write(g->efd, &one, sizeof one);
+    (void)n; /* EAGAIN: the counter is already non-zero, the thread will wake */
+}
+
+static int zerr(ifd_error *err, const char *what, const char *endpoint)
+{
+    return ifd_error_set(err, IFD_EIO, "%s: cannot bind '%s': %s", what, endpoint,
+                         zmq_strerror(zmq_errno()));
+}
+
+static void send_parts(ifd_ingest *g, const producer_rid *to, const void *hdr, size_t hlen,
+                       const char *json)
+{
+    if (zmq_send(g->router, to->rid, to->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+        return;
+    if (zmq_send(g->router, hdr, hlen, (json ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
+        return;
+    if (json)
+        zmq_send(g->router, json, strlen(json), ZMQ_DONTWAIT);
+}
+
+static void send_json(ifd_ingest *g, const producer_rid *to, int type, json_t *j)
+{
+    uint8_t hdr[IFD_PROTO_HDR];
+    ifd_proto_header(hdr, type);
+    char *text = json_dumps(j, JSON_COMPACT);
+    json_decref(j);
+    if (text) {
+        send_parts(g, to, hdr, sizeof hdr, text);
+        free(text);
+    }
+}
+
+/* ERROR: code, seq (< 0: null), credit returned, and the sentence. */
+static void send_error(ifd_ingest *g, const producer_rid *to, int code, int64_t seq, int credit,
+                       const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static void send_error(ifd_ingest *g, const producer_rid *to, int code, int64_t seq, int credit,
+                       const char *fmt, ...)
+{
+    char msg[IFD_ERROR_MSG_MAX];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    IFD_LOG_DEBUG("ERROR %s: %s", ifd_errname(code), msg);
+    json_t *j = json_object();
+    json_object_set_new(j, "code", json_string(ifd_errname(code)));
+    json_object_set_new(j, "seq", seq >= 0 ? json_integer(seq) : json_null());
+    json_object_set_new(j, "credit", json_integer(credit));
+    json_object_set_new(j, "message", json_string(msg));
+    send_json(g, to, IFD_MSG_ERROR, j);
+}
+
+static void send_credit_msg(ifd_ingest *g, const producer_rid *to, int type, int64_t seq)
+{
+    uint8_t hdr[IFD_PROTO_ACK_HDR];
+    size_t len = type == IFD_MSG_ACK ? ifd_proto_ack(hdr, seq, 1) : ifd_proto_credit(hdr, 1);
+    send_parts(g, to, hdr, len, NULL);
+}
+
+static producer_rid rid_of(const producer *p)
+{
+    producer_rid r = {.rid = p->rid, .len = p->rid_len};
+    return r;
+}
+
+static producer *find_by_rid(ifd_ingest *g, const producer_rid *r)
+{
+    for (int i = 0; i < g->cfg->max_producers; i++) {
+        producer *p = &g->producers[i];
+        if (p->used && p->rid_len == r->len && memcmp(p->rid, r->rid, r->len) == 0)
+            return p;
+    }
+    return NULL;
+}
+
+static producer *find_by_name(ifd_ingest *g, const char *name)
+{
+    for (int i = 0; i < g->cfg->max_producers; i++)
+        if (g->producers[i].used && strcmp(g->producers[i].name, name) == 0)
+            return &g->producers[i];
+    return NULL;
+}
+
+/* A free slot, reusing one whose producer ended with nothing in flight. */
+static producer *new_slot(ifd_ingest *g)
+{
+    for (int i = 0; i < g->cfg->max_producers; i++)
+        if (!g->producers[i].used)
+            return &g->producers[i];
+    for (int i = 0; i < g->cfg->max_producers; i++) {
+        producer *p = &g->producers[i];
+        if (p->ended && p->in_flight == 0) {
+            memset(p, 0, sizeof *p);
+            return p;
+        }
+    }
+    return NULL;
+}
+
+/* ---- the batch source ----------------------------------------------------------------------- */
+
+static void host_batch_free_frames(host_batch *hb)
+{
+    for (int i = 0; i < hb->nframes; i++) {
+        zmq_msg_close(&hb->frames[i]);
+        free(hb->copies[i]);
+        hb->copies[i] = NULL;
+    }
+    hb->nframes = 0;
+}
+
+/* The runtime's release: any thread, once. */
+static void host_batch_release(ifd_batch *b, void *arg)
+{
+    (void)b;
+    host_batch *hb = arg;
+    ifd_ingest *g = hb->g;
+    host_batch_free_frames(hb);
+    __atomic_store_n(&hb->done, 1, __ATOMIC_RELEASE);
+    if (__atomic_exchange_n(&g->acks_pending, 1, __ATOMIC_ACQ_REL) == 0)
+        ifd_ingest_wake(g);
+}
+
+static int src_pop(ifd_ingest *g, ifd_batch **out, int wait)
+{
+    ifd_mutex_lock(&g->qmu);
+    while (wait && g->qhead == NULL && !g->qclosed && !g->qaborted)
+        ifd_cond_wait(&g->qcv, &g->qmu);
+    int rc;
+    if (g->qaborted) {
+        rc = IFD_ESTOPPED;
+    } else if (g->qhead) {
+        host_batch *hb = g->qhead;
+        g->qhead = hb->qnext;
+        if (g->qhead == NULL)
+            g->qtail = NULL;
+        g->qlen--;
+        *out = &hb->b;
+        rc = IFD_OK;
+    } else {
+        rc = g->qclosed ? IFD_EEOF : IFD_ETIMEDOUT;
+    }
+    ifd_mutex_unlock(&g->qmu);
+    return rc;
+}
+
+static int src_next(void *ctx, ifd_batch **out, ifd_error *err)
+{
+    (void)err;
+    return src_pop(ctx, out, 1);
+}
+
+static int src_try_next(void *ctx, ifd_batch **out, ifd_error *err)
+{
+    (void)err;
+    return src_pop(ctx, out, 0);
+}
+
+static void src_abort(void *ctx)
+{
+    ifd_ingest *g = ctx;
+    ifd_mutex_lock(&g->qmu);
+    g->qaborted = 1;
+    ifd_cond_broadcast(&g->qcv);
+    ifd_mutex_unlock(&g->qmu);
+}
+
+static void src_push(ifd_ingest *g, host_batch *hb)
+{
+    ifd_mutex_lock(&g->qmu);
+    hb->qnext = NULL;
+    if (g->qtail)
+        g->qtail->qnext = hb;
+    else
+        g->qhead = hb;
+    g->qtail = hb;
+    g->qlen++;
+    ifd_cond_signal(&g->qcv);
+    ifd_mutex_unlock(&g->qmu);
+}
+
+static void close_input(ifd_ingest *g, const char *why)
+{
+    if (g->input_closed)
+        return;
+    g->input_closed = 1;
+    IFD_LOG_INFO("input closed: %s", why);
+    ifd_mutex_lock(&g->qmu);
+    g->qclosed = 1;
+    ifd_cond_broadcast(&g->qcv);
+    ifd_mutex_unlock(&g->qmu);
+}
+
+static const ifd_batch_source_ops src_ops = {
+    .next = src_next,
+    .abort = src_abort,
+    .try_next = src_try_next,
+};
+
+ifd_batch_source ifd_ingest_source(ifd_ingest *g)
+{
+    ifd_batch_source s = {.ops = &src_ops, .ctx = g};
+    return s;
+}
+
+/* ---- the PUB sink ----------------------------------------------------------------------- */
+
+static int pub_write(void *ctx, const char *json, size_t len, ifd_error *err)
+{
+    (void)err;
+    ifd_ingest *g = ctx;
+    outmsg *m = malloc(sizeof *m + len + 1);
+    if (m == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "publish");
+    m->next = NULL;
+    m->len = len;
+    memcpy(m->json, json, len);
+    m->json[len] = '\0';
+    ifd_mutex_lock(&g->omu);
+    if (g->olen == OUTBOX_MAX) { /* the I/O thread is behind: the oldest is not published */
+        outmsg *old = g->ohead;
+        g->ohead = old->next;
+        g->olen--;
+        g->odropped++;
+        free(old);
+        if (g->ohead == NULL)
+            g->otail = NULL;
+    }
+    if (g->otail)
+        g->otail->next = m;
+    else
+        g->ohead = m;
+    g->otail = m;
+    g->olen++;
+    ifd_mutex_unlock(&g->omu);
+    ifd_ingest_wake(g);
+    return IFD_OK;
+}
+
+static int pub_flush(void *ctx, ifd_error *err)
+{
+    (void)ctx;
+    (void)err;
+    return IFD_OK;
+}
+
+static void pub_destroy(void *ctx)
+{
+    (void)ctx;
+}
+
+static const ifd_sink_ops pub_ops = {
+    .write = pub_write, .flush = pub_flush, .destroy = pub_destroy};
+
+ifd_sink *ifd_ingest_pub_sink(ifd_ingest *g)
+{
+    return g->pub_sink;
+}
+
+/* ---- create / destroy ------------------------------------------------------------------- */
+
+static size_t largest_frame(const ifd_daemon_config *c)
+{
+    ifd_program p;
+    if (ifd_program_init(&p, c->run.program, &c->run.settings, NULL))
+        return 0;
+    size_t most = 0;
+    for (int i = 0; i < p.ninputs; i++) {
+        size_t row = ifd_dtype_size(p.inputs[i].dtype);
+        for (int d = 0; d < p.inputs[i].rank; d++)
+            row *= (size_t)p.inputs[i].dims[d];
+        if (row * (size_t)c->run.batch_size > most)
+            most = row * (size_t)c->run.batch_size;
+    }
+    return most;
+}
+
+int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, volatile sig_atomic_t *signals,
+                      ifd_error *err)
+{
+    *out = NULL;
+    ifd_ingest *g = calloc(1, sizeof *g);
+    if (g == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "ingest");
+    g->cfg = c;
+    g->signals = signals;
+    g->efd = -1;
+    ifd_mutex_init(&g->qmu);
+    ifd_cond_init(&g->qcv);
+    ifd_mutex_init(&g->omu);
+    int rc;
+    g->producers = calloc((size_t)c->max_producers, sizeof *g->producers);
+    if (g->producers == NULL) {
+        rc = ifd_error_set(err, IFD_ENOMEM, "ingest: producer table");
+        goto fail;
+    }
+    g->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (g->efd < 0) {
+        rc = ifd_error_set(err, IFD_EIO, "ingest: eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    g->zctx = zmq_ctx_new();
+    if (g->zctx == NULL) {
+        rc = ifd_error_set(err, IFD_EIO, "ingest: zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
+        goto fail;
+    }
+    g->router = zmq_socket(g->zctx, ZMQ_ROUTER);
+    g->max_frame = largest_frame(c) + 65536;
+    int64_t maxmsg = (int64_t)g->max_frame;
+    int linger = 1000;
+    zmq_setsockopt(g->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    zmq_setsockopt(g->router, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_bind(g->router, c->listen) != 0) {
+        rc = zerr(err, "listen", c->listen);
+        goto fail;
+    }
+    if (c->publish && c->publish[0]) {
+        g->pub = zmq_socket(g->zctx, ZMQ_PUB);
+        zmq_setsockopt(g->pub, ZMQ_LINGER, &linger, sizeof linger);
+        if (zmq_bind(g->pub, c->publish) != 0) {
+            rc = zerr(err, "publish", c->publish);
+            goto fail;
+        }
+        rc = ifd_sink_create(&g->pub_sink, &pub_ops, g);
+        if (rc) {
+            ifd_error_set(err, rc, "publish: sink");
+            goto fail;
+        }
+    }
+    if (c->control && c->control[0]) {
+        g->rep = zmq_socket(g->zctx, ZMQ_REP);
+        int zero = 0;
+        zmq_setsockopt(g->rep, ZMQ_LINGER, &zero, sizeof zero);
+        if (zmq_bind(g->rep, c->control) != 0) {
+            rc = zerr(err, "control", c->control);
+            goto fail;
+        }
+    }
+    *out = g;
+    return IFD_OK;
+fail:
+    ifd_ingest_destroy(g);
+    return rc;
+}
+
+void ifd_ingest_destroy(ifd_ingest *g)
+{
+    if (g == NULL)
+        return;
+    if (g->started) {
+        ifd_mutex_lock(&g->omu);
+        g->finishing = 1;
+        ifd_mutex_unlock(&g->omu);
+        ifd_ingest_wake(g);
+        ifd_thread_join(&g->thread);
+        g->started = 0;
+    }
+    /* Batches never taken by the run: release them (no ACK is sent any more). */
+    for (host_batch *hb = g->qhead; hb; hb = hb->qnext)
+        host_batch_free_frames(hb);
+    for (int i = 0; g->producers && i < g->cfg->max_producers; i++) {
+        host_batch *hb = g->producers[i].head;
+        while (hb) {
+            host_batch *next = hb->pnext;
+            host_batch_free_frames(hb);
+            free(hb);
+            hb = next;
+        }
+    }
+    free(g->producers);
+    while (g->ohead) {
+        outmsg *m = g->ohead;
+        g->ohead = m->next;
+        free(m);
+    }
+    if (g->pub_sink)
+        ifd_sink_destroy(g->pub_sink);
+    if (g->router)
+        zmq_close(g->router);
+    if (g->pub)
+        zmq_close(g->pub);
+    if (g->rep)
+        zmq_close(g->rep);
+    if (g->zctx)
+        zmq_ctx_term(g->zctx);
+    if (g->efd >= 0)
+        close(g->efd);
+    ifd_mutex_fini(&g->omu);
+    ifd_cond_fini(&g->qcv);
+    ifd_mutex_fini(&g->qmu);
+    free(g);
+}
+
+/* ---- HELLO ------------------------------------------------------------------------------ */
+
+static const char *dims_format(int rank, const int64_t *dims, char *buf, size_t len)
+{
+    ifd_shape s = {.rank = rank};
+    for (int i = 0; i < rank && i < IFD_MAX_RANK; i++)
+        s.dims[i] = dims[i];
+    return ifd_shape_format(&s, buf, len);
+}
+
+/* Checks the HELLO's schema against the program; the code and sentence of the first
+ * difference. */
+static int check_schema(ifd_ingest *g, json_t *schema, ifd_error *err)
+{
+    const ifd_program *p = g->program;
+    char want[256] = "";
+    for (int i = 0; i < p->ninputs; i++) {
+        char shape[96];
+        size_t n = strlen(want);
+        snprintf(want + n, sizeof want - n, "%s%s %s %s", i ? ", " : "", p->inputs[i].name,
+                 ifd_dtype_name(p->inputs[i].dtype),
+                 dims_format(p->inputs[i].rank, p->inputs[i].dims, shape, sizeof shape));
+    }
+    if (!json_is_array(schema))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "HELLO: schema: expected an array of {name, dtype, shape}, got %s",
+                             schema ? "another JSON type" : "nothing");
+    if ((int)json_array_size(schema) != p->ninputs)
+        return ifd_error_set(err, IFD_ESHAPE,
+                             "schema: expected %d tensors for program '%s' (%s), got %zu",
+                             p->ninputs, p->cls->name, want, json_array_size(schema));
+    for (int i = 0; i < p->ninputs; i++) {
+        const ifd_input_spec *in = &p->inputs[i];
+        json_t *t = json_array_get(schema, (size_t)i);
+        json_t *name = json_object_get(t, "name"), *dtype = json_object_get(t, "dtype"),
+               *shape = json_object_get(t, "shape");
+        if (!json_is_object(t) || !json_is_string(name) || !json_is_string(dtype) ||
+            !json_is_array(shape) || json_object_size(t) != 3)
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "schema: tensor %d: expected an object with exactly the keys "
+                                 "name (string), dtype (string) and shape (array of integers)",
+                                 i);
+        if (strcmp(json_string_value(name), in->name) != 0)
+            return ifd_error_set(err, IFD_ESHAPE,
+                                 "schema: tensor %d: expected name '%s' (program '%s' takes %s), "
+                                 "got '%s'",
+                                 i, in->name, p->cls->name, want, json_string_value(name));
+        ifd_dtype dt;
+        if (ifd_dtype_parse(json_string_value(dtype), &dt))
+            return ifd_error_set(err, IFD_EDTYPE,
+                                 "schema: tensor %d '%s': dtype: expected one of float32, int32, "
+                                 "int64, uint8, got '%s'",
+                                 i, in->name, json_string_value(dtype));
+        if (dt != in->dtype)
+            return ifd_error_set(err, IFD_EDTYPE,
+                                 "schema: tensor %d '%s': expected dtype %s, got %s", i, in->name,
+                                 ifd_dtype_name(in->dtype), ifd_dtype_name(dt));
+        int rank = (int)json_array_size(shape);
+        int64_t dims[IFD_MAX_RANK];
+        int ok = rank <= IFD_MAX_RANK;
+        for (int d = 0; ok && d < rank; d++) {
+            json_t *v = json_array_get(shape, (size_t)d);
+            ok = json_is_integer(v) && json_integer_value(v) >= 0;
+            if (ok)
+                dims[d] = json_integer_value(v);
+        }
+        if (!ok)
+            return ifd_error_set(err, IFD_ESHAPE,
+                                 "schema: tensor %d '%s': shape: expected at most %d "
+                                 "non-negative integers",
+                                 i, in->name, IFD_MAX_RANK);
+        int same = rank == in->rank;
+        for (int d = 0; same && d < rank; d++)
+            same = dims[d] == in->dims[d];
+        if (!same) {
+            char a[96], b[96];
+            return ifd_error_set(err, IFD_ESHAPE,
+                                 "schema: tensor %d '%s': expected per-row shape %s, got %s", i,
+                                 in->name, dims_format(in->rank, in->dims, a, sizeof a),
+                                 dims_format(rank, dims, b, sizeof b));
+        }
+    }
+    return IFD_OK;
+}
+
+static json_t *schema_json(const ifd_program *p)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < p->ninputs; i++) {
+        json_t *shape = json_array();
+        for (int d = 0; d < p->inputs[i].rank; d++)
+            json_array_append_new(shape, json_integer(p->inputs[i].dims[d]));
+        json_array_append_new(a, json_pack("{s:s, s:s, s:o}", "name", p->inputs[i].name, "dtype",
+                                           ifd_dtype_name(p->inputs[i].dtype), "shape", shape));
+    }
+    return a;
+}
+
+static void check_input_end(ifd_ingest *g)
+{
+    if (g->input_closed || !g->ever_welcomed)
+        return;
+    for (int i = 0; i < g->cfg->max_producers; i++)
+        if (g->producers[i].used && g->producers[i].welcomed && !g->producers[i].ended)
+            return;
+    close_input(g, "every producer sent END");
+}
+
+static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_t *body)
+{
+    json_error_t je;
+    json_t *j = json_loadb(zmq_msg_data((zmq_msg_t *)body), zmq_msg_size((zmq_msg_t *)body),
+                           JSON_REJECT_DUPLICATES, &je);
+    if (j == NULL) {
+        send_error(g, from, IFD_EPROTO, -1, 0, "HELLO: JSON: line %d, column %d: %s", je.line,
+                   je.column, je.text);
+        return;
+    }
+    ifd_error e;
+    ifd_error_clear(&e);
+    const char *key;
+    json_t *v;
+    const char *name = NULL;
+    int64_t first_seq = 0;
+    if (!json_is_object(j)) {
+        ifd_error_set(&e, IFD_EPROTO, "HELLO: expected a JSON object, got another type");
+        goto reply;
+    }
+    json_object_foreach(j, key, v)
+    {
+        if (strcmp(key, "name") == 0) {
+            if (!json_is_string(v) || json_string_length(v) == 0 ||
+                json_string_length(v) > IFD_PROTO_NAME_MAX) {
+                ifd_error_set(&e, IFD_EINVAL,
+                              "HELLO: name: expected a string of 1 to %d bytes, got %s",
+                              IFD_PROTO_NAME_MAX,
+                              json_is_string(v) ? "a longer or empty string" : "another type");
+                goto reply;
+            }
+            name = json_string_value(v);
+        } else if (strcmp(key, "first_seq") == 0) {
+            if (!json_is_integer(v) || json_integer_value(v) < 0) {
+                ifd_error_set(&e, IFD_EINVAL, "HELLO: first_seq: expected an integer >= 0, got %s",
+                              json_is_integer(v) ? "a negative integer" : "another type");
+                goto reply;
+            }
+            first_seq = json_integer_value(v);
+        } else if (strcmp(key, "replica") == 0) {
+            if (!json_is_null(v)) {
+                ifd_error_set(&e, IFD_EINVAL,
+                              "HELLO: replica: the input mode is %s, which takes no replica; "
+                              "expected null or no key",
+                              ifd_input_mode_name(g->cfg->run.input_mode));
+                goto reply;
+            }
+        } else if (strcmp(key, "schema") != 0) {
+            ifd_error_set(&e, IFD_EINVAL,
+                          "HELLO: unknown key '%s' (expected name, schema, first_seq, replica)",
+                          key);
+            goto reply;
+        }
+    }
+    if (check_schema(g, json_object_get(j, "schema"), &e))
+        goto reply;
+    if (g->input_closed) {
+        ifd_error_set(&e, IFD_ECLOSED,
+                      "HELLO: the input has ended (every producer sent END, or the run is "
+                      "ending); no more producers are taken");
+        goto reply;
+    }
+
+    producer *p = find_by_rid(g, from);
+    char anon[32];
+    if (name == NULL) {
+        if (p) {
+            name = p->name;
+        } else {
+            snprintf(anon, sizeof anon, "producer-%" PRId64, ++g->next_anon);
+            name = anon;
+        }
+    }
+    producer *named = find_by_name(g, name);
+    if (p && p != named) { /* this connection changes its name: forget the old stream */
+        if (p->in_flight == 0) {
+            memset(p, 0, sizeof *p);
+            g->nproducers--;
+        } else {
+            p->ended = 1;
+            p->rid_len = 0;
+        }
+        p = NULL;
+    }
+    p = named;
+    if (p == NULL) {
+        p = new_slot(g);
+        if (p == NULL) {
+            ifd_error_set(&e, IFD_EINVAL,
+                          "HELLO: too many producers: expected at most %d (max_producers)",
+                          g->cfg->max_producers);
+            goto reply;
+        }
+        if (!p->used)
+            g->nproducers++;
+        p->used = 1;
+        snprintf(p->name, sizeof p->name, "%s", name);
+        p->last_seq = first_seq - 1;
+        p->acked_seq = -1;
+    } else if (first_seq - 1 > p->last_seq) {
+        p->last_seq = first_seq - 1;
+    }
+    memcpy(p->rid, from->rid, from->len);
+    p->rid_len = from->len;
+    p->welcomed = 1;
+    p->ended = 0;
+    p->credit = g->cfg->credit - p->in_flight;
+    if (p->credit < 0)
+        p->credit = 0;
+    g->ever_welcomed = 1;
+    IFD_LOG_INFO("producer '%s' connected (next seq %" PRId64 ", credit %d)", p->name,
+                 p->last_seq + 1, p->credit);
+    json_t *w = json_object();
+    json_object_set_new(w, "protocol", json_integer(IFD_PROTO_VERSION));
+    json_object_set_new(w, "name", json_string(p->name));
+    json_object_set_new(w, "credit", json_integer(p->credit));
+    json_object_set_new(w, "next_seq", json_integer(p->last_seq + 1));
+    json_object_set_new(w, "mode", json_string(ifd_mode_name(g->cfg->run.mode)));
+    json_object_set_new(w, "input_mode", json_string(ifd_input_mode_name(g->cfg->run.input_mode)));
+    json_object_set_new(w, "batch_size", json_integer(g->cfg->run.batch_size));
+    json_object_set_new(w, "replicas", json_integer(g->cfg->run.replicas));
+    json_object_set_new(w, "program", json_string(g->program->cls->name));
+    json_object_set_new(w, "schema", schema_json(g->program));
+    send_json(g, from, IFD_MSG_WELCOME, w);
+    json_decref(j);
+    return;
+reply:
+    json_decref(j);
+    send_error(g, from, e.code, -1, 0, "%s", e.msg);
+}
+
+/* ---- BATCH ------------------------------------------------------------------------------ */
+
+static void reject(ifd_ingest *g, producer *p, const producer_rid *from, int code, int64_t seq,
+                   const char *msg)
+{
+    p->credit++;
+    p->rejected++;
+    g->rejected++;
+    send_error(g, from, code, seq, 1, "batch %" PRId64 " from producer '%s': %s", seq, p->name,
+               msg);
+}
+
+static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *parts, int nparts,
+                         int total)
+{
+    zmq_msg_t *hdr = &parts[1];
+    producer *p = find_by_rid(g, from);
+    size_t hlen = zmq_msg_size(hdr);
+    if (hlen < IFD_PROTO_BATCH_HDR) {
+        send_error(g, from, IFD_EPROTO, -1, 0,
+                   "BATCH header: expected %d bytes (seq, rows, flags, ntensors), got %zu",
+                   IFD_PROTO_BATCH_HDR, hlen);
+        return;
+    }
+    ifd_proto_batch bh;
+    ifd_proto_parse_batch(zmq_msg_data(hdr), &bh);
+    if (p == NULL || !p->welcomed) {
+        send_error(g, from, IFD_EPROTO, bh.seq, 0,
+                   "BATCH %" PRId64 " before HELLO: send HELLO with the schema first", bh.seq);
+        return;
+    }
+    if (p->ended || g->input_closed) {
+        send_error(g, from, IFD_ECLOSED, bh.seq, 0, "batch %" PRId64 " from producer '%s': %s",
+                   bh.seq, p->name,
+                   g->input_closed ? "the input has ended; no more batches are taken"
+                                   : "the producer sent END; send HELLO to start again");
+        return;
+    }
+    if (p->credit <= 0) {
+        send_error(g, from, IFD_EPROTO, bh.seq, 0,
+                   "batch %" PRId64 " from producer '%s': no credit left (%d batches in flight, "
+                   "credit %d): wait for an ACK",
+                   bh.seq, p->name, p->in_flight, g->cfg->credit);
+        return;
+    }
+    p->credit--;
+    char msg[IFD_ERROR_MSG_MAX];
+    const ifd_program *prog = g->program;
+    int nframes = total - 2;
+    if (bh.ntensors != (uint32_t)nframes) {
+        snprintf(msg, sizeof msg, "header ntensors says %" PRIu32 ", but %d frames follow",
+                 bh.ntensors, nframes);
+        reject(g, p, from, IFD_EPROTO, bh.seq, msg);
+        return;
+    }
+    if (nframes != prog->ninputs) {
+        snprintf(msg, sizeof msg, "expected %d tensor frames (the schema's tensors), got %d",
+                 prog->ninputs, nframes);
+        reject(g, p, from, IFD_ESHAPE, bh.seq, msg);
+        return;
+    }
+    if (bh.flags != 0) {
+        snprintf(msg, sizeof msg, "flags: expected 0 in %s mode, got 0x%" PRIx32,
+                 ifd_mode_name(g->cfg->run.mode), bh.flags);
+        reject(g, p, from, IFD_EINVAL, bh.seq, msg);
+        return;
+    }
+    if (bh.rows != g->cfg->run.batch_size) {
+        snprintf(msg, sizeof msg, "rows: expected %" PRId64 " (the batch size), got %" PRId64,
+                 g->cfg->run.batch_size, bh.rows);
+        reject(g, p, from, IFD_ESHAPE, bh.seq, msg);
+        return;
+    }
+    for (int i = 0; i < nframes; i++) {
+        const ifd_input_spec *in = &prog->inputs[i];
+        size_t row = ifd_dtype_size(in->dtype);
+        for (int d = 0; d < in->rank; d++)
+            row *= (size_t)in->dims[d];
+        size_t want = row * (size_t)bh.rows, got = zmq_msg_size(&parts[2 + i]);
+        if (got != want) {
+            char shape[96];
+            snprintf(msg, sizeof msg,
+                     "tensor '%s' is %zu bytes, expected %zu (%" PRId64 " rows of %s %s)", in->name,
+                     got, want, bh.rows, dims_format(in->rank, in->dims, shape, sizeof shape),
+                     ifd_dtype_name(in->dtype));
+            reject(g, p, from, IFD_ESHAPE, bh.seq, msg);
+            return;
+        }
+    }
+    if (bh.seq <= p->last_seq) { /* a resent batch: drop it, give the credit back */
+        p->credit++;
+        if (bh.seq <= p->acked_seq)
+            send_credit_msg(g, from, IFD_MSG_ACK, bh.seq);
+        else
+            send_credit_msg(g, from, IFD_MSG_CREDIT, 0);
+        IFD_LOG_DEBUG("producer '%s': dropped duplicate batch %" PRId64, p->name, bh.seq);
+        return;
+    }
+
+    host_batch *hb = calloc(1, sizeof *hb);
+    if (hb == NULL) {
+        reject(g, p, from, IFD_ENOMEM, bh.seq, "out of memory");
+        return;
+    }
+    ifd_batch_init(&hb->b);
+    hb->g = g;
+    hb->p = p;
+    snprintf(hb->name, sizeof hb->name, "%s", p->name);
+    hb->b.seq = bh.seq;
+    hb->b.rows = bh.rows;
+    hb->b.flags = bh.flags;
+    hb->b.ntensors = nframes;
+    hb->b.producer = hb->name;
+    hb->b.release = host_batch_release;
+    hb->b.release_arg = hb;
+    int rc = IFD_OK;
+    for (int i = 0; i < nframes && rc == IFD_OK; i++) {
+        const ifd_input_spec *in = &prog->inputs[i];
+        zmq_msg_init(&hb->frames[i]);
+        zmq_msg_move(&hb->frames[i], &parts[2 + i]);
+        hb->nframes = i + 1;
+        void *data = zmq_msg_data(&hb->frames[i]);
+        size_t size = zmq_msg_size(&hb->frames[i]);
+        size_t align = ifd_dtype_size(in->dtype);
+        if ((uintptr_t)data % align != 0) { /* libzmq packed a small frame unaligned */
+            hb->copies[i] = aligned_alloc(64, (size + 63) / 64 * 64);
+            if (hb->copies[i] == NULL) {
+                rc = IFD_ENOMEM;
+                break;
+            }
+            memcpy(hb->copies[i], data, size);
+            data = hb->copies[i];
+            g->copied_bytes += (int64_t)size;
+        }
+        int64_t dims[IFD_MAX_RANK + 1];
+        dims[0] = bh.rows;
+        for (int d = 0; d < in->rank; d++)
+            dims[d + 1] = in->dims[d];
+        rc = ifd_tensor_init(&hb->b.tensors[i], in->dtype, in->rank + 1, dims, data);
+    }
+    ifd_error e;
+    ifd_error_clear(&e);
+    if (rc)
+        ifd_error_set(&e, rc, "cannot take the batch: %s", ifd_strerror(rc));
+    else
+        rc = ifd_infeed_check_batch(prog, &hb->b, g->cfg->run.batch_size, &e);
+    (void)nparts;
+    if (rc) {
+        host_batch_free_frames(hb);
+        free(hb);
+        reject(g, p, from, rc, bh.seq, ifd_error_text(&e));
+        return;
+    }
+    p->last_seq = bh.seq;
+    p->in_flight++;
+    p->accepted++;
+    g->accepted++;
+    if (p->tail)
+        p->tail->pnext = hb;
+    else
+        p->head = hb;
+    p->tail = hb;
+    src_push(g, hb);
+}
+
+/* ---- ACKs, summaries, control --------------------------------------------------------------- */
+
+static void send_acks(ifd_ingest *g)
+{
+    __atomic_store_n(&g->acks_pending, 0, __ATOMIC_RELEASE);
+    for (int i = 0; i < g->cfg->max_producers; i++) {
+        producer *p = &g->producers[i];
+        while (p->head && __atomic_load_n(&p->head->done, __ATOMIC_ACQUIRE)) {
+            host_batch *hb = p->head;
+            p->head = hb->pnext;
+            if (p->head == NULL)
+                p->tail = NULL;
+            p->in_flight--;
+            p->acked_seq = hb->b.seq;
+            if (p->rid_len) {
+                producer_rid r = rid_of(p);
+                p->credit++;
+                send_credit_msg(g, &r, IFD_MSG_ACK, hb->b.seq);
+            }
+            free(hb);
+        }
+    }
+}
+
+static void note_summary(ifd_ingest *g, const outmsg *m)
+{
+    json_t *j = json_loadb(m->json, m->len, 0, NULL);
+    if (j == NULL)
+        return;
+    json_t *sps = json_object_get(j, "steps_per_sec"),
+           *eps = json_object_get(j, "examples_per_sec");
+    if (json_is_number(sps))
+        g->steps_per_sec = json_number_value(sps);
+    if (json_is_number(eps))
+        g->examples_per_sec = json_number_value(eps);
+    json_decref(j);
+}
+
+static void publish(ifd_ingest *g)
+{
+    ifd_mutex_lock(&g->omu);
+    outmsg *m = g->ohead;
+    g->ohead = g->otail = NULL;
+    g->olen = 0;
+    ifd_mutex_unlock(&g->omu);
+    while (m) {
+        outmsg *next = m->next;
+        if (g->pub)
+            zmq_send(g->pub, m->json, m->len, ZMQ_DONTWAIT); /* drops for a slow subscriber */
+        note_summary(g, m);
+        free(m);
+        m = next;
+    }
+}
+
+static void request_stop(ifd_ingest *g, const char *why)
+{
+    if (g->stop_ns == 0) {
+        IFD_LOG_INFO("%s: stopping at the end of the current loop", why);
+        g->stop_ns = ifd_clock_ns();
+        ifd_session_request_stop(g->session);
+    }
+}
+
+static json_t *status_json(ifd_ingest *g)
+{
+    json_t *j = json_object();
+    json_object_set_new(j, "ok", json_true());
+    json_object_set_new(j, "state", json_string(g->stop_ns ? "stopping" : "running"));
+    json_object_set_new(j, "mode", json_string(ifd_mode_name(g->cfg->run.mode)));
+    json_object_set_new(j, "program", json_string(g->program->cls->name));
+    json_object_set_new(j, "backend", json_string(g->cfg->run.backend));
+    json_object_set_new(j, "replicas", json_integer(g->cfg->run.replicas));
+    json_object_set_new(j, "global_step", json_integer(ifd_session_global_step(g->session)));
+    json_object_set_new(j, "loop", json_integer(ifd_session_loop_index(g->session)));
+    ifd_mutex_lock(&g->qmu);
+    size_t qlen = g->qlen;
+    ifd_mutex_unlock(&g->qmu);
+    json_object_set_new(j, "batch_queue", json_integer((json_int_t)qlen));
+    json_object_set_new(j, "batch_queue_limit",
+                        json_integer((json_int_t)g->cfg->max_producers * g->cfg->credit));
+    json_object_set_new(j, "input_closed", json_boolean(g->input_closed));
+    json_t *ps = json_array();
+    int connected = 0;
+    for (int i = 0; i < g->cfg->max_producers; i++) {
+        producer *p = &g->producers[i];
+        if (!p->used)
+            continue;
+        connected += p->welcomed && !p->ended;
+        json_array_append_new(
+            ps,
+            json_pack("{s:s, s:b, s:i, s:i, s:I, s:I, s:I, s:I}", "name", p->name, "ended",
+                      p->ended, "credit", p->credit, "in_flight", p->in_flight, "last_seq",
+                      (json_int_t)p->last_seq, "acked_seq", (json_int_t)p->acked_seq, "accepted",
+                      (json_int_t)p->accepted, "rejected", (json_int_t)p->rejected));
+    }
+    json_object_set_new(j, "producers_connected", json_integer(connected));
+    json_object_set_new(j, "producers", ps);
+    json_object_set_new(j, "batches_accepted", json_integer(g->accepted));
+    json_object_set_new(j, "batches_rejected", json_integer(g->rejected));
+    json_object_set_new(j, "bytes_copied_unaligned", json_integer(g->copied_bytes));
+    json_object_set_new(j, "steps_per_sec", json_real(g->steps_per_sec));
+    json_object_set_new(j, "examples_per_sec", json_real(g->examples_per_sec));
+    return j;
+}
+
+static void handle_control(ifd_ingest *g)
+{
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, g->rep, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        return;
+    }
+    int more = zmq_msg_more(&m);
+    json_t *req = json_loadb(zmq_msg_data(&m), zmq_msg_size(&m), 0, NULL);
+    zmq_msg_close(&m);
+    while (more) { /* a REP must answer the whole request; extra frames are ignored */
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, g->rep, 0) < 0)
+            more = 0;
+        else
+            more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+    }
+    json_t *cmd = json_object_get(req, "cmd");
+    json_t *reply;
+    if (json_is_string(cmd) && strcmp(json_string_value(cmd), "status") == 0) {
+        reply = status_json(g);
+    } else if (json_is_string(cmd) && strcmp(json_string_value(cmd), "stop") == 0) {
+        request_stop(g, "control: stop");
+        reply = json_pack("{s:b}", "ok", 1);
+    } else {
+        reply = json_pack("{s:b, s:s}", "ok", 0, "error",
+                          req == NULL ? "expected a JSON object {\"cmd\": \"status\"|\"stop\"}"
+                                      : "cmd: expected \"status\" or \"stop\"");
+    }
+    json_decref(req);
+    char *text = json_dumps(reply, JSON_COMPACT);
+    json_decref(reply);
+    zmq_send(g->rep, text ? text : "{}", text ? strlen(text) : 2, 0);
+    free(text);
+}
+
+/* ---- the I/O thread --------------------------------------------------------------------- */
+
+static void handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int total)
+{
+    producer_rid from = {.rid = zmq_msg_data(&parts[0]), .len = zmq_msg_size(&parts[0])};
+    if (from.len > RID_MAX)
+        return;
+    if (total < 2) {
+        send_error(g, &from, IFD_EPROTO, -1, 0, "message: expected a header frame, got none");
+        return;
+    }
+    ifd_proto_header_info h;
+    char why[200];
+    if (ifd_proto_parse_header(zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]), &h, why,
+                               sizeof why)) {
+        send_error(g, &from, IFD_EPROTO, -1, 0, "%s", why);
+        return;
+    }
+    switch (h.type) {
+    case IFD_MSG_HELLO:
+        if (total != 3) {
+            send_error(g, &from, IFD_EPROTO, -1, 0,
+                       "HELLO: expected 2 frames (header, JSON), got %d", total - 1);
+            return;
+        }
+        handle_hello(g, &from, &parts[2]);
+        return;
+    case IFD_MSG_BATCH:
+        handle_batch(g, &from, parts, nparts, total);
+        return;
+    case IFD_MSG_END: {
+        producer *p = find_by_rid(g, &from);
+        if (p == NULL || !p->welcomed) {
+            send_error(g, &from, IFD_EPROTO, -1, 0, "END before HELLO");
+            return;
+        }
+        if (!p->ended)
+            IFD_LOG_INFO("producer '%s' ended its stream after batch %" PRId64, p->name,
+                         p->last_seq);
+        p->ended = 1;
+        check_input_end(g);
+        return;
+    }
+    default:
+        send_error(g, &from, IFD_EPROTO, -1, 0,
+                   "header: type: expected HELLO (1), BATCH (3) or END (6) from a producer, got "
+                   "%u",
+                   (unsigned)h.type);
+    }
+}
+
+/* Reads one multipart message; parts beyond MAX_PARTS are read and dropped but counted. */
+static int recv_message(ifd_ingest *g, zmq_msg_t *parts, int *nparts, int *total)
+{
+    *nparts = 0;
+    *total = 0;
+    for (;;) {
+        zmq_msg_t *m = &parts[*nparts < MAX_PARTS ? *nparts : MAX_PARTS];
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, g->router, *total == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            zmq_msg_close(m);
+            return -1;
+        }
+        int more = zmq_msg_more(m);
+        if (*nparts < MAX_PARTS)
+            (*nparts)++;
+        else
+            zmq_msg_close(m);
+        (*total)++;
+        if (!more)
+            return 0;
+    }
+}
+
+static void finish(ifd_ingest *g)
+{
+    send_acks(g);
+    publish(g);
+    for (int i = 0; i < g->cfg->max_producers; i++) {
+        producer *p = &g->producers[i];
+        if (!p->used || !p->welcomed || p->rid_len == 0)
+            continue;
+        json_t *b = json_object();
+        json_object_set_new(b, "status", json_string(g->fin_code ? "error" : "ok"));
+        json_object_set_new(b, "reason", json_string(g->fin_reason));
+        json_object_set_new(b, "global_step", json_integer(ifd_session_global_step(g->session)));
+        json_object_set_new(b, "acked_seq", json_integer(p->acked_seq));
+        if (g->fin_message[0])
+            json_object_set_new(b, "message", json_string(g->fin_message));
+        producer_rid r = rid_of(p);
+        send_json(g, &r, IFD_MSG_BYE, b);
+    }
+}
+
+static void *io_main(void *arg)
+{
+    ifd_ingest *g = arg;
+    zmq_pollitem_t items[3];
+    int n = 0;
+    items[n++] = (zmq_pollitem_t){.fd = g->efd, .events = ZMQ_POLLIN};
+    int i_router = n;
+    items[n++] = (zmq_pollitem_t){.socket = g->router, .events = ZMQ_POLLIN};
+    int i_rep = g->rep ? n : -1;
+    if (g->rep)
+        items[n++] = (zmq_pollitem_t){.socket = g->rep, .events = ZMQ_POLLIN};
+    zmq_msg_t parts[MAX_PARTS + 1];
+    for (;;) {
+        int rc = zmq_poll(items, n, 100);
+        if (rc < 0 && zmq_errno() != EINTR) {
+            IFD_LOG_ERROR("ingest: zmq_poll: %s", zmq_strerror(zmq_errno()));
+            ifd_sleep_ns(10000000);
+        }
+        if (rc > 0 && (items[0].revents & ZMQ_POLLIN)) {
+            uint64_t v;
+            ssize_t r = read(g->efd, &v, sizeof v);
+            (void)r;
+        }
+        if (rc > 0 && (items[i_router].revents & ZMQ_POLLIN)) {
+            for (int k = 0; k < RECV_BURST; k++) {
+                int np, total;
+                if (recv_message(g, parts, &np, &total))
+                    break;
+                handle_message(g, parts, np, total);
+                for (int q = 0; q < np; q++)
+                    zmq_msg_close(&parts[q]);
+            }
+        }
+        if (i_rep >= 0 && rc > 0 && (items[i_rep].revents & ZMQ_POLLIN))
+            handle_control(g);
+        send_acks(g);
+        publish(g);
+
+        int sigs = g->signals ? (int)*g->signals : 0;
+        if (sigs > g->handled_signals) {
+            if (g->handled_signals == 0)
+                request_stop(g, "signal");
+            if (sigs >= 2) {
+                IFD_LOG_WARN("second signal: aborting the run");
+                ifd_session_abort(g->session, "aborted by a second signal");
+                close_input(g, "aborted");
+            }
+            g->handled_signals = sigs;
+        }
+        if (g->stop_ns && !g->input_closed && ifd_clock_ns() - g->stop_ns > STOP_GRACE_NS)
+            close_input(g, "stopping, and the current loop still waits for input");
+
+        ifd_mutex_lock(&g->omu);
+        int fin = g->finishing;
+        ifd_mutex_unlock(&g->omu);
+        if (fin) {
+            finish(g);
+            return NULL;
+        }
+    }
+}
+
+int ifd_ingest_start(ifd_ingest *g, ifd_session *s, ifd_error *err)
+{
+    g->session = s;
+    g->program = ifd_session_program(s);
+    int rc = ifd_thread_start(&g->thread, "ifd-ingest", io_main, g);
+    if (rc)
+        return ifd_error_set(err, rc, "ingest: cannot start the I/O thread");
+    g->started = 1;
+    return IFD_OK;
+}
+
+void ifd_ingest_finish(ifd_ingest *g, int code, const char *reason, const char *message)
+{
+    ifd_mutex_lock(&g->omu);
+    g->fin_code = code;
+    snprintf(g->fin_reason, sizeof g->fin_reason, "%s", reason ? reason : "");
+    snprintf(g->fin_message, sizeof g->fin_message, "%s", message ? message : "");
+    g->finishing = 1;
+    ifd_mutex_unlock(&g->omu);
+    ifd_ingest_wake(g);
+    if (g->started) {
+        ifd_thread_join(&g->thread);
+        g->started = 0;
+    }
+}

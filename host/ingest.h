@@ -1,0 +1,48 @@
+/*
+ * infeedd's ZeroMQ side: the ingest ROUTER (docs/protocol.md), the summaries PUB socket and the
+ * control REP socket, all owned by one I/O thread. Other threads reach it through a mutex-guarded
+ * outbox and an eventfd it polls beside the sockets:
+ *
+ * - Accepted batches go to a FIFO that is the session's batch source. Their tensors are views of
+ *   the received zmq frames; the runtime's release (any thread, when every replica consumed its
+ *   shard) closes the frames and marks the batch done, and the I/O thread sends the ACKs in each
+ *   producer's order.
+ * - Summaries written to the PUB sink (outfeed thread) are queued and published by the I/O
+ *   thread without blocking: a slow subscriber loses messages, the daemon never waits.
+ * - Signals (main's handler) and control requests end the run through the session.
+ *
+ * Memory is bounded: a producer has at most `credit` batches accepted and not yet consumed, and
+ * at most `max_producers` producers are known at once.
+ */
+#ifndef IFD_HOST_INGEST_H
+#define IFD_HOST_INGEST_H
+
+#include "host/config.h"
+#include "infeed/infeed.h"
+
+#include <signal.h>
+
+typedef struct ifd_ingest ifd_ingest;
+
+/* Binds the three endpoints (the error names the endpoint and libzmq's reason). c is borrowed.
+ * signals, when not NULL, is the count of SIGINT/SIGTERM the process received (written by a
+ * signal handler, which also calls ifd_ingest_wake). */
+int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, volatile sig_atomic_t *signals,
+                      ifd_error *err);
+/* The batch source to give the session. */
+ifd_batch_source ifd_ingest_source(ifd_ingest *g);
+/* A sink publishing each summary on the PUB socket (owned by g; NULL when --publish is ""). */
+ifd_sink *ifd_ingest_pub_sink(ifd_ingest *g);
+/* Starts the I/O thread serving producers for session s (borrowed; its program gives the
+ * schema). */
+int ifd_ingest_start(ifd_ingest *g, ifd_session *s, ifd_error *err);
+/* Async-signal-safe: wakes the I/O thread. */
+void ifd_ingest_wake(ifd_ingest *g);
+/* After ifd_session_run returned: no more batches are taken; the I/O thread sends the pending
+ * ACKs, a BYE to every producer (status "ok" or "error", the end reason and message) and the
+ * queued summaries, then stops. */
+void ifd_ingest_finish(ifd_ingest *g, int code, const char *reason, const char *message);
+/* After the session is destroyed (which releases the batches it held). */
+void ifd_ingest_destroy(ifd_ingest *g);
+
+#endif

@@ -1,0 +1,130 @@
+/*
+ * infeedd: the host daemon. Parses the config (host/config.c), binds the ZeroMQ endpoints
+ * (host/ingest.c), creates a session over the ingest's batch source and runs it on this thread.
+ *
+ * Exit status: 0 the run ended well; 1 a runtime error (the end summary carries it); 2 a usage
+ * or config error.
+ */
+#include "core/log.h"
+#include "host/config.h"
+#include "host/ingest.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static volatile sig_atomic_t signals_seen;
+static ifd_ingest *volatile signal_target;
+
+/* Only counts and wakes the I/O thread (an eventfd write is async-signal-safe). */
+static void on_signal(int signo)
+{
+    (void)signo;
+    signals_seen++;
+    ifd_ingest *g = signal_target;
+    if (g)
+        ifd_ingest_wake(g);
+}
+
+static void install_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+static void describe(const ifd_daemon_config *c, const ifd_program *p)
+{
+    char inputs[256] = "";
+    for (int i = 0; i < p->ninputs; i++) {
+        char shape[96];
+        ifd_shape s = {.rank = p->inputs[i].rank};
+        memcpy(s.dims, p->inputs[i].dims, sizeof p->inputs[i].dims);
+        size_t n = strlen(inputs);
+        snprintf(inputs + n, sizeof inputs - n, "%s%s %s %s", i ? ", " : "", p->inputs[i].name,
+                 ifd_dtype_name(p->inputs[i].dtype), ifd_shape_format(&s, shape, sizeof shape));
+    }
+    IFD_LOG_INFO("program %s (%s) on %d %s replica%s, batch size %lld, %lld steps per loop",
+                 p->cls->name, inputs, c->run.replicas, c->run.backend,
+                 c->run.replicas == 1 ? "" : "s", (long long)c->run.batch_size,
+                 (long long)c->run.iterations_per_loop);
+    IFD_LOG_INFO("ingest on %s, summaries on %s%s%s, control on %s", c->listen,
+                 c->publish && c->publish[0] ? c->publish : "(none)", c->summaries ? " and " : "",
+                 c->summaries ? c->summaries : "",
+                 c->control && c->control[0] ? c->control : "(none)");
+}
+
+int main(int argc, char **argv)
+{
+    ifd_daemon_config cfg;
+    ifd_daemon_config_defaults(&cfg);
+    ifd_error err;
+    ifd_error_clear(&err);
+    int exit_now = 0;
+    if (ifd_daemon_config_parse(&cfg, argc, argv, stdout, &exit_now, &err)) {
+        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
+        ifd_daemon_config_free(&cfg);
+        return 2;
+    }
+    if (exit_now) {
+        ifd_daemon_config_free(&cfg);
+        return 0;
+    }
+    ifd_log_set_level(cfg.log_level);
+    if (strcmp(cfg.run.backend, "cuda") == 0)
+        setenv("IFD_CUDA_GRAPHS", cfg.cuda_graphs ? "1" : "0", 1);
+
+    int status = 1;
+    ifd_ingest *g = NULL;
+    ifd_session *s = NULL;
+    ifd_sink *jsonl = NULL;
+    install_signals();
+    int rc = ifd_ingest_create(&g, &cfg, &signals_seen, &err);
+    if (rc)
+        goto out;
+    signal_target = g;
+    rc = ifd_session_create(&s, &cfg.run, ifd_ingest_source(g), &err);
+    if (rc)
+        goto out;
+    if (cfg.summaries) {
+        rc = ifd_sink_jsonl_create(&jsonl, cfg.summaries, &err);
+        if (rc)
+            goto out;
+        ifd_session_add_sink(s, jsonl);
+    }
+    if (ifd_ingest_pub_sink(g))
+        ifd_session_add_sink(s, ifd_ingest_pub_sink(g));
+    rc = ifd_ingest_start(g, s, &err);
+    if (rc)
+        goto out;
+    describe(&cfg, ifd_session_program(s));
+    IFD_LOG_INFO("waiting for producers");
+
+    ifd_error run_err;
+    ifd_error_clear(&run_err);
+    int code = ifd_session_run(s, &run_err);
+    ifd_end_reason reason = ifd_session_end_reason(s);
+    ifd_ingest_finish(g, code, ifd_end_reason_name(reason), code ? ifd_error_text(&run_err) : "");
+    if (code) {
+        fprintf(stderr, "infeedd: the run ended with an error: %s\n", ifd_error_text(&run_err));
+        status = 1;
+    } else {
+        status = 0;
+    }
+    rc = IFD_OK;
+out:
+    if (rc)
+        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
+    signal_target = NULL;
+    ifd_session_destroy(s);
+    ifd_ingest_destroy(g);
+    ifd_sink_destroy(jsonl);
+    ifd_daemon_config_free(&cfg);
+    return status;
+}

@@ -1,0 +1,139 @@
+/*
+ * The ingest protocol's binary headers (docs/protocol.md): frame 0 of every message. All
+ * integers little-endian; these helpers pack and parse them byte by byte, so the layout does not
+ * depend on the host's endianness or struct padding.
+ */
+#ifndef IFD_HOST_PROTOCOL_H
+#define IFD_HOST_PROTOCOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#define IFD_PROTO_VERSION 1
+#define IFD_PROTO_HDR 8
+#define IFD_PROTO_BATCH_HDR 32
+#define IFD_PROTO_CREDIT_HDR 16
+#define IFD_PROTO_ACK_HDR 24
+#define IFD_PROTO_NAME_MAX 63
+
+enum {
+    IFD_MSG_HELLO = 1,
+    IFD_MSG_WELCOME = 2,
+    IFD_MSG_BATCH = 3,
+    IFD_MSG_CREDIT = 4,
+    IFD_MSG_ACK = 5,
+    IFD_MSG_END = 6,
+    IFD_MSG_ERROR = 7,
+    IFD_MSG_PREDICTION = 8,
+    IFD_MSG_BYE = 9,
+};
+
+static inline void ifd_put_u16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+static inline void ifd_put_u32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void ifd_put_u64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t ifd_get_u16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+static inline uint32_t ifd_get_u32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+static inline uint64_t ifd_get_u64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* The 8 common bytes: "IFDP", version, type. */
+static inline void ifd_proto_header(uint8_t *p, int type)
+{
+    memcpy(p, "IFDP", 4);
+    ifd_put_u16(p + 4, IFD_PROTO_VERSION);
+    ifd_put_u16(p + 6, (uint16_t)type);
+}
+
+static inline size_t ifd_proto_ack(uint8_t *p, int64_t seq, uint32_t credit)
+{
+    ifd_proto_header(p, IFD_MSG_ACK);
+    ifd_put_u64(p + 8, (uint64_t)seq);
+    ifd_put_u32(p + 16, credit);
+    ifd_put_u32(p + 20, 0);
+    return IFD_PROTO_ACK_HDR;
+}
+
+static inline size_t ifd_proto_credit(uint8_t *p, uint32_t credit)
+{
+    ifd_proto_header(p, IFD_MSG_CREDIT);
+    ifd_put_u32(p + 8, credit);
+    ifd_put_u32(p + 12, 0);
+    return IFD_PROTO_CREDIT_HDR;
+}
+
+typedef struct ifd_proto_header_info {
+    uint16_t version;
+    uint16_t type;
+} ifd_proto_header_info;
+
+/* 0, or -1 with a sentence in why. */
+static inline int ifd_proto_parse_header(const void *data, size_t len, ifd_proto_header_info *h,
+                                         char *why, size_t why_len)
+{
+    const uint8_t *p = data;
+    if (len < IFD_PROTO_HDR) {
+        snprintf(why, why_len, "header: expected at least %d bytes starting with 'IFDP', got %zu",
+                 IFD_PROTO_HDR, len);
+        return -1;
+    }
+    if (memcmp(p, "IFDP", 4) != 0) {
+        snprintf(why, why_len, "header: magic: expected the bytes 'IFDP', got %02x %02x %02x %02x",
+                 p[0], p[1], p[2], p[3]);
+        return -1;
+    }
+    h->version = ifd_get_u16(p + 4);
+    h->type = ifd_get_u16(p + 6);
+    if (h->version != IFD_PROTO_VERSION) {
+        snprintf(why, why_len, "header: protocol version: expected %d, got %u", IFD_PROTO_VERSION,
+                 (unsigned)h->version);
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct ifd_proto_batch {
+    int64_t seq;
+    int64_t rows;
+    uint32_t flags;
+    uint32_t ntensors;
+} ifd_proto_batch;
+
+/* p holds at least IFD_PROTO_BATCH_HDR bytes. */
+static inline void ifd_proto_parse_batch(const void *data, ifd_proto_batch *b)
+{
+    const uint8_t *p = data;
+    b->seq = (int64_t)ifd_get_u64(p + 8);
+    b->rows = (int64_t)ifd_get_u64(p + 16);
+    b->flags = ifd_get_u32(p + 24);
+    b->ntensors = ifd_get_u32(p + 28);
+}
+
+#endif
