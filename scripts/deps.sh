@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Installs the Debian packages infeed needs to build and test, when any is missing.
+# Installs what infeed needs to build, test and run its demo, when anything is missing: the
+# Debian packages (apt-get) and the Python client's packages (pip).
 # Sourced or run by ./ci.sh and ./demo.sh; safe to run again.
 set -euo pipefail
 
 IFD_DEB_PACKAGES=(build-essential cmake pkg-config libjansson-dev check libsubunit-dev
-                  libopenblas-dev)
+                  libopenblas-dev libzmq3-dev)
+IFD_PY_MODULES=(zmq numpy sklearn pytest)      # import names
+IFD_PIP_PACKAGES=(pyzmq numpy scikit-learn pytest) # the same, as pip names
 
 missing=()
 for p in "${IFD_DEB_PACKAGES[@]}"; do
@@ -18,4 +21,30 @@ if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
   $SUDO apt-get update
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y "${missing[@]}"
+fi
+
+PYTHON=${PYTHON:-python3}
+if ! command -v "$PYTHON" >/dev/null 2>&1; then
+  echo "deps: installing python3"
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y python3 python3-pip
+fi
+pip_missing=()
+for i in "${!IFD_PY_MODULES[@]}"; do
+  if ! "$PYTHON" -c "import ${IFD_PY_MODULES[$i]}" >/dev/null 2>&1; then
+    pip_missing+=("${IFD_PIP_PACKAGES[$i]}")
+  fi
+done
+if [ ${#pip_missing[@]} -gt 0 ]; then
+  echo "deps: pip installing ${pip_missing[*]}"
+  if ! "$PYTHON" -m pip --version >/dev/null 2>&1; then
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+    $SUDO apt-get update
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y python3-pip
+  fi
+  "$PYTHON" -m pip install --quiet "${pip_missing[@]}" ||
+    "$PYTHON" -m pip install --quiet --break-system-packages "${pip_missing[@]}"
 fi
