@@ -24,7 +24,7 @@ run_build() { # name, extra cmake args...
 run_build plain -DCMAKE_C_FLAGS=-Werror
 if [ "${1:-}" != "--quick" ]; then
   run_build asan -DIFD_SANITIZE=address -DIFD_BUILD_BENCH=OFF -DIFD_CUDA=OFF
-  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \
     run_build tsan -DIFD_SANITIZE=thread -DIFD_BUILD_BENCH=OFF -DIFD_CUDA=OFF
   UBSAN_OPTIONS="print_stacktrace=1" \
     run_build ubsan -DIFD_SANITIZE=undefined -DIFD_BUILD_BENCH=OFF -DIFD_CUDA=OFF
