@@ -381,6 +381,46 @@ START_TEST(test_softmax_ties)
 }
 END_TEST
 
+/* read (the ingest benchmark's program): zero loss and zero gradients whatever the data, and
+ * it does read every row: a NaN planted in a random element of x makes the loss NaN. */
+START_TEST(test_read_program)
+{
+    uint64_t seed = test_seed(11, _i);
+    ifd_rng rng;
+    ifd_rng_seed(&rng, seed);
+    int64_t d = irange(&rng, 1, 300), rows = irange(&rng, 1, 64);
+    ifd_program p;
+    make_program(&p, "read", d, 0);
+    ck_assert_int_eq(p.ninputs, 1);
+    ck_assert_int_eq(p.inputs[0].dtype, IFD_F32);
+    ck_assert_int_eq(p.nparam_floats, d);
+    float *params = falloc(p.nparam_floats), *grads = falloc(p.nparam_floats);
+    p.cls->init_params(&p, params, seed);
+    for (int64_t i = 0; i < d; i++) /* as after any update: the step must not depend on it */
+        params[i] = (float)urand(&rng, -1, 1);
+    tu_batch *tb = tu_batch_random(&p, rows, 0, &rng);
+    ifd_step_out out;
+    fill_nan(grads, p.nparam_floats);
+    run_step(&p, tb->b.tensors, rows, params, grads, 1.0f / (float)irange(&rng, 1, 4), &out);
+    ck_assert_msg(out.loss == 0.0f, "seed %llu D=%lld rows=%lld: loss %g, want 0",
+                  (unsigned long long)seed, (long long)d, (long long)rows, (double)out.loss);
+    for (int64_t i = 0; i < d; i++)
+        ck_assert_msg(grads[i] == 0.0f, "seed %llu: grad[%lld] = %g, want 0",
+                      (unsigned long long)seed, (long long)i, (double)grads[i]);
+    float *x = tb->b.tensors[0].data;
+    int64_t at = irange(&rng, 0, rows * d - 1);
+    params[at % d] = 1.0f;
+    x[at] = NAN;
+    run_step(&p, tb->b.tensors, rows, params, grads, 1.0f, &out);
+    ck_assert_msg(isnan(out.loss), "seed %llu D=%lld rows=%lld: a NaN at x[%lld] left loss %g",
+                  (unsigned long long)seed, (long long)d, (long long)rows, (long long)at,
+                  (double)out.loss);
+    tu_batch_free(tb);
+    free(params);
+    free(grads);
+}
+END_TEST
+
 /* ---- 3. check_batch ------------------------------------------------------------------------ */
 
 START_TEST(test_softmax_check_batch)
@@ -1362,6 +1402,7 @@ int main(void)
     tcase_add_loop_test(tc, test_loss_linear, 0, 12);
     tcase_add_loop_test(tc, test_loss_softmax, 0, 12);
     tcase_add_loop_test(tc, test_softmax_ties, 0, 6);
+    tcase_add_loop_test(tc, test_read_program, 0, 8);
 
     tc = tcase(s, "check_batch");
     tcase_add_loop_test(tc, test_softmax_check_batch, 0, 12);
