@@ -5,7 +5,16 @@
 
 static const ifd_device_backend *const backends[] = {
     &ifd_device_backend_cpu,
+#ifdef IFD_HAVE_CUDA
+    &ifd_device_backend_cuda,
+#endif
 };
+
+#ifdef IFD_HAVE_CUDA
+#define BACKEND_NAMES "cpu or cuda"
+#else
+#define BACKEND_NAMES "cpu"
+#endif
 
 #define NBACKENDS ((int)(sizeof backends / sizeof backends[0]))
 
@@ -22,7 +31,7 @@ int ifd_device_create(ifd_device **out, const char *backend, const ifd_device_co
             return ifd_error_set(
                 err, IFD_ENOTSUP,
                 "backend: 'cuda' is not built into this libinfeed; available: cpu");
-        return ifd_error_set(err, IFD_EINVAL, "backend: expected cpu, got '%s'",
+        return ifd_error_set(err, IFD_EINVAL, "backend: expected " BACKEND_NAMES ", got '%s'",
                              backend ? backend : "(none)");
     }
     ifd_device *dev = calloc(1, sizeof *dev + be->priv_size);

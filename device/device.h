@@ -101,6 +101,7 @@ struct ifd_device {
 };
 
 extern const ifd_device_backend ifd_device_backend_cpu;
+extern const ifd_device_backend ifd_device_backend_cuda; /* built with IFD_HAVE_CUDA */
 
 /* Finds the backend by name and opens it. The error names the backend and the known ones. */
 int ifd_device_create(ifd_device **out, const char *backend, const ifd_device_config *cfg,

@@ -1,0 +1,1229 @@
+/*
+ * The cuda backend: one replica per visible GPU, driven by one host thread each (as the cpu
+ * backend), so that every NCCL communicator and every stream capture belongs to one thread.
+ *
+ * Per replica: a compute stream (the step, the outfeed copy) and a copy stream (host-to-device
+ * shards); a ring of infeed_depth input slots, each a pinned staging buffer, a device buffer of
+ * the same size, the step's outfeed record in device memory and two events ("copied" on the copy
+ * stream, "consumed" on the compute stream); a ring of outfeed slots, each a pinned step record
+ * and the events that time it. Slots move between two queues per ring (free and full), so no
+ * step allocates and every wait on the host is a bounded queue or an event poll that abort
+ * interrupts. docs/cuda.md describes the design; device/device.h the contract.
+ */
+#include "core/batch.h"
+#include "core/log.h"
+#include "core/queue.h"
+#include "core/thread.h"
+#include "device/cuda/cuda_internal.h"
+#include "device/device.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+#include <limits.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CU_ALIGN 256
+/* cuBLAS workspace per handle, set explicitly so that a captured GEMM never allocates (the
+ * cuBLAS documentation recommends 32 MiB on Hopper, 4 MiB before). */
+#define CU_BLAS_WORKSPACE (32u << 20)
+/* After an abort, read_params still waits this long for a stream that is merely busy. */
+#define CU_READ_GRACE_NS (2 * INT64_C(1000000000))
+
+typedef struct cu_dev cu_dev;
+
+/* One input slot of a replica's infeed ring. */
+typedef struct cu_inslot {
+    unsigned char *host;  /* pinned staging */
+    unsigned char *dev;   /* the step reads its inputs here */
+    ifd_step_out *dout;   /* and writes its outfeed record here */
+    cudaEvent_t copied;   /* copy stream: the shard is on the device */
+    cudaEvent_t consumed; /* compute stream: the step that read it finished */
+    int used;             /* consumed has been recorded */
+    int64_t rows;
+    cudaGraphExec_t graph; /* the step captured with this slot's pointers, or NULL */
+} cu_inslot;
+
+/* One outfeed slot. The step's record is copied into host; the events time the step. */
+typedef struct cu_outslot {
+    ifd_step_out *host; /* pinned */
+    cudaEvent_t begin;  /* recorded before the step waits for its shard */
+    cudaEvent_t start;  /* the step begins (its shard is on the device) */
+    cudaEvent_t done;   /* the step and the copy of its record finished */
+    int64_t step;
+    int first;           /* the first step of its loop */
+    int64_t loop_ns;     /* host clock when its loop began */
+    int64_t begin_ns;    /* host clock when begin was recorded */
+    int64_t out_wait_ns; /* host time blocked for this free slot */
+} cu_outslot;
+
+typedef struct cu_replica {
+    int index;
+    int gpu;
+    char name[24];
+    cu_dev *cd;
+    ifd_thread thread;
+    cudaStream_t cs; /* compute */
+    cudaStream_t xs; /* copies */
+    cublasHandle_t blas;
+    ncclComm_t comm; /* NULL with one replica */
+    void *blas_ws;
+    float *dmem;     /* params, grads, slot0, slot1, workspace */
+    int64_t *dsteps; /* step, opt_step */
+    ifd_replica_state st;
+    int nin, nout;
+    cu_inslot *in;
+    cu_outslot *out;
+    ifd_step_out *dout;     /* nin device records */
+    ifd_step_out *out_host; /* nout pinned records */
+    ifd_queue *in_free;     /* int: slots the infeed thread may fill */
+    ifd_queue *in_full;     /* int: staged slots, in order */
+    ifd_queue *out_free;    /* cu_outslot * */
+    ifd_queue *out_full;    /* cu_outslot *: enqueued steps, in order */
+    cudaEvent_t loop_end;   /* the last step of a loop */
+    cudaEvent_t sync_ev;    /* read_params */
+    ifd_ops ops;
+    int op_rc; /* first failure of an op in the current step (ops return nothing) */
+    ifd_error op_err;
+    int warmed;   /* one step ran without a graph */
+    int64_t step; /* replica thread: the global step after its last enqueued step */
+    /* outfeed thread: the last record handed out stays held, so that its done event can time
+     * the next step */
+    cu_outslot *held;
+    int64_t last_end_ns;
+    /* stats, written by the outfeed thread as steps are seen to finish */
+    int64_t n_steps, loop_ns, infeed_wait_ns, outfeed_wait_ns;
+    /* result of the current loop, guarded by cd->mu */
+    int64_t done_steps;
+    int status;
+    ifd_error err;
+} cu_replica;
+
+struct cu_dev {
+    ifd_device *dev;
+    int replicas;
+    cu_replica *reps;
+    ifd_step_ops sops;
+    int graphs;         /* IFD_CUDA_GRAPHS */
+    int64_t graph_rows; /* shards of this many rows run as graphs */
+    size_t in_bytes;    /* staging bytes per slot */
+    ifd_mutex mu;
+    ifd_cond cmd_cv;
+    ifd_cond done_cv;
+    int64_t generation;
+    int64_t loop_n;
+    int ndone;
+    int quit;
+    int aborted;      /* atomic */
+    int64_t gstep;    /* atomic: replica 0's last finished step */
+    int64_t eof_step; /* atomic: the lowest step at which a replica's input ended */
+};
+
+/* ---- errors ----------------------------------------------------------------------------- */
+
+/* "cudaMalloc(&p, n)" -> "cudaMalloc" */
+static void call_name(const char *expr, char *out, size_t len)
+{
+    size_t n = strcspn(expr, "(");
+    if (n >= len)
+        n = len - 1;
+    memcpy(out, expr, n);
+    out[n] = '\0';
+}
+
+static int lib_error(ifd_error *err, int code, int gpu, const char *expr, const char *text)
+{
+    char name[64];
+    call_name(expr, name, sizeof name);
+    if (gpu < 0)
+        return ifd_error_set(err, code, "cuda backend: %s: %s", name, text);
+    return ifd_error_set(err, code, "cuda backend: GPU %d: %s: %s", gpu, name, text);
+}
+
+int ifd_cuda_error(ifd_error *err, int gpu, const char *expr, const char *text)
+{
+    return lib_error(err, IFD_ECUDA, gpu, expr, text);
+}
+
+int ifd_nccl_error(ifd_error *err, int gpu, const char *expr, const char *text)
+{
+    return lib_error(err, IFD_ENCCL, gpu, expr, text);
+}
+
+#define BLAS_TRY_GOTO(gpu, call, rc, err, label)                                                   \
+    do {                                                                                           \
+        cublasStatus_t blas_try_s_ = (call);                                                       \
+        if (blas_try_s_ != CUBLAS_STATUS_SUCCESS) {                                                \
+            (rc) = ifd_cuda_error((err), (gpu), #call, cublasGetStatusString(blas_try_s_));        \
+            goto label;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+static inline int is_aborted(cu_dev *cd)
+{
+    return __atomic_load_n(&cd->aborted, __ATOMIC_ACQUIRE);
+}
+
+static void store_max64(int64_t *p, int64_t v)
+{
+    int64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (v > cur &&
+           !__atomic_compare_exchange_n(p, &cur, v, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+        ;
+}
+
+static void store_min64(int64_t *p, int64_t v)
+{
+    int64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+    while (v < cur &&
+           !__atomic_compare_exchange_n(p, &cur, v, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
+        ;
+}
+
+static inline void add64(int64_t *p, int64_t v)
+{
+    __atomic_add_fetch(p, v, __ATOMIC_RELAXED);
+}
+
+/* A real error from a thread of the backend: report it, then stop the device (an error ends the
+ * run, and peers may wait for this replica in the all-reduce). */
+static void report_error(cu_dev *cd, const char *source, ifd_error *err, int rc)
+{
+    if (err->code != rc)
+        ifd_error_set(err, rc, "%s", ifd_strerror(rc));
+    if (cd->dev->cfg.on_error)
+        cd->dev->cfg.on_error(cd->dev->cfg.on_error_arg, source, err);
+    cd->dev->be->abort(cd->dev);
+}
+
+/*
+ * Waits for ev on the host by polling (a short spin, then sleeps growing to 100 us), so that
+ * abort interrupts it: a blocking cudaEventSynchronize could not be, and a step whose all-reduce
+ * waits for a peer that will never come never finishes. After an abort it keeps polling for
+ * grace_ns before it gives up with IFD_ESTOPPED. rep may be NULL; when given, a wait for a step
+ * beyond the one at which some replica's input ended fails at once instead of hanging.
+ */
+static int wait_event(cu_dev *cd, cu_replica *rep, cudaEvent_t ev, int64_t grace_ns, ifd_error *err)
+{
+    int64_t sleep_ns = 1000, give_up = 0;
+    int gpu = rep ? rep->gpu : -1;
+    for (int i = 0;; i++) {
+        cudaError_t e = cudaEventQuery(ev);
+        if (e == cudaSuccess)
+            return IFD_OK;
+        (void)cudaGetLastError(); /* cudaErrorNotReady must not linger as the last error */
+        if (e != cudaErrorNotReady)
+            return ifd_cuda_error(err, gpu, "cudaEventQuery", cudaGetErrorString(e));
+        if (is_aborted(cd)) {
+            int64_t now = ifd_clock_ns();
+            if (give_up == 0)
+                give_up = now + grace_ns;
+            if (now >= give_up)
+                return ifd_error_set(err, IFD_ESTOPPED, "device aborted");
+        }
+        if (rep && rep->step > __atomic_load_n(&cd->eof_step, __ATOMIC_ACQUIRE))
+            return ifd_error_set(err, IFD_EINTERNAL,
+                                 "cuda backend: replica %d enqueued step %lld but a peer's input "
+                                 "ended at step %lld; its all-reduce can never finish (shards "
+                                 "must come to every replica alike)",
+                                 rep->index, (long long)rep->step,
+                                 (long long)__atomic_load_n(&cd->eof_step, __ATOMIC_ACQUIRE));
+        if (i < 64) {
+            ifd_cpu_relax();
+            continue;
+        }
+        ifd_sleep_ns(sleep_ns);
+        if (sleep_ns < 100000)
+            sleep_ns *= 2;
+    }
+}
+
+/* ---- the op set (include/infeed/program.h) on the compute stream ---------------------------- */
+
+static void op_fail(cu_replica *rep, int code, const char *what, const char *text)
+{
+    if (rep->op_rc == IFD_OK)
+        rep->op_rc =
+            ifd_error_set(&rep->op_err, code, "cuda backend: GPU %d: %s: %s", rep->gpu, what, text);
+}
+
+static void op_check(cu_replica *rep, cudaError_t e, const char *what)
+{
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        op_fail(rep, IFD_ECUDA, what, cudaGetErrorString(e));
+    }
+}
+
+static int ld(int64_t v)
+{
+    return v > 1 ? (int)v : 1;
+}
+
+/* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands and m, n
+ * and keep the row-major leading dimensions (as cblas with CblasRowMajor). */
+static void cu_gemm(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                    const float *a, const float *b, float beta, float *c)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc)
+        return;
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX) {
+        op_fail(rep, IFD_EINVAL, "cublasSgemm", "a dimension exceeds INT_MAX");
+        return;
+    }
+    cublasStatus_t st = cublasSgemm(rep->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m, (int)k, &alpha,
+                                    b, ld(tb ? k : n), a, ld(ta ? m : k), &beta, c, ld(n));
+    if (st != CUBLAS_STATUS_SUCCESS)
+        op_fail(rep, IFD_ECUDA, "cublasSgemm", cublasGetStatusString(st));
+}
+
+static void cu_bias_add(void *ctx, int64_t rows, int64_t cols, const float *bias, float *x)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_bias_add(rep->cs, rows, cols, bias, x), "bias_add kernel");
+}
+
+static void cu_col_sum(void *ctx, int64_t rows, int64_t cols, const float *x, float *out)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_col_sum(rep->cs, rows, cols, x, out), "col_sum kernel");
+}
+
+static void cu_relu(void *ctx, int64_t n, const float *x, float *y)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_relu(rep->cs, n, x, y), "relu kernel");
+}
+
+static void cu_relu_grad(void *ctx, int64_t n, const float *y, const float *dy, float *dx)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_relu_grad(rep->cs, n, y, dy, dx), "relu_grad kernel");
+}
+
+static void cu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *logits,
+                            const int32_t *labels, float scale, float *dlogits, ifd_step_out *out)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_softmax_xent(rep->cs, rows, k, logits, labels, scale, dlogits, out),
+                 "softmax_xent kernel");
+}
+
+static void cu_squared_error(void *ctx, int64_t rows, int64_t k, const float *pred, const float *y,
+                             float scale, float *dpred, ifd_step_out *out)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_squared_error(rep->cs, rows, k, pred, y, scale, dpred, out),
+                 "squared_error kernel");
+}
+
+/* ---- the replication ops (device/step.h) ----------------------------------------------------- */
+
+static int cu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err)
+{
+    cu_replica *rep = ctx;
+    if (rep->comm == NULL)
+        return IFD_OK; /* one replica: the sum is the vector itself */
+    if (is_aborted(rep->cd))
+        return ifd_error_set(err, IFD_ESTOPPED, "all-reduce aborted");
+    ncclResult_t r = ncclAllReduce(buf, buf, (size_t)n, ncclFloat, ncclSum, rep->comm, rep->cs);
+    if (r != ncclSuccess)
+        return ifd_error_set(err, IFD_ENCCL, "cuda backend: GPU %d: ncclAllReduce: %s (%s)",
+                             rep->gpu, ncclGetErrorString(r), ncclGetLastError(rep->comm));
+    return IFD_OK;
+}
+
+static void cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
+                               int64_t n, float *params, const float *grads, float *slot0,
+                               float *slot1)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep,
+                 ifd_cuda_optimizer_apply(rep->cs, opt, opt_step, n, params, grads, slot0, slot1),
+                 "optimizer kernel");
+}
+
+static void cu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
+                           int64_t rows)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_finish_step(rep->cs, step, opt_step, out, rows),
+                 "finish_step kernel");
+}
+
+/* ---- input layout ---------------------------------------------------------------------------- */
+
+static size_t row_bytes(const ifd_input_spec *in)
+{
+    size_t n = ifd_dtype_size(in->dtype);
+    for (int d = 0; d < in->rank; d++)
+        n *= (size_t)in->dims[d];
+    return n;
+}
+
+/* A shard of rows rows in a slot: input i at offs[i], packed, each aligned to CU_ALIGN, so that
+ * one copy moves the whole shard. Returns the bytes used. */
+static size_t shard_layout(const ifd_program *p, int64_t rows, size_t *offs)
+{
+    size_t off = 0;
+    for (int i = 0; i < p->ninputs; i++) {
+        offs[i] = off;
+        off += (size_t)rows * row_bytes(&p->inputs[i]);
+        off = (off + CU_ALIGN - 1) / CU_ALIGN * CU_ALIGN;
+    }
+    return off;
+}
+
+static void shard_views(const ifd_program *p, const cu_inslot *s, ifd_tensor *views)
+{
+    size_t offs[IFD_MAX_INPUTS];
+    shard_layout(p, s->rows, offs);
+    for (int i = 0; i < p->ninputs; i++) {
+        const ifd_input_spec *in = &p->inputs[i];
+        int64_t dims[IFD_MAX_RANK] = {s->rows};
+        for (int d = 0; d < in->rank; d++)
+            dims[d + 1] = in->dims[d];
+        ifd_tensor_init(&views[i], in->dtype, in->rank + 1, dims, s->dev + offs[i]);
+    }
+}
+
+/* ---- the replica thread ---------------------------------------------------------------------- */
+
+/* The shared step (device/step.h) enqueued on the compute stream. */
+static int enqueue_step(cu_replica *rep, cu_inslot *s)
+{
+    const ifd_device_config *cfg = &rep->cd->dev->cfg;
+    ifd_tensor views[IFD_MAX_INPUTS];
+    shard_views(cfg->program, s, views);
+    rep->op_rc = IFD_OK;
+    int rc = ifd_step_train(cfg->program, &rep->ops, &rep->cd->sops, rep, &rep->st, &cfg->optimizer,
+                            cfg->loss_scale, views, s->rows, s->dout, &rep->err);
+    if (rep->op_rc) {
+        rep->err = rep->op_err;
+        return rep->op_rc;
+    }
+    return rc;
+}
+
+/*
+ * The step as a graph when it can be one. NCCL requires that every rank makes the same choice at
+ * every step (captured or not, and which capture), so the choice depends only on what all
+ * replicas share: the first step of each replica runs directly (it initialises cuBLAS and loads
+ * the kernels outside any capture), later steps whose shard has graph_rows rows run the graph of
+ * their slot, captured on the slot's first such use; other row counts run directly. Replicas use
+ * their slots in the same order and, with per-host input, get shards of the same size.
+ */
+static int run_step(cu_replica *rep, cu_inslot *s)
+{
+    cu_dev *cd = rep->cd;
+    int rc = IFD_OK;
+    int use_graph = cd->graphs && rep->warmed && s->rows == cd->graph_rows;
+    rep->warmed = 1;
+    if (!use_graph)
+        return enqueue_step(rep, s);
+    if (s->graph == NULL) {
+        cudaGraph_t g = NULL;
+        CUDA_TRY_GOTO(rep->gpu, cudaStreamBeginCapture(rep->cs, cudaStreamCaptureModeThreadLocal),
+                      rc, &rep->err, fail);
+        rc = enqueue_step(rep, s);
+        cudaError_t e = cudaStreamEndCapture(rep->cs, &g);
+        if (e == cudaSuccess && rc == IFD_OK) {
+            e = cudaGraphInstantiate(&s->graph, g, 0);
+            if (e != cudaSuccess) {
+                s->graph = NULL;
+                (void)cudaGetLastError();
+                rc = ifd_cuda_error(&rep->err, rep->gpu, "cudaGraphInstantiate",
+                                    cudaGetErrorString(e));
+            }
+        } else if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            if (rc == IFD_OK)
+                rc = ifd_cuda_error(&rep->err, rep->gpu, "cudaStreamEndCapture",
+                                    cudaGetErrorString(e));
+        }
+        if (g)
+            cudaGraphDestroy(g);
+        if (rc)
+            return rc;
+    }
+    CUDA_TRY_GOTO(rep->gpu, cudaGraphLaunch(s->graph, rep->cs), rc, &rep->err, fail);
+    return IFD_OK;
+fail:
+    return rc;
+}
+
+/* Enqueues one step. The host waits only for the shard to be staged and for a free outfeed slot;
+ * the GPU orders the rest with events. IFD_OK, IFD_EEOF, IFD_ESTOPPED or an error in rep->err. */
+static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
+{
+    int idx;
+    cu_outslot *o;
+    int rc = ifd_queue_pop(rep->in_full, &idx);
+    if (rc == IFD_ECLOSED)
+        return IFD_EEOF;
+    if (rc)
+        return rc;
+    int64_t t0 = ifd_clock_ns();
+    rc = ifd_queue_pop(rep->out_free, &o);
+    if (rc)
+        return rc;
+    cu_inslot *s = &rep->in[idx];
+    o->first = first;
+    o->loop_ns = loop_ns;
+    o->begin_ns = ifd_clock_ns();
+    o->out_wait_ns = o->begin_ns - t0;
+    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(o->begin, rep->cs), rc, &rep->err, fail);
+    CUDA_TRY_GOTO(rep->gpu, cudaStreamWaitEvent(rep->cs, s->copied, 0), rc, &rep->err, fail);
+    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(o->start, rep->cs), rc, &rep->err, fail);
+    rc = run_step(rep, s);
+    if (rc)
+        goto fail;
+    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(s->consumed, rep->cs), rc, &rep->err, fail);
+    s->used = 1;
+    CUDA_TRY_GOTO(
+        rep->gpu,
+        cudaMemcpyAsync(o->host, s->dout, sizeof *o->host, cudaMemcpyDeviceToHost, rep->cs), rc,
+        &rep->err, fail);
+    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(o->done, rep->cs), rc, &rep->err, fail);
+    rep->step++;
+    o->step = rep->step;
+    /* Neither push blocks: each queue holds every slot of its ring. */
+    ifd_queue_push(rep->in_free, &idx);
+    return ifd_queue_push(rep->out_full, &o);
+
+fail:
+    ifd_queue_push(rep->out_free, &o);
+    if (!ifd_error_is_secondary(rc) && rc != IFD_EEOF)
+        ifd_error_prefix(&rep->err, "step %lld", (long long)(rep->step + 1));
+    return rc;
+}
+
+static void *replica_main(void *arg)
+{
+    cu_replica *rep = arg;
+    cu_dev *cd = rep->cd;
+    int64_t seen = 0;
+    ifd_error set_err;
+    int set_rc = IFD_OK;
+    CUDA_TRY_GOTO(rep->gpu, cudaSetDevice(rep->gpu), set_rc, &set_err, loops);
+loops:
+    for (;;) {
+        ifd_mutex_lock(&cd->mu);
+        while (!cd->quit && cd->generation == seen)
+            ifd_cond_wait(&cd->cmd_cv, &cd->mu);
+        if (cd->quit) {
+            ifd_mutex_unlock(&cd->mu);
+            break;
+        }
+        seen = cd->generation;
+        int64_t n = cd->loop_n;
+        ifd_mutex_unlock(&cd->mu);
+
+        int64_t loop_ns = ifd_clock_ns(), done = 0;
+        int rc = set_rc;
+        ifd_error_clear(&rep->err);
+        if (rc)
+            rep->err = set_err;
+        while (rc == IFD_OK && done < n) {
+            rc = replica_step(rep, done == 0, loop_ns);
+            if (rc == IFD_OK)
+                done++;
+        }
+        if (rc == IFD_EEOF)
+            store_min64(&cd->eof_step, rep->step);
+        /* run_loop returns once the loop's last step finished: wait for it, not for each. */
+        if (done > 0 && (rc == IFD_OK || rc == IFD_EEOF)) {
+            ifd_error e;
+            int wrc = IFD_OK;
+            CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(rep->loop_end, rep->cs), wrc, &e, waited);
+            wrc = wait_event(cd, rep, rep->loop_end, 0, &e);
+        waited:
+            if (wrc) {
+                rc = wrc;
+                rep->err = e;
+            } else if (rep->index == 0) {
+                store_max64(&cd->gstep, rep->step);
+            }
+        }
+        if (rc == IFD_EEOF) {
+            /* The outfeed thread learns there is nothing more once it drained what we wrote. */
+            ifd_queue_close(rep->out_full);
+        } else if (rc && !ifd_error_is_secondary(rc)) {
+            report_error(cd, rep->name, &rep->err, rc);
+        }
+        ifd_mutex_lock(&cd->mu);
+        rep->done_steps = done;
+        rep->status = rc;
+        cd->ndone++;
+        ifd_cond_broadcast(&cd->done_cv);
+        ifd_mutex_unlock(&cd->mu);
+    }
+    return NULL;
+}
+
+/* ---- open and close ---------------------------------------------------------------------------
+ */
+
+static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *init, ifd_error *err)
+{
+    const ifd_device_config *cfg = &cd->dev->cfg;
+    const ifd_program *p = cfg->program;
+    int64_t np = p->nparam_floats;
+    int64_t ws = p->cls->workspace_floats(p, cfg->max_shard_rows);
+    int gpu = index, rc = IFD_OK;
+    rep->index = index;
+    rep->gpu = gpu;
+    rep->cd = cd;
+    rep->step = cfg->initial_step;
+    snprintf(rep->name, sizeof rep->name, "replica %d", index);
+    rep->nin = cfg->infeed_depth;
+    rep->nout = cfg->outfeed_depth + 1; /* one stays held by the outfeed thread */
+    rep->in = calloc((size_t)rep->nin, sizeof *rep->in);
+    rep->out = calloc((size_t)rep->nout, sizeof *rep->out);
+    if (rep->in == NULL || rep->out == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "cuda backend: replica %d slots", index);
+
+    CUDA_TRY_GOTO(gpu, cudaSetDevice(gpu), rc, err, out);
+    CUDA_TRY_GOTO(gpu, cudaStreamCreateWithFlags(&rep->cs, cudaStreamNonBlocking), rc, err, out);
+    CUDA_TRY_GOTO(gpu, cudaStreamCreateWithFlags(&rep->xs, cudaStreamNonBlocking), rc, err, out);
+    BLAS_TRY_GOTO(gpu, cublasCreate(&rep->blas), rc, err, out);
+    BLAS_TRY_GOTO(gpu, cublasSetStream(rep->blas, rep->cs), rc, err, out);
+    BLAS_TRY_GOTO(gpu, cublasSetMathMode(rep->blas, CUBLAS_DEFAULT_MATH), rc, err, out);
+    CUDA_TRY_GOTO(gpu, cudaMalloc(&rep->blas_ws, CU_BLAS_WORKSPACE), rc, err, out);
+    BLAS_TRY_GOTO(gpu, cublasSetWorkspace(rep->blas, rep->blas_ws, CU_BLAS_WORKSPACE), rc, err,
+                  out);
+
+    size_t mem_floats = (size_t)(4 * np + ws + 1);
+    CUDA_TRY_GOTO(gpu, cudaMalloc((void **)&rep->dmem, mem_floats * sizeof(float)), rc, err, out);
+    CUDA_TRY_GOTO(gpu, cudaMemset(rep->dmem, 0, mem_floats * sizeof(float)), rc, err, out);
+    CUDA_TRY_GOTO(gpu,
+                  cudaMemcpy(rep->dmem, init, (size_t)np * sizeof(float), cudaMemcpyHostToDevice),
+                  rc, err, out);
+    int64_t steps[2] = {cfg->initial_step, 0};
+    CUDA_TRY_GOTO(gpu, cudaMalloc((void **)&rep->dsteps, sizeof steps), rc, err, out);
+    CUDA_TRY_GOTO(gpu, cudaMemcpy(rep->dsteps, steps, sizeof steps, cudaMemcpyHostToDevice), rc,
+                  err, out);
+    rep->st.params = rep->dmem;
+    rep->st.grads = rep->dmem + np;
+    rep->st.slot0 = rep->dmem + 2 * np;
+    rep->st.slot1 = rep->dmem + 3 * np;
+    rep->st.workspace = rep->dmem + 4 * np;
+    rep->st.step = &rep->dsteps[0];
+    rep->st.opt_step = &rep->dsteps[1];
+
+    CUDA_TRY_GOTO(gpu, cudaMalloc((void **)&rep->dout, (size_t)rep->nin * sizeof(ifd_step_out)), rc,
+                  err, out);
+    CUDA_TRY_GOTO(gpu, cudaMemset(rep->dout, 0, (size_t)rep->nin * sizeof(ifd_step_out)), rc, err,
+                  out);
+    for (int i = 0; i < rep->nin; i++) {
+        cu_inslot *s = &rep->in[i];
+        s->dout = &rep->dout[i];
+        CUDA_TRY_GOTO(gpu, cudaHostAlloc((void **)&s->host, cd->in_bytes, cudaHostAllocPortable),
+                      rc, err, out);
+        CUDA_TRY_GOTO(gpu, cudaMalloc((void **)&s->dev, cd->in_bytes), rc, err, out);
+        CUDA_TRY_GOTO(gpu, cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming), rc, err,
+                      out);
+        CUDA_TRY_GOTO(gpu, cudaEventCreateWithFlags(&s->consumed, cudaEventDisableTiming), rc, err,
+                      out);
+    }
+    CUDA_TRY_GOTO(gpu,
+                  cudaHostAlloc((void **)&rep->out_host, (size_t)rep->nout * sizeof(ifd_step_out),
+                                cudaHostAllocPortable),
+                  rc, err, out);
+    for (int i = 0; i < rep->nout; i++) {
+        cu_outslot *o = &rep->out[i];
+        o->host = &rep->out_host[i];
+        CUDA_TRY_GOTO(gpu, cudaEventCreate(&o->begin), rc, err, out);
+        CUDA_TRY_GOTO(gpu, cudaEventCreate(&o->start), rc, err, out);
+        CUDA_TRY_GOTO(gpu, cudaEventCreate(&o->done), rc, err, out);
+    }
+    CUDA_TRY_GOTO(gpu, cudaEventCreateWithFlags(&rep->loop_end, cudaEventDisableTiming), rc, err,
+                  out);
+    CUDA_TRY_GOTO(gpu, cudaEventCreateWithFlags(&rep->sync_ev, cudaEventDisableTiming), rc, err,
+                  out);
+
+    if (ifd_queue_create(&rep->in_free, sizeof(int), (size_t)rep->nin) ||
+        ifd_queue_create(&rep->in_full, sizeof(int), (size_t)rep->nin) ||
+        ifd_queue_create(&rep->out_free, sizeof(cu_outslot *), (size_t)rep->nout) ||
+        ifd_queue_create(&rep->out_full, sizeof(cu_outslot *), (size_t)rep->nout))
+        return ifd_error_set(err, IFD_ENOMEM, "cuda backend: replica %d rings", index);
+    for (int i = 0; i < rep->nin; i++)
+        ifd_queue_push(rep->in_free, &i);
+    for (int i = 0; i < rep->nout; i++) {
+        cu_outslot *o = &rep->out[i];
+        ifd_queue_push(rep->out_free, &o);
+    }
+
+    rep->ops.ctx = rep;
+    rep->ops.gemm = cu_gemm;
+    rep->ops.bias_add = cu_bias_add;
+    rep->ops.col_sum = cu_col_sum;
+    rep->ops.relu = cu_relu;
+    rep->ops.relu_grad = cu_relu_grad;
+    rep->ops.softmax_xent = cu_softmax_xent;
+    rep->ops.squared_error = cu_squared_error;
+out:
+    return rc;
+}
+
+/*
+ * One communicator per local GPU, created from one ncclUniqueId with ncclCommInitRank inside a
+ * group (one thread initialises every local rank). A multi-host setup would get the id from rank
+ * 0's host instead of ncclGetUniqueId, and pass its own first rank and the world size.
+ */
+static int nccl_open(cu_dev *cd, const ncclUniqueId *id, int nranks, int first_rank, ifd_error *err)
+{
+    int rc = IFD_OK, r = 0;
+    NCCL_TRY_GOTO(-1, ncclGroupStart(), rc, err, out);
+    for (r = 0; r < cd->replicas; r++) {
+        cu_replica *rep = &cd->reps[r];
+        CUDA_TRY_GOTO(rep->gpu, cudaSetDevice(rep->gpu), rc, err, end_group);
+        NCCL_TRY_GOTO(rep->gpu, ncclCommInitRank(&rep->comm, nranks, *id, first_rank + r), rc, err,
+                      end_group);
+    }
+end_group:;
+    ncclResult_t g = ncclGroupEnd();
+    if (rc == IFD_OK && g != ncclSuccess)
+        rc = ifd_nccl_error(err, -1, "ncclGroupEnd", ncclGetErrorString(g));
+    if (rc)
+        goto out;
+    /* One all-reduce of the gradient vector now: NCCL connects its peers at a communicator's
+     * first collective, a host-side handshake that must not happen inside a step or a capture. */
+    NCCL_TRY_GOTO(-1, ncclGroupStart(), rc, err, out);
+    for (r = 0; r < cd->replicas; r++) {
+        cu_replica *rep = &cd->reps[r];
+        ncclResult_t a =
+            ncclAllReduce(rep->st.grads, rep->st.grads, (size_t)cd->dev->cfg.program->nparam_floats,
+                          ncclFloat, ncclSum, rep->comm, rep->cs);
+        if (a != ncclSuccess && rc == IFD_OK)
+            rc = ifd_nccl_error(err, rep->gpu, "ncclAllReduce", ncclGetErrorString(a));
+    }
+    g = ncclGroupEnd();
+    if (rc == IFD_OK && g != ncclSuccess)
+        rc = ifd_nccl_error(err, -1, "ncclGroupEnd", ncclGetErrorString(g));
+    for (r = 0; rc == IFD_OK && r < cd->replicas; r++) {
+        cu_replica *rep = &cd->reps[r];
+        CUDA_TRY_GOTO(rep->gpu, cudaSetDevice(rep->gpu), rc, err, out);
+        CUDA_TRY_GOTO(rep->gpu, cudaStreamSynchronize(rep->cs), rc, err, out);
+    }
+out:
+    return rc;
+}
+
+static void replica_free(cu_replica *rep)
+{
+    if (rep->in == NULL)
+        return;
+    cudaSetDevice(rep->gpu);
+    if (rep->cs)
+        cudaStreamSynchronize(rep->cs);
+    if (rep->xs)
+        cudaStreamSynchronize(rep->xs);
+    for (int i = 0; i < rep->nin; i++) {
+        cu_inslot *s = &rep->in[i];
+        if (s->copied)
+            cudaEventDestroy(s->copied);
+        if (s->consumed)
+            cudaEventDestroy(s->consumed);
+        cudaFreeHost(s->host);
+        cudaFree(s->dev);
+    }
+    for (int i = 0; i < rep->nout; i++) {
+        cu_outslot *o = &rep->out[i];
+        if (o->begin)
+            cudaEventDestroy(o->begin);
+        if (o->start)
+            cudaEventDestroy(o->start);
+        if (o->done)
+            cudaEventDestroy(o->done);
+    }
+    if (rep->loop_end)
+        cudaEventDestroy(rep->loop_end);
+    if (rep->sync_ev)
+        cudaEventDestroy(rep->sync_ev);
+    cudaFreeHost(rep->out_host);
+    cudaFree(rep->dout);
+    cudaFree(rep->dsteps);
+    cudaFree(rep->dmem);
+    if (rep->blas)
+        cublasDestroy(rep->blas);
+    cudaFree(rep->blas_ws);
+    if (rep->xs)
+        cudaStreamDestroy(rep->xs);
+    if (rep->cs)
+        cudaStreamDestroy(rep->cs);
+    (void)cudaGetLastError();
+    ifd_queue_destroy(rep->in_free);
+    ifd_queue_destroy(rep->in_full);
+    ifd_queue_destroy(rep->out_free);
+    ifd_queue_destroy(rep->out_full);
+    free(rep->in);
+    free(rep->out);
+    rep->in = NULL;
+}
+
+/*
+ * Communicators go first. After an abort a step may be stuck in an all-reduce that waits for a
+ * peer that never launched its own, which no stream synchronisation would outlive:
+ * ncclCommAbort stops such kernels. A clean close finalizes every local rank in one group (the
+ * collective flush) and then destroys them locally.
+ */
+static void nccl_close(cu_dev *cd, int abort_comms)
+{
+    int have = 0;
+    for (int r = 0; r < cd->replicas; r++)
+        have |= cd->reps[r].comm != NULL;
+    if (!have)
+        return;
+    if (abort_comms) {
+        for (int r = 0; r < cd->replicas; r++) {
+            if (cd->reps[r].comm) {
+                cudaSetDevice(cd->reps[r].gpu);
+                ncclCommAbort(cd->reps[r].comm);
+                cd->reps[r].comm = NULL;
+            }
+        }
+        return;
+    }
+    ncclGroupStart();
+    for (int r = 0; r < cd->replicas; r++) {
+        if (cd->reps[r].comm) {
+            cudaSetDevice(cd->reps[r].gpu);
+            ncclCommFinalize(cd->reps[r].comm);
+        }
+    }
+    ncclGroupEnd();
+    for (int r = 0; r < cd->replicas; r++) {
+        if (cd->reps[r].comm) {
+            ncclCommDestroy(cd->reps[r].comm);
+            cd->reps[r].comm = NULL;
+        }
+    }
+}
+
+static void cu_close(ifd_device *dev)
+{
+    cu_dev *cd = dev->priv;
+    if (cd->reps == NULL)
+        return;
+    ifd_mutex_lock(&cd->mu);
+    cd->quit = 1;
+    ifd_cond_broadcast(&cd->cmd_cv);
+    ifd_mutex_unlock(&cd->mu);
+    for (int r = 0; r < cd->replicas; r++)
+        ifd_thread_join(&cd->reps[r].thread);
+    /* Graphs that captured an all-reduce hold their communicator: they go before it. A graph
+     * still running is freed when it completes. */
+    for (int r = 0; r < cd->replicas; r++) {
+        cu_replica *rep = &cd->reps[r];
+        for (int i = 0; rep->in && i < rep->nin; i++) {
+            if (rep->in[i].graph) {
+                cudaSetDevice(rep->gpu);
+                cudaGraphExecDestroy(rep->in[i].graph);
+                rep->in[i].graph = NULL;
+            }
+        }
+    }
+    nccl_close(cd, is_aborted(cd));
+    for (int r = 0; r < cd->replicas; r++)
+        replica_free(&cd->reps[r]);
+    free(cd->reps);
+    cd->reps = NULL;
+    ifd_cond_fini(&cd->done_cv);
+    ifd_cond_fini(&cd->cmd_cv);
+    ifd_mutex_fini(&cd->mu);
+}
+
+/* IFD_CUDA_GRAPHS=0|1 (default 1). */
+static int graphs_setting(int *out, ifd_error *err)
+{
+    const char *v = getenv("IFD_CUDA_GRAPHS");
+    *out = 1;
+    if (v == NULL || *v == '\0')
+        return IFD_OK;
+    if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0) {
+        *out = v[0] == '1';
+        return IFD_OK;
+    }
+    return ifd_error_set(err, IFD_EINVAL,
+                         "cuda backend: environment variable IFD_CUDA_GRAPHS: expected 0 or 1, "
+                         "got '%s'",
+                         v);
+}
+
+static int cu_open(ifd_device *dev, ifd_error *err)
+{
+    cu_dev *cd = dev->priv;
+    const ifd_device_config *cfg = &dev->cfg;
+    const ifd_program *p = cfg->program;
+    cd->dev = dev;
+    cd->replicas = cfg->replicas;
+    cd->gstep = cfg->initial_step;
+    cd->eof_step = INT64_MAX;
+    int rc = graphs_setting(&cd->graphs, err);
+    if (rc)
+        return rc;
+
+    int visible = 0;
+    cudaError_t e = cudaGetDeviceCount(&visible);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return ifd_error_set(err, IFD_ECUDA, "cuda backend: no usable GPU: cudaGetDeviceCount: %s",
+                             cudaGetErrorString(e));
+    }
+    if (visible == 0)
+        return ifd_error_set(err, IFD_ECUDA,
+                             "cuda backend: no usable GPU: cudaGetDeviceCount: 0 devices visible");
+    if (cfg->replicas < 1 || cfg->replicas > visible) {
+        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        return ifd_error_set(err, IFD_EINVAL,
+                             "cuda backend: replicas: %d requested, but %d GPU%s visible "
+                             "(CUDA_VISIBLE_DEVICES=%s); one replica runs per GPU",
+                             cfg->replicas, visible, visible == 1 ? " is" : "s are",
+                             cvd ? cvd : "(unset)");
+    }
+    size_t offs[IFD_MAX_INPUTS];
+    cd->in_bytes = shard_layout(p, cfg->max_shard_rows, offs);
+    if (cd->in_bytes == 0)
+        cd->in_bytes = CU_ALIGN;
+    cd->graph_rows = cfg->max_shard_rows % cfg->replicas == 0 ? cfg->max_shard_rows / cfg->replicas
+                                                              : -1; /* the per-host shard */
+    cd->sops.allreduce_sum = cu_allreduce_sum;
+    cd->sops.optimizer_apply = cu_optimizer_apply;
+    cd->sops.finish_step = cu_finish_step;
+    ifd_mutex_init(&cd->mu);
+    ifd_cond_init(&cd->cmd_cv);
+    ifd_cond_init(&cd->done_cv);
+
+    float *init = malloc(sizeof(float) * (size_t)(p->nparam_floats + 1));
+    cd->reps = calloc((size_t)cd->replicas, sizeof *cd->reps);
+    if (init == NULL || cd->reps == NULL) {
+        rc = ifd_error_set(err, IFD_ENOMEM, "cuda backend: %d replicas", cd->replicas);
+        goto fail;
+    }
+    p->cls->init_params(p, init, cfg->seed);
+    for (int r = 0; r < cd->replicas; r++) {
+        rc = replica_open(cd, &cd->reps[r], r, init, err);
+        if (rc)
+            goto fail;
+    }
+    if (cd->replicas > 1) {
+        ncclUniqueId id;
+        NCCL_TRY_GOTO(-1, ncclGetUniqueId(&id), rc, err, fail);
+        rc = nccl_open(cd, &id, cd->replicas, 0, err);
+        if (rc)
+            goto fail;
+    }
+    for (int r = 0; r < cd->replicas; r++) {
+        cu_replica *rep = &cd->reps[r];
+        CUDA_TRY_GOTO(rep->gpu, cudaSetDevice(rep->gpu), rc, err, fail);
+        CUDA_TRY_GOTO(rep->gpu, cudaStreamSynchronize(rep->cs), rc, err, fail);
+    }
+    for (int r = 0; r < cd->replicas; r++) {
+        char tname[32];
+        snprintf(tname, sizeof tname, "ifd-gpu%d", r);
+        if (ifd_thread_start(&cd->reps[r].thread, tname, replica_main, &cd->reps[r])) {
+            rc = ifd_error_set(err, IFD_ENOMEM, "cuda backend: cannot start replica thread %d", r);
+            goto fail;
+        }
+    }
+    free(init);
+    IFD_LOG_INFO("cuda backend: %d replicas on %d visible GPUs, %lld parameters, graphs %s",
+                 cd->replicas, visible, (long long)p->nparam_floats, cd->graphs ? "on" : "off");
+    return IFD_OK;
+
+fail:
+    free(init);
+    /* Nothing ran yet, but an init that failed half-way leaves communicators best aborted. */
+    __atomic_store_n(&cd->aborted, 1, __ATOMIC_RELEASE);
+    if (cd->reps == NULL) {
+        ifd_cond_fini(&cd->done_cv);
+        ifd_cond_fini(&cd->cmd_cv);
+        ifd_mutex_fini(&cd->mu);
+    }
+    cu_close(dev);
+    return rc;
+}
+
+/* ---- the infeed thread ------------------------------------------------------------------------
+ */
+
+/*
+ * The one host copy: the shard's rows into a free slot's pinned staging, then the host-to-device
+ * copy on the copy stream and its event. A slot is free again once the step that read it was
+ * enqueued; before reusing it the infeed thread waits (by polling, so abort interrupts it) for
+ * that step to finish, which also means the slot's previous copy finished.
+ */
+static int cu_infeed_enqueue(ifd_device *dev, int replica, const ifd_shard *shard)
+{
+    cu_dev *cd = dev->priv;
+    cu_replica *rep = &cd->reps[replica];
+    const ifd_program *p = dev->cfg.program;
+    ifd_error err;
+    ifd_error_clear(&err);
+    if (is_aborted(cd))
+        return IFD_ESTOPPED;
+    if (shard->rows < 0 || shard->rows > dev->cfg.max_shard_rows) {
+        ifd_error_set(&err, IFD_EINTERNAL,
+                      "cuda backend: replica %d: a shard of %lld rows, the staging slots hold %lld",
+                      replica, (long long)shard->rows, (long long)dev->cfg.max_shard_rows);
+        report_error(cd, "cuda infeed", &err, IFD_EINTERNAL);
+        return IFD_EINTERNAL;
+    }
+    int idx, rc = ifd_queue_pop(rep->in_free, &idx);
+    if (rc)
+        return IFD_ESTOPPED;
+    cu_inslot *s = &rep->in[idx];
+    CUDA_TRY_GOTO(rep->gpu, cudaSetDevice(rep->gpu), rc, &err, fail);
+    if (s->used) {
+        rc = wait_event(cd, NULL, s->consumed, 0, &err);
+        if (rc)
+            goto fail;
+    }
+    size_t offs[IFD_MAX_INPUTS];
+    size_t bytes = shard_layout(p, shard->rows, offs);
+    ifd_batch_ref(shard->batch, 1);
+    for (int i = 0; i < p->ninputs; i++) {
+        const ifd_tensor *t = &shard->batch->tensors[i];
+        size_t rb = row_bytes(&p->inputs[i]);
+        if (shard->rows > 0)
+            memcpy(s->host + offs[i], (const unsigned char *)t->data + (size_t)shard->row0 * rb,
+                   (size_t)shard->rows * rb);
+    }
+    ifd_batch_unref(shard->batch); /* the device reads the staging copy, never the batch */
+    s->rows = shard->rows;
+    if (bytes > 0)
+        CUDA_TRY_GOTO(rep->gpu,
+                      cudaMemcpyAsync(s->dev, s->host, bytes, cudaMemcpyHostToDevice, rep->xs), rc,
+                      &err, fail);
+    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(s->copied, rep->xs), rc, &err, fail);
+    rc = ifd_queue_push(rep->in_full, &idx);
+    return rc ? IFD_ESTOPPED : IFD_OK;
+
+fail:
+    if (ifd_error_is_secondary(rc))
+        return rc;
+    ifd_error_prefix(&err, "replica %d infeed", replica);
+    report_error(cd, "cuda infeed", &err, rc);
+    return rc;
+}
+
+static void cu_infeed_flush(ifd_device *dev)
+{
+    (void)dev; /* the rings hand every shard over at once */
+}
+
+static void cu_infeed_end(ifd_device *dev)
+{
+    cu_dev *cd = dev->priv;
+    for (int r = 0; r < cd->replicas; r++)
+        ifd_queue_close(cd->reps[r].in_full);
+}
+
+/* ---- the outfeed thread -----------------------------------------------------------------------
+ */
+
+static double elapsed_ns(cudaEvent_t a, cudaEvent_t b)
+{
+    float ms = 0.0f;
+    if (cudaEventElapsedTime(&ms, a, b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0.0;
+    }
+    return (double)ms * 1e6;
+}
+
+/*
+ * Times a finished step on the host clock (docs/cuda.md): the first step of a loop from its begin
+ * event, recorded while the GPU was idle (the previous loop was waited for), so at about
+ * begin_ns; a later step from the previous step's done event, held for this. The GPU's idle gap
+ * before the step (from the previous step's end, or the loop's start, to the step's start) is
+ * the time it waited: for a free outfeed slot as long as the host did, the rest for the infeed.
+ */
+static void time_step(cu_replica *rep, const cu_outslot *o, ifd_outfeed_rec *rec)
+{
+    cudaEvent_t ref;
+    double ref_ns, prev_ns;
+    if (o->first || rep->held == NULL) {
+        ref = o->begin;
+        ref_ns = (double)o->begin_ns;
+        prev_ns = (double)o->loop_ns;
+    } else {
+        ref = rep->held->done;
+        ref_ns = prev_ns = (double)rep->last_end_ns;
+    }
+    double start = ref_ns + elapsed_ns(ref, o->start);
+    double end = ref_ns + elapsed_ns(ref, o->done);
+    if (end < prev_ns)
+        end = prev_ns;
+    if (start < prev_ns)
+        start = prev_ns;
+    if (start > end)
+        start = end;
+    int64_t gap = (int64_t)(start - prev_ns);
+    rec->end_ns = (int64_t)end;
+    rec->step_ns = (int64_t)(end - prev_ns);
+    rec->outfeed_wait_ns = gap < o->out_wait_ns ? gap : o->out_wait_ns;
+    rec->infeed_wait_ns = gap - rec->outfeed_wait_ns;
+}
+
+static int cu_outfeed_dequeue(ifd_device *dev, int replica, ifd_outfeed_rec *rec)
+{
+    cu_dev *cd = dev->priv;
+    cu_replica *rep = &cd->reps[replica];
+    cu_outslot *o;
+    int rc = ifd_queue_pop(rep->out_full, &o);
+    if (rc == IFD_ECLOSED)
+        return IFD_EEOF;
+    if (rc)
+        return rc;
+    ifd_error err;
+    ifd_error_clear(&err);
+    CUDA_TRY_GOTO(rep->gpu, cudaSetDevice(rep->gpu), rc, &err, fail);
+    rc = wait_event(cd, NULL, o->done, 0, &err);
+    if (rc)
+        goto fail;
+    rec->step = o->step;
+    rec->out = *o->host;
+    time_step(rep, o, rec);
+    rep->last_end_ns = rec->end_ns;
+    if (rep->held)
+        ifd_queue_push(rep->out_free, &rep->held);
+    rep->held = o;
+    add64(&rep->n_steps, 1);
+    add64(&rep->loop_ns, rec->step_ns);
+    add64(&rep->infeed_wait_ns, rec->infeed_wait_ns);
+    add64(&rep->outfeed_wait_ns, rec->outfeed_wait_ns);
+    if (replica == 0)
+        store_max64(&cd->gstep, o->step);
+    return IFD_OK;
+
+fail:
+    ifd_queue_push(rep->out_free, &o);
+    if (!ifd_error_is_secondary(rc))
+        report_error(cd, "cuda outfeed", &err, rc);
+    return rc;
+}
+
+/* ---- the session's thread ----------------------------------------------------------------------
+ */
+
+static int cu_run_loop(ifd_device *dev, int64_t n, int64_t *steps_done, ifd_error *err)
+{
+    cu_dev *cd = dev->priv;
+    *steps_done = 0;
+    if (is_aborted(cd))
+        return ifd_error_set(err, IFD_ESTOPPED, "device aborted");
+    ifd_mutex_lock(&cd->mu);
+    cd->loop_n = n;
+    cd->ndone = 0;
+    cd->generation++;
+    ifd_cond_broadcast(&cd->cmd_cv);
+    while (cd->ndone < cd->replicas)
+        ifd_cond_wait(&cd->done_cv, &cd->mu);
+    int64_t done = n;
+    int rc = IFD_OK;
+    for (int r = 0; r < cd->replicas; r++) {
+        cu_replica *rep = &cd->reps[r];
+        if (rep->done_steps < done)
+            done = rep->done_steps;
+        int s = rep->status;
+        /* Rank: a real error, then stopped, then end of input (as the cpu backend). */
+        if (s && (rc == IFD_OK || rc == IFD_EEOF ||
+                  (ifd_error_is_secondary(rc) && !ifd_error_is_secondary(s) && s != IFD_EEOF))) {
+            rc = s;
+            if (err)
+                *err = rep->err;
+        }
+    }
+    ifd_mutex_unlock(&cd->mu);
+    *steps_done = done;
+    if (rc == IFD_EEOF)
+        ifd_error_set(err, IFD_EEOF, "the input ended after %lld of %lld steps", (long long)done,
+                      (long long)n);
+    return rc;
+}
+
+static int cu_read_params(ifd_device *dev, int replica, float *out, ifd_error *err)
+{
+    cu_dev *cd = dev->priv;
+    if (replica < 0 || replica >= cd->replicas)
+        return ifd_error_set(err, IFD_EINVAL, "replica: expected 0 to %d, got %d", cd->replicas - 1,
+                             replica);
+    cu_replica *rep = &cd->reps[replica];
+    size_t bytes = sizeof(float) * (size_t)dev->cfg.program->nparam_floats;
+    int rc = IFD_OK;
+    ifd_error e;
+    CUDA_TRY_GOTO(rep->gpu, cudaSetDevice(rep->gpu), rc, &e, fail);
+    /* Make sure the stream is idle before a blocking copy: after an abort it may never be. */
+    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(rep->sync_ev, rep->cs), rc, &e, fail);
+    rc = wait_event(cd, NULL, rep->sync_ev, CU_READ_GRACE_NS, &e);
+    if (rc)
+        goto fail;
+    CUDA_TRY_GOTO(rep->gpu,
+                  cudaMemcpyAsync(out, rep->st.params, bytes, cudaMemcpyDeviceToHost, rep->cs), rc,
+                  &e, fail);
+    CUDA_TRY_GOTO(rep->gpu, cudaStreamSynchronize(rep->cs), rc, &e, fail);
+    return IFD_OK;
+fail:
+    if (err)
+        *err = e;
+    return rc;
+}
+
+static int64_t cu_global_step(ifd_device *dev)
+{
+    cu_dev *cd = dev->priv;
+    return __atomic_load_n(&cd->gstep, __ATOMIC_ACQUIRE);
+}
+
+static void cu_stats(ifd_device *dev, int replica, ifd_device_stats *out)
+{
+    cu_replica *rep = &((cu_dev *)dev->priv)->reps[replica];
+    out->steps = __atomic_load_n(&rep->n_steps, __ATOMIC_RELAXED);
+    out->loop_ns = __atomic_load_n(&rep->loop_ns, __ATOMIC_RELAXED);
+    out->infeed_wait_ns = __atomic_load_n(&rep->infeed_wait_ns, __ATOMIC_RELAXED);
+    out->outfeed_wait_ns = __atomic_load_n(&rep->outfeed_wait_ns, __ATOMIC_RELAXED);
+}
+
+/* Wakes every thread blocked on a ring; event polls see the flag. Work already on a GPU stream
+ * cannot be interrupted: it runs out, or close aborts the communicators it waits on. */
+static void cu_abort(ifd_device *dev)
+{
+    cu_dev *cd = dev->priv;
+    __atomic_store_n(&cd->aborted, 1, __ATOMIC_RELEASE);
+    for (int r = 0; r < cd->replicas; r++) {
+        ifd_queue_abort(cd->reps[r].in_free);
+        ifd_queue_abort(cd->reps[r].in_full);
+        ifd_queue_abort(cd->reps[r].out_free);
+        ifd_queue_abort(cd->reps[r].out_full);
+    }
+}
+
+const ifd_device_backend ifd_device_backend_cuda = {
+    .name = "cuda",
+    .priv_size = sizeof(cu_dev),
+    .open = cu_open,
+    .close = cu_close,
+    .infeed_enqueue = cu_infeed_enqueue,
+    .infeed_flush = cu_infeed_flush,
+    .infeed_end = cu_infeed_end,
+    .outfeed_dequeue = cu_outfeed_dequeue,
+    .run_loop = cu_run_loop,
+    .read_params = cu_read_params,
+    .global_step = cu_global_step,
+    .stats = cu_stats,
+    .abort = cu_abort,
+};

@@ -1,0 +1,80 @@
+/*
+ * What the cuda backend's files share: the kernel launchers (kernels.cu) and the macros that turn
+ * a cudaError_t or ncclResult_t into an ifd_error. Nothing outside device/cuda/ includes this
+ * file: CUDA and NCCL types never leave the backend.
+ *
+ * Every launcher enqueues on the given stream and returns cudaGetLastError() (a launch
+ * configuration error), so that it may be called while the stream is being captured into a
+ * graph. Pointers are device memory; sizes are element counts.
+ */
+#ifndef IFD_DEVICE_CUDA_INTERNAL_H
+#define IFD_DEVICE_CUDA_INTERNAL_H
+
+#include "infeed/infeed.h"
+
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* x[r,c] += bias[c] */
+cudaError_t ifd_cuda_bias_add(cudaStream_t s, int64_t rows, int64_t cols, const float *bias,
+                              float *x);
+/* out[c] = sum over r of x[r,c], in row order (the cpu backend's order, so the same bits). */
+cudaError_t ifd_cuda_col_sum(cudaStream_t s, int64_t rows, int64_t cols, const float *x,
+                             float *out);
+cudaError_t ifd_cuda_relu(cudaStream_t s, int64_t n, const float *x, float *y);
+cudaError_t ifd_cuda_relu_grad(cudaStream_t s, int64_t n, const float *y, const float *dy,
+                               float *dx);
+/* The ifd_ops losses (include/infeed/program.h): write dlogits/dpred and out->loss,
+ * out->correct in device memory. One block; the sum over rows is in double, in a fixed order. */
+cudaError_t ifd_cuda_softmax_xent(cudaStream_t s, int64_t rows, int64_t k, const float *logits,
+                                  const int32_t *labels, float scale, float *dlogits,
+                                  ifd_step_out *out);
+cudaError_t ifd_cuda_squared_error(cudaStream_t s, int64_t rows, int64_t k, const float *pred,
+                                   const float *y, float scale, float *dpred, ifd_step_out *out);
+/* One optimizer update; Adam reads its t from *opt_step (device memory) inside the kernel. */
+cudaError_t ifd_cuda_optimizer_apply(cudaStream_t s, const ifd_optimizer *opt,
+                                     const int64_t *opt_step, int64_t n, float *params,
+                                     const float *grads, float *slot0, float *slot1);
+/* *step += 1, *opt_step += 1, out->count = rows. */
+cudaError_t ifd_cuda_finish_step(cudaStream_t s, int64_t *step, int64_t *opt_step,
+                                 ifd_step_out *out, int64_t rows);
+
+#ifdef __cplusplus
+}
+#endif
+
+/*
+ * CUDA_TRY_GOTO(gpu, call, rc, err, label): runs a CUDA runtime call; on failure clears CUDA's
+ * last error, fills *err with "cuda backend: GPU <gpu>: <function>: <CUDA's text>", sets rc to
+ * IFD_ECUDA and jumps to label (NCCL's CUDACHECKGOTO in src/include/checks.h).
+ * NCCL_TRY_GOTO does the same for NCCL calls with IFD_ENCCL. gpu < 0 names no GPU.
+ */
+#define CUDA_TRY_GOTO(gpu, call, rc, err, label)                                                   \
+    do {                                                                                           \
+        cudaError_t cuda_try_e_ = (call);                                                          \
+        if (cuda_try_e_ != cudaSuccess) {                                                          \
+            (void)cudaGetLastError();                                                              \
+            (rc) = ifd_cuda_error((err), (gpu), #call, cudaGetErrorString(cuda_try_e_));           \
+            goto label;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+#define NCCL_TRY_GOTO(gpu, call, rc, err, label)                                                   \
+    do {                                                                                           \
+        ncclResult_t nccl_try_r_ = (call);                                                         \
+        if (nccl_try_r_ != ncclSuccess) {                                                          \
+            (rc) = ifd_nccl_error((err), (gpu), #call, ncclGetErrorString(nccl_try_r_));           \
+            goto label;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+/* Fill err with "cuda backend: GPU <gpu>: <name of the function called in expr>: <text>" and
+ * return IFD_ECUDA / IFD_ENCCL. */
+int ifd_cuda_error(ifd_error *err, int gpu, const char *expr, const char *text);
+int ifd_nccl_error(ifd_error *err, int gpu, const char *expr, const char *text);
+
+#endif

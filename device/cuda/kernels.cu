@@ -1,0 +1,211 @@
+// The cuda backend's kernels. Every formula comes from device/math.h, the same functions the cpu
+// backend loops over; these files only decide which thread runs which row or element.
+#include "device/cuda/cuda_internal.h"
+#include "device/math.h"
+
+#define IFD_CUDA_THREADS 256
+#define IFD_CUDA_MAX_BLOCKS 4096
+
+// Blocks for a grid-stride loop over n items (n > 0).
+static unsigned int grid_for(int64_t n)
+{
+    int64_t b = (n + IFD_CUDA_THREADS - 1) / IFD_CUDA_THREADS;
+    return (unsigned int)(b < IFD_CUDA_MAX_BLOCKS ? b : IFD_CUDA_MAX_BLOCKS);
+}
+
+#define GRID_STRIDE(i, n)                                                                          \
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n);                      \
+         i += (int64_t)gridDim.x * blockDim.x)
+
+__global__ void bias_add_kernel(int64_t rows, int64_t cols, const float *bias, float *x)
+{
+    GRID_STRIDE(i, rows * cols)
+    {
+        x[i] += bias[i % cols];
+    }
+}
+
+__global__ void col_sum_kernel(int64_t rows, int64_t cols, const float *x, float *out)
+{
+    GRID_STRIDE(c, cols)
+    {
+        float s = 0.0f;
+        for (int64_t r = 0; r < rows; r++)
+            s += x[r * cols + c];
+        out[c] = s;
+    }
+}
+
+__global__ void relu_kernel(int64_t n, const float *x, float *y)
+{
+    GRID_STRIDE(i, n)
+    {
+        y[i] = ifd_math_relu(x[i]);
+    }
+}
+
+__global__ void relu_grad_kernel(int64_t n, const float *y, const float *dy, float *dx)
+{
+    GRID_STRIDE(i, n)
+    {
+        dx[i] = ifd_math_relu_grad(y[i], dy[i]);
+    }
+}
+
+// One block: thread t takes rows t, t + blockDim, ...; the partial sums are then added in a fixed
+// tree order, so the result is the same run to run.
+__device__ static void block_sum(double *loss, long long *count)
+{
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) {
+            loss[threadIdx.x] += loss[threadIdx.x + s];
+            count[threadIdx.x] += count[threadIdx.x + s];
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void softmax_xent_kernel(int64_t rows, int64_t k, const float *logits,
+                                    const int32_t *labels, float scale, float *dlogits,
+                                    ifd_step_out *out)
+{
+    __shared__ double loss[IFD_CUDA_THREADS];
+    __shared__ long long correct[IFD_CUDA_THREADS];
+    float gscale = rows > 0 ? scale / (float)rows : 0.0f;
+    double l = 0.0;
+    long long c = 0;
+    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
+        int ok = 0;
+        l += ifd_math_softmax_xent_row(logits + r * k, k, labels[r], gscale, dlogits + r * k, &ok);
+        c += ok;
+    }
+    loss[threadIdx.x] = l;
+    correct[threadIdx.x] = c;
+    __syncthreads();
+    block_sum(loss, correct);
+    if (threadIdx.x == 0) {
+        out->loss = rows > 0 ? (float)(scale * loss[0] / (double)rows) : 0.0f;
+        out->correct = (float)correct[0];
+    }
+}
+
+__global__ void squared_error_kernel(int64_t rows, int64_t k, const float *pred, const float *y,
+                                     float scale, float *dpred, ifd_step_out *out)
+{
+    __shared__ double loss[IFD_CUDA_THREADS];
+    __shared__ long long unused[IFD_CUDA_THREADS];
+    float gscale = rows > 0 ? scale / (float)rows : 0.0f;
+    double l = 0.0;
+    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x)
+        l += ifd_math_sq_err_row(pred + r * k, y + r * k, k, gscale, dpred + r * k);
+    loss[threadIdx.x] = l;
+    unused[threadIdx.x] = 0;
+    __syncthreads();
+    block_sum(loss, unused);
+    if (threadIdx.x == 0) {
+        out->loss = rows > 0 ? (float)(scale * loss[0] / (double)rows) : 0.0f;
+        out->correct = 0.0f;
+    }
+}
+
+__global__ void optimizer_kernel(ifd_optimizer opt, const int64_t *opt_step, int64_t n,
+                                 float *params, const float *grads, float *slot0, float *slot1)
+{
+    float lr = opt.learning_rate;
+    switch (opt.kind) {
+    case IFD_OPT_SGD:
+        GRID_STRIDE(i, n)
+        {
+            ifd_math_sgd(&params[i], grads[i], lr);
+        }
+        break;
+    case IFD_OPT_MOMENTUM:
+        GRID_STRIDE(i, n)
+        {
+            ifd_math_momentum(&params[i], &slot0[i], grads[i], lr, opt.momentum);
+        }
+        break;
+    case IFD_OPT_ADAM: {
+        float lr_t = ifd_math_adam_lr(lr, opt.beta1, opt.beta2, *opt_step + 1);
+        GRID_STRIDE(i, n)
+        {
+            ifd_math_adam(&params[i], &slot0[i], &slot1[i], grads[i], lr_t, opt.beta1, opt.beta2,
+                          opt.epsilon);
+        }
+        break;
+    }
+    }
+}
+
+__global__ void finish_step_kernel(int64_t *step, int64_t *opt_step, ifd_step_out *out,
+                                   int64_t rows)
+{
+    *step += 1;
+    *opt_step += 1;
+    out->count = (float)rows;
+}
+
+extern "C" cudaError_t ifd_cuda_bias_add(cudaStream_t s, int64_t rows, int64_t cols,
+                                         const float *bias, float *x)
+{
+    if (rows > 0 && cols > 0)
+        bias_add_kernel<<<grid_for(rows * cols), IFD_CUDA_THREADS, 0, s>>>(rows, cols, bias, x);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_col_sum(cudaStream_t s, int64_t rows, int64_t cols, const float *x,
+                                        float *out)
+{
+    if (cols > 0)
+        col_sum_kernel<<<grid_for(cols), IFD_CUDA_THREADS, 0, s>>>(rows, cols, x, out);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_relu(cudaStream_t s, int64_t n, const float *x, float *y)
+{
+    if (n > 0)
+        relu_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(n, x, y);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_relu_grad(cudaStream_t s, int64_t n, const float *y,
+                                          const float *dy, float *dx)
+{
+    if (n > 0)
+        relu_grad_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(n, y, dy, dx);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_softmax_xent(cudaStream_t s, int64_t rows, int64_t k,
+                                             const float *logits, const int32_t *labels,
+                                             float scale, float *dlogits, ifd_step_out *out)
+{
+    softmax_xent_kernel<<<1, IFD_CUDA_THREADS, 0, s>>>(rows, k, logits, labels, scale, dlogits,
+                                                       out);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_squared_error(cudaStream_t s, int64_t rows, int64_t k,
+                                              const float *pred, const float *y, float scale,
+                                              float *dpred, ifd_step_out *out)
+{
+    squared_error_kernel<<<1, IFD_CUDA_THREADS, 0, s>>>(rows, k, pred, y, scale, dpred, out);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_optimizer_apply(cudaStream_t s, const ifd_optimizer *opt,
+                                                const int64_t *opt_step, int64_t n, float *params,
+                                                const float *grads, float *slot0, float *slot1)
+{
+    if (n > 0)
+        optimizer_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(*opt, opt_step, n, params, grads,
+                                                                  slot0, slot1);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_finish_step(cudaStream_t s, int64_t *step, int64_t *opt_step,
+                                            ifd_step_out *out, int64_t rows)
+{
+    finish_step_kernel<<<1, 1, 0, s>>>(step, opt_step, out, rows);
+    return cudaGetLastError();
+}

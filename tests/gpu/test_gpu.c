@@ -1,0 +1,213 @@
+/* The cuda backend against the cpu backend: the same programs, optimizers, replica counts, loop
+ * lengths, seeds and data through the public session API must end with the same parameters and
+ * report the same losses and accuracies, with CUDA Graphs on and off. Exits 77 (CTest: skipped)
+ * where no GPU is usable. */
+#include "tests/gpu/gpu_probe.h"
+#include "tests/util/testutil.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REL_TOL 1e-4
+
+static int g_gpus;
+
+static const char *const programs[] = {"linear", "softmax"};
+static const ifd_optimizer_kind optimizers[] = {IFD_OPT_SGD, IFD_OPT_MOMENTUM, IFD_OPT_ADAM};
+
+static void make_config(ifd_config *cfg, const char *backend, const char *program,
+                        ifd_optimizer_kind opt, int64_t d, int64_t k, int64_t b, uint64_t seed)
+{
+    ifd_config_defaults(cfg);
+    cfg->backend = backend;
+    cfg->program = program;
+    cfg->settings.features = d;
+    cfg->settings.classes = k;
+    cfg->batch_size = b;
+    cfg->num_steps = 20;
+    cfg->iterations_per_loop = 1;
+    cfg->optimizer.kind = opt;
+    cfg->optimizer.learning_rate = opt == IFD_OPT_ADAM ? 0.01f : 0.1f;
+    cfg->summary_every = 1;
+    cfg->seed = seed;
+}
+
+static tu_batch **make_batches(const ifd_config *cfg, int64_t n, uint64_t seed)
+{
+    ifd_program p;
+    ifd_error err;
+    ck_assert_int_eq(ifd_program_init(&p, cfg->program, &cfg->settings, &err), IFD_OK);
+    ifd_rng rng;
+    ifd_rng_seed(&rng, seed);
+    tu_batch **bs = calloc((size_t)n, sizeof *bs);
+    for (int64_t i = 0; i < n; i++)
+        bs[i] = tu_batch_random(&p, cfg->batch_size, i, &rng);
+    return bs;
+}
+
+static void free_batches(tu_batch **bs, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        tu_batch_free(bs[i]);
+    free(bs);
+}
+
+static int close_enough(double a, double e)
+{
+    return fabs(a - e) <= REL_TOL * (fabs(e) + 1e-3);
+}
+
+/* Summary i of both runs: same event and global step; loss and accuracy within REL_TOL. */
+static void compare_summaries(const tu_result *gpu, const tu_result *cpu, const char *what)
+{
+    ck_assert_msg(gpu->nsummaries == cpu->nsummaries, "%s: %zu summaries on cuda, %zu on cpu", what,
+                  gpu->nsummaries, cpu->nsummaries);
+    for (size_t i = 0; i < cpu->nsummaries; i++) {
+        json_error_t je;
+        json_t *g = json_loads(gpu->summaries[i], 0, &je);
+        json_t *c = json_loads(cpu->summaries[i], 0, &je);
+        ck_assert_ptr_nonnull(g);
+        ck_assert_ptr_nonnull(c);
+        ck_assert_str_eq(json_string_value(json_object_get(g, "event")),
+                         json_string_value(json_object_get(c, "event")));
+        ck_assert_int_eq(json_integer_value(json_object_get(g, "global_step")),
+                         json_integer_value(json_object_get(c, "global_step")));
+        static const char *const keys[] = {"loss", "accuracy"};
+        for (int j = 0; j < 2; j++) {
+            json_t *gv = json_object_get(g, keys[j]), *cv = json_object_get(c, keys[j]);
+            ck_assert_msg((gv == NULL) == (cv == NULL), "%s: summary %zu: '%s' on one side only",
+                          what, i, keys[j]);
+            if (cv == NULL)
+                continue;
+            double a = json_number_value(gv), e = json_number_value(cv);
+            ck_assert_msg(close_enough(a, e), "%s: summary %zu: %s %.9g on cuda, %.9g on cpu", what,
+                          i, keys[j], a, e);
+        }
+        json_decref(g);
+        json_decref(c);
+    }
+}
+
+static void compare_runs(const tu_result *gpu, const tu_result *cpu, const char *what)
+{
+    ck_assert_msg(gpu->rc == IFD_OK, "%s: cuda run: %s", what, ifd_error_text(&gpu->err));
+    ck_assert_msg(cpu->rc == IFD_OK, "%s: cpu run: %s", what, ifd_error_text(&cpu->err));
+    ck_assert_int_eq(gpu->global_step, cpu->global_step);
+    ck_assert_int_eq(gpu->reason, cpu->reason);
+    ck_assert_int_eq(gpu->released, cpu->released);
+    ck_assert_msg(gpu->mirrors_identical, "%s: the cuda replicas' parameters differ", what);
+    double diff = tu_max_rel_diff(gpu->params, cpu->params, cpu->nparams, 1e-2);
+    ck_assert_msg(diff <= REL_TOL, "%s: parameters differ from cpu by %g relative", what, diff);
+    compare_summaries(gpu, cpu, what);
+}
+
+/* _i picks the program and the optimizer; every replica count, loop length and graph setting
+ * runs on the same random shapes and data. */
+START_TEST(cuda_matches_cpu)
+{
+    const char *program = programs[_i % 2];
+    ifd_optimizer_kind opt = optimizers[(_i / 2) % 3];
+    ifd_rng rng;
+    seed_rng(&rng);
+    int64_t d = rand_between(&rng, 1, 40);
+    int64_t k = rand_between(&rng, 2, 12);
+    int64_t b = 12 * rand_between(&rng, 1, 8); /* divisible by 1..4 */
+    static const int64_t ipls[] = {1, 50};
+    int max_r = g_gpus < 4 ? g_gpus : 4;
+    for (int r = 1; r <= max_r; r++) {
+        for (int li = 0; li < 2; li++) {
+            ifd_config cfg;
+            make_config(&cfg, "cpu", program, opt, d, k, b, 99 + (uint64_t)_i);
+            cfg.replicas = r;
+            cfg.iterations_per_loop = ipls[li];
+            tu_batch **bs = make_batches(&cfg, cfg.num_steps, g_seed + (uint64_t)r);
+            tu_result cpu;
+            tu_run(&cfg, bs, cfg.num_steps, &cpu);
+            for (int graphs = 0; graphs <= 1; graphs++) {
+                char what[160];
+                snprintf(what, sizeof what, "%s/%s D=%lld K=%lld B=%lld R=%d ipl=%lld graphs=%d",
+                         program, ifd_optimizer_name(opt), (long long)d, (long long)k, (long long)b,
+                         r, (long long)cfg.iterations_per_loop, graphs);
+                setenv("IFD_CUDA_GRAPHS", graphs ? "1" : "0", 1);
+                cfg.backend = "cuda";
+                tu_result gpu;
+                tu_run(&cfg, bs, cfg.num_steps, &gpu);
+                compare_runs(&gpu, &cpu, what);
+                tu_result_free(&gpu);
+            }
+            tu_result_free(&cpu);
+            free_batches(bs, cfg.num_steps);
+        }
+    }
+}
+END_TEST
+
+/* Rings of one slot: every shard waits for the previous step to finish, and the outfeed thread
+ * holds back the only other record slot. Nothing may hang or reorder. */
+START_TEST(one_slot_rings)
+{
+    ifd_config cfg;
+    make_config(&cfg, "cpu", "softmax", IFD_OPT_ADAM, 9, 5, 24, 7);
+    cfg.replicas = g_gpus < 4 ? g_gpus : 4;
+    cfg.num_steps = 30;
+    cfg.iterations_per_loop = 7;
+    cfg.infeed_depth = 1;
+    cfg.outfeed_depth = 1;
+    tu_batch **bs = make_batches(&cfg, cfg.num_steps, 3);
+    tu_result cpu, gpu;
+    tu_run(&cfg, bs, cfg.num_steps, &cpu);
+    setenv("IFD_CUDA_GRAPHS", _i ? "1" : "0", 1);
+    cfg.backend = "cuda";
+    tu_run(&cfg, bs, cfg.num_steps, &gpu);
+    compare_runs(&gpu, &cpu, "one-slot rings");
+    tu_result_free(&cpu);
+    tu_result_free(&gpu);
+    free_batches(bs, cfg.num_steps);
+}
+END_TEST
+
+/* The input ends in the middle of a loop: the run ends well after the steps it had. */
+START_TEST(input_ends_mid_loop)
+{
+    ifd_config cfg;
+    make_config(&cfg, "cpu", "linear", IFD_OPT_MOMENTUM, 6, 3, 12, 11);
+    cfg.replicas = g_gpus < 2 ? g_gpus : 2;
+    cfg.num_steps = 20;
+    cfg.iterations_per_loop = 4;
+    int64_t nb = 10;
+    tu_batch **bs = make_batches(&cfg, nb, 5);
+    tu_result cpu, gpu;
+    tu_run(&cfg, bs, nb, &cpu);
+    setenv("IFD_CUDA_GRAPHS", _i ? "1" : "0", 1);
+    cfg.backend = "cuda";
+    tu_run(&cfg, bs, nb, &gpu);
+    ck_assert_int_eq(gpu.reason, IFD_END_INPUT_ENDED);
+    ck_assert_int_eq(gpu.global_step, nb);
+    ck_assert_int_eq(gpu.released, nb);
+    compare_runs(&gpu, &cpu, "input ends mid-loop");
+    tu_result_free(&cpu);
+    tu_result_free(&gpu);
+    free_batches(bs, nb);
+}
+END_TEST
+
+int main(void)
+{
+    char why[256];
+    g_gpus = gpu_probe(why, sizeof why);
+    if (g_gpus == 0) {
+        printf("test_gpu: no usable GPU (%s): skipped\n", why);
+        return 77;
+    }
+    printf("test_gpu: %d GPU%s visible\n", g_gpus, g_gpus == 1 ? "" : "s");
+    Suite *s = suite_create("gpu");
+    TCase *tc = tcase_create("cuda_vs_cpu");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, cuda_matches_cpu, 0, 6);
+    tcase_add_loop_test(tc, one_slot_rings, 0, 2);
+    tcase_add_loop_test(tc, input_ends_mid_loop, 0, 2);
+    suite_add_tcase(s, tc);
+    return tu_run_suite(s);
+}
