@@ -1,0 +1,109 @@
+#include "infeed/client.h"
+
+#include "clients/c/wire.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zmq.h>
+
+struct ifd_subscriber {
+    void *ctx;
+    void *sock;
+};
+
+int ifd_subscriber_create(ifd_subscriber **out, const char *endpoint, ifd_error *err)
+{
+    *out = NULL;
+    if (endpoint == NULL || endpoint[0] == '\0')
+        return ifd_error_set(err, IFD_EINVAL, "subscriber: endpoint: expected a ZeroMQ endpoint");
+    int rc;
+    ifd_subscriber *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "subscriber: out of memory");
+    s->ctx = zmq_ctx_new();
+    if (s->ctx == NULL) {
+        rc = ifdw_zmq_error(err, "subscriber: zmq_ctx_new");
+        goto fail_ctx;
+    }
+    s->sock = zmq_socket(s->ctx, ZMQ_SUB);
+    if (s->sock == NULL) {
+        rc = ifdw_zmq_error(err, "subscriber: zmq_socket");
+        goto fail_sock;
+    }
+    int zero = 0;
+    zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_setsockopt(s->sock, ZMQ_SUBSCRIBE, "", 0) != 0) {
+        rc = ifdw_zmq_error(err, "subscriber: ZMQ_SUBSCRIBE");
+        goto fail_setup;
+    }
+    if (zmq_connect(s->sock, endpoint) != 0) {
+        rc = ifd_error_set(err, IFD_EINVAL, "subscriber: cannot connect to '%s': %s", endpoint,
+                           zmq_strerror(errno));
+        goto fail_setup;
+    }
+    *out = s;
+    return IFD_OK;
+
+fail_setup:
+    zmq_close(s->sock);
+fail_sock:
+    zmq_ctx_term(s->ctx);
+fail_ctx:
+    free(s);
+    return rc;
+}
+
+void ifd_subscriber_destroy(ifd_subscriber *s)
+{
+    if (s == NULL)
+        return;
+    zmq_close(s->sock);
+    zmq_ctx_term(s->ctx);
+    free(s);
+}
+
+int ifd_subscriber_recv(ifd_subscriber *s, char **json, int timeout_ms, ifd_error *err)
+{
+    *json = NULL;
+    int64_t deadline = ifdw_deadline(timeout_ms);
+    for (;;) {
+        zmq_pollitem_t it = {s->sock, 0, ZMQ_POLLIN, 0};
+        int r = zmq_poll(&it, 1, ifdw_left_ms(deadline));
+        if (r < 0 && errno != EINTR)
+            return ifdw_zmq_error(err, "subscriber: zmq_poll");
+        if (r > 0) {
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, s->sock, ZMQ_DONTWAIT) >= 0) {
+                int multipart = zmq_msg_more(&m), more = multipart;
+                size_t len = zmq_msg_size(&m);
+                char *text = multipart ? NULL : malloc(len + 1);
+                if (text) {
+                    memcpy(text, zmq_msg_data(&m), len);
+                    text[len] = '\0';
+                }
+                zmq_msg_close(&m);
+                /* A summary is one frame: skip anything else whole. */
+                while (more) {
+                    zmq_msg_init(&m);
+                    more = zmq_msg_recv(&m, s->sock, 0) >= 0 && zmq_msg_more(&m);
+                    zmq_msg_close(&m);
+                }
+                if (text) {
+                    *json = text;
+                    return IFD_OK;
+                }
+                if (!multipart)
+                    return ifd_error_set(err, IFD_ENOMEM, "subscriber: out of memory");
+            } else {
+                zmq_msg_close(&m);
+                if (errno != EAGAIN && errno != EINTR)
+                    return ifdw_zmq_error(err, "subscriber: receiving");
+            }
+        }
+        if (ifdw_left_ms(deadline) == 0)
+            return ifd_error_set(err, IFD_ETIMEDOUT, "subscriber: no summary within %d ms",
+                                 timeout_ms);
+    }
+}

@@ -1,0 +1,1225 @@
+/*
+ * Tests of the C client (include/infeed/client.h) against fake daemons: a ROUTER socket in a
+ * thread of the test that plays a scripted part of infeedd and checks every byte the client
+ * sends against docs/protocol.md. Covered: HELLO/WELCOME and HELLO rejected, the BATCH and END
+ * headers, blocking on credit (woken by ACK or CREDIT) and its timeout, ERROR replies returned
+ * once by the next call, zero-copy buffers released exactly once on every path, END waiting for
+ * the ACKs or the BYE, and the summary subscriber.
+ *
+ * Sizes, counts and codes are random. The seed comes from IFD_TEST_SEED when set, else from the
+ * clock, and every failure message names it.
+ */
+#include "infeed/client.h"
+
+#include "core/rng.h"
+
+#include <check.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+/* ---- seeds and checks --------------------------------------------------------------------- */
+
+static uint64_t g_seed;
+
+static void seed_rng(ifd_rng *rng)
+{
+    const char *env = getenv("IFD_TEST_SEED");
+    if (env && env[0])
+        g_seed = strtoull(env, NULL, 10);
+    else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        g_seed = (uint64_t)ts.tv_sec * 1000003u ^ (uint64_t)ts.tv_nsec ^ (uint64_t)getpid();
+    }
+    ifd_rng_seed(rng, g_seed);
+}
+
+static int64_t rand_between(ifd_rng *rng, int64_t lo, int64_t hi)
+{
+    return lo + (int64_t)ifd_rng_below(rng, (uint64_t)(hi - lo + 1));
+}
+
+#define RASSERT(cond, ...)                                                                         \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            char rassert_msg_[1024];                                                               \
+            snprintf(rassert_msg_, sizeof rassert_msg_, __VA_ARGS__);                              \
+            ck_abort_msg("%s [seed %" PRIu64 "; rerun with IFD_TEST_SEED=%" PRIu64 "]",            \
+                         rassert_msg_, g_seed, g_seed);                                            \
+        }                                                                                          \
+    } while (0)
+
+#define RC_OK(call, err)                                                                           \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        RASSERT(rc_ == IFD_OK, "%s returned %s: %s", #call, ifd_errname(rc_),                      \
+                ifd_error_text(&(err)));                                                           \
+    } while (0)
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+/* ---- the fake daemon ---------------------------------------------------------------------- */
+
+#define FAKE_MAX_FRAMES 12
+
+/* One message from the producer, routing id stripped. */
+typedef struct fmsg {
+    int n;
+    size_t size[FAKE_MAX_FRAMES];
+    unsigned char *data[FAKE_MAX_FRAMES];
+} fmsg;
+
+typedef struct fake fake;
+typedef void (*fake_script)(fake *f);
+
+struct fake {
+    void *ctx;
+    void *router;
+    char endpoint[128];
+    pthread_t thread;
+    fake_script script;
+    void *arg;
+    unsigned char id[256];
+    size_t id_len;
+    char fail[1024]; /* the first failed check, written by the fake's thread */
+};
+
+static void fmsg_free(fmsg *m)
+{
+    for (int i = 0; i < m->n; i++)
+        free(m->data[i]);
+    m->n = 0;
+}
+
+static void fake_send(fake *f, int type, const unsigned char *fields, size_t nfields,
+                      const char *json);
+
+/* After a failed check: tells the client at once (an ERROR EINTERNAL carrying the failure, then
+ * a BYE), so that its pending call fails with the reason instead of timing out. */
+static void fake_abort(fake *f)
+{
+    if (f->id_len == 0)
+        return;
+    json_t *o = json_pack("{s:s, s:n, s:i, s:s}", "code", "EINTERNAL", "seq", "credit", 0,
+                          "message", f->fail);
+    char *text = json_dumps(o, 0);
+    fake_send(f, 7, NULL, 0, text);
+    fake_send(f, 9, NULL, 0, "{\"status\": \"error\", \"reason\": \"fake daemon failed\"}");
+    free(text);
+    json_decref(o);
+}
+
+/* Fails the script (first failure wins), tells the client and returns from the script. */
+#define FCHECK(f, cond, ...)                                                                       \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            if ((f)->fail[0] == '\0') {                                                            \
+                int off_ =                                                                         \
+                    snprintf((f)->fail, sizeof(f)->fail, "fake daemon, line %d: ", __LINE__);      \
+                snprintf((f)->fail + off_, sizeof(f)->fail - (size_t)off_, __VA_ARGS__);           \
+            }                                                                                      \
+            fake_abort(f);                                                                         \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)
+
+/* Receives one message within timeout_ms. 1 when one came, 0 when none did. */
+static int fake_recv(fake *f, fmsg *m, int timeout_ms)
+{
+    m->n = 0;
+    zmq_pollitem_t it = {f->router, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, timeout_ms) <= 0)
+        return 0;
+    int more = 1, first = 1;
+    while (more) {
+        zmq_msg_t z;
+        zmq_msg_init(&z);
+        if (zmq_msg_recv(&z, f->router, 0) < 0) {
+            zmq_msg_close(&z);
+            return 0;
+        }
+        more = zmq_msg_more(&z);
+        if (first) {
+            f->id_len = zmq_msg_size(&z) < sizeof f->id ? zmq_msg_size(&z) : sizeof f->id;
+            memcpy(f->id, zmq_msg_data(&z), f->id_len);
+            first = 0;
+        } else if (m->n < FAKE_MAX_FRAMES) {
+            m->size[m->n] = zmq_msg_size(&z);
+            m->data[m->n] = malloc(m->size[m->n] + 1);
+            memcpy(m->data[m->n], zmq_msg_data(&z), m->size[m->n]);
+            m->data[m->n][m->size[m->n]] = 0;
+            m->n++;
+        }
+        zmq_msg_close(&z);
+    }
+    return 1;
+}
+
+static void put_le(unsigned char *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get_le(const unsigned char *p, int bytes)
+{
+    uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static void fake_send(fake *f, int type, const unsigned char *fields, size_t nfields,
+                      const char *json)
+{
+    unsigned char h[64] = {'I', 'F', 'D', 'P', 1, 0, (unsigned char)type, 0};
+    memcpy(h + 8, fields, nfields);
+    zmq_send(f->router, f->id, f->id_len, ZMQ_SNDMORE);
+    zmq_send(f->router, h, 8 + nfields, json ? ZMQ_SNDMORE : 0);
+    if (json)
+        zmq_send(f->router, json, strlen(json), 0);
+}
+
+static void fake_welcome(fake *f, int64_t credit, int64_t next_seq, int64_t batch_size,
+                         int replicas)
+{
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"protocol\": 1, \"name\": \"p\", \"credit\": %" PRId64 ", \"next_seq\": %" PRId64
+             ", \"mode\": \"train\", \"input_mode\": \"per-host\", \"batch_size\": %" PRId64
+             ", \"replicas\": %d, \"program\": \"softmax\", \"schema\": [], \"future_key\": 7}",
+             credit, next_seq, batch_size, replicas);
+    fake_send(f, 2, NULL, 0, json);
+}
+
+static void fake_ack(fake *f, int64_t seq)
+{
+    unsigned char b[16] = {0};
+    put_le(b, (uint64_t)seq, 8);
+    put_le(b + 8, 1, 4);
+    fake_send(f, 5, b, 16, NULL);
+}
+
+static void fake_credit(fake *f, uint32_t credit)
+{
+    unsigned char b[8] = {0};
+    put_le(b, credit, 4);
+    fake_send(f, 4, b, 8, NULL);
+}
+
+static void fake_error(fake *f, const char *code, int64_t seq, int credit, const char *msg)
+{
+    char json[1024], seqs[32];
+    if (seq < 0)
+        snprintf(seqs, sizeof seqs, "null");
+    else
+        snprintf(seqs, sizeof seqs, "%" PRId64, seq);
+    snprintf(json, sizeof json,
+             "{\"code\": \"%s\", \"seq\": %s, \"credit\": %d, \"message\": \"%s\"}", code, seqs,
+             credit, msg);
+    fake_send(f, 7, NULL, 0, json);
+}
+
+static void fake_bye(fake *f, const char *status, const char *reason, int64_t acked_seq)
+{
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"status\": \"%s\", \"reason\": \"%s\", \"global_step\": 10, \"acked_seq\": "
+             "%" PRId64 ", \"message\": \"run over\"}",
+             status, reason, acked_seq);
+    fake_send(f, 9, NULL, 0, json);
+}
+
+static const unsigned char HDR_PREFIX[6] = {'I', 'F', 'D', 'P', 1, 0};
+
+/* Checks the common 8 bytes of a header and returns the type, or -1. */
+static int hdr_type(const fmsg *m)
+{
+    if (m->n < 1 || m->size[0] < 8 || memcmp(m->data[0], HDR_PREFIX, 6) != 0)
+        return -1;
+    return (int)get_le(m->data[0] + 6, 2);
+}
+
+static void *fake_main(void *arg)
+{
+    fake *f = arg;
+    f->script(f);
+    return NULL;
+}
+
+static void fake_start(fake *f, fake_script script, void *arg)
+{
+    memset(f, 0, sizeof *f);
+    f->script = script;
+    f->arg = arg;
+    f->ctx = zmq_ctx_new();
+    f->router = zmq_socket(f->ctx, ZMQ_ROUTER);
+    int zero = 0;
+    zmq_setsockopt(f->router, ZMQ_LINGER, &zero, sizeof zero);
+    ck_assert(zmq_bind(f->router, "tcp://127.0.0.1:*") == 0);
+    size_t len = sizeof f->endpoint;
+    zmq_getsockopt(f->router, ZMQ_LAST_ENDPOINT, f->endpoint, &len);
+    ck_assert(pthread_create(&f->thread, NULL, fake_main, f) == 0);
+}
+
+static void fake_join(fake *f)
+{
+    pthread_join(f->thread, NULL);
+    zmq_close(f->router);
+    zmq_ctx_term(f->ctx);
+    RASSERT(f->fail[0] == '\0', "%s", f->fail);
+}
+
+/* Receives HELLO (checking its header) and answers WELCOME. */
+#define FAKE_HELLO_WELCOME(f, credit, next_seq, batch_size)                                        \
+    do {                                                                                           \
+        fmsg m_;                                                                                   \
+        FCHECK(f, fake_recv(f, &m_, 10000), "no HELLO");                                           \
+        int t_ = hdr_type(&m_);                                                                    \
+        size_t s0_ = m_.size[0];                                                                   \
+        int n_ = m_.n;                                                                             \
+        fmsg_free(&m_);                                                                            \
+        FCHECK(f, t_ == 1 && s0_ == 8 && n_ == 2,                                                  \
+               "expected HELLO, got type %d (%zu bytes, %d "                                       \
+               "frames)",                                                                          \
+               t_, s0_, n_);                                                                       \
+        fake_welcome(f, credit, next_seq, batch_size, 1);                                          \
+    } while (0)
+
+/* ---- batches with checkable bytes --------------------------------------------------------- */
+
+/* The byte at offset j of tensor i of batch seq. */
+static unsigned char pattern(int64_t seq, int i, size_t j)
+{
+    uint64_t z = (uint64_t)seq * 0x9E3779B97F4A7C15ull ^ (uint64_t)i * 0xBF58476D1CE4E5B9ull ^
+                 (uint64_t)j * 0x94D049BB133111EBull;
+    return (unsigned char)(z >> 56 ^ z >> 17);
+}
+
+static void fill_pattern(unsigned char *buf, size_t n, int64_t seq, int i)
+{
+    for (size_t j = 0; j < n; j++)
+        buf[j] = pattern(seq, i, j);
+}
+
+/* Checks a BATCH message's header and frames. Returns NULL or a description of the first
+ * difference (static storage). */
+static const char *check_batch(const fmsg *m, int64_t seq, int64_t rows, int n, const size_t *sizes)
+{
+    static char why[256];
+    unsigned char want[32] = {'I', 'F', 'D', 'P', 1, 0, 3, 0};
+    put_le(want + 8, (uint64_t)seq, 8);
+    put_le(want + 16, (uint64_t)rows, 8);
+    put_le(want + 24, 0, 4);
+    put_le(want + 28, (uint64_t)n, 4);
+    if (m->n != 1 + n) {
+        snprintf(why, sizeof why, "batch %" PRId64 ": %d frames, expected %d", seq, m->n, 1 + n);
+        return why;
+    }
+    if (m->size[0] != 32 || memcmp(m->data[0], want, 32) != 0) {
+        snprintf(why, sizeof why,
+                 "batch %" PRId64 ": header of %zu bytes differs (seq %" PRId64 " rows %" PRId64
+                 " flags %u n %u)",
+                 seq, m->size[0], m->size[0] >= 32 ? (int64_t)get_le(m->data[0] + 8, 8) : -1,
+                 m->size[0] >= 32 ? (int64_t)get_le(m->data[0] + 16, 8) : -1,
+                 m->size[0] >= 32 ? (unsigned)get_le(m->data[0] + 24, 4) : 0,
+                 m->size[0] >= 32 ? (unsigned)get_le(m->data[0] + 28, 4) : 0);
+        return why;
+    }
+    for (int i = 0; i < n; i++) {
+        if (m->size[1 + i] != sizes[i]) {
+            snprintf(why, sizeof why, "batch %" PRId64 " tensor %d: %zu bytes, expected %zu", seq,
+                     i, m->size[1 + i], sizes[i]);
+            return why;
+        }
+        for (size_t j = 0; j < sizes[i]; j++)
+            if (m->data[1 + i][j] != pattern(seq, i, j)) {
+                snprintf(why, sizeof why, "batch %" PRId64 " tensor %d: byte %zu differs", seq, i,
+                         j);
+                return why;
+            }
+    }
+    return NULL;
+}
+
+static const ifd_input_spec ONE_U8[1] = {{"x", IFD_U8, 1, {4}}};
+
+/* ---- HELLO / WELCOME ---------------------------------------------------------------------- */
+
+typedef struct hello_case {
+    ifd_input_spec schema[IFD_MAX_INPUTS];
+    int n;
+    int64_t first_seq;
+    char name[64];
+    int64_t credit, next_seq, batch_size;
+    int replicas;
+    char errmsg[128];
+} hello_case;
+
+static const char *dtype_str(ifd_dtype d)
+{
+    switch (d) {
+    case IFD_F32:
+        return "float32";
+    case IFD_I32:
+        return "int32";
+    case IFD_I64:
+        return "int64";
+    case IFD_U8:
+        return "uint8";
+    default:
+        return "?";
+    }
+}
+
+static void script_hello(fake *f)
+{
+    hello_case *c = f->arg;
+    fmsg m;
+    /* First HELLO: checked byte by byte and answered with an ERROR. */
+    FCHECK(f, fake_recv(f, &m, 10000), "no HELLO");
+    static const unsigned char want[8] = {'I', 'F', 'D', 'P', 1, 0, 1, 0};
+    FCHECK(f, m.n == 2 && m.size[0] == 8 && memcmp(m.data[0], want, 8) == 0,
+           "HELLO header: %d frames, %zu header bytes", m.n, m.size[0]);
+    json_error_t je;
+    json_t *o = json_loadb((const char *)m.data[1], m.size[1], 0, &je);
+    fmsg_free(&m);
+    FCHECK(f, json_is_object(o), "HELLO JSON does not parse: %s", je.text);
+    FCHECK(f, json_object_size(o) == 3, "HELLO has %zu keys, expected 3", json_object_size(o));
+    FCHECK(f,
+           json_is_string(json_object_get(o, "name")) &&
+               strcmp(json_string_value(json_object_get(o, "name")), c->name) == 0,
+           "HELLO name");
+    FCHECK(f, json_integer_value(json_object_get(o, "first_seq")) == c->first_seq,
+           "HELLO first_seq");
+    json_t *sch = json_object_get(o, "schema");
+    FCHECK(f, json_is_array(sch) && (int)json_array_size(sch) == c->n, "HELLO schema length");
+    for (int i = 0; i < c->n; i++) {
+        json_t *e = json_array_get(sch, (size_t)i);
+        json_t *shape = json_object_get(e, "shape");
+        FCHECK(f, json_object_size(e) == 3, "schema[%d]: %zu keys", i, json_object_size(e));
+        FCHECK(f, strcmp(json_string_value(json_object_get(e, "name")), c->schema[i].name) == 0,
+               "schema[%d] name", i);
+        FCHECK(f,
+               strcmp(json_string_value(json_object_get(e, "dtype")),
+                      dtype_str(c->schema[i].dtype)) == 0,
+               "schema[%d] dtype", i);
+        FCHECK(f, json_is_array(shape) && (int)json_array_size(shape) == c->schema[i].rank,
+               "schema[%d] rank", i);
+        for (int d = 0; d < c->schema[i].rank; d++)
+            FCHECK(f, json_integer_value(json_array_get(shape, (size_t)d)) == c->schema[i].dims[d],
+                   "schema[%d] dim %d", i, d);
+    }
+    json_decref(o);
+    fake_error(f, "EDTYPE", -1, 0, c->errmsg);
+
+    /* Second HELLO: a stale batch rejection first (ignored by hello), then WELCOME. */
+    FCHECK(f, fake_recv(f, &m, 10000), "no second HELLO");
+    int t = hdr_type(&m);
+    fmsg_free(&m);
+    FCHECK(f, t == 1, "expected a second HELLO, got type %d", t);
+    fake_error(f, "ESHAPE", 3, 1, "stale");
+    fake_welcome(f, c->credit, c->next_seq, c->batch_size, c->replicas);
+}
+
+START_TEST(test_hello_welcome)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    hello_case c;
+    memset(&c, 0, sizeof c);
+    c.n = (int)rand_between(&rng, 1, IFD_MAX_INPUTS);
+    for (int i = 0; i < c.n; i++) {
+        ifd_input_spec *s = &c.schema[i];
+        snprintf(s->name, sizeof s->name, "t%d_%d", i, (int)rand_between(&rng, 0, 999));
+        s->dtype = (ifd_dtype)rand_between(&rng, IFD_F32, IFD_U8);
+        s->rank = (int)rand_between(&rng, 0, 3);
+        for (int d = 0; d < s->rank; d++)
+            s->dims[d] = rand_between(&rng, 1, 300);
+    }
+    c.first_seq = rand_between(&rng, 0, 1000000);
+    snprintf(c.name, sizeof c.name, "loader-%d", (int)rand_between(&rng, 0, 99));
+    c.credit = rand_between(&rng, 1, 64);
+    c.next_seq = rand_between(&rng, 0, 1 << 30);
+    c.batch_size = rand_between(&rng, 1, 4096);
+    c.replicas = (int)rand_between(&rng, 1, 8);
+    snprintf(c.errmsg, sizeof c.errmsg, "schema: tensor 0 't0': expected dtype int32, got %d",
+             (int)rand_between(&rng, 0, 99999));
+
+    fake f;
+    fake_start(&f, script_hello, &c);
+    ifd_producer *p;
+    ifd_error err;
+    RC_OK(ifd_producer_create(&p, f.endpoint, c.name, &err), err);
+    int rc = ifd_producer_hello(p, c.schema, c.n, c.first_seq, 10000, &err);
+    RASSERT(rc == IFD_EDTYPE, "hello answered by ERROR EDTYPE returned %s", ifd_errname(rc));
+    RASSERT(strcmp(err.msg, c.errmsg) == 0, "hello's message '%s', expected '%s'", err.msg,
+            c.errmsg);
+    RASSERT(ifd_producer_mode(p) == NULL, "a mode before any WELCOME");
+    RC_OK(ifd_producer_hello(p, c.schema, c.n, c.first_seq, 10000, &err), err);
+    RASSERT(ifd_producer_credit(p) == c.credit, "credit %" PRId64 ", expected %" PRId64,
+            ifd_producer_credit(p), c.credit);
+    RASSERT(ifd_producer_available(p) == c.credit, "available %" PRId64, ifd_producer_available(p));
+    RASSERT(ifd_producer_next_seq(p) == c.next_seq, "next_seq %" PRId64 ", expected %" PRId64,
+            ifd_producer_next_seq(p), c.next_seq);
+    RASSERT(ifd_producer_batch_size(p) == c.batch_size, "batch_size");
+    RASSERT(ifd_producer_replicas(p) == c.replicas, "replicas");
+    RASSERT(strcmp(ifd_producer_mode(p), "train") == 0, "mode");
+    RASSERT(ifd_producer_acked_seq(p) == -1, "acked_seq before any ACK");
+    RASSERT(strstr(ifd_producer_welcome(p), "\"future_key\"") != NULL, "welcome JSON kept");
+    fake_join(&f);
+    /* The stale rejection is not reported. */
+    RC_OK(ifd_producer_wait(p, 0, &err), err);
+    ifd_producer_destroy(p);
+}
+END_TEST
+
+static void script_silent(fake *f)
+{
+    fmsg m;
+    if (fake_recv(f, &m, 10000))
+        fmsg_free(&m);
+    sleep_ms(200);
+}
+
+START_TEST(test_hello_timeout)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    fake f;
+    fake_start(&f, script_silent, NULL);
+    ifd_producer *p;
+    ifd_error err;
+    RC_OK(ifd_producer_create(&p, f.endpoint, NULL, &err), err);
+    int t = (int)rand_between(&rng, 20, 120);
+    int64_t t0 = now_ms();
+    int rc = ifd_producer_hello(p, ONE_U8, 1, 0, t, &err);
+    int64_t dt = now_ms() - t0;
+    RASSERT(rc == IFD_ETIMEDOUT, "hello with no answer returned %s", ifd_errname(rc));
+    RASSERT(dt >= t && dt < t + 2000, "hello timed out after %" PRId64 " ms, timeout %d", dt, t);
+    /* No WELCOME: sending is refused. */
+    ifd_frame fr = {"abcd", 4};
+    RASSERT(ifd_producer_send(p, 1, &fr, 1, 0, &err) == IFD_EINVAL, "send before WELCOME");
+    fake_join(&f);
+    ifd_producer_destroy(p);
+    ifd_producer_destroy(NULL);
+}
+END_TEST
+
+/* ---- BATCH bytes, ACKs, END and BYE ------------------------------------------------------- */
+
+#define MAXB 40
+
+typedef struct batch_case {
+    int nb, n;
+    int64_t next_seq, credit;
+    int64_t rows[MAXB];
+    size_t sizes[MAXB][IFD_MAX_INPUTS];
+    int ack_delay_ms;
+    int ack_before_end; /* ACK as batches come, or only after END */
+    int bye_after;      /* ACKs sent before the BYE (nb: all) */
+    const char *bye_status;
+    atomic_llong end_seen_ms;
+    atomic_llong last_ack_ms;
+} batch_case;
+
+static void script_batches(fake *f)
+{
+    batch_case *c = f->arg;
+    FAKE_HELLO_WELCOME(f, c->credit, c->next_seq, 1);
+    fmsg m;
+    int acked = 0;
+    for (int b = 0; b < c->nb; b++) {
+        FCHECK(f, fake_recv(f, &m, 10000), "batch %d never came", b);
+        const char *why = check_batch(&m, c->next_seq + b, c->rows[b], c->n, c->sizes[b]);
+        fmsg_free(&m);
+        FCHECK(f, why == NULL, "%s", why);
+        if (c->ack_before_end && acked < c->bye_after)
+            fake_ack(f, c->next_seq + acked++);
+    }
+    FCHECK(f, fake_recv(f, &m, 10000), "END never came");
+    static const unsigned char end[8] = {'I', 'F', 'D', 'P', 1, 0, 6, 0};
+    FCHECK(f, m.n == 1 && m.size[0] == 8 && memcmp(m.data[0], end, 8) == 0,
+           "END: %d frames, header of %zu bytes, type %d", m.n, m.size[0], hdr_type(&m));
+    fmsg_free(&m);
+    atomic_store(&c->end_seen_ms, now_ms());
+    sleep_ms(c->ack_delay_ms);
+    while (acked < c->bye_after) {
+        fake_ack(f, c->next_seq + acked++);
+        sleep_ms(1);
+    }
+    atomic_store(&c->last_ack_ms, now_ms());
+    fake_bye(f, c->bye_status, c->bye_after == c->nb ? "input_ended" : "last_step",
+             c->next_seq + acked - 1);
+    /* Nothing else may come. */
+    FCHECK(f, !fake_recv(f, &m, 100), "a message of type %d after END", hdr_type(&m));
+}
+
+static void zc_free_count(void *data, void *hint)
+{
+    (void)data;
+    atomic_fetch_add((atomic_int *)hint, 1);
+}
+
+/* Sends the batches of c, each by a random one of the three send functions. */
+/* Zero-copy buffers of send_batches, freed by the test after destroy. */
+static void *g_zc_bufs[MAXB * IFD_MAX_INPUTS];
+static int g_zc_n;
+
+static void zc_bufs_free(void)
+{
+    for (int i = 0; i < g_zc_n; i++)
+        free(g_zc_bufs[i]);
+    g_zc_n = 0;
+}
+
+static void send_batches(ifd_producer *p, batch_case *c, ifd_rng *rng, atomic_int *zc_freed,
+                         int *zc_frames)
+{
+    ifd_error err;
+    for (int b = 0; b < c->nb; b++) {
+        int64_t seq = ifd_producer_next_seq(p);
+        RASSERT(seq == c->next_seq + b, "next_seq %" PRId64 " before batch %d", seq, b);
+        ifd_frame fr[IFD_MAX_INPUTS];
+        unsigned char *bufs[IFD_MAX_INPUTS];
+        for (int i = 0; i < c->n; i++) {
+            bufs[i] = malloc(c->sizes[b][i]);
+            fill_pattern(bufs[i], c->sizes[b][i], seq, i);
+            fr[i].data = bufs[i];
+            fr[i].size = c->sizes[b][i];
+        }
+        int how = (int)rand_between(rng, 0, 2);
+        if (how == 0) {
+            RC_OK(ifd_producer_send(p, c->rows[b], fr, c->n, 10000, &err), err);
+        } else if (how == 1) {
+            /* As tensors: [rows, bytes/rows] of uint8. */
+            ifd_tensor t[IFD_MAX_INPUTS];
+            for (int i = 0; i < c->n; i++) {
+                t[i].dtype = IFD_U8;
+                t[i].shape.rank = 2;
+                t[i].shape.dims[0] = c->rows[b];
+                t[i].shape.dims[1] = (int64_t)c->sizes[b][i] / c->rows[b];
+                t[i].data = bufs[i];
+            }
+            RC_OK(ifd_producer_send_tensors(p, t, c->n, 10000, &err), err);
+        } else {
+            RC_OK(
+                ifd_producer_send_zc(p, c->rows[b], fr, c->n, zc_free_count, zc_freed, 10000, &err),
+                err);
+            *zc_frames += c->n;
+            for (int i = 0; i < c->n; i++)
+                g_zc_bufs[g_zc_n++] = bufs[i];
+            continue; /* freed after destroy */
+        }
+        for (int i = 0; i < c->n; i++)
+            free(bufs[i]);
+    }
+}
+
+static void batch_case_random(batch_case *c, ifd_rng *rng)
+{
+    memset(c, 0, sizeof *c);
+    c->nb = (int)rand_between(rng, 1, MAXB);
+    c->n = (int)rand_between(rng, 1, 4);
+    c->next_seq = rand_between(rng, 0, 1 << 20);
+    c->credit = c->nb + rand_between(rng, 0, 3);
+    for (int b = 0; b < c->nb; b++) {
+        c->rows[b] = rand_between(rng, 1, 64);
+        for (int i = 0; i < c->n; i++)
+            c->sizes[b][i] = (size_t)(c->rows[b] * rand_between(rng, 1, 3000));
+    }
+    c->bye_after = c->nb;
+    c->bye_status = "ok";
+}
+
+START_TEST(test_batches_end_bye)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    batch_case c;
+    batch_case_random(&c, &rng);
+    c.ack_before_end = (int)rand_between(&rng, 0, 1);
+    c.ack_delay_ms = (int)rand_between(&rng, 50, 150);
+    fake f;
+    fake_start(&f, script_batches, &c);
+    ifd_producer *p;
+    ifd_error err;
+    atomic_int zc_freed = 0;
+    int zc_frames = 0;
+    RC_OK(ifd_producer_create(&p, f.endpoint, "b", &err), err);
+    RC_OK(ifd_producer_hello(p, ONE_U8, 1, 0, 10000, &err), err);
+    send_batches(p, &c, &rng, &zc_freed, &zc_frames);
+    RASSERT(ifd_producer_sent(p) == c.nb, "sent %" PRId64 ", expected %d", ifd_producer_sent(p),
+            c.nb);
+    RC_OK(ifd_producer_end(p, 10000, &err), err);
+    int64_t returned = now_ms();
+    RASSERT(ifd_producer_in_flight(p) == 0, "%" PRId64 " in flight after end",
+            ifd_producer_in_flight(p));
+    RASSERT(ifd_producer_acked(p) == c.nb, "acked %" PRId64 ", expected %d", ifd_producer_acked(p),
+            c.nb);
+    RASSERT(ifd_producer_acked_seq(p) == c.next_seq + c.nb - 1, "acked_seq %" PRId64,
+            ifd_producer_acked_seq(p));
+    if (!c.ack_before_end)
+        RASSERT(returned >= atomic_load(&c.last_ack_ms) - 5,
+                "end returned before the last ACK was sent");
+    const char *bye;
+    RC_OK(ifd_producer_bye(p, 10000, &bye, &err), err);
+    RASSERT(strstr(bye, "\"status\": \"ok\"") != NULL, "BYE JSON: %s", bye);
+    ifd_frame fr = {"abcd", 4};
+    RASSERT(ifd_producer_send(p, 1, &fr, 1, 0, &err) == IFD_ECLOSED, "send after END");
+    fake_join(&f);
+    ifd_producer_destroy(p);
+    RASSERT(atomic_load(&zc_freed) == zc_frames, "%d zero-copy frames released, expected %d",
+            atomic_load(&zc_freed), zc_frames);
+    zc_bufs_free();
+}
+END_TEST
+
+START_TEST(test_end_bye_first)
+{
+    /* The run ends (BYE) before every batch is ACKed: end returns by the BYE's status. */
+    ifd_rng rng;
+    seed_rng(&rng);
+    for (int round = 0; round < 2; round++) {
+        batch_case c;
+        batch_case_random(&c, &rng);
+        c.nb = c.nb < 2 ? 2 : c.nb;
+        c.bye_after = (int)rand_between(&rng, 0, c.nb - 1);
+        c.bye_status = round == 0 ? "ok" : "error";
+        c.ack_delay_ms = 10;
+        fake f;
+        fake_start(&f, script_batches, &c);
+        ifd_producer *p;
+        ifd_error err;
+        atomic_int zc_freed = 0;
+        int zc_frames = 0;
+        RC_OK(ifd_producer_create(&p, f.endpoint, NULL, &err), err);
+        RC_OK(ifd_producer_hello(p, ONE_U8, 1, 0, 10000, &err), err);
+        send_batches(p, &c, &rng, &zc_freed, &zc_frames);
+        int rc = ifd_producer_end(p, 10000, &err);
+        if (round == 0)
+            RASSERT(rc == IFD_OK, "end after BYE ok returned %s: %s", ifd_errname(rc), err.msg);
+        else
+            RASSERT(rc == IFD_ESTOPPED && strstr(err.msg, "status error") &&
+                        strstr(err.msg, "run over"),
+                    "end after BYE error returned %s: %s", ifd_errname(rc), err.msg);
+        RASSERT(ifd_producer_acked(p) == c.bye_after, "acked %" PRId64 ", expected %d",
+                ifd_producer_acked(p), c.bye_after);
+        RASSERT(ifd_producer_in_flight(p) == c.nb - c.bye_after, "in flight %" PRId64,
+                ifd_producer_in_flight(p));
+        fake_join(&f);
+        ifd_producer_destroy(p);
+        RASSERT(atomic_load(&zc_freed) == zc_frames, "%d zero-copy frames released, expected %d",
+                atomic_load(&zc_freed), zc_frames);
+        zc_bufs_free();
+    }
+}
+END_TEST
+
+static void script_never_ack(fake *f)
+{
+    FAKE_HELLO_WELCOME(f, 4, 0, 1);
+    fmsg m;
+    while (fake_recv(f, &m, 500))
+        fmsg_free(&m);
+}
+
+START_TEST(test_end_timeout)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    fake f;
+    fake_start(&f, script_never_ack, NULL);
+    ifd_producer *p;
+    ifd_error err;
+    RC_OK(ifd_producer_create(&p, f.endpoint, NULL, &err), err);
+    RC_OK(ifd_producer_hello(p, ONE_U8, 1, 0, 10000, &err), err);
+    int k = (int)rand_between(&rng, 1, 4);
+    for (int b = 0; b < k; b++) {
+        ifd_frame fr = {"abcd", 4};
+        RC_OK(ifd_producer_send(p, 1, &fr, 1, 1000, &err), err);
+    }
+    int t = (int)rand_between(&rng, 20, 100);
+    int64_t t0 = now_ms();
+    int rc = ifd_producer_end(p, t, &err);
+    int64_t dt = now_ms() - t0;
+    RASSERT(rc == IFD_ETIMEDOUT && dt >= t, "end with no ACKs returned %s after %" PRId64 " ms",
+            ifd_errname(rc), dt);
+    RASSERT(ifd_producer_wait(p, 0, &err) == IFD_ETIMEDOUT, "wait with no ACKs");
+    fake_join(&f);
+    ifd_producer_destroy(p);
+}
+END_TEST
+
+/* ---- credit ------------------------------------------------------------------------------- */
+
+typedef struct credit_case {
+    int credit;
+    int delay_ms;
+    int use_credit_msg; /* wake the blocked send with CREDIT instead of ACK */
+    atomic_llong woke_ms;
+} credit_case;
+
+static void script_credit(fake *f)
+{
+    credit_case *c = f->arg;
+    FAKE_HELLO_WELCOME(f, c->credit, 0, 1);
+    fmsg m;
+    for (int b = 0; b < c->credit; b++) {
+        FCHECK(f, fake_recv(f, &m, 10000), "batch %d never came", b);
+        const char *why = check_batch(&m, b, 1, 1, (size_t[]){4});
+        fmsg_free(&m);
+        FCHECK(f, why == NULL, "%s", why);
+    }
+    /* The client is out of credit: nothing may come. */
+    FCHECK(f, !fake_recv(f, &m, c->delay_ms), "a batch was sent with no credit (type %d)",
+           hdr_type(&m));
+    atomic_store(&c->woke_ms, now_ms());
+    if (c->use_credit_msg)
+        fake_credit(f, 1);
+    else
+        fake_ack(f, 0);
+    FCHECK(f, fake_recv(f, &m, 10000), "the blocked batch never came");
+    const char *why = check_batch(&m, c->credit, 1, 1, (size_t[]){4});
+    fmsg_free(&m);
+    FCHECK(f, why == NULL, "%s", why);
+    /* The timed-out send must not arrive: the next message is END. */
+    FCHECK(f, fake_recv(f, &m, 10000), "END never came");
+    int t = hdr_type(&m);
+    fmsg_free(&m);
+    FCHECK(f, t == 6, "expected END after the timed-out send, got type %d", t);
+    int first = c->use_credit_msg ? 0 : 1;
+    for (int s = first; s <= c->credit; s++)
+        fake_ack(f, s);
+    fake_bye(f, "ok", "input_ended", c->credit);
+}
+
+START_TEST(test_credit_blocks)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    credit_case c;
+    memset(&c, 0, sizeof c);
+    c.credit = (int)rand_between(&rng, 1, 6);
+    c.delay_ms = (int)rand_between(&rng, 100, 250);
+    c.use_credit_msg = (int)rand_between(&rng, 0, 1);
+    fake f;
+    fake_start(&f, script_credit, &c);
+    ifd_producer *p;
+    ifd_error err;
+    RC_OK(ifd_producer_create(&p, f.endpoint, NULL, &err), err);
+    RC_OK(ifd_producer_hello(p, ONE_U8, 1, 0, 10000, &err), err);
+    ifd_frame fr = {NULL, 4};
+    for (int b = 0; b <= c.credit; b++) {
+        unsigned char buf[4];
+        fill_pattern(buf, 4, b, 0);
+        fr.data = buf;
+        int64_t t0 = now_ms();
+        RC_OK(ifd_producer_send(p, 1, &fr, 1, -1, &err), err);
+        int64_t t1 = now_ms();
+        if (b < c.credit)
+            RASSERT(t1 - t0 < c.delay_ms / 2, "send %d of %d with credit took %" PRId64 " ms", b,
+                    c.credit, t1 - t0);
+        else
+            RASSERT(t1 >= atomic_load(&c.woke_ms) && atomic_load(&c.woke_ms) > 0,
+                    "send with no credit returned before the daemon's %s",
+                    c.use_credit_msg ? "CREDIT" : "ACK");
+    }
+    RASSERT(ifd_producer_available(p) == 0, "available %" PRId64, ifd_producer_available(p));
+    /* No credit: timeout 0 fails at once, a short timeout after it. */
+    unsigned char junk[4] = {0};
+    fr.data = junk;
+    int rc = ifd_producer_send(p, 1, &fr, 1, 0, &err);
+    RASSERT(rc == IFD_ETIMEDOUT, "send with no credit and timeout 0 returned %s", ifd_errname(rc));
+    int t = (int)rand_between(&rng, 20, 80);
+    int64_t t0 = now_ms();
+    rc = ifd_producer_send(p, 1, &fr, 1, t, &err);
+    int64_t dt = now_ms() - t0;
+    RASSERT(rc == IFD_ETIMEDOUT && dt >= t && dt < t + 2000,
+            "send with no credit returned %s after %" PRId64 " ms (timeout %d)", ifd_errname(rc),
+            dt, t);
+    RASSERT(ifd_producer_sent(p) == c.credit + 1, "a timed-out send counted as sent");
+    RASSERT(ifd_producer_next_seq(p) == c.credit + 1, "a timed-out send used a seq");
+    RC_OK(ifd_producer_end(p, 10000, &err), err);
+    RASSERT(ifd_producer_acked_seq(p) == c.credit, "acked_seq %" PRId64, ifd_producer_acked_seq(p));
+    fake_join(&f);
+    ifd_producer_destroy(p);
+}
+END_TEST
+
+/* ---- ERROR replies ------------------------------------------------------------------------ */
+
+static const char *const CODES[] = {"EPROTO", "EINVAL", "ESHAPE", "EDTYPE", "ERANGE", "ECLOSED"};
+static const int CODE_VALUES[] = {IFD_EPROTO, IFD_EINVAL, IFD_ESHAPE,
+                                  IFD_EDTYPE, IFD_ERANGE, IFD_ECLOSED};
+
+typedef struct error_case {
+    int k;     /* phase 1 batches */
+    int bad;   /* the one rejected in phase 1 */
+    int code;  /* index into CODES, or -1 for an unknown code */
+    int code2; /* phase 2's */
+    char msg[160], msg2[160];
+} error_case;
+
+static void script_errors(fake *f)
+{
+    error_case *c = f->arg;
+    FAKE_HELLO_WELCOME(f, 64, 100, 1);
+    fmsg m;
+    for (int b = 0; b < c->k; b++) {
+        FCHECK(f, fake_recv(f, &m, 10000), "batch %d never came", b);
+        FCHECK(f, hdr_type(&m) == 3, "expected BATCH");
+        int64_t seq = (int64_t)get_le(m.data[0] + 8, 8);
+        fmsg_free(&m);
+        FCHECK(f, seq == 100 + b, "seq %" PRId64 ", expected %d", seq, 100 + b);
+        if (b == c->bad)
+            fake_error(f, c->code >= 0 ? CODES[c->code] : "EWHATEVER", seq, 1, c->msg);
+        else
+            fake_ack(f, seq);
+    }
+    /* Phase 2: batch B rejected; the next send must return that and not go; it then goes. */
+    FCHECK(f, fake_recv(f, &m, 10000), "batch B never came");
+    int64_t seq = (int64_t)get_le(m.data[0] + 8, 8);
+    fmsg_free(&m);
+    FCHECK(f, seq == 100 + c->k, "batch B seq %" PRId64, seq);
+    fake_error(f, CODES[c->code2], seq, 1, c->msg2);
+    FCHECK(f, fake_recv(f, &m, 10000), "batch C never came");
+    int64_t seq2 = (int64_t)get_le(m.data[0] + 8, 8);
+    fmsg_free(&m);
+    FCHECK(f, seq2 == seq + 1, "batch C seq %" PRId64 ", expected %" PRId64, seq2, seq + 1);
+    fake_ack(f, seq2);
+    FCHECK(f, fake_recv(f, &m, 10000) && hdr_type(&m) == 6, "END never came");
+    fmsg_free(&m);
+    fake_bye(f, "ok", "input_ended", seq2);
+}
+
+START_TEST(test_async_error)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    error_case c;
+    c.k = (int)rand_between(&rng, 1, 8);
+    c.bad = (int)rand_between(&rng, 0, c.k - 1);
+    c.code = (int)rand_between(&rng, -1, 5);
+    c.code2 = (int)rand_between(&rng, 0, 5);
+    snprintf(c.msg, sizeof c.msg,
+             "batch %d from producer 'e': tensor 'x' is %d bytes, expected 4 (1 rows of [4] "
+             "uint8)",
+             100 + c.bad, (int)rand_between(&rng, 5, 9999));
+    snprintf(c.msg2, sizeof c.msg2, "second rejection %d", (int)rand_between(&rng, 0, 99999));
+    fake f;
+    fake_start(&f, script_errors, &c);
+    ifd_producer *p;
+    ifd_error err;
+    RC_OK(ifd_producer_create(&p, f.endpoint, "e", &err), err);
+    RC_OK(ifd_producer_hello(p, ONE_U8, 1, 0, 10000, &err), err);
+    ifd_frame fr = {"abcd", 4};
+    int seen = 0;
+    int want = c.code >= 0 ? CODE_VALUES[c.code] : IFD_EPROTO;
+    ifd_error got;
+    for (int b = 0; b < c.k; b++) {
+        int rc = ifd_producer_send(p, 1, &fr, 1, 10000, &err);
+        if (rc != IFD_OK) {
+            /* The rejection came back before this batch went: it is returned, once. */
+            RASSERT(!seen, "the ERROR was returned twice");
+            RASSERT(rc == want, "send returned %s, expected %s", ifd_errname(rc),
+                    ifd_errname(want));
+            seen = 1;
+            got = err;
+            b--;
+        }
+    }
+    if (!seen) {
+        int rc = ifd_producer_wait(p, 10000, &err);
+        RASSERT(rc == want, "wait returned %s (%s), expected %s", ifd_errname(rc), err.msg,
+                ifd_errname(want));
+        got = err;
+    }
+    RASSERT(strstr(got.msg, c.msg) == got.msg, "ERROR message '%s', expected '%s'", got.msg, c.msg);
+    if (c.code < 0)
+        RASSERT(strstr(got.msg, "EWHATEVER") != NULL, "unknown code not named: %s", got.msg);
+    RC_OK(ifd_producer_wait(p, 10000, &err), err);
+    RASSERT(ifd_producer_rejected(p) == 1 && ifd_producer_acked(p) == c.k - 1,
+            "rejected %" PRId64 " acked %" PRId64, ifd_producer_rejected(p), ifd_producer_acked(p));
+    RASSERT(ifd_producer_available(p) == 64, "credit not returned: %" PRId64,
+            ifd_producer_available(p));
+
+    /* Phase 2. */
+    RC_OK(ifd_producer_send(p, 1, &fr, 1, 10000, &err), err);
+    sleep_ms(150); /* the ERROR for B is in */
+    int64_t seq_c = ifd_producer_next_seq(p);
+    int rc = ifd_producer_send(p, 1, &fr, 1, 10000, &err);
+    RASSERT(rc == CODE_VALUES[c.code2] && strcmp(err.msg, c.msg2) == 0,
+            "the send after a rejection returned %s '%s', expected %s '%s'", ifd_errname(rc),
+            err.msg, CODES[c.code2], c.msg2);
+    RASSERT(ifd_producer_next_seq(p) == seq_c, "a refused send used a seq");
+    RC_OK(ifd_producer_send(p, 1, &fr, 1, 10000, &err), err);
+    RC_OK(ifd_producer_end(p, 10000, &err), err);
+    fake_join(&f);
+    ifd_producer_destroy(p);
+}
+END_TEST
+
+/* ---- zero copy ---------------------------------------------------------------------------- */
+
+/* A buffer that counts its releases; the bytes live on after release so the test can count. */
+typedef struct zbuf {
+    atomic_int freed;
+    int64_t pad;
+    unsigned char data[];
+} zbuf;
+
+static void zbuf_release(void *data, void *hint)
+{
+    (void)hint;
+    zbuf *z = (zbuf *)((unsigned char *)data - offsetof(zbuf, data));
+    atomic_fetch_add(&z->freed, 1);
+}
+
+typedef struct zc_case {
+    int nb;
+    size_t size[MAXB];
+} zc_case;
+
+static void script_zc(fake *f)
+{
+    zc_case *c = f->arg;
+    FAKE_HELLO_WELCOME(f, 2, 0, 1);
+    fmsg m;
+    /* Batch 0 is rejected, so the next zero-copy send is refused and must release its frames. */
+    int64_t seq = 0;
+    for (int b = 0; b < c->nb; b++) {
+        FCHECK(f, fake_recv(f, &m, 10000), "batch %d never came", b);
+        const char *why = check_batch(&m, seq, 1, 2, (size_t[]){c->size[b], 8});
+        fmsg_free(&m);
+        FCHECK(f, why == NULL, "%s", why);
+        if (b == 0)
+            fake_error(f, "ERANGE", seq, 1, "label out of range");
+        else if (b < c->nb - 1)
+            fake_ack(f, seq);
+        seq++;
+    }
+    /* The last batch stays unacknowledged: destroy releases it. */
+    while (fake_recv(f, &m, 300))
+        fmsg_free(&m);
+}
+
+static zbuf *zbuf_new(size_t n, int64_t seq, int i)
+{
+    zbuf *z = malloc(sizeof *z + n);
+    atomic_init(&z->freed, 0);
+    fill_pattern(z->data, n, seq, i);
+    return z;
+}
+
+START_TEST(test_zero_copy)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    zc_case c;
+    c.nb = (int)rand_between(&rng, 2, 12);
+    for (int b = 0; b < c.nb; b++)
+        c.size[b] = (size_t)rand_between(&rng, 1, 1 << 20);
+    fake f;
+    fake_start(&f, script_zc, &c);
+    ifd_producer *p;
+    ifd_error err;
+    RC_OK(ifd_producer_create(&p, f.endpoint, NULL, &err), err);
+    RC_OK(ifd_producer_hello(p, ONE_U8, 1, 0, 10000, &err), err);
+    zbuf *all[4 * MAXB];
+    int nall = 0;
+    int refused = 0;
+    for (int b = 0; b < c.nb; b++) {
+        int64_t seq = ifd_producer_next_seq(p);
+        zbuf *z0 = zbuf_new(c.size[b], seq, 0), *z1 = zbuf_new(8, seq, 1);
+        all[nall++] = z0;
+        all[nall++] = z1;
+        ifd_frame fr[2] = {{z0->data, c.size[b]}, {z1->data, 8}};
+        if (b == 1 && !refused)
+            sleep_ms(150); /* batch 0's ERROR is in */
+        int rc = ifd_producer_send_zc(p, 1, fr, 2, zbuf_release, NULL, 10000, &err);
+        if (b == 1 && !refused) {
+            RASSERT(rc == IFD_ERANGE, "zero-copy send after a rejection returned %s",
+                    ifd_errname(rc));
+            RASSERT(atomic_load(&z0->freed) == 1 && atomic_load(&z1->freed) == 1,
+                    "a refused zero-copy send did not release its frames (%d, %d)",
+                    atomic_load(&z0->freed), atomic_load(&z1->freed));
+            refused = 1;
+            b--;
+            continue;
+        }
+        RC_OK(rc, err);
+    }
+    RASSERT(refused, "no refused send");
+    /* Bad arguments release too. */
+    zbuf *bad = zbuf_new(4, 0, 0);
+    all[nall++] = bad;
+    ifd_frame bf = {bad->data, 4};
+    RASSERT(ifd_producer_send_zc(p, -1, &bf, 1, zbuf_release, NULL, 0, &err) == IFD_EINVAL,
+            "rows -1 accepted");
+    RASSERT(atomic_load(&bad->freed) == 1, "bad-argument send did not release its frame");
+    /* No credit (window 2, one still in flight + one now): timeout 0 releases. */
+    zbuf *nc = zbuf_new(4, 0, 0);
+    all[nall++] = nc;
+    ifd_frame nf = {nc->data, 4};
+    /* Every ACK in: only the last batch is in flight. */
+    while (ifd_producer_in_flight(p) > 1) {
+        int wrc = ifd_producer_wait(p, 10, &err);
+        RASSERT(wrc == IFD_ETIMEDOUT, "wait returned %s: %s", ifd_errname(wrc), err.msg);
+    }
+    int rc = IFD_OK;
+    int64_t extra = ifd_producer_available(p);
+    for (int64_t i = 0; i < extra; i++) {
+        zbuf *e0 = zbuf_new(4, 0, 0), *e1 = zbuf_new(8, 0, 1);
+        all[nall++] = e0;
+        all[nall++] = e1;
+        ifd_frame ef[2] = {{e0->data, 4}, {e1->data, 8}};
+        RC_OK(ifd_producer_send_zc(p, 1, ef, 2, zbuf_release, NULL, 1000, &err), err);
+    }
+    rc = ifd_producer_send_zc(p, 1, &nf, 1, zbuf_release, NULL, 0, &err);
+    RASSERT(rc == IFD_ETIMEDOUT, "zero-copy send with no credit returned %s", ifd_errname(rc));
+    RASSERT(atomic_load(&nc->freed) == 1, "a timed-out zero-copy send did not release");
+    fake_join(&f);
+    ifd_producer_destroy(p);
+    for (int i = 0; i < nall; i++) {
+        RASSERT(atomic_load(&all[i]->freed) == 1, "buffer %d of %d released %d times", i, nall,
+                atomic_load(&all[i]->freed));
+        free(all[i]);
+    }
+}
+END_TEST
+
+/* ---- subscriber --------------------------------------------------------------------------- */
+
+typedef struct pub_case {
+    void *pub;
+    atomic_int stop;
+    int tag;
+} pub_case;
+
+static void *publisher(void *arg)
+{
+    pub_case *c = arg;
+    for (int i = 0; !atomic_load(&c->stop); i++) {
+        char json[128];
+        snprintf(json, sizeof json, "{\"kind\": \"train\", \"tag\": %d, \"i\": %d}", c->tag, i);
+        zmq_send(c->pub, json, strlen(json), 0);
+        sleep_ms(5);
+    }
+    return NULL;
+}
+
+START_TEST(test_subscriber)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    void *ctx = zmq_ctx_new();
+    pub_case c;
+    c.pub = zmq_socket(ctx, ZMQ_PUB);
+    atomic_init(&c.stop, 0);
+    c.tag = (int)rand_between(&rng, 0, 1 << 30);
+    int zero = 0;
+    zmq_setsockopt(c.pub, ZMQ_LINGER, &zero, sizeof zero);
+    ck_assert(zmq_bind(c.pub, "tcp://127.0.0.1:*") == 0);
+    char ep[128];
+    size_t len = sizeof ep;
+    zmq_getsockopt(c.pub, ZMQ_LAST_ENDPOINT, ep, &len);
+
+    ifd_subscriber *s;
+    ifd_error err;
+    RC_OK(ifd_subscriber_create(&s, ep, &err), err);
+    /* Nothing published yet: a timeout. */
+    int t = (int)rand_between(&rng, 10, 60);
+    int64_t t0 = now_ms();
+    char *json = NULL;
+    int rc = ifd_subscriber_recv(s, &json, t, &err);
+    RASSERT(rc == IFD_ETIMEDOUT && json == NULL && now_ms() - t0 >= t,
+            "recv with nothing published returned %s", ifd_errname(rc));
+    pthread_t th;
+    pthread_create(&th, NULL, publisher, &c);
+    int n = (int)rand_between(&rng, 1, 5);
+    for (int i = 0; i < n; i++) {
+        RC_OK(ifd_subscriber_recv(s, &json, 10000, &err), err);
+        json_t *o = json_loads(json, 0, NULL);
+        RASSERT(json_is_object(o) && json_integer_value(json_object_get(o, "tag")) == c.tag,
+                "summary '%s'", json);
+        json_decref(o);
+        free(json);
+    }
+    atomic_store(&c.stop, 1);
+    pthread_join(th, NULL);
+    ifd_subscriber_destroy(s);
+    ifd_subscriber_destroy(NULL);
+    zmq_close(c.pub);
+    zmq_ctx_term(ctx);
+}
+END_TEST
+
+/* ---- argument checks ---------------------------------------------------------------------- */
+
+START_TEST(test_arguments)
+{
+    ifd_producer *p = (ifd_producer *)1;
+    ifd_error err;
+    RASSERT(ifd_producer_create(&p, "", NULL, &err) == IFD_EINVAL && p == NULL, "empty endpoint");
+    char longname[80];
+    memset(longname, 'a', sizeof longname - 1);
+    longname[sizeof longname - 1] = '\0';
+    RASSERT(ifd_producer_create(&p, "tcp://127.0.0.1:1", longname, &err) == IFD_EINVAL,
+            "a 79-byte name accepted");
+    RASSERT(ifd_producer_create(&p, "nonsense://x", NULL, &err) == IFD_EINVAL,
+            "a bad endpoint accepted");
+    RC_OK(ifd_producer_create(&p, "tcp://127.0.0.1:1", "ok", &err), err);
+    ifd_input_spec bad = {"x", IFD_DTYPE_INVALID, 0, {0}};
+    RASSERT(ifd_producer_hello(p, &bad, 1, 0, 0, &err) == IFD_EDTYPE, "a bad dtype accepted");
+    RASSERT(ifd_producer_hello(p, ONE_U8, 1, -1, 0, &err) == IFD_EINVAL, "first_seq -1");
+    RASSERT(ifd_producer_hello(p, ONE_U8, 0, 0, 0, &err) == IFD_EINVAL, "0 tensors");
+    RASSERT(ifd_producer_end(p, 0, &err) == IFD_EINVAL, "end before WELCOME");
+    ifd_producer_destroy(p);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("client");
+    TCase *tc = tcase_create("producer");
+    tcase_add_test(tc, test_hello_welcome);
+    tcase_add_test(tc, test_hello_timeout);
+    tcase_add_test(tc, test_batches_end_bye);
+    tcase_add_test(tc, test_end_bye_first);
+    tcase_add_test(tc, test_end_timeout);
+    tcase_add_test(tc, test_credit_blocks);
+    tcase_add_test(tc, test_async_error);
+    tcase_add_test(tc, test_zero_copy);
+    tcase_add_test(tc, test_arguments);
+    suite_add_tcase(s, tc);
+    TCase *ts = tcase_create("subscriber");
+    tcase_add_test(ts, test_subscriber);
+    suite_add_tcase(s, ts);
+    SRunner *sr = srunner_create(s);
+    srunner_set_fork_status(sr, CK_FORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,142 @@
+/*
+ * The C client of infeedd: a producer that streams batches to the daemon's ingest ROUTER and a
+ * subscriber to its summaries, speaking the wire protocol of docs/protocol.md (version 1).
+ *
+ * Library: infeed-client (ifd::infeed-client), which needs libzmq and jansson but not the
+ * runtime library. It reuses the error codes of infeed/error.h and the input spec and dtypes of
+ * infeed/program.h and infeed/tensor.h.
+ *
+ * A producer is used by one thread at a time: every call runs on the caller's thread and owns
+ * the one DEALER socket. Nothing runs in the background except libzmq's own I/O thread, which is
+ * where zero-copy free callbacks are called from.
+ *
+ * Flow control: after WELCOME the producer may have `credit` batches in flight (sent, neither
+ * acknowledged nor rejected). A send with no credit left waits for ACK, CREDIT or ERROR replies,
+ * at most timeout_ms. Timeouts: a negative timeout_ms waits without a bound; 0 does not wait.
+ *
+ * Errors: every function returns IFD_OK or an error code and fills err (may be NULL) with a
+ * sentence. An ERROR reply from the daemon is reported once, by the first call that sees it
+ * (see ifd_producer_send): its code is the ERROR's code ("ESHAPE" -> IFD_ESHAPE) and err's
+ * sentence is the daemon's message.
+ */
+#ifndef IFD_CLIENT_H
+#define IFD_CLIENT_H
+
+#include "infeed/error.h"
+#include "infeed/program.h"
+#include "infeed/tensor.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define IFD_PROTOCOL_VERSION 1
+
+/* ---- producer ----------------------------------------------------------------------------- */
+
+typedef struct ifd_producer ifd_producer;
+
+/* The bytes of one tensor of a batch: rows x (per-row elements) x dtype size. */
+typedef struct ifd_frame {
+    const void *data;
+    size_t size;
+} ifd_frame;
+
+/* Releases a buffer handed over by ifd_producer_send_zc. Called exactly once per frame, from an
+ * arbitrary thread (a libzmq I/O thread, or the caller's thread): it must be thread-safe. Same
+ * signature as libzmq's zmq_free_fn. */
+typedef void (*ifd_free_fn)(void *data, void *hint);
+
+/* Creates a producer whose DEALER socket connects to endpoint ("tcp://127.0.0.1:5555",
+ * "ipc:///tmp/infeed.sock"). Connecting is asynchronous: nothing is sent before hello. name is
+ * the producer's name for the daemon (at most 63 bytes; NULL lets the daemon make one up). */
+int ifd_producer_create(ifd_producer **out, const char *endpoint, const char *name, ifd_error *err);
+/* Closes the socket without waiting for unsent messages (batches not yet acknowledged may be
+ * lost: call ifd_producer_end first) and frees the producer. Every zero-copy buffer has been
+ * released when it returns. NULL is a no-op. */
+void ifd_producer_destroy(ifd_producer *p);
+
+/* Sends HELLO with the schema (the tensors of every batch, in frame order) and first_seq (>= 0)
+ * and waits for the answer. IFD_OK after WELCOME; the daemon's ERROR code and message after an
+ * ERROR (a schema that does not match the program: IFD_ESHAPE or IFD_EDTYPE); IFD_ETIMEDOUT when
+ * no answer came in timeout_ms. May be called again (after an ERROR); the last WELCOME counts
+ * and resets the flow-control state. */
+int ifd_producer_hello(ifd_producer *p, const ifd_input_spec *schema, int n, int64_t first_seq,
+                       int timeout_ms, ifd_error *err);
+
+/* The last WELCOME's fields (0 / NULL before one). */
+int64_t ifd_producer_batch_size(const ifd_producer *p); /* rows every batch must have */
+int64_t ifd_producer_credit(const ifd_producer *p);     /* the in-flight window granted */
+int ifd_producer_replicas(const ifd_producer *p);
+const char *ifd_producer_mode(const ifd_producer *p);    /* "train", ... */
+const char *ifd_producer_welcome(const ifd_producer *p); /* the whole WELCOME JSON */
+
+/* Sequence numbers: the first batch gets the WELCOME's next_seq, each later one the next. */
+int64_t ifd_producer_next_seq(const ifd_producer *p);  /* the seq the next send will use */
+int64_t ifd_producer_acked_seq(const ifd_producer *p); /* highest ACKed seq; -1 when none */
+int64_t ifd_producer_in_flight(const ifd_producer *p); /* sent, neither ACKed nor rejected */
+int64_t ifd_producer_available(const ifd_producer *p); /* batches sendable now without waiting */
+int64_t ifd_producer_sent(const ifd_producer *p);      /* batches sent since the WELCOME */
+int64_t ifd_producer_acked(const ifd_producer *p);     /* batches ACKed since the WELCOME */
+int64_t ifd_producer_rejected(const ifd_producer *p);  /* batches rejected by an ERROR */
+
+/*
+ * Sends one batch of `rows` rows: frames[i] is the i-th schema tensor. libzmq copies the bytes
+ * before this returns. Waits at most timeout_ms for credit (IFD_ETIMEDOUT when none came).
+ *
+ * IFD_OK means the batch was sent with seq ifd_producer_next_seq() had before the call. Any
+ * other return means it was not sent: an ERROR reply to an earlier message received before this
+ * batch could go (returned once, with the daemon's code and message: the caller may send again),
+ * IFD_ECLOSED after BYE or END, IFD_EINVAL for bad arguments, IFD_ETIMEDOUT.
+ */
+int ifd_producer_send(ifd_producer *p, int64_t rows, const ifd_frame *frames, int n, int timeout_ms,
+                      ifd_error *err);
+/* As ifd_producer_send with the bytes of n tensor views, each of shape [rows, per-row...]
+ * (rows is tensors[0]'s first dim; every tensor must have rank >= 1 and the same first dim). */
+int ifd_producer_send_tensors(ifd_producer *p, const ifd_tensor *tensors, int n, int timeout_ms,
+                              ifd_error *err);
+/* Zero-copy: as ifd_producer_send, but libzmq sends the frames' bytes where they are, and
+ * free_fn(data, hint) is called exactly once for every frame when libzmq no longer needs it,
+ * whatever this returns (on an error return it may already have been called). The caller must
+ * not write to a buffer until then. free_fn NULL: the caller keeps ownership and must keep every
+ * buffer unchanged until ifd_producer_destroy returns. */
+int ifd_producer_send_zc(ifd_producer *p, int64_t rows, const ifd_frame *frames, int n,
+                         ifd_free_fn free_fn, void *hint, int timeout_ms, ifd_error *err);
+
+/* Waits until every batch sent has been ACKed or rejected (IFD_OK), at most timeout_ms.
+ * Returns an ERROR reply as it arrives (call again to go on waiting); IFD_ECLOSED when BYE came
+ * first (the BYE is kept: ifd_producer_bye). */
+int ifd_producer_wait(ifd_producer *p, int timeout_ms, ifd_error *err);
+
+/* Sends END (the producer's stream ends: later sends return IFD_ECLOSED) and waits at most
+ * timeout_ms until every batch is ACKed or rejected, or BYE arrives. IFD_OK then, unless the
+ * BYE's status is not "ok" (IFD_ESTOPPED and its message). An ERROR reply pending before the
+ * call is returned without sending END (call again); one arriving while waiting is returned at
+ * once, END having been sent (call again to go on waiting). */
+int ifd_producer_end(ifd_producer *p, int timeout_ms, ifd_error *err);
+
+/* Waits at most timeout_ms for BYE (the daemon sends it to every producer when the run ends)
+ * and points *json at its JSON text (owned by the producer, valid until destroy). IFD_OK, or
+ * IFD_ETIMEDOUT. json may be NULL. */
+int ifd_producer_bye(ifd_producer *p, int timeout_ms, const char **json, ifd_error *err);
+
+/* ---- subscriber --------------------------------------------------------------------------- */
+
+typedef struct ifd_subscriber ifd_subscriber;
+
+/* A SUB socket connected to the daemon's PUB (--publish), subscribed to every summary. Like
+ * any ZeroMQ subscriber it misses what is published before its connection is up. */
+int ifd_subscriber_create(ifd_subscriber **out, const char *endpoint, ifd_error *err);
+void ifd_subscriber_destroy(ifd_subscriber *s);
+/* Receives one summary: *json is a NUL-terminated malloc'd copy the caller frees. IFD_OK, or
+ * IFD_ETIMEDOUT when none came in timeout_ms. */
+int ifd_subscriber_recv(ifd_subscriber *s, char **json, int timeout_ms, ifd_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
