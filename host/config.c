@@ -263,26 +263,37 @@ static int set_value(ifd_daemon_config *c, const opt *o, const char *val, const 
     return ifd_error_set(err, IFD_EINTERNAL, "%s: unknown kind", where);
 }
 
-static const char *json_type_name(const json_t *v)
+const char *ifd_json_describe(const json_t *v, char *buf, size_t len)
 {
+    if (v == NULL) {
+        snprintf(buf, len, "nothing");
+        return buf;
+    }
     switch (json_typeof(v)) {
     case JSON_OBJECT:
-        return "an object";
+        snprintf(buf, len, "an object");
+        break;
     case JSON_ARRAY:
-        return "an array";
+        snprintf(buf, len, "an array");
+        break;
     case JSON_STRING:
-        return "a string";
+        snprintf(buf, len, "a string of %zu bytes", json_string_length(v));
+        break;
     case JSON_INTEGER:
-        return "an integer";
+        snprintf(buf, len, "the integer %" JSON_INTEGER_FORMAT, json_integer_value(v));
+        break;
     case JSON_REAL:
-        return "a number with a fraction";
+        snprintf(buf, len, "the number %g", json_real_value(v));
+        break;
     case JSON_TRUE:
     case JSON_FALSE:
-        return "a boolean";
+        snprintf(buf, len, "%s", json_is_true(v) ? "true" : "false");
+        break;
     case JSON_NULL:
-        return "null";
+        snprintf(buf, len, "null");
+        break;
     }
-    return "?";
+    return buf;
 }
 
 int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const char *source,
@@ -295,8 +306,9 @@ int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const c
                              je.column, je.text);
     int rc = IFD_OK;
     if (!json_is_object(root)) {
+        char got[96];
         rc = ifd_error_set(err, IFD_EINVAL, "%s: expected a JSON object of config keys, got %s",
-                           source, json_type_name(root));
+                           source, ifd_json_describe(root, got, sizeof got));
         goto done;
     }
     const char *key;
@@ -352,8 +364,9 @@ int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const c
             break;
         }
         if (want) {
+            char got[96];
             rc = ifd_error_set(err, IFD_EINVAL, "%s: expected %s, got %s", where, want,
-                               json_type_name(v));
+                               ifd_json_describe(v, got, sizeof got));
             goto done;
         }
         rc = set_value(c, o, val, where, err);

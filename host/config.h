@@ -47,6 +47,11 @@ int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const c
 /* The validation pass: the runtime's checks, the program's settings, the daemon's keys. */
 int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err);
 
+/* "the integer 5", "a string of 64 bytes", "an array", "nothing" (v NULL): what arrived, for
+ * error sentences. */
+struct json_t;
+const char *ifd_json_describe(const struct json_t *v, char *buf, size_t len);
+
 /* Writes --help. */
 void ifd_daemon_config_usage(FILE *out);
 

@@ -84,7 +84,10 @@ struct ifd_ingest {
     int64_t stop_ns; /* when a stop was asked, 0: none */
     int64_t accepted, rejected, copied_bytes;
     double steps_per_sec, examples_per_sec;
-    int64_t last_summary_step;
+    int64_t rate_t0, rate_step0;
+
+    /* batches accepted during one receive burst, pushed to the FIFO together (one wake-up) */
+    host_batch *bhead, *btail;
 
     /* the source FIFO */
     ifd_mutex qmu;
@@ -158,7 +161,10 @@ static void send_error(ifd_ingest *g, const producer_rid *to, int code, int64_t 
     va_end(ap);
     IFD_LOG_DEBUG("ERROR %s: %s", ifd_errname(code), msg);
     json_t *j = json_object();
-    json_object_set_new(j, "code", json_string(ifd_errname(code)));
+    const char *name = ifd_errname(code);
+    if (strncmp(name, "IFD_", 4) == 0) /* the wire names are ESHAPE, EPROTO, ... */
+        name += 4;
+    json_object_set_new(j, "code", json_string(name));
     json_object_set_new(j, "seq", seq >= 0 ? json_integer(seq) : json_null());
     json_object_set_new(j, "credit", json_integer(credit));
     json_object_set_new(j, "message", json_string(msg));
@@ -280,24 +286,42 @@ static void src_abort(void *ctx)
     ifd_mutex_unlock(&g->qmu);
 }
 
+/* I/O thread: queues hb for the next src_flush. */
 static void src_push(ifd_ingest *g, host_batch *hb)
 {
-    ifd_mutex_lock(&g->qmu);
     hb->qnext = NULL;
-    if (g->qtail)
-        g->qtail->qnext = hb;
+    if (g->btail)
+        g->btail->qnext = hb;
     else
-        g->qhead = hb;
-    g->qtail = hb;
-    g->qlen++;
+        g->bhead = hb;
+    g->btail = hb;
+}
+
+/* I/O thread: hands the batches of a receive burst to the infeed thread with one wake-up. */
+static void src_flush(ifd_ingest *g)
+{
+    if (g->bhead == NULL)
+        return;
+    size_t n = 0;
+    for (host_batch *hb = g->bhead; hb; hb = hb->qnext)
+        n++;
+    ifd_mutex_lock(&g->qmu);
+    if (g->qtail)
+        g->qtail->qnext = g->bhead;
+    else
+        g->qhead = g->bhead;
+    g->qtail = g->btail;
+    g->qlen += n;
     ifd_cond_signal(&g->qcv);
     ifd_mutex_unlock(&g->qmu);
+    g->bhead = g->btail = NULL;
 }
 
 static void close_input(ifd_ingest *g, const char *why)
 {
     if (g->input_closed)
         return;
+    src_flush(g);
     g->input_closed = 1;
     IFD_LOG_INFO("input closed: %s", why);
     ifd_mutex_lock(&g->qmu);
@@ -529,10 +553,12 @@ static int check_schema(ifd_ingest *g, json_t *schema, ifd_error *err)
                  ifd_dtype_name(p->inputs[i].dtype),
                  dims_format(p->inputs[i].rank, p->inputs[i].dims, shape, sizeof shape));
     }
-    if (!json_is_array(schema))
+    if (!json_is_array(schema)) {
+        char got[96];
         return ifd_error_set(err, IFD_EINVAL,
                              "HELLO: schema: expected an array of {name, dtype, shape}, got %s",
-                             schema ? "another JSON type" : "nothing");
+                             ifd_json_describe(schema, got, sizeof got));
+    }
     if ((int)json_array_size(schema) != p->ninputs)
         return ifd_error_set(err, IFD_ESHAPE,
                              "schema: expected %d tensors for program '%s' (%s), got %zu",
@@ -630,8 +656,10 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     json_t *v;
     const char *name = NULL;
     int64_t first_seq = 0;
+    char got[96];
     if (!json_is_object(j)) {
-        ifd_error_set(&e, IFD_EPROTO, "HELLO: expected a JSON object, got another type");
+        ifd_error_set(&e, IFD_EPROTO, "HELLO: expected a JSON object, got %s",
+                      ifd_json_describe(j, got, sizeof got));
         goto reply;
     }
     json_object_foreach(j, key, v)
@@ -641,15 +669,14 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
                 json_string_length(v) > IFD_PROTO_NAME_MAX) {
                 ifd_error_set(&e, IFD_EINVAL,
                               "HELLO: name: expected a string of 1 to %d bytes, got %s",
-                              IFD_PROTO_NAME_MAX,
-                              json_is_string(v) ? "a longer or empty string" : "another type");
+                              IFD_PROTO_NAME_MAX, ifd_json_describe(v, got, sizeof got));
                 goto reply;
             }
             name = json_string_value(v);
         } else if (strcmp(key, "first_seq") == 0) {
             if (!json_is_integer(v) || json_integer_value(v) < 0) {
                 ifd_error_set(&e, IFD_EINVAL, "HELLO: first_seq: expected an integer >= 0, got %s",
-                              json_is_integer(v) ? "a negative integer" : "another type");
+                              ifd_json_describe(v, got, sizeof got));
                 goto reply;
             }
             first_seq = json_integer_value(v);
@@ -776,15 +803,16 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
                    "BATCH %" PRId64 " before HELLO: send HELLO with the schema first", bh.seq);
         return;
     }
+    /* From here on a rejection returns the credit the producer spent on the batch. */
     if (p->ended || g->input_closed) {
-        send_error(g, from, IFD_ECLOSED, bh.seq, 0, "batch %" PRId64 " from producer '%s': %s",
+        send_error(g, from, IFD_ECLOSED, bh.seq, 1, "batch %" PRId64 " from producer '%s': %s",
                    bh.seq, p->name,
                    g->input_closed ? "the input has ended; no more batches are taken"
                                    : "the producer sent END; send HELLO to start again");
         return;
     }
-    if (p->credit <= 0) {
-        send_error(g, from, IFD_EPROTO, bh.seq, 0,
+    if (p->credit <= 0) { /* the producer counted a credit it did not have: give it back */
+        send_error(g, from, IFD_EPROTO, bh.seq, 1,
                    "batch %" PRId64 " from producer '%s': no credit left (%d batches in flight, "
                    "credit %d): wait for an ACK",
                    bh.seq, p->name, p->in_flight, g->cfg->credit);
@@ -833,6 +861,11 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
             reject(g, p, from, IFD_ESHAPE, bh.seq, msg);
             return;
         }
+    }
+    if (bh.seq < 0) {
+        snprintf(msg, sizeof msg, "seq: expected an integer >= 0, got %" PRId64, bh.seq);
+        reject(g, p, from, IFD_EINVAL, bh.seq, msg);
+        return;
     }
     if (bh.seq <= p->last_seq) { /* a resent batch: drop it, give the credit back */
         p->credit++;
@@ -934,18 +967,21 @@ static void send_acks(ifd_ingest *g)
     }
 }
 
-static void note_summary(ifd_ingest *g, const outmsg *m)
+/* The rates status reports: global steps over the last second or so. */
+static void sample_rates(ifd_ingest *g)
 {
-    json_t *j = json_loadb(m->json, m->len, 0, NULL);
-    if (j == NULL)
+    int64_t now = ifd_clock_ns(), step = ifd_session_global_step(g->session);
+    if (g->rate_t0 == 0) {
+        g->rate_t0 = now;
+        g->rate_step0 = step;
         return;
-    json_t *sps = json_object_get(j, "steps_per_sec"),
-           *eps = json_object_get(j, "examples_per_sec");
-    if (json_is_number(sps))
-        g->steps_per_sec = json_number_value(sps);
-    if (json_is_number(eps))
-        g->examples_per_sec = json_number_value(eps);
-    json_decref(j);
+    }
+    if (now - g->rate_t0 < 1000000000LL)
+        return;
+    g->steps_per_sec = (double)(step - g->rate_step0) * 1e9 / (double)(now - g->rate_t0);
+    g->examples_per_sec = g->steps_per_sec * (double)g->cfg->run.batch_size;
+    g->rate_t0 = now;
+    g->rate_step0 = step;
 }
 
 static void publish(ifd_ingest *g)
@@ -959,7 +995,6 @@ static void publish(ifd_ingest *g)
         outmsg *next = m->next;
         if (g->pub)
             zmq_send(g->pub, m->json, m->len, ZMQ_DONTWAIT); /* drops for a slow subscriber */
-        note_summary(g, m);
         free(m);
         m = next;
     }
@@ -1043,9 +1078,19 @@ static void handle_control(ifd_ingest *g)
         request_stop(g, "control: stop");
         reply = json_pack("{s:b}", "ok", 1);
     } else {
-        reply = json_pack("{s:b, s:s}", "ok", 0, "error",
-                          req == NULL ? "expected a JSON object {\"cmd\": \"status\"|\"stop\"}"
-                                      : "cmd: expected \"status\" or \"stop\"");
+        char why[300];
+        if (req == NULL)
+            snprintf(why, sizeof why,
+                     "expected a JSON object {\"cmd\": \"status\"|\"stop\"}, got text that is "
+                     "not JSON");
+        else if (!json_is_string(cmd)) {
+            char got[96];
+            snprintf(why, sizeof why, "cmd: expected \"status\" or \"stop\", got %s",
+                     ifd_json_describe(cmd, got, sizeof got));
+        } else
+            snprintf(why, sizeof why, "cmd: expected \"status\" or \"stop\", got '%.200s'",
+                     json_string_value(cmd));
+        reply = json_pack("{s:b, s:s}", "ok", 0, "error", why);
     }
     json_decref(req);
     char *text = json_dumps(reply, JSON_COMPACT);
@@ -1180,11 +1225,13 @@ static void *io_main(void *arg)
                 for (int q = 0; q < np; q++)
                     zmq_msg_close(&parts[q]);
             }
+            src_flush(g);
         }
         if (i_rep >= 0 && rc > 0 && (items[i_rep].revents & ZMQ_POLLIN))
             handle_control(g);
         send_acks(g);
         publish(g);
+        sample_rates(g);
 
         int sigs = g->signals ? (int)*g->signals : 0;
         if (sigs > g->handled_signals) {

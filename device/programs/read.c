@@ -1,7 +1,8 @@
 /* read: a benchmark program that reads its whole input and learns nothing, so that an ingest
  * benchmark measures the path to the device rather than a model. x float32 [D]; one parameter
- * vector w [D] (zeros). Each step computes p = x w (every input float is read), a zero loss
- * against p itself, and the gradient x^T 0 = 0. */
+ * vector w [D] (zeros). Each step computes p = x w (every input float is read once), a zero loss
+ * against p itself, and a zero gradient (a gemm with alpha = beta = 0, which BLAS computes
+ * without reading its inputs). */
 #include "device/programs/common.h"
 
 static int read_setup(ifd_program *p, ifd_error *err)
@@ -38,7 +39,7 @@ static int read_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_ar
     float *pred = a->workspace, *dpred = a->workspace + rows;
     ops->gemm(ops->ctx, 0, 0, rows, 1, d, 1.0f, x, a->params, 0.0f, pred);
     ops->squared_error(ops->ctx, rows, 1, pred, pred, a->scale, dpred, a->out);
-    ops->gemm(ops->ctx, 1, 0, d, 1, rows, 1.0f, x, dpred, 0.0f, a->grads);
+    ops->gemm(ops->ctx, 1, 0, d, 1, rows, 0.0f, x, dpred, 0.0f, a->grads);
     return IFD_OK;
 }
 

@@ -1,0 +1,16 @@
+"""infeed: the Python client of the infeedd daemon.
+
+- :class:`Producer` streams batches of numpy arrays to the daemon (ingest protocol version 1,
+  ``docs/protocol.md``).
+- :class:`Subscriber` receives the JSON summaries the daemon publishes (``docs/summaries.md``).
+- :mod:`infeed.protocol` holds the wire constants and pack/unpack helpers.
+"""
+
+from . import protocol
+from .errors import InfeedError, RunEnded
+from .producer import Producer
+from .subscriber import Subscriber, format_summary
+
+__version__ = "0.1.0"
+
+__all__ = ["Producer", "Subscriber", "format_summary", "InfeedError", "RunEnded", "protocol", "__version__"]

@@ -1,0 +1,460 @@
+"""The producer side of the ingest protocol (docs/protocol.md): a DEALER socket that streams
+batches of numpy arrays to infeedd, within the credit the daemon grants."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+import numpy as np
+import zmq
+
+from . import protocol as P
+from .errors import InfeedError, RunEnded
+
+_DEFAULT_TIMEOUT = 60.0
+
+
+def _dtype_name(dt: np.dtype) -> Optional[str]:
+    """The protocol name of a numpy dtype (byte order aside), or None."""
+    for name, spec in P.DTYPES.items():
+        want = np.dtype(spec)
+        if dt.kind == want.kind and dt.itemsize == want.itemsize:
+            return name
+    return None
+
+
+def _normalize_schema(schema: Iterable[Any]) -> list[dict]:
+    """Accepts dicts ``{"name", "dtype", "shape"}`` or tuples ``(name, dtype, shape)``; a dtype may
+    be a protocol name or anything ``np.dtype`` takes."""
+    out = []
+    for entry in schema:
+        if isinstance(entry, Mapping):
+            name, dtype, shape = entry["name"], entry["dtype"], entry.get("shape", [])
+        else:
+            name, dtype, shape = entry
+        if dtype not in P.DTYPES:
+            dn = _dtype_name(np.dtype(dtype))
+            if dn is None:
+                raise TypeError(f"schema: tensor '{name}': dtype {np.dtype(dtype)} is not one of "
+                                f"{', '.join(P.DTYPES)}")
+            dtype = dn
+        out.append(P.schema_entry(str(name), dtype, tuple(shape)))
+    if not out:
+        raise ValueError("schema: at least one tensor is needed")
+    return out
+
+
+def _derive_schema(arrays: Mapping[str, Any]) -> list[dict]:
+    """A schema from the first batch: the arrays' dtypes and per-row shapes, in argument order."""
+    out = []
+    for name, value in arrays.items():
+        a = value if isinstance(value, np.ndarray) else np.asarray(value)
+        dn = _dtype_name(a.dtype)
+        if dn is None:
+            raise TypeError(f"tensor '{name}': dtype {a.dtype} is not one of "
+                            f"{', '.join(P.DTYPES)}; convert it (e.g. .astype(np.float32)) or "
+                            f"pass schema= to Producer")
+        if a.ndim < 1:
+            raise ValueError(f"tensor '{name}': a batch needs a leading batch dimension, got a "
+                             f"scalar")
+        out.append(P.schema_entry(name, dn, a.shape[1:]))
+    if not out:
+        raise ValueError("send: no tensors given")
+    return out
+
+
+def _convert(name: str, value: Any, entry: dict) -> np.ndarray:
+    """The C-contiguous little-endian array of the declared dtype for one tensor.
+
+    A numpy array must already have the declared dtype (its byte order and memory layout are
+    fixed here, as ``np.ascontiguousarray`` does); a numpy array of another dtype is a TypeError,
+    so that float64 data is never rounded to float32, or int64 labels truncated, behind the
+    caller's back. Other values (lists, scalars) are converted when the conversion keeps every
+    value (Python floats into float32 round to the nearest float32, as a float32 literal would).
+    """
+    want = np.dtype(P.DTYPES[entry["dtype"]])
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind != want.kind or value.dtype.itemsize != want.itemsize:
+            raise TypeError(f"tensor '{name}': expected dtype {entry['dtype']}, got {value.dtype} "
+                            f"(convert it explicitly, e.g. .astype(np.{entry['dtype']}))")
+        return np.ascontiguousarray(value, dtype=want)
+    raw = np.asarray(value)
+    if raw.dtype.kind not in "biuf":
+        raise TypeError(f"tensor '{name}': expected dtype {entry['dtype']}, got {raw.dtype}")
+    conv = np.ascontiguousarray(raw, dtype=want) if raw.dtype == want else raw.astype(want)
+    if not (raw.dtype.kind == "f" and want.kind == "f") and not np.array_equal(conv, raw):
+        raise TypeError(f"tensor '{name}': the values do not fit dtype {entry['dtype']} exactly "
+                        f"(got {raw.dtype} values); convert them explicitly")
+    return np.ascontiguousarray(conv)
+
+
+class Producer:
+    """Streams batches to infeedd over a ZeroMQ DEALER socket (ingest protocol version 1).
+
+    ``Producer(endpoint, name=None, schema=None, first_seq=0, timeout=60.0)``
+
+    - ``endpoint``: the daemon's ``--listen`` address, e.g. ``"tcp://127.0.0.1:5555"``.
+    - ``name``: the producer's name (the daemon makes one up when it is None).
+    - ``schema``: the tensors, in frame order, as ``[{"name", "dtype", "shape"}]`` or
+      ``[(name, dtype, shape)]``. When given, ``HELLO`` is sent now and the constructor waits for
+      ``WELCOME``; when None, the schema is derived from the first :meth:`send`'s arrays (their
+      dtypes and per-row shapes, in argument order) and ``HELLO`` is sent then.
+    - ``first_seq``: the sequence number of the first batch.
+    - ``timeout``: seconds any blocking call may go without hearing from the daemon (a WELCOME, an
+      ACK, a CREDIT...) before it raises :class:`TimeoutError`; None waits forever. It is a limit
+      on silence, not on the whole call: a long :meth:`wait` that keeps receiving ACKs goes on.
+    - ``on_ack``: called with each ACKed sequence number, as the ACK is handled.
+
+    ``ERROR`` answers raise :class:`InfeedError` (``code``, ``seq``, ``message``): from the call
+    that caused them for ``HELLO``, and for a rejected batch from the next :meth:`send`,
+    :meth:`wait` or :meth:`end` (the batch passed to that call is then not sent). Once the daemon
+    takes no more batches (``BYE``, or ``ECLOSED``) :meth:`send` raises :class:`RunEnded`.
+
+    Arrays are sent without a copy and kept referenced until their ``ACK``: do not modify an
+    array in place until then (pass a copy, or ``send(..., copy=True)``).
+
+    A Producer is not thread-safe: use it from one thread.
+    """
+
+    def __init__(self, endpoint: str, name: Optional[str] = None,
+                 schema: Optional[Sequence[Any]] = None, first_seq: int = 0,
+                 timeout: Optional[float] = _DEFAULT_TIMEOUT,
+                 context: Optional[zmq.Context] = None,
+                 on_ack: Optional[Callable[[int], None]] = None):
+        if first_seq < 0:
+            raise ValueError(f"first_seq: expected >= 0, got {first_seq}")
+        self.endpoint = endpoint
+        self.name = name
+        self.timeout = timeout
+        self.on_ack = on_ack
+        self._first_seq = int(first_seq)
+        self._schema = _normalize_schema(schema) if schema is not None else None
+        self._ctx = context or zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(endpoint)
+        self.welcome: Optional[dict] = None
+        self.bye: Optional[dict] = None
+        self._credit = 0
+        self._next_seq = self._first_seq
+        self._acked_seq = -1
+        self._unacked: "OrderedDict[int, list]" = OrderedDict()
+        self._errors: deque[InfeedError] = deque()
+        self._eclosed: Optional[InfeedError] = None
+        self._welcomes = 0
+        self._ended = False
+        self._closed = False
+        if self._schema is not None:
+            try:
+                self.hello()
+            except BaseException:
+                self.close()
+                raise
+
+    # -- properties ------------------------------------------------------------------------
+
+    @property
+    def credit(self) -> int:
+        """Batches that may be sent now without waiting."""
+        return self._credit
+
+    @property
+    def acked_seq(self) -> int:
+        """The highest sequence number acknowledged so far (-1 when none)."""
+        return self._acked_seq
+
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next batch gets."""
+        return self._next_seq
+
+    @property
+    def unacked(self) -> list[int]:
+        """Sequence numbers sent and neither acknowledged nor rejected, in order."""
+        return list(self._unacked)
+
+    @property
+    def schema(self) -> Optional[list[dict]]:
+        return self._schema
+
+    @property
+    def batch_size(self) -> Optional[int]:
+        """The daemon's global batch size (from WELCOME), or None before it."""
+        return None if self.welcome is None else self.welcome.get("batch_size")
+
+    @property
+    def socket(self) -> zmq.Socket:
+        return self._sock
+
+    # -- receiving -------------------------------------------------------------------------
+
+    def _handle(self, frames: list) -> P.Message:
+        msg = P.unpack_message(frames)
+        if msg.type == P.ACK:
+            self._unacked.pop(msg.seq, None)
+            self._credit += msg.credit
+            if msg.seq > self._acked_seq:
+                self._acked_seq = msg.seq
+            if self.on_ack is not None:
+                self.on_ack(msg.seq)
+        elif msg.type == P.CREDIT:
+            self._credit += msg.credit
+        elif msg.type == P.ERROR:
+            self._credit += msg.credit
+            if msg.seq is not None:
+                self._unacked.pop(msg.seq, None)
+            err = self._error(msg.body)
+            if err.code == P.ECLOSED:
+                self._eclosed = err
+            self._errors.append(err)
+        elif msg.type == P.BYE:
+            self.bye = msg.body
+        elif msg.type == P.WELCOME:
+            self._welcome(msg.body)
+            self._welcomes += 1
+        return msg
+
+    def _error(self, body: dict) -> InfeedError:
+        code = str(body.get("code", "EPROTO"))
+        if code.startswith("IFD_"):  # the runtime's enum name for a protocol code name
+            code = code[4:]
+        cls = RunEnded if code == P.ECLOSED else InfeedError
+        err = cls(code, str(body.get("message", "")), body.get("seq"), body)
+        return err
+
+    def _drain(self) -> list[P.Message]:
+        """Handles every message that has arrived, without blocking."""
+        out = []
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return out
+            out.append(self._handle(frames))
+
+    def _pump(self, done, what: str, timeout: Any = ...) -> None:
+        """Receives until ``done()`` is true; raises TimeoutError after ``timeout`` seconds
+        without a message."""
+        if timeout is ...:
+            timeout = self.timeout
+        self._drain()
+        last = time.monotonic()
+        while not done():
+            if timeout is None:
+                wait_ms = 1000
+            else:
+                left = last + timeout - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"infeed producer{' ' + repr(self.name) if self.name else ''}: {what}: "
+                        f"nothing from the daemon at "
+                        f"{self.endpoint} for {timeout:g} s ({len(self._unacked)} batches "
+                        f"unacknowledged, credit {self._credit}); is infeedd running there?")
+                wait_ms = max(1, min(1000, int(left * 1000) + 1))
+            if self._sock.poll(wait_ms, zmq.POLLIN):
+                if self._drain():
+                    last = time.monotonic()
+
+    def _raise_pending(self, skip_eclosed: bool = False) -> None:
+        while self._errors:
+            err = self._errors.popleft()
+            if skip_eclosed and err.code == P.ECLOSED:
+                continue
+            if isinstance(err, RunEnded):
+                err.bye = self.bye
+            raise err
+
+    def _run_ended(self) -> RunEnded:
+        if self.bye is not None:
+            b = self.bye
+            msg = (f"the run has ended ({b.get('status')}, {b.get('reason')}) at global step "
+                   f"{b.get('global_step')}")
+            if b.get("message"):
+                msg += f": {b['message']}"
+            return RunEnded(P.ECLOSED, msg, None, None, bye=b)
+        e = self._eclosed
+        return RunEnded(P.ECLOSED, e.message, e.seq, e.body, bye=None)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError("infeed producer: the socket is closed")
+
+    # -- the protocol ----------------------------------------------------------------------
+
+    def hello(self, schema: Optional[Sequence[Any]] = None) -> dict:
+        """Sends HELLO and waits for WELCOME (returned, and kept as :attr:`welcome`). Raises
+        :class:`InfeedError` with the daemon's code and sentence if it answers ERROR."""
+        self._check_open()
+        if schema is not None:
+            self._schema = _normalize_schema(schema)
+        if self._schema is None:
+            raise ValueError("hello: no schema (pass schema= or send a batch)")
+        self._sock.send_multipart(P.hello_frames(self._schema, self.name, self._first_seq
+                                                 if self.welcome is None else self._next_seq))
+        before = self._welcomes
+        got: list = []
+
+        def done() -> bool:
+            for err in list(self._errors):
+                if err.seq is None:
+                    self._errors.remove(err)
+                    got.append(err)
+                    return True
+            return self._welcomes != before
+
+        self._pump(done, "waiting for WELCOME")
+        if got:
+            err = got[0]
+            if isinstance(err, RunEnded):
+                err.bye = self.bye
+                self._eclosed = err
+            raise err
+        return self.welcome  # type: ignore[return-value]
+
+    def _welcome(self, body: dict) -> None:
+        self.welcome = body
+        if body.get("name"):
+            self.name = body["name"]
+        if body.get("schema"):
+            self._schema = _normalize_schema(body["schema"])
+        self._next_seq = int(body.get("next_seq", self._next_seq))
+        self._credit = int(body.get("credit", 0)) - len(self._unacked)
+        self._eclosed = None
+
+    def _encode(self, arrays: Mapping[str, Any], copy: bool) -> tuple[list, int]:
+        assert self._schema is not None
+        names = [e["name"] for e in self._schema]
+        missing = [n for n in names if n not in arrays]
+        extra = [n for n in arrays if n not in names]
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append("missing " + ", ".join(repr(n) for n in missing))
+            if extra:
+                parts.append("unknown " + ", ".join(repr(n) for n in extra))
+            raise ValueError(f"send: tensors {'; '.join(parts)} (the schema has "
+                             f"{', '.join(repr(n) for n in names)})")
+        frames = []
+        rows = None
+        for entry in self._schema:
+            name = entry["name"]
+            a = _convert(name, arrays[name], entry)
+            if copy:
+                a = a.copy()
+            shape = tuple(entry["shape"])
+            if a.ndim != 1 + len(shape) or a.shape[1:] != shape:
+                want = "(rows" + "".join(f", {d}" for d in shape) + ")"
+                raise ValueError(f"tensor '{name}': expected shape {want} (per-row shape "
+                                 f"{list(shape)}), got {a.shape}")
+            if rows is None:
+                rows = a.shape[0]
+            elif a.shape[0] != rows:
+                raise ValueError(f"tensor '{name}': {a.shape[0]} rows, but "
+                                 f"'{self._schema[0]['name']}' has {rows}")
+            frames.append(a)
+        assert rows is not None
+        bs = self.batch_size
+        if self.welcome is not None and self.welcome.get("mode", "train") == "train" \
+                and bs is not None and rows != bs:
+            raise ValueError(f"send: {rows} rows, the daemon's batch_size is {bs} (train mode "
+                             f"takes full batches only)")
+        return frames, rows
+
+    def send(self, mapping: Optional[Mapping[str, Any]] = None, /, *, copy: bool = False,
+             **arrays: Any) -> int:
+        """Sends one batch: ``send(x=..., y=...)`` or ``send({"x": ..., "y": ...})``. Blocks while
+        there is no credit. Returns the batch's sequence number."""
+        self._check_open()
+        if self._ended:
+            raise ValueError("infeed producer: send after end()")
+        tensors: dict[str, Any] = dict(mapping) if mapping is not None else {}
+        tensors.update(arrays)
+        self._drain()
+        self._raise_pending()
+        if self.bye is not None or self._eclosed is not None:
+            raise self._run_ended()
+        if self.welcome is None:
+            if self._schema is None:
+                self._schema = _derive_schema(tensors)
+            self.hello()
+        frames, rows = self._encode(tensors, copy)
+        self._pump(lambda: self._credit > 0 or bool(self._errors) or self.bye is not None,
+                   "waiting for credit")
+        self._raise_pending()
+        if self.bye is not None:
+            raise self._run_ended()
+        seq = self._next_seq
+        header = P.pack_batch_header(seq, rows, len(frames))
+        self._sock.send_multipart([header, *frames], copy=False)
+        self._credit -= 1
+        self._next_seq += 1
+        self._unacked[seq] = frames
+        return seq
+
+    def poll(self) -> None:
+        """Handles what has arrived (ACKs, CREDITs, ERRORs, BYE) without blocking, and raises a
+        pending ERROR."""
+        self._check_open()
+        self._drain()
+        self._raise_pending()
+
+    def wait(self, timeout: Any = ...) -> int:
+        """Blocks until every sent batch is acknowledged (or rejected), or BYE arrives. Returns
+        :attr:`acked_seq`."""
+        self._check_open()
+        self._pump(lambda: not self._unacked or bool(self._errors) or self.bye is not None,
+                   "waiting for ACKs", timeout)
+        self._raise_pending()
+        return self._acked_seq
+
+    def end(self, wait_bye: bool = True, timeout: Any = ...) -> Optional[dict]:
+        """Sends END (once), waits until every batch sent is acknowledged and, with ``wait_bye``,
+        until the daemon's BYE; returns the BYE JSON (also :attr:`bye`), or None when it has not
+        come. With several producers the run (and so BYE) ends only when all have sent END: pass
+        ``wait_bye=False`` there. ``ECLOSED`` rejections are not raised here (the run ended);
+        other pending errors are, and calling end() again goes on waiting."""
+        self._check_open()
+        if not self._ended:
+            self._ended = True
+            if self.welcome is not None and self.bye is None:
+                self._sock.send_multipart(P.end_frames())
+        if self.welcome is None:
+            return self.bye
+        what = "waiting for the end of the run" if wait_bye else "waiting for ACKs after END"
+        while True:
+            self._pump(lambda: self.bye is not None or bool(self._errors)
+                       or (not wait_bye and not self._unacked), what, timeout)
+            self._raise_pending(skip_eclosed=True)
+            if self.bye is not None or (not wait_bye and not self._unacked):
+                return self.bye
+
+    def close(self, linger: Optional[int] = None) -> None:
+        """Closes the socket. ``linger`` (ms): how long unsent messages are kept; by default 0,
+        or 1000 after an end() that did not see BYE (so END itself goes out)."""
+        if self._closed:
+            return
+        self._closed = True
+        if linger is None:
+            linger = 1000 if (self._ended and self.bye is None and self.welcome is not None) else 0
+        self._sock.close(linger=linger)
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            try:
+                self.end()
+            finally:
+                self.close()
+        else:
+            self.close(linger=0)
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed:
+                self._sock.close(linger=0)
+        except Exception:
+            pass

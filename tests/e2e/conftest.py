@@ -1,0 +1,178 @@
+"""Fixtures of the end-to-end suite: a real infeedd on free loopback ports.
+
+The daemon binary is $INFEEDD (CTest sets it to the built target); without it, the tests that
+need the daemon are skipped. Each test gets a ``daemon`` factory: ``daemon(flag=value, ...)``
+starts one (flags are written --flag-name value; True alone for a bare flag), waits until it
+answers ``status`` on its control socket, and the fixture always kills it at teardown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import zmq
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+if os.environ.get("PYTHONPATH") is None:
+    sys.path.insert(0, str(ROOT / "clients" / "python"))
+
+
+def infeedd_path() -> Optional[str]:
+    p = os.environ.get("INFEEDD") or str(ROOT / "build" / "host" / "infeedd")
+    return p if os.path.isfile(p) and os.access(p, os.X_OK) else None
+
+
+def free_ports(n: int) -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def run_infeedd(*args: str, timeout: float = 10) -> subprocess.CompletedProcess:
+    """Runs infeedd to completion (for flag and config errors, --help, --version)."""
+    exe = infeedd_path()
+    if exe is None:
+        pytest.skip("infeedd is not built (set INFEEDD)")
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout)
+
+
+class Daemon:
+    def __init__(self, tmp: Path, flags: dict, wait_ready: bool = True):
+        exe = infeedd_path()
+        if exe is None:
+            pytest.skip("infeedd is not built (set INFEEDD)")
+        self.tmp = tmp
+        self.flags = dict(flags)
+        n = len(list(tmp.glob("infeedd*.log")))
+        self.summaries_path = Path(self.flags.setdefault("summaries",
+                                                         str(tmp / f"summaries{n}.jsonl")))
+        for attempt in range(3):
+            lp, pp, cp = free_ports(3)
+            self.listen = self.flags.get("listen") or f"tcp://127.0.0.1:{lp}"
+            self.publish = f"tcp://127.0.0.1:{pp}"
+            self.control_endpoint = f"tcp://127.0.0.1:{cp}"
+            f = dict(self.flags, listen=self.listen, publish=self.publish,
+                     control=self.control_endpoint)
+            self.argv = [exe]
+            for k, v in f.items():
+                if v is None or v is False:
+                    continue
+                self.argv.append("--" + k.replace("_", "-"))
+                if v is not True:
+                    self.argv.append(str(v))
+            self.log_path = tmp / f"infeedd{n}.{attempt}.log"
+            self._log = open(self.log_path, "wb")
+            print("starting:", " ".join(self.argv))
+            self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT)
+            self.started = time.monotonic()
+            if not wait_ready or self._wait_ready():
+                return
+            # a port was taken between free_ports and the bind: try others
+            self.kill()
+        pytest.fail(f"infeedd did not start:\n{self.log()}")
+
+    def _wait_ready(self, deadline_s: float = 15) -> bool:
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                if "ddress already in use" in self.log():
+                    return False
+                pytest.fail(f"infeedd exited with {self.proc.returncode} at start:\n{self.log()}")
+            try:
+                r = self.control({"cmd": "status"}, timeout=0.3)
+                if isinstance(r, dict):
+                    return True
+            except TimeoutError:
+                pass
+        pytest.fail(f"infeedd did not answer on its control socket within {deadline_s} s:\n"
+                    f"{self.log()}")
+
+    def control(self, request, timeout: float = 5.0):
+        """One request on the control REP socket: a dict is sent as JSON, bytes as they are."""
+        ctx = zmq.Context.instance()
+        s = ctx.socket(zmq.REQ)
+        s.setsockopt(zmq.LINGER, 0)
+        try:
+            s.connect(self.control_endpoint)
+            s.send(request if isinstance(request, bytes) else json.dumps(request).encode())
+            if not s.poll(int(timeout * 1000)):
+                raise TimeoutError(f"control: no answer to {request!r} within {timeout} s")
+            return json.loads(s.recv())
+        finally:
+            s.close(0)
+
+    def log(self) -> str:
+        try:
+            self._log.flush()
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+    def wait(self, timeout: float = 20) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"infeedd still running after {timeout} s:\n{self.log()}")
+
+    def summaries(self) -> list[dict]:
+        if not self.summaries_path.exists():
+            return []
+        return [json.loads(line) for line in self.summaries_path.read_text().splitlines()
+                if line.strip()]
+
+    def end_summary(self) -> dict:
+        s = self.summaries()
+        assert s, f"no summaries in {self.summaries_path}:\n{self.log()}"
+        assert s[-1]["event"] == "end", f"the last summary is not the end: {s[-1]}"
+        return s[-1]
+
+    def signal(self, sig=signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        self._log.close()
+
+
+@pytest.fixture
+def daemon(tmp_path):
+    started: list[Daemon] = []
+
+    def start(wait_ready: bool = True, **flags) -> Daemon:
+        d = Daemon(tmp_path, flags, wait_ready)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.kill()
+
+
+@pytest.fixture
+def rng(request):
+    seed = int(os.environ.get("INFEED_TEST_SEED", random.randrange(1 << 30)))
+    print(f"{request.node.name}: seed {seed} (INFEED_TEST_SEED={seed} repeats it)")
+    return random.Random(seed)

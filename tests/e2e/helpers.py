@@ -1,0 +1,66 @@
+"""Shared helpers of the e2e tests: data, streaming until the daemon has had enough."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+import infeed
+
+
+def separable(rng: np.random.Generator, rows: int, features: int, classes: int,
+              centers: np.ndarray, noise: float = 0.3):
+    """Rows around one center per class: learnable by a softmax classifier."""
+    y = rng.integers(0, classes, rows, dtype=np.int32)
+    x = (centers[y] + noise * rng.standard_normal((rows, features))).astype(np.float32)
+    return x, y
+
+
+def stream_until_end(endpoint: str, batch_fn, max_batches: int = 100000, timeout: float = 20,
+                     name=None, **kw):
+    """Sends batch_fn(i) -> dict until the daemon ends the run (RunEnded) or max_batches were
+    sent; then END. Returns (producer, batches sent)."""
+    p = infeed.Producer(endpoint, name=name, timeout=timeout, **kw)
+    sent = 0
+    try:
+        for i in range(max_batches):
+            p.send(batch_fn(i))
+            sent += 1
+    except infeed.RunEnded:
+        pass
+    p.end()
+    p.close()
+    return p, sent
+
+
+class Collector(threading.Thread):
+    """Reads a Subscriber in a thread until the end summary (or stop())."""
+
+    def __init__(self, endpoint: str):
+        super().__init__(daemon=True)
+        self.sub = infeed.Subscriber(endpoint, timeout=0.1)
+        self.got: list[dict] = []
+        self.error = None
+        self._halt = threading.Event()
+
+    def run(self):
+        try:
+            while not self._halt.is_set() and not self.sub.ended:
+                try:
+                    self.got.append(self.sub.recv())
+                except TimeoutError:
+                    pass
+        except Exception as e:  # pragma: no cover
+            self.error = e
+        finally:
+            self.sub.close()
+
+    def stop(self, timeout: float = 10):
+        deadline = time.monotonic() + timeout
+        while self.is_alive() and not self.sub.ended and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self._halt.set()
+        self.join(5)
+        return self.got

@@ -1,0 +1,89 @@
+"""A raw DEALER peer for the protocol tests: sends any frames, sorts what comes back."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import zmq
+
+from infeed import protocol as P
+
+
+class RawPeer:
+    def __init__(self, endpoint: str):
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.acks: list[int] = []
+        self.credits: list[int] = []
+        self.errors: list[dict] = []
+        self.welcomes: list[dict] = []
+        self.byes: list[dict] = []
+        self.other: list[P.Message] = []
+
+    def send(self, frames) -> None:
+        self.sock.send_multipart(frames)
+
+    def _recv(self, timeout: float) -> bool:
+        if not self.sock.poll(int(timeout * 1000)):
+            return False
+        m = P.unpack_message(self.sock.recv_multipart())
+        {P.ACK: lambda: self.acks.append(m.seq), P.CREDIT: lambda: self.credits.append(m.credit),
+         P.ERROR: lambda: self.errors.append(m.body), P.WELCOME: lambda: self.welcomes.append(m.body),
+         P.BYE: lambda: self.byes.append(m.body)}.get(m.type, lambda: self.other.append(m))()
+        return True
+
+    def until(self, cond, what: str, timeout: float = 5.0):
+        deadline = time.monotonic() + timeout
+        while not cond():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out waiting for {what}; errors {self.errors}, acks "
+                                     f"{self.acks}, welcomes {self.welcomes}, byes {self.byes}")
+            self._recv(min(left, 0.2))
+
+    def error(self, timeout: float = 5.0) -> dict:
+        """The next ERROR (ACKs and CREDITs arriving meanwhile are recorded)."""
+        n = len(self.errors)
+        self.until(lambda: len(self.errors) > n, "an ERROR", timeout)
+        return self.errors.pop(n)
+
+    def welcome(self, timeout: float = 5.0) -> dict:
+        n = len(self.welcomes)
+        self.until(lambda: len(self.welcomes) > n or len(self.errors) > 0, "WELCOME", timeout)
+        assert not self.errors, f"HELLO answered with ERROR: {self.errors}"
+        return self.welcomes[-1]
+
+    def ack(self, seq: int, timeout: float = 5.0) -> None:
+        self.until(lambda: seq in self.acks or bool(self.errors), f"the ACK of batch {seq}",
+                   timeout)
+        assert not self.errors, f"batch {seq}: expected an ACK, got ERROR {self.errors}"
+
+    def drain(self, timeout: float = 0.3) -> None:
+        """Receives (and records) whatever arrives for a while."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._recv(0.05)
+
+    def quiet(self, timeout: float = 0.3) -> None:
+        """Receives for a while; nothing but ACK/CREDIT may arrive."""
+        self.drain(timeout)
+        assert not self.errors, f"unexpected ERROR: {self.errors}"
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+def hello(schema, name=None, **kw):
+    return P.hello_frames(schema, name, **kw)
+
+
+def batch_frames(seq: int, tensors, rows=None, ntensors=None, flags=0):
+    """A BATCH: tensors are numpy arrays (or raw bytes, sent as they are); rows defaults to the
+    first array's, ntensors to the number of tensors."""
+    if rows is None:
+        rows = next(t.shape[0] for t in tensors if isinstance(t, np.ndarray))
+    hdr = P.pack_batch_header(seq, rows, len(tensors) if ntensors is None else ntensors, flags)
+    return [hdr, *[t if isinstance(t, bytes) else np.ascontiguousarray(t).tobytes()
+                   for t in tensors]]

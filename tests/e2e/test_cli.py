@@ -1,0 +1,130 @@
+"""The command line: --help, --version, and usage or config errors (exit 2, naming the key)."""
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import infeed
+from conftest import ROOT, run_infeedd
+
+ISSUE_FLAGS = """--config --listen --publish --control --summaries --backend --replicas --program
+--features --classes --mode --input-mode --batch-size --iterations-per-loop --steps --last-step
+--optimizer --learning-rate --loss-reduction --summary-every --seed --credit --log-level --help
+--version""".split()
+
+# docs/config.md keys whose flag is not the key's last component with '_' -> '-'
+RENAMED = {"num_steps": "steps", "optimizer.kind": "optimizer"}
+
+
+def config_md_flags() -> set:
+    text = (ROOT / "docs" / "config.md").read_text().split("## Programs")[0]
+    keys = []
+    for line in text.splitlines():
+        m = re.match(r"\|\s*(`[^|]+)\|", line)
+        if m:
+            keys += re.findall(r"`([a-z0-9_.]+)`", m.group(1))
+    flags = set()
+    for k in keys:
+        if k in RENAMED:
+            k = RENAMED[k]
+        elif "." in k:
+            k = k.split(".")[-1]
+        flags.add("--" + k.replace("_", "-"))
+    return flags
+
+
+def usage_error(*args, key):
+    r = run_infeedd(*args)
+    out = r.stdout + r.stderr
+    assert r.returncode == 2, f"{args}: exit {r.returncode}, expected 2:\n{out}"
+    assert key in out or key.replace("_", "-") in out, \
+        f"{args}: the output does not name {key!r}:\n{out}"
+    assert "Traceback" not in out and len(out) < 4000
+    return out
+
+
+def test_help_lists_every_flag():
+    r = run_infeedd("--help")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout + r.stderr
+    listed = set(re.findall(r"--[a-z][a-z0-9-]*", out))
+    missing = [f for f in ISSUE_FLAGS if f not in listed]
+    assert not missing, f"--help lacks {missing}:\n{out}"
+    doc_flags = config_md_flags()
+    assert {"--batch-size", "--steps", "--momentum", "--features"} <= doc_flags  # parsed right
+    missing = sorted(doc_flags - listed)
+    assert not missing, f"--help lacks the docs/config.md keys {missing}:\n{out}"
+
+
+def test_version():
+    r = run_infeedd("--version")
+    assert r.returncode == 0, r.stderr
+    cmake = (ROOT / "CMakeLists.txt").read_text()
+    version = re.search(r"project\(infeed VERSION ([0-9.]+)", cmake).group(1)
+    assert version in r.stdout, r.stdout
+
+
+@pytest.mark.parametrize("args,key", [
+    (["--bogus"], "--bogus"),
+    (["--replicas"], "--replicas"),                     # a flag without its value
+    (["--replicas", "0"], "replicas"),
+    (["--replicas", "two"], "replicas"),
+    (["--mode", "eval"], "mode"),
+    (["--input-mode", "per-core"], "input_mode"),
+    (["--optimizer", "foo"], "foo"),
+    (["--loss-reduction", "median"], "median"),
+    (["--batch-size", "10", "--replicas", "3"], "batch_size"),
+    (["--learning-rate", "-1"], "learning_rate"),
+    (["--program", "nosuch"], "nosuch"),
+    (["--steps", "10", "--last-step", "20"], "last_step"),
+    (["--log-level", "loud"], "loud"),
+])
+def test_flag_errors(args, key):
+    base = ["--features", "4", "--classes", "3", "--steps", "10"]
+    out = usage_error(*base, *args, key=key)
+    if args[0] == "--optimizer":
+        for allowed in ("sgd", "momentum", "adam"):
+            assert allowed in out, out
+    if args[0] == "--mode":
+        assert "eval" in out
+
+
+def write(tmp_path, text):
+    p = tmp_path / "infeedd.json"
+    p.write_text(text)
+    return str(p)
+
+
+def test_config_file_errors(tmp_path):
+    usage_error("--config", write(tmp_path, '{"replicas": 2, "bogus_key": 1}'), key="bogus_key")
+    usage_error("--config", write(tmp_path, '{"replicas": "two"}'), key="replicas")
+    usage_error("--config", write(tmp_path, '{"features": 4, "classes": 3, "optimizer": "foo"}'),
+                key="optimizer")
+    out = usage_error("--config", write(tmp_path, '{"replicas": 2,\n  "steps": }\n'),
+                      key="infeedd.json")
+    assert re.search(r"line 2\b", out) and "column" in out, out
+    usage_error("--config", str(tmp_path / "missing.json"), key="missing.json")
+    usage_error("--config", write(tmp_path, "[1, 2]"), key="object")
+
+
+def test_config_file_then_flags(daemon, tmp_path):
+    """Defaults, then the file, then the flags: a flag overrides the file."""
+    cfg = write(tmp_path, json.dumps({"replicas": 3, "batch_size": 10, "features": 5,
+                                      "classes": 4, "iterations_per_loop": 2, "steps": 3,
+                                      "summary_every": 0, "credit": 3}))
+    usage_error("--config", cfg, key="batch_size")  # 10 rows over 3 replicas
+    d = daemon(config=cfg, replicas=2)
+    p = infeed.Producer(d.listen, schema=[("x", "float32", (5,)), ("y", "int32", ())], timeout=10)
+    w = p.welcome
+    assert (w["replicas"], w["batch_size"], w["credit"]) == (2, 10, 3), w
+    try:
+        for _ in range(10):
+            p.send(x=np.zeros((10, 5), np.float32), y=np.zeros(10, np.int32))
+    except infeed.RunEnded:
+        pass
+    assert p.end()["global_step"] == 3
+    p.close()
+    assert d.wait() == 0

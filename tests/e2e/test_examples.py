@@ -1,0 +1,112 @@
+"""The examples against a real daemon: the Python digits trainer and the C producer."""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import infeed
+from conftest import ROOT
+
+DIGITS = ROOT / "examples" / "digits" / "train_digits.py"
+
+
+def run(argv, timeout=60):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT / "clients" / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    print(r.stdout[-3000:], r.stderr[-3000:], sep="\n")
+    return r
+
+
+def test_digits_demo(daemon):
+    pytest.importorskip("sklearn")
+    d = daemon(replicas=2, program="softmax", features=64, classes=10, batch_size=64,
+               iterations_per_loop=20, steps=600, summary_every=50)
+    r = run([sys.executable, str(DIGITS), "--endpoint", d.listen, "--publish", d.publish,
+             "--seed", "3"])
+    assert r.returncode == 0, r.stderr
+    assert d.wait() == 0, d.log()
+    lines = r.stdout.splitlines()
+    steps = [int(m.group(1)) for m in (re.match(r"step (\d+)  loss [0-9.]+  accuracy [0-9.]+  "
+                                                r"\d+ ex/s", ln) for ln in lines) if m]
+    assert steps and steps[-1] == 600, r.stdout
+    acc = float(re.search(r"final training accuracy: ([0-9.]+)", r.stdout).group(1))
+    assert acc > 0.9, r.stdout
+    end = d.end_summary()
+    assert (end["status"], end["reason"], end["global_step"]) == ("ok", "last_step", 600)
+
+
+def test_digits_epochs_end_the_input(daemon):
+    pytest.importorskip("sklearn")
+    d = daemon(replicas=2, program="softmax", features=64, classes=10, batch_size=64,
+               iterations_per_loop=20, steps=100000, summary_every=10)
+    r = run([sys.executable, str(DIGITS), "--endpoint", d.listen, "--publish", d.publish,
+             "--epochs", "2"])
+    assert r.returncode == 0, r.stderr
+    assert d.wait() == 0, d.log()
+    end = d.end_summary()
+    assert (end["reason"], end["global_step"]) == ("input_ended", 2 * (1797 // 64)), end
+    assert "2 epochs sent" in r.stdout
+
+
+def test_digits_wrong_daemon_schema(daemon):
+    pytest.importorskip("sklearn")
+    d = daemon(replicas=1, program="softmax", features=10, classes=10, batch_size=8, steps=10)
+    r = run([sys.executable, str(DIGITS), "--endpoint", d.listen, "--publish", d.publish],
+            timeout=30)
+    assert r.returncode == 1 and "ESHAPE" in r.stderr and "'x'" in r.stderr, r.stderr
+
+
+def c_producer():
+    p = os.environ.get("INFEED_C_PRODUCER") or str(ROOT / "build" / "clients" / "c" /
+                                                    "infeed-producer-example")
+    if not os.path.isfile(p):
+        pytest.skip(f"the C producer example is not built ({p})")
+    return p
+
+
+def test_c_producer_until_last_step(daemon):
+    exe = c_producer()
+    d = daemon(replicas=2, program="softmax", features=16, classes=4, batch_size=32,
+               iterations_per_loop=10, steps=150, summary_every=50)
+    r = run([exe, "--endpoint", d.listen, "--features", "16", "--classes", "4", "--batches",
+             "1000"])
+    assert r.returncode == 0, r.stderr
+    assert d.wait() == 0, d.log()
+    summ = d.summaries()
+    assert (summ[-1]["reason"], summ[-1]["global_step"]) == ("last_step", 150), summ[-1]
+    train = [s for s in summ if s["event"] == "train"]
+    assert train[-1]["loss"] < train[0]["loss"], train  # a learnable task
+
+
+def test_c_and_python_producers_together(daemon):
+    exe = c_producer()
+    d = daemon(replicas=2, program="softmax", features=16, classes=4, batch_size=32,
+               iterations_per_loop=7, steps=100000, summary_every=0)
+    rng = np.random.default_rng(0)
+    # The input ends when every producer welcomed so far has sent END: both say HELLO first.
+    with infeed.Producer(d.listen, name="py", schema=[("x", "float32", (16,)), ("y", "int32", ())],
+                         timeout=20) as p:
+        c = subprocess.Popen([exe, "--endpoint", d.listen, "--features", "16", "--classes", "4",
+                              "--batches", "40", "--name", "c"], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 20
+        while not any(pr.get("name") == "c" for pr in d.control({"cmd": "status"})["producers"]):
+            assert time.monotonic() < deadline and c.poll() is None, c.communicate()
+            time.sleep(0.02)
+        for _ in range(25):
+            p.send(x=rng.uniform(-1, 1, (32, 16)).astype(np.float32),
+                   y=rng.integers(0, 4, 32, dtype=np.int32))
+        p.end(wait_bye=False)
+        out, err = c.communicate(timeout=30)
+        assert c.returncode == 0, err
+        p.end()  # now the BYE
+    assert p.bye["reason"] == "input_ended" and p.bye["global_step"] == 65, p.bye
+    assert d.wait() == 0, d.log()
+    assert d.end_summary()["global_step"] == 65
