@@ -2,7 +2,7 @@
 
 #include "core/log.h"
 #include "core/thread.h"
-#include "host/protocol.h"
+#include "core/wire.h"
 #include "infeed/infeed_internal.h"
 
 #include <errno.h>
@@ -642,6 +642,11 @@ static void check_input_end(ifd_ingest *g)
 
 static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_t *body)
 {
+    if (zmq_msg_size((zmq_msg_t *)body) > IFD_PROTO_HELLO_JSON_MAX) {
+        send_error(g, from, IFD_EPROTO, -1, 0, "HELLO: JSON: expected at most %d bytes, got %zu",
+                   IFD_PROTO_HELLO_JSON_MAX, zmq_msg_size((zmq_msg_t *)body));
+        return;
+    }
     json_error_t je;
     json_t *j = json_loadb(zmq_msg_data((zmq_msg_t *)body), zmq_msg_size((zmq_msg_t *)body),
                            JSON_REJECT_DUPLICATES, &je);

@@ -227,36 +227,37 @@ static void on_reply(ifd_producer *p, zmq_msg_t *frames, int n)
 {
     size_t hl = zmq_msg_size(&frames[0]);
     const unsigned char *h = zmq_msg_data(&frames[0]);
-    if (hl < IFDW_HDR_MIN || memcmp(h, IFDW_MAGIC, 4) != 0 || ifdw_get16(h + 4) != IFDW_VERSION) {
+    if (hl < IFD_PROTO_HDR || memcmp(h, IFD_PROTO_MAGIC, 4) != 0 ||
+        ifd_get_u16(h + 4) != IFD_PROTO_VERSION) {
         push_error(p, IFD_EPROTO, "reply from the daemon: a header that is not protocol 1");
         return;
     }
-    int type = ifdw_get16(h + 6);
+    int type = ifd_get_u16(h + 6);
     switch (type) {
-    case IFDW_WELCOME:
+    case IFD_MSG_WELCOME:
         on_welcome(p, frames, n);
         break;
-    case IFDW_ERROR:
+    case IFD_MSG_ERROR:
         on_error(p, frames, n);
         break;
-    case IFDW_BYE:
+    case IFD_MSG_BYE:
         on_bye(p, frames, n);
         break;
-    case IFDW_ACK:
-        if (hl < IFDW_HDR_ACK || p->hello_waiting)
+    case IFD_MSG_ACK:
+        if (hl < IFD_PROTO_ACK_HDR || p->hello_waiting)
             break;
-        int64_t seq = (int64_t)ifdw_get64(h + 8);
+        int64_t seq = (int64_t)ifd_get_u64(h + 8);
         if (seq > p->acked_seq)
             p->acked_seq = seq;
         if (p->in_flight > 0)
             p->in_flight--;
         p->acked++;
-        p->available += ifdw_get32(h + 16);
+        p->available += ifd_get_u32(h + 16);
         break;
-    case IFDW_CREDIT:
-        if (hl < IFDW_HDR_CREDIT || p->hello_waiting)
+    case IFD_MSG_CREDIT:
+        if (hl < IFD_PROTO_CREDIT_HDR || p->hello_waiting)
             break;
-        p->available += ifdw_get32(h + 8);
+        p->available += ifd_get_u32(h + 8);
         break;
     default:
         break; /* PREDICTION, and types of later versions */
@@ -439,9 +440,9 @@ static char *hello_json(const ifd_producer *p, const ifd_input_spec *schema, int
     text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     if (text == NULL)
         goto oom;
-    if (strlen(text) > IFDW_HELLO_JSON_MAX) {
+    if (strlen(text) > IFD_PROTO_HELLO_JSON_MAX) {
         ifd_error_set(err, IFD_EINVAL, "hello: the HELLO JSON is %zu bytes, at most %d allowed",
-                      strlen(text), IFDW_HELLO_JSON_MAX);
+                      strlen(text), IFD_PROTO_HELLO_JSON_MAX);
         free(text);
         text = NULL;
     }
@@ -471,8 +472,8 @@ int ifd_producer_hello(ifd_producer *p, const ifd_input_spec *schema, int n, int
         return err ? err->code : tmp.code;
 
     int rc = IFD_OK;
-    unsigned char h[IFDW_HDR_MIN];
-    ifdw_header(h, IFDW_HELLO);
+    unsigned char h[IFD_PROTO_HDR];
+    ifd_proto_header(h, IFD_MSG_HELLO);
     int64_t deadline = ifdw_deadline(timeout_ms);
     if (zmq_send(p->sock, h, sizeof h, ZMQ_SNDMORE) < 0 ||
         zmq_send(p->sock, text, strlen(text), 0) < 0) {
@@ -615,18 +616,18 @@ static int before_send(ifd_producer *p, int64_t rows, const ifd_frame *frames, i
 
 static void batch_header(ifd_producer *p, unsigned char *h, int64_t rows, int n)
 {
-    ifdw_header(h, IFDW_BATCH);
-    ifdw_put64(h + 8, (uint64_t)p->next_seq);
-    ifdw_put64(h + 16, (uint64_t)rows);
-    ifdw_put32(h + 24, 0);
-    ifdw_put32(h + 28, (uint32_t)n);
+    ifd_proto_header(h, IFD_MSG_BATCH);
+    ifd_put_u64(h + 8, (uint64_t)p->next_seq);
+    ifd_put_u64(h + 16, (uint64_t)rows);
+    ifd_put_u32(h + 24, 0);
+    ifd_put_u32(h + 28, (uint32_t)n);
 }
 
 /* Sends the header frame, waiting for the socket to take it. */
 static int send_header(ifd_producer *p, const unsigned char *h, int timeout_ms, ifd_error *err)
 {
     int64_t deadline = ifdw_deadline(timeout_ms);
-    while (zmq_send(p->sock, h, IFDW_HDR_BATCH, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+    while (zmq_send(p->sock, h, IFD_PROTO_BATCH_HDR, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
         if (errno != EAGAIN && errno != EINTR)
             return ifdw_zmq_error(err, "send: BATCH header");
         long left = ifdw_left_ms(deadline);
@@ -658,7 +659,7 @@ int ifd_producer_send(ifd_producer *p, int64_t rows, const ifd_frame *frames, in
     int rc = before_send(p, rows, frames, n, timeout_ms, err);
     if (rc)
         return rc;
-    unsigned char h[IFDW_HDR_BATCH];
+    unsigned char h[IFD_PROTO_BATCH_HDR];
     batch_header(p, h, rows, n);
     if ((rc = send_header(p, h, timeout_ms, err)))
         return rc;
@@ -716,7 +717,7 @@ int ifd_producer_send_zc(ifd_producer *p, int64_t rows, const ifd_frame *frames,
             rc = ifdw_zmq_error(err, "send: zmq_msg_init_data");
             goto release;
         }
-    unsigned char h[IFDW_HDR_BATCH];
+    unsigned char h[IFD_PROTO_BATCH_HDR];
     batch_header(p, h, rows, n);
     if ((rc = send_header(p, h, timeout_ms, err)))
         goto release;
@@ -783,8 +784,8 @@ int ifd_producer_end(ifd_producer *p, int timeout_ms, ifd_error *err)
         if ((rc = pop_error(p, err)))
             return rc;
         if (p->bye_json == NULL) {
-            unsigned char h[IFDW_HDR_MIN];
-            ifdw_header(h, IFDW_END);
+            unsigned char h[IFD_PROTO_HDR];
+            ifd_proto_header(h, IFD_MSG_END);
             if (zmq_send(p->sock, h, sizeof h, 0) < 0)
                 return ifdw_zmq_error(err, "end: sending END");
         }

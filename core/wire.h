@@ -1,22 +1,25 @@
 /*
  * The ingest protocol's binary headers (docs/protocol.md): frame 0 of every message. All
  * integers little-endian; these helpers pack and parse them byte by byte, so the layout does not
- * depend on the host's endianness or struct padding.
+ * depend on the host's endianness or struct padding. Header-only and libc-only: the daemon
+ * (host/ingest.c) and the C client (clients/c) both use this one definition of the wire format.
  */
-#ifndef IFD_HOST_PROTOCOL_H
-#define IFD_HOST_PROTOCOL_H
+#ifndef IFD_CORE_WIRE_H
+#define IFD_CORE_WIRE_H
 
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
+#define IFD_PROTO_MAGIC "IFDP"
 #define IFD_PROTO_VERSION 1
 #define IFD_PROTO_HDR 8
 #define IFD_PROTO_BATCH_HDR 32
 #define IFD_PROTO_CREDIT_HDR 16
 #define IFD_PROTO_ACK_HDR 24
-#define IFD_PROTO_NAME_MAX 63
+#define IFD_PROTO_NAME_MAX 63                /* bytes of a producer name */
+#define IFD_PROTO_HELLO_JSON_MAX (64 * 1024) /* bytes of a HELLO's JSON frame */
 
 enum {
     IFD_MSG_HELLO = 1,
@@ -67,7 +70,7 @@ static inline uint64_t ifd_get_u64(const uint8_t *p)
 /* The 8 common bytes: "IFDP", version, type. */
 static inline void ifd_proto_header(uint8_t *p, int type)
 {
-    memcpy(p, "IFDP", 4);
+    memcpy(p, IFD_PROTO_MAGIC, 4);
     ifd_put_u16(p + 4, IFD_PROTO_VERSION);
     ifd_put_u16(p + 6, (uint16_t)type);
 }
