@@ -65,7 +65,7 @@ typedef struct outmsg {
 
 struct ifd_ingest {
     const ifd_daemon_config *cfg;
-    volatile sig_atomic_t *signals;
+    int *signals; /* atomic */
     void *zctx;
     void *router, *pub, *rep;
     int efd;
@@ -414,8 +414,7 @@ static size_t largest_frame(const ifd_daemon_config *c)
     return most;
 }
 
-int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, volatile sig_atomic_t *signals,
-                      ifd_error *err)
+int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals, ifd_error *err)
 {
     *out = NULL;
     ifd_ingest *g = calloc(1, sizeof *g);
@@ -1238,7 +1237,7 @@ static void *io_main(void *arg)
         publish(g);
         sample_rates(g);
 
-        int sigs = g->signals ? (int)*g->signals : 0;
+        int sigs = g->signals ? __atomic_load_n(g->signals, __ATOMIC_RELAXED) : 0;
         if (sigs > g->handled_signals) {
             if (g->handled_signals == 0)
                 request_stop(g, "signal");

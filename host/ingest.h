@@ -20,15 +20,12 @@
 #include "host/config.h"
 #include "infeed/infeed.h"
 
-#include <signal.h>
-
 typedef struct ifd_ingest ifd_ingest;
 
 /* Binds the three endpoints (the error names the endpoint and libzmq's reason). c is borrowed.
- * signals, when not NULL, is the count of SIGINT/SIGTERM the process received (written by a
- * signal handler, which also calls ifd_ingest_wake). */
-int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, volatile sig_atomic_t *signals,
-                      ifd_error *err);
+ * signals, when not NULL, is the count of SIGINT/SIGTERM the process received (incremented
+ * atomically by a signal handler, which also calls ifd_ingest_wake). */
+int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals, ifd_error *err);
 /* The batch source to give the session. */
 ifd_batch_source ifd_ingest_source(ifd_ingest *g);
 /* A sink publishing each summary on the PUB socket (owned by g; NULL when --publish is ""). */

@@ -14,15 +14,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-static volatile sig_atomic_t signals_seen;
-static ifd_ingest *volatile signal_target;
+/* Read by the I/O thread, so a lock-free atomic rather than a volatile sig_atomic_t (which is
+ * only safe between a handler and the thread it interrupts). */
+static int signals_seen;
+static ifd_ingest *signal_target;
 
-/* Only counts and wakes the I/O thread (an eventfd write is async-signal-safe). */
+/* Only counts and wakes the I/O thread (lock-free atomics and an eventfd write are
+ * async-signal-safe). */
 static void on_signal(int signo)
 {
     (void)signo;
-    signals_seen++;
-    ifd_ingest *g = signal_target;
+    __atomic_fetch_add(&signals_seen, 1, __ATOMIC_RELAXED);
+    ifd_ingest *g = __atomic_load_n(&signal_target, __ATOMIC_ACQUIRE);
     if (g)
         ifd_ingest_wake(g);
 }
@@ -88,7 +91,7 @@ int main(int argc, char **argv)
     int rc = ifd_ingest_create(&g, &cfg, &signals_seen, &err);
     if (rc)
         goto out;
-    signal_target = g;
+    __atomic_store_n(&signal_target, g, __ATOMIC_RELEASE);
     rc = ifd_session_create(&s, &cfg.run, ifd_ingest_source(g), &err);
     if (rc)
         goto out;
@@ -121,7 +124,7 @@ int main(int argc, char **argv)
 out:
     if (rc)
         fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
-    signal_target = NULL;
+    __atomic_store_n(&signal_target, NULL, __ATOMIC_RELEASE);
     ifd_session_destroy(s);
     ifd_ingest_destroy(g);
     ifd_sink_destroy(jsonl);

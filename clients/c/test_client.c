@@ -1000,6 +1000,7 @@ static void zbuf_release(void *data, void *hint)
 typedef struct zc_case {
     int nb;
     size_t size[MAXB];
+    atomic_int error_sent; /* the fake has answered batch 0 with ERROR */
 } zc_case;
 
 static void script_zc(fake *f)
@@ -1014,9 +1015,10 @@ static void script_zc(fake *f)
         const char *why = check_batch(&m, seq, 1, 2, (size_t[]){c->size[b], 8});
         fmsg_free(&m);
         FCHECK(f, why == NULL, "%s", why);
-        if (b == 0)
+        if (b == 0) {
             fake_error(f, "ERANGE", seq, 1, "label out of range");
-        else if (b < c->nb - 1)
+            atomic_store(&c->error_sent, 1);
+        } else if (b < c->nb - 1)
             fake_ack(f, seq);
         seq++;
     }
@@ -1039,6 +1041,7 @@ START_TEST(test_zero_copy)
     seed_rng(&rng);
     zc_case c;
     c.nb = (int)rand_between(&rng, 2, 12);
+    atomic_init(&c.error_sent, 0);
     for (int b = 0; b < c.nb; b++)
         c.size[b] = (size_t)rand_between(&rng, 1, 1 << 20);
     fake f;
@@ -1056,8 +1059,11 @@ START_TEST(test_zero_copy)
         all[nall++] = z0;
         all[nall++] = z1;
         ifd_frame fr[2] = {{z0->data, c.size[b]}, {z1->data, 8}};
-        if (b == 1 && !refused)
-            sleep_ms(150); /* batch 0's ERROR is in */
+        if (b == 1 && !refused) { /* batch 0's ERROR is sent, and in after a moment on loopback */
+            for (int w = 0; w < 10000 && !atomic_load(&c.error_sent); w++)
+                sleep_ms(1);
+            sleep_ms(100);
+        }
         int rc = ifd_producer_send_zc(p, 1, fr, 2, zbuf_release, NULL, 10000, &err);
         if (b == 1 && !refused) {
             RASSERT(rc == IFD_ERANGE, "zero-copy send after a rejection returned %s",
