@@ -24,6 +24,7 @@
  *
  *   bench_ingest [--infeedd PATH] [--seconds S] [--credit C] [--repeat R] [--raw-only]
  */
+#include "core/wire.h"
 #include "infeed/client.h"
 
 #include <arpa/inet.h>
@@ -477,7 +478,8 @@ int main(int argc, char **argv)
     snprintf(path, sizeof path, "%s/../host/infeedd", dirname(def));
     const char *infeedd = path;
     double seconds = 0.5;
-    int credit = 8, raw_only = 0, repeat = 3;
+    int credit = 0, raw_only = 0, repeat = 3; /* credit 0: infeedd's auto credit per size */
+    size_t only = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--raw-only") == 0)
             raw_only = 1;
@@ -489,15 +491,18 @@ int main(int argc, char **argv)
             credit = atoi(argv[++i]);
         else if (i + 1 < argc && strcmp(argv[i], "--repeat") == 0)
             repeat = atoi(argv[++i]);
+        else if (i + 1 < argc && strcmp(argv[i], "--size") == 0)
+            only = (size_t)atol(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_ingest [--infeedd PATH] [--seconds S (0.5)] "
-                            "[--credit C (8)] [--repeat R (3)] [--raw-only]\n");
+                            "[--credit C (0: infeedd's auto credit for each size)] [--repeat R "
+                            "(3)] [--size BYTES (one size only)] [--raw-only]\n");
             return 2;
         }
     }
-    if (seconds <= 0 || seconds > 60 || credit < 1 || repeat < 1 || repeat > MAX_REPEAT) {
+    if (seconds <= 0 || seconds > 60 || credit < 0 || repeat < 1 || repeat > MAX_REPEAT) {
         fprintf(stderr,
-                "bench_ingest: expected 0 < --seconds <= 60, --credit >= 1 and 1 <= "
+                "bench_ingest: expected 0 < --seconds <= 60, --credit >= 0 and 1 <= "
                 "--repeat <= %d\n",
                 MAX_REPEAT);
         return 2;
@@ -518,24 +523,28 @@ int main(int argc, char **argv)
     for (size_t i = 0; i < (8u << 20) / sizeof(float); i++)
         ((float *)payload)[i] = (float)(i % 1000) * 0.001f;
 
-    printf("batches of %d rows, credit %d, ~%.1f s per measurement, %d warm-up batches, median "
+    printf("batches of %d rows, credit %s, ~%.1f s per measurement, %d warm-up batches, median "
            "of %d%s\n",
-           ROWS, credit, seconds, WARM, repeat, raw_only ? " (raw only)" : "");
-    printf("%-8s %-5s %10s %14s %12s %16s %7s\n", "size", "tr", "raw_GB/s", "raw_batches/s",
-           "infeed_GB/s", "infeed_batches/s", "ratio");
+           ROWS, credit ? "as given" : "auto (infeedd's default for the size)", seconds, WARM,
+           repeat, raw_only ? " (raw only)" : "");
+    printf("%-8s %-5s %6s %10s %14s %12s %16s %7s\n", "size", "tr", "credit", "raw_GB/s",
+           "raw_batches/s", "infeed_GB/s", "infeed_batches/s", "ratio");
     double ratio[4][2] = {{0}};
     int have[4][2] = {{0}};
     int cell = 0;
     for (int s = 0; s < 4; s++)
         for (int t = 0; t < 2; t++, cell++) {
             char sn[32];
+            if (only && sizes[s] != only)
+                continue;
+            int cr = credit ? credit : ifd_proto_auto_credit(sizes[s]);
             /* raw and infeed alternate, repeat times; each side's median is reported. */
             result raws[MAX_REPEAT], infs[MAX_REPEAT];
             int ninf = 0;
             for (int r = 0; r < repeat; r++) {
-                raws[r] = raw_run(transports[t], sizes[s], credit, seconds, payload);
+                raws[r] = raw_run(transports[t], sizes[s], cr, seconds, payload);
                 if (!raw_only) {
-                    result x = infeed_run(infeedd, transports[t], cell, sizes[s], credit, seconds,
+                    result x = infeed_run(infeedd, transports[t], cell, sizes[s], cr, seconds,
                                           raws[r].bps, payload);
                     if (x.ok)
                         infs[ninf++] = x;
@@ -545,8 +554,8 @@ int main(int argc, char **argv)
             result inf = {0};
             if (ninf)
                 inf = median(infs, ninf);
-            printf("%-8s %-5s %10.3f %14.0f", size_name(sizes[s], sn, sizeof sn), transports[t],
-                   raw.gbs, raw.bps);
+            printf("%-8s %-5s %6d %10.3f %14.0f", size_name(sizes[s], sn, sizeof sn), transports[t],
+                   cr, raw.gbs, raw.bps);
             if (inf.ok) {
                 ratio[s][t] = inf.bps / raw.bps;
                 have[s][t] = 1;

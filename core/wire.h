@@ -21,6 +21,16 @@
 #define IFD_PROTO_NAME_MAX 63                /* bytes of a producer name */
 #define IFD_PROTO_HELLO_JSON_MAX (64 * 1024) /* bytes of a HELLO's JSON frame */
 
+/* The credit infeedd grants when --credit is 0 (auto): enough batches in flight to cover
+ * IFD_PROTO_AUTO_CREDIT_BYTES, at least 8 and at most 256 (bandwidth times round trip: small
+ * batches need many in flight, large ones few). */
+#define IFD_PROTO_AUTO_CREDIT_BYTES (16u << 20)
+static inline int ifd_proto_auto_credit(size_t batch_bytes)
+{
+    size_t n = batch_bytes ? IFD_PROTO_AUTO_CREDIT_BYTES / batch_bytes : 256;
+    return n < 8 ? 8 : n > 256 ? 256 : (int)n;
+}
+
 enum {
     IFD_MSG_HELLO = 1,
     IFD_MSG_WELCOME = 2,

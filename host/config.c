@@ -118,8 +118,12 @@ static const opt opts[] = {
     {"infeed_depth", K_INT, OFF(run.infeed_depth), "N", "shards buffered per replica", NULL, NULL},
     {"outfeed_depth", K_INT, OFF(run.outfeed_depth), "N", "step records buffered per replica", NULL,
      NULL},
-    {"credit", K_INT, OFF(credit), "N", "batches a producer may have in flight", NULL, NULL},
+    {"credit", K_INT, OFF(credit), "N",
+     "batches a producer may have in flight; 0: auto, 16 MiB of batches, 8 to 256", NULL, NULL},
     {"max_producers", K_INT, OFF(max_producers), "N", "producers connected at once", NULL, NULL},
+    {"expect_producers", K_INT, OFF(expect_producers), "N",
+     "the input ends once N producers sent END (0: once every producer welcomed so far did)", NULL,
+     NULL},
     {"log_level", K_LOG, OFF(log_level), "LEVEL", "error, warn, info or debug",
      "error, warn, info or debug", NULL},
     {"cuda_graphs", K_BOOL, OFF(cuda_graphs), "on|off",
@@ -136,7 +140,7 @@ void ifd_daemon_config_defaults(ifd_daemon_config *c)
     c->publish = "tcp://127.0.0.1:5556";
     c->control = "tcp://127.0.0.1:5557";
     c->summaries = NULL;
-    c->credit = 8;
+    c->credit = 0; /* auto: ifd_proto_auto_credit */
     c->max_producers = 64;
     c->log_level = IFD_LOG_INFO;
     c->cuda_graphs = 1;
@@ -517,8 +521,13 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
         return IFD_EINVAL;
     if (c->listen == NULL || c->listen[0] == '\0')
         return ifd_error_set(err, IFD_EINVAL, "listen: expected a ZeroMQ endpoint, got ''");
-    if (c->credit < 1 || c->credit > 65536)
-        return ifd_error_set(err, IFD_EINVAL, "credit: expected 1 to 65536, got %d", c->credit);
+    if (c->credit < 0 || c->credit > 65536)
+        return ifd_error_set(err, IFD_EINVAL, "credit: expected 0 (auto) to 65536, got %d",
+                             c->credit);
+    if (c->expect_producers < 0 || c->expect_producers > c->max_producers)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "expect_producers: expected 0 to max_producers (%d), got %d",
+                             c->max_producers, c->expect_producers);
     if (c->max_producers < 1 || c->max_producers > 4096)
         return ifd_error_set(err, IFD_EINVAL, "max_producers: expected 1 to 4096, got %d",
                              c->max_producers);

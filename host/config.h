@@ -22,6 +22,7 @@ typedef struct ifd_daemon_config {
     const char *summaries; /* JSON Lines path; NULL: none */
     int credit;            /* batches a producer may have in flight */
     int max_producers;
+    int expect_producers; /* > 0: the input ends once this many producers sent END */
     int log_level;
     int cuda_graphs;   /* cuda backend: capture each step in a CUDA Graph */
     char *strings[64]; /* owned copies of string values */

@@ -74,11 +74,13 @@ struct ifd_ingest {
     ifd_thread thread;
     int started;
     size_t max_frame;
+    int credit; /* per producer: cfg->credit, or the auto credit for the batch size */
 
     producer *producers;
     int nproducers; /* slots in use */
     int64_t next_anon;
     int ever_welcomed;
+    int ended_total; /* END messages from producers that were streaming */
     int input_closed;
     int handled_signals;
     int64_t stop_ns; /* when a stop was asked, 0: none */
@@ -398,9 +400,11 @@ ifd_sink *ifd_ingest_pub_sink(ifd_ingest *g)
 
 /* ---- create / destroy ------------------------------------------------------------------- */
 
-static size_t largest_frame(const ifd_daemon_config *c)
+/* The largest tensor frame of a full batch, and a full batch's bytes. */
+static size_t batch_sizes(const ifd_daemon_config *c, size_t *total)
 {
     ifd_program p;
+    *total = 0;
     if (ifd_program_init(&p, c->run.program, &c->run.settings, NULL))
         return 0;
     size_t most = 0;
@@ -408,8 +412,10 @@ static size_t largest_frame(const ifd_daemon_config *c)
         size_t row = ifd_dtype_size(p.inputs[i].dtype);
         for (int d = 0; d < p.inputs[i].rank; d++)
             row *= (size_t)p.inputs[i].dims[d];
-        if (row * (size_t)c->run.batch_size > most)
-            most = row * (size_t)c->run.batch_size;
+        size_t bytes = row * (size_t)c->run.batch_size;
+        *total += bytes;
+        if (bytes > most)
+            most = bytes;
     }
     return most;
 }
@@ -443,7 +449,9 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
         goto fail;
     }
     g->router = zmq_socket(g->zctx, ZMQ_ROUTER);
-    g->max_frame = largest_frame(c) + 65536;
+    size_t batch_bytes;
+    g->max_frame = batch_sizes(c, &batch_bytes) + 65536;
+    g->credit = c->credit > 0 ? c->credit : ifd_proto_auto_credit(batch_bytes);
     int64_t maxmsg = (int64_t)g->max_frame;
     int linger = 1000;
     zmq_setsockopt(g->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
@@ -629,13 +637,19 @@ static json_t *schema_json(const ifd_program *p)
     return a;
 }
 
+/* The input ends once every producer welcomed so far has sent END, or, with expect_producers,
+ * once that many have (so that a producer that connects late is not shut out). */
 static void check_input_end(ifd_ingest *g)
 {
     if (g->input_closed || !g->ever_welcomed)
         return;
-    for (int i = 0; i < g->cfg->max_producers; i++)
-        if (g->producers[i].used && g->producers[i].welcomed && !g->producers[i].ended)
+    for (int i = 0; i < g->cfg->max_producers; i++) {
+        producer *p = &g->producers[i];
+        if (p->used && p->welcomed && !p->ended)
             return;
+    }
+    if (g->cfg->expect_producers > 0 && g->ended_total < g->cfg->expect_producers)
+        return;
     close_input(g, "every producer sent END");
 }
 
@@ -751,7 +765,7 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     p->rid_len = from->len;
     p->welcomed = 1;
     p->ended = 0;
-    p->credit = g->cfg->credit - p->in_flight;
+    p->credit = g->credit - p->in_flight;
     if (p->credit < 0)
         p->credit = 0;
     g->ever_welcomed = 1;
@@ -819,7 +833,7 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
         send_error(g, from, IFD_EPROTO, bh.seq, 1,
                    "batch %" PRId64 " from producer '%s': no credit left (%d batches in flight, "
                    "credit %d): wait for an ACK",
-                   bh.seq, p->name, p->in_flight, g->cfg->credit);
+                   bh.seq, p->name, p->in_flight, g->credit);
         return;
     }
     p->credit--;
@@ -949,11 +963,14 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
 
 /* ---- ACKs, summaries, control --------------------------------------------------------------- */
 
+/* One cumulative ACK per producer for the batches consumed since the last pass: they are
+ * acknowledged in the producer's order, so "up to seq, n batches" names them all. */
 static void send_acks(ifd_ingest *g)
 {
     __atomic_store_n(&g->acks_pending, 0, __ATOMIC_RELEASE);
     for (int i = 0; i < g->cfg->max_producers; i++) {
         producer *p = &g->producers[i];
+        uint32_t n = 0;
         while (p->head && __atomic_load_n(&p->head->done, __ATOMIC_ACQUIRE)) {
             host_batch *hb = p->head;
             p->head = hb->pnext;
@@ -961,12 +978,14 @@ static void send_acks(ifd_ingest *g)
                 p->tail = NULL;
             p->in_flight--;
             p->acked_seq = hb->b.seq;
-            if (p->rid_len) {
-                producer_rid r = rid_of(p);
-                p->credit++;
-                send_credit_msg(g, &r, IFD_MSG_ACK, hb->b.seq);
-            }
+            n++;
             free(hb);
+        }
+        if (n && p->rid_len) {
+            producer_rid r = rid_of(p);
+            p->credit += (int)n;
+            uint8_t hdr[IFD_PROTO_ACK_HDR];
+            send_parts(g, &r, hdr, ifd_proto_ack(hdr, p->acked_seq, n), NULL);
         }
     }
 }
@@ -1029,7 +1048,7 @@ static json_t *status_json(ifd_ingest *g)
     ifd_mutex_unlock(&g->qmu);
     json_object_set_new(j, "batch_queue", json_integer((json_int_t)qlen));
     json_object_set_new(j, "batch_queue_limit",
-                        json_integer((json_int_t)g->cfg->max_producers * g->cfg->credit));
+                        json_integer((json_int_t)g->cfg->max_producers * g->credit));
     json_object_set_new(j, "input_closed", json_boolean(g->input_closed));
     json_t *ps = json_array();
     int connected = 0;
@@ -1139,9 +1158,11 @@ static void handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int tota
             send_error(g, &from, IFD_EPROTO, -1, 0, "END before HELLO");
             return;
         }
-        if (!p->ended)
+        if (!p->ended) {
             IFD_LOG_INFO("producer '%s' ended its stream after batch %" PRId64, p->name,
                          p->last_seq);
+            g->ended_total++;
+        }
         p->ended = 1;
         check_input_end(g);
         return;

@@ -246,13 +246,14 @@ static void on_reply(ifd_producer *p, zmq_msg_t *frames, int n)
     case IFD_MSG_ACK:
         if (hl < IFD_PROTO_ACK_HDR || p->hello_waiting)
             break;
+        /* Cumulative: the n oldest batches in flight, up to seq, were consumed. */
         int64_t seq = (int64_t)ifd_get_u64(h + 8);
+        uint32_t n = ifd_get_u32(h + 16);
         if (seq > p->acked_seq)
             p->acked_seq = seq;
-        if (p->in_flight > 0)
-            p->in_flight--;
-        p->acked++;
-        p->available += ifd_get_u32(h + 16);
+        p->in_flight -= (int64_t)n < p->in_flight ? (int64_t)n : p->in_flight;
+        p->acked += n;
+        p->available += n;
         break;
     case IFD_MSG_CREDIT:
         if (hl < IFD_PROTO_CREDIT_HDR || p->hello_waiting)

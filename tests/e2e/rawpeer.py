@@ -15,7 +15,8 @@ class RawPeer:
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(endpoint)
-        self.acks: list[int] = []
+        self.acks: list[int] = []  # one entry per acknowledged batch (ACKs are cumulative)
+        self.pending: list[int] = []  # seqs of the batches sent and not yet answered
         self.credits: list[int] = []
         self.errors: list[dict] = []
         self.welcomes: list[dict] = []
@@ -23,14 +24,29 @@ class RawPeer:
         self.other: list[P.Message] = []
 
     def send(self, frames) -> None:
+        h = bytes(frames[0]) if frames else b""
+        if len(h) >= 32 and h[:4] == P.MAGIC and int.from_bytes(h[6:8], "little") == P.BATCH:
+            self.pending.append(int.from_bytes(h[8:16], "little", signed=True))
         self.sock.send_multipart(frames)
+
+    def _on_ack(self, m) -> None:
+        """An ACK covers the batches in flight up to m.seq (m.credit of them)."""
+        done = [s for s in self.pending if s <= m.seq][: max(m.credit, 1)]
+        for s in done:
+            self.pending.remove(s)
+        self.acks.extend(done if done else [m.seq])
+
+    def _on_error(self, body) -> None:
+        if body.get("seq") in self.pending:
+            self.pending.remove(body["seq"])
+        self.errors.append(body)
 
     def _recv(self, timeout: float) -> bool:
         if not self.sock.poll(int(timeout * 1000)):
             return False
         m = P.unpack_message(self.sock.recv_multipart())
-        {P.ACK: lambda: self.acks.append(m.seq), P.CREDIT: lambda: self.credits.append(m.credit),
-         P.ERROR: lambda: self.errors.append(m.body), P.WELCOME: lambda: self.welcomes.append(m.body),
+        {P.ACK: lambda: self._on_ack(m), P.CREDIT: lambda: self.credits.append(m.credit),
+         P.ERROR: lambda: self._on_error(m.body), P.WELCOME: lambda: self.welcomes.append(m.body),
          P.BYE: lambda: self.byes.append(m.body)}.get(m.type, lambda: self.other.append(m))()
         return True
 

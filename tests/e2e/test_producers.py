@@ -23,7 +23,7 @@ def test_three_producers(daemon, rng):
     print(f"replicas {replicas} batch {batch} ipl {ipl} credit {credit} counts {counts} "
           f"first {first}")
     d = daemon(replicas=replicas, batch_size=batch, features=D, classes=K, steps=100000,
-               iterations_per_loop=ipl, credit=credit, summary_every=7)
+               iterations_per_loop=ipl, credit=credit, summary_every=7, expect_producers=3)
     total = sum(counts)
     acks = [[] for _ in range(3)]
     byes = [None] * 3

@@ -193,12 +193,17 @@ class Producer:
     def _handle(self, frames: list) -> P.Message:
         msg = P.unpack_message(frames)
         if msg.type == P.ACK:
-            self._unacked.pop(msg.seq, None)
+            # Cumulative: every unacknowledged batch up to msg.seq was consumed (batches are
+            # consumed in order); msg.credit is how many this ACK covers.
+            done = [s for s in self._unacked if s <= msg.seq]
+            for s in done:
+                del self._unacked[s]
             self._credit += msg.credit
             if msg.seq > self._acked_seq:
                 self._acked_seq = msg.seq
             if self.on_ack is not None:
-                self.on_ack(msg.seq)
+                for s in done if done else [msg.seq]:
+                    self.on_ack(s)
         elif msg.type == P.CREDIT:
             self._credit += msg.credit
         elif msg.type == P.ERROR:
