@@ -8,7 +8,9 @@
 #include "core/thread.h"
 #include "device/cpu/allreduce.h"
 #include "device/device.h"
+#include "device/replicas.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,10 +18,8 @@
 typedef struct cpu_dev cpu_dev;
 
 typedef struct cpu_replica {
-    int index;
-    char name[24];
+    ifd_replica base; /* first: the replica thread (device/replicas.h) */
     cpu_dev *cd;
-    ifd_thread thread;
     ifd_queue *infeed;   /* ifd_shard */
     ifd_queue *out_free; /* ifd_outfeed_rec * */
     ifd_queue *out_full; /* ifd_outfeed_rec * */
@@ -30,53 +30,34 @@ typedef struct cpu_replica {
     int64_t opt_step;
     ifd_ops ops;
     ifd_tensor views[IFD_MAX_INPUTS];
-    /* stats, written by the replica thread, read by any thread (ifd_device_stats) */
-    int64_t n_steps, loop_ns, infeed_wait_ns, outfeed_wait_ns;
+    int64_t last_ns;                       /* when the previous step ended (or the loop began) */
     int64_t pending_in_ns, pending_out_ns; /* this step's waits, published with its time */
-    /* result of the current loop, guarded by cd->mu */
-    int64_t done_steps;
-    int status;
-    ifd_error err;
 } cpu_replica;
 
+_Static_assert(offsetof(cpu_replica, base) == 0, "ifd_replica comes first");
+
 struct cpu_dev {
+    ifd_replicas set; /* first: run_loop, global_step and stats are the set's */
     ifd_device *dev;
     int replicas;
     cpu_replica *reps;
     ifd_cpu_allreduce ar;
     ifd_step_ops sops;
-    ifd_mutex mu;
-    ifd_cond cmd_cv;
-    ifd_cond done_cv;
-    int64_t generation;
-    int64_t loop_n;
-    int ndone;
-    int quit;
-    int aborted;      /* atomic */
-    int64_t gstep;    /* atomic: replica 0's step */
     int infeed_ended; /* atomic */
 };
 
-static inline int64_t load64(const int64_t *p)
-{
-    return __atomic_load_n(p, __ATOMIC_RELAXED);
-}
-
-static inline void add64(int64_t *p, int64_t v)
-{
-    __atomic_store_n(p, __atomic_load_n(p, __ATOMIC_RELAXED) + v, __ATOMIC_RELAXED);
-}
+_Static_assert(offsetof(cpu_dev, set) == 0, "ifd_replicas comes first");
 
 static int cpu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err)
 {
     cpu_replica *rep = ctx;
     ifd_cpu_allreduce *ar = &rep->cd->ar;
-    if (buf != ar->bufs[rep->index] || n != ar->n)
+    if (buf != ar->bufs[rep->base.index] || n != ar->n)
         return ifd_error_set(err, IFD_EINTERNAL,
                              "all-reduce: the cpu backend reduces the %lld gradient floats bound "
                              "at open, got a different vector (%lld floats)",
                              (long long)ar->n, (long long)n);
-    int rc = ifd_cpu_allreduce_run(ar, rep->index);
+    int rc = ifd_cpu_allreduce_run(ar, rep->base.index);
     if (rc == IFD_ESTOPPED)
         ifd_error_set(err, rc, "all-reduce aborted");
     else if (rc == IFD_EEOF)
@@ -111,10 +92,19 @@ static int pop_slot(cpu_replica *rep, ifd_outfeed_rec **slot)
     return rc;
 }
 
-/* One step. IFD_OK, IFD_EEOF (no more input), IFD_ESTOPPED or an error in rep->err. *last is
- * when the previous step ended; it becomes when this one did. */
-static int replica_step(cpu_replica *rep, int64_t *last)
+/* ---- the replica thread's callbacks (device/replicas.h) -------------------------------------- */
+
+static void cpu_loop_begin(ifd_replica *base, int64_t start_ns)
 {
+    ((cpu_replica *)base)->last_ns = start_ns;
+}
+
+/* One step. IFD_OK, IFD_EEOF (no more input), IFD_ESTOPPED or an error in rep->base.err.
+ * rep->last_ns is when the previous step ended; it becomes when this one did. */
+static int cpu_step(ifd_replica *base, int64_t nth)
+{
+    (void)nth;
+    cpu_replica *rep = (cpu_replica *)base;
     cpu_dev *cd = rep->cd;
     const ifd_device_config *cfg = &cd->dev->cfg;
     const ifd_program *p = cfg->program;
@@ -133,126 +123,75 @@ static int replica_step(cpu_replica *rep, int64_t *last)
         return rc;
     }
     rc = ifd_step_train(p, &rep->ops, &cd->sops, rep, &rep->st, &cfg->optimizer, cfg->loss_scale,
-                        rep->views, sh.rows, &slot->out, &rep->err);
+                        rep->views, sh.rows, &slot->out, &base->err);
     ifd_batch_unref(sh.batch);
     if (rc) {
         ifd_queue_push(rep->out_free, &slot);
         if (!ifd_error_is_secondary(rc) && rc != IFD_EEOF)
-            ifd_error_prefix(&rep->err, "step %lld", (long long)(rep->step + 1));
+            ifd_error_prefix(&base->err, "step %lld", (long long)(rep->step + 1));
         return rc;
     }
     int64_t now = ifd_clock_ns();
     slot->step = rep->step;
     slot->end_ns = now;
-    slot->step_ns = now - *last;
+    slot->step_ns = now - rep->last_ns;
     slot->infeed_wait_ns = rep->pending_in_ns;
     slot->outfeed_wait_ns = rep->pending_out_ns;
-    if (rep->index == 0)
-        __atomic_store_n(&cd->gstep, rep->step, __ATOMIC_RELEASE);
-    add64(&rep->n_steps, 1);
-    add64(&rep->infeed_wait_ns, rep->pending_in_ns);
-    add64(&rep->outfeed_wait_ns, rep->pending_out_ns);
-    add64(&rep->loop_ns, now - *last);
+    if (base->index == 0)
+        ifd_replicas_publish_step(&cd->set, rep->step);
+    ifd_replica_stats_add(base, 1, now - rep->last_ns, rep->pending_in_ns, rep->pending_out_ns);
     rep->pending_in_ns = rep->pending_out_ns = 0;
-    *last = now;
+    rep->last_ns = now;
     return ifd_queue_push(rep->out_full, &slot);
 }
 
-typedef struct loop_wait {
-    cpu_dev *cd;
-    int64_t seen;
-} loop_wait;
-
-static int next_loop_ready(void *arg)
+static int cpu_loop_end(ifd_replica *base, int rc, int64_t done)
 {
-    loop_wait *w = arg;
-    return __atomic_load_n(&w->cd->generation, __ATOMIC_ACQUIRE) != w->seen ||
-           __atomic_load_n(&w->cd->quit, __ATOMIC_ACQUIRE);
+    (void)done;
+    cpu_replica *rep = (cpu_replica *)base;
+    /* A step that did not finish (input ended, stopped, failed) still spent its time; loop time
+     * is otherwise counted step by step, so that summaries taken mid-loop see it. */
+    ifd_replica_stats_add(base, 0, ifd_clock_ns() - rep->last_ns, rep->pending_in_ns,
+                          rep->pending_out_ns);
+    rep->pending_in_ns = rep->pending_out_ns = 0;
+    /* The outfeed thread is woken in bursts; the end of a loop hands over the rest. */
+    ifd_queue_kick(rep->out_full);
+    return rc;
 }
 
-static void *replica_main(void *arg)
+/* Peers stop at the same step instead of waiting for us in the all-reduce, and the outfeed
+ * thread learns there is nothing more once it has drained what we wrote. */
+static void cpu_input_ended(ifd_replica *base)
 {
-    cpu_replica *rep = arg;
-    cpu_dev *cd = rep->cd;
-    int64_t seen = 0;
-    for (;;) {
-        /* The next loop usually follows within microseconds: spin before sleeping. */
-        loop_wait w = {cd, seen};
-        ifd_spin_until(next_loop_ready, &w, IFD_SPIN_NS);
-        ifd_mutex_lock(&cd->mu);
-        while (!cd->quit && cd->generation == seen)
-            ifd_cond_wait(&cd->cmd_cv, &cd->mu);
-        if (cd->quit) {
-            ifd_mutex_unlock(&cd->mu);
-            break;
-        }
-        seen = cd->generation;
-        int64_t n = cd->loop_n;
-        ifd_mutex_unlock(&cd->mu);
-
-        /* Loop time is counted step by step so that summaries taken mid-loop see it. */
-        int64_t last = ifd_clock_ns(), done = 0;
-        int rc = IFD_OK;
-        ifd_error_clear(&rep->err);
-        while (done < n) {
-            rc = replica_step(rep, &last);
-            if (rc)
-                break;
-            done++;
-        }
-        /* A step that did not finish (input ended, stopped, failed) still spent its time. */
-        add64(&rep->infeed_wait_ns, rep->pending_in_ns);
-        add64(&rep->outfeed_wait_ns, rep->pending_out_ns);
-        add64(&rep->loop_ns, ifd_clock_ns() - last);
-        rep->pending_in_ns = rep->pending_out_ns = 0;
-        /* The outfeed thread is woken in bursts; the end of a loop hands over the rest. */
-        ifd_queue_kick(rep->out_full);
-        if (rc == IFD_EEOF) {
-            /* The input ended: peers stop at the same step instead of waiting for us, and the
-             * outfeed thread learns there is nothing more once it has drained what we wrote. */
-            ifd_cpu_allreduce_leave(&cd->ar);
-            ifd_queue_close(rep->out_full);
-        } else if (rc && !ifd_error_is_secondary(rc)) {
-            if (rep->err.code != rc)
-                ifd_error_set(&rep->err, rc, "%s", ifd_strerror(rc));
-            if (cd->dev->cfg.on_error)
-                cd->dev->cfg.on_error(cd->dev->cfg.on_error_arg, rep->name, &rep->err);
-            /* Peers may be waiting for this replica in the all-reduce: an error ends the run,
-             * so stop the device whether or not anyone listens to on_error. */
-            cd->dev->be->abort(cd->dev);
-        }
-        ifd_mutex_lock(&cd->mu);
-        rep->done_steps = done;
-        rep->status = rc;
-        __atomic_store_n(&cd->ndone, cd->ndone + 1, __ATOMIC_RELEASE);
-        ifd_cond_broadcast(&cd->done_cv);
-        ifd_mutex_unlock(&cd->mu);
-    }
-    return NULL;
+    cpu_replica *rep = (cpu_replica *)base;
+    ifd_cpu_allreduce_leave(&rep->cd->ar);
+    ifd_queue_close(rep->out_full);
 }
+
+static const ifd_replica_ops cpu_replica_ops = {
+    .loop_begin = cpu_loop_begin,
+    .step = cpu_step,
+    .loop_end = cpu_loop_end,
+    .input_ended = cpu_input_ended,
+};
+
+/* ---- open and close -------------------------------------------------------------------------- */
 
 static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *init, ifd_error *err)
 {
     const ifd_device_config *cfg = &cd->dev->cfg;
     const ifd_program *p = cfg->program;
     int64_t np = p->nparam_floats;
-    int64_t ws = p->cls->workspace_floats(p, cfg->max_shard_rows);
-    rep->index = index;
     rep->cd = cd;
     rep->step = cfg->initial_step;
-    snprintf(rep->name, sizeof rep->name, "replica %d", index);
     ifd_cpu_ops_init(&rep->ops, rep);
 
-    rep->mem = calloc((size_t)(4 * np + ws + 1), sizeof(float));
+    rep->mem = calloc((size_t)ifd_replica_mem_floats(cfg), sizeof(float));
     rep->slots = calloc((size_t)cfg->outfeed_depth, sizeof *rep->slots);
     if (rep->mem == NULL || rep->slots == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "cpu backend: replica %d: %lld parameter floats",
                              index, (long long)np);
-    rep->st.params = rep->mem;
-    rep->st.grads = rep->mem + np;
-    rep->st.slot0 = rep->mem + 2 * np;
-    rep->st.slot1 = rep->mem + 3 * np;
-    rep->st.workspace = rep->mem + 4 * np;
+    ifd_replica_mem_carve(&rep->st, rep->mem, np);
     rep->st.step = &rep->step;
     rep->st.opt_step = &rep->opt_step;
     memcpy(rep->st.params, init, sizeof(float) * (size_t)np);
@@ -271,7 +210,7 @@ static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *i
     }
     char tname[32];
     snprintf(tname, sizeof tname, "ifd-replica%d", index);
-    if (ifd_thread_start(&rep->thread, tname, replica_main, rep))
+    if (ifd_replicas_start(&cd->set, index, tname))
         return ifd_error_set(err, IFD_ENOMEM, "cpu backend: cannot start replica thread %d", index);
     return IFD_OK;
 }
@@ -287,12 +226,7 @@ static void cpu_close(ifd_device *dev)
     cpu_dev *cd = dev->priv;
     if (cd->reps == NULL)
         return;
-    ifd_mutex_lock(&cd->mu);
-    __atomic_store_n(&cd->quit, 1, __ATOMIC_RELEASE);
-    ifd_cond_broadcast(&cd->cmd_cv);
-    ifd_mutex_unlock(&cd->mu);
-    for (int r = 0; r < cd->replicas; r++)
-        ifd_thread_join(&cd->reps[r].thread);
+    ifd_replicas_stop(&cd->set);
     for (int r = 0; r < cd->replicas; r++) {
         cpu_replica *rep = &cd->reps[r];
         if (rep->infeed) {
@@ -306,12 +240,10 @@ static void cpu_close(ifd_device *dev)
         free(rep->slots);
         free(rep->mem);
     }
+    ifd_replicas_fini(&cd->set);
     free(cd->reps);
     cd->reps = NULL;
     ifd_cpu_allreduce_fini(&cd->ar);
-    ifd_cond_fini(&cd->done_cv);
-    ifd_cond_fini(&cd->cmd_cv);
-    ifd_mutex_fini(&cd->mu);
 }
 
 static int cpu_open(ifd_device *dev, ifd_error *err)
@@ -321,13 +253,9 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
     const ifd_program *p = cfg->program;
     cd->dev = dev;
     cd->replicas = cfg->replicas;
-    cd->gstep = cfg->initial_step;
     cd->sops.allreduce_sum = cpu_allreduce_sum;
     cd->sops.optimizer_apply = ifd_cpu_optimizer_apply;
     cd->sops.finish_step = ifd_cpu_finish_step;
-    ifd_mutex_init(&cd->mu);
-    ifd_cond_init(&cd->cmd_cv);
-    ifd_cond_init(&cd->done_cv);
 
     int rc = IFD_OK;
     float *init = malloc(sizeof(float) * (size_t)(p->nparam_floats + 1));
@@ -337,12 +265,10 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
         free(init);
         free(cd->reps);
         cd->reps = NULL;
-        ifd_cond_fini(&cd->done_cv);
-        ifd_cond_fini(&cd->cmd_cv);
-        ifd_mutex_fini(&cd->mu);
         return ifd_error_set(err, IFD_ENOMEM, "cpu backend: %d replicas of %lld parameter floats",
                              cd->replicas, (long long)p->nparam_floats);
     }
+    ifd_replicas_init(&cd->set, dev, cd->reps, sizeof *cd->reps, &cpu_replica_ops, IFD_SPIN_NS);
     p->cls->init_params(p, init, cfg->seed);
     for (int r = 0; r < cd->replicas; r++) {
         rc = replica_open(cd, &cd->reps[r], r, init, err);
@@ -359,6 +285,8 @@ fail:
     cpu_close(dev);
     return rc;
 }
+
+/* ---- the infeed and outfeed threads ---------------------------------------------------------- */
 
 static int cpu_infeed_enqueue(ifd_device *dev, int replica, const ifd_shard *shard)
 {
@@ -400,41 +328,7 @@ static int cpu_outfeed_dequeue(ifd_device *dev, int replica, ifd_outfeed_rec *re
     return IFD_OK;
 }
 
-static int cpu_run_loop(ifd_device *dev, int64_t n, int64_t *steps_done, ifd_error *err)
-{
-    cpu_dev *cd = dev->priv;
-    *steps_done = 0;
-    if (__atomic_load_n(&cd->aborted, __ATOMIC_ACQUIRE))
-        return ifd_error_set(err, IFD_ESTOPPED, "device aborted");
-    ifd_mutex_lock(&cd->mu);
-    cd->loop_n = n;
-    __atomic_store_n(&cd->ndone, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&cd->generation, cd->generation + 1, __ATOMIC_RELEASE);
-    ifd_cond_broadcast(&cd->cmd_cv);
-    while (cd->ndone < cd->replicas)
-        ifd_cond_wait(&cd->done_cv, &cd->mu);
-    int64_t done = n;
-    int rc = IFD_OK;
-    for (int r = 0; r < cd->replicas; r++) {
-        cpu_replica *rep = &cd->reps[r];
-        if (rep->done_steps < done)
-            done = rep->done_steps;
-        int s = rep->status;
-        /* Rank: a real error, then stopped, then end of input. */
-        if (s && (rc == IFD_OK || rc == IFD_EEOF ||
-                  (ifd_error_is_secondary(rc) && !ifd_error_is_secondary(s) && s != IFD_EEOF))) {
-            rc = s;
-            if (err)
-                *err = rep->err;
-        }
-    }
-    ifd_mutex_unlock(&cd->mu);
-    *steps_done = done;
-    if (rc == IFD_EEOF)
-        ifd_error_set(err, IFD_EEOF, "the input ended after %lld of %lld steps", (long long)done,
-                      (long long)n);
-    return rc;
-}
+/* ---- the session's thread, and any thread ---------------------------------------------------- */
 
 static int cpu_read_params(ifd_device *dev, int replica, float *out, ifd_error *err)
 {
@@ -447,25 +341,10 @@ static int cpu_read_params(ifd_device *dev, int replica, float *out, ifd_error *
     return IFD_OK;
 }
 
-static int64_t cpu_global_step(ifd_device *dev)
-{
-    cpu_dev *cd = dev->priv;
-    return __atomic_load_n(&cd->gstep, __ATOMIC_ACQUIRE);
-}
-
-static void cpu_stats(ifd_device *dev, int replica, ifd_device_stats *out)
-{
-    cpu_replica *rep = &((cpu_dev *)dev->priv)->reps[replica];
-    out->steps = load64(&rep->n_steps);
-    out->loop_ns = load64(&rep->loop_ns);
-    out->infeed_wait_ns = load64(&rep->infeed_wait_ns);
-    out->outfeed_wait_ns = load64(&rep->outfeed_wait_ns);
-}
-
 static void cpu_abort(ifd_device *dev)
 {
     cpu_dev *cd = dev->priv;
-    __atomic_store_n(&cd->aborted, 1, __ATOMIC_RELEASE);
+    ifd_replicas_abort(&cd->set);
     ifd_cpu_allreduce_abort(&cd->ar);
     for (int r = 0; r < cd->replicas; r++) {
         ifd_queue_abort(cd->reps[r].infeed);
@@ -483,9 +362,9 @@ const ifd_device_backend ifd_device_backend_cpu = {
     .infeed_flush = cpu_infeed_flush,
     .infeed_end = cpu_infeed_end,
     .outfeed_dequeue = cpu_outfeed_dequeue,
-    .run_loop = cpu_run_loop,
+    .run_loop = ifd_replicas_run_loop,
     .read_params = cpu_read_params,
-    .global_step = cpu_global_step,
-    .stats = cpu_stats,
+    .global_step = ifd_replicas_global_step,
+    .stats = ifd_replicas_stats,
     .abort = cpu_abort,
 };

@@ -16,11 +16,13 @@
 #include "core/thread.h"
 #include "device/cuda/cuda_internal.h"
 #include "device/device.h"
+#include "device/replicas.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <limits.h>
 #include <nccl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,11 +62,9 @@ typedef struct cu_outslot {
 } cu_outslot;
 
 typedef struct cu_replica {
-    int index;
+    ifd_replica base; /* first: the replica thread (device/replicas.h) */
     int gpu;
-    char name[24];
     cu_dev *cd;
-    ifd_thread thread;
     cudaStream_t cs; /* compute */
     cudaStream_t xs; /* copies */
     cublasHandle_t blas;
@@ -87,21 +87,21 @@ typedef struct cu_replica {
     ifd_ops ops;
     int op_rc; /* first failure of an op in the current step (ops return nothing) */
     ifd_error op_err;
-    int warmed;   /* one step ran without a graph */
-    int64_t step; /* replica thread: the global step after its last enqueued step */
+    int warmed;       /* one step ran without a graph */
+    int64_t step;     /* replica thread: the global step after its last enqueued step */
+    int64_t start_ns; /* replica thread: when the current loop began */
     /* outfeed thread: the last record handed out stays held, so that its done event can time
      * the next step */
     cu_outslot *held;
     int64_t last_end_ns;
-    /* stats, written by the outfeed thread as steps are seen to finish */
-    int64_t n_steps, loop_ns, infeed_wait_ns, outfeed_wait_ns;
-    /* result of the current loop, guarded by cd->mu */
-    int64_t done_steps;
-    int status;
-    ifd_error err;
+    /* base.stats are written by the outfeed thread as steps are seen to finish */
 } cu_replica;
 
+_Static_assert(offsetof(cu_replica, base) == 0, "ifd_replica comes first");
+
 struct cu_dev {
+    ifd_replicas set; /* first: run_loop, global_step and stats are the set's; the global step is
+                       * replica 0's last finished step */
     ifd_device *dev;
     int replicas;
     cu_replica *reps;
@@ -109,17 +109,10 @@ struct cu_dev {
     int graphs;         /* IFD_CUDA_GRAPHS */
     int64_t graph_rows; /* shards of this many rows run as graphs */
     size_t in_bytes;    /* staging bytes per slot */
-    ifd_mutex mu;
-    ifd_cond cmd_cv;
-    ifd_cond done_cv;
-    int64_t generation;
-    int64_t loop_n;
-    int ndone;
-    int quit;
-    int aborted;      /* atomic */
-    int64_t gstep;    /* atomic: replica 0's last finished step */
-    int64_t eof_step; /* atomic: the lowest step at which a replica's input ended */
+    int64_t eof_step;   /* atomic: the lowest step at which a replica's input ended */
 };
+
+_Static_assert(offsetof(cu_dev, set) == 0, "ifd_replicas comes first");
 
 /* ---- errors ----------------------------------------------------------------------------- */
 
@@ -163,15 +156,7 @@ int ifd_nccl_error(ifd_error *err, int gpu, const char *expr, const char *text)
 
 static inline int is_aborted(cu_dev *cd)
 {
-    return __atomic_load_n(&cd->aborted, __ATOMIC_ACQUIRE);
-}
-
-static void store_max64(int64_t *p, int64_t v)
-{
-    int64_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
-    while (v > cur &&
-           !__atomic_compare_exchange_n(p, &cur, v, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
-        ;
+    return ifd_replicas_aborted(&cd->set);
 }
 
 static void store_min64(int64_t *p, int64_t v)
@@ -180,22 +165,6 @@ static void store_min64(int64_t *p, int64_t v)
     while (v < cur &&
            !__atomic_compare_exchange_n(p, &cur, v, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED))
         ;
-}
-
-static inline void add64(int64_t *p, int64_t v)
-{
-    __atomic_add_fetch(p, v, __ATOMIC_RELAXED);
-}
-
-/* A real error from a thread of the backend: report it, then stop the device (an error ends the
- * run, and peers may wait for this replica in the all-reduce). */
-static void report_error(cu_dev *cd, const char *source, ifd_error *err, int rc)
-{
-    if (err->code != rc)
-        ifd_error_set(err, rc, "%s", ifd_strerror(rc));
-    if (cd->dev->cfg.on_error)
-        cd->dev->cfg.on_error(cd->dev->cfg.on_error_arg, source, err);
-    cd->dev->be->abort(cd->dev);
 }
 
 /*
@@ -228,7 +197,7 @@ static int wait_event(cu_dev *cd, cu_replica *rep, cudaEvent_t ev, int64_t grace
                                  "cuda backend: replica %d enqueued step %lld but a peer's input "
                                  "ended at step %lld; its all-reduce can never finish (shards "
                                  "must come to every replica alike)",
-                                 rep->index, (long long)rep->step,
+                                 rep->base.index, (long long)rep->step,
                                  (long long)__atomic_load_n(&cd->eof_step, __ATOMIC_ACQUIRE));
         if (i < 64) {
             ifd_cpu_relax();
@@ -409,9 +378,9 @@ static int enqueue_step(cu_replica *rep, cu_inslot *s)
     shard_views(cfg->program, s, views);
     rep->op_rc = IFD_OK;
     int rc = ifd_step_train(cfg->program, &rep->ops, &rep->cd->sops, rep, &rep->st, &cfg->optimizer,
-                            cfg->loss_scale, views, s->rows, s->dout, &rep->err);
+                            cfg->loss_scale, views, s->rows, s->dout, &rep->base.err);
     if (rep->op_rc) {
-        rep->err = rep->op_err;
+        rep->base.err = rep->op_err;
         return rep->op_rc;
     }
     return rc;
@@ -436,7 +405,7 @@ static int run_step(cu_replica *rep, cu_inslot *s)
     if (s->graph == NULL) {
         cudaGraph_t g = NULL;
         CUDA_TRY_GOTO(rep->gpu, cudaStreamBeginCapture(rep->cs, cudaStreamCaptureModeThreadLocal),
-                      rc, &rep->err, fail);
+                      rc, &rep->base.err, fail);
         rc = enqueue_step(rep, s);
         cudaError_t e = cudaStreamEndCapture(rep->cs, &g);
         if (e == cudaSuccess && rc == IFD_OK) {
@@ -444,13 +413,13 @@ static int run_step(cu_replica *rep, cu_inslot *s)
             if (e != cudaSuccess) {
                 s->graph = NULL;
                 (void)cudaGetLastError();
-                rc = ifd_cuda_error(&rep->err, rep->gpu, "cudaGraphInstantiate",
+                rc = ifd_cuda_error(&rep->base.err, rep->gpu, "cudaGraphInstantiate",
                                     cudaGetErrorString(e));
             }
         } else if (e != cudaSuccess) {
             (void)cudaGetLastError();
             if (rc == IFD_OK)
-                rc = ifd_cuda_error(&rep->err, rep->gpu, "cudaStreamEndCapture",
+                rc = ifd_cuda_error(&rep->base.err, rep->gpu, "cudaStreamEndCapture",
                                     cudaGetErrorString(e));
         }
         if (g)
@@ -458,14 +427,15 @@ static int run_step(cu_replica *rep, cu_inslot *s)
         if (rc)
             return rc;
     }
-    CUDA_TRY_GOTO(rep->gpu, cudaGraphLaunch(s->graph, rep->cs), rc, &rep->err, fail);
+    CUDA_TRY_GOTO(rep->gpu, cudaGraphLaunch(s->graph, rep->cs), rc, &rep->base.err, fail);
     return IFD_OK;
 fail:
     return rc;
 }
 
 /* Enqueues one step. The host waits only for the shard to be staged and for a free outfeed slot;
- * the GPU orders the rest with events. IFD_OK, IFD_EEOF, IFD_ESTOPPED or an error in rep->err. */
+ * the GPU orders the rest with events. IFD_OK, IFD_EEOF, IFD_ESTOPPED or an error in
+ * rep->base.err. */
 static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
 {
     int idx;
@@ -484,19 +454,19 @@ static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
     o->loop_ns = loop_ns;
     o->begin_ns = ifd_clock_ns();
     o->out_wait_ns = o->begin_ns - t0;
-    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(o->begin, rep->cs), rc, &rep->err, fail);
-    CUDA_TRY_GOTO(rep->gpu, cudaStreamWaitEvent(rep->cs, s->copied, 0), rc, &rep->err, fail);
-    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(o->start, rep->cs), rc, &rep->err, fail);
+    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(o->begin, rep->cs), rc, &rep->base.err, fail);
+    CUDA_TRY_GOTO(rep->gpu, cudaStreamWaitEvent(rep->cs, s->copied, 0), rc, &rep->base.err, fail);
+    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(o->start, rep->cs), rc, &rep->base.err, fail);
     rc = run_step(rep, s);
     if (rc)
         goto fail;
-    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(s->consumed, rep->cs), rc, &rep->err, fail);
+    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(s->consumed, rep->cs), rc, &rep->base.err, fail);
     s->used = 1;
     CUDA_TRY_GOTO(
         rep->gpu,
         cudaMemcpyAsync(o->host, s->dout, sizeof *o->host, cudaMemcpyDeviceToHost, rep->cs), rc,
-        &rep->err, fail);
-    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(o->done, rep->cs), rc, &rep->err, fail);
+        &rep->base.err, fail);
+    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(o->done, rep->cs), rc, &rep->base.err, fail);
     rep->step++;
     o->step = rep->step;
     /* Neither push blocks: each queue holds every slot of its ring. */
@@ -506,72 +476,69 @@ static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
 fail:
     ifd_queue_push(rep->out_free, &o);
     if (!ifd_error_is_secondary(rc) && rc != IFD_EEOF)
-        ifd_error_prefix(&rep->err, "step %lld", (long long)(rep->step + 1));
+        ifd_error_prefix(&rep->base.err, "step %lld", (long long)(rep->step + 1));
     return rc;
 }
 
-static void *replica_main(void *arg)
-{
-    cu_replica *rep = arg;
-    cu_dev *cd = rep->cd;
-    int64_t seen = 0;
-    ifd_error set_err;
-    int set_rc = IFD_OK;
-    CUDA_TRY_GOTO(rep->gpu, cudaSetDevice(rep->gpu), set_rc, &set_err, loops);
-loops:
-    for (;;) {
-        ifd_mutex_lock(&cd->mu);
-        while (!cd->quit && cd->generation == seen)
-            ifd_cond_wait(&cd->cmd_cv, &cd->mu);
-        if (cd->quit) {
-            ifd_mutex_unlock(&cd->mu);
-            break;
-        }
-        seen = cd->generation;
-        int64_t n = cd->loop_n;
-        ifd_mutex_unlock(&cd->mu);
+/* ---- the replica thread's callbacks (device/replicas.h) -------------------------------------- */
 
-        int64_t loop_ns = ifd_clock_ns(), done = 0;
-        int rc = set_rc;
-        ifd_error_clear(&rep->err);
-        if (rc)
-            rep->err = set_err;
-        while (rc == IFD_OK && done < n) {
-            rc = replica_step(rep, done == 0, loop_ns);
-            if (rc == IFD_OK)
-                done++;
-        }
-        if (rc == IFD_EEOF)
-            store_min64(&cd->eof_step, rep->step);
-        /* run_loop returns once the loop's last step finished: wait for it, not for each. */
-        if (done > 0 && (rc == IFD_OK || rc == IFD_EEOF)) {
-            ifd_error e;
-            int wrc = IFD_OK;
-            CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(rep->loop_end, rep->cs), wrc, &e, waited);
-            wrc = wait_event(cd, rep, rep->loop_end, 0, &e);
-        waited:
-            if (wrc) {
-                rc = wrc;
-                rep->err = e;
-            } else if (rep->index == 0) {
-                store_max64(&cd->gstep, rep->step);
-            }
-        }
-        if (rc == IFD_EEOF) {
-            /* The outfeed thread learns there is nothing more once it drained what we wrote. */
-            ifd_queue_close(rep->out_full);
-        } else if (rc && !ifd_error_is_secondary(rc)) {
-            report_error(cd, rep->name, &rep->err, rc);
-        }
-        ifd_mutex_lock(&cd->mu);
-        rep->done_steps = done;
-        rep->status = rc;
-        cd->ndone++;
-        ifd_cond_broadcast(&cd->done_cv);
-        ifd_mutex_unlock(&cd->mu);
-    }
-    return NULL;
+/* The thread drives its GPU: every call it makes is on that device. */
+static int cu_thread_init(ifd_replica *base, ifd_error *err)
+{
+    cu_replica *rep = (cu_replica *)base;
+    int rc = IFD_OK;
+    CUDA_TRY_GOTO(rep->gpu, cudaSetDevice(rep->gpu), rc, err, out);
+out:
+    return rc;
 }
+
+static void cu_loop_begin(ifd_replica *base, int64_t start_ns)
+{
+    ((cu_replica *)base)->start_ns = start_ns;
+}
+
+static int cu_step(ifd_replica *base, int64_t nth)
+{
+    cu_replica *rep = (cu_replica *)base;
+    return replica_step(rep, nth == 0, rep->start_ns);
+}
+
+/* run_loop returns once the loop's last step finished: wait for it, not for each. */
+static int cu_loop_end(ifd_replica *base, int rc, int64_t done)
+{
+    cu_replica *rep = (cu_replica *)base;
+    cu_dev *cd = rep->cd;
+    if (rc == IFD_EEOF)
+        store_min64(&cd->eof_step, rep->step);
+    if (done > 0 && (rc == IFD_OK || rc == IFD_EEOF)) {
+        ifd_error e;
+        int wrc = IFD_OK;
+        CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(rep->loop_end, rep->cs), wrc, &e, waited);
+        wrc = wait_event(cd, rep, rep->loop_end, 0, &e);
+    waited:
+        if (wrc) {
+            rc = wrc;
+            rep->base.err = e;
+        } else if (rep->base.index == 0) {
+            ifd_replicas_publish_step(&cd->set, rep->step);
+        }
+    }
+    return rc;
+}
+
+/* The outfeed thread learns there is nothing more once it drained what we wrote. */
+static void cu_input_ended(ifd_replica *base)
+{
+    ifd_queue_close(((cu_replica *)base)->out_full);
+}
+
+static const ifd_replica_ops cu_replica_ops = {
+    .thread_init = cu_thread_init,
+    .loop_begin = cu_loop_begin,
+    .step = cu_step,
+    .loop_end = cu_loop_end,
+    .input_ended = cu_input_ended,
+};
 
 /* ---- open and close ---------------------------------------------------------------------------
  */
@@ -581,13 +548,10 @@ static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *ini
     const ifd_device_config *cfg = &cd->dev->cfg;
     const ifd_program *p = cfg->program;
     int64_t np = p->nparam_floats;
-    int64_t ws = p->cls->workspace_floats(p, cfg->max_shard_rows);
     int gpu = index, rc = IFD_OK;
-    rep->index = index;
     rep->gpu = gpu;
     rep->cd = cd;
     rep->step = cfg->initial_step;
-    snprintf(rep->name, sizeof rep->name, "replica %d", index);
     rep->nin = cfg->infeed_depth;
     rep->nout = cfg->outfeed_depth + 1; /* one stays held by the outfeed thread */
     rep->in = calloc((size_t)rep->nin, sizeof *rep->in);
@@ -605,7 +569,7 @@ static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *ini
     BLAS_TRY_GOTO(gpu, cublasSetWorkspace(rep->blas, rep->blas_ws, CU_BLAS_WORKSPACE), rc, err,
                   out);
 
-    size_t mem_floats = (size_t)(4 * np + ws + 1);
+    size_t mem_floats = (size_t)ifd_replica_mem_floats(cfg);
     CUDA_TRY_GOTO(gpu, cudaMalloc((void **)&rep->dmem, mem_floats * sizeof(float)), rc, err, out);
     CUDA_TRY_GOTO(gpu, cudaMemset(rep->dmem, 0, mem_floats * sizeof(float)), rc, err, out);
     CUDA_TRY_GOTO(gpu,
@@ -615,11 +579,7 @@ static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *ini
     CUDA_TRY_GOTO(gpu, cudaMalloc((void **)&rep->dsteps, sizeof steps), rc, err, out);
     CUDA_TRY_GOTO(gpu, cudaMemcpy(rep->dsteps, steps, sizeof steps, cudaMemcpyHostToDevice), rc,
                   err, out);
-    rep->st.params = rep->dmem;
-    rep->st.grads = rep->dmem + np;
-    rep->st.slot0 = rep->dmem + 2 * np;
-    rep->st.slot1 = rep->dmem + 3 * np;
-    rep->st.workspace = rep->dmem + 4 * np;
+    ifd_replica_mem_carve(&rep->st, rep->dmem, np);
     rep->st.step = &rep->dsteps[0];
     rep->st.opt_step = &rep->dsteps[1];
 
@@ -818,12 +778,7 @@ static void cu_close(ifd_device *dev)
     cu_dev *cd = dev->priv;
     if (cd->reps == NULL)
         return;
-    ifd_mutex_lock(&cd->mu);
-    cd->quit = 1;
-    ifd_cond_broadcast(&cd->cmd_cv);
-    ifd_mutex_unlock(&cd->mu);
-    for (int r = 0; r < cd->replicas; r++)
-        ifd_thread_join(&cd->reps[r].thread);
+    ifd_replicas_stop(&cd->set);
     /* Graphs that captured an all-reduce hold their communicator: they go before it. A graph
      * still running is freed when it completes. */
     for (int r = 0; r < cd->replicas; r++) {
@@ -839,11 +794,9 @@ static void cu_close(ifd_device *dev)
     nccl_close(cd, is_aborted(cd));
     for (int r = 0; r < cd->replicas; r++)
         replica_free(&cd->reps[r]);
+    ifd_replicas_fini(&cd->set);
     free(cd->reps);
     cd->reps = NULL;
-    ifd_cond_fini(&cd->done_cv);
-    ifd_cond_fini(&cd->cmd_cv);
-    ifd_mutex_fini(&cd->mu);
 }
 
 /* IFD_CUDA_GRAPHS=0|1 (default 1). */
@@ -870,7 +823,6 @@ static int cu_open(ifd_device *dev, ifd_error *err)
     const ifd_program *p = cfg->program;
     cd->dev = dev;
     cd->replicas = cfg->replicas;
-    cd->gstep = cfg->initial_step;
     cd->eof_step = INT64_MAX;
     int rc = graphs_setting(&cd->graphs, err);
     if (rc)
@@ -903,16 +855,16 @@ static int cu_open(ifd_device *dev, ifd_error *err)
     cd->sops.allreduce_sum = cu_allreduce_sum;
     cd->sops.optimizer_apply = cu_optimizer_apply;
     cd->sops.finish_step = cu_finish_step;
-    ifd_mutex_init(&cd->mu);
-    ifd_cond_init(&cd->cmd_cv);
-    ifd_cond_init(&cd->done_cv);
 
     float *init = malloc(sizeof(float) * (size_t)(p->nparam_floats + 1));
     cd->reps = calloc((size_t)cd->replicas, sizeof *cd->reps);
     if (init == NULL || cd->reps == NULL) {
-        rc = ifd_error_set(err, IFD_ENOMEM, "cuda backend: %d replicas", cd->replicas);
-        goto fail;
+        free(init);
+        free(cd->reps);
+        cd->reps = NULL;
+        return ifd_error_set(err, IFD_ENOMEM, "cuda backend: %d replicas", cd->replicas);
     }
+    ifd_replicas_init(&cd->set, dev, cd->reps, sizeof *cd->reps, &cu_replica_ops, 0);
     p->cls->init_params(p, init, cfg->seed);
     for (int r = 0; r < cd->replicas; r++) {
         rc = replica_open(cd, &cd->reps[r], r, init, err);
@@ -934,7 +886,7 @@ static int cu_open(ifd_device *dev, ifd_error *err)
     for (int r = 0; r < cd->replicas; r++) {
         char tname[32];
         snprintf(tname, sizeof tname, "ifd-gpu%d", r);
-        if (ifd_thread_start(&cd->reps[r].thread, tname, replica_main, &cd->reps[r])) {
+        if (ifd_replicas_start(&cd->set, r, tname)) {
             rc = ifd_error_set(err, IFD_ENOMEM, "cuda backend: cannot start replica thread %d", r);
             goto fail;
         }
@@ -947,12 +899,7 @@ static int cu_open(ifd_device *dev, ifd_error *err)
 fail:
     free(init);
     /* Nothing ran yet, but an init that failed half-way leaves communicators best aborted. */
-    __atomic_store_n(&cd->aborted, 1, __ATOMIC_RELEASE);
-    if (cd->reps == NULL) {
-        ifd_cond_fini(&cd->done_cv);
-        ifd_cond_fini(&cd->cmd_cv);
-        ifd_mutex_fini(&cd->mu);
-    }
+    ifd_replicas_abort(&cd->set);
     cu_close(dev);
     return rc;
 }
@@ -979,7 +926,7 @@ static int cu_infeed_enqueue(ifd_device *dev, int replica, const ifd_shard *shar
         ifd_error_set(&err, IFD_EINTERNAL,
                       "cuda backend: replica %d: a shard of %lld rows, the staging slots hold %lld",
                       replica, (long long)shard->rows, (long long)dev->cfg.max_shard_rows);
-        report_error(cd, "cuda infeed", &err, IFD_EINTERNAL);
+        ifd_replicas_fail(&cd->set, "cuda infeed", &err, IFD_EINTERNAL);
         return IFD_EINTERNAL;
     }
     int idx, rc = ifd_queue_pop(rep->in_free, &idx);
@@ -1016,7 +963,7 @@ fail:
     if (ifd_error_is_secondary(rc))
         return rc;
     ifd_error_prefix(&err, "replica %d infeed", replica);
-    report_error(cd, "cuda infeed", &err, rc);
+    ifd_replicas_fail(&cd->set, "cuda infeed", &err, rc);
     return rc;
 }
 
@@ -1102,59 +1049,20 @@ static int cu_outfeed_dequeue(ifd_device *dev, int replica, ifd_outfeed_rec *rec
     if (rep->held)
         ifd_queue_push(rep->out_free, &rep->held);
     rep->held = o;
-    add64(&rep->n_steps, 1);
-    add64(&rep->loop_ns, rec->step_ns);
-    add64(&rep->infeed_wait_ns, rec->infeed_wait_ns);
-    add64(&rep->outfeed_wait_ns, rec->outfeed_wait_ns);
+    ifd_replica_stats_add(&rep->base, 1, rec->step_ns, rec->infeed_wait_ns, rec->outfeed_wait_ns);
     if (replica == 0)
-        store_max64(&cd->gstep, o->step);
+        ifd_replicas_publish_step(&cd->set, o->step);
     return IFD_OK;
 
 fail:
     ifd_queue_push(rep->out_free, &o);
     if (!ifd_error_is_secondary(rc))
-        report_error(cd, "cuda outfeed", &err, rc);
+        ifd_replicas_fail(&cd->set, "cuda outfeed", &err, rc);
     return rc;
 }
 
 /* ---- the session's thread ----------------------------------------------------------------------
  */
-
-static int cu_run_loop(ifd_device *dev, int64_t n, int64_t *steps_done, ifd_error *err)
-{
-    cu_dev *cd = dev->priv;
-    *steps_done = 0;
-    if (is_aborted(cd))
-        return ifd_error_set(err, IFD_ESTOPPED, "device aborted");
-    ifd_mutex_lock(&cd->mu);
-    cd->loop_n = n;
-    cd->ndone = 0;
-    cd->generation++;
-    ifd_cond_broadcast(&cd->cmd_cv);
-    while (cd->ndone < cd->replicas)
-        ifd_cond_wait(&cd->done_cv, &cd->mu);
-    int64_t done = n;
-    int rc = IFD_OK;
-    for (int r = 0; r < cd->replicas; r++) {
-        cu_replica *rep = &cd->reps[r];
-        if (rep->done_steps < done)
-            done = rep->done_steps;
-        int s = rep->status;
-        /* Rank: a real error, then stopped, then end of input (as the cpu backend). */
-        if (s && (rc == IFD_OK || rc == IFD_EEOF ||
-                  (ifd_error_is_secondary(rc) && !ifd_error_is_secondary(s) && s != IFD_EEOF))) {
-            rc = s;
-            if (err)
-                *err = rep->err;
-        }
-    }
-    ifd_mutex_unlock(&cd->mu);
-    *steps_done = done;
-    if (rc == IFD_EEOF)
-        ifd_error_set(err, IFD_EEOF, "the input ended after %lld of %lld steps", (long long)done,
-                      (long long)n);
-    return rc;
-}
 
 static int cu_read_params(ifd_device *dev, int replica, float *out, ifd_error *err)
 {
@@ -1183,27 +1091,12 @@ fail:
     return rc;
 }
 
-static int64_t cu_global_step(ifd_device *dev)
-{
-    cu_dev *cd = dev->priv;
-    return __atomic_load_n(&cd->gstep, __ATOMIC_ACQUIRE);
-}
-
-static void cu_stats(ifd_device *dev, int replica, ifd_device_stats *out)
-{
-    cu_replica *rep = &((cu_dev *)dev->priv)->reps[replica];
-    out->steps = __atomic_load_n(&rep->n_steps, __ATOMIC_RELAXED);
-    out->loop_ns = __atomic_load_n(&rep->loop_ns, __ATOMIC_RELAXED);
-    out->infeed_wait_ns = __atomic_load_n(&rep->infeed_wait_ns, __ATOMIC_RELAXED);
-    out->outfeed_wait_ns = __atomic_load_n(&rep->outfeed_wait_ns, __ATOMIC_RELAXED);
-}
-
 /* Wakes every thread blocked on a ring; event polls see the flag. Work already on a GPU stream
  * cannot be interrupted: it runs out, or close aborts the communicators it waits on. */
 static void cu_abort(ifd_device *dev)
 {
     cu_dev *cd = dev->priv;
-    __atomic_store_n(&cd->aborted, 1, __ATOMIC_RELEASE);
+    ifd_replicas_abort(&cd->set);
     for (int r = 0; r < cd->replicas; r++) {
         ifd_queue_abort(cd->reps[r].in_free);
         ifd_queue_abort(cd->reps[r].in_full);
@@ -1221,9 +1114,9 @@ const ifd_device_backend ifd_device_backend_cuda = {
     .infeed_flush = cu_infeed_flush,
     .infeed_end = cu_infeed_end,
     .outfeed_dequeue = cu_outfeed_dequeue,
-    .run_loop = cu_run_loop,
+    .run_loop = ifd_replicas_run_loop,
     .read_params = cu_read_params,
-    .global_step = cu_global_step,
-    .stats = cu_stats,
+    .global_step = ifd_replicas_global_step,
+    .stats = ifd_replicas_stats,
     .abort = cu_abort,
 };

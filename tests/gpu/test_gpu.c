@@ -17,43 +17,6 @@ static int g_gpus;
 static const char *const programs[] = {"linear", "softmax"};
 static const ifd_optimizer_kind optimizers[] = {IFD_OPT_SGD, IFD_OPT_MOMENTUM, IFD_OPT_ADAM};
 
-static void make_config(ifd_config *cfg, const char *backend, const char *program,
-                        ifd_optimizer_kind opt, int64_t d, int64_t k, int64_t b, uint64_t seed)
-{
-    ifd_config_defaults(cfg);
-    cfg->backend = backend;
-    cfg->program = program;
-    cfg->settings.features = d;
-    cfg->settings.classes = k;
-    cfg->batch_size = b;
-    cfg->num_steps = 20;
-    cfg->iterations_per_loop = 1;
-    cfg->optimizer.kind = opt;
-    cfg->optimizer.learning_rate = opt == IFD_OPT_ADAM ? 0.01f : 0.1f;
-    cfg->summary_every = 1;
-    cfg->seed = seed;
-}
-
-static tu_batch **make_batches(const ifd_config *cfg, int64_t n, uint64_t seed)
-{
-    ifd_program p;
-    ifd_error err;
-    ck_assert_int_eq(ifd_program_init(&p, cfg->program, &cfg->settings, &err), IFD_OK);
-    ifd_rng rng;
-    ifd_rng_seed(&rng, seed);
-    tu_batch **bs = calloc((size_t)n, sizeof *bs);
-    for (int64_t i = 0; i < n; i++)
-        bs[i] = tu_batch_random(&p, cfg->batch_size, i, &rng);
-    return bs;
-}
-
-static void free_batches(tu_batch **bs, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        tu_batch_free(bs[i]);
-    free(bs);
-}
-
 static int close_enough(double a, double e)
 {
     return fabs(a - e) <= REL_TOL * (fabs(e) + 1e-3);
@@ -103,6 +66,29 @@ static void compare_runs(const tu_result *gpu, const tu_result *cpu, const char 
     compare_summaries(gpu, cpu, what);
 }
 
+/* cfg's run on cuda, with CUDA Graphs on or off. */
+static void run_cuda(const ifd_config *cfg, tu_batch **bs, int64_t n, int graphs, tu_result *res)
+{
+    ifd_config c = *cfg;
+    c.backend = "cuda";
+    setenv("IFD_CUDA_GRAPHS", graphs ? "1" : "0", 1);
+    tu_run(&c, bs, n, res);
+}
+
+/* nb random batches (from data_seed) on cpu and on cuda (CUDA Graphs on or off): the runs must
+ * agree. *gpu is the cuda run, for the caller to check further and free. */
+static void run_both(const ifd_config *cfg, int64_t nb, uint64_t data_seed, int graphs,
+                     const char *what, tu_result *gpu)
+{
+    tu_batch **bs = tu_batches_random(cfg, nb, data_seed);
+    tu_result cpu;
+    tu_run(cfg, bs, nb, &cpu);
+    run_cuda(cfg, bs, nb, graphs, gpu);
+    compare_runs(gpu, &cpu, what);
+    tu_result_free(&cpu);
+    tu_batches_free(bs, nb);
+}
+
 /* _i picks the program and the optimizer; every replica count, loop length and graph setting
  * runs on the same random shapes and data. */
 START_TEST(cuda_matches_cpu)
@@ -119,10 +105,9 @@ START_TEST(cuda_matches_cpu)
     for (int r = 1; r <= max_r; r++) {
         for (int li = 0; li < 2; li++) {
             ifd_config cfg;
-            make_config(&cfg, "cpu", program, opt, d, k, b, 99 + (uint64_t)_i);
+            tu_config_train(&cfg, program, opt, d, k, b, ipls[li], 99 + (uint64_t)_i);
             cfg.replicas = r;
-            cfg.iterations_per_loop = ipls[li];
-            tu_batch **bs = make_batches(&cfg, cfg.num_steps, g_seed + (uint64_t)r);
+            tu_batch **bs = tu_batches_random(&cfg, cfg.num_steps, g_seed + (uint64_t)r);
             tu_result cpu;
             tu_run(&cfg, bs, cfg.num_steps, &cpu);
             for (int graphs = 0; graphs <= 1; graphs++) {
@@ -130,15 +115,13 @@ START_TEST(cuda_matches_cpu)
                 snprintf(what, sizeof what, "%s/%s D=%lld K=%lld B=%lld R=%d ipl=%lld graphs=%d",
                          program, ifd_optimizer_name(opt), (long long)d, (long long)k, (long long)b,
                          r, (long long)cfg.iterations_per_loop, graphs);
-                setenv("IFD_CUDA_GRAPHS", graphs ? "1" : "0", 1);
-                cfg.backend = "cuda";
                 tu_result gpu;
-                tu_run(&cfg, bs, cfg.num_steps, &gpu);
+                run_cuda(&cfg, bs, cfg.num_steps, graphs, &gpu);
                 compare_runs(&gpu, &cpu, what);
                 tu_result_free(&gpu);
             }
             tu_result_free(&cpu);
-            free_batches(bs, cfg.num_steps);
+            tu_batches_free(bs, cfg.num_steps);
         }
     }
 }
@@ -149,22 +132,14 @@ END_TEST
 START_TEST(one_slot_rings)
 {
     ifd_config cfg;
-    make_config(&cfg, "cpu", "softmax", IFD_OPT_ADAM, 9, 5, 24, 7);
+    tu_config_train(&cfg, "softmax", IFD_OPT_ADAM, 9, 5, 24, 7, 7);
     cfg.replicas = g_gpus < 4 ? g_gpus : 4;
     cfg.num_steps = 30;
-    cfg.iterations_per_loop = 7;
     cfg.infeed_depth = 1;
     cfg.outfeed_depth = 1;
-    tu_batch **bs = make_batches(&cfg, cfg.num_steps, 3);
-    tu_result cpu, gpu;
-    tu_run(&cfg, bs, cfg.num_steps, &cpu);
-    setenv("IFD_CUDA_GRAPHS", _i ? "1" : "0", 1);
-    cfg.backend = "cuda";
-    tu_run(&cfg, bs, cfg.num_steps, &gpu);
-    compare_runs(&gpu, &cpu, "one-slot rings");
-    tu_result_free(&cpu);
+    tu_result gpu;
+    run_both(&cfg, cfg.num_steps, 3, _i, "one-slot rings", &gpu);
     tu_result_free(&gpu);
-    free_batches(bs, cfg.num_steps);
 }
 END_TEST
 
@@ -172,24 +147,15 @@ END_TEST
 START_TEST(input_ends_mid_loop)
 {
     ifd_config cfg;
-    make_config(&cfg, "cpu", "linear", IFD_OPT_MOMENTUM, 6, 3, 12, 11);
+    tu_config_train(&cfg, "linear", IFD_OPT_MOMENTUM, 6, 3, 12, 4, 11);
     cfg.replicas = g_gpus < 2 ? g_gpus : 2;
-    cfg.num_steps = 20;
-    cfg.iterations_per_loop = 4;
-    int64_t nb = 10;
-    tu_batch **bs = make_batches(&cfg, nb, 5);
-    tu_result cpu, gpu;
-    tu_run(&cfg, bs, nb, &cpu);
-    setenv("IFD_CUDA_GRAPHS", _i ? "1" : "0", 1);
-    cfg.backend = "cuda";
-    tu_run(&cfg, bs, nb, &gpu);
+    int64_t nb = 10; /* of 20 steps */
+    tu_result gpu;
+    run_both(&cfg, nb, 5, _i, "input ends mid-loop", &gpu);
     ck_assert_int_eq(gpu.reason, IFD_END_INPUT_ENDED);
     ck_assert_int_eq(gpu.global_step, nb);
     ck_assert_int_eq(gpu.released, nb);
-    compare_runs(&gpu, &cpu, "input ends mid-loop");
-    tu_result_free(&cpu);
     tu_result_free(&gpu);
-    free_batches(bs, nb);
 }
 END_TEST
 

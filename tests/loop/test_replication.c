@@ -11,42 +11,6 @@
 static const char *const programs[] = {"linear", "softmax"};
 static const ifd_optimizer_kind optimizers[] = {IFD_OPT_SGD, IFD_OPT_MOMENTUM, IFD_OPT_ADAM};
 
-static void make_config(ifd_config *cfg, const char *program, ifd_optimizer_kind opt, int64_t d,
-                        int64_t k, int64_t b, uint64_t seed)
-{
-    ifd_config_defaults(cfg);
-    cfg->program = program;
-    cfg->settings.features = d;
-    cfg->settings.classes = k;
-    cfg->batch_size = b;
-    cfg->num_steps = 20;
-    cfg->iterations_per_loop = 7;
-    cfg->optimizer.kind = opt;
-    cfg->optimizer.learning_rate = opt == IFD_OPT_ADAM ? 0.01f : 0.1f;
-    cfg->summary_every = 1;
-    cfg->seed = seed;
-}
-
-static tu_batch **make_batches(const ifd_config *cfg, int64_t n, uint64_t seed)
-{
-    ifd_program p;
-    ifd_error err;
-    ck_assert_int_eq(ifd_program_init(&p, cfg->program, &cfg->settings, &err), IFD_OK);
-    ifd_rng rng;
-    ifd_rng_seed(&rng, seed);
-    tu_batch **bs = calloc((size_t)n, sizeof *bs);
-    for (int64_t i = 0; i < n; i++)
-        bs[i] = tu_batch_random(&p, cfg->batch_size, i, &rng);
-    return bs;
-}
-
-static void free_batches(tu_batch **bs, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        tu_batch_free(bs[i]);
-    free(bs);
-}
-
 static double summary_loss(const tu_result *r, size_t i)
 {
     json_error_t je;
@@ -68,8 +32,8 @@ START_TEST(mean_matches_one_replica)
     int64_t k = 2 + (int64_t)ifd_rng_below(&rng, 6);
     int64_t b = 12 * (1 + (int64_t)ifd_rng_below(&rng, 3)); /* divisible by 1..4 */
     ifd_config cfg;
-    make_config(&cfg, program, opt, d, k, b, 99 + (uint64_t)_i);
-    tu_batch **bs = make_batches(&cfg, cfg.num_steps, 7000 + (uint64_t)_i);
+    tu_config_train(&cfg, program, opt, d, k, b, 7, 99 + (uint64_t)_i);
+    tu_batch **bs = tu_batches_random(&cfg, cfg.num_steps, 7000 + (uint64_t)_i);
 
     tu_result one;
     cfg.replicas = 1;
@@ -97,7 +61,7 @@ START_TEST(mean_matches_one_replica)
         tu_result_free(&many);
     }
     tu_result_free(&one);
-    free_batches(bs, cfg.num_steps);
+    tu_batches_free(bs, cfg.num_steps);
 }
 END_TEST
 
@@ -111,10 +75,10 @@ START_TEST(sum_reports_the_sum)
     int64_t k = 2 + (int64_t)ifd_rng_below(&rng, 5);
     int64_t b = r * (1 + (int64_t)ifd_rng_below(&rng, 6));
     ifd_config cfg;
-    make_config(&cfg, program, IFD_OPT_SGD, d, k, b, 3);
+    tu_config_train(&cfg, program, IFD_OPT_SGD, d, k, b, 7, 3);
     cfg.num_steps = 1;
     cfg.replicas = r;
-    tu_batch **bs = make_batches(&cfg, 1, 11 + (uint64_t)_i);
+    tu_batch **bs = tu_batches_random(&cfg, 1, 11 + (uint64_t)_i);
     tu_result mean, sum;
     tu_run(&cfg, bs, 1, &mean);
     cfg.loss_reduction = IFD_REDUCE_SUM;
@@ -140,16 +104,16 @@ START_TEST(sum_reports_the_sum)
     free(init);
     tu_result_free(&mean);
     tu_result_free(&sum);
-    free_batches(bs, 1);
+    tu_batches_free(bs, 1);
 }
 END_TEST
 
 START_TEST(runs_are_repeatable)
 {
     ifd_config cfg;
-    make_config(&cfg, "softmax", IFD_OPT_ADAM, 7, 3, 8, 5);
+    tu_config_train(&cfg, "softmax", IFD_OPT_ADAM, 7, 3, 8, 7, 5);
     cfg.replicas = 4;
-    tu_batch **bs = make_batches(&cfg, cfg.num_steps, 1);
+    tu_batch **bs = tu_batches_random(&cfg, cfg.num_steps, 1);
     tu_result a, b;
     tu_run(&cfg, bs, cfg.num_steps, &a);
     tu_run(&cfg, bs, cfg.num_steps, &b);
@@ -157,7 +121,7 @@ START_TEST(runs_are_repeatable)
     ck_assert_mem_eq(a.params, b.params, sizeof(float) * (size_t)a.nparams);
     tu_result_free(&a);
     tu_result_free(&b);
-    free_batches(bs, cfg.num_steps);
+    tu_batches_free(bs, cfg.num_steps);
 }
 END_TEST
 
@@ -166,9 +130,9 @@ START_TEST(adam_counts_its_own_updates)
     /* Adam's bias correction follows the updates its slots have seen, not the global step: a
      * run that starts at global step 1000 with fresh slots trains exactly like one from 0. */
     ifd_config cfg;
-    make_config(&cfg, _i ? "softmax" : "linear", IFD_OPT_ADAM, 4, 3, 6, 21);
+    tu_config_train(&cfg, _i ? "softmax" : "linear", IFD_OPT_ADAM, 4, 3, 6, 7, 21);
     cfg.replicas = 1 + _i;
-    tu_batch **bs = make_batches(&cfg, cfg.num_steps, 5);
+    tu_batch **bs = tu_batches_random(&cfg, cfg.num_steps, 5);
     tu_result a, b;
     tu_run(&cfg, bs, cfg.num_steps, &a);
     cfg.initial_global_step = 1000;
@@ -179,7 +143,7 @@ START_TEST(adam_counts_its_own_updates)
     ck_assert_mem_eq(a.params, b.params, sizeof(float) * (size_t)a.nparams);
     tu_result_free(&a);
     tu_result_free(&b);
-    free_batches(bs, cfg.num_steps);
+    tu_batches_free(bs, cfg.num_steps);
 }
 END_TEST
 

@@ -119,6 +119,43 @@ int64_t tu_producer_join(tu_producer *p)
     return pushed;
 }
 
+void tu_config_train(ifd_config *cfg, const char *program, ifd_optimizer_kind opt, int64_t d,
+                     int64_t k, int64_t b, int64_t ipl, uint64_t seed)
+{
+    ifd_config_defaults(cfg);
+    cfg->program = program;
+    cfg->settings.features = d;
+    cfg->settings.classes = k;
+    cfg->batch_size = b;
+    cfg->num_steps = 20;
+    cfg->iterations_per_loop = ipl;
+    cfg->optimizer.kind = opt;
+    cfg->optimizer.learning_rate = opt == IFD_OPT_ADAM ? 0.01f : 0.1f;
+    cfg->summary_every = 1;
+    cfg->seed = seed;
+}
+
+tu_batch **tu_batches_random(const ifd_config *cfg, int64_t n, uint64_t seed)
+{
+    ifd_program p;
+    ifd_error err;
+    ck_assert_int_eq(ifd_program_init(&p, cfg->program, &cfg->settings, &err), IFD_OK);
+    ifd_rng rng;
+    ifd_rng_seed(&rng, seed);
+    tu_batch **bs = calloc((size_t)n, sizeof *bs);
+    ck_assert_ptr_nonnull(bs);
+    for (int64_t i = 0; i < n; i++)
+        bs[i] = tu_batch_random(&p, cfg->batch_size, i, &rng);
+    return bs;
+}
+
+void tu_batches_free(tu_batch **bs, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        tu_batch_free(bs[i]);
+    free(bs);
+}
+
 void tu_run(const ifd_config *cfg, tu_batch **batches, int64_t n, tu_result *res)
 {
     memset(res, 0, sizeof *res);

@@ -31,6 +31,16 @@ tu_producer *tu_producer_start(ifd_batch_queue *q, tu_batch **batches, int64_t n
 /* Joins; batches not pushed are freed. Returns how many were pushed. */
 int64_t tu_producer_join(tu_producer *p);
 
+/* The training config the replication and cuda-vs-cpu suites compare runs with: program over d
+ * features and k classes, global batch b, 20 steps of ipl steps per loop, a summary every step,
+ * optimizer opt at learning rate 0.1 (Adam 0.01), parameters from seed; the rest defaults (backend
+ * cpu, one replica). */
+void tu_config_train(ifd_config *cfg, const char *program, ifd_optimizer_kind opt, int64_t d,
+                     int64_t k, int64_t b, int64_t ipl, uint64_t seed);
+/* n random batches of cfg->batch_size rows for cfg's program, the same for the same seed. */
+tu_batch **tu_batches_random(const ifd_config *cfg, int64_t n, uint64_t seed);
+void tu_batches_free(tu_batch **bs, int64_t n);
+
 /* Runs a whole session over clones of batches[0..n) and returns its result. */
 typedef struct tu_result {
     int rc;
