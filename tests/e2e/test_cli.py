@@ -128,3 +128,30 @@ def test_config_file_then_flags(daemon, tmp_path):
     assert p.end()["global_step"] == 3
     p.close()
     assert d.wait() == 0
+
+
+def test_cuda_backend_without_gpu(tmp_path):
+    """--backend cuda where there is no usable GPU (or the backend is not built): exit 1 with one
+    clear line naming the cuda backend and why, never a crash; the summaries file gets nothing."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi", "-L"],
+                                                      capture_output=True).returncode == 0:
+        pytest.skip("this machine has a GPU: the error path is not reachable")
+    from conftest import free_ports
+
+    lp, pp, cp = free_ports(3)
+    summaries = tmp_path / "s.jsonl"
+    r = run_infeedd("--backend", "cuda", "--features", "4", "--classes", "3", "--steps", "10",
+                    "--listen", f"tcp://127.0.0.1:{lp}", "--publish", f"tcp://127.0.0.1:{pp}",
+                    "--control", f"tcp://127.0.0.1:{cp}", "--summaries", str(summaries),
+                    "--log-level", "error")
+    out = r.stdout + r.stderr
+    assert r.returncode == 1, f"exit {r.returncode}, expected 1:\n{out}"
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line, got:\n{r.stderr}"
+    line = lines[0]
+    assert line.startswith("infeedd: ") and "cuda" in line, line
+    # built: "cuda backend: no usable GPU: cudaGetDeviceCount: <reason>"; not built: says so
+    assert ("no usable GPU" in line and "cudaGetDeviceCount" in line) or "not built" in line, line
