@@ -613,6 +613,10 @@ static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *ini
                   out);
     CUDA_TRY_GOTO(gpu, cudaEventCreateWithFlags(&rep->sync_ev, cudaEventDisableTiming), rc, err,
                   out);
+    /* The cudaMemset and cudaMemcpy calls above run on the legacy default stream, which the
+     * non-blocking streams do not wait for, and may still be in flight when they return (memset of
+     * device memory, copies from pageable memory): wait for them before any stream reads dmem. */
+    CUDA_TRY_GOTO(gpu, cudaDeviceSynchronize(), rc, err, out);
 
     if (ifd_queue_create(&rep->in_free, sizeof(int), (size_t)rep->nin) ||
         ifd_queue_create(&rep->in_full, sizeof(int), (size_t)rep->nin) ||
@@ -684,8 +688,11 @@ out:
 
 static void replica_free(cu_replica *rep)
 {
-    if (rep->in == NULL)
+    if (rep->in == NULL) {
+        free(rep->out); /* replica_open's calloc of in failed, or it never ran */
+        rep->out = NULL;
         return;
+    }
     cudaSetDevice(rep->gpu);
     if (rep->cs)
         cudaStreamSynchronize(rep->cs);
@@ -732,6 +739,7 @@ static void replica_free(cu_replica *rep)
     free(rep->in);
     free(rep->out);
     rep->in = NULL;
+    rep->out = NULL;
 }
 
 /*

@@ -3,9 +3,9 @@
  * a cudaError_t or ncclResult_t into an ifd_error. Nothing outside device/cuda/ includes this
  * file: CUDA and NCCL types never leave the backend.
  *
- * Every launcher enqueues on the given stream and returns cudaGetLastError() (a launch
- * configuration error), so that it may be called while the stream is being captured into a
- * graph. Pointers are device memory; sizes are element counts.
+ * Every launcher clears a stale non-sticky error, enqueues on the given stream and returns
+ * cudaGetLastError() (a launch configuration error), so that it may be called while the stream is
+ * being captured into a graph. Pointers are device memory; sizes are element counts.
  */
 #ifndef IFD_DEVICE_CUDA_INTERNAL_H
 #define IFD_DEVICE_CUDA_INTERNAL_H

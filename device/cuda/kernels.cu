@@ -13,6 +13,16 @@ static unsigned int grid_for(int64_t n)
     return (unsigned int)(b < IFD_CUDA_MAX_BLOCKS ? b : IFD_CUDA_MAX_BLOCKS);
 }
 
+// A launcher reports its launch's error with cudaGetLastError(), which returns the thread's last
+// non-sticky error from any earlier runtime call too. Libraries called on this thread between two
+// launches (NCCL's enqueue polls an internal event with cudaEventQuery in some releases and leaves
+// cudaErrorNotReady behind) would then fail the next kernel for nothing: clear it first. A sticky
+// error is not cleared by this and still fails the launch.
+static void clear_stale_error(void)
+{
+    (void)cudaGetLastError();
+}
+
 #define GRID_STRIDE(i, n)                                                                          \
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n);                      \
          i += (int64_t)gridDim.x * blockDim.x)
@@ -148,6 +158,7 @@ __global__ void finish_step_kernel(int64_t *step, int64_t *opt_step, ifd_step_ou
 extern "C" cudaError_t ifd_cuda_bias_add(cudaStream_t s, int64_t rows, int64_t cols,
                                          const float *bias, float *x)
 {
+    clear_stale_error();
     if (rows > 0 && cols > 0)
         bias_add_kernel<<<grid_for(rows * cols), IFD_CUDA_THREADS, 0, s>>>(rows, cols, bias, x);
     return cudaGetLastError();
@@ -156,6 +167,7 @@ extern "C" cudaError_t ifd_cuda_bias_add(cudaStream_t s, int64_t rows, int64_t c
 extern "C" cudaError_t ifd_cuda_col_sum(cudaStream_t s, int64_t rows, int64_t cols, const float *x,
                                         float *out)
 {
+    clear_stale_error();
     if (cols > 0)
         col_sum_kernel<<<grid_for(cols), IFD_CUDA_THREADS, 0, s>>>(rows, cols, x, out);
     return cudaGetLastError();
@@ -163,6 +175,7 @@ extern "C" cudaError_t ifd_cuda_col_sum(cudaStream_t s, int64_t rows, int64_t co
 
 extern "C" cudaError_t ifd_cuda_relu(cudaStream_t s, int64_t n, const float *x, float *y)
 {
+    clear_stale_error();
     if (n > 0)
         relu_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(n, x, y);
     return cudaGetLastError();
@@ -171,6 +184,7 @@ extern "C" cudaError_t ifd_cuda_relu(cudaStream_t s, int64_t n, const float *x, 
 extern "C" cudaError_t ifd_cuda_relu_grad(cudaStream_t s, int64_t n, const float *y,
                                           const float *dy, float *dx)
 {
+    clear_stale_error();
     if (n > 0)
         relu_grad_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(n, y, dy, dx);
     return cudaGetLastError();
@@ -180,6 +194,7 @@ extern "C" cudaError_t ifd_cuda_softmax_xent(cudaStream_t s, int64_t rows, int64
                                              const float *logits, const int32_t *labels,
                                              float scale, float *dlogits, ifd_step_out *out)
 {
+    clear_stale_error();
     softmax_xent_kernel<<<1, IFD_CUDA_THREADS, 0, s>>>(rows, k, logits, labels, scale, dlogits,
                                                        out);
     return cudaGetLastError();
@@ -189,6 +204,7 @@ extern "C" cudaError_t ifd_cuda_squared_error(cudaStream_t s, int64_t rows, int6
                                               const float *pred, const float *y, float scale,
                                               float *dpred, ifd_step_out *out)
 {
+    clear_stale_error();
     squared_error_kernel<<<1, IFD_CUDA_THREADS, 0, s>>>(rows, k, pred, y, scale, dpred, out);
     return cudaGetLastError();
 }
@@ -197,6 +213,7 @@ extern "C" cudaError_t ifd_cuda_optimizer_apply(cudaStream_t s, const ifd_optimi
                                                 const int64_t *opt_step, int64_t n, float *params,
                                                 const float *grads, float *slot0, float *slot1)
 {
+    clear_stale_error();
     if (n > 0)
         optimizer_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(*opt, opt_step, n, params, grads,
                                                                   slot0, slot1);
@@ -206,6 +223,7 @@ extern "C" cudaError_t ifd_cuda_optimizer_apply(cudaStream_t s, const ifd_optimi
 extern "C" cudaError_t ifd_cuda_finish_step(cudaStream_t s, int64_t *step, int64_t *opt_step,
                                             ifd_step_out *out, int64_t rows)
 {
+    clear_stale_error();
     finish_step_kernel<<<1, 1, 0, s>>>(step, opt_step, out, rows);
     return cudaGetLastError();
 }

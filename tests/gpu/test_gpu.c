@@ -45,8 +45,14 @@ static void compare_summaries(const tu_result *gpu, const tu_result *cpu, const 
             if (cv == NULL)
                 continue;
             double a = json_number_value(gv), e = json_number_value(cv);
-            ck_assert_msg(close_enough(a, e), "%s: summary %zu: %s %.9g on cuda, %.9g on cpu", what,
-                          i, keys[j], a, e);
+            /* cuBLAS and the CPU BLAS sum in different orders, so a row whose two largest logits
+             * are within float rounding may take a different argmax: accuracy may differ by one
+             * example of the window (a real argmax or label bug moves many). */
+            double examples = (double)json_integer_value(json_object_get(c, "examples"));
+            int ok =
+                j == 1 && examples > 0 ? fabs(a - e) * examples <= 1.0 + 1e-6 : close_enough(a, e);
+            ck_assert_msg(ok, "%s: summary %zu: %s %.9g on cuda, %.9g on cpu", what, i, keys[j], a,
+                          e);
         }
         json_decref(g);
         json_decref(c);
