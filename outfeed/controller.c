@@ -11,7 +11,7 @@
 /* Timing of a summary window, from the records' own timestamps: the rates say when the steps
  * ran, not when the outfeed thread got to them. Windows are back to back. */
 typedef struct window_time {
-    int64_t start_ns; /* the previous window's end; the first loop's signal for the first */
+    int64_t start_ns; /* the previous window's end; for the first, when its first step began */
     int64_t end_ns;   /* when its last step ended */
     double step_ns;   /* summed over replicas and steps */
     double infeed_wait_ns;
@@ -120,8 +120,11 @@ static void outfeed_main(ifd_opq *q, void *arg)
     ifd_error_clear(&err);
     int64_t n;
     while (ifd_opq_next(q, &n)) {
+        /* The first window starts no later than now (time_add moves it back to when the first
+         * step began); its end comes from the records alone: under load this thread may get
+         * here after the replicas ran many steps, and a window must not end at "now". */
         if (o->time.start_ns == 0)
-            o->time.start_ns = o->time.end_ns = ifd_clock_ns();
+            o->time.start_ns = ifd_clock_ns();
         for (int64_t i = 0; i < n; i++) {
             int rc = outfeed_step(o, &err);
             if (rc == IFD_EEOF) {
