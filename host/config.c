@@ -21,6 +21,7 @@ typedef struct opt {
 } opt;
 
 #define OFF(field) offsetof(ifd_daemon_config, field)
+#define MAX_BATCH_TENSOR_BYTES ((int64_t)1 << 40) /* one tensor frame of a full batch */
 
 static int parse_mode(const char *s, int *out)
 {
@@ -224,7 +225,7 @@ static int set_value(ifd_daemon_config *c, const opt *o, const char *val, const 
         char *end;
         errno = 0;
         unsigned long long v = strtoull(val, &end, 10);
-        if (*val == '\0' || *val == '-' || errno || *end != '\0')
+        if (*val == '\0' || strchr(val, '-') || errno || *end != '\0')
             return ifd_error_set(err, IFD_EINVAL,
                                  "%s: expected an integer from 0 to 2^64-1, got '%s'", where, val);
         *(uint64_t *)field = v;
@@ -519,18 +520,32 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
     ifd_program p;
     if (ifd_program_init(&p, r.program, &r.settings, err))
         return IFD_EINVAL;
+    /* A full batch's tensor frame must have a size that the daemon's byte counts (rows x row
+     * bytes, ZMQ_MAXMSGSIZE) and the replicas' buffers can hold without overflowing. */
+    for (int i = 0; i < p.ninputs; i++) {
+        int64_t row = (int64_t)ifd_dtype_size(p.inputs[i].dtype);
+        for (int d = 0; d < p.inputs[i].rank; d++)
+            row *= p.inputs[i].dims[d] > 0 ? p.inputs[i].dims[d] : 1;
+        int64_t most = MAX_BATCH_TENSOR_BYTES / row;
+        if (c->run.batch_size > most)
+            return ifd_error_set(
+                err, IFD_EINVAL,
+                "batch_size: expected at most %" PRId64 " rows (tensor '%s' has %" PRId64
+                " bytes a row, and a batch's tensor at most 2^40 bytes), got %" PRId64,
+                most, p.inputs[i].name, row, c->run.batch_size);
+    }
     if (c->listen == NULL || c->listen[0] == '\0')
         return ifd_error_set(err, IFD_EINVAL, "listen: expected a ZeroMQ endpoint, got ''");
     if (c->credit < 0 || c->credit > 65536)
         return ifd_error_set(err, IFD_EINVAL, "credit: expected 0 (auto) to 65536, got %d",
                              c->credit);
+    if (c->max_producers < 1 || c->max_producers > 4096)
+        return ifd_error_set(err, IFD_EINVAL, "max_producers: expected 1 to 4096, got %d",
+                             c->max_producers);
     if (c->expect_producers < 0 || c->expect_producers > c->max_producers)
         return ifd_error_set(err, IFD_EINVAL,
                              "expect_producers: expected 0 to max_producers (%d), got %d",
                              c->max_producers, c->expect_producers);
-    if (c->max_producers < 1 || c->max_producers > 4096)
-        return ifd_error_set(err, IFD_EINVAL, "max_producers: expected 1 to 4096, got %d",
-                             c->max_producers);
     return IFD_OK;
 }
 

@@ -36,6 +36,7 @@ typedef struct producer {
     uint8_t rid[RID_MAX];
     size_t rid_len;
     int welcomed, ended;
+    int counted_end;  /* counted in ended_total (once per name) */
     int credit;       /* batches it may still send */
     int in_flight;    /* accepted, not acknowledged */
     int64_t last_seq; /* highest accepted */
@@ -77,10 +78,9 @@ struct ifd_ingest {
     int credit; /* per producer: cfg->credit, or the auto credit for the batch size */
 
     producer *producers;
-    int nproducers; /* slots in use */
     int64_t next_anon;
     int ever_welcomed;
-    int ended_total; /* END messages from producers that were streaming */
+    int ended_total; /* producers (names) that sent END at least once */
     int input_closed;
     int handled_signals;
     int64_t stop_ns; /* when a stop was asked, 0: none */
@@ -476,7 +476,9 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     if (c->control && c->control[0]) {
         g->rep = zmq_socket(g->zctx, ZMQ_REP);
         int zero = 0;
+        int64_t maxreq = 64 * 1024; /* a request is one small JSON object */
         zmq_setsockopt(g->rep, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_setsockopt(g->rep, ZMQ_MAXMSGSIZE, &maxreq, sizeof maxreq);
         if (zmq_bind(g->rep, c->control) != 0) {
             rc = zerr(err, "control", c->control);
             goto fail;
@@ -728,7 +730,9 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
         if (p) {
             name = p->name;
         } else {
-            snprintf(anon, sizeof anon, "producer-%" PRId64, ++g->next_anon);
+            do /* not a name a producer chose itself: that would take over its stream */
+                snprintf(anon, sizeof anon, "producer-%" PRId64, ++g->next_anon);
+            while (find_by_name(g, anon));
             name = anon;
         }
     }
@@ -736,7 +740,6 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     if (p && p != named) { /* this connection changes its name: forget the old stream */
         if (p->in_flight == 0) {
             memset(p, 0, sizeof *p);
-            g->nproducers--;
         } else {
             p->ended = 1;
             p->rid_len = 0;
@@ -752,8 +755,6 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
                           g->cfg->max_producers);
             goto reply;
         }
-        if (!p->used)
-            g->nproducers++;
         p->used = 1;
         snprintf(p->name, sizeof p->name, "%s", name);
         p->last_seq = first_seq - 1;
@@ -769,13 +770,16 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     if (p->credit < 0)
         p->credit = 0;
     g->ever_welcomed = 1;
-    IFD_LOG_INFO("producer '%s' connected (next seq %" PRId64 ", credit %d)", p->name,
-                 p->last_seq + 1, p->credit);
+    /* The sequence numbers end at INT64_MAX: after a batch with that seq, no later one exists
+     * (every seq is a duplicate) and next_seq stays at INT64_MAX rather than overflowing. */
+    int64_t next_seq = p->last_seq < INT64_MAX ? p->last_seq + 1 : INT64_MAX;
+    IFD_LOG_INFO("producer '%s' connected (next seq %" PRId64 ", credit %d)", p->name, next_seq,
+                 p->credit);
     json_t *w = json_object();
     json_object_set_new(w, "protocol", json_integer(IFD_PROTO_VERSION));
     json_object_set_new(w, "name", json_string(p->name));
     json_object_set_new(w, "credit", json_integer(p->credit));
-    json_object_set_new(w, "next_seq", json_integer(p->last_seq + 1));
+    json_object_set_new(w, "next_seq", json_integer(next_seq));
     json_object_set_new(w, "mode", json_string(ifd_mode_name(g->cfg->run.mode)));
     json_object_set_new(w, "input_mode", json_string(ifd_input_mode_name(g->cfg->run.input_mode)));
     json_object_set_new(w, "batch_size", json_integer(g->cfg->run.batch_size));
@@ -788,6 +792,7 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
 reply:
     json_decref(j);
     send_error(g, from, e.code, -1, 0, "%s", e.msg);
+    check_input_end(g); /* a renaming connection may have left only ended streams */
 }
 
 /* ---- BATCH ------------------------------------------------------------------------------ */
@@ -1161,7 +1166,9 @@ static void handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int tota
         if (!p->ended) {
             IFD_LOG_INFO("producer '%s' ended its stream after batch %" PRId64, p->name,
                          p->last_seq);
-            g->ended_total++;
+            if (!p->counted_end)
+                g->ended_total++;
+            p->counted_end = 1;
         }
         p->ended = 1;
         check_input_end(g);
@@ -1185,6 +1192,9 @@ static int recv_message(ifd_ingest *g, zmq_msg_t *parts, int *nparts, int *total
         zmq_msg_init(m);
         if (zmq_msg_recv(m, g->router, *total == 0 ? ZMQ_DONTWAIT : 0) < 0) {
             zmq_msg_close(m);
+            for (int q = 0; q < *nparts; q++) /* a message cut short: drop its first parts */
+                zmq_msg_close(&parts[q]);
+            *nparts = 0;
             return -1;
         }
         int more = zmq_msg_more(m);

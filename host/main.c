@@ -10,6 +10,7 @@
 #include "host/ingest.h"
 
 #include <malloc.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,8 +133,15 @@ int main(int argc, char **argv)
 out:
     if (rc)
         fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
-    __atomic_store_n(&signal_target, NULL, __ATOMIC_RELEASE);
     ifd_session_destroy(s);
+    /* Only this thread is left (libzmq's threads block signals): block them here too, so no
+     * handler can still be using the ingest's eventfd when it is closed. */
+    sigset_t block;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &block, NULL);
+    __atomic_store_n(&signal_target, NULL, __ATOMIC_RELEASE);
     ifd_ingest_destroy(g);
     ifd_sink_destroy(jsonl);
     ifd_daemon_config_free(&cfg);
