@@ -5,11 +5,23 @@
 #include "device/step.h"
 
 #include <cblas.h>
+#include <stdlib.h>
 
 static void cpu_gemm(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                      const float *a, const float *b, float beta, float *c)
 {
     (void)ctx;
+    if (n == 1) {
+        /* A matrix-vector product (one output column): sgemv reads A once where sgemm would
+         * first pack a copy of it. B, [k,1] or [1,k], is contiguous either way. */
+        if (ta)
+            cblas_sgemv(CblasRowMajor, CblasTrans, (int)k, (int)m, alpha, a, (int)m, b, 1, beta, c,
+                        1);
+        else
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)m, (int)k, alpha, a, (int)k, b, 1, beta,
+                        c, 1);
+        return;
+    }
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 (int)m, (int)n, (int)k, alpha, a, ta ? (int)m : (int)k, b, tb ? (int)k : (int)n,
                 beta, c, (int)n);
@@ -120,4 +132,10 @@ void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_o
     *step += 1;
     *opt_step += 1;
     out->count = (float)rows;
+}
+
+void ifd_cpu_blas_single_thread(void)
+{
+    if (getenv("OPENBLAS_NUM_THREADS") == NULL)
+        openblas_set_num_threads(1);
 }

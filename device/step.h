@@ -55,6 +55,11 @@ int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops 
 
 /* The cpu implementations, for the cpu backend and for tests that run a program directly. */
 void ifd_cpu_ops_init(ifd_ops *ops, void *ctx);
+/* Makes OpenBLAS run each call on the calling thread, unless OPENBLAS_NUM_THREADS is set: the
+ * cpu backend already runs one thread per replica, and OpenBLAS's own workers wait for work by
+ * spinning on sched_yield, which took 40% of a 2-core machine beside a replica reading 8 MiB
+ * batches. Process-wide (OpenBLAS has no per-call setting). */
+void ifd_cpu_blas_single_thread(void);
 void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
                              int64_t n, float *params, const float *grads, float *slot0,
                              float *slot1);

@@ -1,5 +1,7 @@
 #include "tests/util/testutil.h"
 
+#include "device/step.h"
+
 #include "core/thread.h"
 
 #include <dirent.h>
@@ -210,6 +212,10 @@ void tu_result_free(tu_result *res)
 
 int tu_thread_count(void)
 {
+    /* OpenBLAS's worker pool is process-wide and started once, by the first cpu backend that
+     * opens (ifd_cpu_blas_single_thread): start it before counting, so that a baseline taken
+     * before the first session matches the count after it. */
+    ifd_cpu_blas_single_thread();
     DIR *d = opendir("/proc/self/task");
     if (d == NULL)
         return -1;
