@@ -157,8 +157,16 @@ class Daemon:
         self._log.close()
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keeps each phase's report on the test item, so fixtures can tell a failed test."""
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
 @pytest.fixture
-def daemon(tmp_path):
+def daemon(tmp_path, request):
     started: list[Daemon] = []
 
     def start(wait_ready: bool = True, **flags) -> Daemon:
@@ -167,7 +175,18 @@ def daemon(tmp_path):
         return d
 
     yield start
+    failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
     for d in started:
+        if failed:  # the daemon's side of a failure: its state, exit status and log
+            alive = d.proc.poll() is None
+            if alive:
+                try:
+                    print(f"status of {d.listen}: {d.control({'cmd': 'status'}, timeout=2)}")
+                except Exception as e:  # noqa: BLE001 - diagnostics only
+                    print(f"status of {d.listen}: no answer ({e!r})")
+            print(f"infeedd {' '.join(d.argv[1:])}: "
+                  f"{'still running' if alive else f'exited {d.proc.returncode}'}\n"
+                  f"{d.log()[-4000:]}")
         d.kill()
 
 
