@@ -129,7 +129,13 @@ def test_large_frames_are_not_copied(daemon, rng):
             p.send(x=nrng.random((batch, features), dtype=np.float32),
                    y=nrng.random((batch, 2), dtype=np.float32))
         p.wait()
-        status = d.control({"cmd": "status"})
+        # an ACK means the replicas are done reading the batch; the step's end follows it
+        deadline = time.monotonic() + 10
+        while True:
+            status = d.control({"cmd": "status"})
+            if status["global_step"] == n or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
         assert status["batches_accepted"] == n and status["global_step"] == n, status
         # only the small y frames (batch x 2 floats) may have been left unaligned by libzmq
         assert status["bytes_copied_unaligned"] <= n * batch * 2 * 4, status
