@@ -193,7 +193,8 @@ static void fake_send(fake *f, int type, const unsigned char *fields, size_t nfi
                       const char *json)
 {
     unsigned char h[64] = {'I', 'F', 'D', 'P', 1, 0, (unsigned char)type, 0};
-    memcpy(h + 8, fields, nfields);
+    if (nfields)
+        memcpy(h + 8, fields, nfields);
     zmq_send(f->router, f->id, f->id_len, ZMQ_SNDMORE);
     zmq_send(f->router, h, 8 + nfields, json ? ZMQ_SNDMORE : 0);
     if (json)
