@@ -130,12 +130,14 @@ static int zerr(ifd_error *err, const char *what, const char *endpoint)
 static void send_parts(ifd_ingest *g, const producer_rid *to, const void *hdr, size_t hlen,
                        const char *json)
 {
-    if (zmq_send(g->router, to->rid, to->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
-        return;
-    if (zmq_send(g->router, hdr, hlen, (json ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0)
-        return;
-    if (json)
-        zmq_send(g->router, json, strlen(json), ZMQ_DONTWAIT);
+    int rc = zmq_send(g->router, to->rid, to->len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    if (rc >= 0)
+        rc = zmq_send(g->router, hdr, hlen, (json ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
+    if (rc >= 0 && json)
+        rc = zmq_send(g->router, json, strlen(json), ZMQ_DONTWAIT);
+    if (rc < 0)
+        IFD_LOG_WARN("ingest: a reply (type %u) was not sent: %s",
+                     (unsigned)((const uint8_t *)hdr)[6], zmq_strerror(zmq_errno()));
 }
 
 static void send_json(ifd_ingest *g, const producer_rid *to, int type, json_t *j)
@@ -148,6 +150,19 @@ static void send_json(ifd_ingest *g, const producer_rid *to, int type, json_t *j
         send_parts(g, to, hdr, sizeof hdr, text);
         free(text);
     }
+}
+
+/* Printable ASCII kept, every other byte written as \xHH, always terminated. */
+static void ascii_escape(const char *in, char *out, size_t len)
+{
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)in; *p && o + 5 < len; p++) {
+        if (*p >= 0x20 && *p < 0x7f)
+            out[o++] = (char)*p;
+        else
+            o += (size_t)snprintf(out + o, len - o, "\\x%02x", *p);
+    }
+    out[o] = '\0';
 }
 
 /* ERROR: code, seq (< 0: null), credit returned, and the sentence. */
@@ -169,7 +184,13 @@ static void send_error(ifd_ingest *g, const producer_rid *to, int code, int64_t 
     json_object_set_new(j, "code", json_string(name));
     json_object_set_new(j, "seq", seq >= 0 ? json_integer(seq) : json_null());
     json_object_set_new(j, "credit", json_integer(credit));
-    json_object_set_new(j, "message", json_string(msg));
+    json_t *text = json_string(msg);
+    if (text == NULL) { /* not UTF-8: bytes a peer sent, quoted back; escape them */
+        char safe[IFD_ERROR_MSG_MAX * 2];
+        ascii_escape(msg, safe, sizeof safe);
+        text = json_string(safe);
+    }
+    json_object_set_new(j, "message", text);
     send_json(g, to, IFD_MSG_ERROR, j);
 }
 
@@ -1208,6 +1229,32 @@ static int recv_message(ifd_ingest *g, zmq_msg_t *parts, int *nparts, int *total
     }
 }
 
+/*
+ * After the BYEs: read and drop what producers still send (at most their credit) until the
+ * socket has been quiet for DRAIN_QUIET_NS, for at most DRAIN_MAX_NS. Closing a TCP socket with
+ * unread data makes the kernel answer with a reset, and a reset can destroy the last ACKs and
+ * the BYE before the producer has read them (seen under load: a producer waiting for a BYE that
+ * the daemon had sent).
+ */
+#define DRAIN_QUIET_NS 50000000LL
+#define DRAIN_MAX_NS 2000000000LL
+static void drain_router(ifd_ingest *g)
+{
+    int64_t start = ifd_clock_ns(), quiet_since = start;
+    zmq_msg_t parts[MAX_PARTS + 1];
+    while (ifd_clock_ns() - start < DRAIN_MAX_NS && ifd_clock_ns() - quiet_since < DRAIN_QUIET_NS) {
+        zmq_pollitem_t it = {.socket = g->router, .events = ZMQ_POLLIN};
+        if (zmq_poll(&it, 1, 10) <= 0)
+            continue;
+        int np, total;
+        while (recv_message(g, parts, &np, &total) == 0) {
+            for (int q = 0; q < np; q++)
+                zmq_msg_close(&parts[q]);
+            quiet_since = ifd_clock_ns();
+        }
+    }
+}
+
 static void finish(ifd_ingest *g)
 {
     send_acks(g);
@@ -1225,7 +1272,9 @@ static void finish(ifd_ingest *g)
             json_object_set_new(b, "message", json_string(g->fin_message));
         producer_rid r = rid_of(p);
         send_json(g, &r, IFD_MSG_BYE, b);
+        IFD_LOG_DEBUG("BYE to producer '%s' (acked up to %" PRId64 ")", p->name, p->acked_seq);
     }
+    drain_router(g);
 }
 
 static void *io_main(void *arg)

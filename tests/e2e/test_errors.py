@@ -61,6 +61,13 @@ def test_before_hello(d, rng):
     check(p.error(), "EPROTO", "frame")
     p.send([P.pack_header(P.HELLO), b"{not json"])
     check(p.error(), "EPROTO", "json")
+    # a sentence that quotes a long non-ASCII name is cut to its maximum length, possibly inside
+    # a UTF-8 character: still a JSON ERROR with a message
+    for pad in range(4):
+        bad = [dict(SCHEMA[0], name="x" * pad + "\u00e9" * 600)] + SCHEMA[1:]
+        p.send([P.pack_header(P.HELLO), P.pack_json({"schema": bad})])
+        e = p.error()
+        assert e["code"] == "ESHAPE" and e.get("message"), e
     # HELLO keys
     p.send(hello(SCHEMA, colour="red"))
     check(p.error(), "EINVAL", "colour")

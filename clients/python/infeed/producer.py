@@ -256,7 +256,8 @@ class Producer:
                         f"infeed producer{' ' + repr(self.name) if self.name else ''}: {what}: "
                         f"nothing from the daemon at "
                         f"{self.endpoint} for {timeout:g} s ({len(self._unacked)} batches "
-                        f"unacknowledged, credit {self._credit}); is infeedd running there?")
+                        f"unacknowledged, credit {self._credit}, next seq {self._next_seq}, "
+                        f"acknowledged up to {self._acked_seq}); is infeedd running there?")
                 wait_ms = max(1, min(1000, int(left * 1000) + 1))
             if self._sock.poll(wait_ms, zmq.POLLIN):
                 if self._drain():
