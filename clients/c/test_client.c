@@ -12,6 +12,7 @@
 #include "infeed/client.h"
 
 #include "core/rng.h"
+#include "tests/util/testutil.h"
 
 #include <check.h>
 #include <inttypes.h>
@@ -26,37 +27,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-/* ---- seeds and checks --------------------------------------------------------------------- */
-
-static uint64_t g_seed;
-
-static void seed_rng(ifd_rng *rng)
-{
-    const char *env = getenv("IFD_TEST_SEED");
-    if (env && env[0])
-        g_seed = strtoull(env, NULL, 10);
-    else {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        g_seed = (uint64_t)ts.tv_sec * 1000003u ^ (uint64_t)ts.tv_nsec ^ (uint64_t)getpid();
-    }
-    ifd_rng_seed(rng, g_seed);
-}
-
-static int64_t rand_between(ifd_rng *rng, int64_t lo, int64_t hi)
-{
-    return lo + (int64_t)ifd_rng_below(rng, (uint64_t)(hi - lo + 1));
-}
-
-#define RASSERT(cond, ...)                                                                         \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            char rassert_msg_[1024];                                                               \
-            snprintf(rassert_msg_, sizeof rassert_msg_, __VA_ARGS__);                              \
-            ck_abort_msg("%s [seed %" PRIu64 "; rerun with IFD_TEST_SEED=%" PRIu64 "]",            \
-                         rassert_msg_, g_seed, g_seed);                                            \
-        }                                                                                          \
-    } while (0)
+/* ---- checks (seeds, RASSERT and rand_between come from tests/util/testutil.h) ------------ */
 
 #define RC_OK(call, err)                                                                           \
     do {                                                                                           \
