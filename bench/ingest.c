@@ -95,20 +95,6 @@ typedef struct raw_router {
     pthread_t thread;
 } raw_router;
 
-static void put_le(unsigned char *p, uint64_t v, int bytes)
-{
-    for (int i = 0; i < bytes; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint64_t get_le(const unsigned char *p, int bytes)
-{
-    uint64_t v = 0;
-    for (int i = bytes - 1; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-
 /* Receives [id][header][payload...] and answers [id][ACK]; an END header stops it. */
 static void *raw_router_main(void *arg)
 {
@@ -128,18 +114,17 @@ static void *raw_router_main(void *arg)
             zmq_msg_close(&part);
         }
         const unsigned char *h = zmq_msg_data(&hdr);
-        int type = zmq_msg_size(&hdr) >= 8 ? (int)get_le(h + 6, 2) : 0;
-        if (type == 3) {
-            unsigned char ack[24] = {'I', 'F', 'D', 'P', 1, 0, 5, 0};
-            memcpy(ack + 8, h + 8, 8);
-            put_le(ack + 16, 1, 4);
+        int type = zmq_msg_size(&hdr) >= IFD_PROTO_HDR ? (int)ifd_get_u16(h + 6) : 0;
+        if (type == IFD_MSG_BATCH) {
+            uint8_t ack[IFD_PROTO_ACK_HDR];
+            ifd_proto_ack(ack, (int64_t)ifd_get_u64(h + 8), 1);
             zmq_msg_send(&id, r->sock, ZMQ_SNDMORE);
             zmq_send(r->sock, ack, sizeof ack, 0);
         } else {
             zmq_msg_close(&id);
         }
         zmq_msg_close(&hdr);
-        if (type == 6)
+        if (type == IFD_MSG_END)
             break;
     }
     return NULL;
@@ -173,10 +158,11 @@ static result raw_run(const char *transport, size_t size, int credit, double sec
     for (;;) {
         int stopping = t_warm > 0 && now_s() >= t_stop;
         if (!stopping && sent - acked < credit) {
-            unsigned char h[32] = {'I', 'F', 'D', 'P', 1, 0, 3, 0};
-            put_le(h + 8, (uint64_t)sent, 8);
-            put_le(h + 16, ROWS, 8);
-            put_le(h + 28, 1, 4);
+            uint8_t h[IFD_PROTO_BATCH_HDR] = {0};
+            ifd_proto_header(h, IFD_MSG_BATCH);
+            ifd_put_u64(h + 8, (uint64_t)sent);
+            ifd_put_u64(h + 16, ROWS);
+            ifd_put_u32(h + 28, 1);
             zmq_msg_t m;
             zmq_msg_init_data(&m, (void *)payload, size, count_release, NULL);
             zmq_send(d, h, sizeof h, ZMQ_SNDMORE);
@@ -196,7 +182,8 @@ static result raw_run(const char *transport, size_t size, int credit, double sec
         }
         t_last = now_s();
     }
-    unsigned char end[8] = {'I', 'F', 'D', 'P', 1, 0, 6, 0};
+    uint8_t end[IFD_PROTO_HDR];
+    ifd_proto_header(end, IFD_MSG_END);
     zmq_send(d, end, sizeof end, 0);
     pthread_join(r.thread, NULL);
     int zero = 0;
