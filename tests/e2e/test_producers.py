@@ -105,3 +105,48 @@ def test_reconnect_same_name(daemon, rng):
     assert a2.byes[0]["global_step"] == 4 and a2.byes[0]["acked_seq"] == 13, a2.byes
     assert d.wait() == 0, d.log()
     a2.close()
+
+
+def test_expect_producers_keeps_the_input_open(daemon, rng):
+    """Without --expect-producers the input ends when every producer welcomed so far has sent
+    END; with --expect-producers 2, a first producer's END leaves it open for a second one that
+    connects later, and the input ends only with the second END."""
+    schema = [P.schema_entry("x", "float32", [D]), P.schema_entry("y", "int32", [])]
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+
+    def b(seq):
+        return batch_frames(seq, [nrng.random((2, D), dtype=np.float32),
+                                  nrng.integers(0, K, 2, dtype=np.int32)])
+
+    for expect in (0, 2):
+        d = daemon(replicas=1, batch_size=2, features=D, classes=K, steps=100000,
+                   iterations_per_loop=1, summary_every=0, expect_producers=expect)
+        a = RawPeer(d.listen)
+        a.send(hello(schema, name="first"))
+        a.welcome()
+        n = rng.randint(1, 5)
+        for s in range(n):
+            a.send(b(s))
+        a.ack(n - 1)
+        a.send(P.end_frames())
+        time.sleep(0.2)
+        if expect == 0:
+            a.until(lambda: a.byes, "BYE", timeout=10)
+            assert a.byes[0]["reason"] == "input_ended" and a.byes[0]["global_step"] == n
+            assert d.wait() == 0, d.log()
+            a.close()
+            continue
+        status = d.control({"cmd": "status"})
+        assert not status["input_closed"], status
+        c = RawPeer(d.listen)
+        c.send(hello(schema, name="second"))
+        c.welcome()
+        c.send(b(0))
+        c.ack(0)
+        assert not d.control({"cmd": "status"})["input_closed"]
+        c.send(P.end_frames())
+        c.until(lambda: c.byes, "BYE", timeout=10)
+        assert c.byes[0]["reason"] == "input_ended" and c.byes[0]["global_step"] == n + 1, c.byes
+        assert d.wait() == 0, d.log()
+        a.close()
+        c.close()
