@@ -48,8 +48,15 @@ typedef struct ifd_shard {
  * step (monotonic ns, ifd_clock_ns), so that rates are computed from when steps ran rather than
  * from when the outfeed thread got to them. */
 typedef struct ifd_outfeed_rec {
-    int64_t step; /* the global step after this step */
+    int64_t step; /* the global step after this step (eval, predict: the global step) */
     ifd_step_out out;
+    /* predict mode: the shard's batch, with a reference the outfeed thread drops after it has
+     * delivered the predictions; rows [row0, row0 + rows) of it; and the step's predictions,
+     * [rows, predict_cols] floats in host memory owned by the backend (valid until the next
+     * outfeed_dequeue of this replica). NULL, 0, 0, NULL in the other modes. */
+    ifd_batch *batch;
+    int64_t row0, rows;
+    const float *pred;
     int64_t end_ns;          /* when the step finished */
     int64_t step_ns;         /* since the replica's previous step ended (or its loop began) */
     int64_t infeed_wait_ns;  /* of step_ns, waiting for the shard */
@@ -67,6 +74,10 @@ typedef struct ifd_device_stats {
 typedef struct ifd_device_config {
     int replicas;
     const ifd_program *program;
+    /* train: ifd_step_train; eval: ifd_step_eval (no all-reduce, the global step stays); predict:
+     * ifd_step_predict, and a shard whose batch has IFD_BATCH_STOP ends the loop as the end of
+     * input does (the stopping signal), without a step. */
+    ifd_mode mode;
     int64_t max_shard_rows;
     ifd_optimizer optimizer;
     float loss_scale;

@@ -42,6 +42,22 @@ IFD_HD float ifd_math_softmax_xent_row(const float *logits, int64_t k, int32_t l
     return lse - logits[label];
 }
 
+/* Softmax of one row: probs[j] = exp(logits[j] - logsumexp(logits)), the same max-shifted form
+ * as the cross-entropy above. */
+IFD_HD void ifd_math_softmax_row(const float *logits, int64_t k, float *probs)
+{
+    float mx = logits[0];
+    for (int64_t j = 1; j < k; j++)
+        if (logits[j] > mx)
+            mx = logits[j];
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; j++)
+        sum += expf(logits[j] - mx);
+    float lse = mx + logf(sum);
+    for (int64_t j = 0; j < k; j++)
+        probs[j] = expf(logits[j] - lse);
+}
+
 /* Least squares of one row: returns 0.5 * |pred - y|^2 and writes gscale * (pred - y). */
 IFD_HD float ifd_math_sq_err_row(const float *pred, const float *y, int64_t k, float gscale,
                                  float *dpred)

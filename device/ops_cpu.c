@@ -76,6 +76,13 @@ static void cpu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *lo
     out->correct = (float)correct;
 }
 
+static void cpu_softmax(void *ctx, int64_t rows, int64_t k, const float *logits, float *probs)
+{
+    (void)ctx;
+    for (int64_t r = 0; r < rows; r++)
+        ifd_math_softmax_row(logits + r * k, k, probs + r * k);
+}
+
 static void cpu_squared_error(void *ctx, int64_t rows, int64_t k, const float *pred, const float *y,
                               float scale, float *dpred, ifd_step_out *out)
 {
@@ -98,6 +105,7 @@ void ifd_cpu_ops_init(ifd_ops *ops, void *ctx)
     ops->relu_grad = cpu_relu_grad;
     ops->softmax_xent = cpu_softmax_xent;
     ops->squared_error = cpu_squared_error;
+    ops->softmax = cpu_softmax;
 }
 
 void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
@@ -129,8 +137,10 @@ void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_o
                          int64_t rows)
 {
     (void)ctx;
-    *step += 1;
-    *opt_step += 1;
+    if (step)
+        *step += 1;
+    if (opt_step)
+        *opt_step += 1;
     out->count = (float)rows;
 }
 

@@ -74,6 +74,15 @@ int ifd_program_add_input(ifd_program *p, const char *name, ifd_dtype dt, int ra
     return IFD_OK;
 }
 
+int ifd_program_add_label(ifd_program *p, const char *name, ifd_dtype dt, int rank,
+                          const int64_t *dims)
+{
+    int rc = ifd_program_add_input(p, name, dt, rank, dims);
+    if (rc == IFD_OK)
+        p->labels |= 1u << (p->ninputs - 1);
+    return rc;
+}
+
 int ifd_program_add_param(ifd_program *p, const char *name, int rank, const int64_t *dims)
 {
     if (p->nparams == IFD_MAX_PARAMS || rank < 1 || rank > 2)

@@ -12,6 +12,18 @@ int ifd_optimizer_slots(ifd_optimizer_kind kind)
     }
 }
 
+/* A program's step returned rc: codes reserved for the runtime's own stop become IFD_EINTERNAL. */
+static int program_rc(const ifd_program *p, int rc, ifd_error *err)
+{
+    if (ifd_error_is_secondary(rc) || rc == IFD_EEOF) {
+        ifd_error_set(err, IFD_EINTERNAL,
+                      "program '%s' returned %s from its step, a code reserved for the runtime",
+                      p->cls->name, ifd_errname(rc));
+        return IFD_EINTERNAL;
+    }
+    return rc;
+}
+
 int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops *sops, void *sctx,
                    const ifd_replica_state *st, const ifd_optimizer *opt, float scale,
                    const ifd_tensor *inputs, int64_t rows, ifd_step_out *out, ifd_error *err)
@@ -25,13 +37,7 @@ int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops 
         .scale = scale,
         .out = out,
     };
-    int rc = p->cls->train_step(p, ops, &a, err);
-    if (ifd_error_is_secondary(rc) || rc == IFD_EEOF) {
-        ifd_error_set(err, IFD_EINTERNAL,
-                      "program '%s' returned %s from its step, a code reserved for the runtime",
-                      p->cls->name, ifd_errname(rc));
-        return IFD_EINTERNAL;
-    }
+    int rc = program_rc(p, p->cls->train_step(p, ops, &a, err), err);
     if (rc)
         return rc;
     rc = sops->allreduce_sum(sctx, st->grads, p->nparam_floats, err);
@@ -40,5 +46,47 @@ int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops 
     sops->optimizer_apply(sctx, opt, st->opt_step, p->nparam_floats, st->params, st->grads,
                           st->slot0, st->slot1);
     sops->finish_step(sctx, st->step, st->opt_step, out, rows);
+    return IFD_OK;
+}
+
+int ifd_step_eval(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops *sops, void *sctx,
+                  const ifd_replica_state *st, const ifd_tensor *inputs, int64_t rows,
+                  ifd_step_out *out, ifd_error *err)
+{
+    ifd_step_args a = {
+        .inputs = inputs,
+        .rows = rows,
+        .params = st->params,
+        .grads = NULL,
+        .workspace = st->workspace,
+        .scale = 1.0f,
+        .out = out,
+    };
+    int rc = program_rc(p, p->cls->train_step(p, ops, &a, err), err);
+    if (rc)
+        return rc;
+    sops->finish_step(sctx, NULL, NULL, out, rows);
+    return IFD_OK;
+}
+
+int ifd_step_predict(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops *sops, void *sctx,
+                     const ifd_replica_state *st, const ifd_tensor *inputs, int64_t rows,
+                     float *pred, ifd_step_out *out, ifd_error *err)
+{
+    if (p->cls->predict_step == NULL)
+        return ifd_error_set(err, IFD_ENOTSUP, "program '%s' has no predict step", p->cls->name);
+    ifd_step_args a = {
+        .inputs = inputs,
+        .rows = rows,
+        .params = st->params,
+        .workspace = st->workspace,
+        .scale = 1.0f,
+        .out = out,
+        .predictions = pred,
+    };
+    int rc = program_rc(p, p->cls->predict_step(p, ops, &a, err), err);
+    if (rc)
+        return rc;
+    sops->finish_step(sctx, NULL, NULL, out, rows);
     return IFD_OK;
 }

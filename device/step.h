@@ -27,7 +27,8 @@ typedef struct ifd_step_ops {
      * fresh slots starts at t = 1). Read only. */
     void (*optimizer_apply)(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step, int64_t n,
                             float *params, const float *grads, float *slot0, float *slot1);
-    /* *step += 1, *opt_step += 1 and out->count = rows (device memory). */
+    /* *step += 1, *opt_step += 1 and out->count = rows (device memory). step and opt_step are
+     * NULL in eval and predict steps: out->count = rows only. */
     void (*finish_step)(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
                         int64_t rows);
 } ifd_step_ops;
@@ -52,6 +53,17 @@ int ifd_optimizer_slots(ifd_optimizer_kind kind);
 int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops *sops, void *sctx,
                    const ifd_replica_state *st, const ifd_optimizer *opt, float scale,
                    const ifd_tensor *inputs, int64_t rows, ifd_step_out *out, ifd_error *err);
+
+/* One eval step of one replica: the program's loss and metrics (no gradients, no all-reduce, no
+ * update; the global step stays); out->loss is the shard's mean loss (scale 1). */
+int ifd_step_eval(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops *sops, void *sctx,
+                  const ifd_replica_state *st, const ifd_tensor *inputs, int64_t rows,
+                  ifd_step_out *out, ifd_error *err);
+/* One predict step: the program's predict_step writes pred ([rows, predict_cols], device
+ * memory) from inputs, the shard's non-label tensors in spec order; out->count = rows. */
+int ifd_step_predict(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops *sops, void *sctx,
+                     const ifd_replica_state *st, const ifd_tensor *inputs, int64_t rows,
+                     float *pred, ifd_step_out *out, ifd_error *err);
 
 /* The cpu implementations, for the cpu backend and for tests that run a program directly. */
 void ifd_cpu_ops_init(ifd_ops *ops, void *ctx);

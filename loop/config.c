@@ -85,23 +85,21 @@ int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
                              ifd_program_names(names, sizeof names),
                              cfg->program ? cfg->program : "(none)");
     }
-    if (cfg->mode != IFD_MODE_TRAIN)
-        return ifd_error_set(err, IFD_ENOTSUP,
-                             "mode: expected train (eval and predict are not implemented yet), "
-                             "got '%s'",
-                             ifd_mode_name(cfg->mode));
-    if (cfg->input_mode != IFD_INPUT_PER_HOST)
-        return ifd_error_set(err, IFD_ENOTSUP,
-                             "input_mode: expected per-host (the other modes are not implemented "
-                             "yet), got '%s'",
-                             ifd_input_mode_name(cfg->input_mode));
+    if ((int)cfg->mode < IFD_MODE_TRAIN || cfg->mode > IFD_MODE_PREDICT)
+        return ifd_error_set(err, IFD_EINVAL, "mode: expected train, eval or predict, got %d",
+                             (int)cfg->mode);
+    if ((int)cfg->input_mode < IFD_INPUT_PER_HOST || cfg->input_mode > IFD_INPUT_BROADCAST)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "input_mode: expected per-host, per-host-v2, per-core or broadcast, "
+                             "got %d",
+                             (int)cfg->input_mode);
     if (cfg->batch_size < 1)
         return ifd_error_set(err, IFD_EINVAL, "batch_size: expected a positive integer, got %lld",
                              (long long)cfg->batch_size);
-    if (cfg->input_mode == IFD_INPUT_PER_HOST && cfg->batch_size % cfg->replicas != 0)
+    if (cfg->batch_size % cfg->replicas != 0)
         return ifd_error_set(err, IFD_EINVAL,
-                             "batch_size: %lld is not divisible by replicas %d (per-host input "
-                             "gives each replica batch_size / replicas rows)",
+                             "batch_size: %lld is not divisible by replicas %d (each replica's step "
+                             "takes batch_size / replicas rows)",
                              (long long)cfg->batch_size, cfg->replicas);
     if (cfg->iterations_per_loop < 1)
         return ifd_error_set(err, IFD_EINVAL,
@@ -115,6 +113,11 @@ int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
         return ifd_error_set(err, IFD_EINVAL,
                              "last_step: expected a positive integer (0: unset), got %lld",
                              (long long)cfg->last_step);
+    if (cfg->mode == IFD_MODE_EVAL && cfg->num_steps < 1)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "num_steps: eval runs num_steps steps in one loop; expected a positive "
+                             "integer, got %lld",
+                             (long long)cfg->num_steps);
     if (cfg->mode == IFD_MODE_TRAIN && (cfg->num_steps > 0) == (cfg->last_step > 0))
         return ifd_error_set(err, IFD_EINVAL,
                              "num_steps and last_step: exactly one must be a positive integer, got "

@@ -287,6 +287,13 @@ static void cu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *log
                  "softmax_xent kernel");
 }
 
+static void cu_softmax(void *ctx, int64_t rows, int64_t k, const float *logits, float *probs)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_softmax(rep->cs, rows, k, logits, probs), "softmax kernel");
+}
+
 static void cu_squared_error(void *ctx, int64_t rows, int64_t k, const float *pred, const float *y,
                              float scale, float *dpred, ifd_step_out *out)
 {
@@ -637,6 +644,7 @@ static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *ini
     rep->ops.relu = cu_relu;
     rep->ops.relu_grad = cu_relu_grad;
     rep->ops.softmax_xent = cu_softmax_xent;
+    rep->ops.softmax = cu_softmax;
     rep->ops.squared_error = cu_squared_error;
 out:
     return rc;

@@ -33,13 +33,16 @@ cudaError_t ifd_cuda_relu_grad(cudaStream_t s, int64_t n, const float *y, const 
 cudaError_t ifd_cuda_softmax_xent(cudaStream_t s, int64_t rows, int64_t k, const float *logits,
                                   const int32_t *labels, float scale, float *dlogits,
                                   ifd_step_out *out);
+/* probs[r,:] = softmax(logits[r,:]), one thread per row. */
+cudaError_t ifd_cuda_softmax(cudaStream_t s, int64_t rows, int64_t k, const float *logits,
+                             float *probs);
 cudaError_t ifd_cuda_squared_error(cudaStream_t s, int64_t rows, int64_t k, const float *pred,
                                    const float *y, float scale, float *dpred, ifd_step_out *out);
 /* One optimizer update; Adam reads its t from *opt_step (device memory) inside the kernel. */
 cudaError_t ifd_cuda_optimizer_apply(cudaStream_t s, const ifd_optimizer *opt,
                                      const int64_t *opt_step, int64_t n, float *params,
                                      const float *grads, float *slot0, float *slot1);
-/* *step += 1, *opt_step += 1, out->count = rows. */
+/* *step += 1, *opt_step += 1 (each when not NULL), out->count = rows. */
 cudaError_t ifd_cuda_finish_step(cudaStream_t s, int64_t *step, int64_t *opt_step,
                                  ifd_step_out *out, int64_t rows);
 

@@ -147,11 +147,21 @@ __global__ void optimizer_kernel(ifd_optimizer opt, const int64_t *opt_step, int
     }
 }
 
+__global__ void softmax_kernel(int64_t rows, int64_t k, const float *logits, float *probs)
+{
+    GRID_STRIDE(r, rows)
+    {
+        ifd_math_softmax_row(logits + r * k, k, probs + r * k);
+    }
+}
+
 __global__ void finish_step_kernel(int64_t *step, int64_t *opt_step, ifd_step_out *out,
                                    int64_t rows)
 {
-    *step += 1;
-    *opt_step += 1;
+    if (step)
+        *step += 1;
+    if (opt_step)
+        *opt_step += 1;
     out->count = (float)rows;
 }
 
@@ -197,6 +207,15 @@ extern "C" cudaError_t ifd_cuda_softmax_xent(cudaStream_t s, int64_t rows, int64
     clear_stale_error();
     softmax_xent_kernel<<<1, IFD_CUDA_THREADS, 0, s>>>(rows, k, logits, labels, scale, dlogits,
                                                        out);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_softmax(cudaStream_t s, int64_t rows, int64_t k,
+                                        const float *logits, float *probs)
+{
+    clear_stale_error();
+    if (rows > 0 && k > 0)
+        softmax_kernel<<<grid_for(rows), IFD_CUDA_THREADS, 0, s>>>(rows, k, logits, probs);
     return cudaGetLastError();
 }
 

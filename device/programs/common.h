@@ -35,10 +35,11 @@ static inline int ifd_dense_setup(ifd_program *p, ifd_dtype y_dtype, int y_rank,
         return rc;
     int64_t wdims[2] = {d, k};
     ifd_program_add_input(p, "x", IFD_F32, 1, &d);
-    ifd_program_add_input(p, "y", y_dtype, y_rank, &k);
+    ifd_program_add_label(p, "y", y_dtype, y_rank, &k);
     ifd_program_add_param(p, "W", 2, wdims);
     ifd_program_add_param(p, "b", 1, &k);
     p->classifier = classifier;
+    p->predict_cols = k;
     return IFD_OK;
 }
 
@@ -60,21 +61,39 @@ static inline int64_t ifd_dense_workspace(const ifd_program *p, int64_t rows)
 typedef void (*ifd_dense_loss)(const ifd_ops *ops, int64_t rows, int64_t k, const float *logits,
                                const void *y, float scale, float *dlogits, ifd_step_out *out);
 
-/* logits = x W + b; loss; dW = x^T dlogits; db = column sums of dlogits. */
+/* logits = x W + b; loss; dW = x^T dlogits; db = column sums of dlogits (not in eval: a->grads
+ * NULL). */
 static inline void ifd_dense_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
                                   ifd_dense_loss loss)
 {
     int64_t d = p->settings.features, k = p->settings.classes, n = a->rows;
     const float *x = a->inputs[0].data;
     const float *w = a->params + p->params[0].offset, *b = a->params + p->params[1].offset;
-    float *dw = a->grads + p->params[0].offset, *db = a->grads + p->params[1].offset;
     float *logits = a->workspace, *dlogits = a->workspace + n * k;
 
     ops->gemm(ops->ctx, 0, 0, n, k, d, 1.0f, x, w, 0.0f, logits);
     ops->bias_add(ops->ctx, n, k, b, logits);
     loss(ops, n, k, logits, a->inputs[1].data, a->scale, dlogits, a->out);
+    if (a->grads == NULL)
+        return;
+    float *dw = a->grads + p->params[0].offset, *db = a->grads + p->params[1].offset;
     ops->gemm(ops->ctx, 1, 0, d, k, n, 1.0f, x, dlogits, 0.0f, dw);
     ops->col_sum(ops->ctx, n, k, dlogits, db);
+}
+
+/* The predict step of a dense program: a->predictions = x W + b, through the softmax for
+ * classifiers (the logits go through the workspace first). */
+static inline void ifd_dense_predict(const ifd_program *p, const ifd_ops *ops,
+                                     const ifd_step_args *a)
+{
+    int64_t d = p->settings.features, k = p->settings.classes, n = a->rows;
+    const float *x = a->inputs[0].data;
+    const float *w = a->params + p->params[0].offset, *b = a->params + p->params[1].offset;
+    float *logits = p->classifier ? a->workspace : a->predictions;
+    ops->gemm(ops->ctx, 0, 0, n, k, d, 1.0f, x, w, 0.0f, logits);
+    ops->bias_add(ops->ctx, n, k, b, logits);
+    if (p->classifier)
+        ops->softmax(ops->ctx, n, k, logits, a->predictions);
 }
 
 #endif

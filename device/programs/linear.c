@@ -21,6 +21,14 @@ static int linear_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_
     return IFD_OK;
 }
 
+static int linear_predict(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
+                           ifd_error *err)
+{
+    (void)err;
+    ifd_dense_predict(p, ops, a);
+    return IFD_OK;
+}
+
 const ifd_program_class ifd_program_linear = {
     .name = "linear",
     .description = "least squares: x float32 [D], y float32 [K]",
@@ -28,4 +36,5 @@ const ifd_program_class ifd_program_linear = {
     .init_params = ifd_dense_init_params,
     .workspace_floats = ifd_dense_workspace,
     .train_step = linear_step,
+    .predict_step = linear_predict,
 };

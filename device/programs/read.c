@@ -38,7 +38,8 @@ static int read_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_ar
     float *pred = a->workspace, *dpred = a->workspace + rows; /* dpred: all zeros */
     ops->gemm(ops->ctx, 0, 0, rows, 1, d, 1.0f, x, a->params, 0.0f, pred);
     ops->squared_error(ops->ctx, rows, 1, pred, pred, a->scale, dpred, a->out);
-    ops->col_sum(ops->ctx, 0, d, x, a->grads);
+    if (a->grads)
+        ops->col_sum(ops->ctx, 0, d, x, a->grads);
     return IFD_OK;
 }
 

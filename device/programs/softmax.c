@@ -34,6 +34,14 @@ static int softmax_step(const ifd_program *p, const ifd_ops *ops, const ifd_step
     return IFD_OK;
 }
 
+static int softmax_predict(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
+                           ifd_error *err)
+{
+    (void)err;
+    ifd_dense_predict(p, ops, a);
+    return IFD_OK;
+}
+
 const ifd_program_class ifd_program_softmax = {
     .name = "softmax",
     .description = "multinomial logistic regression: x float32 [D], y int32 [] in [0, K)",
@@ -42,4 +50,5 @@ const ifd_program_class ifd_program_softmax = {
     .workspace_floats = ifd_dense_workspace,
     .check_batch = softmax_check,
     .train_step = softmax_step,
+    .predict_step = softmax_predict,
 };

@@ -94,7 +94,8 @@ int ifd_optimizer_parse(const char *s, ifd_optimizer_kind *out);
 
 /* ---- batches and batch sources ----------------------------------------------------------- */
 
-#define IFD_BATCH_STOP 0x1u /* stopping signal (predict mode) */
+#define IFD_BATCH_STOP 0x1u   /* stopping signal (predict mode): the device loop ends on it */
+#define IFD_BATCH_PADDED 0x2u /* rows [valid_rows, rows) are padding (predict mode) */
 
 /*
  * A host batch: one tensor per program input, all with `rows` rows. The batch does not own the
@@ -107,6 +108,11 @@ struct ifd_batch {
     int64_t seq;
     int64_t rows;
     uint32_t flags;
+    /* The padding mask, read only with IFD_BATCH_PADDED: rows [0, valid_rows) are real, the rest
+     * padding whose predictions are dropped. */
+    int64_t valid_rows;
+    /* per-core input: the replica the batch is for (the source sets it); unused otherwise. */
+    int replica;
     int ntensors;
     ifd_tensor tensors[IFD_MAX_INPUTS];
     const char *producer; /* for error sentences; may be NULL */
@@ -171,6 +177,30 @@ int ifd_sink_write(ifd_sink *s, const char *json, size_t len, ifd_error *err);
 int ifd_sink_flush(ifd_sink *s, ifd_error *err);
 void ifd_sink_destroy(ifd_sink *s);
 
+/* ---- predictions (predict mode) --------------------------------------------------------- */
+
+#define IFD_MAX_PREDICTION_TENSORS 2
+
+/*
+ * One batch's predictions, padding removed, the replicas' rows concatenated in row order: every
+ * tensor has `rows` rows (the batch's valid rows). Classifiers: "probabilities" float32 [rows, K]
+ * and "classes" int32 [rows] (the argmax); linear: "outputs" float32 [rows, K].
+ */
+typedef struct ifd_predictions {
+    int64_t rows;
+    int ntensors;
+    const char *names[IFD_MAX_PREDICTION_TENSORS];
+    ifd_tensor tensors[IFD_MAX_PREDICTION_TENSORS];
+} ifd_predictions;
+
+/* Receives each batch's predictions, on the outfeed thread, batch by batch in the order the steps
+ * ran (so each producer's batches in their order). The batch and the tensors are valid during the
+ * call only; the batch is released after it. An error ends the run. */
+typedef struct ifd_prediction_sink {
+    int (*write)(void *ctx, const ifd_batch *batch, const ifd_predictions *p, ifd_error *err);
+    void *ctx;
+} ifd_prediction_sink;
+
 /* ---- hooks ------------------------------------------------------------------------------- */
 
 /* What a hook may see and change of a running session. */
@@ -224,6 +254,8 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
 int ifd_session_add_hook(ifd_session *s, const ifd_hook *hook);
 /* Before ifd_session_run. Borrowed. */
 int ifd_session_add_sink(ifd_session *s, ifd_sink *sink);
+/* Before ifd_session_run, predict mode. Copied; at most IFD_MAX_SINKS. */
+int ifd_session_add_prediction_sink(ifd_session *s, const ifd_prediction_sink *sink);
 /* Runs until the last step, the end of the input, a stop request or an error. Returns IFD_OK
  * when the run ended well (including the input ending early), else the first real error, with
  * err filled as "<source>: <sentence>". Every thread is joined before it returns. Once only.

@@ -77,6 +77,8 @@ typedef struct ifd_ops {
      * dlogits = scale / rows * (softmax(logits) - onehot(label)). */
     void (*softmax_xent)(void *ctx, int64_t rows, int64_t k, const float *logits,
                          const int32_t *labels, float scale, float *dlogits, ifd_step_out *out);
+    /* Row-wise softmax: probs[r,:] = softmax(logits[r,:]) (the predict step of classifiers). */
+    void (*softmax)(void *ctx, int64_t rows, int64_t k, const float *logits, float *probs);
     /* Least squares: out->loss = scale * mean over rows of 0.5 * |pred - y|^2,
      * dpred = scale / rows * (pred - y). */
     void (*squared_error)(void *ctx, int64_t rows, int64_t k, const float *pred, const float *y,
@@ -87,13 +89,19 @@ typedef struct ifd_program ifd_program;
 
 /* One replica's step. */
 typedef struct ifd_step_args {
-    const ifd_tensor *inputs; /* ninputs views of the replica's shard, in spec order */
+    /* train and eval: ninputs views of the replica's shard, in spec order; predict: the inputs
+     * that are not labels, in spec order */
+    const ifd_tensor *inputs;
     int64_t rows;
     const float *params;
-    float *grads; /* written in full by the step */
+    /* train: written in full by the step. NULL in eval mode: compute the loss and the metrics
+     * only (no gradients). */
+    float *grads;
     float *workspace;
     float scale; /* 1/replicas for the MEAN reduction, 1 for SUM */
     ifd_step_out *out;
+    /* predict only: [rows, predict_cols] outputs the predict step writes; NULL otherwise */
+    float *predictions;
 } ifd_step_args;
 
 typedef struct ifd_program_class {
@@ -109,9 +117,14 @@ typedef struct ifd_program_class {
      * batch; row numbers in the sentence are the batch's. */
     int (*check_batch)(const ifd_program *p, const ifd_tensor *inputs, int64_t rows,
                        ifd_error *err);
-    /* Loss and gradients of one shard. */
+    /* Loss and gradients of one shard (a->grads NULL in eval mode: loss and metrics only). */
     int (*train_step)(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
                       ifd_error *err);
+    /* Optional (predict mode needs it): writes a->predictions, [rows, predict_cols], from the
+     * inputs that are not labels. Classifiers write class probabilities; the host adds the
+     * argmax. */
+    int (*predict_step)(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
+                        ifd_error *err);
 } ifd_program_class;
 
 struct ifd_program {
@@ -119,10 +132,14 @@ struct ifd_program {
     ifd_program_settings settings;
     int ninputs;
     ifd_input_spec inputs[IFD_MAX_INPUTS];
+    /* Bit i set: input i is a label, taken in train and eval mode only (predict mode takes the
+     * other inputs, in spec order). */
+    unsigned labels;
     int nparams;
     ifd_param_spec params[IFD_MAX_PARAMS];
     int64_t nparam_floats;
     int classifier;
+    int64_t predict_cols; /* floats per row the predict step writes (0: no predict step) */
 };
 
 /* Makes cls findable by name (built-ins are registered already). IFD_EINVAL when the name is
@@ -137,6 +154,9 @@ int ifd_program_init(ifd_program *p, const char *name, const ifd_program_setting
 
 /* Helpers for setup functions. */
 int ifd_program_add_input(ifd_program *p, const char *name, ifd_dtype dt, int rank,
+                          const int64_t *dims);
+/* As ifd_program_add_input, for a label (an input predict mode does not take). */
+int ifd_program_add_label(ifd_program *p, const char *name, ifd_dtype dt, int rank,
                           const int64_t *dims);
 int ifd_program_add_param(ifd_program *p, const char *name, int rank, const int64_t *dims);
 const ifd_param_spec *ifd_program_param(const ifd_program *p, const char *name);
