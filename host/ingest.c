@@ -967,7 +967,7 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
     if (rc)
         ifd_error_set(&e, rc, "cannot take the batch: %s", ifd_strerror(rc));
     else
-        rc = ifd_infeed_check_batch(prog, &hb->b, g->cfg->run.batch_size, &e);
+        rc = ifd_infeed_check_batch(prog, &hb->b, g->cfg->run.batch_size, g->cfg->run.mode, &e);
     (void)nparts;
     if (rc) {
         host_batch_free_frames(hb);

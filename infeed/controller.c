@@ -3,6 +3,7 @@
 #include "core/opqueue.h"
 #include "infeed/infeed_internal.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -15,19 +16,37 @@ struct ifd_infeed {
     int64_t batches; /* atomic */
 };
 
+int ifd_infeed_mode_inputs(const ifd_program *p, ifd_mode mode, int idx[IFD_MAX_INPUTS])
+{
+    int n = 0;
+    for (int i = 0; i < p->ninputs; i++)
+        if (mode != IFD_MODE_PREDICT || !(p->labels & (1u << i)))
+            idx[n++] = i;
+    return n;
+}
+
 int ifd_infeed_check_batch(const ifd_program *p, const ifd_batch *b, int64_t batch_size,
-                           ifd_error *err)
+                           ifd_mode mode, ifd_error *err)
 {
     char want[96], got[96];
-    if (b->ntensors != p->ninputs)
-        return ifd_error_set(err, IFD_ESHAPE, "has %d tensors, the program '%s' takes %d",
-                             b->ntensors, p->cls->name, p->ninputs);
-    if (batch_size > 0 && b->rows != batch_size)
+    int idx[IFD_MAX_INPUTS];
+    int n = ifd_infeed_mode_inputs(p, mode, idx);
+    if (b->ntensors != n)
+        return ifd_error_set(err, IFD_ESHAPE, "has %d tensors, the program '%s' takes %d%s",
+                             b->ntensors, p->cls->name, n,
+                             mode == IFD_MODE_PREDICT ? " in predict mode (no labels)" : "");
+    if (mode == IFD_MODE_PREDICT && batch_size > 0 && (b->rows < 1 || b->rows > batch_size))
+        return ifd_error_set(err, IFD_ESHAPE,
+                             "has %lld rows, expected 1 to %lld (the batch size; predict mode pads "
+                             "a partial batch)",
+                             (long long)b->rows, (long long)batch_size);
+    if (mode != IFD_MODE_PREDICT && batch_size > 0 && b->rows != batch_size)
         return ifd_error_set(err, IFD_ESHAPE, "has %lld rows, the batch size is %lld",
                              (long long)b->rows, (long long)batch_size);
-    for (int i = 0; i < p->ninputs; i++) {
+    for (int j = 0; j < n; j++) {
+        int i = idx[j];
         const ifd_input_spec *in = &p->inputs[i];
-        const ifd_tensor *t = &b->tensors[i];
+        const ifd_tensor *t = &b->tensors[j];
         if (t->dtype != in->dtype)
             return ifd_error_set(err, IFD_EDTYPE, "tensor '%s' has dtype %s, expected %s", in->name,
                                  ifd_dtype_name(t->dtype), ifd_dtype_name(in->dtype));
@@ -42,7 +61,7 @@ int ifd_infeed_check_batch(const ifd_program *p, const ifd_batch *b, int64_t bat
         if (t->data == NULL && b->rows > 0)
             return ifd_error_set(err, IFD_EINVAL, "tensor '%s' has no data", in->name);
     }
-    if (p->cls->check_batch)
+    if (p->cls->check_batch && mode != IFD_MODE_PREDICT)
         return p->cls->check_batch(p, b->tensors, b->rows, err);
     return IFD_OK;
 }
@@ -54,7 +73,16 @@ static int feed_batch(ifd_infeed *f, ifd_batch *b, ifd_error *err)
     const ifd_infeed_config *cfg = &f->cfg;
     int replicas = ifd_device_replicas(cfg->dev);
     ifd_batch_ref(b, 1);
-    int rc = ifd_infeed_check_batch(cfg->program, b, cfg->batch_size, err);
+    int rc = ifd_infeed_check_batch(cfg->program, b, cfg->batch_size, cfg->mode, err);
+    if (rc == IFD_OK && b->rows < cfg->batch_size) {
+        /* predict mode's partial batch: the padded copy replaces it (and holds it) */
+        ifd_batch *padded;
+        rc = ifd_infeed_pad_batch(cfg->program, cfg->mode, b, cfg->batch_size, &padded, err);
+        if (rc == IFD_OK) {
+            ifd_batch_unref(b);
+            b = padded;
+        }
+    }
     if (rc == IFD_OK)
         rc = ifd_shard_batch(cfg->input_mode, b, replicas, f->shards, err);
     if (rc) {
@@ -71,6 +99,32 @@ static int feed_batch(ifd_infeed *f, ifd_batch *b, ifd_error *err)
     return rc;
 }
 
+/* The end of the input. Predict mode appends the stopping-signal batch first: every replica's
+ * loop ends when it dequeues its shard (the seed's _StoppingPredictHook), the batch never
+ * reaching a step. Then the rings close. */
+static int end_of_input(ifd_infeed *f, ifd_error *err)
+{
+    const ifd_infeed_config *cfg = &f->cfg;
+    IFD_LOG_INFO("infeed: the input ended after %lld batches",
+                 (long long)__atomic_load_n(&f->batches, __ATOMIC_RELAXED));
+    int rc = IFD_OK;
+    if (cfg->mode == IFD_MODE_PREDICT) {
+        ifd_batch *stop;
+        rc = ifd_infeed_stop_batch(cfg->program, cfg->mode, cfg->batch_size, &stop, err);
+        if (rc == IFD_OK) {
+            rc = ifd_shard_batch(cfg->input_mode, stop, ifd_device_replicas(cfg->dev), f->shards,
+                                 err);
+            for (int r = 0; r < ifd_device_replicas(cfg->dev) && rc == IFD_OK; r++)
+                if ((rc = ifd_device_infeed_enqueue(cfg->dev, r, &f->shards[r])))
+                    ifd_error_set(err, rc, "device infeed aborted");
+            ifd_batch_unref(stop);
+        }
+        ifd_device_infeed_flush(cfg->dev);
+    }
+    ifd_device_infeed_end(cfg->dev);
+    return rc;
+}
+
 static void infeed_main(ifd_opq *q, void *arg)
 {
     ifd_infeed *f = arg;
@@ -79,6 +133,9 @@ static void infeed_main(ifd_opq *q, void *arg)
     ifd_error_clear(&err);
     int64_t n, loop = 0;
     while (ifd_opq_next(q, &n)) {
+        /* predict: one signal, then batches until the stopping signal (_OpSignalOnceQueue) */
+        if (cfg->mode == IFD_MODE_PREDICT)
+            n = INT64_MAX;
         IFD_LOG_DEBUG("infeed: loop %lld: enqueue %lld batches", (long long)loop, (long long)n);
         for (int64_t i = 0; i < n; i++) {
             ifd_batch *b = NULL;
@@ -89,12 +146,8 @@ static void infeed_main(ifd_opq *q, void *arg)
                 ifd_device_infeed_flush(cfg->dev);
                 rc = cfg->src.ops->next(cfg->src.ctx, &b, &err);
             }
-            if (rc == IFD_EEOF) {
-                IFD_LOG_INFO("infeed: the input ended after %lld batches",
-                             (long long)__atomic_load_n(&f->batches, __ATOMIC_RELAXED));
-                ifd_device_infeed_end(cfg->dev);
+            if (rc == IFD_EEOF && (rc = end_of_input(f, &err)) == IFD_OK)
                 return;
-            }
             if (rc == IFD_OK)
                 rc = feed_batch(f, b, &err);
             if (rc) {

@@ -28,11 +28,27 @@ int ifd_infeed_signal(ifd_infeed *f, int64_t n);
 void ifd_infeed_stop(ifd_infeed *f);
 void ifd_infeed_destroy(ifd_infeed *f);
 
-/* Checks a batch against the program's inputs: tensor count, dtypes, per-row shapes, the same
- * row count everywhere and, when batch_size > 0, rows == batch_size; then the program's own
- * check. The sentence names the tensor, the expected and the received value. */
+/* The program inputs a batch carries in mode: all of them, or in predict mode those that are not
+ * labels. Writes their indices into p->inputs to idx, in spec order; returns how many. */
+int ifd_infeed_mode_inputs(const ifd_program *p, ifd_mode mode, int idx[IFD_MAX_INPUTS]);
+
+/* Checks a batch against the program's inputs for mode (ifd_infeed_mode_inputs): tensor count,
+ * dtypes, per-row shapes, the same row count everywhere and, when batch_size > 0, rows ==
+ * batch_size (predict mode: 1 <= rows <= batch_size, a partial batch being padded later); then
+ * the program's own check (not in predict mode: it checks labels). The sentence names the tensor,
+ * the expected and the received value. */
 int ifd_infeed_check_batch(const ifd_program *p, const ifd_batch *b, int64_t batch_size,
-                           ifd_error *err);
+                           ifd_mode mode, ifd_error *err);
+
+/* Predict mode. A new batch of `rows` rows: b's rows, then zeros, with IFD_BATCH_PADDED and
+ * valid_rows = b's real rows; it holds a reference on b until it is released, and is returned
+ * with one reference, the caller's. */
+int ifd_infeed_pad_batch(const ifd_program *p, ifd_mode mode, ifd_batch *b, int64_t rows,
+                         ifd_batch **out, ifd_error *err);
+/* Predict mode: the batch appended at the end of input, `rows` rows of zeros with IFD_BATCH_STOP
+ * (and no valid rows), with one reference, the caller's. */
+int ifd_infeed_stop_batch(const ifd_program *p, ifd_mode mode, int64_t rows, ifd_batch **out,
+                          ifd_error *err);
 
 /* Splits b into one shard per replica. per-host: rows / replicas consecutive rows each, no copy;
  * rows not divisible by replicas is IFD_ESHAPE naming both numbers. Other modes: IFD_ENOTSUP

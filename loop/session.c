@@ -28,6 +28,8 @@ struct ifd_session {
     ifd_summary_writer writer;
     ifd_hook hooks[MAX_HOOKS];
     int nhooks;
+    ifd_prediction_sink pred_sinks[IFD_MAX_PREDICTION_SINKS];
+    int npred_sinks;
     ifd_run_context ctx;
     int stop_requested; /* atomic */
     int ran;
@@ -79,9 +81,16 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
         ifd_error_set(err, rc, "session: rendezvous");
         goto fail_program;
     }
+    if (cfg->mode == IFD_MODE_PREDICT && s->program.cls->predict_step == NULL) {
+        rc = ifd_error_set(err, IFD_EINVAL,
+                           "mode: predict needs a program with a predict step; '%s' has none",
+                           cfg->program);
+        goto fail_program;
+    }
     ifd_device_config dc = {
         .replicas = cfg->replicas,
         .program = &s->program,
+        .mode = cfg->mode,
         .max_shard_rows = cfg->batch_size,
         .optimizer = cfg->optimizer,
         .loss_scale = cfg->loss_reduction == IFD_REDUCE_MEAN ? 1.0f / (float)cfg->replicas : 1.0f,
@@ -101,6 +110,12 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
         ifd_hook h;
         rc = ifd_hook_stop_at_step(&h, cfg->iterations_per_loop, cfg->num_steps, cfg->last_step,
                                    err);
+        if (rc)
+            goto fail_hook;
+        s->hooks[s->nhooks++] = h;
+    } else if (cfg->mode == IFD_MODE_EVAL) {
+        ifd_hook h;
+        rc = ifd_hook_eval_iterations(&h, cfg->num_steps, err);
         if (rc)
             goto fail_hook;
         s->hooks[s->nhooks++] = h;
@@ -133,6 +148,16 @@ int ifd_session_add_sink(ifd_session *s, ifd_sink *sink)
     if (s->ran)
         return IFD_EINVAL;
     return ifd_summary_writer_add(&s->writer, sink);
+}
+
+int ifd_session_add_prediction_sink(ifd_session *s, const ifd_prediction_sink *sink)
+{
+    if (s->ran || sink == NULL || sink->write == NULL)
+        return IFD_EINVAL;
+    if (s->npred_sinks == IFD_MAX_PREDICTION_SINKS)
+        return IFD_ENOMEM;
+    s->pred_sinks[s->npred_sinks++] = *sink;
+    return IFD_OK;
 }
 
 enum { CB_BEGIN, CB_AFTER_CREATE, CB_BEFORE_RUN, CB_AFTER_RUN, CB_END };
@@ -174,6 +199,14 @@ static double wall_seconds(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Steps the run completed (eval and predict leave the global step as it was). */
+static int64_t steps_run(ifd_session *s)
+{
+    ifd_device_stats st;
+    ifd_device_stats_get(s->dev, 0, &st);
+    return st.steps;
+}
+
 /* The last line of a run. */
 static void emit_end(ifd_session *s, int code, const ifd_error *cause)
 {
@@ -189,7 +222,7 @@ static void emit_end(ifd_session *s, int code, const ifd_error *cause)
     } else if (s->message[0]) {
         json_object_set_new(j, "message", json_string(s->message));
     }
-    json_object_set_new(j, "steps", json_integer(s->ctx.global_step - s->cfg.initial_global_step));
+    json_object_set_new(j, "steps", json_integer(steps_run(s)));
     json_object_set_new(j, "time", json_real(wall_seconds()));
     ifd_error e;
     if (ifd_summary_emit(&s->writer, j, &e) || ifd_summary_flush(&s->writer, &e))
@@ -246,6 +279,15 @@ static void run_loops(ifd_session *s)
                      (long long)ctx->global_step);
             return;
         }
+        if (rc == IFD_EEOF && s->cfg.mode == IFD_MODE_PREDICT) {
+            /* the normal end of predict: every replica saw the stopping signal */
+            s->reason = IFD_END_INPUT_ENDED;
+            snprintf(s->message, sizeof s->message,
+                     "the stopping signal ended predict mode after %lld steps",
+                     (long long)steps_run(s));
+            IFD_LOG_INFO("%s", s->message);
+            return;
+        }
         if (rc == IFD_EEOF) {
             s->reason = IFD_END_INPUT_ENDED;
             snprintf(s->message, sizeof s->message,
@@ -289,6 +331,9 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
             .summary_every = s->cfg.summary_every,
             .writer = &s->writer,
             .rv = s->rv,
+            .max_batch_rows = s->cfg.batch_size,
+            .pred_sinks = s->pred_sinks,
+            .npred_sinks = s->npred_sinks,
         };
         int rc = ifd_infeed_start(&s->infeed, &ic);
         if (rc == IFD_OK)

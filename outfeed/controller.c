@@ -27,7 +27,9 @@ struct ifd_outfeed {
     ifd_metrics window;
     window_time time;
     int64_t last_step;
-    int64_t first_step; /* the global step the run started from */
+    int64_t first_step;       /* the global step the run started from */
+    ifd_prediction_call pred; /* predict mode */
+    int64_t steps_done;       /* steps this run */
 };
 
 /* part / whole, clamped to [0, 1]. */
@@ -74,8 +76,13 @@ static int emit_window(ifd_outfeed *o, ifd_error *err)
     json_object_set_new(j, "mode", json_string(ifd_mode_name(o->cfg.mode)));
     json_object_set_new(j, "global_step", json_integer(o->last_step));
     json_object_set_new(j, "steps", json_integer(m->steps));
-    json_object_set_new(j, "loss", json_real(m->loss_sum / (double)m->steps));
-    if (o->cfg.program->classifier)
+    /* train: the mean over steps of the global batch's loss; eval: summed over replicas and
+     * steps, weighted by rows, divided once; predict: no loss */
+    if (o->cfg.mode == IFD_MODE_TRAIN)
+        json_object_set_new(j, "loss", json_real(m->loss_sum / (double)m->steps));
+    else if (o->cfg.mode == IFD_MODE_EVAL)
+        json_object_set_new(j, "loss", json_real(m->count > 0 ? m->loss_weighted / m->count : 0.0));
+    if (o->cfg.program->classifier && o->cfg.mode != IFD_MODE_PREDICT)
         json_object_set_new(j, "accuracy", json_real(m->count > 0 ? m->correct / m->count : 0.0));
     json_object_set_new(j, "examples", json_integer((json_int_t)m->count));
     json_object_set_new(j, "examples_per_sec", json_real(secs > 0 ? m->count / secs : 0.0));
@@ -96,19 +103,37 @@ static int outfeed_step(ifd_outfeed *o, ifd_error *err)
 {
     for (int r = 0; r < o->replicas; r++) {
         int rc = ifd_device_outfeed_dequeue(o->cfg.dev, r, &o->recs[r]);
-        if (rc == IFD_EEOF)
-            return rc;
-        if (rc)
+        if (rc) {
+            for (int q = 0; q < r; q++) /* predict: records hold their batches */
+                if (o->recs[q].batch)
+                    ifd_batch_unref(o->recs[q].batch);
+            if (rc == IFD_EEOF)
+                return rc;
             return ifd_error_set(err, rc, "replica %d outfeed: %s", r, ifd_strerror(rc));
+        }
     }
-    ifd_tensor t[IFD_OUT_NTENSORS];
-    ifd_outfeed_concat(o->recs, o->replicas, o->cat, t);
-    int rc = ifd_metrics_host_call(&o->window, t, err);
+    int first = o->steps_done == 0; /* the run's first step */
+    int rc;
+    if (o->cfg.mode == IFD_MODE_PREDICT) {
+        int64_t examples;
+        rc = ifd_prediction_host_call(&o->pred, o->recs, o->replicas, &examples, err);
+        o->window.steps++;
+        o->window.count += (double)examples;
+        o->steps_done++;
+    } else {
+        ifd_tensor t[IFD_OUT_NTENSORS];
+        ifd_outfeed_concat(o->recs, o->replicas, o->cat, t);
+        rc = ifd_metrics_host_call(&o->window, t, err);
+        o->steps_done++;
+    }
     if (rc)
         return ifd_error_prefix(err, "host call at step %lld", (long long)o->recs[0].step);
-    time_add(&o->time, o->recs, o->replicas, o->last_step == o->first_step);
+    time_add(&o->time, o->recs, o->replicas, first);
     o->last_step = o->recs[0].step;
-    if (o->cfg.summary_every > 0 && o->last_step % o->cfg.summary_every == 0)
+    /* train and predict: a summary every summary_every steps (train: global steps); eval: one at
+     * the end, over every step */
+    if (o->cfg.summary_every > 0 && o->cfg.mode != IFD_MODE_EVAL &&
+        (o->cfg.mode == IFD_MODE_TRAIN ? o->last_step : o->steps_done) % o->cfg.summary_every == 0)
         return emit_window(o, err);
     return IFD_OK;
 }
@@ -153,6 +178,13 @@ int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg)
     int rc = IFD_ENOMEM;
     if (o->recs == NULL || o->cat == NULL)
         goto fail;
+    if (cfg->mode == IFD_MODE_PREDICT) {
+        rc = ifd_prediction_call_init(&o->pred, cfg->program, cfg->max_batch_rows);
+        if (rc)
+            goto fail;
+        for (int i = 0; i < cfg->npred_sinks && i < IFD_MAX_PREDICTION_SINKS; i++)
+            o->pred.sinks[o->pred.nsinks++] = cfg->pred_sinks[i];
+    }
     rc = ifd_opq_start(&o->opq, "ifd-outfeed", outfeed_main, o, 0);
     if (rc)
         goto fail;
@@ -160,6 +192,7 @@ int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg)
     return IFD_OK;
 
 fail:
+    ifd_prediction_call_fini(&o->pred);
     free(o->cat);
     free(o->recs);
     free(o);
@@ -189,6 +222,7 @@ void ifd_outfeed_destroy(ifd_outfeed *o)
     if (o == NULL)
         return;
     ifd_opq_destroy(o->opq);
+    ifd_prediction_call_fini(&o->pred);
     free(o->cat);
     free(o->recs);
     free(o);

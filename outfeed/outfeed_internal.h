@@ -42,12 +42,43 @@ void ifd_outfeed_concat(const ifd_outfeed_rec *recs, int replicas, float *buf,
 typedef struct ifd_metrics {
     int64_t steps;
     double loss_sum; /* sum over steps of the step loss (sum over replicas) */
+    /* sum over steps and replicas of loss * count: eval's loss is this over count, one division
+     * at the end, not an average of averages (eval steps run with scale 1, so a record's loss is
+     * its shard's mean) */
+    double loss_weighted;
     double correct;
     double count;
 } ifd_metrics;
 
 /* The metrics host call: adds one step's concatenated tensors. */
 int ifd_metrics_host_call(ifd_metrics *m, const ifd_tensor t[IFD_OUT_NTENSORS], ifd_error *err);
+
+/* ---- host call: predictions (predict mode) ---- */
+
+#define IFD_MAX_PREDICTION_SINKS 8
+
+typedef struct ifd_prediction_call {
+    const ifd_program *program;
+    int64_t max_rows; /* the most rows a batch has */
+    float *values;    /* [max_rows, predict_cols] */
+    int32_t *classes; /* [max_rows] */
+    ifd_prediction_sink sinks[IFD_MAX_PREDICTION_SINKS];
+    int nsinks;
+} ifd_prediction_call;
+
+int ifd_prediction_call_init(ifd_prediction_call *c, const ifd_program *p, int64_t max_rows);
+void ifd_prediction_call_fini(ifd_prediction_call *c);
+
+/*
+ * One predict step's records, one per replica in replica order, each holding a reference on its
+ * shard's batch. Consecutive records of one batch are that batch's shards (per-host: row ranges
+ * in order; broadcast: the same rows, replica 0's copy is used); the rows of each batch are
+ * concatenated, cut to its valid rows (the padding mask), the classifier's argmax added, and the
+ * predictions handed to every sink. Every reference is dropped, even on error. *examples gets
+ * the rows delivered.
+ */
+int ifd_prediction_host_call(ifd_prediction_call *c, ifd_outfeed_rec *recs, int replicas,
+                             int64_t *examples, ifd_error *err);
 
 /* ---- the controller ---- */
 
@@ -60,6 +91,9 @@ typedef struct ifd_outfeed_config {
     int64_t summary_every;
     ifd_summary_writer *writer;
     ifd_rendezvous *rv;
+    int64_t max_batch_rows;                /* predict: the most rows a batch has */
+    const ifd_prediction_sink *pred_sinks; /* predict */
+    int npred_sinks;
 } ifd_outfeed_config;
 
 int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg);

@@ -24,7 +24,9 @@ typedef struct cpu_replica {
     ifd_queue *out_free; /* ifd_outfeed_rec * */
     ifd_queue *out_full; /* ifd_outfeed_rec * */
     ifd_outfeed_rec *slots;
-    float *mem; /* params, grads, slot0, slot1, workspace */
+    float *pred_mem; /* predict: a [max_shard_rows, predict_cols] block per slot, then one for
+                      * the record outfeed_dequeue hands out */
+    float *mem;      /* params, grads, slot0, slot1, workspace */
     ifd_replica_state st;
     int64_t step;
     int64_t opt_step;
@@ -63,6 +65,12 @@ static int cpu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err)
     else if (rc == IFD_EEOF)
         ifd_error_set(err, rc, "all-reduce: a peer replica's input ended");
     return rc;
+}
+
+/* Floats of one step's predictions (predict mode; else 0). */
+static int64_t pred_floats(const ifd_device_config *cfg)
+{
+    return cfg->mode == IFD_MODE_PREDICT ? cfg->max_shard_rows * cfg->program->predict_cols : 0;
 }
 
 /* Pops the next shard, counting the time spent blocked. */
@@ -114,7 +122,11 @@ static int cpu_step(ifd_replica *base, int64_t nth)
         return IFD_EEOF;
     if (rc)
         return rc;
-    for (int i = 0; i < p->ninputs; i++)
+    if (sh.batch->flags & IFD_BATCH_STOP) { /* predict's stopping signal: the loop ends here */
+        ifd_batch_unref(sh.batch);
+        return IFD_EEOF;
+    }
+    for (int i = 0; i < sh.batch->ntensors; i++)
         ifd_tensor_rows(&sh.batch->tensors[i], sh.row0, sh.row0 + sh.rows, &rep->views[i]);
     ifd_outfeed_rec *slot;
     rc = pop_slot(rep, &slot);
@@ -122,8 +134,30 @@ static int cpu_step(ifd_replica *base, int64_t nth)
         ifd_batch_unref(sh.batch);
         return rc;
     }
-    rc = ifd_step_train(p, &rep->ops, &cd->sops, rep, &rep->st, &cfg->optimizer, cfg->loss_scale,
-                        rep->views, sh.rows, &slot->out, &base->err);
+    slot->batch = NULL;
+    switch (cfg->mode) {
+    case IFD_MODE_TRAIN:
+        rc = ifd_step_train(p, &rep->ops, &cd->sops, rep, &rep->st, &cfg->optimizer,
+                            cfg->loss_scale, rep->views, sh.rows, &slot->out, &base->err);
+        break;
+    case IFD_MODE_EVAL:
+        rc = ifd_step_eval(p, &rep->ops, &cd->sops, rep, &rep->st, rep->views, sh.rows, &slot->out,
+                           &base->err);
+        break;
+    case IFD_MODE_PREDICT: {
+        float *pred = rep->pred_mem + (size_t)(slot - rep->slots) * (size_t)pred_floats(cfg);
+        rc = ifd_step_predict(p, &rep->ops, &cd->sops, rep, &rep->st, rep->views, sh.rows, pred,
+                              &slot->out, &base->err);
+        if (rc == IFD_OK) { /* the outfeed thread routes the predictions by batch, then drops it */
+            slot->batch = sh.batch;
+            slot->row0 = sh.row0;
+            slot->rows = sh.rows;
+            slot->pred = pred;
+            ifd_batch_ref(sh.batch, 1);
+        }
+        break;
+    }
+    }
     ifd_batch_unref(sh.batch);
     if (rc) {
         ifd_queue_push(rep->out_free, &slot);
@@ -188,7 +222,9 @@ static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *i
 
     rep->mem = calloc((size_t)ifd_replica_mem_floats(cfg), sizeof(float));
     rep->slots = calloc((size_t)cfg->outfeed_depth, sizeof *rep->slots);
-    if (rep->mem == NULL || rep->slots == NULL)
+    rep->pred_mem =
+        calloc((size_t)(pred_floats(cfg) * (cfg->outfeed_depth + 1) + 1), sizeof(float));
+    if (rep->mem == NULL || rep->slots == NULL || rep->pred_mem == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "cpu backend: replica %d: %lld parameter floats",
                              index, (long long)np);
     ifd_replica_mem_carve(&rep->st, rep->mem, np);
@@ -221,6 +257,16 @@ static void unref_shard(void *item, void *arg)
     ifd_batch_unref(((ifd_shard *)item)->batch);
 }
 
+/* A step record the outfeed thread never took still holds its batch (predict mode). */
+static void unref_rec(void *item, void *arg)
+{
+    (void)arg;
+    ifd_outfeed_rec *rec = *(ifd_outfeed_rec **)item;
+    if (rec->batch)
+        ifd_batch_unref(rec->batch);
+    rec->batch = NULL;
+}
+
 static void cpu_close(ifd_device *dev)
 {
     cpu_dev *cd = dev->priv;
@@ -234,10 +280,13 @@ static void cpu_close(ifd_device *dev)
             if (left)
                 IFD_LOG_DEBUG("replica %d: released %zu unconsumed shards", r, left);
         }
+        if (rep->out_full)
+            ifd_queue_drain(rep->out_full, unref_rec, NULL);
         ifd_queue_destroy(rep->infeed);
         ifd_queue_destroy(rep->out_free);
         ifd_queue_destroy(rep->out_full);
         free(rep->slots);
+        free(rep->pred_mem);
         free(rep->mem);
     }
     ifd_replicas_fini(&cd->set);
@@ -325,6 +374,12 @@ static int cpu_outfeed_dequeue(ifd_device *dev, int replica, ifd_outfeed_rec *re
     if (rc)
         return rc;
     *rec = *slot;
+    if (slot->pred) { /* the slot goes back now: its predictions are copied out first */
+        const ifd_device_config *cfg = &dev->cfg;
+        float *keep = rep->pred_mem + (size_t)cfg->outfeed_depth * (size_t)pred_floats(cfg);
+        memcpy(keep, slot->pred, sizeof(float) * (size_t)(slot->rows * cfg->program->predict_cols));
+        rec->pred = keep;
+    }
     ifd_queue_push(rep->out_free, &slot);
     return IFD_OK;
 }

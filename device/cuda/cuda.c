@@ -384,8 +384,12 @@ static int enqueue_step(cu_replica *rep, cu_inslot *s)
     ifd_tensor views[IFD_MAX_INPUTS];
     shard_views(cfg->program, s, views);
     rep->op_rc = IFD_OK;
-    int rc = ifd_step_train(cfg->program, &rep->ops, &rep->cd->sops, rep, &rep->st, &cfg->optimizer,
-                            cfg->loss_scale, views, s->rows, s->dout, &rep->base.err);
+    int rc = cfg->mode == IFD_MODE_EVAL
+                 ? ifd_step_eval(cfg->program, &rep->ops, &rep->cd->sops, rep, &rep->st, views,
+                                 s->rows, s->dout, &rep->base.err)
+                 : ifd_step_train(cfg->program, &rep->ops, &rep->cd->sops, rep, &rep->st,
+                                  &cfg->optimizer, cfg->loss_scale, views, s->rows, s->dout,
+                                  &rep->base.err);
     if (rep->op_rc) {
         rep->base.err = rep->op_err;
         return rep->op_rc;
@@ -840,6 +844,10 @@ static int cu_open(ifd_device *dev, ifd_error *err)
     cd->dev = dev;
     cd->replicas = cfg->replicas;
     cd->eof_step = INT64_MAX;
+    if (cfg->mode == IFD_MODE_PREDICT)
+        return ifd_error_set(err, IFD_ENOTSUP,
+                             "cuda backend: mode: predict is not implemented on cuda yet (train "
+                             "and eval are); use --backend cpu for predict");
     int rc = graphs_setting(&cd->graphs, err);
     if (rc)
         return rc;

@@ -22,7 +22,7 @@ static int linear_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_
 }
 
 static int linear_predict(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
-                           ifd_error *err)
+                          ifd_error *err)
 {
     (void)err;
     ifd_dense_predict(p, ops, a);

@@ -233,6 +233,10 @@ typedef struct ifd_hook {
 int ifd_hook_stop_at_step(ifd_hook *out, int64_t iterations_per_loop, int64_t num_steps,
                           int64_t last_step, ifd_error *err);
 
+/* The seed's _SetEvalIterationsHook: the first loop runs num_steps (> 0) steps, and the run ends
+ * after it. Eval sessions install it themselves. */
+int ifd_hook_eval_iterations(ifd_hook *out, int64_t num_steps, ifd_error *err);
+
 /* ---- the session ------------------------------------------------------------------------- */
 
 typedef struct ifd_session ifd_session;
