@@ -56,6 +56,9 @@ typedef struct tu_result {
 } tu_result;
 
 void tu_run(const ifd_config *cfg, tu_batch **batches, int64_t n, tu_result *res);
+/* As tu_run, with a prediction sink (predict mode) when pred is not NULL. */
+void tu_run_predict(const ifd_config *cfg, tu_batch **batches, int64_t n,
+                    const ifd_prediction_sink *pred, tu_result *res);
 void tu_result_free(tu_result *res);
 
 /* The number of threads in this process (from /proc/self/task). */
