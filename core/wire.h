@@ -132,6 +132,17 @@ static inline int ifd_proto_parse_header(const void *data, size_t len, ifd_proto
     return 0;
 }
 
+/* PREDICTION's frame 0: BATCH's layout (seq, rows, flags 0, ntensors) with type 8. */
+static inline size_t ifd_proto_prediction(uint8_t *p, int64_t seq, int64_t rows, uint32_t ntensors)
+{
+    ifd_proto_header(p, IFD_MSG_PREDICTION);
+    ifd_put_u64(p + 8, (uint64_t)seq);
+    ifd_put_u64(p + 16, (uint64_t)rows);
+    ifd_put_u32(p + 24, 0);
+    ifd_put_u32(p + 28, ntensors);
+    return IFD_PROTO_BATCH_HDR;
+}
+
 typedef struct ifd_proto_batch {
     int64_t seq;
     int64_t rows;

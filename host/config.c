@@ -79,6 +79,9 @@ static const opt opts[] = {
      NULL},
     {"summaries", K_STR, OFF(summaries), "PATH",
      "also append every summary to this JSON Lines file", NULL, NULL},
+    {"predictions", K_STR, OFF(predictions), "PATH",
+     "predict mode: also write every prediction, a row a line, to this JSON Lines file", NULL,
+     NULL},
     {"backend", K_STR, OFF(run.backend), "NAME", "device backend: cpu or cuda", NULL, NULL},
     {"replicas", K_INT, OFF(run.replicas), "N", "replicas (cpu: threads; cuda: GPUs)", NULL, NULL},
     {"program", K_STR, OFF(run.program), "NAME", "the model: linear, softmax or read (benchmark)",
@@ -89,7 +92,9 @@ static const opt opts[] = {
      "program setting: classes (softmax) or outputs (linear)", NULL, NULL},
     {"hidden", K_I64, OFF(run.settings.hidden), "H",
      "program setting: hidden width (mlp, a later version)", NULL, NULL},
-    {"mode", K_ENUM, OFF(run.mode), "MODE", "train (eval and predict come in a later version)",
+    {"mode", K_ENUM, OFF(run.mode), "MODE",
+     "train; eval (--steps steps in one loop, one summary); predict (until every producer "
+     "ended, predictions back to each producer)",
      "train, eval or predict", parse_mode},
     {"input_mode", K_ENUM, OFF(run.input_mode), "MODE",
      "how batches are sharded: per-host (the others come in a later version)",
@@ -98,8 +103,8 @@ static const opt opts[] = {
      "global batch size: rows in every batch, divisible by replicas", NULL, NULL},
     {"iterations_per_loop", K_I64, OFF(run.iterations_per_loop), "N",
      "steps per device loop without a host round trip", NULL, NULL},
-    {"steps", K_I64, OFF(run.num_steps), "N", "steps to run (exactly one of steps and last_step)",
-     NULL, NULL},
+    {"steps", K_I64, OFF(run.num_steps), "N",
+     "steps to run (train: exactly one of steps and last_step; eval: required)", NULL, NULL},
     {"last_step", K_I64, OFF(run.last_step), "N", "the global step to stop at", NULL, NULL},
     {"initial_global_step", K_I64, OFF(run.initial_global_step), "N",
      "the global step the run starts from", NULL, NULL},
@@ -542,6 +547,10 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
     if (c->max_producers < 1 || c->max_producers > 4096)
         return ifd_error_set(err, IFD_EINVAL, "max_producers: expected 1 to 4096, got %d",
                              c->max_producers);
+    if (c->predictions && c->run.mode != IFD_MODE_PREDICT)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "predictions: expected only in predict mode, got a path in %s mode",
+                             ifd_mode_name(c->run.mode));
     if (c->expect_producers < 0 || c->expect_producers > c->max_producers)
         return ifd_error_set(err, IFD_EINVAL,
                              "expect_producers: expected 0 to max_producers (%d), got %d",

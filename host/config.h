@@ -16,11 +16,12 @@
 
 typedef struct ifd_daemon_config {
     ifd_config run;
-    const char *listen;    /* ingest ROUTER endpoint */
-    const char *publish;   /* summaries PUB endpoint; "" disables it */
-    const char *control;   /* control REP endpoint; "" disables it */
-    const char *summaries; /* JSON Lines path; NULL: none */
-    int credit;            /* batches a producer may have in flight */
+    const char *listen;      /* ingest ROUTER endpoint */
+    const char *publish;     /* summaries PUB endpoint; "" disables it */
+    const char *control;     /* control REP endpoint; "" disables it */
+    const char *summaries;   /* JSON Lines path; NULL: none */
+    const char *predictions; /* predict mode: JSON Lines path; NULL: none */
+    int credit;              /* batches a producer may have in flight */
     int max_producers;
     int expect_producers; /* > 0: the input ends once this many producers sent END */
     int log_level;

@@ -45,8 +45,19 @@ typedef struct producer {
     host_batch *head, *tail; /* accepted, in order, until acknowledged */
 } producer;
 
+/* A batch's PREDICTION (predict mode), made on the outfeed thread and sent by the I/O thread
+ * just before the ACK that covers the batch. */
+typedef struct prediction_msg {
+    uint8_t hdr[IFD_PROTO_BATCH_HDR];
+    char *json; /* the tensors' names, dtypes and per-row shapes */
+    int ntensors;
+    size_t len[IFD_MAX_PREDICTION_TENSORS];
+    void *data[IFD_MAX_PREDICTION_TENSORS];
+} prediction_msg;
+
 struct host_batch {
     ifd_batch b;
+    prediction_msg *pred; /* written before the release, read after it (done) */
     ifd_ingest *g;
     producer *p;
     int done; /* atomic: released by the runtime */
@@ -72,6 +83,9 @@ struct ifd_ingest {
     int efd;
     ifd_session *session;
     const ifd_program *program;
+    /* the program inputs a batch carries in this mode (predict: no labels), in frame order */
+    int nin;
+    const ifd_input_spec *in[IFD_MAX_INPUTS];
     ifd_thread thread;
     int started;
     size_t max_frame;
@@ -251,6 +265,24 @@ static void host_batch_free_frames(host_batch *hb)
         hb->copies[i] = NULL;
     }
     hb->nframes = 0;
+}
+
+static void prediction_free(prediction_msg *m)
+{
+    if (m == NULL)
+        return;
+    free(m->json);
+    for (int i = 0; i < m->ntensors; i++)
+        free(m->data[i]);
+    free(m);
+}
+
+/* Frees an acknowledged or abandoned batch. */
+static void host_batch_free(host_batch *hb)
+{
+    host_batch_free_frames(hb);
+    prediction_free(hb->pred);
+    free(hb);
 }
 
 /* The runtime's release: any thread, once. */
@@ -531,8 +563,7 @@ void ifd_ingest_destroy(ifd_ingest *g)
         host_batch *hb = g->producers[i].head;
         while (hb) {
             host_batch *next = hb->pnext;
-            host_batch_free_frames(hb);
-            free(hb);
+            host_batch_free(hb);
             hb = next;
         }
     }
@@ -576,12 +607,12 @@ static int check_schema(ifd_ingest *g, json_t *schema, ifd_error *err)
 {
     const ifd_program *p = g->program;
     char want[256] = "";
-    for (int i = 0; i < p->ninputs; i++) {
+    for (int i = 0; i < g->nin; i++) {
         char shape[96];
         size_t n = strlen(want);
-        snprintf(want + n, sizeof want - n, "%s%s %s %s", i ? ", " : "", p->inputs[i].name,
-                 ifd_dtype_name(p->inputs[i].dtype),
-                 dims_format(p->inputs[i].rank, p->inputs[i].dims, shape, sizeof shape));
+        snprintf(want + n, sizeof want - n, "%s%s %s %s", i ? ", " : "", g->in[i]->name,
+                 ifd_dtype_name(g->in[i]->dtype),
+                 dims_format(g->in[i]->rank, g->in[i]->dims, shape, sizeof shape));
     }
     if (!json_is_array(schema)) {
         char got[96];
@@ -589,12 +620,13 @@ static int check_schema(ifd_ingest *g, json_t *schema, ifd_error *err)
                              "HELLO: schema: expected an array of {name, dtype, shape}, got %s",
                              ifd_json_describe(schema, got, sizeof got));
     }
-    if ((int)json_array_size(schema) != p->ninputs)
-        return ifd_error_set(err, IFD_ESHAPE,
-                             "schema: expected %d tensors for program '%s' (%s), got %zu",
-                             p->ninputs, p->cls->name, want, json_array_size(schema));
-    for (int i = 0; i < p->ninputs; i++) {
-        const ifd_input_spec *in = &p->inputs[i];
+    if ((int)json_array_size(schema) != g->nin)
+        return ifd_error_set(
+            err, IFD_ESHAPE,
+            "schema: expected %d tensors for program '%s' in %s mode (%s), got %zu", g->nin,
+            p->cls->name, ifd_mode_name(g->cfg->run.mode), want, json_array_size(schema));
+    for (int i = 0; i < g->nin; i++) {
+        const ifd_input_spec *in = g->in[i];
         json_t *t = json_array_get(schema, (size_t)i);
         json_t *name = json_object_get(t, "name"), *dtype = json_object_get(t, "dtype"),
                *shape = json_object_get(t, "shape");
@@ -647,15 +679,16 @@ static int check_schema(ifd_ingest *g, json_t *schema, ifd_error *err)
     return IFD_OK;
 }
 
-static json_t *schema_json(const ifd_program *p)
+static json_t *schema_json(const ifd_ingest *g)
 {
     json_t *a = json_array();
-    for (int i = 0; i < p->ninputs; i++) {
+    for (int i = 0; i < g->nin; i++) {
+        const ifd_input_spec *in = g->in[i];
         json_t *shape = json_array();
-        for (int d = 0; d < p->inputs[i].rank; d++)
-            json_array_append_new(shape, json_integer(p->inputs[i].dims[d]));
-        json_array_append_new(a, json_pack("{s:s, s:s, s:o}", "name", p->inputs[i].name, "dtype",
-                                           ifd_dtype_name(p->inputs[i].dtype), "shape", shape));
+        for (int d = 0; d < in->rank; d++)
+            json_array_append_new(shape, json_integer(in->dims[d]));
+        json_array_append_new(a, json_pack("{s:s, s:s, s:o}", "name", in->name, "dtype",
+                                           ifd_dtype_name(in->dtype), "shape", shape));
     }
     return a;
 }
@@ -806,7 +839,7 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     json_object_set_new(w, "batch_size", json_integer(g->cfg->run.batch_size));
     json_object_set_new(w, "replicas", json_integer(g->cfg->run.replicas));
     json_object_set_new(w, "program", json_string(g->program->cls->name));
-    json_object_set_new(w, "schema", schema_json(g->program));
+    json_object_set_new(w, "schema", schema_json(g));
     send_json(g, from, IFD_MSG_WELCOME, w);
     json_decref(j);
     return;
@@ -872,9 +905,9 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
         reject(g, p, from, IFD_EPROTO, bh.seq, msg);
         return;
     }
-    if (nframes != prog->ninputs) {
+    if (nframes != g->nin) {
         snprintf(msg, sizeof msg, "expected %d tensor frames (the schema's tensors), got %d",
-                 prog->ninputs, nframes);
+                 g->nin, nframes);
         reject(g, p, from, IFD_ESHAPE, bh.seq, msg);
         return;
     }
@@ -884,14 +917,22 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
         reject(g, p, from, IFD_EINVAL, bh.seq, msg);
         return;
     }
-    if (bh.rows != g->cfg->run.batch_size) {
-        snprintf(msg, sizeof msg, "rows: expected %" PRId64 " (the batch size), got %" PRId64,
-                 g->cfg->run.batch_size, bh.rows);
+    int predict = g->cfg->run.mode == IFD_MODE_PREDICT;
+    if (predict ? bh.rows < 1 || bh.rows > g->cfg->run.batch_size
+                : bh.rows != g->cfg->run.batch_size) {
+        if (predict)
+            snprintf(msg, sizeof msg,
+                     "rows: expected 1 to %" PRId64 " (the batch size; predict mode pads a "
+                     "partial batch), got %" PRId64,
+                     g->cfg->run.batch_size, bh.rows);
+        else
+            snprintf(msg, sizeof msg, "rows: expected %" PRId64 " (the batch size), got %" PRId64,
+                     g->cfg->run.batch_size, bh.rows);
         reject(g, p, from, IFD_ESHAPE, bh.seq, msg);
         return;
     }
     for (int i = 0; i < nframes; i++) {
-        const ifd_input_spec *in = &prog->inputs[i];
+        const ifd_input_spec *in = g->in[i];
         size_t row = ifd_dtype_size(in->dtype);
         for (int d = 0; d < in->rank; d++)
             row *= (size_t)in->dims[d];
@@ -937,9 +978,10 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
     hb->b.producer = hb->name;
     hb->b.release = host_batch_release;
     hb->b.release_arg = hb;
+    hb->b.user = hb;
     int rc = IFD_OK;
     for (int i = 0; i < nframes && rc == IFD_OK; i++) {
-        const ifd_input_spec *in = &prog->inputs[i];
+        const ifd_input_spec *in = g->in[i];
         zmq_msg_init(&hb->frames[i]);
         zmq_msg_move(&hb->frames[i], &parts[2 + i]);
         hb->nframes = i + 1;
@@ -970,8 +1012,7 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
         rc = ifd_infeed_check_batch(prog, &hb->b, g->cfg->run.batch_size, g->cfg->run.mode, &e);
     (void)nparts;
     if (rc) {
-        host_batch_free_frames(hb);
-        free(hb);
+        host_batch_free(hb);
         reject(g, p, from, rc, bh.seq, ifd_error_text(&e));
         return;
     }
@@ -989,6 +1030,70 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
 
 /* ---- ACKs, summaries, control --------------------------------------------------------------- */
 
+/* PREDICTION: header, the tensors' description, one raw frame per tensor. */
+static void send_prediction(ifd_ingest *g, producer *p, const prediction_msg *m)
+{
+    producer_rid r = rid_of(p);
+    int rc = zmq_send(g->router, r.rid, r.len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    if (rc >= 0)
+        rc = zmq_send(g->router, m->hdr, sizeof m->hdr, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    if (rc >= 0)
+        rc = zmq_send(g->router, m->json, strlen(m->json), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+    for (int i = 0; rc >= 0 && i < m->ntensors; i++)
+        rc = zmq_send(g->router, m->data[i], m->len[i],
+                      (i + 1 < m->ntensors ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
+    if (rc < 0)
+        IFD_LOG_WARN("ingest: a PREDICTION for producer '%s' was not sent: %s", p->name,
+                     zmq_strerror(zmq_errno()));
+}
+
+/* The prediction sink (outfeed thread): the message is built here and attached to the batch;
+ * the I/O thread sends it just before the ACK that covers the batch. */
+static int ingest_predictions(void *ctx, const ifd_batch *b, const ifd_predictions *pr,
+                              ifd_error *err)
+{
+    (void)ctx;
+    host_batch *hb = b->user;
+    if (hb == NULL)
+        return IFD_OK; /* not a producer's batch */
+    prediction_msg *m = calloc(1, sizeof *m);
+    json_t *desc = json_array();
+    if (m == NULL || desc == NULL)
+        goto nomem;
+    ifd_proto_prediction(m->hdr, hb->b.seq, pr->rows, (uint32_t)pr->ntensors);
+    for (int i = 0; i < pr->ntensors; i++) {
+        const ifd_tensor *t = &pr->tensors[i];
+        json_t *shape = json_array();
+        for (int d = 1; d < t->shape.rank; d++)
+            json_array_append_new(shape, json_integer(t->shape.dims[d]));
+        json_array_append_new(desc, json_pack("{s:s, s:s, s:o}", "name", pr->names[i], "dtype",
+                                              ifd_dtype_name(t->dtype), "shape", shape));
+        m->len[i] = ifd_tensor_nbytes(t);
+        m->data[i] = malloc(m->len[i] ? m->len[i] : 1);
+        m->ntensors = i + 1;
+        if (m->data[i] == NULL)
+            goto nomem;
+        memcpy(m->data[i], t->data, m->len[i]);
+    }
+    m->json = json_dumps(desc, JSON_COMPACT);
+    if (m->json == NULL)
+        goto nomem;
+    json_decref(desc);
+    hb->pred = m;
+    return IFD_OK;
+
+nomem:
+    json_decref(desc);
+    prediction_free(m);
+    return ifd_error_set(err, IFD_ENOMEM, "the PREDICTION of batch %lld from producer '%s'",
+                         (long long)b->seq, hb->name);
+}
+
+ifd_prediction_sink ifd_ingest_prediction_sink(ifd_ingest *g)
+{
+    return (ifd_prediction_sink){.write = ingest_predictions, .ctx = g};
+}
+
 /* One cumulative ACK per producer for the batches consumed since the last pass: they are
  * acknowledged in the producer's order, so "up to seq, n batches" names them all. */
 static void send_acks(ifd_ingest *g)
@@ -1005,7 +1110,9 @@ static void send_acks(ifd_ingest *g)
             p->in_flight--;
             p->acked_seq = hb->b.seq;
             n++;
-            free(hb);
+            if (hb->pred && p->rid_len)
+                send_prediction(g, p, hb->pred);
+            host_batch_free(hb);
         }
         if (n && p->rid_len) {
             producer_rid r = rid_of(p);
@@ -1345,6 +1452,10 @@ int ifd_ingest_start(ifd_ingest *g, ifd_session *s, ifd_error *err)
 {
     g->session = s;
     g->program = ifd_session_program(s);
+    int idx[IFD_MAX_INPUTS];
+    g->nin = ifd_infeed_mode_inputs(g->program, g->cfg->run.mode, idx);
+    for (int i = 0; i < g->nin; i++)
+        g->in[i] = &g->program->inputs[idx[i]];
     int rc = ifd_thread_start(&g->thread, "ifd-ingest", io_main, g);
     if (rc)
         return ifd_error_set(err, rc, "ingest: cannot start the I/O thread");

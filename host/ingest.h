@@ -30,6 +30,9 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
 ifd_batch_source ifd_ingest_source(ifd_ingest *g);
 /* A sink publishing each summary on the PUB socket (owned by g; NULL when --publish is ""). */
 ifd_sink *ifd_ingest_pub_sink(ifd_ingest *g);
+/* Predict mode: the sink that sends each batch's predictions back to its producer as a PREDICTION
+ * (just before the ACK that covers the batch). Add it to the session before the run. */
+ifd_prediction_sink ifd_ingest_prediction_sink(ifd_ingest *g);
 /* Starts the I/O thread serving producers for session s (borrowed; its program gives the
  * schema). */
 int ifd_ingest_start(ifd_ingest *g, ifd_session *s, ifd_error *err);

@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "host/config.h"
 #include "host/ingest.h"
+#include "host/predictions.h"
 
 #include <malloc.h>
 #include <pthread.h>
@@ -96,6 +97,7 @@ int main(int argc, char **argv)
     ifd_ingest *g = NULL;
     ifd_session *s = NULL;
     ifd_sink *jsonl = NULL;
+    ifd_predictions_file *pfile = NULL;
     install_signals();
     int rc = ifd_ingest_create(&g, &cfg, &signals_seen, &err);
     if (rc)
@@ -112,6 +114,17 @@ int main(int argc, char **argv)
     }
     if (ifd_ingest_pub_sink(g))
         ifd_session_add_sink(s, ifd_ingest_pub_sink(g));
+    if (cfg.run.mode == IFD_MODE_PREDICT) {
+        ifd_prediction_sink ps = ifd_ingest_prediction_sink(g);
+        ifd_session_add_prediction_sink(s, &ps);
+        if (cfg.predictions) {
+            rc = ifd_predictions_file_open(&pfile, cfg.predictions, &err);
+            if (rc)
+                goto out;
+            ps = ifd_predictions_file_sink(pfile);
+            ifd_session_add_prediction_sink(s, &ps);
+        }
+    }
     rc = ifd_ingest_start(g, s, &err);
     if (rc)
         goto out;
@@ -144,6 +157,10 @@ out:
     __atomic_store_n(&signal_target, NULL, __ATOMIC_RELEASE);
     ifd_ingest_destroy(g);
     ifd_sink_destroy(jsonl);
+    if (ifd_predictions_file_close(pfile, &err)) {
+        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
+        status = 1;
+    }
     ifd_daemon_config_free(&cfg);
     return status;
 }

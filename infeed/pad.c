@@ -75,6 +75,7 @@ int ifd_infeed_pad_batch(const ifd_program *p, ifd_mode mode, ifd_batch *b, int6
     m->b.valid_rows = (b->flags & IFD_BATCH_PADDED) ? b->valid_rows : b->rows;
     m->b.replica = b->replica;
     m->b.producer = b->producer;
+    m->b.user = b->user;
     ifd_batch_ref(b, 1);
     m->orig = b;
     ifd_batch_ref(&m->b, 1);

@@ -113,6 +113,9 @@ struct ifd_batch {
     int64_t valid_rows;
     /* per-core input: the replica the batch is for (the source sets it); unused otherwise. */
     int replica;
+    /* The source's own pointer, untouched by the runtime and carried into the copy it makes of a
+     * padded batch (so a prediction sink can find the source's batch). */
+    void *user;
     int ntensors;
     ifd_tensor tensors[IFD_MAX_INPUTS];
     const char *producer; /* for error sentences; may be NULL */

@@ -72,7 +72,8 @@ def test_version():
     (["--replicas"], "--replicas"),                     # a flag without its value
     (["--replicas", "0"], "replicas"),
     (["--replicas", "two"], "replicas"),
-    (["--mode", "eval"], "mode"),
+    (["--mode", "infer"], "infer"),
+    (["--predictions", "p.jsonl"], "predictions"),       # only in predict mode
     (["--input-mode", "per-core"], "input_mode"),
     (["--optimizer", "foo"], "foo"),
     (["--loss-reduction", "median"], "median"),
