@@ -61,7 +61,8 @@ static void set_id(tu_batch *tb, int64_t row, int id)
 
 /* Clones batches[0..n) into a queue (per replica in per-core mode, routed by b->replica), closes
  * it and runs cfg over it. */
-static void run_queued(const ifd_config *cfg, tu_batch **batches, int64_t n, tu_result *res)
+static void run_queued_predict(const ifd_config *cfg, tu_batch **batches, int64_t n,
+                               const ifd_prediction_sink *pred, tu_result *res)
 {
     memset(res, 0, sizeof *res);
     memset(nseen, 0, sizeof nseen);
@@ -83,9 +84,16 @@ static void run_queued(const ifd_config *cfg, tu_batch **batches, int64_t n, tu_
     int rc = ifd_session_create(&s, cfg, ifd_batch_queue_source(q), &res->err);
     ck_assert_msg(rc == IFD_OK, "session_create: %s", ifd_error_text(&res->err));
     ck_assert_int_eq(ifd_session_add_sink(s, sink), IFD_OK);
+    if (pred)
+        ck_assert_int_eq(ifd_session_add_prediction_sink(s, pred), IFD_OK);
     res->rc = ifd_session_run(s, &res->err);
     tu_result_collect(res, s, cfg->replicas, sink);
     ifd_batch_queue_destroy(q);
+}
+
+static void run_queued(const ifd_config *cfg, tu_batch **batches, int64_t n, tu_result *res)
+{
+    run_queued_predict(cfg, batches, n, NULL, res);
 }
 
 static double summary_number(const tu_result *r, size_t i, const char *key)
@@ -326,6 +334,71 @@ START_TEST(input_ends_inside_a_step)
 }
 END_TEST
 
+/* ---- predict: padding fills a partial step, every batch predicted once ---------------------- */
+
+typedef struct predicted {
+    int64_t rows[64]; /* by seq; -1: not delivered */
+    int dups;
+} predicted;
+
+static int note_predictions(void *ctx, const ifd_batch *b, const ifd_predictions *p, ifd_error *err)
+{
+    (void)err;
+    predicted *pr = ctx;
+    if (b->seq < 0 || b->seq >= 64 || pr->rows[b->seq] >= 0)
+        pr->dups++;
+    else
+        pr->rows[b->seq] = p->rows;
+    return IFD_OK;
+}
+
+START_TEST(predict_in_every_mode)
+{
+    static const ifd_input_mode others[] = {IFD_INPUT_PER_HOST_V2, IFD_INPUT_PER_CORE,
+                                            IFD_INPUT_BROADCAST};
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_input_mode mode = others[_i % 3];
+    int R = (int)rand_between(&rng, 2, MAX_R);
+    int64_t per = rand_between(&rng, 2, 5);
+    ifd_config cfg;
+    tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 4, per * R, 1, 1);
+    cfg.mode = IFD_MODE_PREDICT;
+    cfg.num_steps = 0;
+    cfg.input_mode = mode;
+    cfg.replicas = R;
+    ifd_program p;
+    ifd_error err;
+    ck_assert_int_eq(ifd_program_init(&p, "softmax", &cfg.settings, &err), IFD_OK);
+    int64_t n = rand_between(&rng, 1, 3 * R);
+    tu_batch **bs = calloc((size_t)n, sizeof *bs);
+    for (int64_t k = 0; k < n; k++) {
+        int64_t rows = k == n - 1 ? rand_between(&rng, 1, per) : per; /* the last maybe partial */
+        bs[k] = tu_batch_random(&p, rows, k, &rng);
+        free(bs[k]->data[1]); /* no labels in predict mode */
+        bs[k]->data[1] = NULL;
+        bs[k]->b.ntensors = 1;
+        bs[k]->b.replica = (int)(k % R);
+    }
+    predicted pr = {.dups = 0};
+    for (int i = 0; i < 64; i++)
+        pr.rows[i] = -1;
+    ifd_prediction_sink sink = {.write = note_predictions, .ctx = &pr};
+    tu_result res;
+    run_queued_predict(&cfg, bs, n, &sink, &res);
+    RASSERT(res.rc == IFD_OK, "%s R=%d %lld batches: %s", ifd_input_mode_name(mode), R,
+            (long long)n, ifd_error_text(&res.err));
+    RASSERT(pr.dups == 0, "%d batches predicted twice", pr.dups);
+    for (int64_t k = 0; k < n; k++)
+        RASSERT(pr.rows[k] == bs[k]->b.rows, "%s R=%d: batch %lld: %lld rows predicted of %lld",
+                ifd_input_mode_name(mode), R, (long long)k, (long long)pr.rows[k],
+                (long long)bs[k]->b.rows);
+    RASSERT(res.released == n, "%d of %lld batches released", res.released, (long long)n);
+    tu_result_free(&res);
+    tu_batches_free(bs, n);
+}
+END_TEST
+
 /* ---- wrong rows, wrong sources ------------------------------------------------------------------
  */
 
@@ -480,6 +553,7 @@ int main(void)
     tcase_add_loop_test(tc, input_ends_inside_a_step, 0, 8);
     tcase_add_loop_test(tc, wrong_rows_name_the_mode, 0, 3);
     tcase_add_test(tc, per_core_needs_next_for);
+    tcase_add_loop_test(tc, predict_in_every_mode, 0, 12);
     tcase_add_loop_test(tc, per_core_names_the_starving_replica, 0, 4);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
