@@ -97,7 +97,8 @@ static const opt opts[] = {
      "ended, predictions back to each producer)",
      "train, eval or predict", parse_mode},
     {"input_mode", K_ENUM, OFF(run.input_mode), "MODE",
-     "how batches are sharded: per-host (the others come in a later version)",
+     "how batches become replica shards: per-host (split), per-host-v2 (one a replica), per-core "
+     "(HELLO names the replica) or broadcast (every replica the same)",
      "per-host, per-host-v2, per-core or broadcast", parse_input_mode},
     {"batch_size", K_I64, OFF(run.batch_size), "ROWS",
      "global batch size: rows in every batch, divisible by replicas", NULL, NULL},
@@ -544,6 +545,12 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
     if (c->credit < 0 || c->credit > 65536)
         return ifd_error_set(err, IFD_EINVAL, "credit: expected 0 (auto) to 65536, got %d",
                              c->credit);
+    if (c->run.input_mode == IFD_INPUT_PER_HOST_V2 && c->credit > 0 && c->credit < c->run.replicas)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "credit: per-host-v2 input takes %d batches (one a replica) for every "
+                             "step, and a producer streaming alone must be able to have them all "
+                             "in flight; expected 0 (auto) or at least %d, got %d",
+                             c->run.replicas, c->run.replicas, c->credit);
     if (c->max_producers < 1 || c->max_producers > 4096)
         return ifd_error_set(err, IFD_EINVAL, "max_producers: expected 1 to 4096, got %d",
                              c->max_producers);

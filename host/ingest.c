@@ -21,6 +21,7 @@
 #define OUTBOX_MAX 4096                /* summaries waiting for the PUB socket */
 #define STOP_GRACE_NS 1000000000LL     /* a stop waits this long for input before closing it */
 #define RID_MAX 256
+#define STARVE_WARN_NS 5000000000LL /* the watchdog warns after the infeed waited this long */
 
 typedef struct host_batch host_batch;
 
@@ -36,6 +37,7 @@ typedef struct producer {
     uint8_t rid[RID_MAX];
     size_t rid_len;
     int welcomed, ended;
+    int replica;      /* per-core input: the replica its batches are for; -1 otherwise */
     int counted_end;  /* counted in ended_total (once per name) */
     int credit;       /* batches it may still send */
     int in_flight;    /* accepted, not acknowledged */
@@ -69,6 +71,13 @@ struct host_batch {
     host_batch *qnext; /* the source FIFO */
 };
 
+/* One FIFO of the batch source: the only one, or replica r's in per-core mode. */
+typedef struct src_lane {
+    host_batch *head, *tail;   /* under qmu */
+    size_t len;                /* under qmu */
+    host_batch *bhead, *btail; /* I/O thread: accepted during this receive burst */
+} src_lane;
+
 typedef struct outmsg {
     struct outmsg *next;
     size_t len;
@@ -89,7 +98,8 @@ struct ifd_ingest {
     ifd_thread thread;
     int started;
     size_t max_frame;
-    int credit; /* per producer: cfg->credit, or the auto credit for the batch size */
+    int credit;         /* per producer: cfg->credit, or the auto credit for the batch size */
+    int64_t batch_rows; /* rows every batch must have (ifd_input_batch_rows) */
 
     producer *producers;
     int64_t next_anon;
@@ -102,14 +112,14 @@ struct ifd_ingest {
     double steps_per_sec, examples_per_sec;
     int64_t rate_t0, rate_step0;
 
-    /* batches accepted during one receive burst, pushed to the FIFO together (one wake-up) */
-    host_batch *bhead, *btail;
+    int64_t starve_warned_ns; /* the watchdog's last warning about the current wait */
 
-    /* the source FIFO */
+    /* the source FIFOs: one, or one per replica in per-core mode (batches accepted during one
+     * receive burst are pushed together, with one wake-up) */
     ifd_mutex qmu;
     ifd_cond qcv;
-    host_batch *qhead, *qtail;
-    size_t qlen;
+    int nlanes;
+    src_lane *lanes;
     int qclosed, qaborted;
 
     /* the outbox, from other threads */
@@ -297,20 +307,24 @@ static void host_batch_release(ifd_batch *b, void *arg)
         ifd_ingest_wake(g);
 }
 
-static int src_pop(ifd_ingest *g, ifd_batch **out, int wait)
+static int src_pop(ifd_ingest *g, int lane, ifd_batch **out, int wait, ifd_error *err)
 {
+    if (lane < 0 || lane >= g->nlanes)
+        return ifd_error_set(err, IFD_EINVAL, "batch source: replica %d: expected 0 to %d", lane,
+                             g->nlanes - 1);
+    src_lane *l = &g->lanes[lane];
     ifd_mutex_lock(&g->qmu);
-    while (wait && g->qhead == NULL && !g->qclosed && !g->qaborted)
+    while (wait && l->head == NULL && !g->qclosed && !g->qaborted)
         ifd_cond_wait(&g->qcv, &g->qmu);
     int rc;
     if (g->qaborted) {
         rc = IFD_ESTOPPED;
-    } else if (g->qhead) {
-        host_batch *hb = g->qhead;
-        g->qhead = hb->qnext;
-        if (g->qhead == NULL)
-            g->qtail = NULL;
-        g->qlen--;
+    } else if (l->head) {
+        host_batch *hb = l->head;
+        l->head = hb->qnext;
+        if (l->head == NULL)
+            l->tail = NULL;
+        l->len--;
         *out = &hb->b;
         rc = IFD_OK;
     } else {
@@ -322,14 +336,22 @@ static int src_pop(ifd_ingest *g, ifd_batch **out, int wait)
 
 static int src_next(void *ctx, ifd_batch **out, ifd_error *err)
 {
-    (void)err;
-    return src_pop(ctx, out, 1);
+    return src_pop(ctx, 0, out, 1, err);
 }
 
 static int src_try_next(void *ctx, ifd_batch **out, ifd_error *err)
 {
-    (void)err;
-    return src_pop(ctx, out, 0);
+    return src_pop(ctx, 0, out, 0, err);
+}
+
+static int src_next_for(void *ctx, int replica, ifd_batch **out, ifd_error *err)
+{
+    return src_pop(ctx, replica, out, 1, err);
+}
+
+static int src_try_next_for(void *ctx, int replica, ifd_batch **out, ifd_error *err)
+{
+    return src_pop(ctx, replica, out, 0, err);
 }
 
 static void src_abort(void *ctx)
@@ -341,35 +363,46 @@ static void src_abort(void *ctx)
     ifd_mutex_unlock(&g->qmu);
 }
 
-/* I/O thread: queues hb for the next src_flush. */
+/* I/O thread: queues hb for the next src_flush, in its replica's FIFO in per-core mode. */
 static void src_push(ifd_ingest *g, host_batch *hb)
 {
+    src_lane *l = &g->lanes[g->nlanes > 1 ? hb->b.replica : 0];
     hb->qnext = NULL;
-    if (g->btail)
-        g->btail->qnext = hb;
+    if (l->btail)
+        l->btail->qnext = hb;
     else
-        g->bhead = hb;
-    g->btail = hb;
+        l->bhead = hb;
+    l->btail = hb;
 }
 
 /* I/O thread: hands the batches of a receive burst to the infeed thread with one wake-up. */
 static void src_flush(ifd_ingest *g)
 {
-    if (g->bhead == NULL)
+    int any = 0;
+    for (int i = 0; i < g->nlanes; i++)
+        any |= g->lanes[i].bhead != NULL;
+    if (!any)
         return;
-    size_t n = 0;
-    for (host_batch *hb = g->bhead; hb; hb = hb->qnext)
-        n++;
     ifd_mutex_lock(&g->qmu);
-    if (g->qtail)
-        g->qtail->qnext = g->bhead;
-    else
-        g->qhead = g->bhead;
-    g->qtail = g->btail;
-    g->qlen += n;
+    for (int i = 0; i < g->nlanes; i++) {
+        src_lane *l = &g->lanes[i];
+        if (l->bhead == NULL)
+            continue;
+        size_t n = 0;
+        for (host_batch *hb = l->bhead; hb; hb = hb->qnext)
+            n++;
+        if (l->tail)
+            l->tail->qnext = l->bhead;
+        else
+            l->head = l->bhead;
+        l->tail = l->btail;
+        l->len += n;
+        l->bhead = l->btail = NULL;
+    }
+    /* One consumer (the infeed thread), waiting for one FIFO: a wake-up for another FIFO's batch
+     * makes it check again and wait on. */
     ifd_cond_signal(&g->qcv);
     ifd_mutex_unlock(&g->qmu);
-    g->bhead = g->btail = NULL;
 }
 
 static void close_input(ifd_ingest *g, const char *why)
@@ -389,6 +422,8 @@ static const ifd_batch_source_ops src_ops = {
     .next = src_next,
     .abort = src_abort,
     .try_next = src_try_next,
+    .next_for = src_next_for,
+    .try_next_for = src_try_next_for,
 };
 
 ifd_batch_source ifd_ingest_source(ifd_ingest *g)
@@ -453,7 +488,8 @@ ifd_sink *ifd_ingest_pub_sink(ifd_ingest *g)
 
 /* ---- create / destroy ------------------------------------------------------------------- */
 
-/* The largest tensor frame of a full batch, and a full batch's bytes. */
+/* The largest tensor frame of a batch, and a batch's bytes (of the rows the input mode takes a
+ * batch). */
 static size_t batch_sizes(const ifd_daemon_config *c, size_t *total)
 {
     ifd_program p;
@@ -465,7 +501,8 @@ static size_t batch_sizes(const ifd_daemon_config *c, size_t *total)
         size_t row = ifd_dtype_size(p.inputs[i].dtype);
         for (int d = 0; d < p.inputs[i].rank; d++)
             row *= (size_t)p.inputs[i].dims[d];
-        size_t bytes = row * (size_t)c->run.batch_size;
+        size_t bytes = row * (size_t)ifd_input_batch_rows(c->run.input_mode, c->run.batch_size,
+                                                          c->run.replicas);
         *total += bytes;
         if (bytes > most)
             most = bytes;
@@ -487,10 +524,13 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     ifd_mutex_init(&g->omu);
     int rc;
     g->producers = calloc((size_t)c->max_producers, sizeof *g->producers);
-    if (g->producers == NULL) {
+    g->nlanes = c->run.input_mode == IFD_INPUT_PER_CORE ? c->run.replicas : 1;
+    g->lanes = calloc((size_t)g->nlanes, sizeof *g->lanes);
+    if (g->producers == NULL || g->lanes == NULL) {
         rc = ifd_error_set(err, IFD_ENOMEM, "ingest: producer table");
         goto fail;
     }
+    g->batch_rows = ifd_input_batch_rows(c->run.input_mode, c->run.batch_size, c->run.replicas);
     g->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (g->efd < 0) {
         rc = ifd_error_set(err, IFD_EIO, "ingest: eventfd: %s", strerror(errno));
@@ -505,6 +545,10 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     size_t batch_bytes;
     g->max_frame = batch_sizes(c, &batch_bytes) + 65536;
     g->credit = c->credit > 0 ? c->credit : ifd_proto_auto_credit(batch_bytes);
+    /* per-host-v2: a step holds one batch a replica until all are in; one producer alone must
+     * be able to send them all (config validation refuses a smaller explicit credit) */
+    if (c->run.input_mode == IFD_INPUT_PER_HOST_V2 && g->credit < c->run.replicas)
+        g->credit = c->run.replicas;
     int64_t maxmsg = (int64_t)g->max_frame;
     int linger = 1000;
     zmq_setsockopt(g->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
@@ -557,8 +601,10 @@ void ifd_ingest_destroy(ifd_ingest *g)
         g->started = 0;
     }
     /* Batches never taken by the run: release them (no ACK is sent any more). */
-    for (host_batch *hb = g->qhead; hb; hb = hb->qnext)
-        host_batch_free_frames(hb);
+    for (int i = 0; g->lanes && i < g->nlanes; i++)
+        for (host_batch *hb = g->lanes[i].head; hb; hb = hb->qnext)
+            host_batch_free_frames(hb);
+    free(g->lanes);
     for (int i = 0; g->producers && i < g->cfg->max_producers; i++) {
         host_batch *hb = g->producers[i].head;
         while (hb) {
@@ -730,6 +776,7 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     json_t *v;
     const char *name = NULL;
     int64_t first_seq = 0;
+    int replica = -1, per_core = g->cfg->run.input_mode == IFD_INPUT_PER_CORE;
     char got[96];
     if (!json_is_object(j)) {
         ifd_error_set(&e, IFD_EPROTO, "HELLO: expected a JSON object, got %s",
@@ -755,12 +802,25 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
             }
             first_seq = json_integer_value(v);
         } else if (strcmp(key, "replica") == 0) {
-            if (!json_is_null(v)) {
+            if (!per_core && !json_is_null(v)) {
                 ifd_error_set(&e, IFD_EINVAL,
                               "HELLO: replica: the input mode is %s, which takes no replica; "
-                              "expected null or no key",
-                              ifd_input_mode_name(g->cfg->run.input_mode));
+                              "expected null or no key, got %s",
+                              ifd_input_mode_name(g->cfg->run.input_mode),
+                              ifd_json_describe(v, got, sizeof got));
                 goto reply;
+            }
+            if (per_core) {
+                if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+                    json_integer_value(v) >= g->cfg->run.replicas) {
+                    ifd_error_set(&e, IFD_EINVAL,
+                                  "HELLO: replica: per-core input with %d replicas: expected an "
+                                  "integer from 0 to %d, got %s",
+                                  g->cfg->run.replicas, g->cfg->run.replicas - 1,
+                                  ifd_json_describe(v, got, sizeof got));
+                    goto reply;
+                }
+                replica = (int)json_integer_value(v);
             }
         } else if (strcmp(key, "schema") != 0) {
             ifd_error_set(&e, IFD_EINVAL,
@@ -768,6 +828,13 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
                           key);
             goto reply;
         }
+    }
+    if (per_core && replica < 0) {
+        ifd_error_set(&e, IFD_EINVAL,
+                      "HELLO: replica: per-core input with %d replicas: expected an integer from "
+                      "0 to %d naming the replica this producer feeds, got no key",
+                      g->cfg->run.replicas, g->cfg->run.replicas - 1);
+        goto reply;
     }
     if (check_schema(g, json_object_get(j, "schema"), &e))
         goto reply;
@@ -820,6 +887,7 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     p->rid_len = from->len;
     p->welcomed = 1;
     p->ended = 0;
+    p->replica = replica; /* its batches accepted before keep the replica they were for */
     p->credit = g->credit - p->in_flight;
     if (p->credit < 0)
         p->credit = 0;
@@ -836,8 +904,10 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     json_object_set_new(w, "next_seq", json_integer(next_seq));
     json_object_set_new(w, "mode", json_string(ifd_mode_name(g->cfg->run.mode)));
     json_object_set_new(w, "input_mode", json_string(ifd_input_mode_name(g->cfg->run.input_mode)));
-    json_object_set_new(w, "batch_size", json_integer(g->cfg->run.batch_size));
+    json_object_set_new(w, "batch_size", json_integer(g->batch_rows));
+    json_object_set_new(w, "global_batch_size", json_integer(g->cfg->run.batch_size));
     json_object_set_new(w, "replicas", json_integer(g->cfg->run.replicas));
+    json_object_set_new(w, "replica", replica >= 0 ? json_integer(replica) : json_null());
     json_object_set_new(w, "program", json_string(g->program->cls->name));
     json_object_set_new(w, "schema", schema_json(g));
     send_json(g, from, IFD_MSG_WELCOME, w);
@@ -918,16 +988,15 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
         return;
     }
     int predict = g->cfg->run.mode == IFD_MODE_PREDICT;
-    if (predict ? bh.rows < 1 || bh.rows > g->cfg->run.batch_size
-                : bh.rows != g->cfg->run.batch_size) {
-        if (predict)
-            snprintf(msg, sizeof msg,
-                     "rows: expected 1 to %" PRId64 " (the batch size; predict mode pads a "
-                     "partial batch), got %" PRId64,
-                     g->cfg->run.batch_size, bh.rows);
-        else
-            snprintf(msg, sizeof msg, "rows: expected %" PRId64 " (the batch size), got %" PRId64,
-                     g->cfg->run.batch_size, bh.rows);
+    if (predict ? bh.rows < 1 || bh.rows > g->batch_rows : bh.rows != g->batch_rows) {
+        char per[96] = "the batch size";
+        if (g->cfg->run.input_mode != IFD_INPUT_PER_HOST)
+            snprintf(per, sizeof per, "%s input: batch_size %" PRId64 " / %d replicas",
+                     ifd_input_mode_name(g->cfg->run.input_mode), g->cfg->run.batch_size,
+                     g->cfg->run.replicas);
+        snprintf(msg, sizeof msg, "rows: expected %s%" PRId64 " (%s%s), got %" PRId64,
+                 predict ? "1 to " : "", g->batch_rows, per,
+                 predict ? "; predict mode pads a partial batch" : "", bh.rows);
         reject(g, p, from, IFD_ESHAPE, bh.seq, msg);
         return;
     }
@@ -974,6 +1043,7 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
     hb->b.seq = bh.seq;
     hb->b.rows = bh.rows;
     hb->b.flags = bh.flags;
+    hb->b.replica = p->replica >= 0 ? p->replica : 0;
     hb->b.ntensors = nframes;
     hb->b.producer = hb->name;
     hb->b.release = host_batch_release;
@@ -1009,7 +1079,7 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
     if (rc)
         ifd_error_set(&e, rc, "cannot take the batch: %s", ifd_strerror(rc));
     else
-        rc = ifd_infeed_check_batch(prog, &hb->b, g->cfg->run.batch_size, g->cfg->run.mode, &e);
+        rc = ifd_infeed_check_batch(prog, &hb->b, g->batch_rows, g->cfg->run.mode, &e);
     (void)nparts;
     if (rc) {
         host_batch_free(hb);
@@ -1123,6 +1193,39 @@ static void send_acks(ifd_ingest *g)
     }
 }
 
+/* The watchdog: a warning when the infeed thread has waited for input for STARVE_WARN_NS, and
+ * again every STARVE_WARN_NS while it still waits, naming the replica it waits for. */
+static void watch_infeed(ifd_ingest *g)
+{
+    int replica = -1;
+    int64_t since = 0, now = ifd_clock_ns();
+    if (g->input_closed || !ifd_session_infeed_waiting(g->session, &replica, &since) ||
+        now - since < STARVE_WARN_NS) {
+        g->starve_warned_ns = 0;
+        return;
+    }
+    if (g->starve_warned_ns && now - g->starve_warned_ns < STARVE_WARN_NS)
+        return;
+    g->starve_warned_ns = now;
+    double secs = (double)(now - since) * 1e-9;
+    if (g->nlanes > 1) {
+        int feeding = 0;
+        for (int i = 0; i < g->cfg->max_producers; i++) {
+            producer *p = &g->producers[i];
+            feeding += p->used && p->welcomed && !p->ended && p->replica == replica;
+        }
+        IFD_LOG_WARN("infeed: replica %d is starving: the step has waited %.1f s for its batch "
+                     "(%d producer%s streaming for replica %d)",
+                     replica, secs, feeding, feeding == 1 ? "" : "s", replica);
+    } else if (replica >= 0) {
+        IFD_LOG_WARN("infeed: waited %.1f s for batch %d of the step's %d (replica %d's), no batch "
+                     "is queued",
+                     secs, replica + 1, g->cfg->run.replicas, replica);
+    } else {
+        IFD_LOG_WARN("infeed: waited %.1f s for the next batch; none is queued", secs);
+    }
+}
+
 /* The rates status reports: global steps over the last second or so. */
 static void sample_rates(ifd_ingest *g)
 {
@@ -1135,7 +1238,9 @@ static void sample_rates(ifd_ingest *g)
     if (now - g->rate_t0 < 1000000000LL)
         return;
     g->steps_per_sec = (double)(step - g->rate_step0) * 1e9 / (double)(now - g->rate_t0);
-    g->examples_per_sec = g->steps_per_sec * (double)g->cfg->run.batch_size;
+    const ifd_config *r = &g->cfg->run;
+    g->examples_per_sec = g->steps_per_sec * (double)g->batch_rows *
+                          (double)ifd_input_batches_per_step(r->input_mode, r->replicas);
     g->rate_t0 = now;
     g->rate_step0 = step;
 }
@@ -1176,10 +1281,31 @@ static json_t *status_json(ifd_ingest *g)
     json_object_set_new(j, "replicas", json_integer(g->cfg->run.replicas));
     json_object_set_new(j, "global_step", json_integer(ifd_session_global_step(g->session)));
     json_object_set_new(j, "loop", json_integer(ifd_session_loop_index(g->session)));
+    json_object_set_new(j, "input_mode", json_string(ifd_input_mode_name(g->cfg->run.input_mode)));
+    size_t qlen = 0;
+    json_t *per = g->nlanes > 1 ? json_array() : json_null();
     ifd_mutex_lock(&g->qmu);
-    size_t qlen = g->qlen;
+    for (int i = 0; i < g->nlanes; i++) {
+        qlen += g->lanes[i].len;
+        if (g->nlanes > 1)
+            json_array_append_new(per, json_integer((json_int_t)g->lanes[i].len));
+    }
     ifd_mutex_unlock(&g->qmu);
     json_object_set_new(j, "batch_queue", json_integer((json_int_t)qlen));
+    json_object_set_new(j, "batch_queue_per_replica", per);
+    int waiting_replica = -1;
+    int64_t since = 0;
+    int waiting = ifd_session_infeed_waiting(g->session, &waiting_replica, &since);
+    json_object_set_new(j, "infeed_waiting", json_boolean(waiting));
+    json_object_set_new(j, "infeed_waiting_sec",
+                        json_real(waiting ? (double)(ifd_clock_ns() - since) * 1e-9 : 0.0));
+    json_object_set_new(j, "infeed_waiting_replica",
+                        waiting && waiting_replica >= 0 ? json_integer(waiting_replica)
+                                                        : json_null());
+    json_object_set_new(j, "starving_replica",
+                        waiting && g->nlanes > 1 && waiting_replica >= 0
+                            ? json_integer(waiting_replica)
+                            : json_null());
     json_object_set_new(j, "batch_queue_limit",
                         json_integer((json_int_t)g->cfg->max_producers * g->credit));
     json_object_set_new(j, "input_closed", json_boolean(g->input_closed));
@@ -1190,12 +1316,14 @@ static json_t *status_json(ifd_ingest *g)
         if (!p->used)
             continue;
         connected += p->welcomed && !p->ended;
-        json_array_append_new(
-            ps,
+        json_t *pj =
             json_pack("{s:s, s:b, s:i, s:i, s:I, s:I, s:I, s:I}", "name", p->name, "ended",
                       p->ended, "credit", p->credit, "in_flight", p->in_flight, "last_seq",
                       (json_int_t)p->last_seq, "acked_seq", (json_int_t)p->acked_seq, "accepted",
-                      (json_int_t)p->accepted, "rejected", (json_int_t)p->rejected));
+                      (json_int_t)p->accepted, "rejected", (json_int_t)p->rejected);
+        json_object_set_new(pj, "replica",
+                            p->replica >= 0 ? json_integer(p->replica) : json_null());
+        json_array_append_new(ps, pj);
     }
     json_object_set_new(j, "producers_connected", json_integer(connected));
     json_object_set_new(j, "producers", ps);
@@ -1423,6 +1551,7 @@ static void *io_main(void *arg)
         send_acks(g);
         publish(g);
         sample_rates(g);
+        watch_infeed(g);
 
         int sigs = g->signals ? __atomic_load_n(g->signals, __ATOMIC_RELAXED) : 0;
         if (sigs > g->handled_signals) {

@@ -1,4 +1,5 @@
 #include "core/batch.h"
+#include "core/thread.h"
 #include "core/log.h"
 #include "core/opqueue.h"
 #include "infeed/infeed_internal.h"
@@ -12,8 +13,14 @@
 struct ifd_infeed {
     ifd_infeed_config cfg;
     ifd_opq *opq;
-    ifd_shard *shards;
-    int64_t batches; /* atomic */
+    int replicas;
+    int per_step;          /* batches a step takes (ifd_input_batches_per_step) */
+    int64_t rows;          /* rows a batch has (ifd_input_batch_rows) */
+    ifd_batch **step;      /* the step's batches */
+    ifd_shard *shards;     /* the step's shards, one per replica */
+    int64_t batches;       /* atomic: taken from the source and fed */
+    int waiting_replica;   /* atomic: see ifd_infeed_waiting */
+    int64_t waiting_since; /* atomic: when the wait for the source began, 0: not waiting */
 };
 
 int ifd_infeed_mode_inputs(const ifd_program *p, ifd_mode mode, int idx[IFD_MAX_INPUTS])
@@ -41,8 +48,8 @@ int ifd_infeed_check_batch(const ifd_program *p, const ifd_batch *b, int64_t bat
                              "a partial batch)",
                              (long long)b->rows, (long long)batch_size);
     if (mode != IFD_MODE_PREDICT && batch_size > 0 && b->rows != batch_size)
-        return ifd_error_set(err, IFD_ESHAPE, "has %lld rows, the batch size is %lld",
-                             (long long)b->rows, (long long)batch_size);
+        return ifd_error_set(err, IFD_ESHAPE, "has %lld rows, expected %lld", (long long)b->rows,
+                             (long long)batch_size);
     for (int j = 0; j < n; j++) {
         int i = idx[j];
         const ifd_input_spec *in = &p->inputs[i];
@@ -66,42 +73,130 @@ int ifd_infeed_check_batch(const ifd_program *p, const ifd_batch *b, int64_t bat
     return IFD_OK;
 }
 
-/* One batch: check, shard, push. Takes its own reference for the time it pushes, so the batch
- * is released only when the last replica is done with it and the infeed has let go. */
-static int feed_batch(ifd_infeed *f, ifd_batch *b, ifd_error *err)
+/* Takes the batch for slot i of the step from the source: per-core from replica i's stream.
+ * Before it blocks, hands the replicas what they have and records what it waits for. */
+static int take_batch(ifd_infeed *f, int i, ifd_batch **b, ifd_error *err)
+{
+    const ifd_batch_source *src = &f->cfg.src;
+    int per_core = f->cfg.input_mode == IFD_INPUT_PER_CORE;
+    int rc = IFD_ETIMEDOUT;
+    if (per_core && src->ops->try_next_for)
+        rc = src->ops->try_next_for(src->ctx, i, b, err);
+    else if (!per_core && src->ops->try_next)
+        rc = src->ops->try_next(src->ctx, b, err);
+    if (rc != IFD_ETIMEDOUT)
+        return rc;
+    ifd_device_infeed_flush(f->cfg.dev);
+    __atomic_store_n(&f->waiting_replica, f->per_step > 1 ? i : -1, __ATOMIC_RELAXED);
+    __atomic_store_n(&f->waiting_since, ifd_clock_ns(), __ATOMIC_RELEASE);
+    rc = per_core ? src->ops->next_for(src->ctx, i, b, err) : src->ops->next(src->ctx, b, err);
+    __atomic_store_n(&f->waiting_since, 0, __ATOMIC_RELEASE);
+    return rc;
+}
+
+/* A batch just taken (with the infeed's reference): checked against the program and the input
+ * mode's rows; in predict mode a partial batch is replaced by its padded copy (which holds it). */
+static int prepare_batch(ifd_infeed *f, ifd_batch **bp, ifd_error *err)
 {
     const ifd_infeed_config *cfg = &f->cfg;
-    int replicas = ifd_device_replicas(cfg->dev);
-    ifd_batch_ref(b, 1);
-    int rc = ifd_infeed_check_batch(cfg->program, b, cfg->batch_size, cfg->mode, err);
-    if (rc == IFD_OK && b->rows < cfg->batch_size) {
-        /* predict mode's partial batch: the padded copy replaces it (and holds it) */
+    ifd_batch *b = *bp;
+    int rc = ifd_infeed_check_batch(cfg->program, b, f->rows, cfg->mode, err);
+    if (rc == IFD_OK && b->rows < f->rows) {
         ifd_batch *padded;
-        rc = ifd_infeed_pad_batch(cfg->program, cfg->mode, b, cfg->batch_size, &padded, err);
+        rc = ifd_infeed_pad_batch(cfg->program, cfg->mode, b, f->rows, &padded, err);
         if (rc == IFD_OK) {
             ifd_batch_unref(b);
-            b = padded;
+            *bp = padded;
         }
     }
-    if (rc == IFD_OK)
-        rc = ifd_shard_batch(cfg->input_mode, b, replicas, f->shards, err);
-    if (rc) {
+    if (rc && cfg->input_mode == IFD_INPUT_PER_HOST)
         ifd_error_prefix(err, "batch %lld from producer '%s'", (long long)b->seq,
                          b->producer ? b->producer : "(in-process)");
-        ifd_batch_unref(b);
-        return rc;
+    else if (rc)
+        ifd_error_prefix(err,
+                         "batch %lld from producer '%s' (%s input: batch_size %lld / %d replicas "
+                         "= %lld rows a batch)",
+                         (long long)b->seq, b->producer ? b->producer : "(in-process)",
+                         ifd_input_mode_name(cfg->input_mode), (long long)cfg->batch_size,
+                         f->replicas, (long long)f->rows);
+    return rc;
+}
+
+/* Predict mode: a batch of padding only (no valid rows), for a replica whose input ended while
+ * another's still had a batch for the step (per-host-v2, per-core), so the real rows are
+ * predicted. */
+static int padding_batch(ifd_infeed *f, int replica, ifd_batch **out, ifd_error *err)
+{
+    int rc = ifd_infeed_stop_batch(f->cfg.program, f->cfg.mode, f->rows, out, err);
+    if (rc == IFD_OK) {
+        (*out)->flags = IFD_BATCH_PADDED;
+        (*out)->replica = replica;
+        (*out)->producer = "(padding)";
     }
-    for (int r = 0; r < replicas && rc == IFD_OK; r++)
-        rc = ifd_device_infeed_enqueue(cfg->dev, r, &f->shards[r]);
-    if (rc)
-        ifd_error_set(err, rc, "device infeed aborted");
-    ifd_batch_unref(b);
+    return rc;
+}
+
+static int enqueue_shards(ifd_infeed *f, ifd_error *err)
+{
+    int rc = IFD_OK;
+    for (int r = 0; r < f->replicas && rc == IFD_OK; r++)
+        if ((rc = ifd_device_infeed_enqueue(f->cfg.dev, r, &f->shards[r])))
+            ifd_error_set(err, rc, "device infeed aborted");
+    return rc;
+}
+
+/* One step: takes its batches (ifd_input_batches_per_step), checks them, shards them per the
+ * input mode and pushes one shard to every replica. The infeed holds a reference on each batch
+ * while it works, so a batch is released only when the last replica is done with it and the
+ * infeed has let go. IFD_EEOF: the input ended before the step had its batches (the batches it
+ * had taken are released unconsumed: the replicas that would have got them could not complete the
+ * step without the others; predict mode fills the missing ones with padding instead, unless the
+ * step got no batch at all). */
+static int feed_step(ifd_infeed *f, ifd_error *err)
+{
+    int taken = 0, real = 0, rc = IFD_OK;
+    for (int i = 0; i < f->per_step; i++) {
+        ifd_batch *b = NULL;
+        rc = take_batch(f, i, &b, err);
+        if (rc == IFD_EEOF && f->cfg.mode == IFD_MODE_PREDICT) {
+            f->step[taken++] = NULL; /* padding, if another slot has a batch */
+            rc = IFD_OK;
+            continue;
+        }
+        if (rc)
+            break;
+        ifd_batch_ref(b, 1);
+        rc = prepare_batch(f, &b, err);
+        f->step[taken++] = b;
+        real++;
+        if (rc)
+            break;
+    }
+    if (rc == IFD_OK && real == 0)
+        rc = IFD_EEOF;
+    for (int i = 0; i < taken && rc == IFD_OK; i++)
+        if (f->step[i] == NULL)
+            rc = padding_batch(f, i, &f->step[i], err);
+    if (rc == IFD_OK)
+        rc = ifd_shard_step(f->cfg.input_mode, f->step, taken, f->replicas, f->shards, err);
+    if (rc == IFD_OK)
+        rc = enqueue_shards(f, err);
+    if (rc == IFD_EEOF && real > 0)
+        IFD_LOG_INFO("infeed: the input ended with %d of a step's %d batches; they are released "
+                     "unconsumed",
+                     real, f->per_step);
+    for (int i = 0; i < taken; i++)
+        if (f->step[i])
+            ifd_batch_unref(f->step[i]);
+    if (rc == IFD_OK)
+        __atomic_add_fetch(&f->batches, real, __ATOMIC_RELAXED);
     return rc;
 }
 
 /* The end of the input. Predict mode appends the stopping-signal batch first: every replica's
  * loop ends when it dequeues its shard (the seed's _StoppingPredictHook), the batch never
- * reaching a step. Then the rings close. */
+ * reaching a step; per-host-v2 and per-core give every replica the same stop batch (replica 0's
+ * signal). Then the rings close: the run ends after the last complete step. */
 static int end_of_input(ifd_infeed *f, ifd_error *err)
 {
     const ifd_infeed_config *cfg = &f->cfg;
@@ -110,13 +205,12 @@ static int end_of_input(ifd_infeed *f, ifd_error *err)
     int rc = IFD_OK;
     if (cfg->mode == IFD_MODE_PREDICT) {
         ifd_batch *stop;
-        rc = ifd_infeed_stop_batch(cfg->program, cfg->mode, cfg->batch_size, &stop, err);
+        rc = ifd_infeed_stop_batch(cfg->program, cfg->mode, f->rows, &stop, err);
         if (rc == IFD_OK) {
-            rc = ifd_shard_batch(cfg->input_mode, stop, ifd_device_replicas(cfg->dev), f->shards,
-                                 err);
-            for (int r = 0; r < ifd_device_replicas(cfg->dev) && rc == IFD_OK; r++)
-                if ((rc = ifd_device_infeed_enqueue(cfg->dev, r, &f->shards[r])))
-                    ifd_error_set(err, rc, "device infeed aborted");
+            ifd_input_mode m = f->per_step > 1 ? IFD_INPUT_BROADCAST : cfg->input_mode;
+            rc = ifd_shard_step(m, &stop, 1, f->replicas, f->shards, err);
+            if (rc == IFD_OK)
+                rc = enqueue_shards(f, err);
             ifd_batch_unref(stop);
         }
         ifd_device_infeed_flush(cfg->dev);
@@ -133,30 +227,20 @@ static void infeed_main(ifd_opq *q, void *arg)
     ifd_error_clear(&err);
     int64_t n, loop = 0;
     while (ifd_opq_next(q, &n)) {
-        /* predict: one signal, then batches until the stopping signal (_OpSignalOnceQueue) */
+        /* predict: one signal, then steps until the stopping signal (_OpSignalOnceQueue) */
         if (cfg->mode == IFD_MODE_PREDICT)
             n = INT64_MAX;
-        IFD_LOG_DEBUG("infeed: loop %lld: enqueue %lld batches", (long long)loop, (long long)n);
+        IFD_LOG_DEBUG("infeed: loop %lld: enqueue %lld steps", (long long)loop, (long long)n);
         for (int64_t i = 0; i < n; i++) {
-            ifd_batch *b = NULL;
-            int rc = IFD_ETIMEDOUT;
-            if (cfg->src.ops->try_next)
-                rc = cfg->src.ops->try_next(cfg->src.ctx, &b, &err);
-            if (rc == IFD_ETIMEDOUT) {
-                ifd_device_infeed_flush(cfg->dev);
-                rc = cfg->src.ops->next(cfg->src.ctx, &b, &err);
-            }
+            int rc = feed_step(f, &err);
             if (rc == IFD_EEOF && (rc = end_of_input(f, &err)) == IFD_OK)
                 return;
-            if (rc == IFD_OK)
-                rc = feed_batch(f, b, &err);
             if (rc) {
                 if (err.code != rc)
                     ifd_error_set(&err, rc, "%s", ifd_strerror(rc));
                 ifd_rendezvous_record_error(cfg->rv, SOURCE, &err);
                 return;
             }
-            __atomic_add_fetch(&f->batches, 1, __ATOMIC_RELAXED);
         }
         ifd_device_infeed_flush(cfg->dev);
         loop++;
@@ -170,13 +254,20 @@ int ifd_infeed_start(ifd_infeed **out, const ifd_infeed_config *cfg)
     if (f == NULL)
         return IFD_ENOMEM;
     f->cfg = *cfg;
-    f->shards = calloc((size_t)ifd_device_replicas(cfg->dev), sizeof *f->shards);
-    if (f->shards == NULL) {
-        free(f);
-        return IFD_ENOMEM;
+    f->replicas = ifd_device_replicas(cfg->dev);
+    f->per_step = ifd_input_batches_per_step(cfg->input_mode, f->replicas);
+    f->rows = ifd_input_batch_rows(cfg->input_mode, cfg->batch_size, f->replicas);
+    f->waiting_replica = -1;
+    int rc = f->per_step < 1 || f->rows < 1 ? IFD_EINVAL : IFD_OK;
+    if (rc == IFD_OK) {
+        f->shards = calloc((size_t)f->replicas, sizeof *f->shards);
+        f->step = calloc((size_t)f->per_step, sizeof *f->step);
+        rc = f->shards == NULL || f->step == NULL ? IFD_ENOMEM : IFD_OK;
     }
-    int rc = ifd_opq_start(&f->opq, "ifd-infeed", infeed_main, f, cfg->mode == IFD_MODE_PREDICT);
+    if (rc == IFD_OK)
+        rc = ifd_opq_start(&f->opq, "ifd-infeed", infeed_main, f, cfg->mode == IFD_MODE_PREDICT);
     if (rc) {
+        free(f->step);
         free(f->shards);
         free(f);
         return rc;
@@ -198,11 +289,22 @@ void ifd_infeed_stop(ifd_infeed *f)
     }
 }
 
+int ifd_infeed_waiting(ifd_infeed *f, int *replica, int64_t *since_ns)
+{
+    int64_t since = __atomic_load_n(&f->waiting_since, __ATOMIC_ACQUIRE);
+    if (replica)
+        *replica = since ? __atomic_load_n(&f->waiting_replica, __ATOMIC_RELAXED) : -1;
+    if (since_ns)
+        *since_ns = since;
+    return since != 0;
+}
+
 void ifd_infeed_destroy(ifd_infeed *f)
 {
     if (f == NULL)
         return;
     ifd_opq_destroy(f->opq);
+    free(f->step);
     free(f->shards);
     free(f);
 }

@@ -1,7 +1,8 @@
 /*
- * The infeed controller thread (the seed's _run_infeed): for each loop signal n, it takes n
- * batches from the batch source, checks each against the program, shards it per the input mode
- * and pushes the shards into the replicas' infeed rings. Errors go to the rendezvous.
+ * The infeed controller thread (the seed's _run_infeed): for each loop signal n, it takes the
+ * batches of n steps from the batch source (per input mode: see ifd_input_batches_per_step),
+ * checks each against the program, shards them per the input mode and pushes the shards into the
+ * replicas' infeed rings. Errors go to the rendezvous.
  */
 #ifndef IFD_INFEED_INTERNAL_H
 #define IFD_INFEED_INTERNAL_H
@@ -22,8 +23,10 @@ typedef struct ifd_infeed_config {
 } ifd_infeed_config;
 
 int ifd_infeed_start(ifd_infeed **out, const ifd_infeed_config *cfg);
-/* Session thread: the next loop needs n batches. */
+/* Session thread: the next loop runs n steps. */
 int ifd_infeed_signal(ifd_infeed *f, int64_t n);
+/* Any thread: ifd_session_infeed_waiting. */
+int ifd_infeed_waiting(ifd_infeed *f, int *replica, int64_t *since_ns);
 /* STOP and join. */
 void ifd_infeed_stop(ifd_infeed *f);
 void ifd_infeed_destroy(ifd_infeed *f);
@@ -34,9 +37,10 @@ int ifd_infeed_mode_inputs(const ifd_program *p, ifd_mode mode, int idx[IFD_MAX_
 
 /* Checks a batch against the program's inputs for mode (ifd_infeed_mode_inputs): tensor count,
  * dtypes, per-row shapes, the same row count everywhere and, when batch_size > 0, rows ==
- * batch_size (predict mode: 1 <= rows <= batch_size, a partial batch being padded later); then
- * the program's own check (not in predict mode: it checks labels). The sentence names the tensor,
- * the expected and the received value. */
+ * batch_size, the rows a batch has in the input mode (ifd_input_batch_rows) (predict mode:
+ * 1 <= rows <= batch_size, a partial batch being padded later); then the program's own check (not
+ * in predict mode: it checks labels). The sentence names the tensor, the expected and the
+ * received value. */
 int ifd_infeed_check_batch(const ifd_program *p, const ifd_batch *b, int64_t batch_size,
                            ifd_mode mode, ifd_error *err);
 
@@ -50,10 +54,19 @@ int ifd_infeed_pad_batch(const ifd_program *p, ifd_mode mode, ifd_batch *b, int6
 int ifd_infeed_stop_batch(const ifd_program *p, ifd_mode mode, int64_t rows, ifd_batch **out,
                           ifd_error *err);
 
-/* Splits b into one shard per replica. per-host: rows / replicas consecutive rows each, no copy;
- * rows not divisible by replicas is IFD_ESHAPE naming both numbers. Other modes: IFD_ENOTSUP
- * for now. */
-int ifd_shard_batch(ifd_input_mode mode, ifd_batch *b, int replicas, ifd_shard *out,
-                    ifd_error *err);
+/* One step's shards, one per replica, from the step's nbatches batches (which must be
+ * ifd_input_batches_per_step(mode, replicas)), without copying:
+ * - per-host: bs[0] split in replicas runs of rows / replicas consecutive rows; rows not
+ *   divisible by replicas is IFD_ESHAPE naming both numbers;
+ * - per-host-v2: bs[r], whole, to replica r;
+ * - per-core: bs[r], whole, to replica r; a batch whose b->replica is not r is IFD_EINVAL;
+ *   in both, every replica follows replica 0's stopping signal (the seed's per-host v2): when
+ *   bs[0] has IFD_BATCH_STOP every replica gets bs[0] (the other batches are left unconsumed),
+ *   and IFD_BATCH_STOP on another batch is cleared;
+ * - broadcast: bs[0], whole, to every replica (the same batch R times: each enqueue takes its
+ *   own reference).
+ * Another nbatches is IFD_EINVAL. */
+int ifd_shard_step(ifd_input_mode mode, ifd_batch *const *bs, int nbatches, int replicas,
+                   ifd_shard *out, ifd_error *err);
 
 #endif

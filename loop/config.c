@@ -55,6 +55,26 @@ NAMES(ifd_input_mode, ifd_input_mode_name, ifd_input_mode_parse, "per-host", "pe
       "per-core", "broadcast")
 NAMES(ifd_loss_reduction, ifd_loss_reduction_name, ifd_loss_reduction_parse, "mean", "sum")
 NAMES(ifd_optimizer_kind, ifd_optimizer_name, ifd_optimizer_parse, "sgd", "momentum", "adam")
+int ifd_input_batches_per_step(ifd_input_mode mode, int replicas)
+{
+    switch (mode) {
+    case IFD_INPUT_PER_HOST:
+    case IFD_INPUT_BROADCAST:
+        return 1;
+    case IFD_INPUT_PER_HOST_V2:
+    case IFD_INPUT_PER_CORE:
+        return replicas;
+    }
+    return -1;
+}
+
+int64_t ifd_input_batch_rows(ifd_input_mode mode, int64_t batch_size, int replicas)
+{
+    if ((int)mode < IFD_INPUT_PER_HOST || mode > IFD_INPUT_BROADCAST || replicas < 1)
+        return 0;
+    return mode == IFD_INPUT_PER_HOST ? batch_size : batch_size / replicas;
+}
+
 const char *ifd_end_reason_name(ifd_end_reason r)
 {
     static const char *const names[] = {"none", "last_step", "input_ended", "stopped", "error"};
@@ -97,10 +117,11 @@ int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
         return ifd_error_set(err, IFD_EINVAL, "batch_size: expected a positive integer, got %lld",
                              (long long)cfg->batch_size);
     if (cfg->batch_size % cfg->replicas != 0)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "batch_size: %lld is not divisible by replicas %d (each replica's step "
-                             "takes batch_size / replicas rows)",
-                             (long long)cfg->batch_size, cfg->replicas);
+        return ifd_error_set(
+            err, IFD_EINVAL,
+            "batch_size: %lld is not divisible by replicas %d (each replica's step "
+            "takes batch_size / replicas rows)",
+            (long long)cfg->batch_size, cfg->replicas);
     if (cfg->iterations_per_loop < 1)
         return ifd_error_set(err, IFD_EINVAL,
                              "iterations_per_loop: expected a positive integer, got %lld",
@@ -114,10 +135,11 @@ int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
                              "last_step: expected a positive integer (0: unset), got %lld",
                              (long long)cfg->last_step);
     if (cfg->mode == IFD_MODE_EVAL && cfg->num_steps < 1)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "num_steps: eval runs num_steps steps in one loop; expected a positive "
-                             "integer, got %lld",
-                             (long long)cfg->num_steps);
+        return ifd_error_set(
+            err, IFD_EINVAL,
+            "num_steps: eval runs num_steps steps in one loop; expected a positive "
+            "integer, got %lld",
+            (long long)cfg->num_steps);
     if (cfg->mode == IFD_MODE_TRAIN && (cfg->num_steps > 0) == (cfg->last_step > 0))
         return ifd_error_set(err, IFD_EINVAL,
                              "num_steps and last_step: exactly one must be a positive integer, got "

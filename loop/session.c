@@ -68,6 +68,12 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
                              src.ops == NULL ? "no ops"
                              : src.ops->next ? "no abort"
                                              : "no next");
+    if (cfg->input_mode == IFD_INPUT_PER_CORE && src.ops->next_for == NULL)
+        return ifd_error_set(
+            err, IFD_EINVAL,
+            "batch source: per-core input takes each replica's batches with "
+            "next_for, and this source has none (ifd_batch_queue_create_per_replica "
+            "makes a queue that has)");
     ifd_session *s = calloc(1, sizeof *s);
     if (s == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "session");
@@ -331,11 +337,14 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
             .summary_every = s->cfg.summary_every,
             .writer = &s->writer,
             .rv = s->rv,
+            .input_mode = s->cfg.input_mode,
             .max_batch_rows = s->cfg.batch_size,
             .pred_sinks = s->pred_sinks,
             .npred_sinks = s->npred_sinks,
         };
-        int rc = ifd_infeed_start(&s->infeed, &ic);
+        ifd_infeed *f = NULL;
+        int rc = ifd_infeed_start(&f, &ic);
+        __atomic_store_n(&s->infeed, f, __ATOMIC_RELEASE); /* read by ifd_session_infeed_waiting */
         if (rc == IFD_OK)
             rc = ifd_outfeed_start(&s->outfeed, &oc);
         if (rc)
@@ -383,6 +392,12 @@ void ifd_session_abort(ifd_session *s, const char *why)
 int64_t ifd_session_loop_index(ifd_session *s)
 {
     return __atomic_load_n(&s->ctx.loop_index, __ATOMIC_RELAXED);
+}
+
+int ifd_session_infeed_waiting(ifd_session *s, int *replica, int64_t *since_ns)
+{
+    ifd_infeed *f = __atomic_load_n(&s->infeed, __ATOMIC_ACQUIRE);
+    return f ? ifd_infeed_waiting(f, replica, since_ns) : 0;
 }
 
 int64_t ifd_session_global_step(ifd_session *s)

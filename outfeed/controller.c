@@ -122,7 +122,12 @@ static int outfeed_step(ifd_outfeed *o, ifd_error *err)
         o->steps_done++;
     } else {
         ifd_tensor t[IFD_OUT_NTENSORS];
-        ifd_outfeed_concat(o->recs, o->replicas, o->cat, t);
+        /* broadcast: every replica trained on the same rows; replica 0's copy is the step's
+         * (each row counted once), its loss times R being the replicas' sum */
+        int n = o->cfg.input_mode == IFD_INPUT_BROADCAST ? 1 : o->replicas;
+        ifd_outfeed_concat(o->recs, n, o->cat, t);
+        if (n < o->replicas && o->cfg.mode == IFD_MODE_TRAIN)
+            o->cat[IFD_OUT_LOSS] *= (float)o->replicas;
         rc = ifd_metrics_host_call(&o->window, t, err);
         o->steps_done++;
     }

@@ -91,6 +91,7 @@ typedef struct ifd_outfeed_config {
     int64_t summary_every;
     ifd_summary_writer *writer;
     ifd_rendezvous *rv;
+    ifd_input_mode input_mode;             /* broadcast: host calls take replica 0's record */
     int64_t max_batch_rows;                /* predict: the most rows a batch has */
     const ifd_prediction_sink *pred_sinks; /* predict */
     int npred_sinks;

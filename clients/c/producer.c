@@ -31,6 +31,7 @@ struct ifd_producer {
     int64_t batch_size;
     int64_t window;
     int replicas;
+    int replica; /* sent in HELLO when >= 0 (per-core input) */
     char mode[32];
     int ntensors;
 
@@ -345,6 +346,7 @@ int ifd_producer_create(ifd_producer **out, const char *endpoint, const char *na
     }
     snprintf(p->endpoint, sizeof p->endpoint, "%s", endpoint);
     p->acked_seq = -1;
+    p->replica = -1;
 
     p->ctx = zmq_ctx_new();
     if (p->ctx == NULL) {
@@ -438,6 +440,8 @@ static char *hello_json(const ifd_producer *p, const ifd_input_spec *schema, int
     if (json_object_set(o, "schema", arr) ||
         json_object_set_new(o, "first_seq", json_integer(first_seq)))
         goto oom;
+    if (p->replica >= 0 && json_object_set_new(o, "replica", json_integer(p->replica)))
+        goto oom;
     text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     if (text == NULL)
         goto oom;
@@ -454,6 +458,16 @@ out:
     json_decref(arr);
     json_decref(o);
     return text;
+}
+
+int ifd_producer_set_replica(ifd_producer *p, int replica, ifd_error *err)
+{
+    if (replica < -1)
+        return ifd_error_set(
+            err, IFD_EINVAL,
+            "producer: replica: expected -1 (none) or a replica index >= 0, got %d", replica);
+    p->replica = replica;
+    return IFD_OK;
 }
 
 int ifd_producer_hello(ifd_producer *p, const ifd_input_spec *schema, int n, int64_t first_seq,

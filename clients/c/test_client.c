@@ -345,6 +345,7 @@ typedef struct hello_case {
     char name[64];
     int64_t credit, next_seq, batch_size;
     int replicas;
+    int replica; /* -1: none (no key) */
     char errmsg[128];
 } hello_case;
 
@@ -377,7 +378,13 @@ static void script_hello(fake *f)
     json_t *o = json_loadb((const char *)m.data[1], m.size[1], 0, &je);
     fmsg_free(&m);
     FCHECK(f, json_is_object(o), "HELLO JSON does not parse: %s", je.text);
-    FCHECK(f, json_object_size(o) == 3, "HELLO has %zu keys, expected 3", json_object_size(o));
+    size_t keys = c->replica >= 0 ? 4 : 3;
+    FCHECK(f, json_object_size(o) == keys, "HELLO has %zu keys, expected %zu", json_object_size(o),
+           keys);
+    FCHECK(f,
+           c->replica < 0 || (json_is_integer(json_object_get(o, "replica")) &&
+                              json_integer_value(json_object_get(o, "replica")) == c->replica),
+           "HELLO replica");
     FCHECK(f,
            json_is_string(json_object_get(o, "name")) &&
                strcmp(json_string_value(json_object_get(o, "name")), c->name) == 0,
@@ -435,6 +442,7 @@ START_TEST(test_hello_welcome)
     c.next_seq = rand_between(&rng, 0, 1 << 30);
     c.batch_size = rand_between(&rng, 1, 4096);
     c.replicas = (int)rand_between(&rng, 1, 8);
+    c.replica = (int)rand_between(&rng, -1, c.replicas - 1);
     snprintf(c.errmsg, sizeof c.errmsg, "schema: tensor 0 't0': expected dtype int32, got %d",
              (int)rand_between(&rng, 0, 99999));
 
@@ -443,6 +451,9 @@ START_TEST(test_hello_welcome)
     ifd_producer *p;
     ifd_error err;
     RC_OK(ifd_producer_create(&p, f.endpoint, c.name, &err), err);
+    RASSERT(ifd_producer_set_replica(p, -2, &err) == IFD_EINVAL && strstr(err.msg, "replica"),
+            "set_replica(-2): %s", err.msg);
+    RC_OK(ifd_producer_set_replica(p, c.replica, &err), err);
     int rc = ifd_producer_hello(p, c.schema, c.n, c.first_seq, 10000, &err);
     RASSERT(rc == IFD_EDTYPE, "hello answered by ERROR EDTYPE returned %s", ifd_errname(rc));
     RASSERT(strcmp(err.msg, c.errmsg) == 0, "hello's message '%s', expected '%s'", err.msg,

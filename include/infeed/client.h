@@ -59,6 +59,11 @@ int ifd_producer_create(ifd_producer **out, const char *endpoint, const char *na
  * released when it returns. NULL is a no-op. */
 void ifd_producer_destroy(ifd_producer *p);
 
+/* per-core input mode: the replica (0 to replicas - 1) this producer's batches are for, sent in
+ * every later HELLO; -1 (the default) sends no replica, as the other input modes require. The
+ * daemon checks the value (IFD_EINVAL from hello). IFD_EINVAL for a value below -1. */
+int ifd_producer_set_replica(ifd_producer *p, int replica, ifd_error *err);
+
 /* Sends HELLO with the schema (the tensors of every batch, in frame order) and first_seq (>= 0)
  * and waits for the answer. IFD_OK after WELCOME; the daemon's ERROR code and message after an
  * ERROR (a schema that does not match the program: IFD_ESHAPE or IFD_EDTYPE); IFD_ETIMEDOUT when

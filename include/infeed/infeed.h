@@ -92,6 +92,20 @@ int ifd_loss_reduction_parse(const char *s, ifd_loss_reduction *out);
 const char *ifd_optimizer_name(ifd_optimizer_kind k);
 int ifd_optimizer_parse(const char *s, ifd_optimizer_kind *out);
 
+/*
+ * What one step takes from the batch source, per input mode (R replicas, global batch B):
+ *
+ *   mode         batches a step   rows a batch   replica r trains on
+ *   per-host     1                B              rows [r*B/R, (r+1)*B/R) of the batch
+ *   per-host-v2  R                B/R            batch r of the step's R consecutive batches
+ *   per-core     R                B/R            the next batch of replica r's own stream
+ *   broadcast    1                B/R            the whole batch (every replica the same rows)
+ *
+ * ifd_input_batches_per_step returns -1 for an unknown mode; ifd_input_batch_rows 0.
+ */
+int ifd_input_batches_per_step(ifd_input_mode mode, int replicas);
+int64_t ifd_input_batch_rows(ifd_input_mode mode, int64_t batch_size, int replicas);
+
 /* ---- batches and batch sources ----------------------------------------------------------- */
 
 #define IFD_BATCH_STOP 0x1u   /* stopping signal (predict mode): the device loop ends on it */
@@ -137,6 +151,13 @@ typedef struct ifd_batch_source_ops {
     /* Optional: as next, but IFD_ETIMEDOUT at once when no batch is ready. The infeed uses it to
      * hand the replicas what it has queued before it blocks on the source. */
     int (*try_next)(void *ctx, ifd_batch **out, ifd_error *err);
+    /* per-core input: required (the session refuses a per-core source without it). As next, but
+     * the next batch of replica's own stream, in the order that stream's batches arrived;
+     * b->replica == replica. IFD_EEOF once the input ended and that stream is empty. The other
+     * modes never call it. */
+    int (*next_for)(void *ctx, int replica, ifd_batch **out, ifd_error *err);
+    /* Optional, per-core input: as next_for, but IFD_ETIMEDOUT at once when none is ready. */
+    int (*try_next_for)(void *ctx, int replica, ifd_batch **out, ifd_error *err);
 } ifd_batch_source_ops;
 
 typedef struct ifd_batch_source {
@@ -147,6 +168,12 @@ typedef struct ifd_batch_source {
 /* A bounded queue as a batch source: producers push, closing ends the input. */
 typedef struct ifd_batch_queue ifd_batch_queue;
 int ifd_batch_queue_create(ifd_batch_queue **out, size_t capacity);
+/* per-core input: one FIFO per replica, each bounded by capacity, so a full replica's FIFO never
+ * blocks a push for another replica. push routes a batch by b->replica (IFD_EINVAL when it is
+ * not in [0, replicas)); the source has next_for and try_next_for, and its next fails with
+ * IFD_EINVAL. A queue made with ifd_batch_queue_create is a one-replica queue of this kind for
+ * next_for (replica 0). */
+int ifd_batch_queue_create_per_replica(ifd_batch_queue **out, size_t capacity, int replicas);
 /* Frees the queue, releasing batches still inside. */
 void ifd_batch_queue_destroy(ifd_batch_queue *q);
 /* Blocks while full. IFD_OK, IFD_ECLOSED after close, IFD_ESTOPPED after the run aborted (the
@@ -155,7 +182,10 @@ int ifd_batch_queue_push(ifd_batch_queue *q, ifd_batch *b);
 /* The end of the input: the run ends after the batches already queued. */
 void ifd_batch_queue_close(ifd_batch_queue *q);
 ifd_batch_source ifd_batch_queue_source(ifd_batch_queue *q);
+/* Batches queued, over every replica's FIFO. */
 size_t ifd_batch_queue_len(ifd_batch_queue *q);
+/* Batches queued for replica (0 for a replica out of range). */
+size_t ifd_batch_queue_len_for(ifd_batch_queue *q, int replica);
 
 /* ---- summary sinks ----------------------------------------------------------------------- */
 
@@ -278,6 +308,12 @@ void ifd_session_request_stop(ifd_session *s);
 void ifd_session_abort(ifd_session *s, const char *why);
 /* Any thread: 0-based index of the loop running now (or the number of loops run). */
 int64_t ifd_session_loop_index(ifd_session *s);
+/* Any thread: whether the infeed thread is blocked waiting for the batch source now. When it
+ * is, *replica (when not NULL) is the replica whose batch it waits for (per-host-v2: replica i
+ * for the i-th batch of a step; per-core: the replica whose stream is empty, the one starving
+ * the step), or -1 when the batch is for every replica (per-host, broadcast); *since_ns (when
+ * not NULL) is when the wait began, in CLOCK_MONOTONIC nanoseconds. */
+int ifd_session_infeed_waiting(ifd_session *s, int *replica, int64_t *since_ns);
 int64_t ifd_session_global_step(ifd_session *s);
 ifd_end_reason ifd_session_end_reason(ifd_session *s);
 const ifd_program *ifd_session_program(ifd_session *s);

@@ -74,7 +74,7 @@ def test_version():
     (["--replicas", "two"], "replicas"),
     (["--mode", "infer"], "infer"),
     (["--predictions", "p.jsonl"], "predictions"),       # only in predict mode
-    (["--input-mode", "per-core"], "input_mode"),
+    (["--input-mode", "per-chip"], "per-chip"),
     (["--optimizer", "foo"], "foo"),
     (["--loss-reduction", "median"], "median"),
     (["--batch-size", "10", "--replicas", "3"], "batch_size"),
@@ -91,6 +91,9 @@ def test_flag_errors(args, key):
             assert allowed in out, out
     if args[0] == "--mode":
         assert "eval" in out
+    if args[0] == "--input-mode":
+        for allowed in ("per-host", "per-host-v2", "per-core", "broadcast"):
+            assert allowed in out, out
 
 
 def write(tmp_path, text):

@@ -78,7 +78,8 @@ START_TEST(per_host_shards_are_views)
     tu_batch *tb = tu_batch_random(&p, per * replicas, 0, &rng);
     ifd_shard shards[8];
     ifd_error err;
-    ck_assert_int_eq(ifd_shard_batch(IFD_INPUT_PER_HOST, &tb->b, replicas, shards, &err), IFD_OK);
+    ifd_batch *b = &tb->b;
+    ck_assert_int_eq(ifd_shard_step(IFD_INPUT_PER_HOST, &b, 1, replicas, shards, &err), IFD_OK);
     int64_t next = 0;
     for (int r = 0; r < replicas; r++) {
         ck_assert_ptr_eq(shards[r].batch, &tb->b);
@@ -110,10 +111,14 @@ START_TEST(per_host_rejects_uneven_batches)
     tu_batch *tb = tu_batch_random(&p, 10, 0, &rng);
     ifd_shard shards[4];
     ifd_error err;
-    ck_assert_int_eq(ifd_shard_batch(IFD_INPUT_PER_HOST, &tb->b, 4, shards, &err), IFD_ESHAPE);
+    ifd_batch *b = &tb->b;
+    ck_assert_int_eq(ifd_shard_step(IFD_INPUT_PER_HOST, &b, 1, 4, shards, &err), IFD_ESHAPE);
     ck_assert_msg(strstr(err.msg, "10 rows") && strstr(err.msg, "4 replicas"), "%s", err.msg);
-    ck_assert_int_eq(ifd_shard_batch(IFD_INPUT_BROADCAST, &tb->b, 2, shards, &err), IFD_ENOTSUP);
-    ck_assert_ptr_nonnull(strstr(err.msg, "broadcast"));
+    /* A step of per-host-v2 takes one batch per replica. */
+    ck_assert_int_eq(ifd_shard_step(IFD_INPUT_PER_HOST_V2, &b, 1, 2, shards, &err), IFD_EINVAL);
+    ck_assert_msg(strstr(err.msg, "per-host-v2") && strstr(err.msg, "2 batches") &&
+                      strstr(err.msg, "got 1"),
+                  "%s", err.msg);
     tu_batch_free(tb);
 }
 END_TEST
@@ -163,6 +168,151 @@ START_TEST(batch_queue_source)
 }
 END_TEST
 
+START_TEST(rows_and_batches_per_mode)
+{
+    ck_assert_int_eq(ifd_input_batches_per_step(IFD_INPUT_PER_HOST, 3), 1);
+    ck_assert_int_eq(ifd_input_batches_per_step(IFD_INPUT_PER_HOST_V2, 3), 3);
+    ck_assert_int_eq(ifd_input_batches_per_step(IFD_INPUT_PER_CORE, 3), 3);
+    ck_assert_int_eq(ifd_input_batches_per_step(IFD_INPUT_BROADCAST, 3), 1);
+    ck_assert_int_eq(ifd_input_batch_rows(IFD_INPUT_PER_HOST, 12, 3), 12);
+    ck_assert_int_eq(ifd_input_batch_rows(IFD_INPUT_PER_HOST_V2, 12, 3), 4);
+    ck_assert_int_eq(ifd_input_batch_rows(IFD_INPUT_PER_CORE, 12, 3), 4);
+    ck_assert_int_eq(ifd_input_batch_rows(IFD_INPUT_BROADCAST, 12, 3), 4);
+    ck_assert_int_eq(ifd_input_batches_per_step((ifd_input_mode)9, 3), -1);
+}
+END_TEST
+
+/* per-host-v2, per-core and broadcast: whole batches, no copy; v2 and per-core give batch r to
+ * replica r, broadcast batch 0 to all. */
+START_TEST(one_batch_a_replica_modes)
+{
+    static const ifd_input_mode modes[] = {IFD_INPUT_PER_HOST_V2, IFD_INPUT_PER_CORE,
+                                           IFD_INPUT_BROADCAST};
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_input_mode mode = modes[_i % 3];
+    int replicas = (int)rand_between(&rng, 1, 4);
+    int64_t rows = rand_between(&rng, 1, 9);
+    ifd_program p;
+    softmax(&p, rand_between(&rng, 1, 7), rand_between(&rng, 2, 6));
+    int n = ifd_input_batches_per_step(mode, replicas);
+    tu_batch *tb[4];
+    ifd_batch *bs[4];
+    for (int i = 0; i < n; i++) {
+        tb[i] = tu_batch_random(&p, rows, i, &rng);
+        tb[i]->b.replica = i;
+        bs[i] = &tb[i]->b;
+    }
+    ifd_shard shards[4];
+    ifd_error err;
+    ck_assert_int_eq(ifd_shard_step(mode, bs, n, replicas, shards, &err), IFD_OK);
+    for (int r = 0; r < replicas; r++) {
+        ifd_batch *want = mode == IFD_INPUT_BROADCAST ? bs[0] : bs[r];
+        RASSERT(shards[r].batch == want && shards[r].row0 == 0 && shards[r].rows == rows,
+                "%s R=%d: replica %d got batch %lld rows [%lld, +%lld)", ifd_input_mode_name(mode),
+                replicas, r, (long long)shards[r].batch->seq, (long long)shards[r].row0,
+                (long long)shards[r].rows);
+    }
+    for (int i = 0; i < n; i++)
+        tu_batch_free(tb[i]);
+}
+END_TEST
+
+START_TEST(per_core_and_stop_rules)
+{
+    ifd_program p;
+    softmax(&p, 3, 2);
+    ifd_rng rng;
+    ifd_rng_seed(&rng, 8);
+    tu_batch *tb[3];
+    ifd_batch *bs[3];
+    for (int i = 0; i < 3; i++) {
+        tb[i] = tu_batch_random(&p, 2, 10 + i, &rng);
+        tb[i]->b.replica = i;
+        bs[i] = &tb[i]->b;
+    }
+    ifd_shard shards[3];
+    ifd_error err;
+    /* per-core: a batch in replica 1's slot that says replica 2 */
+    tb[1]->b.replica = 2;
+    ck_assert_int_eq(ifd_shard_step(IFD_INPUT_PER_CORE, bs, 3, 3, shards, &err), IFD_EINVAL);
+    ck_assert_msg(strstr(err.msg, "batch 11") && strstr(err.msg, "replica 1") &&
+                      strstr(err.msg, "replica 2"),
+                  "%s", err.msg);
+    tb[1]->b.replica = 1;
+    /* replica 0's stopping signal goes to every replica; another replica's is dropped */
+    tb[2]->b.flags = IFD_BATCH_STOP;
+    ck_assert_int_eq(ifd_shard_step(IFD_INPUT_PER_HOST_V2, bs, 3, 3, shards, &err), IFD_OK);
+    ck_assert_ptr_eq(shards[2].batch, bs[2]);
+    ck_assert_uint_eq(tb[2]->b.flags & IFD_BATCH_STOP, 0);
+    tb[0]->b.flags = IFD_BATCH_STOP;
+    ck_assert_int_eq(ifd_shard_step(IFD_INPUT_PER_HOST_V2, bs, 3, 3, shards, &err), IFD_OK);
+    for (int r = 0; r < 3; r++)
+        ck_assert_ptr_eq(shards[r].batch, bs[0]);
+    for (int i = 0; i < 3; i++)
+        tu_batch_free(tb[i]);
+}
+END_TEST
+
+/* A per-replica queue: pushes go to b->replica's FIFO, a full FIFO does not block another's,
+ * next_for takes one replica's batches in order, the shared next refuses. */
+START_TEST(per_replica_queue)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int replicas = (int)rand_between(&rng, 2, 4);
+    ifd_batch_queue *q;
+    ck_assert_int_eq(ifd_batch_queue_create_per_replica(&q, 2, replicas), IFD_OK);
+    ifd_batch_source src = ifd_batch_queue_source(q);
+    ifd_program p;
+    softmax(&p, 2, 2);
+    int released = 0;
+    tu_batch *tb[4][2];
+    for (int r = 0; r < replicas; r++) {
+        for (int k = 0; k < 2; k++) {
+            tb[r][k] = tu_batch_random(&p, 1, 10 * r + k, &rng);
+            tb[r][k]->b.replica = r;
+            tb[r][k]->released = &released;
+        }
+    }
+    /* fill the last replica's FIFO first: the others still take pushes at once */
+    for (int r = replicas - 1; r >= 0; r--)
+        for (int k = 0; k < 2; k++)
+            ck_assert_int_eq(ifd_batch_queue_push(q, &tb[r][k]->b), IFD_OK);
+    ck_assert_uint_eq(ifd_batch_queue_len(q), (size_t)(2 * replicas));
+    ck_assert_uint_eq(ifd_batch_queue_len_for(q, 1), 2);
+    tu_batch *stray = tu_batch_random(&p, 1, 99, &rng);
+    stray->b.replica = replicas;
+    ck_assert_int_eq(ifd_batch_queue_push(q, &stray->b), IFD_EINVAL);
+    tu_batch_free(stray);
+    ifd_batch *got;
+    ifd_error err;
+    ck_assert_int_eq(src.ops->next(src.ctx, &got, &err), IFD_EINVAL);
+    ck_assert_ptr_nonnull(strstr(err.msg, "next_for"));
+    ck_assert_int_eq(src.ops->next_for(src.ctx, replicas, &got, &err), IFD_EINVAL);
+    char want[64];
+    snprintf(want, sizeof want, "replica %d: expected 0 to %d", replicas, replicas - 1);
+    ck_assert_msg(strstr(err.msg, want), "%s", err.msg);
+    int r = (int)rand_between(&rng, 0, replicas - 1);
+    ck_assert_int_eq(src.ops->next_for(src.ctx, r, &got, &err), IFD_OK);
+    ck_assert_ptr_eq(got, &tb[r][0]->b);
+    ck_assert_int_eq(src.ops->try_next_for(src.ctx, r, &got, &err), IFD_OK);
+    ck_assert_ptr_eq(got, &tb[r][1]->b);
+    ck_assert_int_eq(src.ops->try_next_for(src.ctx, r, &got, &err), IFD_ETIMEDOUT);
+    ifd_batch_queue_close(q);
+    ck_assert_int_eq(src.ops->next_for(src.ctx, r, &got, &err), IFD_EEOF);
+    int other = (r + 1) % replicas;
+    ck_assert_int_eq(src.ops->next_for(src.ctx, other, &got, &err), IFD_OK);
+    ck_assert_ptr_eq(got, &tb[other][0]->b);
+    tu_batch_free(tb[r][0]);
+    tu_batch_free(tb[r][1]);
+    tu_batch_free(tb[other][0]);
+    /* destroy releases what is left */
+    ifd_batch_queue_destroy(q);
+    ck_assert_int_eq(released, 2 * replicas - 3);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("infeed");
@@ -173,6 +323,10 @@ int main(void)
     tcase_add_loop_test(tc, per_host_shards_are_views, 0, 20);
     tcase_add_test(tc, per_host_rejects_uneven_batches);
     tcase_add_test(tc, batch_queue_source);
+    tcase_add_test(tc, rows_and_batches_per_mode);
+    tcase_add_loop_test(tc, one_batch_a_replica_modes, 0, 30);
+    tcase_add_test(tc, per_core_and_stop_rules);
+    tcase_add_loop_test(tc, per_replica_queue, 0, 5);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

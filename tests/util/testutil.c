@@ -186,6 +186,13 @@ void tu_run_predict(const ifd_config *cfg, tu_batch **batches, int64_t n,
     res->rc = ifd_session_run(s, &res->err);
     ifd_batch_queue_close(q);
     tu_producer_join(p);
+    tu_result_collect(res, s, cfg->replicas, sink);
+    ifd_batch_queue_destroy(q);
+    free(copies);
+}
+
+void tu_result_collect(tu_result *res, ifd_session *s, int replicas, ifd_sink *sink)
+{
     res->global_step = ifd_session_global_step(s);
     res->reason = ifd_session_end_reason(s);
     const ifd_program *prog = ifd_session_program(s);
@@ -194,20 +201,18 @@ void tu_run_predict(const ifd_config *cfg, tu_batch **batches, int64_t n,
     ck_assert_int_eq(ifd_session_read_params(s, 0, res->params), IFD_OK);
     res->mirrors_identical = 1;
     float *other = malloc(sizeof(float) * (size_t)res->nparams);
-    for (int r = 1; r < cfg->replicas; r++) {
+    for (int r = 1; r < replicas; r++) {
         ck_assert_int_eq(ifd_session_read_params(s, r, other), IFD_OK);
         if (memcmp(other, res->params, sizeof(float) * (size_t)res->nparams) != 0)
             res->mirrors_identical = 0;
     }
     free(other);
     ifd_session_destroy(s);
-    ifd_batch_queue_destroy(q);
     res->nsummaries = ifd_sink_memory_count(sink);
     res->summaries = calloc(res->nsummaries + 1, sizeof *res->summaries);
     for (size_t i = 0; i < res->nsummaries; i++)
         res->summaries[i] = ifd_sink_memory_get(sink, i);
     ifd_sink_destroy(sink);
-    free(copies);
 }
 
 void tu_result_free(tu_result *res)

@@ -56,6 +56,9 @@ typedef struct tu_result {
 } tu_result;
 
 void tu_run(const ifd_config *cfg, tu_batch **batches, int64_t n, tu_result *res);
+/* After ifd_session_run (res->rc and res->err filled): the rest of res from s (replicas
+ * replicas) and the memory sink; destroys s and sink. */
+void tu_result_collect(tu_result *res, ifd_session *s, int replicas, ifd_sink *sink);
 /* As tu_run, with a prediction sink (predict mode) when pred is not NULL. */
 void tu_run_predict(const ifd_config *cfg, tu_batch **batches, int64_t n,
                     const ifd_prediction_sink *pred, tu_result *res);

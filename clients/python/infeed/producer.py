@@ -93,7 +93,7 @@ def _convert(name: str, value: Any, entry: dict) -> np.ndarray:
 class Producer:
     """Streams batches to infeedd over a ZeroMQ DEALER socket (ingest protocol version 1).
 
-    ``Producer(endpoint, name=None, schema=None, first_seq=0, timeout=60.0)``
+    ``Producer(endpoint, name=None, schema=None, first_seq=0, timeout=60.0, replica=None)``
 
     - ``endpoint``: the daemon's ``--listen`` address, e.g. ``"tcp://127.0.0.1:5555"``.
     - ``name``: the producer's name (the daemon makes one up when it is None).
@@ -106,6 +106,9 @@ class Producer:
       ACK, a CREDIT...) before it raises :class:`TimeoutError`; None waits forever. It is a limit
       on silence, not on the whole call: a long :meth:`wait` that keeps receiving ACKs goes on.
     - ``on_ack``: called with each ACKed sequence number, as the ACK is handled.
+    - ``replica``: ``per-core`` input mode: the replica (0 to replicas - 1) this producer's batches
+      are for, sent in ``HELLO``; None (the other input modes) sends no replica. Each batch then
+      has the WELCOME's ``batch_size`` rows (``global_batch_size / replicas``).
 
     ``ERROR`` answers raise :class:`InfeedError` (``code``, ``seq``, ``message``): from the call
     that caused them for ``HELLO``, and for a rejected batch from the next :meth:`send`,
@@ -122,9 +125,14 @@ class Producer:
                  schema: Optional[Sequence[Any]] = None, first_seq: int = 0,
                  timeout: Optional[float] = _DEFAULT_TIMEOUT,
                  context: Optional[zmq.Context] = None,
-                 on_ack: Optional[Callable[[int], None]] = None):
+                 on_ack: Optional[Callable[[int], None]] = None,
+                 replica: Optional[int] = None):
         if first_seq < 0:
             raise ValueError(f"first_seq: expected >= 0, got {first_seq}")
+        if replica is not None and (isinstance(replica, bool) or not isinstance(replica, int)
+                                    or replica < 0):
+            raise ValueError(f"replica: expected None or an int >= 0, got {replica!r}")
+        self.replica = replica
         self.endpoint = endpoint
         self.name = name
         self.timeout = timeout
@@ -297,8 +305,10 @@ class Producer:
             self._schema = _normalize_schema(schema)
         if self._schema is None:
             raise ValueError("hello: no schema (pass schema= or send a batch)")
+        extra = {} if self.replica is None else {"replica": self.replica}
         self._sock.send_multipart(P.hello_frames(self._schema, self.name, self._first_seq
-                                                 if self.welcome is None else self._next_seq))
+                                                 if self.welcome is None else self._next_seq,
+                                                 **extra))
         before = self._welcomes
         got: list = []
 
