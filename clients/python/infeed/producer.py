@@ -150,6 +150,7 @@ class Producer:
         self._acked_seq = -1
         self._unacked: "OrderedDict[int, list]" = OrderedDict()
         self._errors: deque[InfeedError] = deque()
+        self._predictions: deque = deque()  # (seq, {name: array}) not yet handed out
         self._eclosed: Optional[InfeedError] = None
         self._welcomes = 0
         self._ended = False
@@ -222,6 +223,8 @@ class Producer:
             if err.code == P.ECLOSED:
                 self._eclosed = err
             self._errors.append(err)
+        elif msg.type == P.PREDICTION:
+            self._predictions.append((msg.seq, msg.arrays))
         elif msg.type == P.BYE:
             self.bye = msg.body
         elif msg.type == P.WELCOME:
@@ -424,6 +427,29 @@ class Producer:
                    "waiting for ACKs", timeout)
         self._raise_pending()
         return self._acked_seq
+
+    def predictions(self, timeout: Any = ...):
+        """Predict mode: yields ``(seq, arrays)`` for each batch sent, in order, where ``arrays``
+        maps names to numpy arrays with the batch's rows (padding removed): classifiers give
+        ``probabilities`` float32 [rows, K] and ``classes`` int32 [rows]; linear ``outputs``
+        float32 [rows, K]. A batch's PREDICTION comes before its ACK, so the iterator ends once
+        every batch sent so far is acknowledged (or the run has ended). It may be called while
+        sending, to take what has arrived, and again after :meth:`end`. Predictions that arrive
+        are kept until taken: memory grows with the batches sent and not yet iterated."""
+        self._check_open()
+        while True:
+            self._drain()
+            while self._predictions:
+                yield self._predictions.popleft()
+            self._raise_pending(skip_eclosed=True)
+            if not self._unacked or self.bye is not None:
+                self._drain()
+                while self._predictions:
+                    yield self._predictions.popleft()
+                return
+            self._pump(lambda: bool(self._predictions) or bool(self._errors) or
+                       not self._unacked or self.bye is not None, "waiting for predictions",
+                       timeout)
 
     def end(self, wait_bye: bool = True, timeout: Any = ...) -> Optional[dict]:
         """Sends END (once), waits until every batch sent is acknowledged and, with ``wait_bye``,

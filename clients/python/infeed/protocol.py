@@ -134,13 +134,15 @@ def unpack_header(frame: bytes) -> int:
     return msg_type
 
 
-def unpack_batch_header(frame: bytes) -> tuple[int, int, int, int]:
-    """Returns (seq, rows, flags, ntensors) of a BATCH header."""
+def unpack_batch_header(frame: bytes, msg_type: int = BATCH) -> tuple[int, int, int, int]:
+    """Returns (seq, rows, flags, ntensors) of a BATCH header (or of a PREDICTION's, which has
+    the same layout)."""
     frame = bytes(frame)
-    if unpack_header(frame) != BATCH:
-        raise ProtocolError("not a BATCH header")
+    if unpack_header(frame) != msg_type:
+        raise ProtocolError(f"not a {TYPE_NAMES[msg_type]} header")
     if len(frame) != BATCH_HEADER_SIZE:
-        raise ProtocolError(f"BATCH header: {len(frame)} bytes, expected {BATCH_HEADER_SIZE}")
+        raise ProtocolError(f"{TYPE_NAMES[msg_type]} header: {len(frame)} bytes, expected "
+                            f"{BATCH_HEADER_SIZE}")
     _, _, _, seq, rows, flags, ntensors = _BATCH.unpack(frame)
     return seq, rows, flags, ntensors
 
@@ -180,13 +182,16 @@ class Message:
     """A decoded daemon → producer message.
 
     ``type`` is the message type; ``seq`` and ``credit`` are filled for ACK and CREDIT (and for
-    ERROR from its JSON); ``body`` is the JSON object of WELCOME, ERROR and BYE.
+    ERROR from its JSON); ``body`` is the JSON object of WELCOME, ERROR and BYE; a PREDICTION has
+    ``seq`` (its batch's) and ``arrays`` (name -> numpy array, ``rows`` rows each, padding
+    removed) and its tensor descriptions in ``body["tensors"]``.
     """
 
     type: int
     seq: Optional[int] = None
     credit: int = 0
     body: dict = field(default_factory=dict)
+    arrays: dict = field(default_factory=dict)  # PREDICTION: name -> numpy array
 
     @property
     def name(self) -> str:
@@ -204,6 +209,8 @@ def unpack_message(frames: Sequence[bytes]) -> Message:
         return Message(ACK, seq=seq, credit=credit)
     if msg_type == CREDIT:
         return Message(CREDIT, credit=unpack_credit(frames[0]))
+    if msg_type == PREDICTION:
+        return unpack_prediction(frames)
     if msg_type in (WELCOME, ERROR, BYE):
         if len(frames) != 2:
             raise ProtocolError(f"{TYPE_NAMES[msg_type]}: {len(frames)} frames, expected 2")
@@ -215,6 +222,29 @@ def unpack_message(frames: Sequence[bytes]) -> Message:
             return Message(ERROR, seq=body.get("seq"), credit=int(credit), body=body)
         return Message(msg_type, body=body)
     return Message(msg_type)
+
+
+def unpack_prediction(frames: Sequence[bytes]) -> Message:
+    """Decodes PREDICTION: the BATCH header layout (seq, rows, flags, ntensors), a JSON array of
+    {name, dtype, shape} (per-row shapes), then one raw little-endian frame per tensor."""
+    import numpy as np
+
+    seq, rows, _flags, ntensors = unpack_batch_header(frames[0], PREDICTION)
+    if len(frames) != 2 + ntensors:
+        raise ProtocolError(f"PREDICTION: {len(frames)} frames, expected {2 + ntensors}")
+    desc = unpack_json(frames[1])
+    if not isinstance(desc, list) or len(desc) != ntensors:
+        raise ProtocolError(f"PREDICTION: the description is not an array of {ntensors} tensors")
+    arrays = {}
+    for entry, frame in zip(desc, frames[2:]):
+        dt = np.dtype(DTYPES[entry["dtype"]]).newbyteorder("<")
+        shape = (rows, *[int(d) for d in entry["shape"]])
+        data = bytes(frame)
+        if len(data) != dt.itemsize * int(np.prod(shape)):
+            raise ProtocolError(f"PREDICTION: tensor '{entry['name']}' is {len(data)} bytes, "
+                                f"expected {dt.itemsize * int(np.prod(shape))} for {shape}")
+        arrays[entry["name"]] = np.frombuffer(data, dtype=dt).reshape(shape)
+    return Message(PREDICTION, seq=seq, body={"rows": rows, "tensors": desc}, arrays=arrays)
 
 
 def hello_frames(schema: list, name: Optional[str] = None, first_seq: Optional[int] = None,
