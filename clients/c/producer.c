@@ -45,6 +45,11 @@ struct ifd_producer {
     int64_t acked_seq;
     int end_sent;
 
+    /* predict mode: called for each PREDICTION */
+    ifd_prediction_fn pred_fn;
+    void *pred_arg;
+    int64_t predictions;
+
     /* The BYE, once it came. */
     char *bye_json;
     int bye_ok;
@@ -224,6 +229,68 @@ static void on_bye(ifd_producer *p, zmq_msg_t *frames, int n)
     json_decref(o);
 }
 
+/* PREDICTION: the BATCH header layout, a JSON array of {name, dtype, shape}, one raw frame per
+ * tensor. Each frame is copied to aligned memory for the callback's views. */
+static void on_prediction(ifd_producer *p, zmq_msg_t *frames, int n)
+{
+    if (zmq_msg_size(&frames[0]) < IFD_PROTO_BATCH_HDR || n < 2) {
+        push_error(p, IFD_EPROTO, "PREDICTION: expected a 32-byte header and a JSON frame");
+        return;
+    }
+    ifd_proto_batch h;
+    ifd_proto_parse_batch(zmq_msg_data(&frames[0]), &h);
+    json_t *desc = json_loadb(zmq_msg_data(&frames[1]), zmq_msg_size(&frames[1]), 0, NULL);
+    const char *names[IFD_MAX_INPUTS];
+    ifd_tensor t[IFD_MAX_INPUTS];
+    void *copies[IFD_MAX_INPUTS] = {0};
+    int nt = (int)h.ntensors, ok = json_is_array(desc) && nt >= 0 && nt <= IFD_MAX_INPUTS &&
+                                   (int)json_array_size(desc) == nt && n == 2 + nt && h.rows >= 0;
+    for (int i = 0; ok && i < nt; i++) {
+        json_t *e = json_array_get(desc, (size_t)i), *shape = json_object_get(e, "shape");
+        const char *dt = json_string_value(json_object_get(e, "dtype"));
+        names[i] = json_string_value(json_object_get(e, "name"));
+        size_t esize = 0;
+        t[i].dtype = IFD_DTYPE_MAX;
+#define IFDP_PARSE_CASE_(e, str, size)                                                             \
+    if (dt && strcmp(dt, str) == 0) {                                                              \
+        t[i].dtype = IFD_##e;                                                                      \
+        esize = size;                                                                              \
+    }
+        IFD_DTYPE_MAP(IFDP_PARSE_CASE_)
+#undef IFDP_PARSE_CASE_
+        ok = names[i] && esize && json_is_array(shape) && json_array_size(shape) < IFD_MAX_RANK;
+        t[i].shape.rank = ok ? 1 + (int)json_array_size(shape) : 0;
+        t[i].shape.dims[0] = h.rows;
+        size_t bytes = esize * (size_t)h.rows;
+        for (int d = 1; ok && d < t[i].shape.rank; d++) {
+            json_t *v = json_array_get(shape, (size_t)d - 1);
+            ok = json_is_integer(v) && json_integer_value(v) >= 0;
+            t[i].shape.dims[d] = ok ? json_integer_value(v) : 0;
+            bytes *= (size_t)t[i].shape.dims[d];
+        }
+        ok = ok && zmq_msg_size(&frames[2 + i]) == bytes;
+        if (ok) {
+            copies[i] = malloc(bytes ? bytes : 1);
+            ok = copies[i] != NULL;
+        }
+        if (ok) {
+            memcpy(copies[i], zmq_msg_data(&frames[2 + i]), bytes);
+            t[i].data = copies[i];
+        }
+    }
+    if (ok) {
+        p->predictions++;
+        if (p->pred_fn)
+            p->pred_fn(p->pred_arg, h.seq, h.rows, nt, names, t);
+    } else {
+        push_error(p, IFD_EPROTO,
+                   "PREDICTION: the tensor description does not match the frames that follow");
+    }
+    for (int i = 0; i < nt && i < IFD_MAX_INPUTS; i++)
+        free(copies[i]);
+    json_decref(desc);
+}
+
 static void on_reply(ifd_producer *p, zmq_msg_t *frames, int n)
 {
     size_t hl = zmq_msg_size(&frames[0]);
@@ -234,6 +301,10 @@ static void on_reply(ifd_producer *p, zmq_msg_t *frames, int n)
         return;
     }
     int type = ifd_get_u16(h + 6);
+    if (type == IFD_MSG_PREDICTION) {
+        on_prediction(p, frames, n);
+        return;
+    }
     switch (type) {
     case IFD_MSG_WELCOME:
         on_welcome(p, frames, n);
@@ -262,7 +333,7 @@ static void on_reply(ifd_producer *p, zmq_msg_t *frames, int n)
         p->available += ifd_get_u32(h + 8);
         break;
     default:
-        break; /* PREDICTION, and types of later versions */
+        break; /* types of later versions */
     }
 }
 
@@ -458,6 +529,17 @@ out:
     json_decref(arr);
     json_decref(o);
     return text;
+}
+
+void ifd_producer_on_prediction(ifd_producer *p, ifd_prediction_fn fn, void *arg)
+{
+    p->pred_fn = fn;
+    p->pred_arg = arg;
+}
+
+int64_t ifd_producer_predictions(const ifd_producer *p)
+{
+    return p->predictions;
 }
 
 int ifd_producer_set_replica(ifd_producer *p, int replica, ifd_error *err)

@@ -1107,6 +1107,127 @@ typedef struct pub_case {
     int tag;
 } pub_case;
 
+/* ---- PREDICTION ---------------------------------------------------------------------------- */
+
+#define PRED_MAXB 12
+typedef struct pred_case {
+    int nb, k, bad_at; /* bad_at: the batch whose PREDICTION is malformed, -1 none */
+    int64_t rows[PRED_MAXB];
+    float *probs[PRED_MAXB];
+    int32_t *classes[PRED_MAXB];
+    /* what the producer's callback saw */
+    int got;
+    int64_t got_seq[PRED_MAXB], got_rows[PRED_MAXB];
+    int ok[PRED_MAXB];
+} pred_case;
+
+static void script_predict(fake *f)
+{
+    pred_case *c = f->arg;
+    FAKE_HELLO_WELCOME(f, 64, 0, 16);
+    for (int b = 0; b < c->nb; b++) {
+        fmsg m;
+        FCHECK(f, fake_recv(f, &m, 10000), "batch %d never came", b);
+        fmsg_free(&m);
+        unsigned char h[32] = {'I', 'F', 'D', 'P', 1, 0, 8, 0};
+        put_le(h + 8, (uint64_t)b, 8);
+        put_le(h + 16, (uint64_t)c->rows[b], 8);
+        put_le(h + 28, 2, 4);
+        char desc[160];
+        snprintf(desc, sizeof desc,
+                 "[{\"name\":\"probabilities\",\"dtype\":\"float32\",\"shape\":[%d]},"
+                 "{\"name\":\"classes\",\"dtype\":\"int32\",\"shape\":[]}]",
+                 c->k);
+        size_t pbytes = sizeof(float) * (size_t)(c->rows[b] * c->k);
+        zmq_send(f->router, f->id, f->id_len, ZMQ_SNDMORE);
+        zmq_send(f->router, h, 32, ZMQ_SNDMORE);
+        zmq_send(f->router, desc, strlen(desc), ZMQ_SNDMORE);
+        zmq_send(f->router, c->probs[b], pbytes - (b == c->bad_at ? 4 : 0), ZMQ_SNDMORE);
+        zmq_send(f->router, c->classes[b], sizeof(int32_t) * (size_t)c->rows[b], 0);
+        fake_ack(f, b);
+    }
+    fmsg m;
+    FCHECK(f, fake_recv(f, &m, 10000), "END never came");
+    fmsg_free(&m);
+    fake_bye(f, "ok", "input_ended", c->nb - 1);
+}
+
+static void on_pred(void *arg, int64_t seq, int64_t rows, int ntensors, const char *const *names,
+                    const ifd_tensor *t)
+{
+    pred_case *c = arg;
+    int i = c->got++;
+    c->got_seq[i] = seq;
+    c->got_rows[i] = rows;
+    c->ok[i] = ntensors == 2 && strcmp(names[0], "probabilities") == 0 &&
+               strcmp(names[1], "classes") == 0 && t[0].dtype == IFD_F32 && t[0].shape.rank == 2 &&
+               t[0].shape.dims[0] == rows && t[0].shape.dims[1] == c->k && t[1].dtype == IFD_I32 &&
+               t[1].shape.rank == 1 && seq >= 0 && seq < c->nb &&
+               memcmp(t[0].data, c->probs[seq], sizeof(float) * (size_t)(rows * c->k)) == 0 &&
+               memcmp(t[1].data, c->classes[seq], sizeof(int32_t) * (size_t)rows) == 0;
+}
+
+START_TEST(test_predictions)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    pred_case c = {.nb = (int)rand_between(&rng, 1, PRED_MAXB), .k = (int)rand_between(&rng, 1, 9)};
+    c.bad_at = _i == 1 ? (int)rand_between(&rng, 0, c.nb - 1) : -1;
+    for (int b = 0; b < c.nb; b++) {
+        c.rows[b] = rand_between(&rng, 1, 16);
+        c.probs[b] = malloc(sizeof(float) * (size_t)(c.rows[b] * c.k));
+        c.classes[b] = malloc(sizeof(int32_t) * (size_t)c.rows[b]);
+        for (int64_t j = 0; j < c.rows[b] * c.k; j++)
+            c.probs[b][j] = (float)ifd_rng_uniform(&rng);
+        for (int64_t j = 0; j < c.rows[b]; j++)
+            c.classes[b][j] = (int32_t)ifd_rng_below(&rng, (uint64_t)c.k);
+    }
+    fake f;
+    fake_start(&f, script_predict, &c);
+    ifd_producer *p;
+    ifd_error err;
+    RC_OK(ifd_producer_create(&p, f.endpoint, "pred", &err), err);
+    ifd_producer_on_prediction(p, on_pred, &c);
+    RC_OK(ifd_producer_hello(p, ONE_U8, 1, 0, 10000, &err), err);
+    unsigned char x[16 * 4] = {0};
+    int failed = 0;
+    for (int b = 0; b < c.nb; b++) {
+        ifd_frame fr = {x, (size_t)(c.rows[b] * 4)};
+        int rc = ifd_producer_send(p, c.rows[b], &fr, 1, 10000, &err);
+        if (rc) { /* the malformed PREDICTION's error, from the next call */
+            RASSERT(rc == IFD_EPROTO && strstr(err.msg, "PREDICTION"), "send %d: %s %s", b,
+                    ifd_errname(rc), err.msg);
+            failed = 1;
+            b--;
+        }
+    }
+    int rc = ifd_producer_end(p, 10000, &err);
+    if (rc == IFD_EPROTO && !failed) {
+        failed = 1;
+        rc = ifd_producer_end(p, 10000, &err);
+    }
+    RC_OK(rc, err);
+    fake_join(&f);
+    RASSERT(f.fail[0] == '\0', "%s", f.fail);
+    int want = c.nb - (c.bad_at >= 0);
+    RASSERT(c.got == want && ifd_producer_predictions(p) == want, "%d predictions, expected %d",
+            c.got, want);
+    RASSERT(failed == (c.bad_at >= 0), "malformed PREDICTION: error %d", failed);
+    for (int i = 0, b = 0; i < c.got; i++, b++) {
+        if (b == c.bad_at)
+            b++;
+        RASSERT(c.got_seq[i] == b && c.got_rows[i] == c.rows[b] && c.ok[i],
+                "prediction %d: seq %lld rows %lld, contents %s", i, (long long)c.got_seq[i],
+                (long long)c.got_rows[i], c.ok[i] ? "equal" : "differ");
+    }
+    ifd_producer_destroy(p);
+    for (int b = 0; b < c.nb; b++) {
+        free(c.probs[b]);
+        free(c.classes[b]);
+    }
+}
+END_TEST
+
 static void *publisher(void *arg)
 {
     pub_case *c = arg;
@@ -1202,6 +1323,7 @@ int main(void)
     tcase_add_test(tc, test_async_error);
     tcase_add_test(tc, test_zero_copy);
     tcase_add_test(tc, test_arguments);
+    tcase_add_loop_test(tc, test_predictions, 0, 2);
     suite_add_tcase(s, tc);
     TCase *ts = tcase_create("subscriber");
     tcase_add_test(ts, test_subscriber);

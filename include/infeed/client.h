@@ -59,6 +59,16 @@ int ifd_producer_create(ifd_producer **out, const char *endpoint, const char *na
  * released when it returns. NULL is a no-op. */
 void ifd_producer_destroy(ifd_producer *p);
 
+/* Predict mode: fn is called for each PREDICTION the daemon sends (one per batch, in the batch
+ * order, before the ACK that covers the batch), from within whichever producer call receives it
+ * (send, wait, end, bye): the batch's seq, its rows (padding removed) and its tensors (views with
+ * `rows` rows, valid during the call only; docs/protocol.md lists them per program). NULL stops
+ * the calls. ifd_producer_predictions counts the PREDICTIONs received. */
+typedef void (*ifd_prediction_fn)(void *arg, int64_t seq, int64_t rows, int ntensors,
+                                  const char *const *names, const ifd_tensor *tensors);
+void ifd_producer_on_prediction(ifd_producer *p, ifd_prediction_fn fn, void *arg);
+int64_t ifd_producer_predictions(const ifd_producer *p);
+
 /* per-core input mode: the replica (0 to replicas - 1) this producer's batches are for, sent in
  * every later HELLO; -1 (the default) sends no replica, as the other input modes require. The
  * daemon checks the value (IFD_EINVAL from hello). IFD_EINVAL for a value below -1. */
