@@ -160,6 +160,12 @@ void tu_batches_free(tu_batch **bs, int64_t n)
 
 void tu_run(const ifd_config *cfg, tu_batch **batches, int64_t n, tu_result *res)
 {
+    tu_run_hooks(cfg, batches, n, NULL, 0, res);
+}
+
+void tu_run_hooks(const ifd_config *cfg, tu_batch **batches, int64_t n, const ifd_hook *hooks,
+                  int nhooks, tu_result *res)
+{
     memset(res, 0, sizeof *res);
     tu_batch **copies = calloc((size_t)(n ? n : 1), sizeof *copies);
     for (int64_t i = 0; i < n; i++) {
@@ -174,6 +180,8 @@ void tu_run(const ifd_config *cfg, tu_batch **batches, int64_t n, tu_result *res
     int rc = ifd_session_create(&s, cfg, ifd_batch_queue_source(q), &res->err);
     ck_assert_msg(rc == IFD_OK, "session_create: %s", ifd_error_text(&res->err));
     ck_assert_int_eq(ifd_session_add_sink(s, sink), IFD_OK);
+    for (int i = 0; i < nhooks; i++)
+        ck_assert_int_eq(ifd_session_add_hook(s, &hooks[i]), IFD_OK);
     tu_producer *p = tu_producer_start(q, copies, n, 0);
     res->rc = ifd_session_run(s, &res->err);
     ifd_batch_queue_close(q);

@@ -56,6 +56,9 @@ typedef struct tu_result {
 } tu_result;
 
 void tu_run(const ifd_config *cfg, tu_batch **batches, int64_t n, tu_result *res);
+/* As tu_run, with hooks added to the session (copied; the session destroys them). */
+void tu_run_hooks(const ifd_config *cfg, tu_batch **batches, int64_t n, const ifd_hook *hooks,
+                  int nhooks, tu_result *res);
 void tu_result_free(tu_result *res);
 
 /* The number of threads in this process (from /proc/self/task). */
