@@ -31,7 +31,7 @@
 /* cuBLAS workspace per handle, set explicitly so that a captured GEMM never allocates (the
  * cuBLAS documentation recommends 32 MiB on Hopper, 4 MiB before). */
 #define CU_BLAS_WORKSPACE (32u << 20)
-/* After an abort, read_params still waits this long for a stream that is merely busy. */
+/* After an abort, read_state still waits this long for a stream that is merely busy. */
 #define CU_READ_GRACE_NS (2 * INT64_C(1000000000))
 
 typedef struct cu_dev cu_dev;
@@ -83,7 +83,7 @@ typedef struct cu_replica {
     ifd_queue *out_free;    /* cu_outslot * */
     ifd_queue *out_full;    /* cu_outslot *: enqueued steps, in order */
     cudaEvent_t loop_end;   /* the last step of a loop */
-    cudaEvent_t sync_ev;    /* read_params */
+    cudaEvent_t sync_ev;    /* read_state */
     ifd_ops ops;
     int op_rc; /* first failure of an op in the current step (ops return nothing) */
     ifd_error op_err;
