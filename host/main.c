@@ -83,10 +83,27 @@ static int load_start(const ifd_daemon_config *c, ifd_checkpoint **out, ifd_erro
         ifd_checkpoint_free(*out);
         *out = NULL;
     }
-    if (rc == IFD_OK)
-        IFD_LOG_INFO("starting from checkpoint %s at global step %lld", path,
-                     (long long)ifd_checkpoint_global_step(*out));
     return rc;
+}
+
+/* A train run writes into checkpoint_dir only when nothing there is ahead of where it starts:
+ * checkpoints of another timeline beside its own would be pruned for them, or taken by a later
+ * --resume. */
+static int check_dir(const ifd_daemon_config *c, const ifd_checkpoint *start, ifd_error *err)
+{
+    int64_t latest, from = start ? ifd_checkpoint_global_step(start) : c->run.initial_global_step;
+    int rc = ifd_checkpoint_latest_step(c->checkpoint_dir, &latest, err);
+    if (rc == IFD_ENOTFOUND)
+        return IFD_OK;
+    if (rc)
+        return rc;
+    if (latest > from)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "checkpoint_dir: '%s' holds a checkpoint at global step %lld, ahead "
+                             "of this run's start at %lld: pass --resume to continue from it, or "
+                             "use another folder",
+                             c->checkpoint_dir, (long long)latest, (long long)from);
+    return IFD_OK;
 }
 
 int main(int argc, char **argv)
@@ -124,6 +141,15 @@ int main(int argc, char **argv)
     }
     cfg.run.restore = ck;
     int train = cfg.run.mode == IFD_MODE_TRAIN;
+    if (cfg.checkpoint_dir && train && check_dir(&cfg, ck, &err)) {
+        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
+        ifd_checkpoint_free(ck);
+        ifd_daemon_config_free(&cfg);
+        return 2;
+    }
+    if (ck)
+        IFD_LOG_INFO("starting from a checkpoint at global step %lld (%d producers)",
+                     (long long)ifd_checkpoint_global_step(ck), ifd_checkpoint_producer_count(ck));
     if (cfg.checkpoint_dir && !train)
         IFD_LOG_WARN("checkpoint_dir: %s mode writes no checkpoints", ifd_mode_name(cfg.run.mode));
 

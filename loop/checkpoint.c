@@ -471,7 +471,7 @@ static int step_path(char *path, size_t len, const char *dir, int64_t step, ifd_
     return IFD_OK;
 }
 
-int ifd_checkpoint_latest(const char *dir, char *path, size_t len, ifd_error *err)
+int ifd_checkpoint_latest_step(const char *dir, int64_t *step, ifd_error *err)
 {
     int64_t *steps;
     size_t n;
@@ -483,9 +483,16 @@ int ifd_checkpoint_latest(const char *dir, char *path, size_t len, ifd_error *er
                              "checkpoint folder '%s': no checkpoint (" NAME_PREFIX
                              "<step>" IFD_CHECKPOINT_SUFFIX ") in it",
                              dir);
-    rc = step_path(path, len, dir, steps[n - 1], err);
+    *step = steps[n - 1];
     free(steps);
-    return rc;
+    return IFD_OK;
+}
+
+int ifd_checkpoint_latest(const char *dir, char *path, size_t len, ifd_error *err)
+{
+    int64_t step;
+    int rc = ifd_checkpoint_latest_step(dir, &step, err);
+    return rc ? rc : step_path(path, len, dir, step, err);
 }
 
 /* Removes the checkpoints of dir beyond the newest keep, except the one of step spare (-1:
@@ -719,8 +726,8 @@ static int parse_header(ifd_checkpoint *c, json_t *h, const char *path, ifd_erro
 int ifd_checkpoint_load(const char *path, ifd_checkpoint **out, ifd_error *err)
 {
     *out = NULL;
-    uint8_t *buf;
-    size_t len;
+    uint8_t *buf = NULL;
+    size_t len = 0;
     int rc = read_file(path, &buf, &len, err);
     if (rc)
         return rc;

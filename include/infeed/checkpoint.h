@@ -37,6 +37,8 @@ void ifd_checkpoint_free(ifd_checkpoint *c);
  * ckpt-<step>.ifdckpt), into path. IFD_ENOTFOUND with a sentence when dir holds none or does
  * not exist; IFD_ERANGE when len is too small. */
 int ifd_checkpoint_latest(const char *dir, char *path, size_t len, ifd_error *err);
+/* As ifd_checkpoint_latest, the step of that checkpoint (from its name). */
+int ifd_checkpoint_latest_step(const char *dir, int64_t *step, ifd_error *err);
 
 /* Writes c atomically as dir/ckpt-<global step>.ifdckpt (the full path into path when not NULL),
  * then removes the checkpoints of dir beyond the keep (>= 1) of the highest steps, never the one

@@ -167,6 +167,14 @@ def test_a_checkpoint_that_cannot_start_the_run(tmp_path, damage, words):
         empty.mkdir()
         line = one_line_error(*args, "--checkpoint-dir", str(empty), "--resume")
         assert "no checkpoint" in line and str(empty) in line, line
+        # a fresh run, or one from an older file, in a folder that is ahead of it
+        line = one_line_error(*args, "--checkpoint-dir", str(folder))
+        assert "global step 40" in line and "--resume" in line, line
+        older = tmp_path / "older.ifdckpt"
+        ckpt.write(older, softmax_header(20, {}), np.ones(n, np.float32),
+                   np.zeros((2, n), np.float32))
+        line = one_line_error(*args, "--checkpoint-dir", str(folder), "--checkpoint", str(older))
+        assert "ahead of this run's start at 20" in line, line
         line = one_line_error(*args, "--resume")
         assert "checkpoint_dir" in line, line
         line = one_line_error(*args, "--checkpoint", str(tmp_path / "nothing.ifdckpt"))

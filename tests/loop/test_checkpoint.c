@@ -667,6 +667,37 @@ START_TEST(session_refuses_a_misfit)
 }
 END_TEST
 
+/* A run whose input ends early (or that is stopped) writes its state at the end all the same,
+ * unless it ran no step. */
+START_TEST(end_checkpoint_when_the_input_ends)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int64_t have = rand_between(&rng, 0, 12);
+    ifd_config cfg;
+    tu_config_train(&cfg, "linear", IFD_OPT_ADAM, 3, 2, 4, 5, 1);
+    cfg.num_steps = 100;
+    tu_batch **bs = tu_batches_random(&cfg, have, 1);
+    char *dir = tmp_dir();
+    ifd_checkpoint_options o = {.dir = dir, .every = 0, .keep = 5};
+    ifd_hook h;
+    ifd_error err;
+    ck_assert_int_eq(ifd_hook_checkpoint(&h, &o, &err), IFD_OK);
+    tu_result res;
+    tu_run_hooks(&cfg, bs, have, &h, 1, &res);
+    ck_assert_int_eq(res.rc, IFD_OK);
+    ck_assert_int_eq(res.reason, IFD_END_INPUT_ENDED);
+    int64_t got[8];
+    int n = steps_in(dir, got, 8);
+    RASSERT(n == (have > 0), "%lld batches: %d checkpoints", (long long)have, n);
+    if (n)
+        ck_assert_int_eq(got[0], have);
+    tu_result_free(&res);
+    tu_batches_free(bs, have);
+    rm_dir(dir);
+}
+END_TEST
+
 /* A run that fails writes no checkpoint at its end (its state may be half a step). */
 static int fail_at;
 static int64_t calls; /* atomic */
@@ -723,6 +754,7 @@ int main(void)
     tcase_add_test(tc, hook_schedule);
     tcase_add_loop_test(tc, resume_equals_uninterrupted, IFD_OPT_SGD, IFD_OPT_ADAM + 1);
     tcase_add_test(tc, session_refuses_a_misfit);
+    tcase_add_test(tc, end_checkpoint_when_the_input_ends);
     tcase_add_test(tc, no_checkpoint_after_an_error);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
