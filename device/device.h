@@ -110,8 +110,8 @@ typedef struct ifd_device_backend {
     /* Copies replica's state to host memory: params (nparam_floats), slots
      * (ifd_optimizer_slots(kind) x nparam_floats, slot0 then slot1) and the optimizer's update
      * count; a NULL destination is skipped. */
-    int (*read_state)(ifd_device *dev, int replica, float *params, float *slots,
-                      int64_t *opt_step, ifd_error *err);
+    int (*read_state)(ifd_device *dev, int replica, float *params, float *slots, int64_t *opt_step,
+                      ifd_error *err);
     int64_t (*global_step)(ifd_device *dev);
     void (*stats)(ifd_device *dev, int replica, ifd_device_stats *out);
     void (*abort)(ifd_device *dev);
