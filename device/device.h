@@ -5,7 +5,8 @@
  * and calls through the inline wrappers below (nng's protocol ops, curl's TLS backends).
  *
  * Threads and blocking, per operation:
- * - open, close, run_loop, read_params: the session's thread only, never concurrently.
+ * - open, close, run_loop, read_state: the session's thread only, never concurrently, and
+ *   read_state only between loops (no run_loop in progress).
  * - infeed_enqueue, infeed_flush, infeed_end: the infeed controller thread only.
  * - outfeed_dequeue: the outfeed controller thread only.
  * - global_step, stats, abort: any thread, never block.
@@ -83,6 +84,13 @@ typedef struct ifd_device_config {
     float loss_scale;
     uint64_t seed;
     int64_t initial_step;
+    /* The state every replica starts from (a checkpoint), host memory, read during open only:
+     * init_params (nparam_floats) replaces the seed's initialisation; init_slots
+     * (ifd_optimizer_slots(optimizer.kind) x nparam_floats floats: slot0, then slot1) and
+     * init_opt_step replace zeroed slots and an optimizer count of 0. NULL: as before. */
+    const float *init_params;
+    const float *init_slots;
+    int64_t init_opt_step;
     int infeed_depth;
     int outfeed_depth;
     void (*on_error)(void *arg, const char *source, const ifd_error *err);
@@ -99,7 +107,11 @@ typedef struct ifd_device_backend {
     void (*infeed_end)(ifd_device *dev);
     int (*outfeed_dequeue)(ifd_device *dev, int replica, ifd_outfeed_rec *rec);
     int (*run_loop)(ifd_device *dev, int64_t n, int64_t *steps_done, ifd_error *err);
-    int (*read_params)(ifd_device *dev, int replica, float *out, ifd_error *err);
+    /* Copies replica's state to host memory: params (nparam_floats), slots
+     * (ifd_optimizer_slots(kind) x nparam_floats, slot0 then slot1) and the optimizer's update
+     * count; a NULL destination is skipped. */
+    int (*read_state)(ifd_device *dev, int replica, float *params, float *slots, int64_t *opt_step,
+                      ifd_error *err);
     int64_t (*global_step)(ifd_device *dev);
     void (*stats)(ifd_device *dev, int replica, ifd_device_stats *out);
     void (*abort)(ifd_device *dev);
@@ -139,9 +151,14 @@ static inline int ifd_device_run_loop(ifd_device *d, int64_t n, int64_t *done, i
 {
     return d->be->run_loop(d, n, done, err);
 }
+static inline int ifd_device_read_state(ifd_device *d, int r, float *params, float *slots,
+                                        int64_t *opt_step, ifd_error *err)
+{
+    return d->be->read_state(d, r, params, slots, opt_step, err);
+}
 static inline int ifd_device_read_params(ifd_device *d, int r, float *out, ifd_error *err)
 {
-    return d->be->read_params(d, r, out, err);
+    return d->be->read_state(d, r, out, NULL, NULL, err);
 }
 static inline int64_t ifd_device_global_step(ifd_device *d)
 {

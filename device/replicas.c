@@ -64,6 +64,19 @@ void ifd_replica_mem_carve(ifd_replica_state *st, float *mem, int64_t np)
     st->workspace = mem + 4 * np;
 }
 
+const float *ifd_replica_initial_params(const ifd_device_config *cfg, float *scratch)
+{
+    if (cfg->init_params)
+        return cfg->init_params;
+    cfg->program->cls->init_params(cfg->program, scratch, cfg->seed);
+    return scratch;
+}
+
+int64_t ifd_replica_slot_floats(const ifd_device_config *cfg)
+{
+    return ifd_optimizer_slots(cfg->optimizer.kind) * cfg->program->nparam_floats;
+}
+
 int64_t ifd_replicas_global_step(ifd_device *dev)
 {
     return __atomic_load_n(&((ifd_replicas *)dev->priv)->gstep, __ATOMIC_ACQUIRE);

@@ -146,6 +146,12 @@ void ifd_replicas_publish_step(ifd_replicas *set, int64_t step);
  */
 int64_t ifd_replica_mem_floats(const ifd_device_config *cfg);
 void ifd_replica_mem_carve(ifd_replica_state *st, float *mem, int64_t np);
+/* The parameters every replica starts from (host memory): cfg->init_params when set, else the
+ * program's initialisation from cfg->seed, written into scratch (nparam_floats floats). */
+const float *ifd_replica_initial_params(const ifd_device_config *cfg, float *scratch);
+/* Floats of optimizer slots a replica's state has: ifd_optimizer_slots(kind) x nparam_floats,
+ * contiguous from st->slot0 (slot1 follows slot0 in the block). */
+int64_t ifd_replica_slot_floats(const ifd_device_config *cfg);
 
 /* Adds to a replica's counters; only one thread per replica may call it (cpu: the replica's,
  * cuda: the outfeed thread), so a plain load and store suffices. */

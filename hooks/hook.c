@@ -1,4 +1,5 @@
 #include "hooks/hook_internal.h"
+#include "infeed/checkpoint.h"
 
 #include <stdio.h>
 
@@ -27,4 +28,17 @@ void ifd_run_context_request_stop(ifd_run_context *ctx, const char *reason)
     if (!ctx->stop_requested)
         snprintf(ctx->stop_reason, sizeof ctx->stop_reason, "%s", reason ? reason : "stopped");
     ctx->stop_requested = 1;
+}
+
+int ifd_run_context_checkpoint(ifd_run_context *ctx, ifd_checkpoint **out, ifd_error *err)
+{
+    *out = NULL;
+    if (ctx->snapshot == NULL)
+        return ifd_error_set(err, IFD_ENOTSUP, "checkpoint: this run context has no state to save");
+    return ctx->snapshot(ctx->snapshot_arg, out, err);
+}
+
+int ifd_run_context_failed(const ifd_run_context *ctx)
+{
+    return ctx->failed;
 }

@@ -8,7 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { K_STR, K_INT, K_I64, K_U64, K_F32, K_ENUM, K_BOOL, K_LOG } opt_kind;
+/* K_SWITCH: a K_BOOL whose flag takes no value (--resume; --resume=off) */
+typedef enum { K_STR, K_INT, K_I64, K_U64, K_F32, K_ENUM, K_BOOL, K_SWITCH, K_LOG } opt_kind;
 
 typedef struct opt {
     const char *key; /* the JSON key; the flag is --key with '_' as '-' */
@@ -135,6 +136,18 @@ static const opt opts[] = {
      "error, warn, info or debug", NULL},
     {"cuda_graphs", K_BOOL, OFF(cuda_graphs), "on|off",
      "cuda backend: capture each step in a CUDA Graph", NULL, NULL},
+    {"checkpoint_dir", K_STR, OFF(checkpoint_dir), "DIR",
+     "train mode: write checkpoints into this folder (docs/checkpoint.md)", NULL, NULL},
+    {"checkpoint_every", K_I64, OFF(checkpoint_every), "N",
+     "steps between checkpoints, at loop ends (0: only at the end of the run)", NULL, NULL},
+    {"keep_checkpoints", K_INT, OFF(keep_checkpoints), "N", "checkpoints kept in checkpoint_dir",
+     NULL, NULL},
+    {"resume", K_SWITCH, OFF(resume), "",
+     "continue from the latest checkpoint in checkpoint_dir (an error when there is none)", NULL,
+     NULL},
+    {"checkpoint", K_STR, OFF(checkpoint), "PATH",
+     "start from this checkpoint file (train: as --resume does; eval, predict: its parameters)",
+     NULL, NULL},
 };
 
 #define NOPTS ((int)(sizeof opts / sizeof opts[0]))
@@ -151,6 +164,8 @@ void ifd_daemon_config_defaults(ifd_daemon_config *c)
     c->max_producers = 64;
     c->log_level = IFD_LOG_INFO;
     c->cuda_graphs = 1;
+    c->checkpoint_every = 1000;
+    c->keep_checkpoints = 5;
 }
 
 void ifd_daemon_config_free(ifd_daemon_config *c)
@@ -263,6 +278,7 @@ static int set_value(ifd_daemon_config *c, const opt *o, const char *val, const 
         return IFD_OK;
     }
     case K_BOOL:
+    case K_SWITCH:
         if (strcmp(val, "on") == 0 || strcmp(val, "true") == 0 || strcmp(val, "1") == 0)
             *(int *)field = 1;
         else if (strcmp(val, "off") == 0 || strcmp(val, "false") == 0 || strcmp(val, "0") == 0)
@@ -366,6 +382,7 @@ int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const c
             }
             break;
         case K_BOOL:
+        case K_SWITCH:
             if (json_is_boolean(v))
                 val = json_is_true(v) ? "on" : "off";
             else if (json_is_string(v))
@@ -431,11 +448,12 @@ out:
     return rc;
 }
 
-/* Splits "--key=value" or "--key value"; *val is NULL when the value is missing. */
-static int flag_at(int argc, char **argv, int *i, const char **name, size_t *name_len,
-                   const char **val, ifd_error *err)
+/* Splits "--key=value"; *val is NULL without '=' (the caller takes the next argument when the
+ * flag wants a value). */
+static int flag_at(char **argv, int i, const char **name, size_t *name_len, const char **val,
+                   ifd_error *err)
 {
-    const char *a = argv[*i];
+    const char *a = argv[i];
     if (strncmp(a, "--", 2) != 0 || a[2] == '\0')
         return ifd_error_set(err, IFD_EINVAL,
                              "unexpected argument '%s': infeedd takes only flags (see --help)", a);
@@ -443,8 +461,6 @@ static int flag_at(int argc, char **argv, int *i, const char **name, size_t *nam
     const char *eq = strchr(*name, '=');
     *name_len = eq ? (size_t)(eq - *name) : strlen(*name);
     *val = eq ? eq + 1 : NULL;
-    if (*val == NULL && *i + 1 < argc)
-        *val = argv[++*i];
     return IFD_OK;
 }
 
@@ -478,16 +494,22 @@ int ifd_daemon_config_parse(ifd_daemon_config *c, int argc, char **argv, FILE *o
     for (int i = 1; i < argc; i++) {
         const char *name = NULL, *val = NULL;
         size_t len = 0;
-        int rc = flag_at(argc, argv, &i, &name, &len, &val, err);
+        int rc = flag_at(argv, i, &name, &len, &val, err);
         if (rc)
             return rc;
-        if (len == 6 && strncmp(name, "config", 6) == 0)
+        if (len == 6 && strncmp(name, "config", 6) == 0) {
+            i += val == NULL; /* its value was read first */
             continue;
+        }
         const opt *o = find_flag(name, len);
         if (o == NULL)
             return ifd_error_set(err, IFD_EINVAL,
                                  "unknown flag '--%.*s' (infeedd --help lists them)", (int)len,
                                  name);
+        if (val == NULL && o->kind == K_SWITCH)
+            val = "on";
+        else if (val == NULL && i + 1 < argc)
+            val = argv[++i];
         char where[80];
         flag_name(o, where + 5, sizeof where - 5);
         memcpy(where, "flag ", 5);
@@ -562,6 +584,27 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
         return ifd_error_set(err, IFD_EINVAL,
                              "expect_producers: expected 0 to max_producers (%d), got %d",
                              c->max_producers, c->expect_producers);
+    if (c->checkpoint_dir && c->checkpoint_dir[0] == '\0')
+        return ifd_error_set(err, IFD_EINVAL, "checkpoint_dir: expected a folder, got ''");
+    if (c->checkpoint_every < 0)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "checkpoint_every: expected 0 (only at the end) or more steps, got "
+                             "%" PRId64,
+                             c->checkpoint_every);
+    if (c->keep_checkpoints < 1)
+        return ifd_error_set(err, IFD_EINVAL, "keep_checkpoints: expected 1 or more, got %d",
+                             c->keep_checkpoints);
+    if (c->resume && c->checkpoint_dir == NULL)
+        return ifd_error_set(
+            err, IFD_EINVAL,
+            "resume: expected checkpoint_dir, the folder to resume from, got none");
+    if (c->resume && c->checkpoint)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "resume and checkpoint: expected at most one (resume takes the latest "
+                             "checkpoint of checkpoint_dir, checkpoint the file it names), got "
+                             "both");
+    if (c->checkpoint && c->checkpoint[0] == '\0')
+        return ifd_error_set(err, IFD_EINVAL, "checkpoint: expected a file, got ''");
     return IFD_OK;
 }
 
@@ -606,6 +649,7 @@ static void format_default(const opt *o, const ifd_daemon_config *d, char *buf, 
         snprintf(buf, len, "%s", ifd_log_level_name(*(const int *)field));
         return;
     case K_BOOL:
+    case K_SWITCH:
         snprintf(buf, len, "%s", *(const int *)field ? "on" : "off");
         return;
     }
@@ -630,7 +674,7 @@ void ifd_daemon_config_usage(FILE *out)
     for (int i = 0; i < NOPTS; i++) {
         char flag[64], left[96], def[96];
         flag_name(&opts[i], flag, sizeof flag);
-        snprintf(left, sizeof left, "%s %s", flag, opts[i].metavar);
+        snprintf(left, sizeof left, "%s%s%s", flag, opts[i].metavar[0] ? " " : "", opts[i].metavar);
         format_default(&opts[i], &d, def, sizeof def);
         fprintf(out, "  %-38s %s (default: %s)\n", left, opts[i].help, def);
     }
@@ -641,6 +685,7 @@ void ifd_daemon_config_usage(FILE *out)
             "Signals: SIGINT or SIGTERM stops at the end of the current loop, flushes the\n"
             "summaries, writes the end event and exits 0; a second signal aborts at once.\n"
             "Exit status: 0 the run ended well; 1 a runtime error (the end summary carries it);\n"
-            "2 a usage or config error.\n");
+            "2 a usage or config error, or a checkpoint that cannot start the run (missing,\n"
+            "corrupt, or of another program, settings or optimizer).\n");
     ifd_daemon_config_free(&d);
 }

@@ -25,8 +25,13 @@ typedef struct ifd_daemon_config {
     int max_producers;
     int expect_producers; /* > 0: the input ends once this many producers sent END */
     int log_level;
-    int cuda_graphs;   /* cuda backend: capture each step in a CUDA Graph */
-    char *strings[64]; /* owned copies of string values */
+    int cuda_graphs;            /* cuda backend: capture each step in a CUDA Graph */
+    const char *checkpoint_dir; /* NULL: no checkpoints (docs/checkpoint.md) */
+    int64_t checkpoint_every;   /* steps; 0: only at the end */
+    int keep_checkpoints;
+    int resume;             /* start from the latest checkpoint in checkpoint_dir */
+    const char *checkpoint; /* start from this checkpoint file */
+    char *strings[64];      /* owned copies of string values */
     int nstrings;
 } ifd_daemon_config;
 

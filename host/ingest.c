@@ -3,6 +3,7 @@
 #include "core/log.h"
 #include "core/thread.h"
 #include "core/wire.h"
+#include "infeed/checkpoint.h"
 #include "infeed/infeed_internal.h"
 
 #include <errno.h>
@@ -44,6 +45,7 @@ typedef struct producer {
     int64_t last_seq; /* highest accepted */
     int64_t acked_seq;
     int64_t accepted, rejected;
+    int pos;                 /* its entry in the position table */
     host_batch *head, *tail; /* accepted, in order, until acknowledged */
 } producer;
 
@@ -57,11 +59,20 @@ typedef struct prediction_msg {
     void *data[IFD_MAX_PREDICTION_TENSORS];
 } prediction_msg;
 
+/* A producer name's position: the highest seq handed to the infeed (so consumed by a completed
+ * step once the loop that took it has ended), or the one a resumed checkpoint recorded; -1:
+ * none. Kept for every name welcomed in this run or restored, never removed. */
+typedef struct position {
+    char name[IFD_PROTO_NAME_MAX + 1];
+    int64_t seq;
+} position;
+
 struct host_batch {
     ifd_batch b;
     prediction_msg *pred; /* written before the release, read after it (done) */
     ifd_ingest *g;
     producer *p;
+    int pos;  /* the producer's position entry */
     int done; /* atomic: released by the runtime */
     int nframes;
     zmq_msg_t frames[IFD_MAX_INPUTS];
@@ -121,6 +132,8 @@ struct ifd_ingest {
     int nlanes;
     src_lane *lanes;
     int qclosed, qaborted;
+    position *pos; /* the position table, also under qmu */
+    int npos, cap_pos;
 
     /* the outbox, from other threads */
     ifd_mutex omu;
@@ -249,6 +262,36 @@ static producer *find_by_name(ifd_ingest *g, const char *name)
     return NULL;
 }
 
+/* The index of name's position entry, added (seq -1, or seq when given >= 0) when missing; -1
+ * when out of memory. Locks qmu: the infeed thread updates the table in src_pop. */
+static int position_index(ifd_ingest *g, const char *name, int64_t *seq)
+{
+    ifd_mutex_lock(&g->qmu);
+    int i = 0;
+    while (i < g->npos && strcmp(g->pos[i].name, name) != 0)
+        i++;
+    if (i == g->npos) {
+        if (g->npos == g->cap_pos) {
+            int cap = g->cap_pos ? 2 * g->cap_pos : 16;
+            position *t = realloc(g->pos, (size_t)cap * sizeof *t);
+            if (t == NULL) {
+                ifd_mutex_unlock(&g->qmu);
+                return -1;
+            }
+            g->pos = t;
+            g->cap_pos = cap;
+        }
+        snprintf(g->pos[i].name, sizeof g->pos[i].name, "%s", name);
+        g->pos[i].seq = -1;
+        g->npos++;
+    }
+    if (*seq > g->pos[i].seq)
+        g->pos[i].seq = *seq;
+    *seq = g->pos[i].seq;
+    ifd_mutex_unlock(&g->qmu);
+    return i;
+}
+
 /* A free slot, reusing one whose producer ended with nothing in flight. */
 static producer *new_slot(ifd_ingest *g)
 {
@@ -325,6 +368,8 @@ static int src_pop(ifd_ingest *g, int lane, ifd_batch **out, int wait, ifd_error
         if (l->head == NULL)
             l->tail = NULL;
         l->len--;
+        if (hb->b.seq > g->pos[hb->pos].seq)
+            g->pos[hb->pos].seq = hb->b.seq;
         *out = &hb->b;
         rc = IFD_OK;
     } else {
@@ -614,6 +659,7 @@ void ifd_ingest_destroy(ifd_ingest *g)
         }
     }
     free(g->producers);
+    free(g->pos);
     while (g->ohead) {
         outmsg *m = g->ohead;
         g->ohead = m->next;
@@ -868,6 +914,7 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
         p = NULL;
     }
     p = named;
+    int fresh = p == NULL;
     if (p == NULL) {
         p = new_slot(g);
         if (p == NULL) {
@@ -883,6 +930,22 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     } else if (first_seq - 1 > p->last_seq) {
         p->last_seq = first_seq - 1;
     }
+    /* A name whose slot was reused, or that a resumed checkpoint knows: its stream goes on after
+     * what was consumed. (A known name has its entry: only a fresh one can fail.) */
+    int64_t consumed = -1;
+    p->pos = position_index(g, p->name, &consumed);
+    if (p->pos < 0) {
+        if (fresh)
+            memset(p, 0, sizeof *p);
+        else
+            p->welcomed = 0;
+        ifd_error_set(&e, IFD_ENOMEM, "HELLO: no memory for producer '%s'", name);
+        goto reply;
+    }
+    if (consumed > p->last_seq)
+        p->last_seq = consumed;
+    if (consumed > p->acked_seq)
+        p->acked_seq = consumed;
     memcpy(p->rid, from->rid, from->len);
     p->rid_len = from->len;
     p->welcomed = 1;
@@ -1039,6 +1102,7 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
     ifd_batch_init(&hb->b);
     hb->g = g;
     hb->p = p;
+    hb->pos = p->pos;
     snprintf(hb->name, sizeof hb->name, "%s", p->name);
     hb->b.seq = bh.seq;
     hb->b.rows = bh.rows;
@@ -1575,6 +1639,45 @@ static void *io_main(void *arg)
             return NULL;
         }
     }
+}
+
+int ifd_ingest_restore(ifd_ingest *g, const ifd_checkpoint *c, ifd_error *err)
+{
+    for (int i = 0; i < ifd_checkpoint_producer_count(c); i++) {
+        const char *name = ifd_checkpoint_producer_name(c, i);
+        int64_t seq = ifd_checkpoint_producer_seq(c, i);
+        if (strlen(name) > IFD_PROTO_NAME_MAX)
+            return ifd_error_set(err, IFD_EINVAL, "checkpoint: producer '%s': name too long", name);
+        int pos = position_index(g, name, &seq);
+        if (pos < 0)
+            return ifd_error_set(err, IFD_ENOMEM, "checkpoint: producer '%s'", name);
+        /* Known, not connected: a HELLO under this name is told next_seq = seq + 1. An ended
+         * slot may be reused for another name (the position table still knows this one). */
+        producer *p = find_by_name(g, name);
+        if (p == NULL && (p = new_slot(g)) != NULL) {
+            p->used = 1;
+            p->ended = 1;
+            snprintf(p->name, sizeof p->name, "%s", name);
+        }
+        if (p) {
+            p->last_seq = p->acked_seq = seq;
+            p->pos = pos;
+        }
+        IFD_LOG_INFO("producer '%s' resumes at seq %" PRId64, name, seq + 1);
+    }
+    return IFD_OK;
+}
+
+int ifd_ingest_positions(void *arg, ifd_checkpoint *c, ifd_error *err)
+{
+    ifd_ingest *g = arg;
+    int rc = IFD_OK;
+    ifd_mutex_lock(&g->qmu);
+    for (int i = 0; i < g->npos && rc == IFD_OK; i++)
+        if (g->pos[i].seq >= 0)
+            rc = ifd_checkpoint_set_producer(c, g->pos[i].name, g->pos[i].seq, err);
+    ifd_mutex_unlock(&g->qmu);
+    return rc;
 }
 
 int ifd_ingest_start(ifd_ingest *g, ifd_session *s, ifd_error *err)

@@ -33,6 +33,13 @@ ifd_sink *ifd_ingest_pub_sink(ifd_ingest *g);
 /* Predict mode: the sink that sends each batch's predictions back to its producer as a PREDICTION
  * (just before the ACK that covers the batch). Add it to the session before the run. */
 ifd_prediction_sink ifd_ingest_prediction_sink(ifd_ingest *g);
+/* Before ifd_ingest_start, when the run starts from checkpoint c: each producer it names is
+ * known, and a HELLO under that name is told to resume at the checkpoint's seq + 1 (WELCOME's
+ * next_seq). */
+int ifd_ingest_restore(ifd_ingest *g, const ifd_checkpoint *c, ifd_error *err);
+/* The checkpoint hook's positions callback (arg: the ingest): for every producer name welcomed in
+ * this run or restored, the highest seq handed to the infeed (docs/checkpoint.md). */
+int ifd_ingest_positions(void *arg, ifd_checkpoint *c, ifd_error *err);
 /* Starts the I/O thread serving producers for session s (borrowed; its program gives the
  * schema). */
 int ifd_ingest_start(ifd_ingest *g, ifd_session *s, ifd_error *err);

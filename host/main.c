@@ -3,12 +3,13 @@
  * (host/ingest.c), creates a session over the ingest's batch source and runs it on this thread.
  *
  * Exit status: 0 the run ended well; 1 a runtime error (the end summary carries it); 2 a usage
- * or config error.
+ * or config error, including a checkpoint (--resume, --checkpoint) that cannot start the run.
  */
 #include "core/log.h"
 #include "host/config.h"
 #include "host/ingest.h"
 #include "host/predictions.h"
+#include "infeed/checkpoint.h"
 
 #include <malloc.h>
 #include <pthread.h>
@@ -66,6 +67,46 @@ static void describe(const ifd_daemon_config *c, const ifd_program *p)
                  c->control && c->control[0] ? c->control : "(none)");
 }
 
+/* --resume or --checkpoint: the checkpoint to start from, checked against the config. */
+static int load_start(const ifd_daemon_config *c, ifd_checkpoint **out, ifd_error *err)
+{
+    char path[4096 + 64];
+    if (c->checkpoint) {
+        snprintf(path, sizeof path, "%s", c->checkpoint);
+    } else {
+        int rc = ifd_checkpoint_latest(c->checkpoint_dir, path, sizeof path, err);
+        if (rc)
+            return ifd_error_prefix(err, "--resume");
+    }
+    int rc = ifd_checkpoint_load(path, out, err);
+    if (rc == IFD_OK && (rc = ifd_checkpoint_check(*out, &c->run, err)) != IFD_OK) {
+        ifd_error_prefix(err, "%s", path);
+        ifd_checkpoint_free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/* A train run writes into checkpoint_dir only when nothing there is ahead of where it starts:
+ * checkpoints of another timeline beside its own would be pruned for them, or taken by a later
+ * --resume. */
+static int check_dir(const ifd_daemon_config *c, const ifd_checkpoint *start, ifd_error *err)
+{
+    int64_t latest, from = start ? ifd_checkpoint_global_step(start) : c->run.initial_global_step;
+    int rc = ifd_checkpoint_latest_step(c->checkpoint_dir, &latest, err);
+    if (rc == IFD_ENOTFOUND)
+        return IFD_OK;
+    if (rc)
+        return rc;
+    if (latest > from)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "checkpoint_dir: '%s' holds a checkpoint at global step %lld, ahead "
+                             "of this run's start at %lld: pass --resume to continue from it, or "
+                             "use another folder",
+                             c->checkpoint_dir, (long long)latest, (long long)from);
+    return IFD_OK;
+}
+
 int main(int argc, char **argv)
 {
     ifd_daemon_config cfg;
@@ -92,6 +133,26 @@ int main(int argc, char **argv)
     mallopt(M_TRIM_THRESHOLD, 256 << 20);
     if (strcmp(cfg.run.backend, "cuda") == 0)
         setenv("IFD_CUDA_GRAPHS", cfg.cuda_graphs ? "1" : "0", 1);
+    /* A checkpoint that cannot start this run is a config error, like a bad flag. */
+    ifd_checkpoint *ck = NULL;
+    if ((cfg.resume || cfg.checkpoint) && load_start(&cfg, &ck, &err)) {
+        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
+        ifd_daemon_config_free(&cfg);
+        return 2;
+    }
+    cfg.run.restore = ck;
+    int train = cfg.run.mode == IFD_MODE_TRAIN;
+    if (cfg.checkpoint_dir && train && check_dir(&cfg, ck, &err)) {
+        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
+        ifd_checkpoint_free(ck);
+        ifd_daemon_config_free(&cfg);
+        return 2;
+    }
+    if (ck)
+        IFD_LOG_INFO("starting from a checkpoint at global step %lld (%d producers)",
+                     (long long)ifd_checkpoint_global_step(ck), ifd_checkpoint_producer_count(ck));
+    if (cfg.checkpoint_dir && !train)
+        IFD_LOG_WARN("checkpoint_dir: %s mode writes no checkpoints", ifd_mode_name(cfg.run.mode));
 
     int status = 1;
     ifd_ingest *g = NULL;
@@ -103,9 +164,30 @@ int main(int argc, char **argv)
     if (rc)
         goto out;
     __atomic_store_n(&signal_target, g, __ATOMIC_RELEASE);
+    /* Producer positions are a training stream's: eval and predict take the parameters only. */
+    if (ck && train && (rc = ifd_ingest_restore(g, ck, &err)) != IFD_OK)
+        goto out;
     rc = ifd_session_create(&s, &cfg.run, ifd_ingest_source(g), &err);
+    ifd_checkpoint_free(ck); /* the session copied what it needs */
+    ck = NULL;
+    cfg.run.restore = NULL;
     if (rc)
         goto out;
+    if (cfg.checkpoint_dir && train) {
+        ifd_checkpoint_options co = {.dir = cfg.checkpoint_dir,
+                                     .every = cfg.checkpoint_every,
+                                     .keep = cfg.keep_checkpoints,
+                                     .positions = ifd_ingest_positions,
+                                     .positions_arg = g};
+        ifd_hook h;
+        rc = ifd_hook_checkpoint(&h, &co, &err);
+        if (rc == IFD_OK && (rc = ifd_session_add_hook(s, &h)) != IFD_OK) {
+            h.destroy(h.arg);
+            ifd_error_set(&err, rc, "checkpoint hook");
+        }
+        if (rc)
+            goto out;
+    }
     if (cfg.summaries) {
         rc = ifd_sink_jsonl_create(&jsonl, cfg.summaries, &err);
         if (rc)
@@ -146,6 +228,7 @@ int main(int argc, char **argv)
 out:
     if (rc)
         fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
+    ifd_checkpoint_free(ck);
     ifd_session_destroy(s);
     /* Only this thread is left (libzmq's threads block signals): block them here too, so no
      * handler can still be using the ingest's eventfd when it is closed. */

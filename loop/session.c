@@ -8,6 +8,7 @@
 #include "device/device.h"
 #include "hooks/hook_internal.h"
 #include "infeed/infeed_internal.h"
+#include "loop/checkpoint_internal.h"
 #include "outfeed/outfeed_internal.h"
 
 #include <stdio.h>
@@ -54,6 +55,38 @@ static void stop_source(void *arg)
     s->src.ops->abort(s->src.ctx);
 }
 
+/* The run context's snapshot: replica 0's state, between loops. */
+static int session_snapshot(void *arg, ifd_checkpoint **out, ifd_error *err)
+{
+    ifd_session *s = arg;
+    ifd_checkpoint *c;
+    int rc = ifd_checkpoint_create(&c, &s->cfg, ifd_device_global_step(s->dev), 0, NULL, NULL, err);
+    if (rc)
+        return rc;
+    rc = ifd_device_read_state(s->dev, 0, c->params, c->slots, &c->opt_step, err);
+    if (rc) {
+        ifd_checkpoint_free(c);
+        return rc;
+    }
+    *out = c;
+    return IFD_OK;
+}
+
+/* cfg->restore fits cfg: the program, its shapes, the optimizer, the starting step. */
+static int check_restore(const ifd_config *cfg, ifd_error *err)
+{
+    const ifd_checkpoint *ck = cfg->restore;
+    int rc = ifd_checkpoint_check(ck, cfg, err);
+    if (rc)
+        return rc;
+    if (cfg->initial_global_step != 0 && cfg->initial_global_step != ck->global_step)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "initial_global_step: %lld, but the checkpoint starts the run at "
+                             "global step %lld (leave it unset)",
+                             (long long)cfg->initial_global_step, (long long)ck->global_step);
+    return IFD_OK;
+}
+
 int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_source src,
                        ifd_error *err)
 {
@@ -74,10 +107,16 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
             "batch source: per-core input takes each replica's batches with "
             "next_for, and this source has none (ifd_batch_queue_create_per_replica "
             "makes a queue that has)");
+    const ifd_checkpoint *ck = cfg->restore;
+    if (ck && (rc = check_restore(cfg, err)) != IFD_OK)
+        return rc;
     ifd_session *s = calloc(1, sizeof *s);
     if (s == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "session");
     s->cfg = *cfg;
+    s->cfg.restore = NULL; /* borrowed for create only */
+    if (ck)
+        s->cfg.initial_global_step = ck->global_step;
     s->src = src;
     rc = ifd_program_init(&s->program, cfg->program, &cfg->settings, err);
     if (rc)
@@ -101,7 +140,10 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
         .optimizer = cfg->optimizer,
         .loss_scale = cfg->loss_reduction == IFD_REDUCE_MEAN ? 1.0f / (float)cfg->replicas : 1.0f,
         .seed = cfg->seed,
-        .initial_step = cfg->initial_global_step,
+        .initial_step = s->cfg.initial_global_step,
+        .init_params = ck ? ck->params : NULL,
+        .init_slots = ck && cfg->mode == IFD_MODE_TRAIN && ck->nslots ? ck->slots : NULL,
+        .init_opt_step = ck && cfg->mode == IFD_MODE_TRAIN ? ck->opt_step : 0,
         .infeed_depth = cfg->infeed_depth,
         .outfeed_depth = cfg->outfeed_depth,
         .on_error = on_device_error,
@@ -126,7 +168,12 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
             goto fail_hook;
         s->hooks[s->nhooks++] = h;
     }
-    s->ctx.global_step = cfg->initial_global_step;
+    s->ctx.global_step = s->cfg.initial_global_step;
+    s->ctx.snapshot = session_snapshot;
+    s->ctx.snapshot_arg = s;
+    if (ck)
+        IFD_LOG_INFO("session: starting from a checkpoint at global step %lld",
+                     (long long)ck->global_step);
     *out = s;
     return IFD_OK;
 
@@ -357,6 +404,7 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
     ifd_infeed_stop(s->infeed);
     ifd_outfeed_stop(s->outfeed);
     s->ctx.global_step = ifd_device_global_step(s->dev);
+    s->ctx.failed = ifd_rendezvous_cause(s->rv, NULL) != IFD_OK || ifd_rendezvous_stopping(s->rv);
     call_hooks(s, CB_END);
     if (s->outfeed) {
         ifd_error e;

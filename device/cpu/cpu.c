@@ -231,6 +231,10 @@ static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *i
     rep->st.step = &rep->step;
     rep->st.opt_step = &rep->opt_step;
     memcpy(rep->st.params, init, sizeof(float) * (size_t)np);
+    if (cfg->init_slots)
+        memcpy(rep->st.slot0, cfg->init_slots,
+               sizeof(float) * (size_t)ifd_replica_slot_floats(cfg));
+    rep->opt_step = cfg->init_opt_step;
     ifd_cpu_allreduce_bind(&cd->ar, index, rep->st.grads);
 
     if (ifd_queue_create(&rep->infeed, sizeof(ifd_shard), (size_t)cfg->infeed_depth) ||
@@ -319,9 +323,9 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
                              cd->replicas, (long long)p->nparam_floats);
     }
     ifd_replicas_init(&cd->set, dev, cd->reps, sizeof *cd->reps, &cpu_replica_ops, IFD_SPIN_NS);
-    p->cls->init_params(p, init, cfg->seed);
+    const float *start = ifd_replica_initial_params(cfg, init);
     for (int r = 0; r < cd->replicas; r++) {
-        rc = replica_open(cd, &cd->reps[r], r, init, err);
+        rc = replica_open(cd, &cd->reps[r], r, start, err);
         if (rc)
             goto fail;
     }
@@ -386,14 +390,20 @@ static int cpu_outfeed_dequeue(ifd_device *dev, int replica, ifd_outfeed_rec *re
 
 /* ---- the session's thread, and any thread ---------------------------------------------------- */
 
-static int cpu_read_params(ifd_device *dev, int replica, float *out, ifd_error *err)
+static int cpu_read_state(ifd_device *dev, int replica, float *params, float *slots,
+                          int64_t *opt_step, ifd_error *err)
 {
     cpu_dev *cd = dev->priv;
     if (replica < 0 || replica >= cd->replicas)
         return ifd_error_set(err, IFD_EINVAL, "replica: expected 0 to %d, got %d", cd->replicas - 1,
                              replica);
-    memcpy(out, cd->reps[replica].st.params,
-           sizeof(float) * (size_t)dev->cfg.program->nparam_floats);
+    const cpu_replica *rep = &cd->reps[replica];
+    if (params)
+        memcpy(params, rep->st.params, sizeof(float) * (size_t)dev->cfg.program->nparam_floats);
+    if (slots)
+        memcpy(slots, rep->st.slot0, sizeof(float) * (size_t)ifd_replica_slot_floats(&dev->cfg));
+    if (opt_step)
+        *opt_step = rep->opt_step;
     return IFD_OK;
 }
 
@@ -419,7 +429,7 @@ const ifd_device_backend ifd_device_backend_cpu = {
     .infeed_end = cpu_infeed_end,
     .outfeed_dequeue = cpu_outfeed_dequeue,
     .run_loop = ifd_replicas_run_loop,
-    .read_params = cpu_read_params,
+    .read_state = cpu_read_state,
     .global_step = ifd_replicas_global_step,
     .stats = ifd_replicas_stats,
     .abort = cpu_abort,

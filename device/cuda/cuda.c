@@ -31,7 +31,7 @@
 /* cuBLAS workspace per handle, set explicitly so that a captured GEMM never allocates (the
  * cuBLAS documentation recommends 32 MiB on Hopper, 4 MiB before). */
 #define CU_BLAS_WORKSPACE (32u << 20)
-/* After an abort, read_params still waits this long for a stream that is merely busy. */
+/* After an abort, read_state still waits this long for a stream that is merely busy. */
 #define CU_READ_GRACE_NS (2 * INT64_C(1000000000))
 
 typedef struct cu_dev cu_dev;
@@ -83,7 +83,7 @@ typedef struct cu_replica {
     ifd_queue *out_free;    /* cu_outslot * */
     ifd_queue *out_full;    /* cu_outslot *: enqueued steps, in order */
     cudaEvent_t loop_end;   /* the last step of a loop */
-    cudaEvent_t sync_ev;    /* read_params */
+    cudaEvent_t sync_ev;    /* read_state */
     ifd_ops ops;
     int op_rc; /* first failure of an op in the current step (ops return nothing) */
     ifd_error op_err;
@@ -586,7 +586,13 @@ static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *ini
     CUDA_TRY_GOTO(gpu,
                   cudaMemcpy(rep->dmem, init, (size_t)np * sizeof(float), cudaMemcpyHostToDevice),
                   rc, err, out);
-    int64_t steps[2] = {cfg->initial_step, 0};
+    if (cfg->init_slots)
+        CUDA_TRY_GOTO(gpu,
+                      cudaMemcpy(rep->dmem + 2 * np, cfg->init_slots,
+                                 (size_t)ifd_replica_slot_floats(cfg) * sizeof(float),
+                                 cudaMemcpyHostToDevice),
+                      rc, err, out);
+    int64_t steps[2] = {cfg->initial_step, cfg->init_opt_step};
     CUDA_TRY_GOTO(gpu, cudaMalloc((void **)&rep->dsteps, sizeof steps), rc, err, out);
     CUDA_TRY_GOTO(gpu, cudaMemcpy(rep->dsteps, steps, sizeof steps, cudaMemcpyHostToDevice), rc,
                   err, out);
@@ -889,9 +895,9 @@ static int cu_open(ifd_device *dev, ifd_error *err)
         return ifd_error_set(err, IFD_ENOMEM, "cuda backend: %d replicas", cd->replicas);
     }
     ifd_replicas_init(&cd->set, dev, cd->reps, sizeof *cd->reps, &cu_replica_ops, 0);
-    p->cls->init_params(p, init, cfg->seed);
+    const float *start = ifd_replica_initial_params(cfg, init);
     for (int r = 0; r < cd->replicas; r++) {
-        rc = replica_open(cd, &cd->reps[r], r, init, err);
+        rc = replica_open(cd, &cd->reps[r], r, start, err);
         if (rc)
             goto fail;
     }
@@ -1088,14 +1094,16 @@ fail:
 /* ---- the session's thread ----------------------------------------------------------------------
  */
 
-static int cu_read_params(ifd_device *dev, int replica, float *out, ifd_error *err)
+static int cu_read_state(ifd_device *dev, int replica, float *params, float *slots,
+                         int64_t *opt_step, ifd_error *err)
 {
     cu_dev *cd = dev->priv;
     if (replica < 0 || replica >= cd->replicas)
         return ifd_error_set(err, IFD_EINVAL, "replica: expected 0 to %d, got %d", cd->replicas - 1,
                              replica);
     cu_replica *rep = &cd->reps[replica];
-    size_t bytes = sizeof(float) * (size_t)dev->cfg.program->nparam_floats;
+    size_t param_bytes = sizeof(float) * (size_t)dev->cfg.program->nparam_floats;
+    size_t slot_bytes = sizeof(float) * (size_t)ifd_replica_slot_floats(&dev->cfg);
     int rc = IFD_OK;
     ifd_error e;
     CUDA_TRY_GOTO(rep->gpu, cudaSetDevice(rep->gpu), rc, &e, fail);
@@ -1104,9 +1112,21 @@ static int cu_read_params(ifd_device *dev, int replica, float *out, ifd_error *e
     rc = wait_event(cd, NULL, rep->sync_ev, CU_READ_GRACE_NS, &e);
     if (rc)
         goto fail;
-    CUDA_TRY_GOTO(rep->gpu,
-                  cudaMemcpyAsync(out, rep->st.params, bytes, cudaMemcpyDeviceToHost, rep->cs), rc,
-                  &e, fail);
+    if (params)
+        CUDA_TRY_GOTO(
+            rep->gpu,
+            cudaMemcpyAsync(params, rep->st.params, param_bytes, cudaMemcpyDeviceToHost, rep->cs),
+            rc, &e, fail);
+    if (slots && slot_bytes)
+        CUDA_TRY_GOTO(
+            rep->gpu,
+            cudaMemcpyAsync(slots, rep->st.slot0, slot_bytes, cudaMemcpyDeviceToHost, rep->cs), rc,
+            &e, fail);
+    if (opt_step)
+        CUDA_TRY_GOTO(rep->gpu,
+                      cudaMemcpyAsync(opt_step, rep->st.opt_step, sizeof *opt_step,
+                                      cudaMemcpyDeviceToHost, rep->cs),
+                      rc, &e, fail);
     CUDA_TRY_GOTO(rep->gpu, cudaStreamSynchronize(rep->cs), rc, &e, fail);
     return IFD_OK;
 fail:
@@ -1139,7 +1159,7 @@ const ifd_device_backend ifd_device_backend_cuda = {
     .infeed_end = cu_infeed_end,
     .outfeed_dequeue = cu_outfeed_dequeue,
     .run_loop = ifd_replicas_run_loop,
-    .read_params = cu_read_params,
+    .read_state = cu_read_state,
     .global_step = ifd_replicas_global_step,
     .stats = ifd_replicas_stats,
     .abort = cu_abort,

@@ -89,7 +89,10 @@ int ifd_producer_replicas(const ifd_producer *p);
 const char *ifd_producer_mode(const ifd_producer *p);    /* "train", ... */
 const char *ifd_producer_welcome(const ifd_producer *p); /* the whole WELCOME JSON */
 
-/* Sequence numbers: the first batch gets the WELCOME's next_seq, each later one the next. */
+/* Sequence numbers: the first batch gets the WELCOME's next_seq, each later one the next. A
+ * daemon that resumed from a checkpoint answers a name it knows with the seq after the last one
+ * its checkpoint includes: right after ifd_producer_hello, ifd_producer_next_seq is where a
+ * deterministic stream replays from (docs/checkpoint.md). */
 int64_t ifd_producer_next_seq(const ifd_producer *p);  /* the seq the next send will use */
 int64_t ifd_producer_acked_seq(const ifd_producer *p); /* highest ACKed seq; -1 when none */
 int64_t ifd_producer_in_flight(const ifd_producer *p); /* sent, neither ACKed nor rejected */

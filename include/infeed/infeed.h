@@ -58,6 +58,9 @@ typedef struct ifd_optimizer {
     float epsilon;  /* adam */
 } ifd_optimizer;
 
+/* A training run's saved state: infeed/checkpoint.h. */
+typedef struct ifd_checkpoint ifd_checkpoint;
+
 typedef struct ifd_config {
     const char *backend; /* "cpu" */
     int replicas;
@@ -76,6 +79,12 @@ typedef struct ifd_config {
     uint64_t seed;
     int infeed_depth;  /* shards buffered per replica */
     int outfeed_depth; /* step records buffered per replica */
+    /* The state to start from (infeed/checkpoint.h), borrowed during ifd_session_create only; it
+     * must fit the program, settings and (train mode) optimizer: ifd_checkpoint_check. Every
+     * mode takes its parameters; train mode also its optimizer slots and update count, and its
+     * global step (initial_global_step must then be 0 or equal to it). NULL: parameters from
+     * seed, zeroed slots. */
+    const ifd_checkpoint *restore;
 } ifd_config;
 
 /* Fills every field with its default (see docs/config.md). */

@@ -158,13 +158,31 @@ void tu_batches_free(tu_batch **bs, int64_t n)
     free(bs);
 }
 
+/* tu_run, tu_run_predict and tu_run_hooks in one. */
+static void run_full(const ifd_config *cfg, tu_batch **batches, int64_t n,
+                     const ifd_prediction_sink *pred, const ifd_hook *hooks, int nhooks,
+                     tu_result *res);
+
 void tu_run(const ifd_config *cfg, tu_batch **batches, int64_t n, tu_result *res)
 {
-    tu_run_predict(cfg, batches, n, NULL, res);
+    run_full(cfg, batches, n, NULL, NULL, 0, res);
 }
 
 void tu_run_predict(const ifd_config *cfg, tu_batch **batches, int64_t n,
                     const ifd_prediction_sink *pred, tu_result *res)
+{
+    run_full(cfg, batches, n, pred, NULL, 0, res);
+}
+
+void tu_run_hooks(const ifd_config *cfg, tu_batch **batches, int64_t n, const ifd_hook *hooks,
+                  int nhooks, tu_result *res)
+{
+    run_full(cfg, batches, n, NULL, hooks, nhooks, res);
+}
+
+static void run_full(const ifd_config *cfg, tu_batch **batches, int64_t n,
+                     const ifd_prediction_sink *pred, const ifd_hook *hooks, int nhooks,
+                     tu_result *res)
 {
     memset(res, 0, sizeof *res);
     tu_batch **copies = calloc((size_t)(n ? n : 1), sizeof *copies);
@@ -182,6 +200,8 @@ void tu_run_predict(const ifd_config *cfg, tu_batch **batches, int64_t n,
     ck_assert_int_eq(ifd_session_add_sink(s, sink), IFD_OK);
     if (pred)
         ck_assert_int_eq(ifd_session_add_prediction_sink(s, pred), IFD_OK);
+    for (int i = 0; i < nhooks; i++)
+        ck_assert_int_eq(ifd_session_add_hook(s, &hooks[i]), IFD_OK);
     tu_producer *p = tu_producer_start(q, copies, n, 0);
     res->rc = ifd_session_run(s, &res->err);
     ifd_batch_queue_close(q);

@@ -62,6 +62,9 @@ void tu_result_collect(tu_result *res, ifd_session *s, int replicas, ifd_sink *s
 /* As tu_run, with a prediction sink (predict mode) when pred is not NULL. */
 void tu_run_predict(const ifd_config *cfg, tu_batch **batches, int64_t n,
                     const ifd_prediction_sink *pred, tu_result *res);
+/* As tu_run, with hooks added to the session (copied; the session destroys them). */
+void tu_run_hooks(const ifd_config *cfg, tu_batch **batches, int64_t n, const ifd_hook *hooks,
+                  int nhooks, tu_result *res);
 void tu_result_free(tu_result *res);
 
 /* The number of threads in this process (from /proc/self/task). */

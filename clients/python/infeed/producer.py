@@ -3,9 +3,10 @@ batches of numpy arrays to infeedd, within the credit the daemon grants."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import OrderedDict, deque
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 import zmq
@@ -145,6 +146,7 @@ class Producer:
         self._sock.connect(endpoint)
         self.welcome: Optional[dict] = None
         self.bye: Optional[dict] = None
+        self._resume_seq: Optional[int] = None
         self._credit = 0
         self._next_seq = self._first_seq
         self._acked_seq = -1
@@ -178,6 +180,42 @@ class Producer:
     def next_seq(self) -> int:
         """The sequence number the next batch gets."""
         return self._next_seq
+
+    @property
+    def resume_seq(self) -> Optional[int]:
+        """Where the daemon asked this stream to start: the first WELCOME's ``next_seq`` (None
+        before it). A new name gets ``first_seq``; a name the daemon knows, for example from the
+        checkpoint it resumed from (``infeedd --resume``), gets one more than the highest
+        sequence number it consumed, so batches from ``first_seq`` up to ``resume_seq - 1`` need
+        not be sent again. See :meth:`skip_consumed`."""
+        return self._resume_seq
+
+    def skip_consumed(self, batches: Iterable[Any]) -> Iterator[Any]:
+        """Replays a deterministic stream from where the daemon wants it: yields the items of
+        ``batches`` from the one with sequence number ``resume_seq`` on, item ``i`` having
+        sequence number ``first_seq + i`` (each item sent once, in order, by :meth:`send`).
+        Sends ``HELLO`` first when it has not been sent (the schema is then derived from the
+        first item, a mapping of arrays)::
+
+            with Producer(endpoint, name="loader-0") as p:
+                for batch in p.skip_consumed(make_batches()):
+                    p.send(batch)
+        """
+        it = iter(batches)
+        head: list = []
+        if self.welcome is None:
+            try:
+                head.append(next(it))
+            except StopIteration:
+                return
+            if self._schema is None:
+                self._schema = _derive_schema(head[0])
+            self.hello()
+        assert self._resume_seq is not None
+        skip = self._resume_seq - self._first_seq
+        for i, item in enumerate(itertools.chain(head, it)):
+            if i >= skip:
+                yield item
 
     @property
     def unacked(self) -> list[int]:
@@ -334,6 +372,8 @@ class Producer:
 
     def _welcome(self, body: dict) -> None:
         self.welcome = body
+        if self._resume_seq is None:
+            self._resume_seq = int(body.get("next_seq", self._next_seq))
         if body.get("name"):
             self.name = body["name"]
         if body.get("schema"):

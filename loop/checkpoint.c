@@ -1,0 +1,877 @@
+/* Checkpoint files (docs/checkpoint.md): the format, atomic writes, the folder of the last few. */
+#include "core/log.h"
+#include "core/wire.h"
+#include "device/step.h"
+#include "loop/checkpoint_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#define MAGIC "IFDCKPT\0"
+#define MAGIC_LEN 8
+#define PREAMBLE 16 /* magic, version, header length */
+#define CRC_LEN 4
+#define HEADER_MAX (16u << 20)
+#define NAME_PREFIX "ckpt-"
+#define TMP_PREFIX ".ckpt-"
+#define TMP_MARK ".tmp-"
+
+/* ---- the object ------------------------------------------------------------------------------ */
+
+static int ckpt_alloc(ifd_checkpoint **out, int64_t nparam_floats, int nslots, ifd_error *err)
+{
+    ifd_checkpoint *c = calloc(1, sizeof *c);
+    size_t floats = (size_t)nparam_floats * (size_t)(1 + nslots);
+    if (c)
+        c->params = calloc(floats + 1, sizeof(float));
+    if (c == NULL || c->params == NULL) {
+        free(c);
+        return ifd_error_set(err, IFD_ENOMEM, "checkpoint: %lld parameter floats and %d slots",
+                             (long long)nparam_floats, nslots);
+    }
+    c->nparam_floats = nparam_floats;
+    c->nslots = nslots;
+    c->slots = c->params + nparam_floats;
+    *out = c;
+    return IFD_OK;
+}
+
+int ifd_checkpoint_create(ifd_checkpoint **out, const ifd_config *cfg, int64_t global_step,
+                          int64_t opt_step, const float *params, const float *slots, ifd_error *err)
+{
+    *out = NULL;
+    ifd_program p;
+    int rc = ifd_program_init(&p, cfg->program, &cfg->settings, err);
+    if (rc)
+        return rc;
+    if (global_step < 0 || opt_step < 0)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "checkpoint: global_step and opt_step: expected >= 0, got %lld and "
+                             "%lld",
+                             (long long)global_step, (long long)opt_step);
+    ifd_checkpoint *c;
+    int nslots = ifd_optimizer_slots(cfg->optimizer.kind);
+    rc = ckpt_alloc(&c, p.nparam_floats, nslots, err);
+    if (rc)
+        return rc;
+    snprintf(c->program, sizeof c->program, "%s", p.cls->name);
+    c->settings = cfg->settings;
+    c->nparams = p.nparams;
+    memcpy(c->params_spec, p.params, sizeof p.params);
+    c->optimizer = cfg->optimizer;
+    c->global_step = global_step;
+    c->opt_step = opt_step;
+    if (params)
+        memcpy(c->params, params, sizeof(float) * (size_t)c->nparam_floats);
+    if (slots)
+        memcpy(c->slots, slots, sizeof(float) * (size_t)(c->nparam_floats * nslots));
+    *out = c;
+    return IFD_OK;
+}
+
+void ifd_checkpoint_free(ifd_checkpoint *c)
+{
+    if (c == NULL)
+        return;
+    free(c->params);
+    free(c->producers);
+    free(c);
+}
+
+int64_t ifd_checkpoint_global_step(const ifd_checkpoint *c)
+{
+    return c->global_step;
+}
+
+int64_t ifd_checkpoint_opt_step(const ifd_checkpoint *c)
+{
+    return c->opt_step;
+}
+
+const char *ifd_checkpoint_program(const ifd_checkpoint *c)
+{
+    return c->program;
+}
+
+const ifd_program_settings *ifd_checkpoint_settings(const ifd_checkpoint *c)
+{
+    return &c->settings;
+}
+
+const ifd_optimizer *ifd_checkpoint_optimizer(const ifd_checkpoint *c)
+{
+    return &c->optimizer;
+}
+
+int64_t ifd_checkpoint_nparam_floats(const ifd_checkpoint *c)
+{
+    return c->nparam_floats;
+}
+
+const float *ifd_checkpoint_params(const ifd_checkpoint *c)
+{
+    return c->params;
+}
+
+int ifd_checkpoint_slot_count(const ifd_checkpoint *c)
+{
+    return c->nslots;
+}
+
+const float *ifd_checkpoint_slots(const ifd_checkpoint *c)
+{
+    return c->slots;
+}
+
+int ifd_checkpoint_producer_count(const ifd_checkpoint *c)
+{
+    return c->nproducers;
+}
+
+const char *ifd_checkpoint_producer_name(const ifd_checkpoint *c, int i)
+{
+    return i >= 0 && i < c->nproducers ? c->producers[i].name : NULL;
+}
+
+int64_t ifd_checkpoint_producer_seq(const ifd_checkpoint *c, int i)
+{
+    return i >= 0 && i < c->nproducers ? c->producers[i].seq : -1;
+}
+
+/* The index of name, or where it would be inserted (as -1 - index). */
+static int find_producer(const ifd_checkpoint *c, const char *name)
+{
+    int lo = 0, hi = c->nproducers;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        int cmp = strcmp(c->producers[mid].name, name);
+        if (cmp == 0)
+            return mid;
+        if (cmp < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return -1 - lo;
+}
+
+int ifd_checkpoint_find_producer(const ifd_checkpoint *c, const char *name, int64_t *seq)
+{
+    int i = find_producer(c, name);
+    if (i < 0)
+        return IFD_ENOTFOUND;
+    *seq = c->producers[i].seq;
+    return IFD_OK;
+}
+
+int ifd_checkpoint_set_producer(ifd_checkpoint *c, const char *name, int64_t seq, ifd_error *err)
+{
+    size_t len = name ? strlen(name) : 0;
+    if (len == 0 || len > IFD_CHECKPOINT_NAME_MAX)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "checkpoint: producer name: expected 1 to %d bytes, got %zu",
+                             IFD_CHECKPOINT_NAME_MAX, len);
+    if (seq < 0)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "checkpoint: producer '%s': seq: expected >= 0, got %" PRId64, name,
+                             seq);
+    int i = find_producer(c, name);
+    if (i >= 0) {
+        c->producers[i].seq = seq;
+        return IFD_OK;
+    }
+    i = -1 - i;
+    if (c->nproducers == c->cap) {
+        int cap = c->cap ? 2 * c->cap : 8;
+        ifd_ckpt_producer *p = realloc(c->producers, (size_t)cap * sizeof *p);
+        if (p == NULL)
+            return ifd_error_set(err, IFD_ENOMEM, "checkpoint: %d producers", cap);
+        c->producers = p;
+        c->cap = cap;
+    }
+    memmove(&c->producers[i + 1], &c->producers[i],
+            (size_t)(c->nproducers - i) * sizeof *c->producers);
+    memcpy(c->producers[i].name, name, len + 1);
+    c->producers[i].seq = seq;
+    c->nproducers++;
+    return IFD_OK;
+}
+
+/* ---- the format ------------------------------------------------------------------------------ */
+
+static json_t *header_json(const ifd_checkpoint *c)
+{
+    json_t *params = json_array();
+    for (int i = 0; i < c->nparams; i++) {
+        const ifd_param_spec *ps = &c->params_spec[i];
+        json_t *shape = json_array();
+        for (int d = 0; d < ps->rank; d++)
+            json_array_append_new(shape, json_integer(ps->dims[d]));
+        json_array_append_new(params, json_pack("{s:s, s:o, s:I, s:I}", "name", ps->name, "shape",
+                                                shape, "offset", (json_int_t)ps->offset, "count",
+                                                (json_int_t)ps->count));
+    }
+    json_t *producers = json_object();
+    for (int i = 0; i < c->nproducers; i++)
+        json_object_set_new(producers, c->producers[i].name, json_integer(c->producers[i].seq));
+    const ifd_optimizer *o = &c->optimizer;
+    json_t *opt = json_pack(
+        "{s:s, s:i, s:f, s:f, s:f, s:f, s:f}", "kind", ifd_optimizer_name(o->kind), "slots",
+        c->nslots, "learning_rate", (double)o->learning_rate, "momentum", (double)o->momentum,
+        "beta1", (double)o->beta1, "beta2", (double)o->beta2, "epsilon", (double)o->epsilon);
+    json_t *settings =
+        json_pack("{s:I, s:I, s:I}", "features", (json_int_t)c->settings.features, "classes",
+                  (json_int_t)c->settings.classes, "hidden", (json_int_t)c->settings.hidden);
+    return json_pack("{s:s, s:s, s:o, s:o, s:I, s:o, s:I, s:I, s:o, s:f}", "format",
+                     "infeed-checkpoint", "program", c->program, "settings", settings, "params",
+                     params, "nparam_floats", (json_int_t)c->nparam_floats, "optimizer", opt,
+                     "global_step", (json_int_t)c->global_step, "opt_step", (json_int_t)c->opt_step,
+                     "producers", producers, "created", (double)time(NULL));
+}
+
+static size_t data_bytes(int64_t nparam_floats, int nslots)
+{
+    return sizeof(float) * (size_t)nparam_floats * (size_t)(1 + nslots);
+}
+
+/* zlib's crc32 takes a 32-bit length. */
+static uint32_t crc_update(uint32_t crc, const void *buf, size_t len)
+{
+    const unsigned char *p = buf;
+    while (len > 0) {
+        uInt n = len > (1u << 30) ? (1u << 30) : (uInt)len;
+        crc = (uint32_t)crc32(crc, p, n);
+        p += n;
+        len -= n;
+    }
+    return crc;
+}
+
+/* Floats are stored little-endian: a no-op on little-endian hosts, a swap in place otherwise. */
+static void floats_from_le(float *f, size_t n)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &f[i], 4);
+        u = __builtin_bswap32(u);
+        memcpy(&f[i], &u, 4);
+    }
+#else
+    (void)f;
+    (void)n;
+#endif
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static void split_path(const char *path, char *dir, size_t len, const char **base)
+{
+    const char *slash = strrchr(path, '/');
+    if (slash == NULL) {
+        snprintf(dir, len, ".");
+        *base = path;
+    } else if (slash == path) {
+        snprintf(dir, len, "/");
+        *base = slash + 1;
+    } else {
+        snprintf(dir, len, "%.*s", (int)(slash - path), path);
+        *base = slash + 1;
+    }
+}
+
+/* Writes n floats little-endian (a copy is swapped in chunks on a big-endian host), updating
+ * *crc. */
+static int write_floats(int fd, const float *f, size_t n, uint32_t *crc)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    float chunk[4096];
+    for (size_t i = 0; i < n; i += 4096) {
+        size_t k = n - i < 4096 ? n - i : 4096;
+        memcpy(chunk, f + i, k * sizeof(float));
+        floats_from_le(chunk, k);
+        *crc = crc_update(*crc, chunk, k * sizeof(float));
+        if (write_all(fd, chunk, k * sizeof(float)))
+            return -1;
+    }
+    return 0;
+#else
+    *crc = crc_update(*crc, f, n * sizeof(float));
+    return write_all(fd, f, n * sizeof(float));
+#endif
+}
+
+/* The file's bytes, in order, with a running CRC. */
+static int write_body(int fd, const ifd_checkpoint *c, ifd_error *err, const char *tmp)
+{
+    json_t *h = header_json(c);
+    char *text = h ? json_dumps(h, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(h);
+    if (text == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "checkpoint: header");
+    size_t hlen = strlen(text);
+    uint8_t pre[PREAMBLE];
+    memcpy(pre, MAGIC, MAGIC_LEN);
+    ifd_put_u32(pre + 8, IFD_CHECKPOINT_VERSION);
+    ifd_put_u32(pre + 12, (uint32_t)hlen);
+    uint32_t crc = crc_update(0, pre, sizeof pre);
+    crc = crc_update(crc, text, hlen);
+    int bad = write_all(fd, pre, sizeof pre) || write_all(fd, text, hlen);
+    free(text);
+    /* params and slots are one block */
+    bad = bad ||
+          write_floats(fd, c->params, (size_t)c->nparam_floats * (size_t)(1 + c->nslots), &crc);
+    uint8_t tail[CRC_LEN];
+    ifd_put_u32(tail, crc);
+    bad = bad || write_all(fd, tail, sizeof tail);
+    if (bad)
+        return ifd_error_set(err, IFD_EIO, "checkpoint: cannot write '%s': %s", tmp,
+                             strerror(errno));
+    return IFD_OK;
+}
+
+int ifd_checkpoint_write(const ifd_checkpoint *c, const char *path, ifd_error *err)
+{
+    char dir[4096], tmp[4096 + 64];
+    const char *base;
+    split_path(path, dir, sizeof dir, &base);
+    int n = snprintf(tmp, sizeof tmp, "%s/.%s" TMP_MARK "%ld", dir, base, (long)getpid());
+    if (n < 0 || (size_t)n >= sizeof tmp)
+        return ifd_error_set(err, IFD_EINVAL, "checkpoint: path '%s' is too long", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return ifd_error_set(err, IFD_EIO, "checkpoint: cannot create '%s': %s", tmp,
+                             strerror(errno));
+    int rc = write_body(fd, c, err, tmp);
+    if (rc == IFD_OK && fsync(fd) != 0)
+        rc = ifd_error_set(err, IFD_EIO, "checkpoint: fsync '%s': %s", tmp, strerror(errno));
+    if (close(fd) != 0 && rc == IFD_OK)
+        rc = ifd_error_set(err, IFD_EIO, "checkpoint: close '%s': %s", tmp, strerror(errno));
+    if (rc == IFD_OK && rename(tmp, path) != 0)
+        rc = ifd_error_set(err, IFD_EIO, "checkpoint: cannot rename '%s' to '%s': %s", tmp, path,
+                           strerror(errno));
+    if (rc) {
+        unlink(tmp);
+        return rc;
+    }
+    /* The rename is durable once the folder is. */
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || fsync(dfd) != 0)
+        rc = ifd_error_set(err, IFD_EIO, "checkpoint: fsync of folder '%s': %s", dir,
+                           strerror(errno));
+    if (dfd >= 0)
+        close(dfd);
+    return rc;
+}
+
+/* ---- the folder ------------------------------------------------------------------------------ */
+
+/* ckpt-<digits>.ifdckpt: 1 and the step; else 0. */
+static int parse_name(const char *name, int64_t *step)
+{
+    size_t plen = strlen(NAME_PREFIX), slen = strlen(IFD_CHECKPOINT_SUFFIX), len = strlen(name);
+    if (len <= plen + slen || len - plen - slen > 18 || strncmp(name, NAME_PREFIX, plen) != 0 ||
+        strcmp(name + len - slen, IFD_CHECKPOINT_SUFFIX) != 0)
+        return 0;
+    int64_t v = 0;
+    for (const char *p = name + plen; p < name + len - slen; p++) {
+        if (*p < '0' || *p > '9')
+            return 0;
+        v = v * 10 + (*p - '0');
+    }
+    *step = v;
+    return 1;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The steps of dir's checkpoints, ascending (malloc'd; *n may be 0). With remove_tmp, also
+ * removes the temporary files of killed writers. */
+static int list_steps(const char *dir, int64_t **steps, size_t *n, int remove_tmp, ifd_error *err)
+{
+    *steps = NULL;
+    *n = 0;
+    DIR *d = opendir(dir);
+    if (d == NULL)
+        return ifd_error_set(err, errno == ENOENT ? IFD_ENOTFOUND : IFD_EIO,
+                             "checkpoint folder '%s': %s", dir, strerror(errno));
+    size_t cap = 0;
+    int rc = IFD_OK;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int64_t step;
+        if (remove_tmp && strncmp(e->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) == 0 &&
+            strstr(e->d_name, TMP_MARK)) {
+            char path[4096 + 256];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            if (unlink(path) == 0)
+                IFD_LOG_INFO("checkpoint: removed '%s', left by an interrupted write", path);
+            continue;
+        }
+        if (!parse_name(e->d_name, &step))
+            continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int64_t *s = realloc(*steps, cap * sizeof *s);
+            if (s == NULL) {
+                rc = ifd_error_set(err, IFD_ENOMEM, "checkpoint folder '%s'", dir);
+                break;
+            }
+            *steps = s;
+        }
+        (*steps)[(*n)++] = step;
+    }
+    closedir(d);
+    if (rc) {
+        free(*steps);
+        *steps = NULL;
+        *n = 0;
+        return rc;
+    }
+    if (*n)
+        qsort(*steps, *n, sizeof **steps, cmp_i64);
+    return IFD_OK;
+}
+
+static int step_path(char *path, size_t len, const char *dir, int64_t step, ifd_error *err)
+{
+    int n = snprintf(path, len, "%s/" NAME_PREFIX "%012" PRId64 IFD_CHECKPOINT_SUFFIX, dir, step);
+    if (n < 0 || (size_t)n >= len)
+        return ifd_error_set(err, IFD_ERANGE,
+                             "checkpoint folder '%s': the path of a checkpoint does not fit in "
+                             "%zu bytes",
+                             dir, len);
+    return IFD_OK;
+}
+
+int ifd_checkpoint_latest_step(const char *dir, int64_t *step, ifd_error *err)
+{
+    int64_t *steps;
+    size_t n;
+    int rc = list_steps(dir, &steps, &n, 0, err);
+    if (rc)
+        return rc;
+    if (n == 0)
+        return ifd_error_set(err, IFD_ENOTFOUND,
+                             "checkpoint folder '%s': no checkpoint (" NAME_PREFIX
+                             "<step>" IFD_CHECKPOINT_SUFFIX ") in it",
+                             dir);
+    *step = steps[n - 1];
+    free(steps);
+    return IFD_OK;
+}
+
+int ifd_checkpoint_latest(const char *dir, char *path, size_t len, ifd_error *err)
+{
+    int64_t step;
+    int rc = ifd_checkpoint_latest_step(dir, &step, err);
+    return rc ? rc : step_path(path, len, dir, step, err);
+}
+
+/* Removes the checkpoints of dir beyond the newest keep, except the one of step spare (-1:
+ * none), and the temporary files of killed writers. */
+static int prune(const char *dir, int keep, int64_t spare, ifd_error *err)
+{
+    if (keep < 1)
+        return ifd_error_set(err, IFD_EINVAL, "keep_checkpoints: expected 1 or more, got %d", keep);
+    int64_t *steps;
+    size_t n;
+    int rc = list_steps(dir, &steps, &n, 1, err);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i + (size_t)keep < n && rc == IFD_OK; i++) {
+        if (steps[i] == spare)
+            continue;
+        char path[4096 + 64];
+        rc = step_path(path, sizeof path, dir, steps[i], err);
+        if (rc == IFD_OK && unlink(path) != 0 && errno != ENOENT)
+            rc = ifd_error_set(err, IFD_EIO, "checkpoint: cannot remove '%s': %s", path,
+                               strerror(errno));
+    }
+    free(steps);
+    return rc;
+}
+
+int ifd_checkpoint_prune(const char *dir, int keep, ifd_error *err)
+{
+    return prune(dir, keep, -1, err);
+}
+
+int ifd_checkpoint_save(const ifd_checkpoint *c, const char *dir, int keep, char *path, size_t len,
+                        ifd_error *err)
+{
+    char buf[4096 + 64];
+    int rc = step_path(buf, sizeof buf, dir, c->global_step, err);
+    if (rc == IFD_OK)
+        rc = ifd_checkpoint_write(c, buf, err);
+    if (rc == IFD_OK)
+        rc = prune(dir, keep, c->global_step, err);
+    if (rc == IFD_OK && path && snprintf(path, len, "%s", buf) >= (int)len)
+        rc = ifd_error_set(err, IFD_ERANGE, "checkpoint: the path '%s' does not fit in %zu bytes",
+                           buf, len);
+    return rc;
+}
+
+/* ---- loading --------------------------------------------------------------------------------- */
+
+static int read_file(const char *path, uint8_t **out, size_t *len, ifd_error *err)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return ifd_error_set(err, errno == ENOENT ? IFD_ENOTFOUND : IFD_EIO,
+                             "checkpoint '%s': cannot open: %s", path, strerror(errno));
+    struct stat st;
+    uint8_t *buf = NULL;
+    int rc = IFD_OK;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        rc = ifd_error_set(err, IFD_EIO, "checkpoint '%s': not a regular file", path);
+        goto out;
+    }
+    buf = malloc((size_t)st.st_size + 1);
+    if (buf == NULL) {
+        rc = ifd_error_set(err, IFD_ENOMEM, "checkpoint '%s': %lld bytes", path,
+                           (long long)st.st_size);
+        goto out;
+    }
+    size_t got = 0;
+    while (got < (size_t)st.st_size) {
+        ssize_t n = read(fd, buf + got, (size_t)st.st_size - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            rc = ifd_error_set(err, IFD_EIO, "checkpoint '%s': read: %s", path,
+                               n < 0 ? strerror(errno) : "the file shrank");
+            goto out;
+        }
+        got += (size_t)n;
+    }
+    *out = buf;
+    *len = got;
+    buf = NULL;
+out:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+/* An integer member in [lo, hi]. */
+static int get_int(json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
+                   const char *path, ifd_error *err)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return ifd_error_set(err, IFD_EPROTO,
+                             "checkpoint '%s': header: '%s': expected an integer from %" PRId64
+                             " to %" PRId64 ", got %s",
+                             path, key, lo, hi,
+                             v == NULL            ? "nothing"
+                             : json_is_integer(v) ? "an integer out of range"
+                                                  : "another type");
+    *out = json_integer_value(v);
+    return IFD_OK;
+}
+
+static int get_float(json_t *obj, const char *key, float *out, const char *path, ifd_error *err)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!json_is_number(v))
+        return ifd_error_set(err, IFD_EPROTO,
+                             "checkpoint '%s': header: 'optimizer.%s': expected a number", path,
+                             key);
+    *out = (float)json_number_value(v);
+    return IFD_OK;
+}
+
+/* The parameter list: names, shapes, offsets and counts that tile nparam_floats. */
+static int parse_params(ifd_checkpoint *c, json_t *params, const char *path, ifd_error *err)
+{
+    if (!json_is_array(params) || json_array_size(params) > IFD_MAX_PARAMS)
+        return ifd_error_set(err, IFD_EPROTO,
+                             "checkpoint '%s': header: 'params': expected an array of at most %d "
+                             "parameters",
+                             path, IFD_MAX_PARAMS);
+    int64_t at = 0;
+    c->nparams = (int)json_array_size(params);
+    for (int i = 0; i < c->nparams; i++) {
+        json_t *e = json_array_get(params, (size_t)i);
+        ifd_param_spec *ps = &c->params_spec[i];
+        json_t *name = json_object_get(e, "name"), *shape = json_object_get(e, "shape");
+        if (!json_is_string(name) || json_string_length(name) >= IFD_NAME_MAX ||
+            !json_is_array(shape) || json_array_size(shape) > 2)
+            return ifd_error_set(err, IFD_EPROTO,
+                                 "checkpoint '%s': header: 'params[%d]': expected a name of at "
+                                 "most %d bytes and a shape of rank 0 to 2",
+                                 path, i, IFD_NAME_MAX - 1);
+        snprintf(ps->name, sizeof ps->name, "%s", json_string_value(name));
+        ps->rank = (int)json_array_size(shape);
+        int64_t count = 1;
+        for (int d = 0; d < ps->rank; d++) {
+            json_t *dim = json_array_get(shape, (size_t)d);
+            if (!json_is_integer(dim) || json_integer_value(dim) < 1 ||
+                json_integer_value(dim) > ((int64_t)1 << 40))
+                return ifd_error_set(err, IFD_EPROTO,
+                                     "checkpoint '%s': header: 'params[%d].shape': expected "
+                                     "positive integers",
+                                     path, i);
+            ps->dims[d] = json_integer_value(dim);
+            count *= ps->dims[d];
+        }
+        int rc = get_int(e, "offset", at, at, &ps->offset, path, err);
+        if (rc == IFD_OK)
+            rc = get_int(e, "count", count, count, &ps->count, path, err);
+        if (rc)
+            return ifd_error_prefix(err, "parameter '%s' (the parameters tile the vector in order)",
+                                    ps->name);
+        at += count;
+    }
+    if (at != c->nparam_floats)
+        return ifd_error_set(err, IFD_EPROTO,
+                             "checkpoint '%s': header: 'params' cover %" PRId64
+                             " floats, 'nparam_floats' says %" PRId64,
+                             path, at, c->nparam_floats);
+    return IFD_OK;
+}
+
+static int parse_header(ifd_checkpoint *c, json_t *h, const char *path, ifd_error *err)
+{
+    json_t *prog = json_object_get(h, "program");
+    if (!json_is_string(prog) || json_string_length(prog) == 0 ||
+        json_string_length(prog) >= sizeof c->program)
+        return ifd_error_set(err, IFD_EPROTO,
+                             "checkpoint '%s': header: 'program': expected a program name", path);
+    snprintf(c->program, sizeof c->program, "%s", json_string_value(prog));
+    json_t *s = json_object_get(h, "settings");
+    int64_t big = (int64_t)1 << 40;
+    int rc = get_int(s, "features", 0, big, &c->settings.features, path, err);
+    if (rc == IFD_OK)
+        rc = get_int(s, "classes", 0, big, &c->settings.classes, path, err);
+    if (rc == IFD_OK)
+        rc = get_int(s, "hidden", 0, big, &c->settings.hidden, path, err);
+    if (rc)
+        return rc;
+    json_t *o = json_object_get(h, "optimizer"), *kind = json_object_get(o, "kind");
+    if (!json_is_string(kind) || ifd_optimizer_parse(json_string_value(kind), &c->optimizer.kind))
+        return ifd_error_set(err, IFD_EPROTO,
+                             "checkpoint '%s': header: 'optimizer.kind': expected sgd, momentum "
+                             "or adam",
+                             path);
+    int want = ifd_optimizer_slots(c->optimizer.kind);
+    json_t *slots = json_object_get(o, "slots");
+    if (!json_is_integer(slots) || json_integer_value(slots) != want)
+        return ifd_error_set(err, IFD_EPROTO,
+                             "checkpoint '%s': header: 'optimizer.slots': %s keeps %d slot "
+                             "vectors, the header says %lld",
+                             path, json_string_value(kind), want,
+                             json_is_integer(slots) ? (long long)json_integer_value(slots) : -1LL);
+    if (get_float(o, "learning_rate", &c->optimizer.learning_rate, path, err) ||
+        get_float(o, "momentum", &c->optimizer.momentum, path, err) ||
+        get_float(o, "beta1", &c->optimizer.beta1, path, err) ||
+        get_float(o, "beta2", &c->optimizer.beta2, path, err) ||
+        get_float(o, "epsilon", &c->optimizer.epsilon, path, err))
+        return err ? err->code : IFD_EPROTO;
+    rc = get_int(h, "global_step", 0, INT64_MAX, &c->global_step, path, err);
+    if (rc == IFD_OK)
+        rc = get_int(h, "opt_step", 0, INT64_MAX, &c->opt_step, path, err);
+    if (rc == IFD_OK)
+        rc = parse_params(c, json_object_get(h, "params"), path, err);
+    if (rc)
+        return rc;
+    json_t *producers = json_object_get(h, "producers");
+    if (!json_is_object(producers))
+        return ifd_error_set(err, IFD_EPROTO,
+                             "checkpoint '%s': header: 'producers': expected an object", path);
+    const char *name;
+    json_t *seq;
+    json_object_foreach(producers, name, seq)
+    {
+        if (!json_is_integer(seq))
+            return ifd_error_set(err, IFD_EPROTO,
+                                 "checkpoint '%s': header: 'producers.%s': expected an integer",
+                                 path, name);
+        ifd_error e;
+        if (ifd_checkpoint_set_producer(c, name, json_integer_value(seq), &e))
+            return ifd_error_set(err, e.code == IFD_ENOMEM ? e.code : IFD_EPROTO,
+                                 "checkpoint '%s': header: %s", path, e.msg);
+    }
+    return IFD_OK;
+}
+
+int ifd_checkpoint_load(const char *path, ifd_checkpoint **out, ifd_error *err)
+{
+    *out = NULL;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc = read_file(path, &buf, &len, err);
+    if (rc)
+        return rc;
+    json_t *h = NULL;
+    ifd_checkpoint *c = NULL;
+    if (len < PREAMBLE + CRC_LEN) {
+        rc = ifd_error_set(err, IFD_EPROTO,
+                           "checkpoint '%s': truncated: %zu bytes, expected at least %d", path, len,
+                           PREAMBLE + CRC_LEN);
+        goto out;
+    }
+    if (memcmp(buf, MAGIC, MAGIC_LEN) != 0) {
+        char got[MAGIC_LEN * 4 + 1];
+        for (int i = 0; i < MAGIC_LEN; i++)
+            snprintf(got + 4 * i, 5, "\\x%02x", buf[i]);
+        rc = ifd_error_set(err, IFD_EPROTO,
+                           "checkpoint '%s': magic: expected \"IFDCKPT\\0\" (an infeed "
+                           "checkpoint), got \"%s\"",
+                           path, got);
+        goto out;
+    }
+    uint32_t version = ifd_get_u32(buf + 8), hlen = ifd_get_u32(buf + 12);
+    if (version != IFD_CHECKPOINT_VERSION) {
+        rc = ifd_error_set(err, IFD_EPROTO, "checkpoint '%s': version: expected %d, got %u", path,
+                           IFD_CHECKPOINT_VERSION, version);
+        goto out;
+    }
+    if (hlen > HEADER_MAX || PREAMBLE + (size_t)hlen + CRC_LEN > len) {
+        rc = ifd_error_set(err, IFD_EPROTO,
+                           "checkpoint '%s': truncated: %zu bytes, the header alone says %u bytes "
+                           "of JSON",
+                           path, len, hlen);
+        goto out;
+    }
+    uint32_t stored = ifd_get_u32(buf + len - CRC_LEN);
+    uint32_t crc = crc_update(0, buf, len - CRC_LEN);
+    json_error_t je;
+    h = json_loadb((const char *)buf + PREAMBLE, hlen, JSON_REJECT_DUPLICATES, &je);
+    if (h == NULL || !json_is_object(h)) {
+        if (crc != stored)
+            rc = ifd_error_set(err, IFD_EPROTO,
+                               "checkpoint '%s': checksum: stored %08x, computed %08x (the file "
+                               "is corrupt)",
+                               path, stored, crc);
+        else
+            rc = ifd_error_set(err, IFD_EPROTO, "checkpoint '%s': header: line %d: %s", path,
+                               je.line, h ? "expected a JSON object" : je.text);
+        goto out;
+    }
+    int64_t np, nslots = 0;
+    json_t *kind = json_object_get(json_object_get(h, "optimizer"), "kind");
+    ifd_optimizer_kind k;
+    if (json_is_string(kind) && ifd_optimizer_parse(json_string_value(kind), &k) == IFD_OK)
+        nslots = ifd_optimizer_slots(k);
+    rc = get_int(h, "nparam_floats", 0, (int64_t)1 << 40, &np, path, err);
+    if (rc)
+        goto out;
+    size_t want = PREAMBLE + hlen + data_bytes(np, (int)nslots) + CRC_LEN;
+    if (len != want) {
+        rc = ifd_error_set(
+            err, IFD_EPROTO,
+            "checkpoint '%s': %s: %zu bytes, expected %zu (a %u-byte header, %" PRId64
+            " parameter floats and %d slot vectors)",
+            path, len < want ? "truncated" : "trailing bytes", len, want, hlen, np, (int)nslots);
+        goto out;
+    }
+    if (crc != stored) {
+        rc = ifd_error_set(err, IFD_EPROTO,
+                           "checkpoint '%s': checksum: stored %08x, computed %08x (the file is "
+                           "corrupt)",
+                           path, stored, crc);
+        goto out;
+    }
+    rc = ckpt_alloc(&c, np, (int)nslots, err);
+    if (rc)
+        goto out;
+    rc = parse_header(c, h, path, err);
+    if (rc)
+        goto out;
+    memcpy(c->params, buf + PREAMBLE + hlen, data_bytes(np, (int)nslots));
+    floats_from_le(c->params, (size_t)np * (size_t)(1 + nslots));
+    *out = c;
+    c = NULL;
+out:
+    ifd_checkpoint_free(c);
+    json_decref(h);
+    free(buf);
+    return rc;
+}
+
+/* ---- fitting a run --------------------------------------------------------------------------- */
+
+static const char *shape_text(const ifd_param_spec *p, char *buf, size_t len)
+{
+    if (p->rank == 0)
+        snprintf(buf, len, "[]");
+    else if (p->rank == 1)
+        snprintf(buf, len, "[%" PRId64 "]", p->dims[0]);
+    else
+        snprintf(buf, len, "[%" PRId64 ", %" PRId64 "]", p->dims[0], p->dims[1]);
+    return buf;
+}
+
+int ifd_checkpoint_check(const ifd_checkpoint *c, const ifd_config *cfg, ifd_error *err)
+{
+    const char *prog = cfg->program ? cfg->program : "(none)";
+    if (strcmp(c->program, prog) != 0)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "checkpoint: program: the checkpoint is of '%s', this run's is '%s'",
+                             c->program, prog);
+    static const char *const names[] = {"features", "classes", "hidden"};
+    const int64_t have[] = {c->settings.features, c->settings.classes, c->settings.hidden};
+    const int64_t want[] = {cfg->settings.features, cfg->settings.classes, cfg->settings.hidden};
+    for (int i = 0; i < 3; i++)
+        if ((have[i] > 0 ? have[i] : 0) != (want[i] > 0 ? want[i] : 0))
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "checkpoint: settings.%s: the checkpoint has %" PRId64
+                                 ", this run %" PRId64 " (0: unset)",
+                                 names[i], have[i] > 0 ? have[i] : 0, want[i] > 0 ? want[i] : 0);
+    ifd_program p;
+    int rc = ifd_program_init(&p, prog, &cfg->settings, err);
+    if (rc)
+        return rc;
+    if (p.nparams != c->nparams || p.nparam_floats != c->nparam_floats)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "checkpoint: parameters: the checkpoint has %d tensors of %" PRId64
+                             " floats, this run's program %d of %" PRId64,
+                             c->nparams, c->nparam_floats, p.nparams, p.nparam_floats);
+    for (int i = 0; i < p.nparams; i++) {
+        const ifd_param_spec *a = &c->params_spec[i], *b = &p.params[i];
+        char sa[64], sb[64];
+        if (strcmp(a->name, b->name) != 0 || a->rank != b->rank ||
+            strcmp(shape_text(a, sa, sizeof sa), shape_text(b, sb, sizeof sb)) != 0)
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "checkpoint: parameter %d: the checkpoint has '%s' %s, this run "
+                                 "'%s' %s",
+                                 i, a->name, sa, b->name, sb);
+    }
+    if (cfg->mode == IFD_MODE_TRAIN && cfg->optimizer.kind != c->optimizer.kind)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "checkpoint: optimizer: the checkpoint's slots are %s's (%d), this "
+                             "run uses %s (%d slots)",
+                             ifd_optimizer_name(c->optimizer.kind), c->nslots,
+                             ifd_optimizer_name(cfg->optimizer.kind),
+                             ifd_optimizer_slots(cfg->optimizer.kind));
+    return IFD_OK;
+}

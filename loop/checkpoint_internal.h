@@ -1,0 +1,29 @@
+/* The checkpoint object, shared by the file code (loop/checkpoint.c) and the session, which fills
+ * a new one from the device (loop/session.c). */
+#ifndef IFD_LOOP_CHECKPOINT_INTERNAL_H
+#define IFD_LOOP_CHECKPOINT_INTERNAL_H
+
+#include "infeed/checkpoint.h"
+
+typedef struct ifd_ckpt_producer {
+    char name[IFD_CHECKPOINT_NAME_MAX + 1];
+    int64_t seq;
+} ifd_ckpt_producer;
+
+struct ifd_checkpoint {
+    char program[64];
+    ifd_program_settings settings;
+    int nparams;
+    ifd_param_spec params_spec[IFD_MAX_PARAMS];
+    int64_t nparam_floats;
+    ifd_optimizer optimizer;
+    int nslots;
+    int64_t global_step;
+    int64_t opt_step;
+    float *params; /* nparam_floats, then nslots x nparam_floats (slots) in one block */
+    float *slots;
+    ifd_ckpt_producer *producers; /* sorted by name */
+    int nproducers, cap;
+};
+
+#endif
