@@ -137,7 +137,9 @@ static const opt opts[] = {
     {"cuda_graphs", K_BOOL, OFF(cuda_graphs), "on|off",
      "cuda backend: capture each step in a CUDA Graph", NULL, NULL},
     {"checkpoint_dir", K_STR, OFF(checkpoint_dir), "DIR",
-     "train mode: write checkpoints into this folder (docs/checkpoint.md)", NULL, NULL},
+     "train: write checkpoints into this folder (docs/checkpoint.md); eval, predict: start from "
+     "its latest",
+     NULL, NULL},
     {"checkpoint_every", K_I64, OFF(checkpoint_every), "N",
      "steps between checkpoints, at loop ends (0: only at the end of the run)", NULL, NULL},
     {"keep_checkpoints", K_INT, OFF(keep_checkpoints), "N", "checkpoints kept in checkpoint_dir",

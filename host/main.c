@@ -67,7 +67,8 @@ static void describe(const ifd_daemon_config *c, const ifd_program *p)
                  c->control && c->control[0] ? c->control : "(none)");
 }
 
-/* --resume or --checkpoint: the checkpoint to start from, checked against the config. */
+/* --resume or --checkpoint (eval and predict: or the latest in --checkpoint-dir): the
+ * checkpoint to start from, checked against the config. */
 static int load_start(const ifd_daemon_config *c, ifd_checkpoint **out, ifd_error *err)
 {
     char path[4096 + 64];
@@ -76,7 +77,7 @@ static int load_start(const ifd_daemon_config *c, ifd_checkpoint **out, ifd_erro
     } else {
         int rc = ifd_checkpoint_latest(c->checkpoint_dir, path, sizeof path, err);
         if (rc)
-            return ifd_error_prefix(err, "--resume");
+            return ifd_error_prefix(err, "%s", c->resume ? "--resume" : "checkpoint_dir");
     }
     int rc = ifd_checkpoint_load(path, out, err);
     if (rc == IFD_OK && (rc = ifd_checkpoint_check(*out, &c->run, err)) != IFD_OK) {
@@ -135,13 +136,20 @@ int main(int argc, char **argv)
         setenv("IFD_CUDA_GRAPHS", cfg.cuda_graphs ? "1" : "0", 1);
     /* A checkpoint that cannot start this run is a config error, like a bad flag. */
     ifd_checkpoint *ck = NULL;
-    if ((cfg.resume || cfg.checkpoint) && load_start(&cfg, &ck, &err)) {
+    int train = cfg.run.mode == IFD_MODE_TRAIN;
+    if (cfg.run.mode == IFD_MODE_EVAL && !cfg.checkpoint && !cfg.checkpoint_dir) {
+        fprintf(stderr, "infeedd: checkpoint: eval mode evaluates a checkpoint: expected "
+                        "--checkpoint PATH or --checkpoint-dir DIR (its latest), got neither\n");
+        ifd_daemon_config_free(&cfg);
+        return 2;
+    }
+    if ((cfg.resume || cfg.checkpoint || (!train && cfg.checkpoint_dir)) &&
+        load_start(&cfg, &ck, &err)) {
         fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
         ifd_daemon_config_free(&cfg);
         return 2;
     }
     cfg.run.restore = ck;
-    int train = cfg.run.mode == IFD_MODE_TRAIN;
     if (cfg.checkpoint_dir && train && check_dir(&cfg, ck, &err)) {
         fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
         ifd_checkpoint_free(ck);
@@ -151,8 +159,9 @@ int main(int argc, char **argv)
     if (ck)
         IFD_LOG_INFO("starting from a checkpoint at global step %lld (%d producers)",
                      (long long)ifd_checkpoint_global_step(ck), ifd_checkpoint_producer_count(ck));
-    if (cfg.checkpoint_dir && !train)
-        IFD_LOG_WARN("checkpoint_dir: %s mode writes no checkpoints", ifd_mode_name(cfg.run.mode));
+    if (cfg.run.mode == IFD_MODE_PREDICT && ck == NULL)
+        IFD_LOG_WARN("predict mode without --checkpoint or --checkpoint-dir: the parameters are "
+                     "the seed's initial ones");
 
     int status = 1;
     ifd_ingest *g = NULL;
