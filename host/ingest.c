@@ -647,6 +647,18 @@ static int check_schema(ifd_ingest *g, json_t *schema, ifd_error *err)
     return IFD_OK;
 }
 
+/* The program's settings that are set: {"features": 64, "classes": 10, "hidden": 32}. */
+static json_t *settings_json(const ifd_program_settings *ps)
+{
+    json_t *j = json_object();
+    const char *const names[] = {"features", "classes", "hidden"};
+    const int64_t values[] = {ps->features, ps->classes, ps->hidden};
+    for (int i = 0; i < 3; i++)
+        if (values[i] > 0)
+            json_object_set_new(j, names[i], json_integer(values[i]));
+    return j;
+}
+
 static json_t *schema_json(const ifd_program *p)
 {
     json_t *a = json_array();
@@ -806,6 +818,7 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     json_object_set_new(w, "batch_size", json_integer(g->cfg->run.batch_size));
     json_object_set_new(w, "replicas", json_integer(g->cfg->run.replicas));
     json_object_set_new(w, "program", json_string(g->program->cls->name));
+    json_object_set_new(w, "settings", settings_json(&g->program->settings));
     json_object_set_new(w, "schema", schema_json(g->program));
     send_json(g, from, IFD_MSG_WELCOME, w);
     json_decref(j);
