@@ -1,6 +1,7 @@
 #include "core/batch.h"
 #include "core/log.h"
 #include "core/opqueue.h"
+#include "core/thread.h"
 #include "infeed/infeed_internal.h"
 
 #include <stdio.h>
@@ -13,7 +14,26 @@ struct ifd_infeed {
     ifd_opq *opq;
     ifd_shard *shards;
     int64_t batches; /* atomic */
+    /* the initial sleep: ifd_infeed_stop sets stopping and wakes it */
+    ifd_mutex sleep_mu;
+    ifd_cond sleep_cv;
+    int stopping;
 };
+
+/* The seed's initial_infeed_sleep_secs. Returns 0 when the infeed is stopped during it. */
+static int initial_sleep(ifd_infeed *f)
+{
+    if (f->cfg.initial_sleep_secs <= 0.0)
+        return 1;
+    IFD_LOG_INFO("infeed: sleeping %g s before the first batch", f->cfg.initial_sleep_secs);
+    int64_t deadline = ifd_clock_ns() + (int64_t)(f->cfg.initial_sleep_secs * 1e9);
+    ifd_mutex_lock(&f->sleep_mu);
+    while (!f->stopping && ifd_clock_ns() < deadline)
+        ifd_cond_wait_until(&f->sleep_cv, &f->sleep_mu, deadline);
+    int go = !f->stopping;
+    ifd_mutex_unlock(&f->sleep_mu);
+    return go;
+}
 
 int ifd_infeed_check_batch(const ifd_program *p, const ifd_batch *b, int64_t batch_size,
                            ifd_error *err)
@@ -78,6 +98,8 @@ static void infeed_main(ifd_opq *q, void *arg)
     ifd_error err;
     ifd_error_clear(&err);
     int64_t n, loop = 0;
+    if (!initial_sleep(f))
+        return;
     while (ifd_opq_next(q, &n)) {
         IFD_LOG_DEBUG("infeed: loop %lld: enqueue %lld batches", (long long)loop, (long long)n);
         for (int64_t i = 0; i < n; i++) {
@@ -122,8 +144,12 @@ int ifd_infeed_start(ifd_infeed **out, const ifd_infeed_config *cfg)
         free(f);
         return IFD_ENOMEM;
     }
+    ifd_mutex_init(&f->sleep_mu);
+    ifd_cond_init(&f->sleep_cv);
     int rc = ifd_opq_start(&f->opq, "ifd-infeed", infeed_main, f, cfg->mode == IFD_MODE_PREDICT);
     if (rc) {
+        ifd_cond_fini(&f->sleep_cv);
+        ifd_mutex_fini(&f->sleep_mu);
         free(f->shards);
         free(f);
         return rc;
@@ -140,6 +166,10 @@ int ifd_infeed_signal(ifd_infeed *f, int64_t n)
 void ifd_infeed_stop(ifd_infeed *f)
 {
     if (f) {
+        ifd_mutex_lock(&f->sleep_mu);
+        f->stopping = 1;
+        ifd_cond_broadcast(&f->sleep_cv);
+        ifd_mutex_unlock(&f->sleep_mu);
         ifd_opq_join(f->opq);
         ifd_rendezvous_record_done(f->cfg.rv, SOURCE);
     }
@@ -150,6 +180,8 @@ void ifd_infeed_destroy(ifd_infeed *f)
     if (f == NULL)
         return;
     ifd_opq_destroy(f->opq);
+    ifd_cond_fini(&f->sleep_cv);
+    ifd_mutex_fini(&f->sleep_mu);
     free(f->shards);
     free(f);
 }

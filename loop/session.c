@@ -281,6 +281,7 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
             .mode = s->cfg.mode,
             .batch_size = s->cfg.batch_size,
             .rv = s->rv,
+            .initial_sleep_secs = s->cfg.initial_infeed_sleep_secs,
         };
         ifd_outfeed_config oc = {
             .dev = s->dev,

@@ -76,6 +76,9 @@ typedef struct ifd_config {
     uint64_t seed;
     int infeed_depth;  /* shards buffered per replica */
     int outfeed_depth; /* step records buffered per replica */
+    /* The seed's initial_infeed_sleep_secs: the infeed thread waits this long (0 to 86400 s)
+     * before it takes its first batch; an abort or an error ends the wait at once. */
+    double initial_infeed_sleep_secs;
 } ifd_config;
 
 /* Fills every field with its default (see docs/config.md). */
