@@ -121,6 +121,8 @@ static const opt opts[] = {
      NULL},
     {"initial_infeed_sleep", K_F64, OFF(run.initial_infeed_sleep_secs), "SECONDS",
      "the infeed waits this long before it takes the first batch", NULL, NULL},
+    {"watchdog", K_F64, OFF(run.watchdog_secs), "SECONDS",
+     "end the run (exit 1) when no step completes for this long; 0: off", NULL, NULL},
     {"credit", K_INT, OFF(credit), "N",
      "batches a producer may have in flight; 0: auto, 16 MiB of batches, 8 to 256", NULL, NULL},
     {"max_producers", K_INT, OFF(max_producers), "N", "producers connected at once", NULL, NULL},
@@ -504,6 +506,7 @@ int ifd_daemon_config_parse(ifd_daemon_config *c, int argc, char **argv, FILE *o
 /* Runtime keys whose daemon key is shorter: the runtime's sentence names the daemon's. */
 static const char *const renamed_keys[][2] = {
     {"initial_infeed_sleep_secs", "initial_infeed_sleep"},
+    {"watchdog_secs", "watchdog"},
 };
 
 static void rename_key(ifd_error *err)

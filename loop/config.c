@@ -164,5 +164,9 @@ int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
         return ifd_error_set(err, IFD_EINVAL,
                              "initial_infeed_sleep_secs: expected seconds from 0 to %g, got %g",
                              MAX_SECS, cfg->initial_infeed_sleep_secs);
+    if (!(cfg->watchdog_secs >= 0.0 && cfg->watchdog_secs <= MAX_SECS))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "watchdog_secs: expected seconds from 0 (off) to %g, got %g", MAX_SECS,
+                             cfg->watchdog_secs);
     return IFD_OK;
 }

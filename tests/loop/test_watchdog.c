@@ -173,6 +173,231 @@ START_TEST(initial_sleep_is_validated)
 }
 END_TEST
 
+/* ---- the watchdog ------------------------------------------------------------------------------
+ */
+
+static void test_context(void *arg, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", (const char *)arg);
+}
+
+/* The replica numbers the sentence lists as having an empty infeed, as a bit set; -1 when it
+ * names none. */
+static int64_t empty_replicas(const char *msg)
+{
+    const char *p = strstr(msg, "the infeed of replica ");
+    if (p)
+        p += strlen("the infeed of replica");
+    else if ((p = strstr(msg, "the infeeds of replicas ")) != NULL)
+        p += strlen("the infeeds of replicas");
+    else
+        return -1;
+    int64_t set = 0;
+    while (*p == ' ' || *p == ',' || (*p >= '0' && *p <= '9') || strncmp(p, " and ", 5) == 0) {
+        if (*p >= '0' && *p <= '9') {
+            set |= INT64_C(1) << strtol(p, (char **)&p, 10);
+        } else if (strncmp(p, " and ", 5) == 0 && p[5] >= '0' && p[5] <= '9') {
+            p += 5;
+        } else if (*p == ' ' && !(p[1] >= '0' && p[1] <= '9')) {
+            break;
+        } else {
+            p++;
+        }
+    }
+    return set;
+}
+
+/* A source that delivers k batches and then nothing (the queue stays open): the run ends with
+ * IFD_ETIMEDOUT from the watchdog after watchdog_secs, at global step k, naming every replica's
+ * infeed as empty and carrying the caller's context. */
+START_TEST(starving_input_ends_the_run)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int replicas = (int)rand_between(&rng, 1, 4);
+    int64_t k = rand_between(&rng, 1, 7);
+    run r;
+    run_init(&r, replicas, 50);
+    r.cfg.iterations_per_loop = rand_between(&rng, 1, 4);
+    r.cfg.watchdog_secs = 0.3;
+    run_start(&r, k, 1);
+    ck_assert_int_eq(ifd_session_set_watchdog_context(r.s, test_context, "7 producers connected"),
+                     IFD_OK);
+    int64_t t0 = ifd_clock_ns();
+    ifd_error err;
+    int rc = ifd_session_run(r.s, &err);
+    double took = (double)(ifd_clock_ns() - t0) / 1e9;
+    const char *m = err.msg;
+    RASSERT(rc == IFD_ETIMEDOUT, "R=%d k=%lld: rc %s: %s", replicas, (long long)k, ifd_errname(rc),
+            m);
+    RASSERT(strncmp(m, "watchdog: no step completed for 0.3 s", 37) == 0, "sentence '%s'", m);
+    RASSERT(ifd_session_global_step(r.s) == k, "R=%d: global step %lld, expected %lld", replicas,
+            (long long)ifd_session_global_step(r.s), (long long)k);
+    int64_t all = (INT64_C(1) << replicas) - 1;
+    RASSERT(empty_replicas(m) == all,
+            "R=%d: the sentence should name the infeed of every replica "
+            "as empty: '%s'",
+            replicas, m);
+    RASSERT(strstr(m, "no outfeed ring is full") != NULL, "'%s'", m);
+    RASSERT(strstr(m, "; 7 producers connected") != NULL, "the context is missing: '%s'", m);
+    RASSERT(took >= 0.3 && took < 10.0, "the run ended %.3f s after it began", took);
+    RASSERT(ifd_session_end_reason(r.s) == IFD_END_ERROR, "reason %s",
+            ifd_end_reason_name(ifd_session_end_reason(r.s)));
+    /* The end summary carries it. */
+    size_t n = ifd_sink_memory_count(r.sink);
+    char *end = ifd_sink_memory_get(r.sink, n - 1);
+    RASSERT(strstr(end, "ETIMEDOUT\"") && strstr(end, "watchdog: no step"), "%s", end);
+    free(end);
+    run_finish(&r);
+}
+END_TEST
+
+/* Pushes n batches, one every delay_ns, then closes the queue. */
+typedef struct slow_producer {
+    pthread_t t;
+    ifd_batch_queue *q;
+    tu_batch **bs;
+    int64_t n, delay_ns;
+} slow_producer;
+
+static void *slow_main(void *arg)
+{
+    slow_producer *p = arg;
+    for (int64_t i = 0; i < p->n; i++) {
+        ifd_sleep_ns(p->delay_ns);
+        if (ifd_batch_queue_push(p->q, &p->bs[i]->b) != IFD_OK)
+            tu_batch_free(p->bs[i]);
+    }
+    ifd_batch_queue_close(p->q);
+    free(p->bs);
+    return NULL;
+}
+
+/* Steps that come slowly but more often than the watchdog's limit keep the run alive. */
+START_TEST(slow_input_is_not_starving)
+{
+    run r;
+    run_init(&r, 2, 8);
+    r.cfg.watchdog_secs = 0.4;
+    run_start(&r, 0, 1); /* an empty producer that leaves the queue open: the slow one feeds it */
+    slow_producer sp = {
+        .q = r.q, .bs = tu_batches_random(&r.cfg, 8, 5), .n = 8, .delay_ns = 100 * MS};
+    ck_assert_int_eq(pthread_create(&sp.t, NULL, slow_main, &sp), 0);
+    ifd_error err;
+    int rc = ifd_session_run(r.s, &err);
+    pthread_join(sp.t, NULL);
+    ck_assert_msg(rc == IFD_OK, "%s", ifd_error_text(&err));
+    ck_assert_int_eq(ifd_session_global_step(r.s), 8);
+    run_finish(&r);
+}
+END_TEST
+
+static int slow_after_run(void *arg, ifd_run_context *ctx, ifd_error *err)
+{
+    (void)arg;
+    (void)ctx;
+    (void)err;
+    ifd_sleep_ns(250 * MS);
+    return IFD_OK;
+}
+
+/* Time between device loops (hooks) is not starvation. */
+START_TEST(time_between_loops_does_not_count)
+{
+    run r;
+    run_init(&r, 1, 6);
+    r.cfg.watchdog_secs = 0.1;
+    run_start(&r, 6, 0);
+    ifd_hook h = {.name = "slow", .after_run = slow_after_run};
+    ck_assert_int_eq(ifd_session_add_hook(r.s, &h), IFD_OK);
+    ifd_error err;
+    int rc = ifd_session_run(r.s, &err);
+    ck_assert_msg(rc == IFD_OK, "%s", ifd_error_text(&err));
+    ck_assert_int_eq(ifd_session_global_step(r.s), 6);
+    run_finish(&r);
+}
+END_TEST
+
+/* A sink whose first write blocks for a while: the outfeed thread stops draining. */
+static int stuck_write(void *ctx, const char *json, size_t len, ifd_error *err)
+{
+    (void)json;
+    (void)len;
+    (void)err;
+    if (__atomic_fetch_add((int *)ctx, 1, __ATOMIC_RELAXED) == 0)
+        ifd_sleep_ns(1500 * MS);
+    return IFD_OK;
+}
+
+static const ifd_sink_ops stuck_ops = {.write = stuck_write};
+
+/* An outfeed that is not drained fills its ring and the steps stop: the sentence says the outfeed
+ * rings are full and no infeed is empty. */
+START_TEST(full_outfeed_is_named)
+{
+    run r;
+    run_init(&r, 1 + _i, 40);
+    r.cfg.iterations_per_loop = 10;
+    r.cfg.outfeed_depth = 2;
+    r.cfg.summary_every = 1;
+    r.cfg.watchdog_secs = 0.3;
+    run_start(&r, 40, 0);
+    int writes = 0;
+    ifd_sink *stuck;
+    ck_assert_int_eq(ifd_sink_create(&stuck, &stuck_ops, &writes), IFD_OK);
+    ck_assert_int_eq(ifd_session_add_sink(r.s, stuck), IFD_OK);
+    ifd_error err;
+    int rc = ifd_session_run(r.s, &err);
+    ck_assert_msg(rc == IFD_ETIMEDOUT, "rc %s: %s", ifd_errname(rc), ifd_error_text(&err));
+    ck_assert_msg(strstr(err.msg, "no replica's infeed is empty") &&
+                      strstr(err.msg, r.cfg.replicas == 1 ? "the outfeed ring of replica 0 is full"
+                                                          : "the outfeed rings of replicas 0 and 1 "
+                                                            "are full"),
+                  "'%s'", err.msg);
+    run_finish(&r);
+    ifd_sink_destroy(stuck);
+}
+END_TEST
+
+/* The rings a session reports: capacities from the config, lengths within them. */
+START_TEST(ring_depths)
+{
+    run r;
+    run_init(&r, 3, 4);
+    r.cfg.infeed_depth = 5;
+    r.cfg.outfeed_depth = 7;
+    run_start(&r, 4, 0);
+    ifd_ring_depths d;
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(ifd_session_ring_depths(r.s, i, &d), IFD_OK);
+        ck_assert_int_eq(d.infeed_capacity, 5);
+        ck_assert_int_eq(d.outfeed_capacity, 7);
+        ck_assert_int_eq(d.infeed, 0);
+        ck_assert_int_eq(d.outfeed, 0);
+    }
+    ck_assert_int_eq(ifd_session_ring_depths(r.s, 3, &d), IFD_EINVAL);
+    ck_assert_int_eq(ifd_session_ring_depths(r.s, -1, &d), IFD_EINVAL);
+    ifd_error err;
+    ck_assert_int_eq(ifd_session_run(r.s, &err), IFD_OK);
+    run_finish(&r);
+}
+END_TEST
+
+START_TEST(watchdog_is_validated)
+{
+    ifd_config cfg;
+    ifd_error err;
+    const double bad[] = {-1.0, 1e6, 0.0 / 0.0};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 2, 4, 2, 1);
+        cfg.watchdog_secs = bad[i];
+        ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
+        ck_assert_msg(strstr(err.msg, "watchdog_secs") && strstr(err.msg, "0 (off)"), "%g: '%s'",
+                      bad[i], err.msg);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("watchdog");
@@ -182,6 +407,15 @@ int main(void)
     tcase_add_test(tc, no_initial_sleep_by_default);
     tcase_add_loop_test(tc, abort_ends_the_initial_sleep, 0, 2);
     tcase_add_test(tc, initial_sleep_is_validated);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("watchdog");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, starving_input_ends_the_run, 0, 6);
+    tcase_add_test(tc, slow_input_is_not_starving);
+    tcase_add_test(tc, time_between_loops_does_not_count);
+    tcase_add_loop_test(tc, full_outfeed_is_named, 0, 2);
+    tcase_add_test(tc, ring_depths);
+    tcase_add_test(tc, watchdog_is_validated);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
