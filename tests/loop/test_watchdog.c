@@ -292,28 +292,66 @@ START_TEST(slow_input_is_not_starving)
 }
 END_TEST
 
+/* A hook that takes its time after every loop and then has the next batch pushed 40 ms later
+ * (from a thread of its own): each loop waits briefly for input, long after the step before it. */
+typedef struct pacer {
+    ifd_batch_queue *q;
+    tu_batch **bs;
+    int next, n;
+    pthread_t t[16];
+    int nt;
+} pacer;
+
+typedef struct delayed_push {
+    ifd_batch_queue *q;
+    tu_batch *b;
+} delayed_push;
+
+static void *delayed_push_main(void *arg)
+{
+    delayed_push *d = arg;
+    ifd_sleep_ns(40 * MS);
+    if (ifd_batch_queue_push(d->q, &d->b->b) != IFD_OK)
+        tu_batch_free(d->b);
+    free(d);
+    return NULL;
+}
+
 static int slow_after_run(void *arg, ifd_run_context *ctx, ifd_error *err)
 {
-    (void)arg;
     (void)ctx;
     (void)err;
-    ifd_sleep_ns(250 * MS);
+    pacer *p = arg;
+    ifd_sleep_ns(400 * MS);
+    if (p->next < p->n && p->nt < 16) {
+        delayed_push *d = malloc(sizeof *d);
+        *d = (delayed_push){.q = p->q, .b = p->bs[p->next++]};
+        ck_assert_int_eq(pthread_create(&p->t[p->nt++], NULL, delayed_push_main, d), 0);
+    }
     return IFD_OK;
 }
 
-/* Time between device loops (hooks) is not starvation. */
+/* Time between device loops (hooks) is not starvation: the clock starts again when a loop
+ * begins. */
 START_TEST(time_between_loops_does_not_count)
 {
     run r;
     run_init(&r, 1, 6);
-    r.cfg.watchdog_secs = 0.1;
-    run_start(&r, 6, 0);
-    ifd_hook h = {.name = "slow", .after_run = slow_after_run};
+    r.cfg.iterations_per_loop = 1;
+    r.cfg.watchdog_secs = 0.2;
+    run_start(&r, 1, 1);
+    pacer p = {.q = r.q, .bs = tu_batches_random(&r.cfg, 5, 9), .n = 5};
+    ifd_hook h = {.name = "slow", .after_run = slow_after_run, .arg = &p};
     ck_assert_int_eq(ifd_session_add_hook(r.s, &h), IFD_OK);
     ifd_error err;
     int rc = ifd_session_run(r.s, &err);
+    for (int i = 0; i < p.nt; i++)
+        pthread_join(p.t[i], NULL);
     ck_assert_msg(rc == IFD_OK, "%s", ifd_error_text(&err));
     ck_assert_int_eq(ifd_session_global_step(r.s), 6);
+    for (int i = p.next; i < p.n; i++)
+        tu_batch_free(p.bs[i]);
+    free(p.bs);
     run_finish(&r);
 }
 END_TEST
