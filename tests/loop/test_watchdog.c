@@ -40,6 +40,7 @@ typedef struct run {
     ifd_batch_queue *q;
     rec_source rs;
     tu_producer *prod;
+    tu_batch **bs; /* the producer's array (it owns the batches) */
     ifd_session *s;
     ifd_sink *sink;
 } run;
@@ -64,13 +65,15 @@ static void run_start(run *r, int64_t n, int keep_open)
     ck_assert_msg(rc == IFD_OK, "session_create: %s", ifd_error_text(&err));
     ck_assert_int_eq(ifd_sink_memory_create(&r->sink), IFD_OK);
     ck_assert_int_eq(ifd_session_add_sink(r->s, r->sink), IFD_OK);
-    r->prod = tu_producer_start(r->q, tu_batches_random(&r->cfg, n, 3), n, keep_open);
+    r->bs = tu_batches_random(&r->cfg, n, 3);
+    r->prod = tu_producer_start(r->q, r->bs, n, keep_open);
 }
 
 static void run_finish(run *r)
 {
     ifd_batch_queue_close(r->q);
     tu_producer_join(r->prod);
+    free(r->bs);
     ifd_session_destroy(r->s);
     ifd_batch_queue_destroy(r->q);
     ifd_sink_destroy(r->sink);
