@@ -64,12 +64,19 @@ typedef struct ifd_outfeed_rec {
     int64_t outfeed_wait_ns; /* of step_ns, waiting for a free outfeed slot */
 } ifd_outfeed_rec;
 
-/* Cumulative per-replica counters. */
+/* Per-replica counters (cumulative) and the state of its rings (now). */
 typedef struct ifd_device_stats {
     int64_t steps;
     int64_t loop_ns;         /* time inside device loops */
     int64_t infeed_wait_ns;  /* of which waiting for a shard */
     int64_t outfeed_wait_ns; /* of which waiting for a free outfeed slot */
+    int in_loop;             /* the replica has a loop to run and has not finished it */
+    /* Shards staged for the replica and not yet taken by a step (0: a step waits for input),
+     * and the ring's size. */
+    int64_t infeed_len, infeed_cap;
+    /* Step records the outfeed thread has not taken yet (outfeed_cap: the next step waits for
+     * the outfeed thread), and the ring's size. */
+    int64_t outfeed_len, outfeed_cap;
 } ifd_device_stats;
 
 typedef struct ifd_device_config {

@@ -11,10 +11,11 @@
 extern const ifd_program_class ifd_program_linear;
 extern const ifd_program_class ifd_program_softmax;
 extern const ifd_program_class ifd_program_read;
+extern const ifd_program_class ifd_program_mlp;
 
 static const ifd_program_class *registry[MAX_PROGRAMS] = {&ifd_program_linear, &ifd_program_softmax,
-                                                          &ifd_program_read};
-static int nregistered = 3;
+                                                          &ifd_program_mlp, &ifd_program_read};
+static int nregistered = 4;
 
 int ifd_program_register(const ifd_program_class *cls)
 {

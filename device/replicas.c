@@ -89,6 +89,8 @@ void ifd_replicas_stats(ifd_device *dev, int r, ifd_device_stats *out)
     out->loop_ns = __atomic_load_n(&s->loop_ns, __ATOMIC_RELAXED);
     out->infeed_wait_ns = __atomic_load_n(&s->infeed_wait_ns, __ATOMIC_RELAXED);
     out->outfeed_wait_ns = __atomic_load_n(&s->outfeed_wait_ns, __ATOMIC_RELAXED);
+    out->in_loop = __atomic_load_n(&ifd_replicas_at(dev->priv, r)->in_loop, __ATOMIC_RELAXED);
+    out->infeed_len = out->infeed_cap = out->outfeed_len = out->outfeed_cap = 0;
 }
 
 /* ---- the replica thread ---------------------------------------------------------------------- */
@@ -135,6 +137,7 @@ static void *replica_main(void *arg)
     int init_rc = ops->thread_init ? ops->thread_init(rep, &init_err) : IFD_OK;
     int64_t seen = 0, n;
     while ((n = next_loop(set, &seen)) >= 0) {
+        __atomic_store_n(&rep->in_loop, 1, __ATOMIC_RELAXED);
         int64_t start = ifd_clock_ns(), done = 0;
         int rc = init_rc;
         ifd_error_clear(&rep->err);
@@ -155,6 +158,7 @@ static void *replica_main(void *arg)
         ifd_mutex_lock(&set->mu);
         rep->done_steps = done;
         rep->status = rc;
+        __atomic_store_n(&rep->in_loop, 0, __ATOMIC_RELAXED);
         __atomic_store_n(&set->ndone, set->ndone + 1, __ATOMIC_RELEASE);
         ifd_cond_broadcast(&set->done_cv);
         ifd_mutex_unlock(&set->mu);

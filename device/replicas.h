@@ -32,6 +32,7 @@ typedef struct ifd_replica {
     ifd_error err;
     /* Cumulative counters (ifd_device_stats): one writer, ifd_replica_stats_add; any reader. */
     ifd_device_stats stats;
+    int in_loop; /* atomic: between taking a loop command and reporting its result */
     /* The result of the last loop, guarded by set->mu. */
     int64_t done_steps;
     int status;
@@ -111,7 +112,8 @@ void ifd_replicas_stop(ifd_replicas *set);
 int ifd_replicas_run_loop(ifd_device *dev, int64_t n, int64_t *steps_done, ifd_error *err);
 /* The last step published (ifd_replicas_publish_step); never blocks. */
 int64_t ifd_replicas_global_step(ifd_device *dev);
-/* Replica r's counters (ifd_replica_stats_add); never blocks. */
+/* Replica r's counters (ifd_replica_stats_add) and in_loop; the ring fields are 0 (a backend's
+ * stats fills them after calling this). Never blocks. */
 void ifd_replicas_stats(ifd_device *dev, int r, ifd_device_stats *out);
 
 /*

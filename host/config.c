@@ -9,7 +9,7 @@
 #include <string.h>
 
 /* K_SWITCH: a K_BOOL whose flag takes no value (--resume; --resume=off) */
-typedef enum { K_STR, K_INT, K_I64, K_U64, K_F32, K_ENUM, K_BOOL, K_SWITCH, K_LOG } opt_kind;
+typedef enum { K_STR, K_INT, K_I64, K_U64, K_F32, K_F64, K_ENUM, K_BOOL, K_SWITCH, K_LOG } opt_kind;
 
 typedef struct opt {
     const char *key; /* the JSON key; the flag is --key with '_' as '-' */
@@ -85,14 +85,14 @@ static const opt opts[] = {
      NULL},
     {"backend", K_STR, OFF(run.backend), "NAME", "device backend: cpu or cuda", NULL, NULL},
     {"replicas", K_INT, OFF(run.replicas), "N", "replicas (cpu: threads; cuda: GPUs)", NULL, NULL},
-    {"program", K_STR, OFF(run.program), "NAME", "the model: linear, softmax or read (benchmark)",
-     NULL, NULL},
+    {"program", K_STR, OFF(run.program), "NAME",
+     "the model: linear, softmax, mlp or read (benchmark)", NULL, NULL},
     {"features", K_I64, OFF(run.settings.features), "D", "program setting: columns of x", NULL,
      NULL},
     {"classes", K_I64, OFF(run.settings.classes), "K",
-     "program setting: classes (softmax) or outputs (linear)", NULL, NULL},
-    {"hidden", K_I64, OFF(run.settings.hidden), "H",
-     "program setting: hidden width (mlp, a later version)", NULL, NULL},
+     "program setting: classes (softmax, mlp) or outputs (linear)", NULL, NULL},
+    {"hidden", K_I64, OFF(run.settings.hidden), "H", "program setting: hidden width (mlp)", NULL,
+     NULL},
     {"mode", K_ENUM, OFF(run.mode), "MODE",
      "train; eval (--steps steps in one loop, one summary); predict (until every producer "
      "ended, predictions back to each producer)",
@@ -126,6 +126,10 @@ static const opt opts[] = {
     {"infeed_depth", K_INT, OFF(run.infeed_depth), "N", "shards buffered per replica", NULL, NULL},
     {"outfeed_depth", K_INT, OFF(run.outfeed_depth), "N", "step records buffered per replica", NULL,
      NULL},
+    {"initial_infeed_sleep", K_F64, OFF(run.initial_infeed_sleep_secs), "SECONDS",
+     "the infeed waits this long before it takes the first batch", NULL, NULL},
+    {"watchdog", K_F64, OFF(run.watchdog_secs), "SECONDS",
+     "end the run (exit 1) when no step completes for this long; 0: off", NULL, NULL},
     {"credit", K_INT, OFF(credit), "N",
      "batches a producer may have in flight; 0: auto, 16 MiB of batches, 8 to 256", NULL, NULL},
     {"max_producers", K_INT, OFF(max_producers), "N", "producers connected at once", NULL, NULL},
@@ -254,13 +258,17 @@ static int set_value(ifd_daemon_config *c, const opt *o, const char *val, const 
         *(uint64_t *)field = v;
         return IFD_OK;
     }
-    case K_F32: {
+    case K_F32:
+    case K_F64: {
         char *end;
         errno = 0;
         double v = strtod(val, &end);
         if (*val == '\0' || errno || *end != '\0' || !isfinite(v))
             return ifd_error_set(err, IFD_EINVAL, "%s: expected a number, got '%s'", where, val);
-        *(float *)field = (float)v;
+        if (o->kind == K_F32)
+            *(float *)field = (float)v;
+        else
+            *(double *)field = v;
         return IFD_OK;
     }
     case K_ENUM: {
@@ -376,6 +384,7 @@ int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const c
             }
             break;
         case K_F32:
+        case K_F64:
             if (json_is_number(v)) {
                 snprintf(buf, sizeof buf, "%.17g", json_number_value(v));
                 val = buf;
@@ -524,6 +533,25 @@ int ifd_daemon_config_parse(ifd_daemon_config *c, int argc, char **argv, FILE *o
     return ifd_daemon_config_validate(c, err);
 }
 
+/* Runtime keys whose daemon key is shorter: the runtime's sentence names the daemon's. */
+static const char *const renamed_keys[][2] = {
+    {"initial_infeed_sleep_secs", "initial_infeed_sleep"},
+    {"watchdog_secs", "watchdog"},
+};
+
+static void rename_key(ifd_error *err)
+{
+    for (size_t i = 0; i < sizeof renamed_keys / sizeof renamed_keys[0]; i++) {
+        size_t n = strlen(renamed_keys[i][0]);
+        size_t m = strlen(renamed_keys[i][1]); /* <= n */
+        if (strncmp(err->msg, renamed_keys[i][0], n) == 0 && err->msg[n] == ':') {
+            memmove(err->msg + m, err->msg + n, strlen(err->msg + n) + 1);
+            memcpy(err->msg, renamed_keys[i][1], m);
+            return;
+        }
+    }
+}
+
 int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
 {
     /* The runtime names the key num_steps, the daemon steps: check that pair here, and the rest
@@ -535,8 +563,10 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
         r.num_steps = 1;
         r.last_step = 0;
     }
-    if (ifd_config_validate(&r, err))
+    if (ifd_config_validate(&r, err)) {
+        rename_key(err);
         return IFD_EINVAL;
+    }
     if (c->run.num_steps < 0)
         return ifd_error_set(err, IFD_EINVAL, "steps: expected a positive integer, got %lld",
                              (long long)c->run.num_steps);
@@ -637,6 +667,9 @@ static void format_default(const opt *o, const ifd_daemon_config *d, char *buf, 
         return;
     case K_F32:
         snprintf(buf, len, "%g", (double)*(const float *)field);
+        return;
+    case K_F64:
+        snprintf(buf, len, "%g", *(const double *)field);
         return;
     case K_ENUM: {
         int v = *(const int *)field;

@@ -116,6 +116,8 @@ struct ifd_ingest {
     int64_t next_anon;
     int ever_welcomed;
     int ended_total; /* producers (names) that sent END at least once */
+    /* for the watchdog's sentence (another thread): welcomed and not ended, and ended_total */
+    int watch_connected, watch_ended; /* atomic */
     int input_closed;
     int handled_signals;
     int64_t stop_ns; /* when a stop was asked, 0: none */
@@ -771,6 +773,18 @@ static int check_schema(ifd_ingest *g, json_t *schema, ifd_error *err)
     return IFD_OK;
 }
 
+/* The program's settings that are set: {"features": 64, "classes": 10, "hidden": 32}. */
+static json_t *settings_json(const ifd_program_settings *ps)
+{
+    json_t *j = json_object();
+    const char *const names[] = {"features", "classes", "hidden"};
+    const int64_t values[] = {ps->features, ps->classes, ps->hidden};
+    for (int i = 0; i < 3; i++)
+        if (values[i] > 0)
+            json_object_set_new(j, names[i], json_integer(values[i]));
+    return j;
+}
+
 static json_t *schema_json(const ifd_ingest *g)
 {
     json_t *a = json_array();
@@ -787,6 +801,25 @@ static json_t *schema_json(const ifd_ingest *g)
 
 /* The input ends once every producer welcomed so far has sent END, or, with expect_producers,
  * once that many have (so that a producer that connects late is not shut out). */
+/* Publishes the producer counts the watchdog's sentence reads. */
+static void count_producers(ifd_ingest *g)
+{
+    int connected = 0;
+    for (int i = 0; i < g->cfg->max_producers; i++)
+        connected += g->producers[i].used && g->producers[i].welcomed && !g->producers[i].ended;
+    __atomic_store_n(&g->watch_connected, connected, __ATOMIC_RELAXED);
+    __atomic_store_n(&g->watch_ended, g->ended_total, __ATOMIC_RELAXED);
+}
+
+/* The watchdog's context (its thread): "1 producer connected, 0 ended". */
+static void watchdog_context(void *arg, char *buf, size_t len)
+{
+    ifd_ingest *g = arg;
+    int connected = __atomic_load_n(&g->watch_connected, __ATOMIC_RELAXED);
+    snprintf(buf, len, "%d producer%s connected, %d ended", connected, connected == 1 ? "" : "s",
+             __atomic_load_n(&g->watch_ended, __ATOMIC_RELAXED));
+}
+
 static void check_input_end(ifd_ingest *g)
 {
     if (g->input_closed || !g->ever_welcomed)
@@ -972,13 +1005,16 @@ static void handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     json_object_set_new(w, "replicas", json_integer(g->cfg->run.replicas));
     json_object_set_new(w, "replica", replica >= 0 ? json_integer(replica) : json_null());
     json_object_set_new(w, "program", json_string(g->program->cls->name));
+    json_object_set_new(w, "settings", settings_json(&g->program->settings));
     json_object_set_new(w, "schema", schema_json(g));
     send_json(g, from, IFD_MSG_WELCOME, w);
     json_decref(j);
+    count_producers(g);
     return;
 reply:
     json_decref(j);
     send_error(g, from, e.code, -1, 0, "%s", e.msg);
+    count_producers(g);
     check_input_end(g); /* a renaming connection may have left only ended streams */
 }
 
@@ -1391,6 +1427,17 @@ static json_t *status_json(ifd_ingest *g)
     }
     json_object_set_new(j, "producers_connected", json_integer(connected));
     json_object_set_new(j, "producers", ps);
+    json_t *rings = json_array();
+    for (int r = 0; r < g->cfg->run.replicas; r++) {
+        ifd_ring_depths d;
+        if (ifd_session_ring_depths(g->session, r, &d) == IFD_OK)
+            json_array_append_new(
+                rings, json_pack("{s:i, s:I, s:I, s:I, s:I}", "replica", r, "infeed",
+                                 (json_int_t)d.infeed, "infeed_capacity",
+                                 (json_int_t)d.infeed_capacity, "outfeed", (json_int_t)d.outfeed,
+                                 "outfeed_capacity", (json_int_t)d.outfeed_capacity));
+    }
+    json_object_set_new(j, "rings", rings);
     json_object_set_new(j, "batches_accepted", json_integer(g->accepted));
     json_object_set_new(j, "batches_rejected", json_integer(g->rejected));
     json_object_set_new(j, "bytes_copied_unaligned", json_integer(g->copied_bytes));
@@ -1491,6 +1538,7 @@ static void handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int tota
             p->counted_end = 1;
         }
         p->ended = 1;
+        count_producers(g);
         check_input_end(g);
         return;
     }
@@ -1688,6 +1736,7 @@ int ifd_ingest_start(ifd_ingest *g, ifd_session *s, ifd_error *err)
     g->nin = ifd_infeed_mode_inputs(g->program, g->cfg->run.mode, idx);
     for (int i = 0; i < g->nin; i++)
         g->in[i] = &g->program->inputs[idx[i]];
+    ifd_session_set_watchdog_context(s, watchdog_context, g);
     int rc = ifd_thread_start(&g->thread, "ifd-ingest", io_main, g);
     if (rc)
         return ifd_error_set(err, rc, "ingest: cannot start the I/O thread");

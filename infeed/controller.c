@@ -2,6 +2,7 @@
 #include "core/thread.h"
 #include "core/log.h"
 #include "core/opqueue.h"
+#include "core/thread.h"
 #include "infeed/infeed_internal.h"
 
 #include <stdint.h>
@@ -21,6 +22,10 @@ struct ifd_infeed {
     int64_t batches;       /* atomic: taken from the source and fed */
     int waiting_replica;   /* atomic: see ifd_infeed_waiting */
     int64_t waiting_since; /* atomic: when the wait for the source began, 0: not waiting */
+    /* the initial sleep: ifd_infeed_stop sets stopping and wakes it */
+    ifd_mutex sleep_mu;
+    ifd_cond sleep_cv;
+    int stopping;
 };
 
 int ifd_infeed_mode_inputs(const ifd_program *p, ifd_mode mode, int idx[IFD_MAX_INPUTS])
@@ -30,6 +35,21 @@ int ifd_infeed_mode_inputs(const ifd_program *p, ifd_mode mode, int idx[IFD_MAX_
         if (mode != IFD_MODE_PREDICT || !(p->labels & (1u << i)))
             idx[n++] = i;
     return n;
+}
+
+/* The seed's initial_infeed_sleep_secs. Returns 0 when the infeed is stopped during it. */
+static int initial_sleep(ifd_infeed *f)
+{
+    if (f->cfg.initial_sleep_secs <= 0.0)
+        return 1;
+    IFD_LOG_INFO("infeed: sleeping %g s before the first batch", f->cfg.initial_sleep_secs);
+    int64_t deadline = ifd_clock_ns() + (int64_t)(f->cfg.initial_sleep_secs * 1e9);
+    ifd_mutex_lock(&f->sleep_mu);
+    while (!f->stopping && ifd_clock_ns() < deadline)
+        ifd_cond_wait_until(&f->sleep_cv, &f->sleep_mu, deadline);
+    int go = !f->stopping;
+    ifd_mutex_unlock(&f->sleep_mu);
+    return go;
 }
 
 int ifd_infeed_check_batch(const ifd_program *p, const ifd_batch *b, int64_t batch_size,
@@ -226,6 +246,8 @@ static void infeed_main(ifd_opq *q, void *arg)
     ifd_error err;
     ifd_error_clear(&err);
     int64_t n, loop = 0;
+    if (!initial_sleep(f))
+        return;
     while (ifd_opq_next(q, &n)) {
         /* predict: one signal, then steps until the stopping signal (_OpSignalOnceQueue) */
         if (cfg->mode == IFD_MODE_PREDICT)
@@ -264,9 +286,13 @@ int ifd_infeed_start(ifd_infeed **out, const ifd_infeed_config *cfg)
         f->step = calloc((size_t)f->per_step, sizeof *f->step);
         rc = f->shards == NULL || f->step == NULL ? IFD_ENOMEM : IFD_OK;
     }
+    ifd_mutex_init(&f->sleep_mu);
+    ifd_cond_init(&f->sleep_cv);
     if (rc == IFD_OK)
         rc = ifd_opq_start(&f->opq, "ifd-infeed", infeed_main, f, cfg->mode == IFD_MODE_PREDICT);
     if (rc) {
+        ifd_cond_fini(&f->sleep_cv);
+        ifd_mutex_fini(&f->sleep_mu);
         free(f->step);
         free(f->shards);
         free(f);
@@ -284,6 +310,10 @@ int ifd_infeed_signal(ifd_infeed *f, int64_t n)
 void ifd_infeed_stop(ifd_infeed *f)
 {
     if (f) {
+        ifd_mutex_lock(&f->sleep_mu);
+        f->stopping = 1;
+        ifd_cond_broadcast(&f->sleep_cv);
+        ifd_mutex_unlock(&f->sleep_mu);
         ifd_opq_join(f->opq);
         ifd_rendezvous_record_done(f->cfg.rv, SOURCE);
     }
@@ -305,6 +335,8 @@ void ifd_infeed_destroy(ifd_infeed *f)
         return;
     ifd_opq_destroy(f->opq);
     free(f->step);
+    ifd_cond_fini(&f->sleep_cv);
+    ifd_mutex_fini(&f->sleep_mu);
     free(f->shards);
     free(f);
 }

@@ -20,6 +20,8 @@ typedef struct ifd_infeed_config {
     ifd_mode mode;
     int64_t batch_size;
     ifd_rendezvous *rv;
+    /* Slept once before the first batch; ifd_infeed_stop ends the sleep early. */
+    double initial_sleep_secs;
 } ifd_infeed_config;
 
 int ifd_infeed_start(ifd_infeed **out, const ifd_infeed_config *cfg);
@@ -27,7 +29,7 @@ int ifd_infeed_start(ifd_infeed **out, const ifd_infeed_config *cfg);
 int ifd_infeed_signal(ifd_infeed *f, int64_t n);
 /* Any thread: ifd_session_infeed_waiting. */
 int ifd_infeed_waiting(ifd_infeed *f, int *replica, int64_t *since_ns);
-/* STOP and join. */
+/* STOP and join (a thread still in its initial sleep wakes at once and ends). */
 void ifd_infeed_stop(ifd_infeed *f);
 void ifd_infeed_destroy(ifd_infeed *f);
 

@@ -85,6 +85,7 @@ const char *ifd_end_reason_name(ifd_end_reason r)
 
 #define MAX_REPLICAS 1024
 #define MAX_DEPTH 65536
+#define MAX_SECS 86400.0 /* a day: longer waits are a mistake, not a setting */
 
 static int in_unit(float v)
 {
@@ -181,5 +182,13 @@ int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
     if (cfg->outfeed_depth < 1 || cfg->outfeed_depth > MAX_DEPTH)
         return ifd_error_set(err, IFD_EINVAL, "outfeed_depth: expected 1 to %d, got %d", MAX_DEPTH,
                              cfg->outfeed_depth);
+    if (!(cfg->initial_infeed_sleep_secs >= 0.0 && cfg->initial_infeed_sleep_secs <= MAX_SECS))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "initial_infeed_sleep_secs: expected seconds from 0 to %g, got %g",
+                             MAX_SECS, cfg->initial_infeed_sleep_secs);
+    if (!(cfg->watchdog_secs >= 0.0 && cfg->watchdog_secs <= MAX_SECS))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "watchdog_secs: expected seconds from 0 (off) to %g, got %g", MAX_SECS,
+                             cfg->watchdog_secs);
     return IFD_OK;
 }

@@ -9,6 +9,7 @@
 #include "hooks/hook_internal.h"
 #include "infeed/infeed_internal.h"
 #include "loop/checkpoint_internal.h"
+#include "loop/watchdog.h"
 #include "outfeed/outfeed_internal.h"
 
 #include <stdio.h>
@@ -36,6 +37,8 @@ struct ifd_session {
     int ran;
     ifd_end_reason reason;
     char message[256];
+    ifd_watchdog_context_fn watchdog_context;
+    void *watchdog_context_arg;
 };
 
 static void on_device_error(void *arg, const char *source, const ifd_error *err)
@@ -359,6 +362,30 @@ static void run_loops(ifd_session *s)
     }
 }
 
+/* run_loops under the watchdog (cfg.watchdog_secs > 0): a thread beside the loops, started
+ * before the first and stopped after the last. */
+static void run_loops_watched(ifd_session *s)
+{
+    ifd_watchdog *w = NULL;
+    if (s->cfg.watchdog_secs > 0.0) {
+        ifd_watchdog_config wc = {
+            .dev = s->dev,
+            .rv = s->rv,
+            .secs = s->cfg.watchdog_secs,
+            .grace_secs = s->cfg.initial_infeed_sleep_secs,
+            .context = s->watchdog_context,
+            .context_arg = s->watchdog_context_arg,
+        };
+        int rc = ifd_watchdog_start(&w, &wc);
+        if (rc) {
+            ifd_rendezvous_error(s->rv, "session", rc, "cannot start the watchdog thread");
+            return;
+        }
+    }
+    run_loops(s);
+    ifd_watchdog_stop(w);
+}
+
 int ifd_session_run(ifd_session *s, ifd_error *err)
 {
     if (s->ran)
@@ -376,6 +403,7 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
             .mode = s->cfg.mode,
             .batch_size = s->cfg.batch_size,
             .rv = s->rv,
+            .initial_sleep_secs = s->cfg.initial_infeed_sleep_secs,
         };
         ifd_outfeed_config oc = {
             .dev = s->dev,
@@ -397,7 +425,7 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
         if (rc)
             ifd_rendezvous_error(s->rv, "session", rc, "cannot start the controller threads");
         else if (call_hooks(s, CB_AFTER_CREATE) == IFD_OK)
-            run_loops(s);
+            run_loops_watched(s);
     }
 
     /* end: STOP and join both controllers, then the hooks, then the last summaries. */
@@ -435,6 +463,28 @@ void ifd_session_request_stop(ifd_session *s)
 void ifd_session_abort(ifd_session *s, const char *why)
 {
     ifd_rendezvous_error(s->rv, "abort", IFD_ECANCELED, "%s", why ? why : "aborted");
+}
+
+int ifd_session_set_watchdog_context(ifd_session *s, ifd_watchdog_context_fn fn, void *arg)
+{
+    if (s->ran)
+        return IFD_EINVAL;
+    s->watchdog_context = fn;
+    s->watchdog_context_arg = arg;
+    return IFD_OK;
+}
+
+int ifd_session_ring_depths(ifd_session *s, int replica, ifd_ring_depths *out)
+{
+    if (replica < 0 || replica >= s->cfg.replicas)
+        return IFD_EINVAL;
+    ifd_device_stats st;
+    ifd_device_stats_get(s->dev, replica, &st);
+    *out = (ifd_ring_depths){.infeed = st.infeed_len,
+                             .infeed_capacity = st.infeed_cap,
+                             .outfeed = st.outfeed_len,
+                             .outfeed_capacity = st.outfeed_cap};
+    return IFD_OK;
 }
 
 int64_t ifd_session_loop_index(ifd_session *s)

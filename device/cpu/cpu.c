@@ -407,6 +407,17 @@ static int cpu_read_state(ifd_device *dev, int replica, float *params, float *sl
     return IFD_OK;
 }
 
+static void cpu_stats(ifd_device *dev, int replica, ifd_device_stats *out)
+{
+    cpu_dev *cd = dev->priv;
+    cpu_replica *rep = &cd->reps[replica];
+    ifd_replicas_stats(dev, replica, out);
+    out->infeed_len = (int64_t)ifd_queue_len(rep->infeed);
+    out->infeed_cap = (int64_t)ifd_queue_capacity(rep->infeed);
+    out->outfeed_len = (int64_t)ifd_queue_len(rep->out_full);
+    out->outfeed_cap = (int64_t)ifd_queue_capacity(rep->out_full);
+}
+
 static void cpu_abort(ifd_device *dev)
 {
     cpu_dev *cd = dev->priv;
@@ -431,6 +442,6 @@ const ifd_device_backend ifd_device_backend_cpu = {
     .run_loop = ifd_replicas_run_loop,
     .read_state = cpu_read_state,
     .global_step = ifd_replicas_global_step,
-    .stats = ifd_replicas_stats,
+    .stats = cpu_stats,
     .abort = cpu_abort,
 };

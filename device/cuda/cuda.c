@@ -1135,6 +1135,20 @@ fail:
     return rc;
 }
 
+/* Staged shards (in_full); step records not handed to the outfeed thread, counted from the free
+ * slots (one of the nout stays held by the outfeed thread, so outfeed_depth are the ring). */
+static void cu_stats(ifd_device *dev, int replica, ifd_device_stats *out)
+{
+    cu_dev *cd = dev->priv;
+    cu_replica *rep = &cd->reps[replica];
+    ifd_replicas_stats(dev, replica, out);
+    int64_t cap = rep->nout - 1, used = cap - (int64_t)ifd_queue_len(rep->out_free);
+    out->infeed_len = (int64_t)ifd_queue_len(rep->in_full);
+    out->infeed_cap = rep->nin;
+    out->outfeed_len = used < 0 ? 0 : used;
+    out->outfeed_cap = cap;
+}
+
 /* Wakes every thread blocked on a ring; event polls see the flag. Work already on a GPU stream
  * cannot be interrupted: it runs out, or close aborts the communicators it waits on. */
 static void cu_abort(ifd_device *dev)
@@ -1161,6 +1175,6 @@ const ifd_device_backend ifd_device_backend_cuda = {
     .run_loop = ifd_replicas_run_loop,
     .read_state = cu_read_state,
     .global_step = ifd_replicas_global_step,
-    .stats = ifd_replicas_stats,
+    .stats = cu_stats,
     .abort = cu_abort,
 };

@@ -1,5 +1,6 @@
-/* What the built-in programs share: settings checks and the dense layer logits = x W + b with its
- * gradients, around which linear and softmax differ only in their loss. */
+/* What the built-in programs share: settings checks, the label check of classifiers, and the dense
+ * layer logits = x W + b with its gradients, around which linear and softmax differ only in their
+ * loss (mlp stacks two of them). */
 #ifndef IFD_DEVICE_PROGRAMS_COMMON_H
 #define IFD_DEVICE_PROGRAMS_COMMON_H
 
@@ -22,10 +23,26 @@ static inline int ifd_program_need(const ifd_program *p, const char *key, int64_
     return IFD_OK;
 }
 
-/* Inputs x float32 [D] and y (y_dtype, per-row shape y_rank ? [K] : []), parameters W [D,K] and
- * b [K], with D = features >= 1 and K = classes >= min_classes. */
-static inline int ifd_dense_setup(ifd_program *p, ifd_dtype y_dtype, int y_rank,
-                                  int64_t min_classes, int classifier, ifd_error *err)
+/* Host memory: every int32 label in in[label] lies in [0, K), K = classes; the sentence names the
+ * first row that does not, and its label. */
+static inline int ifd_program_check_labels(const ifd_program *p, const ifd_tensor *in, int label,
+                                           int64_t rows, ifd_error *err)
+{
+    const int32_t *y = in[label].data;
+    int64_t k = p->settings.classes;
+    for (int64_t r = 0; r < rows; r++)
+        if (y[r] < 0 || y[r] >= k)
+            return ifd_error_set(err, IFD_ERANGE,
+                                 "tensor '%s' row %lld: label %d is out of range, expected 0 <= "
+                                 "label < %lld",
+                                 p->inputs[label].name, (long long)r, (int)y[r], (long long)k);
+    return IFD_OK;
+}
+
+/* Inputs x float32 [D] and the label y (y_dtype, per-row shape y_rank ? [K] : []), with
+ * D = features >= 1 and K = classes >= min_classes; predict mode writes K floats a row. */
+static inline int ifd_dense_io_setup(ifd_program *p, ifd_dtype y_dtype, int y_rank,
+                                     int64_t min_classes, ifd_error *err)
 {
     int64_t d = p->settings.features, k = p->settings.classes;
     int rc = ifd_program_need(p, "features", d, 1, IFD_PROGRAM_MAX_DIM, err);
@@ -33,13 +50,23 @@ static inline int ifd_dense_setup(ifd_program *p, ifd_dtype y_dtype, int y_rank,
         rc = ifd_program_need(p, "classes", k, min_classes, IFD_PROGRAM_MAX_DIM, err);
     if (rc)
         return rc;
-    int64_t wdims[2] = {d, k};
     ifd_program_add_input(p, "x", IFD_F32, 1, &d);
     ifd_program_add_label(p, "y", y_dtype, y_rank, &k);
-    ifd_program_add_param(p, "W", 2, wdims);
-    ifd_program_add_param(p, "b", 1, &k);
-    p->classifier = classifier;
     p->predict_cols = k;
+    return IFD_OK;
+}
+
+/* The inputs of ifd_dense_io_setup and the parameters W [D,K] and b [K]. */
+static inline int ifd_dense_setup(ifd_program *p, ifd_dtype y_dtype, int y_rank,
+                                  int64_t min_classes, int classifier, ifd_error *err)
+{
+    int rc = ifd_dense_io_setup(p, y_dtype, y_rank, min_classes, err);
+    if (rc)
+        return rc;
+    int64_t wdims[2] = {p->settings.features, p->settings.classes};
+    ifd_program_add_param(p, "W", 2, wdims);
+    ifd_program_add_param(p, "b", 1, &wdims[1]);
+    p->classifier = classifier;
     return IFD_OK;
 }
 
@@ -57,6 +84,22 @@ static inline int64_t ifd_dense_workspace(const ifd_program *p, int64_t rows)
     return 2 * rows * p->settings.classes;
 }
 
+/* One dense layer over rows rows: out [rows, n_out] = x [rows, n_in] w [n_in, n_out] + b. */
+static inline void ifd_dense_forward(const ifd_ops *ops, int64_t rows, int64_t n_in, int64_t n_out,
+                                     const float *x, const float *w, const float *b, float *out)
+{
+    ops->gemm(ops->ctx, 0, 0, rows, n_out, n_in, 1.0f, x, w, 0.0f, out);
+    ops->bias_add(ops->ctx, rows, n_out, b, out);
+}
+
+/* Its parameter gradients from dout [rows, n_out]: dw = x^T dout, db = column sums of dout. */
+static inline void ifd_dense_backward(const ifd_ops *ops, int64_t rows, int64_t n_in, int64_t n_out,
+                                      const float *x, const float *dout, float *dw, float *db)
+{
+    ops->gemm(ops->ctx, 1, 0, n_in, n_out, rows, 1.0f, x, dout, 0.0f, dw);
+    ops->col_sum(ops->ctx, rows, n_out, dout, db);
+}
+
 /* The loss of a dense program: writes a->out and the gradient of the loss w.r.t. logits. */
 typedef void (*ifd_dense_loss)(const ifd_ops *ops, int64_t rows, int64_t k, const float *logits,
                                const void *y, float scale, float *dlogits, ifd_step_out *out);
@@ -71,14 +114,12 @@ static inline void ifd_dense_step(const ifd_program *p, const ifd_ops *ops, cons
     const float *w = a->params + p->params[0].offset, *b = a->params + p->params[1].offset;
     float *logits = a->workspace, *dlogits = a->workspace + n * k;
 
-    ops->gemm(ops->ctx, 0, 0, n, k, d, 1.0f, x, w, 0.0f, logits);
-    ops->bias_add(ops->ctx, n, k, b, logits);
+    ifd_dense_forward(ops, n, d, k, x, w, b, logits);
     loss(ops, n, k, logits, a->inputs[1].data, a->scale, dlogits, a->out);
     if (a->grads == NULL)
         return;
-    float *dw = a->grads + p->params[0].offset, *db = a->grads + p->params[1].offset;
-    ops->gemm(ops->ctx, 1, 0, d, k, n, 1.0f, x, dlogits, 0.0f, dw);
-    ops->col_sum(ops->ctx, n, k, dlogits, db);
+    ifd_dense_backward(ops, n, d, k, x, dlogits, a->grads + p->params[0].offset,
+                       a->grads + p->params[1].offset);
 }
 
 /* The predict step of a dense program: a->predictions = x W + b, through the softmax for
@@ -90,8 +131,7 @@ static inline void ifd_dense_predict(const ifd_program *p, const ifd_ops *ops,
     const float *x = a->inputs[0].data;
     const float *w = a->params + p->params[0].offset, *b = a->params + p->params[1].offset;
     float *logits = p->classifier ? a->workspace : a->predictions;
-    ops->gemm(ops->ctx, 0, 0, n, k, d, 1.0f, x, w, 0.0f, logits);
-    ops->bias_add(ops->ctx, n, k, b, logits);
+    ifd_dense_forward(ops, n, d, k, x, w, b, logits);
     if (p->classifier)
         ops->softmax(ops->ctx, n, k, logits, a->predictions);
 }

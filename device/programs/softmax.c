@@ -9,15 +9,7 @@ static int softmax_setup(ifd_program *p, ifd_error *err)
 
 static int softmax_check(const ifd_program *p, const ifd_tensor *in, int64_t rows, ifd_error *err)
 {
-    const int32_t *y = in[1].data;
-    int64_t k = p->settings.classes;
-    for (int64_t r = 0; r < rows; r++)
-        if (y[r] < 0 || y[r] >= k)
-            return ifd_error_set(err, IFD_ERANGE,
-                                 "tensor 'y' row %lld: label %d is out of range, expected 0 <= "
-                                 "label < %lld",
-                                 (long long)r, (int)y[r], (long long)k);
-    return IFD_OK;
+    return ifd_program_check_labels(p, in, 1, rows, err);
 }
 
 static void xent(const ifd_ops *ops, int64_t rows, int64_t k, const float *logits, const void *y,

@@ -1,11 +1,19 @@
 #!/usr/bin/env python3
-"""Trains infeedd's softmax program on scikit-learn's digits (8x8 images, 10 classes).
+"""Trains infeedd's softmax or mlp program on scikit-learn's digits (8x8 images, 10 classes).
 
 Start the daemon, then this script:
 
     infeedd --replicas 2 --program softmax --features 64 --classes 10 --batch-size 64 \\
             --iterations-per-loop 20 --steps 600 --summary-every 50 &
     PYTHONPATH=clients/python python3 examples/digits/train_digits.py
+
+or, with one hidden layer of 64 units:
+
+    infeedd --replicas 2 --program mlp --hidden 64 --features 64 --classes 10 ... &
+    PYTHONPATH=clients/python python3 examples/digits/train_digits.py --program mlp --hidden 64
+
+The model is the daemon's: --program and --hidden say what this script expects it to run, and
+it stops before sending anything when the daemon's WELCOME says otherwise.
 
 The script streams shuffled epochs of full batches (the daemon's batch_size, from its WELCOME;
 the last partial batch of each epoch is dropped, as train mode takes full batches only) until
@@ -75,6 +83,10 @@ def main(argv=None) -> int:
                     help="epochs to stream at most (default: until the daemon ends the run)")
     ap.add_argument("--seed", type=int, default=0, help="shuffling seed (default %(default)s)")
     ap.add_argument("--name", default="digits", help="the producer's name")
+    ap.add_argument("--program", default=None,
+                    help="the program the daemon must run: softmax or mlp (default: any)")
+    ap.add_argument("--hidden", type=int, default=None,
+                    help="mlp: the hidden width the daemon must use (default: any)")
     ap.add_argument("--timeout", type=float, default=60.0,
                     help="seconds to wait for the daemon before giving up (default %(default)s)")
     args = ap.parse_args(argv)
@@ -98,9 +110,21 @@ def main(argv=None) -> int:
         print(f"train_digits: {e}", file=sys.stderr)
         return 1
     w = producer.welcome
+    hidden = w.get("settings", {}).get("hidden")
+    wrong = []
+    if args.program is not None and w["program"] != args.program:
+        wrong.append(f"program {w['program']!r}, expected {args.program!r}")
+    if args.hidden is not None and hidden != args.hidden:
+        wrong.append(f"hidden width {hidden}, expected {args.hidden}")
+    if wrong:
+        print(f"train_digits: the daemon runs {' and '.join(wrong)} (start it with --program and "
+              f"--hidden as this script's)", file=sys.stderr)
+        producer.close()
+        return 1
     bs = int(w["batch_size"])
     per_epoch = len(y) // bs
-    print(f"streaming {len(y)} digits, {per_epoch} batches of {bs} per epoch, to {w['program']} "
+    model = w["program"] + (f" (hidden {hidden})" if hidden else "")
+    print(f"streaming {len(y)} digits, {per_epoch} batches of {bs} per epoch, to {model} "
           f"on {w['replicas']} replicas (credit {w['credit']})", flush=True)
     if per_epoch == 0:
         print(f"train_digits: batch_size {bs} is larger than the data set ({len(y)} rows)",

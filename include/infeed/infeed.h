@@ -85,6 +85,13 @@ typedef struct ifd_config {
      * global step (initial_global_step must then be 0 or equal to it). NULL: parameters from
      * seed, zeroed slots. */
     const ifd_checkpoint *restore;
+    /* The seed's initial_infeed_sleep_secs: the infeed thread waits this long (0 to 86400 s)
+     * before it takes its first batch; an abort or an error ends the wait at once. */
+    double initial_infeed_sleep_secs;
+    /* > 0: a run in which no step completes for this long (0 to 86400 s) while a device loop
+     * is running ends with IFD_ETIMEDOUT from source "watchdog", naming the replicas whose
+     * infeed is empty and the outfeed rings that are full. 0: off. */
+    double watchdog_secs;
 } ifd_config;
 
 /* Fills every field with its default (see docs/config.md). */
@@ -315,6 +322,21 @@ void ifd_session_request_stop(ifd_session *s);
 /* Any thread: end the run now, as an error (IFD_ECANCELED, source "abort", with why as its
  * sentence) unless a real error came first. Every thread wakes; ifd_session_run returns soon. */
 void ifd_session_abort(ifd_session *s, const char *why);
+/* Writes what the watchdog's sentence should add about the input ("2 producers connected, 1
+ * ended") into buf (len bytes). Called on the watchdog's thread; must not block. */
+typedef void (*ifd_watchdog_context_fn)(void *arg, char *buf, size_t len);
+/* Before ifd_session_run: the watchdog (cfg->watchdog_secs) asks fn for context when it fires. */
+int ifd_session_set_watchdog_context(ifd_session *s, ifd_watchdog_context_fn fn, void *arg);
+
+/* A replica's rings as they are now: shards staged and not yet taken by a step, step records the
+ * outfeed has not taken yet, and both capacities. */
+typedef struct ifd_ring_depths {
+    int64_t infeed, infeed_capacity;
+    int64_t outfeed, outfeed_capacity;
+} ifd_ring_depths;
+/* Any thread, while the session exists. IFD_EINVAL for a replica out of range. */
+int ifd_session_ring_depths(ifd_session *s, int replica, ifd_ring_depths *out);
+
 /* Any thread: 0-based index of the loop running now (or the number of loops run). */
 int64_t ifd_session_loop_index(ifd_session *s);
 /* Any thread: whether the infeed thread is blocked waiting for the batch source now. When it

@@ -1,6 +1,7 @@
-/* The built-in programs (linear, softmax) run directly on the cpu op set: gradients against
- * finite differences, losses against a double reference, label checks, setup errors, learning
- * through ifd_step_train with one replica, the optimizer formulas, and the cpu all-reduce.
+/* The built-in programs (linear, softmax, mlp) run directly on the cpu op set: gradients against
+ * finite differences, losses against a double reference, eval steps against train steps,
+ * predictions against a double reference, label checks, setup errors, learning through
+ * ifd_step_train with one replica, the optimizer formulas, and the cpu all-reduce.
  *
  * Every test draws its shapes and values from BASE_SEED plus its loop index, and prints the seed
  * and the shape when it fails, so a failure can be replayed. */
@@ -62,18 +63,31 @@ static void fill_nan(float *x, int64_t n)
         x[i] = NAN;
 }
 
-static void make_program(ifd_program *p, const char *name, int64_t d, int64_t k)
+/* h: the hidden width (mlp; ignored by the others). */
+static void make_program_h(ifd_program *p, const char *name, int64_t d, int64_t h, int64_t k)
 {
-    ifd_program_settings s = {.features = d, .classes = k};
+    ifd_program_settings s = {.features = d, .classes = k, .hidden = h};
     ifd_error err = {0};
     int rc = ifd_program_init(p, name, &s, &err);
-    ck_assert_msg(rc == IFD_OK, "ifd_program_init(%s, D=%lld, K=%lld): %s", name, (long long)d,
-                  (long long)k, ifd_error_text(&err));
+    ck_assert_msg(rc == IFD_OK, "ifd_program_init(%s, D=%lld, H=%lld, K=%lld): %s", name,
+                  (long long)d, (long long)h, (long long)k, ifd_error_text(&err));
 }
 
-/* One direct train_step on the cpu ops, over a fresh NaN-filled workspace. */
-static void run_step(const ifd_program *p, const ifd_tensor *in, int64_t rows, const float *params,
-                     float *grads, float scale, ifd_step_out *out)
+static void make_program(ifd_program *p, const char *name, int64_t d, int64_t k)
+{
+    make_program_h(p, name, d, 0, k);
+}
+
+static int is_mlp(const ifd_program *p)
+{
+    return strcmp(p->cls->name, "mlp") == 0;
+}
+
+/* One direct step on the cpu ops, over a fresh NaN-filled workspace: train_step (eval when
+ * grads is NULL), or predict_step when pred is not NULL (in: the non-label inputs). */
+static void run_any_step(const ifd_program *p, const ifd_tensor *in, int64_t rows,
+                         const float *params, float *grads, float scale, ifd_step_out *out,
+                         float *pred)
 {
     ifd_ops ops;
     ifd_cpu_ops_init(&ops, NULL);
@@ -89,51 +103,100 @@ static void run_step(const ifd_program *p, const ifd_tensor *in, int64_t rows, c
         .workspace = work,
         .scale = scale,
         .out = out,
+        .predictions = pred,
     };
     ifd_error err = {0};
-    int rc = p->cls->train_step(p, &ops, &a, &err);
-    ck_assert_msg(rc == IFD_OK, "train_step: %s", ifd_error_text(&err));
+    int rc = pred ? p->cls->predict_step(p, &ops, &a, &err) : p->cls->train_step(p, &ops, &a, &err);
+    ck_assert_msg(rc == IFD_OK, "%s: %s", pred ? "predict_step" : "train_step",
+                  ifd_error_text(&err));
     free(work);
 }
 
-/* The name of flat parameter j ("W[2][1]", "b[0]") for messages. */
+static void run_step(const ifd_program *p, const ifd_tensor *in, int64_t rows, const float *params,
+                     float *grads, float scale, ifd_step_out *out)
+{
+    run_any_step(p, in, rows, params, grads, scale, out, NULL);
+}
+
+/* The name of flat parameter j ("W[2][1]", "b1[0]") for messages. */
 static const char *param_name(const ifd_program *p, int64_t j, char *buf, size_t len)
 {
-    const ifd_param_spec *w = ifd_program_param(p, "W"), *b = ifd_program_param(p, "b");
-    int64_t k = p->settings.classes;
-    if (j >= w->offset && j < w->offset + w->count)
-        snprintf(buf, len, "W[%lld][%lld]", (long long)((j - w->offset) / k),
-                 (long long)((j - w->offset) % k));
-    else if (j >= b->offset && j < b->offset + b->count)
-        snprintf(buf, len, "b[%lld]", (long long)(j - b->offset));
-    else
-        snprintf(buf, len, "param %lld", (long long)j);
+    snprintf(buf, len, "param %lld", (long long)j);
+    for (int i = 0; i < p->nparams; i++) {
+        const ifd_param_spec *ps = &p->params[i];
+        int64_t at = j - ps->offset;
+        if (at < 0 || at >= ps->count)
+            continue;
+        if (ps->rank == 2)
+            snprintf(buf, len, "%s[%lld][%lld]", ps->name, (long long)(at / ps->dims[1]),
+                     (long long)(at % ps->dims[1]));
+        else
+            snprintf(buf, len, "%s[%lld]", ps->name, (long long)at);
+    }
     return buf;
+}
+
+/* z[c] = b[c] + sum over j of x[j] w[j, c], in double: one row of a dense layer. */
+static void ref_dense(int64_t n_in, int64_t n_out, const double *x, const float *w, const float *b,
+                      double *z)
+{
+    for (int64_t c = 0; c < n_out; c++) {
+        double s = b[c];
+        for (int64_t j = 0; j < n_in; j++)
+            s += x[j] * (double)w[j * n_out + c];
+        z[c] = s;
+    }
+}
+
+/* The logits (or linear outputs) z [K] of one row x [D], in double. mlp: through the hidden
+ * layer, and active[j] (when not NULL) says whether hidden unit j is positive. */
+static void ref_logits(const ifd_program *p, const float *x, const float *params, double *z,
+                       unsigned char *active)
+{
+    int64_t d = p->settings.features, k = p->settings.classes, h = p->settings.hidden;
+    int64_t width = is_mlp(p) ? (d > h ? d : h) : d;
+    double *a = xmalloc(sizeof(double) * (size_t)width),
+           *hid = xmalloc(sizeof(double) * (size_t)width);
+    for (int64_t j = 0; j < d; j++)
+        a[j] = x[j];
+    if (is_mlp(p)) {
+        const float *w1 = params + ifd_program_param(p, "W1")->offset;
+        const float *b1 = params + ifd_program_param(p, "b1")->offset;
+        ref_dense(d, h, a, w1, b1, hid);
+        for (int64_t j = 0; j < h; j++) {
+            if (active)
+                active[j] = hid[j] > 0.0;
+            a[j] = hid[j] > 0.0 ? hid[j] : 0.0;
+        }
+        d = h;
+        ref_dense(d, k, a, params + ifd_program_param(p, "W2")->offset,
+                  params + ifd_program_param(p, "b2")->offset, z);
+    } else {
+        ref_dense(d, k, a, params + ifd_program_param(p, "W")->offset,
+                  params + ifd_program_param(p, "b")->offset, z);
+    }
+    free(a);
+    free(hid);
 }
 
 /*
  * The double-precision reference loss of one batch (mean over rows of the softmax cross-entropy,
- * or of 0.5 |pred - y|^2). For softmax, *correct counts rows whose argmax is clearly the label
- * and *ambiguous the rows whose top two logits are too close for float32 to decide.
+ * or of 0.5 |pred - y|^2). For classifiers, *correct counts rows whose argmax is clearly the label
+ * and *ambiguous the rows whose top two logits are too close for float32 to decide. mlp: active
+ * (when not NULL) receives the [rows, H] mask of positive hidden units.
  */
-static double ref_loss(const ifd_program *p, const ifd_tensor *in, int64_t rows,
-                       const float *params, int64_t *correct, int64_t *ambiguous)
+static double ref_loss_active(const ifd_program *p, const ifd_tensor *in, int64_t rows,
+                              const float *params, int64_t *correct, int64_t *ambiguous,
+                              unsigned char *active)
 {
     int64_t d = p->settings.features, k = p->settings.classes;
     const float *x = in[0].data;
-    const float *w = params + ifd_program_param(p, "W")->offset;
-    const float *b = params + ifd_program_param(p, "b")->offset;
     double *z = xmalloc(sizeof(double) * (size_t)k);
     double total = 0.0;
     *correct = 0;
     *ambiguous = 0;
     for (int64_t r = 0; r < rows; r++) {
-        for (int64_t c = 0; c < k; c++) {
-            double s = b[c];
-            for (int64_t j = 0; j < d; j++)
-                s += (double)x[r * d + j] * (double)w[j * k + c];
-            z[c] = s;
-        }
+        ref_logits(p, x + r * d, params, z, active ? active + r * p->settings.hidden : NULL);
         if (p->classifier) {
             int32_t y = ((const int32_t *)in[1].data)[r];
             int64_t arg = 0;
@@ -163,6 +226,12 @@ static double ref_loss(const ifd_program *p, const ifd_tensor *in, int64_t rows,
     return total / (double)rows;
 }
 
+static double ref_loss(const ifd_program *p, const ifd_tensor *in, int64_t rows,
+                       const float *params, int64_t *correct, int64_t *ambiguous)
+{
+    return ref_loss_active(p, in, rows, params, correct, ambiguous, NULL);
+}
+
 /* Whether the decimal number v appears in s as a whole number (not part of a longer one). */
 static int has_number(const char *s, long long v)
 {
@@ -185,14 +254,20 @@ static void check_gradients(const char *name, int tag, int i)
     uint64_t seed = test_seed(tag, i);
     ifd_rng rng;
     ifd_rng_seed(&rng, seed);
-    int cls = strcmp(name, "softmax") == 0;
+    int cls = strcmp(name, "linear") != 0, mlp = strcmp(name, "mlp") == 0;
     int64_t d = irange(&rng, 1, 10), k = irange(&rng, cls ? 2 : 1, 7), rows = irange(&rng, 1, 40);
+    int64_t h = mlp ? irange(&rng, 1, 12) : 0;
     if (!cls && i % 3 == 0)
         k = 1; /* one output: the cpu op set's matrix-vector path */
     ifd_program p;
-    make_program(&p, name, d, k);
+    make_program_h(&p, name, d, h, k);
     int64_t np = p.nparam_floats;
-    ck_assert_int_eq(np, d * k + k);
+    ck_assert_int_eq(np, mlp ? d * h + h + h * k + k : d * k + k);
+    char hs[32] = "", what[128]; /* "mlp D=3 H=5 K=2 rows=17" */
+    if (mlp)
+        snprintf(hs, sizeof hs, " H=%lld", (long long)h);
+    snprintf(what, sizeof what, "%s D=%lld%s K=%lld rows=%lld", name, (long long)d, hs,
+             (long long)k, (long long)rows);
 
     float *params = falloc(np), *grads = falloc(np), *scratch = falloc(np);
     p.cls->init_params(&p, params, ifd_rng_next(&rng));
@@ -204,36 +279,60 @@ static void check_gradients(const char *name, int tag, int i)
     ifd_step_out out;
     fill_nan(grads, np);
     run_step(&p, in, rows, params, grads, 1.0f, &out);
-    ck_assert_msg(isfinite(out.loss), "seed %llu %s D=%lld K=%lld rows=%lld: loss %g",
-                  (unsigned long long)seed, name, (long long)d, (long long)k, (long long)rows,
+    ck_assert_msg(isfinite(out.loss), "seed %llu %s: loss %g", (unsigned long long)seed, what,
                   (double)out.loss);
 
-    const float eps = 1e-2f;
+    /* mlp: the central difference of the double reference loss, over a step small enough to
+     * cross no ReLU kink but for a few parameters, which are skipped (a kink makes the loss
+     * non-differentiable within the step). */
+    const float eps = mlp ? 1e-5f : 1e-2f;
+    unsigned char *act_up = xmalloc((size_t)(rows * (h ? h : 1)));
+    unsigned char *act_dn = xmalloc((size_t)(rows * (h ? h : 1)));
+    int64_t skipped = 0;
     double biggest = 0.0;
     for (int64_t j = 0; j < np; j++) {
         char pname[48];
-        ck_assert_msg(isfinite(grads[j]),
-                      "seed %llu %s D=%lld K=%lld rows=%lld: gradient of %s not written (%g)",
-                      (unsigned long long)seed, name, (long long)d, (long long)k, (long long)rows,
-                      param_name(&p, j, pname, sizeof pname), (double)grads[j]);
+        ck_assert_msg(isfinite(grads[j]), "seed %llu %s: gradient of %s not written (%g)",
+                      (unsigned long long)seed, what, param_name(&p, j, pname, sizeof pname),
+                      (double)grads[j]);
         /* Divide by the step actually taken in float, not by 2 eps. */
         float orig = params[j], up = orig + eps, dn = orig - eps;
-        ifd_step_out lp, lm;
-        params[j] = up;
-        run_step(&p, in, rows, params, scratch, 1.0f, &lp);
-        params[j] = dn;
-        run_step(&p, in, rows, params, scratch, 1.0f, &lm);
+        double lup, ldn;
+        if (mlp) {
+            int64_t c, a;
+            params[j] = up;
+            lup = ref_loss_active(&p, in, rows, params, &c, &a, act_up);
+            params[j] = dn;
+            ldn = ref_loss_active(&p, in, rows, params, &c, &a, act_dn);
+        } else {
+            ifd_step_out lp, lm;
+            params[j] = up;
+            run_step(&p, in, rows, params, scratch, 1.0f, &lp);
+            params[j] = dn;
+            run_step(&p, in, rows, params, scratch, 1.0f, &lm);
+            lup = lp.loss;
+            ldn = lm.loss;
+        }
         params[j] = orig;
-        double num = ((double)lp.loss - (double)lm.loss) / ((double)up - (double)dn);
+        if (mlp && memcmp(act_up, act_dn, (size_t)(rows * h)) != 0) {
+            skipped++;
+            continue;
+        }
+        double num = (lup - ldn) / ((double)up - (double)dn);
         double tol = 1e-3 + 2e-2 * fabs(num);
         if (fabs(num) > biggest)
             biggest = fabs(num);
         ck_assert_msg(fabs((double)grads[j] - num) <= tol,
-                      "seed %llu %s D=%lld K=%lld rows=%lld: d loss / d %s: analytic %.7g, "
+                      "seed %llu %s: d loss / d %s: analytic %.7g, "
                       "central difference %.7g",
-                      (unsigned long long)seed, name, (long long)d, (long long)k, (long long)rows,
-                      param_name(&p, j, pname, sizeof pname), (double)grads[j], num);
+                      (unsigned long long)seed, what, param_name(&p, j, pname, sizeof pname),
+                      (double)grads[j], num);
     }
+    ck_assert_msg(skipped <= np / 10,
+                  "seed %llu %s: %lld of %lld parameters skipped at a ReLU kink",
+                  (unsigned long long)seed, what, (long long)skipped, (long long)np);
+    free(act_up);
+    free(act_dn);
     /* The data must make the comparison meaningful: some gradient well above the tolerance. */
     ck_assert_msg(biggest > 1e-2, "seed %llu %s: all gradients tiny (max %g)",
                   (unsigned long long)seed, name, biggest);
@@ -246,9 +345,8 @@ static void check_gradients(const char *name, int tag, int i)
         run_step(&p, in, rows, params, scratch, scales[s], &so);
         double want = (double)scales[s] * (double)out.loss;
         ck_assert_msg(fabs((double)so.loss - want) <= 1e-6 * fabs(want) + 1e-12,
-                      "seed %llu %s D=%lld K=%lld rows=%lld: scale %g: loss %.9g, want %.9g",
-                      (unsigned long long)seed, name, (long long)d, (long long)k, (long long)rows,
-                      (double)scales[s], (double)so.loss, want);
+                      "seed %llu %s: scale %g: loss %.9g, want %.9g", (unsigned long long)seed,
+                      what, (double)scales[s], (double)so.loss, want);
         for (int64_t j = 0; j < np; j++) {
             char pname[48];
             double g = (double)scales[s] * (double)grads[j];
@@ -256,10 +354,9 @@ static void check_gradients(const char *name, int tag, int i)
              * components that cancel over the rows get an absolute slack. */
             double tol = 1e-5 * fabs(g) + 1e-6 * (double)scales[s] * biggest;
             ck_assert_msg(fabs((double)scratch[j] - g) <= tol,
-                          "seed %llu %s D=%lld K=%lld rows=%lld: scale %g: grad %s %.9g, "
+                          "seed %llu %s: scale %g: grad %s %.9g, "
                           "want %.9g",
-                          (unsigned long long)seed, name, (long long)d, (long long)k,
-                          (long long)rows, (double)scales[s],
+                          (unsigned long long)seed, what, (double)scales[s],
                           param_name(&p, j, pname, sizeof pname), (double)scratch[j], g);
         }
     }
@@ -281,6 +378,12 @@ START_TEST(test_grad_softmax)
 }
 END_TEST
 
+START_TEST(test_grad_mlp)
+{
+    check_gradients("mlp", 30, _i);
+}
+END_TEST
+
 /* ---- 2. loss values and the correct count -------------------------------------------------- */
 
 static void check_loss(const char *name, int tag, int i)
@@ -288,16 +391,17 @@ static void check_loss(const char *name, int tag, int i)
     uint64_t seed = test_seed(tag, i);
     ifd_rng rng;
     ifd_rng_seed(&rng, seed);
-    int cls = strcmp(name, "softmax") == 0;
+    int cls = strcmp(name, "linear") != 0, mlp = strcmp(name, "mlp") == 0;
     int64_t d = irange(&rng, 1, 16), k = irange(&rng, cls ? 2 : 1, 10), rows = irange(&rng, 1, 64);
+    int64_t h = mlp ? irange(&rng, 1, 20) : 0;
     ifd_program p;
-    make_program(&p, name, d, k);
+    make_program_h(&p, name, d, h, k);
     int64_t np = p.nparam_floats;
     float *params = falloc(np), *grads = falloc(np);
     p.cls->init_params(&p, params, ifd_rng_next(&rng));
     /* Odd iterations use large weights: logits in the hundreds, where a softmax without the
-     * max shift overflows. */
-    double mag = (i % 2) ? 100.0 : 1.0;
+     * max shift overflows (mlp: two layers of weights 10 times larger). */
+    double mag = (i % 2) ? (mlp ? 10.0 : 100.0) : 1.0;
     for (int64_t j = 0; j < np; j++)
         params[j] = (float)(mag * (params[j] + urand(&rng, -0.5, 0.5)));
     tu_batch *tb = tu_batch_random(&p, rows, 0, &rng);
@@ -311,10 +415,11 @@ static void check_loss(const char *name, int tag, int i)
                   (double)out.loss, want);
     if (cls) {
         ck_assert_msg(out.correct >= (float)correct && out.correct <= (float)(correct + ambiguous),
-                      "seed %llu softmax D=%lld K=%lld rows=%lld: correct %g, reference %lld "
+                      "seed %llu %s D=%lld H=%lld K=%lld rows=%lld: correct %g, reference %lld "
                       "(+%lld near ties)",
-                      (unsigned long long)seed, (long long)d, (long long)k, (long long)rows,
-                      (double)out.correct, (long long)correct, (long long)ambiguous);
+                      (unsigned long long)seed, name, (long long)d, (long long)h, (long long)k,
+                      (long long)rows, (double)out.correct, (long long)correct,
+                      (long long)ambiguous);
         ck_assert_msg(ambiguous <= rows / 8, "seed %llu: %lld of %lld rows are near ties",
                       (unsigned long long)seed, (long long)ambiguous, (long long)rows);
     } else {
@@ -334,6 +439,127 @@ END_TEST
 START_TEST(test_loss_softmax)
 {
     check_loss("softmax", 4, _i);
+}
+END_TEST
+
+START_TEST(test_loss_mlp)
+{
+    check_loss("mlp", 31, _i);
+}
+END_TEST
+
+/* A random program of the three with random shapes, parameters and a batch of rows rows. */
+typedef struct case_data {
+    ifd_program p;
+    float *params;
+    tu_batch *tb;
+    int64_t rows;
+    char what[128]; /* "seed 5 mlp D=3 H=4 K=2 rows=9" */
+} case_data;
+
+static void case_make(case_data *c, const char *name, uint64_t seed)
+{
+    ifd_rng rng;
+    ifd_rng_seed(&rng, seed);
+    int cls = strcmp(name, "linear") != 0;
+    int64_t d = irange(&rng, 1, 12), k = irange(&rng, cls ? 2 : 1, 9), h = irange(&rng, 1, 16);
+    c->rows = irange(&rng, 1, 48);
+    make_program_h(&c->p, name, d, h, k);
+    c->params = falloc(c->p.nparam_floats);
+    c->p.cls->init_params(&c->p, c->params, ifd_rng_next(&rng));
+    for (int64_t j = 0; j < c->p.nparam_floats; j++)
+        c->params[j] += (float)urand(&rng, -0.5, 0.5);
+    c->tb = tu_batch_random(&c->p, c->rows, 0, &rng);
+    snprintf(c->what, sizeof c->what, "seed %llu %s D=%lld H=%lld K=%lld rows=%lld",
+             (unsigned long long)seed, name, (long long)d, (long long)(is_mlp(&c->p) ? h : 0),
+             (long long)k, (long long)c->rows);
+}
+
+static void case_free(case_data *c)
+{
+    tu_batch_free(c->tb);
+    free(c->params);
+}
+
+static const char *const all_programs[] = {"linear", "softmax", "mlp"};
+
+/* An eval step (grads NULL) reports the train step's loss and correct count, at any scale. */
+START_TEST(test_eval_step_matches_train)
+{
+    case_data c;
+    case_make(&c, all_programs[_i % 3], test_seed(32, _i));
+    float scale = 1.0f / (float)(1 + _i % 4);
+    float *grads = falloc(c.p.nparam_floats);
+    ifd_step_out train, eval;
+    run_step(&c.p, c.tb->b.tensors, c.rows, c.params, grads, scale, &train);
+    run_any_step(&c.p, c.tb->b.tensors, c.rows, c.params, NULL, scale, &eval, NULL);
+    ck_assert_msg(isfinite(train.loss) && train.loss > 0.0f, "%s: train loss %g", c.what,
+                  (double)train.loss);
+    ck_assert_msg(eval.loss == train.loss && eval.correct == train.correct,
+                  "%s scale %g: eval loss %.9g correct %g, train loss %.9g correct %g", c.what,
+                  (double)scale, (double)eval.loss, (double)eval.correct, (double)train.loss,
+                  (double)train.correct);
+    free(grads);
+    case_free(&c);
+}
+END_TEST
+
+/* The predict step from the non-label inputs alone: class probabilities (classifiers) or outputs
+ * (linear) equal to a double reference; probabilities sum to 1 in every row; nothing is written
+ * past [rows, predict_cols]. */
+START_TEST(test_predict_step)
+{
+    case_data c;
+    case_make(&c, all_programs[_i % 3], test_seed(33, _i));
+    const ifd_program *p = &c.p;
+    int64_t k = p->settings.classes, rows = c.rows;
+    ck_assert_ptr_nonnull(p->cls->predict_step);
+    ck_assert_int_eq(p->predict_cols, k);
+    /* Predict mode hands the step only the inputs that are not labels, in an array of exactly
+     * that many (an out-of-bounds read shows under AddressSanitizer). */
+    int nfeat = 0;
+    ifd_tensor *in = xmalloc(sizeof(ifd_tensor) * IFD_MAX_INPUTS);
+    for (int i = 0; i < p->ninputs; i++)
+        if (!(p->labels & (1u << i)))
+            in[nfeat++] = c.tb->b.tensors[i];
+    ck_assert_int_eq(nfeat, 1);
+    ifd_tensor *features = xmalloc(sizeof(ifd_tensor) * (size_t)nfeat);
+    memcpy(features, in, sizeof(ifd_tensor) * (size_t)nfeat);
+    free(in);
+    const float guard = 12345.0f;
+    float *pred = falloc(rows * k + 4);
+    fill_nan(pred, rows * k);
+    for (int g = 0; g < 4; g++)
+        pred[rows * k + g] = guard;
+    ifd_step_out out;
+    run_any_step(p, features, rows, c.params, NULL, 1.0f, &out, pred);
+    double *z = xmalloc(sizeof(double) * (size_t)k);
+    const float *x = features[0].data;
+    for (int64_t r = 0; r < rows; r++) {
+        ref_logits(p, x + r * p->settings.features, c.params, z, NULL);
+        double top = z[0], sum = 0.0, fsum = 0.0;
+        for (int64_t j = 1; j < k; j++)
+            top = z[j] > top ? z[j] : top;
+        for (int64_t j = 0; j < k; j++)
+            sum += exp(z[j] - top);
+        for (int64_t j = 0; j < k; j++) {
+            double want = p->classifier ? exp(z[j] - top) / sum : z[j];
+            double got = pred[r * k + j];
+            fsum += got;
+            ck_assert_msg(fabs(got - want) <= 1e-5 * fabs(want) + 1e-6,
+                          "%s: prediction [%lld][%lld] = %.9g, reference %.9g", c.what,
+                          (long long)r, (long long)j, got, want);
+        }
+        if (p->classifier)
+            ck_assert_msg(fabs(fsum - 1.0) <= 1e-5, "%s: row %lld's probabilities sum to %.9g",
+                          c.what, (long long)r, fsum);
+    }
+    for (int g = 0; g < 4; g++)
+        ck_assert_msg(pred[rows * k + g] == guard, "%s: written past [rows, K]", c.what);
+    free(z);
+    free(pred);
+    free(features);
+    case_free(&c);
 }
 END_TEST
 
@@ -425,14 +651,16 @@ END_TEST
 
 /* ---- 3. check_batch ------------------------------------------------------------------------ */
 
+/* softmax and mlp: every label in [0, K), else IFD_ERANGE naming the row and the label. */
 START_TEST(test_softmax_check_batch)
 {
     uint64_t seed = test_seed(6, _i);
     ifd_rng rng;
     ifd_rng_seed(&rng, seed);
     int64_t d = irange(&rng, 1, 6), k = irange(&rng, 2, 12), rows = irange(&rng, 2, 40);
+    const char *name = (_i / 4) % 2 ? "mlp" : "softmax";
     ifd_program p;
-    make_program(&p, "softmax", d, k);
+    make_program_h(&p, name, d, 5, k);
     ck_assert_ptr_nonnull(p.cls->check_batch);
     tu_batch *tb = tu_batch_random(&p, rows, 0, &rng);
     int32_t *y = tb->b.tensors[1].data;
@@ -491,25 +719,31 @@ typedef struct setup_case {
     const char *setting; /* the one the sentence must name */
     const char *other;   /* the one it must not */
     int64_t given;
+    int64_t hidden; /* mlp */
 } setup_case;
 
 static const setup_case setup_cases[] = {
-    {"linear", 0, 3, "features", "classes", 0},
-    {"linear", -4, 3, "features", "classes", -4},
-    {"linear", 4, 0, "classes", "features", 0},
-    {"linear", 4, -1, "classes", "features", -1},
-    {"linear", (int64_t)1 << 40, 2, "features", "classes", (int64_t)1 << 40},
-    {"softmax", 0, 3, "features", "classes", 0},
-    {"softmax", 5, 0, "classes", "features", 0},
-    {"softmax", 5, 1, "classes", "features", 1},
-    {"softmax", 5, (int64_t)1 << 40, "classes", "features", (int64_t)1 << 40},
+    {"linear", 0, 3, "features", "classes", 0, 0},
+    {"linear", -4, 3, "features", "classes", -4, 0},
+    {"linear", 4, 0, "classes", "features", 0, 0},
+    {"linear", 4, -1, "classes", "features", -1, 0},
+    {"linear", (int64_t)1 << 40, 2, "features", "classes", (int64_t)1 << 40, 0},
+    {"softmax", 0, 3, "features", "classes", 0, 0},
+    {"softmax", 5, 0, "classes", "features", 0, 0},
+    {"softmax", 5, 1, "classes", "features", 1, 0},
+    {"softmax", 5, (int64_t)1 << 40, "classes", "features", (int64_t)1 << 40, 0},
+    {"mlp", 5, 3, "hidden", "features", 0, 0},
+    {"mlp", 5, 3, "hidden", "classes", -7, -7},
+    {"mlp", 5, 3, "hidden", "features", (int64_t)1 << 40, (int64_t)1 << 40},
+    {"mlp", 0, 3, "features", "hidden", 0, 8},
+    {"mlp", 5, 1, "classes", "hidden", 1, 8},
 };
 
 START_TEST(test_setup_errors)
 {
     const setup_case *c = &setup_cases[_i];
     ifd_program p;
-    ifd_program_settings s = {.features = c->features, .classes = c->classes};
+    ifd_program_settings s = {.features = c->features, .classes = c->classes, .hidden = c->hidden};
     ifd_error err = {0};
     int rc = ifd_program_init(&p, c->program, &s, &err);
     ck_assert_msg(rc == IFD_EINVAL, "%s features=%lld classes=%lld: rc %s, want IFD_EINVAL",
@@ -633,6 +867,81 @@ START_TEST(test_setup_layout)
     free(a1);
     free(a2);
     free(a3);
+}
+END_TEST
+
+/* mlp's layout: x and the label y; W1 [D,H], b1 [H], W2 [H,K], b2 [K] in that order; Glorot
+ * weights within their bounds from two different streams, zero biases, a function of the seed. */
+START_TEST(test_mlp_layout)
+{
+    uint64_t seed = test_seed(34, _i);
+    ifd_rng rng;
+    ifd_rng_seed(&rng, seed);
+    int64_t d = irange(&rng, 1, 20), h = irange(&rng, 1, 24), k = irange(&rng, 2, 12);
+    ifd_program p;
+    make_program_h(&p, "mlp", d, h, k);
+    ck_assert_int_eq(p.classifier, 1);
+    ck_assert_int_eq(p.predict_cols, k);
+    ck_assert_int_eq(p.ninputs, 2);
+    ck_assert_str_eq(p.inputs[0].name, "x");
+    ck_assert_int_eq(p.inputs[0].dtype, IFD_F32);
+    ck_assert_int_eq(p.inputs[0].dims[0], d);
+    ck_assert_str_eq(p.inputs[1].name, "y");
+    ck_assert_int_eq(p.inputs[1].dtype, IFD_I32);
+    ck_assert_int_eq(p.inputs[1].rank, 0);
+    ck_assert_uint_eq(p.labels, 2u);
+    static const char *const names[] = {"W1", "b1", "W2", "b2"};
+    int64_t dims[4][2] = {{d, h}, {h, 0}, {h, k}, {k, 0}}, offset = 0;
+    ck_assert_int_eq(p.nparams, 4);
+    for (int i = 0; i < 4; i++) {
+        const ifd_param_spec *ps = ifd_program_param(&p, names[i]);
+        ck_assert_ptr_eq(ps, &p.params[i]);
+        ck_assert_int_eq(ps->rank, dims[i][1] ? 2 : 1);
+        ck_assert_int_eq(ps->dims[0], dims[i][0]);
+        if (dims[i][1])
+            ck_assert_int_eq(ps->dims[1], dims[i][1]);
+        ck_assert_int_eq(ps->offset, offset);
+        ck_assert_int_eq(ps->count, dims[i][0] * (dims[i][1] ? dims[i][1] : 1));
+        offset += ps->count;
+    }
+    ck_assert_int_eq(p.nparam_floats, offset);
+    ck_assert_int_ge(p.cls->workspace_floats(&p, 17), 17 * (h + k));
+
+    int64_t np = p.nparam_floats;
+    float *a1 = falloc(np), *a2 = falloc(np), *a3 = falloc(np), *w2same = falloc(h * k);
+    uint64_t s1 = ifd_rng_next(&rng);
+    p.cls->init_params(&p, a1, s1);
+    p.cls->init_params(&p, a2, s1);
+    p.cls->init_params(&p, a3, s1 + 1);
+    ck_assert_msg(memcmp(a1, a2, sizeof(float) * (size_t)np) == 0, "seed %llu: not deterministic",
+                  (unsigned long long)seed);
+    const float *w1 = a1, *b1 = a1 + d * h, *w2 = b1 + h, *b2 = w2 + h * k;
+    double bound1 = sqrt(6.0 / (double)(d + h)), bound2 = sqrt(6.0 / (double)(h + k));
+    int differ = 0;
+    for (int64_t j = 0; j < d * h; j++) {
+        ck_assert_msg(fabs(w1[j]) <= bound1 * (1 + 1e-6), "W1[%lld] = %g outside +-%g",
+                      (long long)j, (double)w1[j], bound1);
+        differ |= w1[j] != a3[j];
+    }
+    for (int64_t j = 0; j < h * k; j++)
+        ck_assert_msg(fabs(w2[j]) <= bound2 * (1 + 1e-6), "W2[%lld] = %g outside +-%g",
+                      (long long)j, (double)w2[j], bound2);
+    for (int64_t j = 0; j < h; j++)
+        ck_assert_msg(b1[j] == 0.0f, "b1[%lld] = %g", (long long)j, (double)b1[j]);
+    for (int64_t j = 0; j < k; j++)
+        ck_assert_msg(b2[j] == 0.0f, "b2[%lld] = %g", (long long)j, (double)b2[j]);
+    ck_assert_msg(differ, "seed %llu: W1 ignores the seed", (unsigned long long)seed);
+    /* W2 is not the stream W1 starts from (the same numbers scaled to another bound). */
+    ifd_program_init_glorot(w2same, h, k, s1);
+    int same = 0;
+    for (int64_t j = 0; j < h * k; j++)
+        same += w2[j] == w2same[j];
+    ck_assert_msg(same < h * k || h * k == 0, "seed %llu: W2 is drawn from W1's stream",
+                  (unsigned long long)seed);
+    free(a1);
+    free(a2);
+    free(a3);
+    free(w2same);
 }
 END_TEST
 
@@ -790,11 +1099,11 @@ typedef struct trainer {
     ifd_replica_state st;
 } trainer;
 
-static void trainer_init(trainer *t, const char *name, int64_t d, int64_t k, int64_t max_rows,
-                         uint64_t init_seed)
+static void trainer_init_h(trainer *t, const char *name, int64_t d, int64_t h, int64_t k,
+                           int64_t max_rows, uint64_t init_seed)
 {
     memset(t, 0, sizeof *t);
-    make_program(&t->p, name, d, k);
+    make_program_h(&t->p, name, d, h, k);
     ifd_cpu_ops_init(&t->ops, NULL);
     t->sops.allreduce_sum = fake_allreduce;
     t->sops.optimizer_apply = ifd_cpu_optimizer_apply;
@@ -810,6 +1119,12 @@ static void trainer_init(trainer *t, const char *name, int64_t d, int64_t k, int
     t->st.step = calloc(1, sizeof(int64_t));
     t->st.opt_step = calloc(1, sizeof(int64_t));
     t->p.cls->init_params(&t->p, t->st.params, init_seed);
+}
+
+static void trainer_init(trainer *t, const char *name, int64_t d, int64_t k, int64_t max_rows,
+                         uint64_t init_seed)
+{
+    trainer_init_h(t, name, d, 0, k, max_rows, init_seed);
 }
 
 static ifd_step_out trainer_step(trainer *t, const ifd_optimizer *opt, const data *b)
@@ -899,6 +1214,59 @@ START_TEST(test_learn_softmax_accuracy)
     data_free(&test);
     trainer_free(&tr);
     teacher_free(&t);
+}
+END_TEST
+
+/* XOR of the signs of two features (label 1 when x0 x1 > 0): no line separates the classes, a
+ * hidden layer does. */
+static void xor_data(data *b, ifd_rng *rng, int64_t rows)
+{
+    b->rows = rows;
+    b->x = falloc(rows * 2);
+    int32_t *y = xmalloc(sizeof(int32_t) * (size_t)rows);
+    b->y = y;
+    for (int64_t r = 0; r < rows; r++) {
+        float *x = b->x + 2 * r;
+        do {
+            x[0] = (float)urand(rng, -1.0, 1.0);
+            x[1] = (float)urand(rng, -1.0, 1.0);
+        } while (fabsf(x[0]) < 0.05f || fabsf(x[1]) < 0.05f);
+        y[r] = x[0] * x[1] > 0.0f;
+    }
+    int64_t xd[2] = {rows, 2}, yd[1] = {rows};
+    ck_assert_int_eq(ifd_tensor_init(&b->in[0], IFD_F32, 2, xd, b->x), IFD_OK);
+    ck_assert_int_eq(ifd_tensor_init(&b->in[1], IFD_I32, 1, yd, b->y), IFD_OK);
+}
+
+/* Held-out accuracy after training name (hidden width h) on XOR. */
+static double xor_accuracy(const char *name, int64_t h, uint64_t seed)
+{
+    ifd_rng rng;
+    ifd_rng_seed(&rng, seed);
+    trainer tr;
+    trainer_init_h(&tr, name, 2, h, 2, 64, ifd_rng_next(&rng));
+    ifd_optimizer opt = make_opt(IFD_OPT_ADAM, 0.03f);
+    for (int s = 0; s < 1500; s++) {
+        data b;
+        xor_data(&b, &rng, 64);
+        trainer_step(&tr, &opt, &b);
+        data_free(&b);
+    }
+    data test;
+    xor_data(&test, &rng, 2000);
+    double acc = (double)trainer_eval(&tr, &test).correct / (double)test.rows;
+    data_free(&test);
+    trainer_free(&tr);
+    return acc;
+}
+
+START_TEST(test_learn_mlp_beats_softmax_on_xor)
+{
+    uint64_t seed = test_seed(35, _i);
+    double mlp = xor_accuracy("mlp", 16, seed), softmax = xor_accuracy("softmax", 0, seed);
+    ck_assert_msg(mlp >= 0.95 && softmax <= 0.8,
+                  "seed %llu: held-out XOR accuracy mlp (H=16) %.4f, softmax %.4f",
+                  (unsigned long long)seed, mlp, softmax);
 }
 END_TEST
 
@@ -1399,25 +1767,31 @@ int main(void)
     TCase *tc = tcase(s, "gradients");
     tcase_add_loop_test(tc, test_grad_linear, 0, 12);
     tcase_add_loop_test(tc, test_grad_softmax, 0, 12);
+    tcase_add_loop_test(tc, test_grad_mlp, 0, 16);
 
     tc = tcase(s, "loss");
     tcase_add_loop_test(tc, test_loss_linear, 0, 12);
     tcase_add_loop_test(tc, test_loss_softmax, 0, 12);
+    tcase_add_loop_test(tc, test_loss_mlp, 0, 12);
+    tcase_add_loop_test(tc, test_eval_step_matches_train, 0, 12);
+    tcase_add_loop_test(tc, test_predict_step, 0, 12);
     tcase_add_loop_test(tc, test_softmax_ties, 0, 6);
     tcase_add_loop_test(tc, test_read_program, 0, 8);
 
     tc = tcase(s, "check_batch");
-    tcase_add_loop_test(tc, test_softmax_check_batch, 0, 12);
+    tcase_add_loop_test(tc, test_softmax_check_batch, 0, 16);
 
     tc = tcase(s, "setup");
     tcase_add_loop_test(tc, test_setup_errors, 0,
                         (int)(sizeof setup_cases / sizeof setup_cases[0]));
     tcase_add_test(tc, test_setup_unknown_program);
     tcase_add_loop_test(tc, test_setup_layout, 0, 6);
+    tcase_add_loop_test(tc, test_mlp_layout, 0, 6);
 
     tc = tcase(s, "learning");
     tcase_add_loop_test(tc, test_learn_softmax_accuracy, 0, 4);
     tcase_add_loop_test(tc, test_learn_linear_recovers_teacher, 0, 4);
+    tcase_add_loop_test(tc, test_learn_mlp_beats_softmax_on_xor, 0, 3);
     tcase_add_loop_test(tc, test_learn_optimizers_decrease_loss, 0, 12);
     tcase_add_loop_test(tc, test_step_train_one_step, 0, 6);
 

@@ -16,7 +16,8 @@ ISSUE_FLAGS = """--config --listen --publish --control --summaries --backend --r
 --version""".split()
 
 # docs/config.md keys whose flag is not the key's last component with '_' -> '-'
-RENAMED = {"num_steps": "steps", "optimizer.kind": "optimizer"}
+RENAMED = {"num_steps": "steps", "optimizer.kind": "optimizer",
+           "initial_infeed_sleep_secs": "initial_infeed_sleep", "watchdog_secs": "watchdog"}
 
 
 def config_md_flags() -> set:
@@ -82,6 +83,11 @@ def test_version():
     (["--program", "nosuch"], "nosuch"),
     (["--steps", "10", "--last-step", "20"], "last_step"),
     (["--log-level", "loud"], "loud"),
+    (["--program", "mlp"], "hidden"),                   # mlp without its hidden width
+    (["--program", "mlp", "--hidden", "0"], "hidden"),
+    (["--watchdog", "-1"], "watchdog"),
+    (["--watchdog", "soon"], "--watchdog"),
+    (["--initial-infeed-sleep", "1e9"], "initial_infeed_sleep"),
 ])
 def test_flag_errors(args, key):
     base = ["--features", "4", "--classes", "3", "--steps", "10"]

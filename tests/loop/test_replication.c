@@ -1,6 +1,6 @@
-/* The replication invariant: with the MEAN reduction, R replicas over a global batch B end with
- * the parameters of one replica over the same batches; with SUM the reported loss is the sum of
- * the replicas' losses. Every mirror stays bit-identical. */
+/* The replication invariant (linear, softmax, mlp): with the MEAN reduction, R replicas over a
+ * global batch B end with the parameters of one replica over the same batches; with SUM the
+ * reported loss is the sum of the replicas' losses. Every mirror stays bit-identical. */
 #include "tests/util/testutil.h"
 
 #include <jansson.h>
@@ -61,6 +61,52 @@ START_TEST(mean_matches_one_replica)
         tu_result_free(&many);
     }
     tu_result_free(&one);
+    tu_batches_free(bs, cfg.num_steps);
+}
+END_TEST
+
+/* mlp: R replicas (random R) with MEAN end where one replica over the same global batches does,
+ * up to float32 rounding, for every optimizer; every mirror bit-identical. */
+START_TEST(mlp_mean_matches_one_replica)
+{
+    ifd_optimizer_kind opt = optimizers[_i % 3];
+    ifd_rng rng;
+    ifd_rng_seed(&rng, 6000 + (uint64_t)_i);
+    int r = 2 + (int)ifd_rng_below(&rng, 5);
+    int64_t d = 1 + (int64_t)ifd_rng_below(&rng, 12);
+    int64_t k = 2 + (int64_t)ifd_rng_below(&rng, 6);
+    int64_t h = 1 + (int64_t)ifd_rng_below(&rng, 24);
+    int64_t b = r * (1 + (int64_t)ifd_rng_below(&rng, 6));
+    ifd_config cfg;
+    tu_config_train(&cfg, "mlp", opt, d, k, b, 1 + (int64_t)ifd_rng_below(&rng, 8),
+                    77 + (uint64_t)_i);
+    cfg.settings.hidden = h;
+    tu_batch **bs = tu_batches_random(&cfg, cfg.num_steps, 8000 + (uint64_t)_i);
+    tu_result one, many;
+    cfg.replicas = 1;
+    tu_run(&cfg, bs, cfg.num_steps, &one);
+    cfg.replicas = r;
+    tu_run(&cfg, bs, cfg.num_steps, &many);
+    ck_assert_msg(one.rc == IFD_OK && many.rc == IFD_OK, "%s / %s", ifd_error_text(&one.err),
+                  ifd_error_text(&many.err));
+    ck_assert_int_eq(many.global_step, 20);
+    ck_assert_msg(many.mirrors_identical, "R=%d: replica mirrors differ", r);
+    double diff = tu_max_rel_diff(many.params, one.params, one.nparams, 1e-2);
+    ck_assert_msg(diff <= 1e-5,
+                  "mlp/%s D=%lld H=%lld K=%lld B=%lld R=%d: params differ from R=1 by %g relative",
+                  ifd_optimizer_name(opt), (long long)d, (long long)h, (long long)k, (long long)b,
+                  r, diff);
+    /* The run moved the parameters: the comparison is not between two initial states. */
+    ifd_program p;
+    ifd_error err;
+    ck_assert_int_eq(ifd_program_init(&p, "mlp", &cfg.settings, &err), IFD_OK);
+    float *init = malloc(sizeof(float) * (size_t)p.nparam_floats);
+    p.cls->init_params(&p, init, cfg.seed);
+    ck_assert_msg(tu_max_rel_diff(one.params, init, p.nparam_floats, 1e-2) > 1e-3,
+                  "training did not move the parameters");
+    free(init);
+    tu_result_free(&one);
+    tu_result_free(&many);
     tu_batches_free(bs, cfg.num_steps);
 }
 END_TEST
@@ -153,6 +199,7 @@ int main(void)
     TCase *tc = tcase_create("invariant");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, mean_matches_one_replica, 0, 12);
+    tcase_add_loop_test(tc, mlp_mean_matches_one_replica, 0, 9);
     tcase_add_loop_test(tc, sum_reports_the_sum, 0, 6);
     tcase_add_test(tc, runs_are_repeatable);
     tcase_add_loop_test(tc, adam_counts_its_own_updates, 0, 2);
