@@ -79,13 +79,7 @@ static void run_queued_predict(const ifd_config *cfg, tu_batch **batches, int64_
     }
     ifd_batch_queue_close(q);
     ifd_sink *sink;
-    ck_assert_int_eq(ifd_sink_memory_create(&sink), IFD_OK);
-    ifd_session *s;
-    int rc = ifd_session_create(&s, cfg, ifd_batch_queue_source(q), &res->err);
-    ck_assert_msg(rc == IFD_OK, "session_create: %s", ifd_error_text(&res->err));
-    ck_assert_int_eq(ifd_session_add_sink(s, sink), IFD_OK);
-    if (pred)
-        ck_assert_int_eq(ifd_session_add_prediction_sink(s, pred), IFD_OK);
+    ifd_session *s = tu_session_create(cfg, ifd_batch_queue_source(q), pred, NULL, 0, &sink, res);
     res->rc = ifd_session_run(s, &res->err);
     tu_result_collect(res, s, cfg->replicas, sink);
     ifd_batch_queue_destroy(q);

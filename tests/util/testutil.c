@@ -158,6 +158,22 @@ void tu_batches_free(tu_batch **bs, int64_t n)
     free(bs);
 }
 
+ifd_session *tu_session_create(const ifd_config *cfg, ifd_batch_source src,
+                               const ifd_prediction_sink *pred, const ifd_hook *hooks, int nhooks,
+                               ifd_sink **sink, tu_result *res)
+{
+    ck_assert_int_eq(ifd_sink_memory_create(sink), IFD_OK);
+    ifd_session *s;
+    int rc = ifd_session_create(&s, cfg, src, &res->err);
+    ck_assert_msg(rc == IFD_OK, "session_create: %s", ifd_error_text(&res->err));
+    ck_assert_int_eq(ifd_session_add_sink(s, *sink), IFD_OK);
+    if (pred)
+        ck_assert_int_eq(ifd_session_add_prediction_sink(s, pred), IFD_OK);
+    for (int i = 0; i < nhooks; i++)
+        ck_assert_int_eq(ifd_session_add_hook(s, &hooks[i]), IFD_OK);
+    return s;
+}
+
 /* tu_run, tu_run_predict and tu_run_hooks in one. */
 static void run_full(const ifd_config *cfg, tu_batch **batches, int64_t n,
                      const ifd_prediction_sink *pred, const ifd_hook *hooks, int nhooks,
@@ -193,15 +209,8 @@ static void run_full(const ifd_config *cfg, tu_batch **batches, int64_t n,
     ifd_batch_queue *q;
     ck_assert_int_eq(ifd_batch_queue_create(&q, 4), IFD_OK);
     ifd_sink *sink;
-    ck_assert_int_eq(ifd_sink_memory_create(&sink), IFD_OK);
-    ifd_session *s;
-    int rc = ifd_session_create(&s, cfg, ifd_batch_queue_source(q), &res->err);
-    ck_assert_msg(rc == IFD_OK, "session_create: %s", ifd_error_text(&res->err));
-    ck_assert_int_eq(ifd_session_add_sink(s, sink), IFD_OK);
-    if (pred)
-        ck_assert_int_eq(ifd_session_add_prediction_sink(s, pred), IFD_OK);
-    for (int i = 0; i < nhooks; i++)
-        ck_assert_int_eq(ifd_session_add_hook(s, &hooks[i]), IFD_OK);
+    ifd_session *s =
+        tu_session_create(cfg, ifd_batch_queue_source(q), pred, hooks, nhooks, &sink, res);
     tu_producer *p = tu_producer_start(q, copies, n, 0);
     res->rc = ifd_session_run(s, &res->err);
     ifd_batch_queue_close(q);

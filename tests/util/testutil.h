@@ -56,6 +56,11 @@ typedef struct tu_result {
 } tu_result;
 
 void tu_run(const ifd_config *cfg, tu_batch **batches, int64_t n, tu_result *res);
+/* A session over src (cfg must be valid) with a new memory sink (*sink, for tu_result_collect),
+ * the prediction sink pred (may be NULL) and hooks[0..nhooks) added. */
+ifd_session *tu_session_create(const ifd_config *cfg, ifd_batch_source src,
+                               const ifd_prediction_sink *pred, const ifd_hook *hooks, int nhooks,
+                               ifd_sink **sink, tu_result *res);
 /* After ifd_session_run (res->rc and res->err filled): the rest of res from s (replicas
  * replicas) and the memory sink; destroys s and sink. */
 void tu_result_collect(tu_result *res, ifd_session *s, int replicas, ifd_sink *sink);
@@ -100,10 +105,13 @@ void seed_rng(ifd_rng *rng);
         }                                                                                          \
     } while (0)
 
-/* Random integer in [lo, hi]. */
+/* Random integer in [lo, hi] (any lo <= hi, INT64_MIN and INT64_MAX included: the span is
+ * computed in unsigned arithmetic). */
 static inline int64_t rand_between(ifd_rng *rng, int64_t lo, int64_t hi)
 {
-    return lo + (int64_t)ifd_rng_below(rng, (uint64_t)(hi - lo + 1));
+    uint64_t span = (uint64_t)hi - (uint64_t)lo;
+    uint64_t r = span == UINT64_MAX ? ifd_rng_next(rng) : ifd_rng_below(rng, span + 1);
+    return (int64_t)((uint64_t)lo + r);
 }
 
 #define MS (INT64_C(1000000))
