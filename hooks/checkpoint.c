@@ -79,6 +79,13 @@ static int ck_end(void *arg, ifd_run_context *ctx, ifd_error *err)
     }
     if (gs == h->saved_step || gs == h->start_step)
         return IFD_OK;
+    if (ifd_run_context_dropped(ctx) > 0) {
+        /* the source counted those batches as handed out: positions now would skip them */
+        IFD_LOG_WARN("checkpoint: none at the end: the input ended inside a step, whose %lld "
+                     "batches were not trained on (the last checkpoint is at step %lld)",
+                     (long long)ifd_run_context_dropped(ctx), (long long)h->saved_step);
+        return IFD_OK;
+    }
     return save(h, ctx, err);
 }
 

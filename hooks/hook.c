@@ -42,3 +42,8 @@ int ifd_run_context_failed(const ifd_run_context *ctx)
 {
     return ctx->failed;
 }
+
+int64_t ifd_run_context_dropped(const ifd_run_context *ctx)
+{
+    return ctx->dropped;
+}

@@ -13,6 +13,7 @@ struct ifd_run_context {
     int stop_requested;
     char stop_reason[200];
     int failed; /* set before end: the run ends with an error or an abort */
+    int64_t dropped; /* set before end: batches the infeed took and released unconsumed */
     /* The session's state as a new checkpoint (ifd_run_context_checkpoint). */
     int (*snapshot)(void *arg, ifd_checkpoint **out, ifd_error *err);
     void *snapshot_arg;

@@ -20,6 +20,7 @@ struct ifd_infeed {
     ifd_batch **step;      /* the step's batches */
     ifd_shard *shards;     /* the step's shards, one per replica */
     int64_t batches;       /* atomic: taken from the source and fed */
+    int64_t dropped;       /* atomic: taken from the source and released unconsumed */
     int waiting_replica;   /* atomic: see ifd_infeed_waiting */
     int64_t waiting_since; /* atomic: when the wait for the source began, 0: not waiting */
     /* the initial sleep: ifd_infeed_stop sets stopping and wakes it */
@@ -202,6 +203,8 @@ static int feed_step(ifd_infeed *f, ifd_error *err)
     if (rc == IFD_OK)
         rc = enqueue_shards(f, err);
     if (rc == IFD_EEOF && real > 0)
+        __atomic_add_fetch(&f->dropped, real, __ATOMIC_RELAXED);
+    if (rc == IFD_EEOF && real > 0)
         IFD_LOG_INFO("infeed: the input ended with %d of a step's %d batches; they are released "
                      "unconsumed",
                      real, f->per_step);
@@ -317,6 +320,11 @@ void ifd_infeed_stop(ifd_infeed *f)
         ifd_opq_join(f->opq);
         ifd_rendezvous_record_done(f->cfg.rv, SOURCE);
     }
+}
+
+int64_t ifd_infeed_dropped(ifd_infeed *f)
+{
+    return f ? __atomic_load_n(&f->dropped, __ATOMIC_RELAXED) : 0;
 }
 
 int ifd_infeed_waiting(ifd_infeed *f, int *replica, int64_t *since_ns)

@@ -27,6 +27,9 @@ typedef struct ifd_infeed_config {
 int ifd_infeed_start(ifd_infeed **out, const ifd_infeed_config *cfg);
 /* Session thread: the next loop runs n steps. */
 int ifd_infeed_signal(ifd_infeed *f, int64_t n);
+/* Any thread: batches taken from the source and released unconsumed, because the input ended in
+ * the middle of a step that takes several (per-host-v2, per-core). */
+int64_t ifd_infeed_dropped(ifd_infeed *f);
 /* Any thread: ifd_session_infeed_waiting. */
 int ifd_infeed_waiting(ifd_infeed *f, int *replica, int64_t *since_ns);
 /* STOP and join (a thread still in its initial sleep wakes at once and ends). */

@@ -433,6 +433,7 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
     ifd_outfeed_stop(s->outfeed);
     s->ctx.global_step = ifd_device_global_step(s->dev);
     s->ctx.failed = ifd_rendezvous_cause(s->rv, NULL) != IFD_OK || ifd_rendezvous_stopping(s->rv);
+    s->ctx.dropped = ifd_infeed_dropped(s->infeed);
     call_hooks(s, CB_END);
     if (s->outfeed) {
         ifd_error e;

@@ -97,6 +97,10 @@ int ifd_checkpoint_check(const ifd_checkpoint *c, const ifd_config *cfg, ifd_err
 int ifd_run_context_checkpoint(ifd_run_context *ctx, ifd_checkpoint **out, ifd_error *err);
 /* In end: whether the run is ending with an error (its state may then be half a step). */
 int ifd_run_context_failed(const ifd_run_context *ctx);
+/* In end: batches the infeed took from the source and released without a step (the input ended
+ * inside a step that takes several: per-host-v2, per-core). The source counts them as handed out,
+ * so positions read now would skip them. */
+int64_t ifd_run_context_dropped(const ifd_run_context *ctx);
 
 typedef struct ifd_checkpoint_options {
     const char *dir; /* created when missing (its parent must exist) */

@@ -698,6 +698,47 @@ START_TEST(end_checkpoint_when_the_input_ends)
 }
 END_TEST
 
+/* per-host-v2: input that ends inside a step (its batches released untrained, but counted as
+ * handed out by the source) writes no end checkpoint; input that ends between steps does. */
+START_TEST(no_end_checkpoint_after_a_dropped_step)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int R = (int)rand_between(&rng, 2, 4);
+    int64_t have = rand_between(&rng, 1, 12), per = rand_between(&rng, 1, 4);
+    ifd_config cfg;
+    tu_config_train(&cfg, "linear", IFD_OPT_SGD, 3, 2, per * R, rand_between(&rng, 1, 5), 1);
+    cfg.replicas = R;
+    cfg.input_mode = IFD_INPUT_PER_HOST_V2;
+    cfg.num_steps = 100;
+    ifd_program p;
+    ifd_error err;
+    ck_assert_int_eq(ifd_program_init(&p, cfg.program, &cfg.settings, &err), IFD_OK);
+    tu_batch **bs = calloc((size_t)have, sizeof *bs);
+    for (int64_t i = 0; i < have; i++)
+        bs[i] = tu_batch_random(&p, per, i, &rng);
+    char *dir = tmp_dir();
+    ifd_checkpoint_options o = {.dir = dir, .every = 0, .keep = 5};
+    ifd_hook h;
+    ck_assert_int_eq(ifd_hook_checkpoint(&h, &o, &err), IFD_OK);
+    tu_result res;
+    tu_run_hooks(&cfg, bs, have, &h, 1, &res);
+    ck_assert_int_eq(res.rc, IFD_OK);
+    int64_t got[8], steps = have / R;
+    int n = steps_in(dir, got, 8);
+    int want = steps > 0 && have % R == 0;
+    RASSERT(n == want, "R=%d, %lld batches: %d end checkpoints, expected %d", R, (long long)have, n,
+            want);
+    if (n)
+        ck_assert_int_eq(got[0], steps);
+    RASSERT(res.global_step == steps, "global step %lld, expected %lld", (long long)res.global_step,
+            (long long)steps);
+    tu_result_free(&res);
+    tu_batches_free(bs, have);
+    rm_dir(dir);
+}
+END_TEST
+
 /* A run that fails writes no checkpoint at its end (its state may be half a step). */
 static int fail_at;
 static int64_t calls; /* atomic */
@@ -755,6 +796,7 @@ int main(void)
     tcase_add_loop_test(tc, resume_equals_uninterrupted, IFD_OPT_SGD, IFD_OPT_ADAM + 1);
     tcase_add_test(tc, session_refuses_a_misfit);
     tcase_add_test(tc, end_checkpoint_when_the_input_ends);
+    tcase_add_loop_test(tc, no_end_checkpoint_after_a_dropped_step, 0, 8);
     tcase_add_test(tc, no_checkpoint_after_an_error);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
