@@ -57,7 +57,9 @@ int ifd_error_prefix(ifd_error *err, const char *fmt, ...)
     va_end(ap);
     char old[IFD_ERROR_MSG_MAX];
     memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old[0] ? old : ifd_strerror(err->code));
+    int n = snprintf(err->msg, sizeof err->msg, "%s: %s", prefix,
+                     old[0] ? old : ifd_strerror(err->code));
+    (void)n; /* a sentence longer than the buffer is cut there */
     return err->code;
 }
 

@@ -28,7 +28,8 @@
 
 /* ---- the object ------------------------------------------------------------------------------ */
 
-static int ckpt_alloc(ifd_checkpoint **out, int64_t nparam_floats, int nslots, ifd_error *err)
+/* A zeroed checkpoint with room for the floats, or NULL with err filled (IFD_ENOMEM). */
+static ifd_checkpoint *ckpt_alloc(int64_t nparam_floats, int nslots, ifd_error *err)
 {
     ifd_checkpoint *c = calloc(1, sizeof *c);
     size_t floats = (size_t)nparam_floats * (size_t)(1 + nslots);
@@ -36,14 +37,14 @@ static int ckpt_alloc(ifd_checkpoint **out, int64_t nparam_floats, int nslots, i
         c->params = calloc(floats + 1, sizeof(float));
     if (c == NULL || c->params == NULL) {
         free(c);
-        return ifd_error_set(err, IFD_ENOMEM, "checkpoint: %lld parameter floats and %d slots",
-                             (long long)nparam_floats, nslots);
+        ifd_error_set(err, IFD_ENOMEM, "checkpoint: %lld parameter floats and %d slots",
+                      (long long)nparam_floats, nslots);
+        return NULL;
     }
     c->nparam_floats = nparam_floats;
     c->nslots = nslots;
     c->slots = c->params + nparam_floats;
-    *out = c;
-    return IFD_OK;
+    return c;
 }
 
 int ifd_checkpoint_create(ifd_checkpoint **out, const ifd_config *cfg, int64_t global_step,
@@ -59,11 +60,10 @@ int ifd_checkpoint_create(ifd_checkpoint **out, const ifd_config *cfg, int64_t g
                              "checkpoint: global_step and opt_step: expected >= 0, got %lld and "
                              "%lld",
                              (long long)global_step, (long long)opt_step);
-    ifd_checkpoint *c;
     int nslots = ifd_optimizer_slots(cfg->optimizer.kind);
-    rc = ckpt_alloc(&c, p.nparam_floats, nslots, err);
-    if (rc)
-        return rc;
+    ifd_checkpoint *c = ckpt_alloc(p.nparam_floats, nslots, err);
+    if (c == NULL)
+        return IFD_ENOMEM;
     snprintf(c->program, sizeof c->program, "%s", p.cls->name);
     c->settings = cfg->settings;
     c->nparams = p.nparams;
@@ -777,7 +777,7 @@ int ifd_checkpoint_load(const char *path, ifd_checkpoint **out, ifd_error *err)
                                je.line, h ? "expected a JSON object" : je.text);
         goto out;
     }
-    int64_t np, nslots = 0;
+    int64_t np = 0, nslots = 0;
     json_t *kind = json_object_get(json_object_get(h, "optimizer"), "kind");
     ifd_optimizer_kind k;
     if (json_is_string(kind) && ifd_optimizer_parse(json_string_value(kind), &k) == IFD_OK)
@@ -801,9 +801,11 @@ int ifd_checkpoint_load(const char *path, ifd_checkpoint **out, ifd_error *err)
                            path, stored, crc);
         goto out;
     }
-    rc = ckpt_alloc(&c, np, (int)nslots, err);
-    if (rc)
+    c = ckpt_alloc(np, (int)nslots, err);
+    if (c == NULL) {
+        rc = IFD_ENOMEM;
         goto out;
+    }
     rc = parse_header(c, h, path, err);
     if (rc)
         goto out;

@@ -50,7 +50,7 @@ START_TEST(concat_in_replica_order)
     recs[r - 1].out.loss = NAN;
     ifd_outfeed_concat(recs, r, buf, t);
     ck_assert_int_eq(ifd_metrics_host_call(&m, t, &err), IFD_ENUMERIC);
-    char want[32];
+    char want[64];
     snprintf(want, sizeof want, "replica %d's loss is nan", r - 1);
     ck_assert_msg(strstr(err.msg, want), "%s", err.msg);
 }
