@@ -22,7 +22,7 @@
 #define OUTBOX_MAX 4096                /* summaries waiting for the PUB socket */
 #define STOP_GRACE_NS 1000000000LL     /* a stop waits this long for input before closing it */
 #define RID_MAX 256
-#define STARVE_WARN_NS 5000000000LL /* the watchdog warns after the infeed waited this long */
+#define STARVE_WARN_NS 5000000000LL /* a starving infeed is logged after waiting this long */
 
 typedef struct host_batch host_batch;
 
@@ -125,7 +125,7 @@ struct ifd_ingest {
     double steps_per_sec, examples_per_sec;
     int64_t rate_t0, rate_step0;
 
-    int64_t starve_warned_ns; /* the watchdog's last warning about the current wait */
+    int64_t starve_warned_ns; /* the last starvation warning about the current wait */
 
     /* the source FIFOs: one, or one per replica in per-core mode (batches accepted during one
      * receive burst are pushed together, with one wake-up) */
@@ -1293,8 +1293,9 @@ static void send_acks(ifd_ingest *g)
     }
 }
 
-/* The watchdog: a warning when the infeed thread has waited for input for STARVE_WARN_NS, and
- * again every STARVE_WARN_NS while it still waits, naming the replica it waits for. */
+/* Starvation warnings (a log line, not the --watchdog, which ends the run): when the infeed
+ * thread has waited for input for STARVE_WARN_NS, and again every STARVE_WARN_NS while it still
+ * waits, naming the replica it waits for. */
 static void watch_infeed(ifd_ingest *g)
 {
     int replica = -1;
