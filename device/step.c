@@ -12,6 +12,15 @@ int ifd_optimizer_slots(ifd_optimizer_kind kind)
     }
 }
 
+int ifd_step_inputs(const ifd_program *p, ifd_mode mode, int idx[IFD_MAX_INPUTS])
+{
+    int n = 0;
+    for (int i = 0; i < p->ninputs; i++)
+        if (mode != IFD_MODE_PREDICT || !(p->labels & (1u << i)))
+            idx[n++] = i;
+    return n;
+}
+
 /* A program's step returned rc: codes reserved for the runtime's own stop become IFD_EINTERNAL. */
 static int program_rc(const ifd_program *p, int rc, ifd_error *err)
 {

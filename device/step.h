@@ -54,6 +54,10 @@ int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops 
                    const ifd_replica_state *st, const ifd_optimizer *opt, float scale,
                    const ifd_tensor *inputs, int64_t rows, ifd_step_out *out, ifd_error *err);
 
+/* The program inputs a batch carries in mode: all of them, or in predict mode those that are not
+ * labels. Writes their indices into p->inputs to idx, in spec order; returns how many. */
+int ifd_step_inputs(const ifd_program *p, ifd_mode mode, int idx[IFD_MAX_INPUTS]);
+
 /* One eval step of one replica: the program's loss and metrics (no gradients, no all-reduce, no
  * update; the global step stays); out->loss is the shard's mean loss (scale 1). */
 int ifd_step_eval(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops *sops, void *sctx,

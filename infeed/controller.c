@@ -31,11 +31,7 @@ struct ifd_infeed {
 
 int ifd_infeed_mode_inputs(const ifd_program *p, ifd_mode mode, int idx[IFD_MAX_INPUTS])
 {
-    int n = 0;
-    for (int i = 0; i < p->ninputs; i++)
-        if (mode != IFD_MODE_PREDICT || !(p->labels & (1u << i)))
-            idx[n++] = i;
-    return n;
+    return ifd_step_inputs(p, mode, idx);
 }
 
 /* The seed's initial_infeed_sleep_secs. Returns 0 when the infeed is stopped during it. */

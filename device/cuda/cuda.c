@@ -46,6 +46,11 @@ typedef struct cu_inslot {
     int used;             /* consumed has been recorded */
     int64_t rows;
     cudaGraphExec_t graph; /* the step captured with this slot's pointers, or NULL */
+    /* predict mode */
+    float *dpred;     /* the step's predictions, [max_shard_rows, predict_cols] on the device */
+    ifd_batch *batch; /* the shard's batch, referenced until its record reaches the outfeed */
+    int64_t row0;
+    int stop; /* the stopping signal: the loop ends here, no step reads the slot */
 } cu_inslot;
 
 /* One outfeed slot. The step's record is copied into host; the events time the step. */
@@ -59,6 +64,11 @@ typedef struct cu_outslot {
     int64_t loop_ns;     /* host clock when its loop began */
     int64_t begin_ns;    /* host clock when begin was recorded */
     int64_t out_wait_ns; /* host time blocked for this free slot */
+    /* predict mode: the predictions copied back (pinned), and the batch they belong to, handed
+     * to the outfeed thread with its reference */
+    float *hpred;
+    ifd_batch *batch;
+    int64_t row0, rows;
 } cu_outslot;
 
 typedef struct cu_replica {
@@ -106,10 +116,11 @@ struct cu_dev {
     int replicas;
     cu_replica *reps;
     ifd_step_ops sops;
-    int graphs;         /* IFD_CUDA_GRAPHS */
-    int64_t graph_rows; /* shards of this many rows run as graphs */
-    size_t in_bytes;    /* staging bytes per slot */
-    int64_t eof_step;   /* atomic: the lowest step at which a replica's input ended */
+    int graphs;          /* IFD_CUDA_GRAPHS */
+    int64_t graph_rows;  /* shards of this many rows run as graphs */
+    size_t in_bytes;     /* staging bytes per slot */
+    int64_t pred_floats; /* predict: floats of one step's predictions at most; else 0 */
+    int64_t eof_step;    /* atomic: the lowest step at which a replica's input ended */
 };
 
 _Static_assert(offsetof(cu_dev, set) == 0, "ifd_replicas comes first");
@@ -349,29 +360,34 @@ static size_t row_bytes(const ifd_input_spec *in)
     return n;
 }
 
-/* A shard of rows rows in a slot: input i at offs[i], packed, each aligned to CU_ALIGN, so that
- * one copy moves the whole shard. Returns the bytes used. */
-static size_t shard_layout(const ifd_program *p, int64_t rows, size_t *offs)
+/* A shard of rows rows in a slot: the j-th input the mode takes (ifd_step_inputs: predict mode
+ * takes no labels) at offs[j], packed, each aligned to CU_ALIGN, so that one copy moves the whole
+ * shard. Writes the inputs' indices to idx and their count to *n; returns the bytes used. */
+static size_t shard_layout(const ifd_device_config *cfg, int64_t rows, size_t *offs, int *idx,
+                           int *n)
 {
+    const ifd_program *p = cfg->program;
     size_t off = 0;
-    for (int i = 0; i < p->ninputs; i++) {
-        offs[i] = off;
-        off += (size_t)rows * row_bytes(&p->inputs[i]);
+    *n = ifd_step_inputs(p, cfg->mode, idx);
+    for (int j = 0; j < *n; j++) {
+        offs[j] = off;
+        off += (size_t)rows * row_bytes(&p->inputs[idx[j]]);
         off = (off + CU_ALIGN - 1) / CU_ALIGN * CU_ALIGN;
     }
     return off;
 }
 
-static void shard_views(const ifd_program *p, const cu_inslot *s, ifd_tensor *views)
+static void shard_views(const ifd_device_config *cfg, const cu_inslot *s, ifd_tensor *views)
 {
     size_t offs[IFD_MAX_INPUTS];
-    shard_layout(p, s->rows, offs);
-    for (int i = 0; i < p->ninputs; i++) {
-        const ifd_input_spec *in = &p->inputs[i];
+    int idx[IFD_MAX_INPUTS], n;
+    shard_layout(cfg, s->rows, offs, idx, &n);
+    for (int j = 0; j < n; j++) {
+        const ifd_input_spec *in = &cfg->program->inputs[idx[j]];
         int64_t dims[IFD_MAX_RANK] = {s->rows};
         for (int d = 0; d < in->rank; d++)
             dims[d + 1] = in->dims[d];
-        ifd_tensor_init(&views[i], in->dtype, in->rank + 1, dims, s->dev + offs[i]);
+        ifd_tensor_init(&views[j], in->dtype, in->rank + 1, dims, s->dev + offs[j]);
     }
 }
 
@@ -382,14 +398,23 @@ static int enqueue_step(cu_replica *rep, cu_inslot *s)
 {
     const ifd_device_config *cfg = &rep->cd->dev->cfg;
     ifd_tensor views[IFD_MAX_INPUTS];
-    shard_views(cfg->program, s, views);
+    shard_views(cfg, s, views);
     rep->op_rc = IFD_OK;
-    int rc = cfg->mode == IFD_MODE_EVAL
-                 ? ifd_step_eval(cfg->program, &rep->ops, &rep->cd->sops, rep, &rep->st, views,
-                                 s->rows, s->dout, &rep->base.err)
-                 : ifd_step_train(cfg->program, &rep->ops, &rep->cd->sops, rep, &rep->st,
-                                  &cfg->optimizer, cfg->loss_scale, views, s->rows, s->dout,
-                                  &rep->base.err);
+    int rc;
+    switch (cfg->mode) {
+    case IFD_MODE_EVAL:
+        rc = ifd_step_eval(cfg->program, &rep->ops, &rep->cd->sops, rep, &rep->st, views, s->rows,
+                           s->dout, &rep->base.err);
+        break;
+    case IFD_MODE_PREDICT: /* into the slot's own buffer, so that a captured graph can reuse it */
+        rc = ifd_step_predict(cfg->program, &rep->ops, &rep->cd->sops, rep, &rep->st, views,
+                              s->rows, s->dpred, s->dout, &rep->base.err);
+        break;
+    default:
+        rc = ifd_step_train(cfg->program, &rep->ops, &rep->cd->sops, rep, &rep->st, &cfg->optimizer,
+                            cfg->loss_scale, views, s->rows, s->dout, &rep->base.err);
+        break;
+    }
     if (rep->op_rc) {
         rep->base.err = rep->op_err;
         return rep->op_rc;
@@ -449,6 +474,7 @@ fail:
  * rep->base.err. */
 static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
 {
+    const ifd_device_config *cfg = &rep->cd->dev->cfg;
     int idx;
     cu_outslot *o;
     int rc = ifd_queue_pop(rep->in_full, &idx);
@@ -456,6 +482,11 @@ static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
         return IFD_EEOF;
     if (rc)
         return rc;
+    if (rep->in[idx].stop) { /* predict's stopping signal: the loop ends here */
+        rep->in[idx].stop = 0;
+        ifd_queue_push(rep->in_free, &idx);
+        return IFD_EEOF;
+    }
     int64_t t0 = ifd_clock_ns();
     rc = ifd_queue_pop(rep->out_free, &o);
     if (rc)
@@ -477,8 +508,21 @@ static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
         rep->gpu,
         cudaMemcpyAsync(o->host, s->dout, sizeof *o->host, cudaMemcpyDeviceToHost, rep->cs), rc,
         &rep->base.err, fail);
+    if (s->batch) { /* predict: the predictions come back with the record, and the batch too */
+        size_t bytes = sizeof(float) * (size_t)(s->rows * cfg->program->predict_cols);
+        if (bytes)
+            CUDA_TRY_GOTO(
+                rep->gpu,
+                cudaMemcpyAsync(o->hpred, s->dpred, bytes, cudaMemcpyDeviceToHost, rep->cs), rc,
+                &rep->base.err, fail);
+        o->batch = s->batch;
+        o->row0 = s->row0;
+        o->rows = s->rows;
+        s->batch = NULL;
+    }
     CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(o->done, rep->cs), rc, &rep->base.err, fail);
-    rep->step++;
+    if (cfg->mode == IFD_MODE_TRAIN) /* eval and predict leave the global step */
+        rep->step++;
     o->step = rep->step;
     /* Neither push blocks: each queue holds every slot of its ring. */
     ifd_queue_push(rep->in_free, &idx);
@@ -610,6 +654,10 @@ static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *ini
         CUDA_TRY_GOTO(gpu, cudaHostAlloc((void **)&s->host, cd->in_bytes, cudaHostAllocPortable),
                       rc, err, out);
         CUDA_TRY_GOTO(gpu, cudaMalloc((void **)&s->dev, cd->in_bytes), rc, err, out);
+        if (cd->pred_floats)
+            CUDA_TRY_GOTO(gpu,
+                          cudaMalloc((void **)&s->dpred, (size_t)cd->pred_floats * sizeof(float)),
+                          rc, err, out);
         CUDA_TRY_GOTO(gpu, cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming), rc, err,
                       out);
         CUDA_TRY_GOTO(gpu, cudaEventCreateWithFlags(&s->consumed, cudaEventDisableTiming), rc, err,
@@ -622,6 +670,11 @@ static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *ini
     for (int i = 0; i < rep->nout; i++) {
         cu_outslot *o = &rep->out[i];
         o->host = &rep->out_host[i];
+        if (cd->pred_floats)
+            CUDA_TRY_GOTO(gpu,
+                          cudaHostAlloc((void **)&o->hpred, (size_t)cd->pred_floats * sizeof(float),
+                                        cudaHostAllocPortable),
+                          rc, err, out);
         CUDA_TRY_GOTO(gpu, cudaEventCreate(&o->begin), rc, err, out);
         CUDA_TRY_GOTO(gpu, cudaEventCreate(&o->start), rc, err, out);
         CUDA_TRY_GOTO(gpu, cudaEventCreate(&o->done), rc, err, out);
@@ -724,6 +777,10 @@ static void replica_free(cu_replica *rep)
             cudaEventDestroy(s->consumed);
         cudaFreeHost(s->host);
         cudaFree(s->dev);
+        cudaFree(s->dpred);
+        if (s->batch) /* predict: a shard no step took */
+            ifd_batch_unref(s->batch);
+        s->batch = NULL;
     }
     for (int i = 0; i < rep->nout; i++) {
         cu_outslot *o = &rep->out[i];
@@ -733,6 +790,10 @@ static void replica_free(cu_replica *rep)
             cudaEventDestroy(o->start);
         if (o->done)
             cudaEventDestroy(o->done);
+        cudaFreeHost(o->hpred);
+        if (o->batch) /* predict: a record the outfeed thread never took */
+            ifd_batch_unref(o->batch);
+        o->batch = NULL;
     }
     if (rep->loop_end)
         cudaEventDestroy(rep->loop_end);
@@ -850,10 +911,6 @@ static int cu_open(ifd_device *dev, ifd_error *err)
     cd->dev = dev;
     cd->replicas = cfg->replicas;
     cd->eof_step = INT64_MAX;
-    if (cfg->mode == IFD_MODE_PREDICT)
-        return ifd_error_set(err, IFD_ENOTSUP,
-                             "cuda backend: mode: predict is not implemented on cuda yet (train "
-                             "and eval are); use --backend cpu for predict");
     int rc = graphs_setting(&cd->graphs, err);
     if (rc)
         return rc;
@@ -877,7 +934,9 @@ static int cu_open(ifd_device *dev, ifd_error *err)
                              cvd ? cvd : "(unset)");
     }
     size_t offs[IFD_MAX_INPUTS];
-    cd->in_bytes = shard_layout(p, cfg->max_shard_rows, offs);
+    int idx[IFD_MAX_INPUTS], nin;
+    cd->in_bytes = shard_layout(cfg, cfg->max_shard_rows, offs, idx, &nin);
+    cd->pred_floats = cfg->mode == IFD_MODE_PREDICT ? cfg->max_shard_rows * p->predict_cols : 0;
     if (cd->in_bytes == 0)
         cd->in_bytes = CU_ALIGN;
     cd->graph_rows = cfg->max_shard_rows % cfg->replicas == 0 ? cfg->max_shard_rows / cfg->replicas
@@ -969,18 +1028,30 @@ static int cu_infeed_enqueue(ifd_device *dev, int replica, const ifd_shard *shar
         if (rc)
             goto fail;
     }
+    if (shard->batch->flags & IFD_BATCH_STOP) { /* predict's stopping signal: no data */
+        s->stop = 1;
+        s->rows = 0;
+        rc = ifd_queue_push(rep->in_full, &idx);
+        return rc ? IFD_ESTOPPED : IFD_OK;
+    }
     size_t offs[IFD_MAX_INPUTS];
-    size_t bytes = shard_layout(p, shard->rows, offs);
+    int in_idx[IFD_MAX_INPUTS], nin;
+    size_t bytes = shard_layout(&dev->cfg, shard->rows, offs, in_idx, &nin);
     ifd_batch_ref(shard->batch, 1);
-    for (int i = 0; i < p->ninputs; i++) {
-        const ifd_tensor *t = &shard->batch->tensors[i];
-        size_t rb = row_bytes(&p->inputs[i]);
+    for (int j = 0; j < nin; j++) {
+        const ifd_tensor *t = &shard->batch->tensors[j];
+        size_t rb = row_bytes(&p->inputs[in_idx[j]]);
         if (shard->rows > 0)
-            memcpy(s->host + offs[i], (const unsigned char *)t->data + (size_t)shard->row0 * rb,
+            memcpy(s->host + offs[j], (const unsigned char *)t->data + (size_t)shard->row0 * rb,
                    (size_t)shard->rows * rb);
     }
-    ifd_batch_unref(shard->batch); /* the device reads the staging copy, never the batch */
     s->rows = shard->rows;
+    if (dev->cfg.mode == IFD_MODE_PREDICT) { /* kept until the outfeed routed the predictions */
+        s->batch = shard->batch;
+        s->row0 = shard->row0;
+    } else {
+        ifd_batch_unref(shard->batch); /* the device reads the staging copy, never the batch */
+    }
     if (bytes > 0)
         CUDA_TRY_GOTO(rep->gpu,
                       cudaMemcpyAsync(s->dev, s->host, bytes, cudaMemcpyHostToDevice, rep->xs), rc,
@@ -1074,6 +1145,11 @@ static int cu_outfeed_dequeue(ifd_device *dev, int replica, ifd_outfeed_rec *rec
         goto fail;
     rec->step = o->step;
     rec->out = *o->host;
+    rec->batch = o->batch; /* predict: the reference goes to the outfeed thread */
+    rec->row0 = o->row0;
+    rec->rows = o->rows;
+    rec->pred = o->batch ? o->hpred : NULL; /* valid while o is held: until the next dequeue */
+    o->batch = NULL;
     time_step(rep, o, rec);
     rep->last_end_ns = rec->end_ns;
     if (rep->held)

@@ -1,6 +1,7 @@
 /* The cuda backend against the cpu backend: the same programs, optimizers, replica counts, loop
  * lengths, seeds and data through the public session API must end with the same parameters and
- * report the same losses and accuracies, with CUDA Graphs on and off. Exits 77 (CTest: skipped)
+ * report the same losses and accuracies, with CUDA Graphs on and off; eval summaries and
+ * predictions must agree too. Exits 77 (CTest: skipped)
  * where no GPU is usable. */
 #include "tests/gpu/gpu_probe.h"
 #include "tests/util/testutil.h"
@@ -165,6 +166,128 @@ START_TEST(input_ends_mid_loop)
 }
 END_TEST
 
+/* Eval: the same checkpoint-free parameters (from the seed) and data give the same eval summary
+ * on cuda and on cpu, and no update, for every replica count and graph setting. */
+START_TEST(eval_matches_cpu)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int max_r = g_gpus < 4 ? g_gpus : 4;
+    for (int r = 1; r <= max_r; r++) {
+        ifd_config cfg;
+        tu_config_train(&cfg, programs[_i % 2], IFD_OPT_SGD, rand_between(&rng, 1, 30),
+                        rand_between(&rng, 2, 10), 12 * rand_between(&rng, 1, 4), 1, 5);
+        cfg.replicas = r;
+        cfg.mode = IFD_MODE_EVAL;
+        cfg.num_steps = rand_between(&rng, 1, 20);
+        cfg.last_step = 0;
+        char what[96];
+        snprintf(what, sizeof what, "eval %s R=%d graphs=%d", cfg.program, r, _i / 2);
+        tu_result gpu;
+        run_both(&cfg, cfg.num_steps, g_seed + (uint64_t)r, _i / 2, what, &gpu);
+        ck_assert_int_eq(gpu.global_step, 0);
+        tu_result_free(&gpu);
+    }
+}
+END_TEST
+
+/* Predict: every batch's predictions, in order, with the partial last batch's padding cut. */
+typedef struct preds {
+    int64_t n, rows[64], seq[64];
+    float *v[64];
+    int32_t *cls[64];
+    int64_t cols;
+} preds;
+
+static int keep_preds(void *ctx, const ifd_batch *b, const ifd_predictions *p, ifd_error *err)
+{
+    (void)err;
+    preds *c = ctx;
+    ck_assert_int_lt(c->n, 64);
+    int64_t i = c->n++;
+    c->seq[i] = b->seq;
+    c->rows[i] = p->rows;
+    c->cols = p->tensors[0].shape.dims[1];
+    size_t nv = (size_t)(p->rows * c->cols);
+    c->v[i] = malloc(sizeof(float) * nv);
+    memcpy(c->v[i], p->tensors[0].data, sizeof(float) * nv);
+    c->cls[i] = NULL;
+    if (p->ntensors == 2) {
+        c->cls[i] = malloc(sizeof(int32_t) * (size_t)p->rows);
+        memcpy(c->cls[i], p->tensors[1].data, sizeof(int32_t) * (size_t)p->rows);
+    }
+    return IFD_OK;
+}
+
+static void free_preds(preds *c)
+{
+    for (int64_t i = 0; i < c->n; i++) {
+        free(c->v[i]);
+        free(c->cls[i]);
+    }
+}
+
+START_TEST(predict_matches_cpu)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int max_r = g_gpus < 4 ? g_gpus : 4;
+    for (int r = 1; r <= max_r; r++) {
+        ifd_config cfg;
+        int64_t batch = 12 * rand_between(&rng, 1, 4);
+        tu_config_train(&cfg, programs[_i % 2], IFD_OPT_SGD, rand_between(&rng, 1, 30),
+                        rand_between(&rng, 2, 10), batch, rand_between(&rng, 1, 9), 5);
+        cfg.replicas = r;
+        cfg.mode = IFD_MODE_PREDICT;
+        cfg.num_steps = cfg.last_step = 0;
+        ifd_program p;
+        ifd_error err;
+        ck_assert_int_eq(ifd_program_init(&p, cfg.program, &cfg.settings, &err), IFD_OK);
+        int64_t total = rand_between(&rng, 1, 20 * batch), nb = (total + batch - 1) / batch;
+        tu_batch **bs = calloc((size_t)nb, sizeof *bs);
+        for (int64_t i = 0; i < nb; i++) {
+            bs[i] = tu_batch_random(&p, i == nb - 1 ? total - (nb - 1) * batch : batch, i, &rng);
+            bs[i]->b.ntensors = 1; /* x only */
+            free(bs[i]->data[1]);
+            bs[i]->data[1] = NULL;
+        }
+        preds pc = {0}, pg = {0};
+        ifd_prediction_sink sc = {keep_preds, &pc}, sg = {keep_preds, &pg};
+        tu_result cpu, gpu;
+        tu_run_predict(&cfg, bs, nb, &sc, &cpu);
+        ifd_config gcfg = cfg;
+        gcfg.backend = "cuda";
+        setenv("IFD_CUDA_GRAPHS", _i / 2 ? "1" : "0", 1);
+        tu_run_predict(&gcfg, bs, nb, &sg, &gpu);
+        ck_assert_msg(gpu.rc == IFD_OK, "cuda predict: %s", ifd_error_text(&gpu.err));
+        ck_assert_int_eq(cpu.rc, IFD_OK);
+        ck_assert_int_eq(gpu.released, nb);
+        ck_assert_int_eq(pg.n, nb);
+        ck_assert_int_eq(pc.n, nb);
+        for (int64_t i = 0; i < nb; i++) {
+            ck_assert_int_eq(pg.seq[i], i);
+            ck_assert_int_eq(pg.rows[i], bs[i]->b.rows);
+            double diff = tu_max_rel_diff(pg.v[i], pc.v[i], pg.rows[i] * pc.cols, 1e-2);
+            ck_assert_msg(diff <= REL_TOL, "R=%d batch %lld: predictions differ by %g", r,
+                          (long long)i, diff);
+            for (int64_t row = 0; pg.cls[i] && row < pg.rows[i]; row++) {
+                /* a near tie may take the other argmax (different summation orders) */
+                const float *v = pc.v[i] + row * pc.cols;
+                ck_assert_msg(pg.cls[i][row] == pc.cls[i][row] ||
+                                  fabsf(v[pg.cls[i][row]] - v[pc.cls[i][row]]) < 1e-5f,
+                              "R=%d batch %lld row %lld: class %d on cuda, %d on cpu", r,
+                              (long long)i, (long long)row, pg.cls[i][row], pc.cls[i][row]);
+            }
+        }
+        free_preds(&pc);
+        free_preds(&pg);
+        tu_result_free(&cpu);
+        tu_result_free(&gpu);
+        tu_batches_free(bs, nb);
+    }
+}
+END_TEST
+
 int main(void)
 {
     char why[256];
@@ -180,6 +303,8 @@ int main(void)
     tcase_add_loop_test(tc, cuda_matches_cpu, 0, 6);
     tcase_add_loop_test(tc, one_slot_rings, 0, 2);
     tcase_add_loop_test(tc, input_ends_mid_loop, 0, 2);
+    tcase_add_loop_test(tc, eval_matches_cpu, 0, 4);
+    tcase_add_loop_test(tc, predict_matches_cpu, 0, 4);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
