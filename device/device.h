@@ -13,7 +13,9 @@
  *
  * - infeed_enqueue blocks while the replica's ring is full (back-pressure to the infeed thread),
  *   and takes a reference on shard->batch that the backend drops once the replica's step no
- *   longer reads the shard (cpu: after the step; cuda: after the host-to-device copy).
+ *   longer reads the shard (cpu: after the step; cuda: after the host-to-device copy); in
+ *   predict mode the reference goes on with the step's outfeed record instead, and the outfeed
+ *   thread drops it after routing the predictions.
  * - infeed_flush: the infeed thread will not enqueue again soon (its loop's shards are all in, or
  *   it is about to wait for the batch source): hand what is queued to the replicas now. A backend
  *   may hold shards back until then to wake its replicas in bursts.

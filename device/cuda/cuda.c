@@ -5,10 +5,13 @@
  * Per replica: a compute stream (the step, the outfeed copy) and a copy stream (host-to-device
  * shards); a ring of infeed_depth input slots, each a pinned staging buffer, a device buffer of
  * the same size, the step's outfeed record in device memory and two events ("copied" on the copy
- * stream, "consumed" on the compute stream); a ring of outfeed slots, each a pinned step record
- * and the events that time it. Slots move between two queues per ring (free and full), so no
- * step allocates and every wait on the host is a bounded queue or an event poll that abort
- * interrupts. docs/cuda.md describes the design; device/device.h the contract.
+ * stream, "consumed" on the compute stream), and in predict mode a device buffer for the step's
+ * predictions, the shard's batch (referenced) and the stopping-signal flag; a ring of outfeed
+ * slots, each a pinned step record and the events that time it (predict mode: and pinned
+ * predictions and the batch, passed on to the outfeed thread). Slots move between two queues per
+ * ring (free and full), so no step allocates and every wait on the host is a bounded queue or an
+ * event poll that abort interrupts. docs/cuda.md describes the design; device/device.h the
+ * contract.
  */
 #include "core/batch.h"
 #include "core/log.h"
@@ -515,12 +518,14 @@ static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
                 rep->gpu,
                 cudaMemcpyAsync(o->hpred, s->dpred, bytes, cudaMemcpyDeviceToHost, rep->cs), rc,
                 &rep->base.err, fail);
+    }
+    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(o->done, rep->cs), rc, &rep->base.err, fail);
+    if (s->batch) { /* only now: on a failure above the reference stays with the input slot */
         o->batch = s->batch;
         o->row0 = s->row0;
         o->rows = s->rows;
         s->batch = NULL;
     }
-    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(o->done, rep->cs), rc, &rep->base.err, fail);
     if (cfg->mode == IFD_MODE_TRAIN) /* eval and predict leave the global step */
         rep->step++;
     o->step = rep->step;
@@ -1022,17 +1027,17 @@ static int cu_infeed_enqueue(ifd_device *dev, int replica, const ifd_shard *shar
     if (rc)
         return IFD_ESTOPPED;
     cu_inslot *s = &rep->in[idx];
+    if (shard->batch->flags & IFD_BATCH_STOP) { /* predict's stopping signal: nothing to stage */
+        s->stop = 1;
+        s->rows = 0;
+        rc = ifd_queue_push(rep->in_full, &idx);
+        return rc ? IFD_ESTOPPED : IFD_OK;
+    }
     CUDA_TRY_GOTO(rep->gpu, cudaSetDevice(rep->gpu), rc, &err, fail);
     if (s->used) {
         rc = wait_event(cd, NULL, s->consumed, 0, &err);
         if (rc)
             goto fail;
-    }
-    if (shard->batch->flags & IFD_BATCH_STOP) { /* predict's stopping signal: no data */
-        s->stop = 1;
-        s->rows = 0;
-        rc = ifd_queue_push(rep->in_full, &idx);
-        return rc ? IFD_ESTOPPED : IFD_OK;
     }
     size_t offs[IFD_MAX_INPUTS];
     int in_idx[IFD_MAX_INPUTS], nin;
@@ -1161,6 +1166,10 @@ static int cu_outfeed_dequeue(ifd_device *dev, int replica, ifd_outfeed_rec *rec
     return IFD_OK;
 
 fail:
+    if (o->batch) { /* predict: the record's batch, never routed */
+        ifd_batch_unref(o->batch);
+        o->batch = NULL;
+    }
     ifd_queue_push(rep->out_free, &o);
     if (!ifd_error_is_secondary(rc))
         ifd_replicas_fail(&cd->set, "cuda outfeed", &err, rc);
