@@ -219,3 +219,11 @@ int ifd_replicas_run_loop(ifd_device *dev, int64_t n, int64_t *steps_done, ifd_e
                       (long long)n);
     return rc;
 }
+
+void ifd_replica_step_error(ifd_replica *rep, ifd_mode mode, int64_t global_step, int64_t run_step)
+{
+    if (mode == IFD_MODE_TRAIN)
+        ifd_error_prefix(&rep->err, "step %lld", (long long)(global_step + 1));
+    else
+        ifd_error_prefix(&rep->err, "%s step %lld", ifd_mode_name(mode), (long long)(run_step + 1));
+}

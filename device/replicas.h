@@ -155,6 +155,11 @@ const float *ifd_replica_initial_params(const ifd_device_config *cfg, float *scr
  * contiguous from st->slot0 (slot1 follows slot0 in the block). */
 int64_t ifd_replica_slot_floats(const ifd_device_config *cfg);
 
+/* Prefixes rep->err with the step that failed: "step G" with the global step it was to make
+ * (train: global_step + 1), or "eval step k" / "predict step k" with its number in this run
+ * (run_step + 1), since those modes leave the global step where it is. */
+void ifd_replica_step_error(ifd_replica *rep, ifd_mode mode, int64_t global_step, int64_t run_step);
+
 /* Adds to a replica's counters; only one thread per replica may call it (cpu: the replica's,
  * cuda: the outfeed thread), so a plain load and store suffices. */
 static inline void ifd_replica_stats_add(ifd_replica *rep, int64_t steps, int64_t loop_ns,

@@ -162,7 +162,7 @@ static int cpu_step(ifd_replica *base, int64_t nth)
     if (rc) {
         ifd_queue_push(rep->out_free, &slot);
         if (!ifd_error_is_secondary(rc) && rc != IFD_EEOF)
-            ifd_error_prefix(&base->err, "step %lld", (long long)(rep->step + 1));
+            ifd_replica_step_error(base, cfg->mode, rep->step, base->stats.steps);
         return rc;
     }
     int64_t now = ifd_clock_ns();

@@ -102,6 +102,7 @@ typedef struct cu_replica {
     ifd_error op_err;
     int warmed;       /* one step ran without a graph */
     int64_t step;     /* replica thread: the global step after its last enqueued step */
+    int64_t enqueued; /* replica thread: steps enqueued this run */
     int64_t start_ns; /* replica thread: when the current loop began */
     /* outfeed thread: the last record handed out stays held, so that its done event can time
      * the next step */
@@ -528,6 +529,7 @@ static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
     }
     if (cfg->mode == IFD_MODE_TRAIN) /* eval and predict leave the global step */
         rep->step++;
+    rep->enqueued++;
     o->step = rep->step;
     /* Neither push blocks: each queue holds every slot of its ring. */
     ifd_queue_push(rep->in_free, &idx);
@@ -536,7 +538,7 @@ static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
 fail:
     ifd_queue_push(rep->out_free, &o);
     if (!ifd_error_is_secondary(rc) && rc != IFD_EEOF)
-        ifd_error_prefix(&rep->base.err, "step %lld", (long long)(rep->step + 1));
+        ifd_replica_step_error(&rep->base, cfg->mode, rep->step, rep->enqueued);
     return rc;
 }
 

@@ -193,8 +193,8 @@ static void strip_labels(const ifd_program *p, tu_batch *tb)
 /* `total` rows in batches of batch rows (the last one partial), R replicas: exactly total
  * predictions, batch by batch in order, equal to the host reference, with the padding and the
  * stopping-signal batch dropped. */
-static void check_predict(const char *prog, int replicas, int64_t batch, int64_t total,
-                          int64_t ipl, ifd_rng *rng)
+static void check_predict(const char *prog, int replicas, int64_t batch, int64_t total, int64_t ipl,
+                          ifd_rng *rng)
 {
     int64_t d = rand_between(rng, 1, 10), k = rand_between(rng, 2, 9);
     ifd_config cfg;
@@ -303,10 +303,44 @@ START_TEST(predict_rejects_labels)
     tu_result res;
     tu_run(&cfg, &b, 1, &res);
     RASSERT(res.rc == IFD_ESHAPE, "rc %s: %s", ifd_errname(res.rc), ifd_error_text(&res.err));
-    RASSERT(strstr(res.err.msg, "predict") && strstr(res.err.msg, "2 tensors"), "%s",
-            res.err.msg);
+    RASSERT(strstr(res.err.msg, "predict") && strstr(res.err.msg, "2 tensors"), "%s", res.err.msg);
     tu_result_free(&res);
     tu_batch_free(b);
+}
+END_TEST
+
+/* An error in an eval step names it by its number in the run: the global step does not move. */
+static int64_t fail_at, calls; /* calls: atomic */
+static int failing_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
+                        ifd_error *err)
+{
+    if (__atomic_add_fetch(&calls, 1, __ATOMIC_ACQ_REL) == fail_at)
+        return ifd_error_set(err, IFD_ENUMERIC, "injected");
+    return tu_softmax_step(p, ops, a, err);
+}
+
+START_TEST(eval_error_names_the_step)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ck_assert_int_eq(tu_register_softmax_like("failing_eval", failing_step), IFD_OK);
+    int64_t steps = rand_between(&rng, 2, 9);
+    fail_at = rand_between(&rng, 1, steps);
+    ifd_config cfg;
+    tu_config_train(&cfg, "failing_eval", IFD_OPT_SGD, 3, 4, 6, 1 + (int64_t)_i, 3);
+    cfg.mode = IFD_MODE_EVAL;
+    cfg.num_steps = steps;
+    cfg.last_step = 0;
+    cfg.initial_global_step = rand_between(&rng, 0, 1000);
+    tu_batch **bs = tu_batches_random(&cfg, steps, 2);
+    tu_result res;
+    tu_run(&cfg, bs, steps, &res);
+    char want[64];
+    snprintf(want, sizeof want, "eval step %lld: injected", (long long)fail_at);
+    RASSERT(res.rc == IFD_ENUMERIC && strstr(res.err.msg, want), "%s: %s (want '%s')",
+            ifd_errname(res.rc), res.err.msg, want);
+    tu_result_free(&res);
+    tu_batches_free(bs, steps);
 }
 END_TEST
 
@@ -316,6 +350,7 @@ static Suite *suite(void)
     TCase *tc = tcase_create("eval");
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, eval_matches_reference, 0, 8);
+    tcase_add_loop_test(tc, eval_error_names_the_step, 0, 3);
     suite_add_tcase(s, tc);
     tc = tcase_create("predict");
     tcase_set_timeout(tc, 60);
