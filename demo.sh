@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The demo: installs what is missing, builds, starts infeedd on the cpu backend with 2 replicas,
-# streams scikit-learn's digits data set to it with the Python producer, prints each summary as it
-# arrives and ends with the accuracy.
+# streams scikit-learn's digits data set to it with the Python producer (all but 297 held-out
+# rows), prints each summary as it arrives and the training accuracy, checkpointing as it goes.
+# Then it evaluates the last checkpoint on the held-out rows (eval mode) and predicts their
+# classes (predict mode), each with its own infeedd.
 #
 #   ./demo.sh                       the demo
-#   ./demo.sh --steps 1200 ...      extra flags go to infeedd (see ./build/host/infeedd --help)
+#   ./demo.sh --steps 1200 ...      extra flags go to the training infeedd (./build/host/infeedd
+#                                   --help lists them)
 set -euo pipefail
 cd "$(dirname "$0")"
 ./scripts/deps.sh
@@ -21,19 +24,46 @@ for s in socks:
 print(*[f"tcp://127.0.0.1:{s.getsockname()[1]}" for s in socks])
 PY
 )
+
 SUMMARIES=build/demo-summaries.jsonl
-rm -f "$SUMMARIES"
-echo "== infeedd: softmax on 2 cpu replicas, digits (64 features, 10 classes), 600 steps"
-./build/host/infeedd --replicas 2 --program softmax --features 64 --classes 10 \
-  --batch-size 64 --iterations-per-loop 20 --steps 600 --summary-every 50 \
-  --learning-rate 0.5 --listen "$LISTEN" --publish "$PUBLISH" --control "$CONTROL" \
-  --summaries "$SUMMARIES" --log-level warn "$@" &
-DAEMON=$!
-trap 'kill "$DAEMON" 2>/dev/null || true' EXIT
-PYTHONPATH=clients/python python3 examples/digits/train_digits.py \
-  --endpoint "$LISTEN" --publish "$PUBLISH"
-status=0
-wait "$DAEMON" || status=$?
-trap - EXIT
-echo "== infeedd exited with status $status; every summary is in $SUMMARIES"
-exit "$status"
+CHECKPOINTS=build/demo-checkpoints
+PREDICTIONS=build/demo-predictions.jsonl
+HOLDOUT=297 # of digits' 1797 rows: 1500 to train on
+rm -rf "$SUMMARIES" "$CHECKPOINTS" "$PREDICTIONS"
+MODEL=(--replicas 2 --program softmax --features 64 --classes 10 --batch-size 64)
+ENDPOINTS=(--listen "$LISTEN" --publish "$PUBLISH" --control "$CONTROL" --log-level warn)
+export PYTHONPATH=clients/python
+
+# Runs infeedd in the background with the given flags and the producer command after "--",
+# then waits for both; returns the daemon's exit status.
+phase() {
+  local args=() status=0
+  while [ "$1" != "--" ]; do args+=("$1"); shift; done
+  shift
+  ./build/host/infeedd "${MODEL[@]}" "${ENDPOINTS[@]}" --summaries "$SUMMARIES" "${args[@]}" &
+  local daemon=$!
+  trap 'kill "$daemon" 2>/dev/null || true' EXIT
+  "$@" || status=$?
+  wait "$daemon" || status=$?
+  trap - EXIT
+  return "$status"
+}
+
+echo "== train: softmax on 2 cpu replicas, digits (64 features, 10 classes), 600 steps," \
+  "a checkpoint every 200"
+phase --iterations-per-loop 20 --steps 600 --summary-every 50 --learning-rate 0.5 \
+  --checkpoint-dir "$CHECKPOINTS" --checkpoint-every 200 "$@" -- \
+  python3 examples/digits/train_digits.py --endpoint "$LISTEN" --publish "$PUBLISH" \
+  --holdout "$HOLDOUT"
+echo "== checkpoints: $(ls "$CHECKPOINTS" | tr '\n' ' ')"
+
+echo "== eval: the last checkpoint on the $HOLDOUT held-out rows (4 full batches)"
+phase --mode eval --steps 4 --checkpoint-dir "$CHECKPOINTS" -- \
+  python3 examples/digits/score_digits.py --mode eval --endpoint "$LISTEN" \
+  --publish "$PUBLISH" --holdout "$HOLDOUT"
+
+echo "== predict: the held-out rows' classes (the last batch partial, padded by the daemon)"
+phase --mode predict --checkpoint-dir "$CHECKPOINTS" --predictions "$PREDICTIONS" -- \
+  python3 examples/digits/score_digits.py --mode predict --endpoint "$LISTEN" \
+  --holdout "$HOLDOUT"
+echo "== done: every summary is in $SUMMARIES, every prediction in $PREDICTIONS"

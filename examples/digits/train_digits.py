@@ -87,11 +87,19 @@ def main(argv=None) -> int:
                     help="the program the daemon must run: softmax or mlp (default: any)")
     ap.add_argument("--hidden", type=int, default=None,
                     help="mlp: the hidden width the daemon must use (default: any)")
+    ap.add_argument("--holdout", type=int, default=0,
+                    help="rows at the end of the shuffled set to leave out, for "
+                         "score_digits.py to evaluate on (default %(default)s)")
     ap.add_argument("--timeout", type=float, default=60.0,
                     help="seconds to wait for the daemon before giving up (default %(default)s)")
     args = ap.parse_args(argv)
 
     x, y = load_digits(args.seed)
+    if not 0 <= args.holdout < len(y):
+        print(f"train_digits: --holdout: expected 0 to {len(y) - 1} rows, got {args.holdout}",
+              file=sys.stderr)
+        return 2
+    x, y = x[:len(y) - args.holdout], y[:len(y) - args.holdout]
     rng = np.random.default_rng(args.seed + 1)
     schema = [("x", "float32", (x.shape[1],)), ("y", "int32", ())]
 

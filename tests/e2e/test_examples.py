@@ -157,3 +157,39 @@ def test_c_and_python_producers_together(daemon):
     assert p.bye["reason"] == "input_ended" and p.bye["global_step"] == 65, p.bye
     assert d.wait() == 0, d.log()
     assert d.end_summary()["global_step"] == 65
+
+
+SCORE = ROOT / "examples" / "digits" / "score_digits.py"
+
+
+def test_digits_holdout_eval_and_predict(daemon, tmp_path):
+    """The demo's second half: train on all but the held-out rows with checkpoints, then score
+    the last checkpoint on them in eval mode (its summary) and in predict mode (every row's class
+    back, the last batch partial); both accuracies are about the same and well above chance."""
+    pytest.importorskip("sklearn")
+    ck, holdout = str(tmp_path / "ck"), 297
+    model = dict(replicas=2, program="softmax", features=64, classes=10, batch_size=64)
+    d = daemon(**model, iterations_per_loop=20, steps=300, learning_rate=0.5,
+               checkpoint_dir=ck, checkpoint_every=100)
+    r = run([sys.executable, str(DIGITS), "--endpoint", d.listen, "--publish", d.publish,
+             "--holdout", str(holdout)])
+    assert r.returncode == 0 and d.wait() == 0, (r.stderr, d.log())
+    d = daemon(**model, mode="eval", steps=4, checkpoint_dir=ck)
+    r = run([sys.executable, str(SCORE), "--mode", "eval", "--endpoint", d.listen,
+             "--publish", d.publish, "--holdout", str(holdout)])
+    assert r.returncode == 0 and d.wait() == 0, (r.stderr, d.log())
+    m = re.search(r"eval: global step 300, loss [0-9.]+, held-out accuracy ([0-9.]+) over 256 rows",
+                  r.stdout)
+    assert m, r.stdout
+    eval_acc = float(m.group(1))
+    d = daemon(**model, mode="predict", steps=0, checkpoint_dir=ck)
+    r = run([sys.executable, str(SCORE), "--mode", "predict", "--endpoint", d.listen,
+             "--holdout", str(holdout)])
+    assert r.returncode == 0 and d.wait() == 0, (r.stderr, d.log())
+    m = re.search(r"predict: 5 batches, 297 predictions; held-out accuracy from the predicted "
+                  r"classes: ([0-9.]+)", r.stdout)
+    assert m, r.stdout
+    pred_acc = float(m.group(1))
+    assert eval_acc > 0.85 and pred_acc > 0.85, (eval_acc, pred_acc)
+    # the same model on 256 of the same 297 rows: the accuracies cannot be far apart
+    assert abs(eval_acc * 256 - pred_acc * 297) <= 41 + 1, (eval_acc, pred_acc)
