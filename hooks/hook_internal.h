@@ -12,7 +12,7 @@ struct ifd_run_context {
     int64_t next_loop_length; /* 0: not set by any hook */
     int stop_requested;
     char stop_reason[200];
-    int failed; /* set before end: the run ends with an error or an abort */
+    int failed;      /* set before end: the run ends with an error or an abort */
     int64_t dropped; /* set before end: batches the infeed took and released unconsumed */
     /* The session's state as a new checkpoint (ifd_run_context_checkpoint). */
     int (*snapshot)(void *arg, ifd_checkpoint **out, ifd_error *err);
