@@ -27,7 +27,6 @@ struct ifd_outfeed {
     ifd_metrics window;
     window_time time;
     int64_t last_step;
-    int64_t first_step;       /* the global step the run started from */
     ifd_prediction_call pred; /* predict mode */
     int64_t steps_done;       /* steps this run */
 };
@@ -177,7 +176,7 @@ int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg)
         return IFD_ENOMEM;
     o->cfg = *cfg;
     o->replicas = ifd_device_replicas(cfg->dev);
-    o->last_step = o->first_step = ifd_device_global_step(cfg->dev);
+    o->last_step = ifd_device_global_step(cfg->dev);
     o->recs = calloc((size_t)o->replicas, sizeof *o->recs);
     o->cat = calloc((size_t)o->replicas * IFD_OUT_NTENSORS, sizeof *o->cat);
     int rc = IFD_ENOMEM;
