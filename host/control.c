@@ -1,0 +1,203 @@
+#include "host/ingest_internal.h"
+
+#include "core/log.h"
+#include "core/thread.h"
+#include "core/wire.h"
+#include "infeed/checkpoint.h"
+#include "infeed/infeed_internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+/* Starvation warnings (a log line, not the --watchdog, which ends the run): when the infeed
+ * thread has waited for input for STARVE_WARN_NS, and again every STARVE_WARN_NS while it still
+ * waits, naming the replica it waits for. */
+void ingest_watch_infeed(ifd_ingest *g)
+{
+    int replica = -1;
+    int64_t since = 0, now = ifd_clock_ns();
+    if (g->input_closed || !ifd_session_infeed_waiting(g->session, &replica, &since) ||
+        now - since < STARVE_WARN_NS) {
+        g->starve_warned_ns = 0;
+        return;
+    }
+    if (g->starve_warned_ns && now - g->starve_warned_ns < STARVE_WARN_NS)
+        return;
+    g->starve_warned_ns = now;
+    double secs = (double)(now - since) * 1e-9;
+    if (g->nlanes > 1) {
+        int feeding = 0;
+        for (int i = 0; i < g->cfg->max_producers; i++) {
+            producer *p = &g->producers[i];
+            feeding += p->used && p->welcomed && !p->ended && p->replica == replica;
+        }
+        IFD_LOG_WARN("infeed: replica %d is starving: the step has waited %.1f s for its batch "
+                     "(%d producer%s streaming for replica %d)",
+                     replica, secs, feeding, feeding == 1 ? "" : "s", replica);
+    } else if (replica >= 0) {
+        IFD_LOG_WARN("infeed: waited %.1f s for batch %d of the step's %d (replica %d's), no batch "
+                     "is queued",
+                     secs, replica + 1, g->cfg->run.replicas, replica);
+    } else {
+        IFD_LOG_WARN("infeed: waited %.1f s for the next batch; none is queued", secs);
+    }
+}
+
+/* The rates status reports: global steps over the last second or so. */
+void ingest_sample_rates(ifd_ingest *g)
+{
+    int64_t now = ifd_clock_ns(), step = ifd_session_global_step(g->session);
+    if (g->rate_t0 == 0) {
+        g->rate_t0 = now;
+        g->rate_step0 = step;
+        return;
+    }
+    if (now - g->rate_t0 < 1000000000LL)
+        return;
+    g->steps_per_sec = (double)(step - g->rate_step0) * 1e9 / (double)(now - g->rate_t0);
+    const ifd_config *r = &g->cfg->run;
+    g->examples_per_sec = g->steps_per_sec * (double)g->batch_rows *
+                          (double)ifd_input_batches_per_step(r->input_mode, r->replicas);
+    g->rate_t0 = now;
+    g->rate_step0 = step;
+}
+
+void ingest_request_stop(ifd_ingest *g, const char *why)
+{
+    if (g->stop_ns == 0) {
+        IFD_LOG_INFO("%s: stopping at the end of the current loop", why);
+        g->stop_ns = ifd_clock_ns();
+        ifd_session_request_stop(g->session);
+    }
+}
+
+static json_t *status_json(ifd_ingest *g)
+{
+    json_t *j = json_object();
+    json_object_set_new(j, "ok", json_true());
+    json_object_set_new(j, "state", json_string(g->stop_ns ? "stopping" : "running"));
+    json_object_set_new(j, "mode", json_string(ifd_mode_name(g->cfg->run.mode)));
+    json_object_set_new(j, "program", json_string(g->program->cls->name));
+    json_object_set_new(j, "backend", json_string(g->cfg->run.backend));
+    json_object_set_new(j, "replicas", json_integer(g->cfg->run.replicas));
+    json_object_set_new(j, "global_step", json_integer(ifd_session_global_step(g->session)));
+    json_object_set_new(j, "loop", json_integer(ifd_session_loop_index(g->session)));
+    json_object_set_new(j, "input_mode", json_string(ifd_input_mode_name(g->cfg->run.input_mode)));
+    size_t qlen = 0;
+    json_t *per = g->nlanes > 1 ? json_array() : json_null();
+    ifd_mutex_lock(&g->qmu);
+    for (int i = 0; i < g->nlanes; i++) {
+        qlen += g->lanes[i].len;
+        if (g->nlanes > 1)
+            json_array_append_new(per, json_integer((json_int_t)g->lanes[i].len));
+    }
+    ifd_mutex_unlock(&g->qmu);
+    json_object_set_new(j, "batch_queue", json_integer((json_int_t)qlen));
+    json_object_set_new(j, "batch_queue_per_replica", per);
+    int waiting_replica = -1;
+    int64_t since = 0;
+    int waiting = ifd_session_infeed_waiting(g->session, &waiting_replica, &since);
+    json_object_set_new(j, "infeed_waiting", json_boolean(waiting));
+    json_object_set_new(j, "infeed_waiting_sec",
+                        json_real(waiting ? (double)(ifd_clock_ns() - since) * 1e-9 : 0.0));
+    json_object_set_new(j, "infeed_waiting_replica",
+                        waiting && waiting_replica >= 0 ? json_integer(waiting_replica)
+                                                        : json_null());
+    json_object_set_new(j, "starving_replica",
+                        waiting && g->nlanes > 1 && waiting_replica >= 0
+                            ? json_integer(waiting_replica)
+                            : json_null());
+    json_object_set_new(j, "batch_queue_limit",
+                        json_integer((json_int_t)g->cfg->max_producers * g->credit));
+    json_object_set_new(j, "input_closed", json_boolean(g->input_closed));
+    json_t *ps = json_array();
+    int connected = 0;
+    for (int i = 0; i < g->cfg->max_producers; i++) {
+        producer *p = &g->producers[i];
+        if (!p->used)
+            continue;
+        connected += p->welcomed && !p->ended;
+        json_t *pj =
+            json_pack("{s:s, s:b, s:i, s:i, s:I, s:I, s:I, s:I}", "name", p->name, "ended",
+                      p->ended, "credit", p->credit, "in_flight", p->in_flight, "last_seq",
+                      (json_int_t)p->last_seq, "acked_seq", (json_int_t)p->acked_seq, "accepted",
+                      (json_int_t)p->accepted, "rejected", (json_int_t)p->rejected);
+        json_object_set_new(pj, "replica",
+                            p->replica >= 0 ? json_integer(p->replica) : json_null());
+        json_array_append_new(ps, pj);
+    }
+    json_object_set_new(j, "producers_connected", json_integer(connected));
+    json_object_set_new(j, "producers", ps);
+    json_t *rings = json_array();
+    for (int r = 0; r < g->cfg->run.replicas; r++) {
+        ifd_ring_depths d;
+        if (ifd_session_ring_depths(g->session, r, &d) == IFD_OK)
+            json_array_append_new(
+                rings, json_pack("{s:i, s:I, s:I, s:I, s:I}", "replica", r, "infeed",
+                                 (json_int_t)d.infeed, "infeed_capacity",
+                                 (json_int_t)d.infeed_capacity, "outfeed", (json_int_t)d.outfeed,
+                                 "outfeed_capacity", (json_int_t)d.outfeed_capacity));
+    }
+    json_object_set_new(j, "rings", rings);
+    json_object_set_new(j, "batches_accepted", json_integer(g->accepted));
+    json_object_set_new(j, "batches_rejected", json_integer(g->rejected));
+    json_object_set_new(j, "bytes_copied_unaligned", json_integer(g->copied_bytes));
+    json_object_set_new(j, "steps_per_sec", json_real(g->steps_per_sec));
+    json_object_set_new(j, "examples_per_sec", json_real(g->examples_per_sec));
+    return j;
+}
+
+void ingest_handle_control(ifd_ingest *g)
+{
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, g->rep, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        return;
+    }
+    int more = zmq_msg_more(&m);
+    json_t *req = json_loadb(zmq_msg_data(&m), zmq_msg_size(&m), 0, NULL);
+    zmq_msg_close(&m);
+    while (more) { /* a REP must answer the whole request; extra frames are ignored */
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, g->rep, 0) < 0)
+            more = 0;
+        else
+            more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+    }
+    json_t *cmd = json_object_get(req, "cmd");
+    json_t *reply;
+    if (json_is_string(cmd) && strcmp(json_string_value(cmd), "status") == 0) {
+        reply = status_json(g);
+    } else if (json_is_string(cmd) && strcmp(json_string_value(cmd), "stop") == 0) {
+        ingest_request_stop(g, "control: stop");
+        reply = json_pack("{s:b}", "ok", 1);
+    } else {
+        char why[300];
+        if (req == NULL)
+            snprintf(why, sizeof why,
+                     "expected a JSON object {\"cmd\": \"status\"|\"stop\"}, got text that is "
+                     "not JSON");
+        else if (!json_is_string(cmd)) {
+            char got[96];
+            snprintf(why, sizeof why, "cmd: expected \"status\" or \"stop\", got %s",
+                     ifd_json_describe(cmd, got, sizeof got));
+        } else
+            snprintf(why, sizeof why, "cmd: expected \"status\" or \"stop\", got '%.200s'",
+                     json_string_value(cmd));
+        reply = json_pack("{s:b, s:s}", "ok", 0, "error", why);
+    }
+    json_decref(req);
+    char *text = json_dumps(reply, JSON_COMPACT);
+    json_decref(reply);
+    zmq_send(g->rep, text ? text : "{}", text ? strlen(text) : 2, 0);
+    free(text);
+}

@@ -1,0 +1,208 @@
+/*
+ * The ingest's parts, shared by the files of host/ that make it up (one I/O thread runs them all):
+ *
+ *   ingest.c     sockets, create/destroy, the I/O thread's loop, replies, the end (BYE)
+ *   producers.c  the producer table and positions, HELLO and END
+ *   batch.c      BATCH validation and acceptance, ACKs and PREDICTIONs
+ *   source.c     the batch source the session reads (FIFOs under qmu)
+ *   control.c    the control socket (status, stop), rates, starvation warnings
+ *   ingest_publish.c    the PUB sink and the summaries outbox
+ *
+ * Everything here runs on the I/O thread unless its comment says otherwise.
+ */
+#ifndef IFD_HOST_INGEST_INTERNAL_H
+#define IFD_HOST_INGEST_INTERNAL_H
+
+#include "host/ingest.h"
+
+#include "core/thread.h"
+#include "core/wire.h"
+#include "infeed/infeed_internal.h"
+
+#include <stdint.h>
+#include <zmq.h>
+#include <jansson.h>
+
+#define MAX_PARTS (IFD_MAX_INPUTS + 2) /* routing id, header, tensors */
+#define RECV_BURST 256                 /* messages handled before polling the others again */
+#define OUTBOX_MAX 4096                /* summaries waiting for the PUB socket */
+#define STOP_GRACE_NS 1000000000LL     /* a stop waits this long for input before closing it */
+#define RID_MAX 256
+#define STARVE_WARN_NS 5000000000LL /* a starving infeed is logged after waiting this long */
+
+typedef struct host_batch host_batch;
+
+/* A producer's connection: its ROUTER routing id. */
+typedef struct producer_rid {
+    const uint8_t *rid;
+    size_t len;
+} producer_rid;
+
+typedef struct producer {
+    int used;
+    char name[IFD_PROTO_NAME_MAX + 1];
+    uint8_t rid[RID_MAX];
+    size_t rid_len;
+    int welcomed, ended;
+    int replica;      /* per-core input: the replica its batches are for; -1 otherwise */
+    int counted_end;  /* counted in ended_total (once per name) */
+    int credit;       /* batches it may still send */
+    int in_flight;    /* accepted, not acknowledged */
+    int64_t last_seq; /* highest accepted */
+    int64_t acked_seq;
+    int64_t accepted, rejected;
+    int pos;                 /* its entry in the position table */
+    host_batch *head, *tail; /* accepted, in order, until acknowledged */
+} producer;
+
+/* A batch's PREDICTION (predict mode), made on the outfeed thread and sent by the I/O thread
+ * just before the ACK that covers the batch. */
+typedef struct prediction_msg {
+    uint8_t hdr[IFD_PROTO_BATCH_HDR];
+    char *json; /* the tensors' names, dtypes and per-row shapes */
+    int ntensors;
+    size_t len[IFD_MAX_PREDICTION_TENSORS];
+    void *data[IFD_MAX_PREDICTION_TENSORS];
+} prediction_msg;
+
+/* A producer name's position: the highest seq handed to the infeed (so consumed by a completed
+ * step once the loop that took it has ended), or the one a resumed checkpoint recorded; -1:
+ * none. Kept for every name welcomed in this run or restored, never removed. */
+typedef struct position {
+    char name[IFD_PROTO_NAME_MAX + 1];
+    int64_t seq;
+} position;
+
+struct host_batch {
+    ifd_batch b;
+    prediction_msg *pred; /* written before the release, read after it (done) */
+    ifd_ingest *g;
+    producer *p;
+    int pos;  /* the producer's position entry */
+    int done; /* atomic: released by the runtime */
+    int nframes;
+    zmq_msg_t frames[IFD_MAX_INPUTS];
+    void *copies[IFD_MAX_INPUTS];
+    char name[IFD_PROTO_NAME_MAX + 1];
+    host_batch *pnext; /* the producer's list */
+    host_batch *qnext; /* the source FIFO */
+};
+
+/* One FIFO of the batch source: the only one, or replica r's in per-core mode. */
+typedef struct src_lane {
+    host_batch *head, *tail;   /* under qmu */
+    size_t len;                /* under qmu */
+    host_batch *bhead, *btail; /* I/O thread: accepted during this receive burst */
+} src_lane;
+
+typedef struct outmsg {
+    struct outmsg *next;
+    size_t len;
+    char json[];
+} outmsg;
+
+struct ifd_ingest {
+    const ifd_daemon_config *cfg;
+    int *signals; /* atomic */
+    void *zctx;
+    void *router, *pub, *rep;
+    int efd;
+    ifd_session *session;
+    const ifd_program *program;
+    /* the program inputs a batch carries in this mode (predict: no labels), in frame order */
+    int nin;
+    const ifd_input_spec *in[IFD_MAX_INPUTS];
+    ifd_thread thread;
+    int started;
+    size_t max_frame;
+    int credit;         /* per producer: cfg->credit, or the auto credit for the batch size */
+    int64_t batch_rows; /* rows every batch must have (ifd_input_batch_rows) */
+
+    producer *producers;
+    int64_t next_anon;
+    int ever_welcomed;
+    int ended_total; /* producers (names) that sent END at least once */
+    /* for the watchdog's sentence (another thread): welcomed and not ended, and ended_total */
+    int watch_connected, watch_ended; /* atomic */
+    int input_closed;
+    int handled_signals;
+    int64_t stop_ns; /* when a stop was asked, 0: none */
+    int64_t accepted, rejected, copied_bytes;
+    double steps_per_sec, examples_per_sec;
+    int64_t rate_t0, rate_step0;
+
+    int64_t starve_warned_ns; /* the last starvation warning about the current wait */
+
+    /* the source FIFOs: one, or one per replica in per-core mode (batches accepted during one
+     * receive burst are pushed together, with one wake-up) */
+    ifd_mutex qmu;
+    ifd_cond qcv;
+    int nlanes;
+    src_lane *lanes;
+    int qclosed, qaborted;
+    position *pos; /* the position table, also under qmu */
+    int npos, cap_pos;
+
+    /* the outbox, from other threads */
+    ifd_mutex omu;
+    outmsg *ohead, *otail;
+    size_t olen;
+    int64_t odropped;
+    int acks_pending; /* atomic */
+    int finishing;    /* under omu */
+    int fin_code;
+    char fin_reason[32];
+    char fin_message[512];
+
+    ifd_sink *pub_sink;
+};
+
+/* ingest.c: replies */
+void ingest_send_parts(ifd_ingest *g, const producer_rid *to, const void *hdr, size_t hlen,
+                       const char *json);
+void ingest_send_json(ifd_ingest *g, const producer_rid *to, int type, json_t *j);
+/* Printable ASCII kept, every other byte written as \xHH, always terminated. */
+void ingest_ascii_escape(const char *in, char *out, size_t len);
+/* ERROR: code, seq (< 0: null), credit returned, and the sentence. */
+void ingest_send_error(ifd_ingest *g, const producer_rid *to, int code, int64_t seq, int credit,
+                       const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+void ingest_send_credit_msg(ifd_ingest *g, const producer_rid *to, int type, int64_t seq);
+const char *ingest_dims_format(int rank, const int64_t *dims, char *buf, size_t len);
+
+/* producers.c */
+producer_rid ingest_rid_of(const producer *p);
+producer *ingest_find_by_rid(ifd_ingest *g, const producer_rid *r);
+producer *ingest_find_by_name(ifd_ingest *g, const char *name);
+int ingest_position_index(ifd_ingest *g, const char *name, int64_t *seq);
+producer *ingest_new_slot(ifd_ingest *g);
+void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_t *body);
+void ingest_handle_end(ifd_ingest *g, const producer_rid *from);
+void ingest_count_producers(ifd_ingest *g);
+void ingest_check_input_end(ifd_ingest *g);
+void ingest_watchdog_context(void *arg, char *buf, size_t len);
+
+/* source.c */
+void ingest_host_batch_free_frames(host_batch *hb);
+void ingest_prediction_free(prediction_msg *m);
+void ingest_host_batch_free(host_batch *hb);
+void ingest_host_batch_release(ifd_batch *b, void *arg);
+void ingest_src_push(ifd_ingest *g, host_batch *hb);
+void ingest_src_flush(ifd_ingest *g);
+void ingest_close_input(ifd_ingest *g, const char *why);
+
+/* batch.c */
+void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *parts, int nparts,
+                         int total);
+void ingest_send_acks(ifd_ingest *g);
+
+/* control.c */
+void ingest_handle_control(ifd_ingest *g);
+void ingest_request_stop(ifd_ingest *g, const char *why);
+void ingest_sample_rates(ifd_ingest *g);
+void ingest_watch_infeed(ifd_ingest *g);
+
+/* ingest_publish.c */
+extern const ifd_sink_ops ingest_pub_ops;
+void ingest_publish(ifd_ingest *g);
+
+#endif

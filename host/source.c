@@ -1,0 +1,186 @@
+#include "host/ingest_internal.h"
+
+#include "core/log.h"
+#include "core/thread.h"
+#include "core/wire.h"
+#include "infeed/checkpoint.h"
+#include "infeed/infeed_internal.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+/* ---- the batch source ----------------------------------------------------------------------- */
+
+void ingest_host_batch_free_frames(host_batch *hb)
+{
+    for (int i = 0; i < hb->nframes; i++) {
+        zmq_msg_close(&hb->frames[i]);
+        free(hb->copies[i]);
+        hb->copies[i] = NULL;
+    }
+    hb->nframes = 0;
+}
+
+void ingest_prediction_free(prediction_msg *m)
+{
+    if (m == NULL)
+        return;
+    free(m->json);
+    for (int i = 0; i < m->ntensors; i++)
+        free(m->data[i]);
+    free(m);
+}
+
+/* Frees an acknowledged or abandoned batch. */
+void ingest_host_batch_free(host_batch *hb)
+{
+    ingest_host_batch_free_frames(hb);
+    ingest_prediction_free(hb->pred);
+    free(hb);
+}
+
+/* The runtime's release: any thread, once. */
+void ingest_host_batch_release(ifd_batch *b, void *arg)
+{
+    (void)b;
+    host_batch *hb = arg;
+    ifd_ingest *g = hb->g;
+    ingest_host_batch_free_frames(hb);
+    __atomic_store_n(&hb->done, 1, __ATOMIC_RELEASE);
+    if (__atomic_exchange_n(&g->acks_pending, 1, __ATOMIC_ACQ_REL) == 0)
+        ifd_ingest_wake(g);
+}
+
+static int src_pop(ifd_ingest *g, int lane, ifd_batch **out, int wait, ifd_error *err)
+{
+    if (lane < 0 || lane >= g->nlanes)
+        return ifd_error_set(err, IFD_EINVAL, "batch source: replica %d: expected 0 to %d", lane,
+                             g->nlanes - 1);
+    src_lane *l = &g->lanes[lane];
+    ifd_mutex_lock(&g->qmu);
+    while (wait && l->head == NULL && !g->qclosed && !g->qaborted)
+        ifd_cond_wait(&g->qcv, &g->qmu);
+    int rc;
+    if (g->qaborted) {
+        rc = IFD_ESTOPPED;
+    } else if (l->head) {
+        host_batch *hb = l->head;
+        l->head = hb->qnext;
+        if (l->head == NULL)
+            l->tail = NULL;
+        l->len--;
+        if (hb->b.seq > g->pos[hb->pos].seq)
+            g->pos[hb->pos].seq = hb->b.seq;
+        *out = &hb->b;
+        rc = IFD_OK;
+    } else {
+        rc = g->qclosed ? IFD_EEOF : IFD_ETIMEDOUT;
+    }
+    ifd_mutex_unlock(&g->qmu);
+    return rc;
+}
+
+static int src_next(void *ctx, ifd_batch **out, ifd_error *err)
+{
+    return src_pop(ctx, 0, out, 1, err);
+}
+
+static int src_try_next(void *ctx, ifd_batch **out, ifd_error *err)
+{
+    return src_pop(ctx, 0, out, 0, err);
+}
+
+static int src_next_for(void *ctx, int replica, ifd_batch **out, ifd_error *err)
+{
+    return src_pop(ctx, replica, out, 1, err);
+}
+
+static int src_try_next_for(void *ctx, int replica, ifd_batch **out, ifd_error *err)
+{
+    return src_pop(ctx, replica, out, 0, err);
+}
+
+static void src_abort(void *ctx)
+{
+    ifd_ingest *g = ctx;
+    ifd_mutex_lock(&g->qmu);
+    g->qaborted = 1;
+    ifd_cond_broadcast(&g->qcv);
+    ifd_mutex_unlock(&g->qmu);
+}
+
+/* I/O thread: queues hb for the next ingest_src_flush, in its replica's FIFO in per-core mode. */
+void ingest_src_push(ifd_ingest *g, host_batch *hb)
+{
+    src_lane *l = &g->lanes[g->nlanes > 1 ? hb->b.replica : 0];
+    hb->qnext = NULL;
+    if (l->btail)
+        l->btail->qnext = hb;
+    else
+        l->bhead = hb;
+    l->btail = hb;
+}
+
+/* I/O thread: hands the batches of a receive burst to the infeed thread with one wake-up. */
+void ingest_src_flush(ifd_ingest *g)
+{
+    int any = 0;
+    for (int i = 0; i < g->nlanes; i++)
+        any |= g->lanes[i].bhead != NULL;
+    if (!any)
+        return;
+    ifd_mutex_lock(&g->qmu);
+    for (int i = 0; i < g->nlanes; i++) {
+        src_lane *l = &g->lanes[i];
+        if (l->bhead == NULL)
+            continue;
+        size_t n = 0;
+        for (host_batch *hb = l->bhead; hb; hb = hb->qnext)
+            n++;
+        if (l->tail)
+            l->tail->qnext = l->bhead;
+        else
+            l->head = l->bhead;
+        l->tail = l->btail;
+        l->len += n;
+        l->bhead = l->btail = NULL;
+    }
+    /* One consumer (the infeed thread), waiting for one FIFO: a wake-up for another FIFO's batch
+     * makes it check again and wait on. */
+    ifd_cond_signal(&g->qcv);
+    ifd_mutex_unlock(&g->qmu);
+}
+
+void ingest_close_input(ifd_ingest *g, const char *why)
+{
+    if (g->input_closed)
+        return;
+    ingest_src_flush(g);
+    g->input_closed = 1;
+    IFD_LOG_INFO("input closed: %s", why);
+    ifd_mutex_lock(&g->qmu);
+    g->qclosed = 1;
+    ifd_cond_broadcast(&g->qcv);
+    ifd_mutex_unlock(&g->qmu);
+}
+
+static const ifd_batch_source_ops src_ops = {
+    .next = src_next,
+    .abort = src_abort,
+    .try_next = src_try_next,
+    .next_for = src_next_for,
+    .try_next_for = src_try_next_for,
+};
+
+ifd_batch_source ifd_ingest_source(ifd_ingest *g)
+{
+    ifd_batch_source s = {.ops = &src_ops, .ctx = g};
+    return s;
+}
