@@ -53,7 +53,10 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
         ingest_send_error(g, from, IFD_ECLOSED, bh.seq, 1,
                           "batch %" PRId64 " from producer '%s': %s", bh.seq, p->name,
                           g->input_closed ? "the input has ended; no more batches are taken"
-                                          : "the producer sent END; send HELLO to start again");
+                          : p->timed_out
+                              ? "the producer timed out (silent with credit for producer_timeout); "
+                                "send HELLO to go on at WELCOME's next_seq"
+                              : "the producer sent END; send HELLO to start again");
         return;
     }
     if (p->credit <= 0) { /* the producer counted a credit it did not have: give it back */
@@ -216,8 +219,7 @@ static void send_prediction(ifd_ingest *g, producer *p, const prediction_msg *m)
         rc = zmq_send(g->router, m->data[i], m->len[i],
                       (i + 1 < m->ntensors ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
     if (rc < 0)
-        IFD_LOG_WARN("ingest: a PREDICTION for producer '%s' was not sent: %s", p->name,
-                     zmq_strerror(zmq_errno()));
+        ingest_send_failed(g, &r, "a PREDICTION", IFD_MSG_PREDICTION);
 }
 
 /* The prediction sink (outfeed thread): the message is built here and attached to the batch;

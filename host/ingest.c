@@ -32,6 +32,18 @@ static int zerr(ifd_error *err, const char *what, const char *endpoint)
                          zmq_strerror(zmq_errno()));
 }
 
+void ingest_send_failed(ifd_ingest *g, const producer_rid *to, const char *what, int type)
+{
+    int e = zmq_errno();
+    if (e == EHOSTUNREACH) { /* the connection is closed or its heartbeats timed out */
+        IFD_LOG_DEBUG("ingest: %s (type %d) was not sent: the peer is gone", what, type);
+        ingest_note_gone(g, to);
+        return;
+    }
+    IFD_LOG_LIMITED(&g->lim_reject, IFD_LOG_WARN, "ingest: %s (type %d) was not sent: %s", what,
+                    type, zmq_strerror(e));
+}
+
 void ingest_send_parts(ifd_ingest *g, const producer_rid *to, const void *hdr, size_t hlen,
                        const char *json)
 {
@@ -41,8 +53,7 @@ void ingest_send_parts(ifd_ingest *g, const producer_rid *to, const void *hdr, s
     if (rc >= 0 && json)
         rc = zmq_send(g->router, json, strlen(json), ZMQ_DONTWAIT);
     if (rc < 0)
-        IFD_LOG_WARN("ingest: a reply (type %u) was not sent: %s",
-                     (unsigned)((const uint8_t *)hdr)[6], zmq_strerror(zmq_errno()));
+        ingest_send_failed(g, to, "a reply", ((const uint8_t *)hdr)[6]);
 }
 
 void ingest_send_json(ifd_ingest *g, const producer_rid *to, int type, json_t *j)
@@ -136,6 +147,18 @@ static size_t batch_sizes(const ifd_daemon_config *c, size_t *total)
     return most;
 }
 
+/* Heartbeats: a ping every HEARTBEAT_IVL_MS; a connection silent (no traffic, no pong) for the
+ * timeout is closed: 10 s, or half of producer_timeout when that is shorter (at least 1 s), so
+ * that a stopped producer is found gone well within its timeout. */
+#define HEARTBEAT_IVL_MS 1000
+static int heartbeat_timeout_ms(const ifd_daemon_config *c)
+{
+    double ms = 10000;
+    if (c->producer_timeout > 0 && c->producer_timeout * 500 < ms)
+        ms = c->producer_timeout * 500;
+    return ms < 1000 ? 1000 : (int)ms;
+}
+
 int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals, ifd_error *err)
 {
     *out = NULL;
@@ -157,6 +180,10 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
         goto fail;
     }
     g->batch_rows = ifd_input_batch_rows(c->run.input_mode, c->run.batch_size, c->run.replicas);
+    g->max_pos = 4 * c->max_producers > 1024 ? 4 * c->max_producers : 1024;
+    g->lim_hello = (ifd_log_limit)IFD_LOG_LIMIT_INIT(20, 1000000000LL);
+    g->lim_reject = (ifd_log_limit)IFD_LOG_LIMIT_INIT(10, 1000000000LL);
+    g->lim_gone = (ifd_log_limit)IFD_LOG_LIMIT_INIT(20, 1000000000LL);
     g->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (g->efd < 0) {
         rc = ifd_error_set(err, IFD_EIO, "ingest: eventfd: %s", strerror(errno));
@@ -179,6 +206,13 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     int linger = 1000;
     zmq_setsockopt(g->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     zmq_setsockopt(g->router, ZMQ_LINGER, &linger, sizeof linger);
+    /* Liveness: a send to a closed connection fails (EHOSTUNREACH) instead of vanishing, and
+     * ZMTP heartbeats close a connection whose peer stopped answering (a SIGSTOPped or
+     * unplugged producer), so its producer is found gone (host/producers.c). */
+    int mandatory = 1, hb_ivl = HEARTBEAT_IVL_MS, hb_timeout = heartbeat_timeout_ms(c);
+    zmq_setsockopt(g->router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
+    zmq_setsockopt(g->router, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl);
+    zmq_setsockopt(g->router, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout);
     if (zmq_bind(g->router, c->listen) != 0) {
         rc = zerr(err, "listen", c->listen);
         goto fail;
@@ -187,12 +221,12 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
         g->pub = zmq_socket(g->zctx, ZMQ_PUB);
         zmq_setsockopt(g->pub, ZMQ_LINGER, &linger, sizeof linger);
         if (zmq_bind(g->pub, c->publish) != 0) {
-            rc = zerr(err, "ingest_publish", c->publish);
+            rc = zerr(err, "publish", c->publish);
             goto fail;
         }
         rc = ifd_sink_create(&g->pub_sink, &ingest_pub_ops, g);
         if (rc) {
-            ifd_error_set(err, rc, "ingest_publish: sink");
+            ifd_error_set(err, rc, "publish: sink");
             goto fail;
         }
     }
@@ -240,7 +274,7 @@ void ifd_ingest_destroy(ifd_ingest *g)
         }
     }
     free(g->producers);
-    free(g->pos);
+    ingest_producers_free(g);
     while (g->ohead) {
         outmsg *m = g->ohead;
         g->ohead = m->next;
@@ -271,6 +305,9 @@ static void handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int tota
     producer_rid from = {.rid = zmq_msg_data(&parts[0]), .len = zmq_msg_size(&parts[0])};
     if (from.len > RID_MAX)
         return;
+    producer *known = ingest_find_by_rid(g, &from);
+    if (known)
+        known->heard_ns = ifd_clock_ns();
     if (total < 2) {
         ingest_send_error(g, &from, IFD_EPROTO, NO_SEQ, 0,
                           "message: expected a header frame, got none");
@@ -426,6 +463,7 @@ static void *io_main(void *arg)
         ingest_publish(g);
         ingest_sample_rates(g);
         ingest_watch_infeed(g);
+        ingest_check_liveness(g);
 
         int sigs = g->signals ? __atomic_load_n(g->signals, __ATOMIC_RELAXED) : 0;
         if (sigs > g->handled_signals) {
@@ -484,8 +522,8 @@ int ifd_ingest_positions(void *arg, ifd_checkpoint *c, ifd_error *err)
     int rc = IFD_OK;
     ifd_mutex_lock(&g->qmu);
     for (int i = 0; i < g->npos && rc == IFD_OK; i++)
-        if (g->pos[i].seq >= 0)
-            rc = ifd_checkpoint_set_producer(c, g->pos[i].name, g->pos[i].seq, err);
+        if (g->pos[i]->seq >= 0)
+            rc = ifd_checkpoint_set_producer(c, g->pos[i]->name, g->pos[i]->seq, err);
     ifd_mutex_unlock(&g->qmu);
     return rc;
 }

@@ -15,6 +15,7 @@
 
 #include "host/ingest.h"
 
+#include "core/log.h"
 #include "core/thread.h"
 #include "core/wire.h"
 #include "infeed/infeed_internal.h"
@@ -53,6 +54,11 @@ typedef struct producer {
     int64_t accepted, rejected;
     int pos;                 /* its entry in the position table */
     host_batch *head, *tail; /* accepted, in order, until acknowledged */
+    producer_rid key;        /* its connection in the by_rid index (points at rid) */
+    int64_t heard_ns;        /* its last message */
+    int gone;                /* a send found its connection closed (EHOSTUNREACH) */
+    int64_t gone_ns;         /* since when */
+    int timed_out;           /* producer_timeout: counted as ended, its credit taken back */
 } producer;
 
 /* A batch's PREDICTION (predict mode), made on the outfeed thread and sent by the I/O thread
@@ -140,8 +146,14 @@ struct ifd_ingest {
     int nlanes;
     src_lane *lanes;
     int qclosed, qaborted;
-    position *pos; /* the position table, also under qmu */
+    position **pos; /* the position table, also under qmu; entries never move */
     int npos, cap_pos;
+    int max_pos;     /* names the table holds at most (4 x max_producers, at least 1024) */
+    void *pos_index; /* tsearch tree of the entries by name, under qmu */
+    void *by_rid;    /* tsearch tree of the producers by connection (I/O thread) */
+    /* log lines peers can cause, each rate-limited */
+    ifd_log_limit lim_hello, lim_reject, lim_gone;
+    int64_t liveness_ns; /* the last pass of ingest_check_liveness */
 
     /* the outbox, from other threads */
     ifd_mutex omu;
@@ -162,6 +174,9 @@ struct ifd_ingest {
 void ingest_send_parts(ifd_ingest *g, const producer_rid *to, const void *hdr, size_t hlen,
                        const char *json);
 void ingest_send_json(ifd_ingest *g, const producer_rid *to, int type, json_t *j);
+/* After a send to `to` failed: a closed connection marks its producer gone; other failures (a
+ * full pipe) are logged, rate-limited. */
+void ingest_send_failed(ifd_ingest *g, const producer_rid *to, const char *what, int type);
 /* Printable ASCII kept, every other byte written as \xHH, always terminated. */
 void ingest_ascii_escape(const char *in, char *out, size_t len);
 /* ERROR: code, seq (NO_SEQ: null), credit returned, and the sentence. */
@@ -181,6 +196,12 @@ void ingest_handle_end(ifd_ingest *g, const producer_rid *from);
 void ingest_count_producers(ifd_ingest *g);
 void ingest_check_input_end(ifd_ingest *g);
 void ingest_watchdog_context(void *arg, char *buf, size_t len);
+/* A reply to `to` found its connection closed: its producer (if any) is marked gone. */
+void ingest_note_gone(ifd_ingest *g, const producer_rid *to);
+/* Once in a while: producers gone or silent with credit for producer_timeout are timed out. */
+void ingest_check_liveness(ifd_ingest *g);
+/* Frees the position table and the indexes (destroy). */
+void ingest_producers_free(ifd_ingest *g);
 
 /* source.c */
 void ingest_host_batch_free_frames(host_batch *hb);

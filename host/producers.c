@@ -12,12 +12,30 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <search.h>
+#include <stddef.h>
 #include <string.h>
 #include <unistd.h>
 #include <zmq.h>
 
-/* ---- the producer table -----------------------------------------------------------------------
- */
+/* ---- the producer table -------------------------------------------------------------------- */
+
+/* Producers are found by connection (every message) through a tsearch tree of their rids, by name
+ * (a HELLO) by a scan of the max_producers slots; positions by name through a tree of their
+ * own. POSIX tsearch is the libc's balanced tree: no hand-written index. */
+
+static int rid_cmp(const void *a, const void *b)
+{
+    const producer_rid *x = a, *y = b;
+    if (x->len != y->len)
+        return x->len < y->len ? -1 : 1;
+    return memcmp(x->rid, y->rid, x->len);
+}
+
+static int pos_cmp(const void *a, const void *b)
+{
+    return strcmp(((const position *)a)->name, ((const position *)b)->name);
+}
 
 producer_rid ingest_rid_of(const producer *p)
 {
@@ -27,12 +45,11 @@ producer_rid ingest_rid_of(const producer *p)
 
 producer *ingest_find_by_rid(ifd_ingest *g, const producer_rid *r)
 {
-    for (int i = 0; i < g->cfg->max_producers; i++) {
-        producer *p = &g->producers[i];
-        if (p->used && p->rid_len == r->len && memcmp(p->rid, r->rid, r->len) == 0)
-            return p;
-    }
-    return NULL;
+    void *node = tfind(r, &g->by_rid, rid_cmp);
+    if (node == NULL)
+        return NULL;
+    const producer_rid *key = *(producer_rid *const *)node;
+    return (producer *)((char *)key - offsetof(producer, key));
 }
 
 producer *ingest_find_by_name(ifd_ingest *g, const char *name)
@@ -43,50 +60,232 @@ producer *ingest_find_by_name(ifd_ingest *g, const char *name)
     return NULL;
 }
 
+/* p forgets its connection. */
+static void slot_unbind(ifd_ingest *g, producer *p)
+{
+    if (p->rid_len)
+        tdelete(&p->key, &g->by_rid, rid_cmp);
+    p->rid_len = 0;
+    p->key = (producer_rid){0};
+}
+
+/* p is now reached through connection r (which no other producer has); IFD_ENOMEM when the index
+ * cannot grow. */
+static int slot_bind(ifd_ingest *g, producer *p, const producer_rid *r)
+{
+    slot_unbind(g, p);
+    memcpy(p->rid, r->rid, r->len);
+    p->rid_len = r->len;
+    p->key = (producer_rid){.rid = p->rid, .len = p->rid_len};
+    p->gone = 0;
+    if (tsearch(&p->key, &g->by_rid, rid_cmp) == NULL) {
+        p->rid_len = 0;
+        return IFD_ENOMEM;
+    }
+    return IFD_OK;
+}
+
+static void slot_reset(ifd_ingest *g, producer *p)
+{
+    slot_unbind(g, p);
+    memset(p, 0, sizeof *p);
+}
+
+/* Whether position entry i belongs to a producer slot (a slot's batches use its entry). */
+static int position_in_use(ifd_ingest *g, int i)
+{
+    for (int k = 0; k < g->cfg->max_producers; k++)
+        if (g->producers[k].used && g->producers[k].pos == i)
+            return 1;
+    return 0;
+}
+
 /* The index of name's position entry, added (seq -1, or seq when given >= 0) when missing; -1
- * when out of memory. Locks qmu: the infeed thread updates the table in src_pop. */
+ * when out of memory, -2 when the table holds max_pos names already, each with a position or a
+ * producer. Locks qmu: the infeed thread updates the table in src_pop. */
 int ingest_position_index(ifd_ingest *g, const char *name, int64_t *seq)
 {
+    position key;
+    snprintf(key.name, sizeof key.name, "%s", name);
     ifd_mutex_lock(&g->qmu);
-    int i = 0;
-    while (i < g->npos && strcmp(g->pos[i].name, name) != 0)
-        i++;
-    if (i == g->npos) {
-        if (g->npos == g->cap_pos) {
-            int cap = g->cap_pos ? 2 * g->cap_pos : 16;
-            position *t = realloc(g->pos, (size_t)cap * sizeof *t);
-            if (t == NULL) {
+    int i;
+    void *node = tfind(&key, &g->pos_index, pos_cmp);
+    if (node) {
+        position *e = *(position **)node;
+        for (i = 0; g->pos[i] != e; i++)
+            ;
+    } else {
+        /* a new name: a fresh entry, or one that never got a position and has no producer */
+        i = g->npos;
+        if (g->npos >= g->max_pos)
+            for (int k = 0; k < g->npos; k++)
+                if (g->pos[k]->seq < 0 && !position_in_use(g, k)) {
+                    i = k;
+                    break;
+                }
+        if (i == g->npos && g->npos >= g->max_pos) {
+            ifd_mutex_unlock(&g->qmu);
+            return -2;
+        }
+        position *e;
+        if (i < g->npos) { /* recycled */
+            e = g->pos[i];
+            tdelete(e, &g->pos_index, pos_cmp);
+        } else {
+            if (g->npos == g->cap_pos) {
+                int cap = g->cap_pos ? 2 * g->cap_pos : 16;
+                position **tab = realloc(g->pos, (size_t)cap * sizeof *tab);
+                if (tab == NULL) {
+                    ifd_mutex_unlock(&g->qmu);
+                    return -1;
+                }
+                g->pos = tab;
+                g->cap_pos = cap;
+            }
+            e = malloc(sizeof *e);
+            if (e == NULL) {
                 ifd_mutex_unlock(&g->qmu);
                 return -1;
             }
-            g->pos = t;
-            g->cap_pos = cap;
+            g->pos[g->npos++] = e;
         }
-        snprintf(g->pos[i].name, sizeof g->pos[i].name, "%s", name);
-        g->pos[i].seq = -1;
-        g->npos++;
+        *e = key;
+        e->seq = -1;
+        if (tsearch(e, &g->pos_index, pos_cmp) == NULL) {
+            e->name[0] = '\0'; /* an entry no name finds; recycled later */
+            ifd_mutex_unlock(&g->qmu);
+            return -1;
+        }
     }
-    if (*seq > g->pos[i].seq)
-        g->pos[i].seq = *seq;
-    *seq = g->pos[i].seq;
+    if (*seq > g->pos[i]->seq)
+        g->pos[i]->seq = *seq;
+    *seq = g->pos[i]->seq;
     ifd_mutex_unlock(&g->qmu);
     return i;
 }
 
-/* A free slot, reusing one whose producer ended with nothing in flight. */
+static void no_free(void *p)
+{
+    (void)p;
+}
+
+void ingest_producers_free(ifd_ingest *g)
+{
+    tdestroy(g->by_rid, no_free);
+    tdestroy(g->pos_index, no_free);
+    for (int i = 0; i < g->npos; i++)
+        free(g->pos[i]);
+    free(g->pos);
+    g->by_rid = g->pos_index = NULL;
+    g->pos = NULL;
+}
+
+/* Whether p's connection still exists: a CREDIT of 0 (a no-op every client ignores) is sent to
+ * it; libzmq's ROUTER (ZMQ_ROUTER_MANDATORY) refuses a connection that is closed or whose
+ * heartbeats went unanswered. */
+static int probe_alive(ifd_ingest *g, producer *p)
+{
+    if (p->rid_len == 0 || p->gone)
+        return 0;
+    uint8_t hdr[IFD_PROTO_CREDIT_HDR];
+    producer_rid r = ingest_rid_of(p);
+    ingest_send_parts(g, &r, hdr, ifd_proto_credit(hdr, 0), NULL);
+    return !p->gone;
+}
+
+/* A free slot, reusing one whose producer ended (sent END or timed out) with nothing in flight,
+ * else one whose connection is gone (probed) with nothing in flight (a peer that said HELLO and
+ * left; its position stays in the position table). */
 producer *ingest_new_slot(ifd_ingest *g)
 {
     for (int i = 0; i < g->cfg->max_producers; i++)
         if (!g->producers[i].used)
             return &g->producers[i];
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < g->cfg->max_producers; i++) {
+            producer *p = &g->producers[i];
+            if (p->in_flight == 0 && (pass == 0 ? p->ended : !probe_alive(g, p))) {
+                if (pass == 1) {
+                    char n[4 * IFD_PROTO_NAME_MAX + 1];
+                    IFD_LOG_LIMITED(&g->lim_gone, IFD_LOG_INFO,
+                                    "producer '%s' (connection gone, nothing in flight) gives "
+                                    "its slot to a new producer",
+                                    ifd_log_escape(p->name, n, sizeof n));
+                    if (!p->counted_end)
+                        g->ended_total++; /* as a timeout would: it no longer holds the input */
+                }
+                slot_reset(g, p);
+                return p;
+            }
+        }
+    return NULL;
+}
+
+/* ---- liveness ------------------------------------------------------------------------------- */
+
+void ingest_note_gone(ifd_ingest *g, const producer_rid *to)
+{
+    producer *p = ingest_find_by_rid(g, to);
+    if (p == NULL || p->gone)
+        return;
+    p->gone = 1;
+    p->gone_ns = ifd_clock_ns();
+    if (p->welcomed && !p->ended) {
+        char n[4 * IFD_PROTO_NAME_MAX + 1];
+        IFD_LOG_LIMITED(&g->lim_gone, IFD_LOG_INFO,
+                        "producer '%s': its connection is gone without END (%d batches in "
+                        "flight, last seq %" PRId64 "); %s",
+                        ifd_log_escape(p->name, n, sizeof n), p->in_flight, p->last_seq,
+                        g->cfg->producer_timeout > 0
+                            ? "it is timed out unless it comes back within producer_timeout"
+                            : "the input stays open for it (producer_timeout 0)");
+    }
+}
+
+static void time_out(ifd_ingest *g, producer *p, const char *why)
+{
+    char n[4 * IFD_PROTO_NAME_MAX + 1];
+    IFD_LOG_LIMITED(&g->lim_gone, IFD_LOG_INFO,
+                    "producer '%s' timed out (%s for %g s; producer_timeout): %d unused credits "
+                    "taken back, %d accepted batches still trained on, counted as ended",
+                    ifd_log_escape(p->name, n, sizeof n), why, g->cfg->producer_timeout, p->credit,
+                    p->in_flight);
+    p->timed_out = 1;
+    p->ended = 1;
+    p->credit = 0;
+    if (!p->counted_end)
+        g->ended_total++;
+    p->counted_end = 1;
+}
+
+void ingest_check_liveness(ifd_ingest *g)
+{
+    int64_t now = ifd_clock_ns();
+    if (now - g->liveness_ns < 100000000LL)
+        return;
+    g->liveness_ns = now;
+    if (g->cfg->producer_timeout <= 0)
+        return;
+    int64_t limit = (int64_t)(g->cfg->producer_timeout * 1e9);
+    int changed = 0;
     for (int i = 0; i < g->cfg->max_producers; i++) {
         producer *p = &g->producers[i];
-        if (p->ended && p->in_flight == 0) {
-            memset(p, 0, sizeof *p);
-            return p;
+        if (!p->used || !p->welcomed || p->ended)
+            continue;
+        if (p->gone && now - p->gone_ns >= limit) {
+            time_out(g, p, "connection gone");
+            changed = 1;
+        } else if (!p->gone && p->credit > 0 && now - p->heard_ns >= limit) {
+            if (!probe_alive(g, p)) /* gone just now: give it the timeout from here */
+                continue;
+            time_out(g, p, "silent with credit");
+            changed = 1;
         }
     }
-    return NULL;
+    if (changed) {
+        ingest_count_producers(g);
+        ingest_check_input_end(g);
+    }
 }
 
 /* ---- HELLO ------------------------------------------------------------------------------ */
@@ -227,7 +426,7 @@ void ingest_check_input_end(ifd_ingest *g)
     }
     if (g->cfg->expect_producers > 0 && g->ended_total < g->cfg->expect_producers)
         return;
-    ingest_close_input(g, "every producer sent END");
+    ingest_close_input(g, "every producer sent END or timed out");
 }
 
 void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_t *body)
@@ -334,22 +533,36 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
         }
     }
     producer *named = ingest_find_by_name(g, name);
-    if (p && p != named) { /* this connection changes its name: forget the old stream */
-        if (p->in_flight == 0) {
-            memset(p, 0, sizeof *p);
-        } else {
-            p->ended = 1;
-            p->rid_len = 0;
-        }
-        p = NULL;
+    if (named && named != p && probe_alive(g, named)) {
+        /* a name is its connection's while that connection lives: no takeover */
+        char n[4 * IFD_PROTO_NAME_MAX + 1];
+        IFD_LOG_LIMITED(&g->lim_reject, IFD_LOG_INFO,
+                        "HELLO for producer '%s' refused: another live connection has that name",
+                        ifd_log_escape(name, n, sizeof n));
+        ifd_error_set(&e, IFD_EBUSY,
+                      "HELLO: name '%s' is in use by another live connection (%s, %d batches in "
+                      "flight); a name passes to a new connection only once the old one is "
+                      "closed or its heartbeats time out: pick another name or wait",
+                      name, named->ended ? "ended" : "streaming", named->in_flight);
+        goto reply;
     }
+    /* A connection that changes its name leaves its old stream, once the new one is set up
+     * (a refused HELLO changes nothing). */
+    producer *old = p && p != named ? p : NULL;
     p = named;
     int fresh = p == NULL;
     if (p == NULL) {
         p = ingest_new_slot(g);
+        if (p == NULL && old && old->in_flight == 0) { /* the old stream's slot is the one */
+            slot_reset(g, old);
+            p = old;
+        }
+        if (p == old)
+            old = NULL;
         if (p == NULL) {
             ifd_error_set(&e, IFD_EINVAL,
-                          "HELLO: too many producers: expected at most %d (max_producers)",
+                          "HELLO: too many producers: expected at most %d (max_producers) "
+                          "connected or with batches in flight",
                           g->cfg->max_producers);
             goto reply;
         }
@@ -363,23 +576,46 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     /* A name whose slot was reused, or that a resumed checkpoint knows: its stream goes on after
      * what was consumed. (A known name has its entry: only a fresh one can fail.) */
     int64_t consumed = -1;
-    p->pos = ingest_position_index(g, p->name, &consumed);
-    if (p->pos < 0) {
+    int pos = ingest_position_index(g, p->name, &consumed);
+    if (pos < 0) {
         if (fresh)
-            memset(p, 0, sizeof *p);
+            slot_reset(g, p);
+        else
+            p->welcomed = 0;
+        if (pos == -2)
+            ifd_error_set(&e, IFD_EINVAL,
+                          "HELLO: name '%s': too many producer names in this run: expected at "
+                          "most %d names holding a position (4 x max_producers, at least 1024)",
+                          name, g->max_pos);
+        else
+            ifd_error_set(&e, IFD_ENOMEM, "HELLO: no memory for producer '%s'", name);
+        goto reply;
+    }
+    p->pos = pos;
+    if (consumed > p->last_seq)
+        p->last_seq = consumed;
+    if (consumed > p->acked_seq)
+        p->acked_seq = consumed;
+    if (old) {
+        if (old->in_flight == 0) {
+            slot_reset(g, old);
+        } else {
+            old->ended = 1;
+            slot_unbind(g, old);
+        }
+    }
+    if (slot_bind(g, p, from) != IFD_OK) {
+        if (fresh)
+            slot_reset(g, p);
         else
             p->welcomed = 0;
         ifd_error_set(&e, IFD_ENOMEM, "HELLO: no memory for producer '%s'", name);
         goto reply;
     }
-    if (consumed > p->last_seq)
-        p->last_seq = consumed;
-    if (consumed > p->acked_seq)
-        p->acked_seq = consumed;
-    memcpy(p->rid, from->rid, from->len);
-    p->rid_len = from->len;
     p->welcomed = 1;
     p->ended = 0;
+    p->timed_out = 0;
+    p->heard_ns = ifd_clock_ns();
     p->replica = replica; /* its batches accepted before keep the replica they were for */
     p->credit = g->credit - p->in_flight;
     if (p->credit < 0)
@@ -388,8 +624,10 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     /* The sequence numbers end at INT64_MAX: after a batch with that seq, no later one exists
      * (every seq is a duplicate) and next_seq stays at INT64_MAX rather than overflowing. */
     int64_t next_seq = p->last_seq < INT64_MAX ? p->last_seq + 1 : INT64_MAX;
-    IFD_LOG_INFO("producer '%s' connected (next seq %" PRId64 ", credit %d)", p->name, next_seq,
-                 p->credit);
+    char n[4 * IFD_PROTO_NAME_MAX + 1];
+    IFD_LOG_LIMITED(&g->lim_hello, IFD_LOG_INFO,
+                    "producer '%s' connected (next seq %" PRId64 ", credit %d)",
+                    ifd_log_escape(p->name, n, sizeof n), next_seq, p->credit);
     json_t *w = json_object();
     json_object_set_new(w, "protocol", json_integer(IFD_PROTO_VERSION));
     json_object_set_new(w, "name", json_string(p->name));
@@ -423,7 +661,10 @@ void ingest_handle_end(ifd_ingest *g, const producer_rid *from)
         return;
     }
     if (!p->ended) {
-        IFD_LOG_INFO("producer '%s' ended its stream after batch %" PRId64, p->name, p->last_seq);
+        char n[4 * IFD_PROTO_NAME_MAX + 1];
+        IFD_LOG_LIMITED(&g->lim_hello, IFD_LOG_INFO,
+                        "producer '%s' ended its stream after batch %" PRId64,
+                        ifd_log_escape(p->name, n, sizeof n), p->last_seq);
         if (!p->counted_end)
             g->ended_total++;
         p->counted_end = 1;

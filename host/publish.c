@@ -24,7 +24,7 @@ static int pub_write(void *ctx, const char *json, size_t len, ifd_error *err)
     ifd_ingest *g = ctx;
     outmsg *m = malloc(sizeof *m + len + 1);
     if (m == NULL)
-        return ifd_error_set(err, IFD_ENOMEM, "ingest_publish");
+        return ifd_error_set(err, IFD_ENOMEM, "publish");
     m->next = NULL;
     m->len = len;
     memcpy(m->json, json, len);

@@ -76,8 +76,8 @@ static int src_pop(ifd_ingest *g, int lane, ifd_batch **out, int wait, ifd_error
         if (l->head == NULL)
             l->tail = NULL;
         l->len--;
-        if (hb->b.seq > g->pos[hb->pos].seq)
-            g->pos[hb->pos].seq = hb->b.seq;
+        if (hb->b.seq > g->pos[hb->pos]->seq)
+            g->pos[hb->pos]->seq = hb->b.seq;
         *out = &hb->b;
         rc = IFD_OK;
     } else {

@@ -27,7 +27,8 @@
     XX(EBLAS, "BLAS error")                                                                        \
     XX(ECUDA, "CUDA error")                                                                        \
     XX(ENCCL, "NCCL error")                                                                        \
-    XX(EINTERNAL, "internal error")
+    XX(EINTERNAL, "internal error")                                                                \
+    XX(EBUSY, "in use")
 
 typedef enum {
     IFD_OK = 0,

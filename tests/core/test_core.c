@@ -65,6 +65,7 @@ static const struct {
     {IFD_ECUDA, "IFD_ECUDA", "CUDA error"},
     {IFD_ENCCL, "IFD_ENCCL", "NCCL error"},
     {IFD_EINTERNAL, "IFD_EINTERNAL", "internal error"},
+    {IFD_EBUSY, "IFD_EBUSY", "in use"},
 };
 #define NCODES ((int)(sizeof k_codes / sizeof k_codes[0]))
 

@@ -22,6 +22,7 @@ class RawPeer:
         self.welcomes: list[dict] = []
         self.byes: list[dict] = []
         self.other: list[P.Message] = []
+        self.probes = 0
 
     def send(self, frames) -> None:
         h = bytes(frames[0]) if frames else b""
@@ -36,6 +37,12 @@ class RawPeer:
             self.pending.remove(s)
         self.acks.extend(done if done else [m.seq])
 
+    def _on_credit(self, credit: int) -> None:
+        if credit == 0:  # the daemon's liveness probe (docs/protocol.md, CREDIT): no credit
+            self.probes += 1
+        else:
+            self.credits.append(credit)
+
     def _on_error(self, body) -> None:
         if body.get("seq") in self.pending:
             self.pending.remove(body["seq"])
@@ -45,7 +52,7 @@ class RawPeer:
         if not self.sock.poll(int(timeout * 1000)):
             return False
         m = P.unpack_message(self.sock.recv_multipart())
-        {P.ACK: lambda: self._on_ack(m), P.CREDIT: lambda: self.credits.append(m.credit),
+        {P.ACK: lambda: self._on_ack(m), P.CREDIT: lambda: self._on_credit(m.credit),
          P.ERROR: lambda: self._on_error(m.body), P.WELCOME: lambda: self.welcomes.append(m.body),
          P.BYE: lambda: self.byes.append(m.body)}.get(m.type, lambda: self.other.append(m))()
         return True

@@ -111,3 +111,278 @@ def test_end_with_extra_frames_and_negative_seq(daemon, rng):
     assert dm.wait() == 0, dm.log()
     p.close()
     keeper.close()
+
+
+# ---- producer names: no takeover while the owner lives ------------------------------------------
+
+def test_a_live_producers_name_cannot_be_taken(daemon, rng):
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    d = int(nrng.integers(1, 10))
+    dm = daemon(replicas=1, batch_size=B, features=d, classes=K, steps=1000000,
+                iterations_per_loop=2, summary_every=0, credit=4)
+    victim = RawPeer(dm.listen)
+    victim.send(hello(schema(d), name="victim"))
+    victim.welcome()
+    n = int(nrng.integers(2, 5))  # within its credit of 4
+    for s in range(n):
+        victim.send(batch_frames(s, good(nrng, d)))
+    victim.ack(n - 1)
+    thief = RawPeer(dm.listen)
+    for attempt in range(3):  # with and without first_seq, again and again
+        thief.send(hello(schema(d), name="victim", first_seq=attempt * 100))
+        e = thief.error()
+        assert e["code"] == "EBUSY" and e["seq"] is None, e
+        assert "'victim'" in e["message"] and "in use" in e["message"], e
+    # the victim lost nothing: its credit and stream go on
+    for s in range(n, n + 4):
+        victim.send(batch_frames(s, good(nrng, d)))
+    victim.ack(n + 3)
+    assert not victim.errors and not victim.other, (victim.errors, victim.other)
+    assert re.search(r"HELLO for producer 'victim' refused", dm.log()), dm.log()
+    # once the owner's connection is closed, the name passes on (a restarted producer)
+    victim.close()
+    # (libzmq drops the closed connection's route a moment after the close: EBUSY until then)
+    deadline = __import__("time").monotonic() + 5
+    while True:
+        thief.send(hello(schema(d), name="victim"))
+        thief.until(lambda: thief.welcomes or thief.errors, "WELCOME")
+        if thief.welcomes:
+            break
+        e = thief.errors.pop()
+        assert e["code"] == "EBUSY" and __import__("time").monotonic() < deadline, e
+        __import__("time").sleep(0.02)
+    w = thief.welcomes[-1]
+    assert w["next_seq"] == n + 4, w
+    thief.send(batch_frames(n + 4, good(nrng, d)))
+    thief.ack(n + 4)
+    thief.send(P.end_frames())
+    thief.until(lambda: thief.byes, "BYE")
+    assert dm.wait() == 0, dm.log()
+    assert dm.end_summary()["global_step"] == n + 5
+    thief.close()
+
+
+def test_peers_that_hello_and_vanish_do_not_fill_the_table(daemon, rng):
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    d = 2
+    m = int(nrng.integers(2, 7))
+    dm = daemon(replicas=1, batch_size=B, features=d, classes=K, steps=1000000,
+                iterations_per_loop=2, summary_every=0, max_producers=m)
+    keeper = RawPeer(dm.listen)
+    keeper.send(hello(schema(d), name="keeper"))
+    keeper.welcome()
+    for k in range(3 * m):  # HELLO, then gone without END
+        v = RawPeer(dm.listen)
+        v.send(hello(schema(d), name=f"ghost-{k}"))
+        v.welcome()
+        v.close()
+    real = RawPeer(dm.listen)
+    real.send(hello(schema(d), name="real"))
+    real.welcome()
+    real.send(batch_frames(0, good(nrng, d)))
+    real.ack(0)
+    assert "gives its slot to a new producer" in dm.log(), dm.log()
+    # a live producer's slot is never taken: with every slot live, a newcomer is refused
+    live = [RawPeer(dm.listen) for _ in range(m - 2)]
+    for i, p in enumerate(live):
+        p.send(hello(schema(d), name=f"live-{i}"))
+        p.welcome()
+    extra = RawPeer(dm.listen)
+    extra.send(hello(schema(d), name="extra"))
+    e = extra.error()
+    assert e["code"] == "EINVAL" and "max_producers" in e["message"], e
+    for p in [keeper, real] + live:
+        p.send(P.end_frames())
+    keeper.until(lambda: keeper.byes, "BYE")
+    assert dm.wait() == 0, dm.log()
+    for p in [keeper, real, extra] + live:
+        p.close()
+
+
+# ---- vanished producers are timed out -----------------------------------------------------------
+
+PRODUCER = r"""
+import sys, time, numpy as np, infeed
+endpoint, name, d, k, b = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+rng = np.random.default_rng(5)
+with infeed.Producer(endpoint, name=name) as p:
+    while True:
+        seq = p.send(x=rng.random((b, d), dtype=np.float32), y=rng.integers(0, k, b, dtype=np.int32))
+        print(seq, flush=True)
+        time.sleep(0.01)
+"""
+
+
+def spawn_producer(dm, name, d):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ)
+    return subprocess.Popen([sys.executable, "-c", PRODUCER, dm.listen, name, str(d), str(K),
+                             str(B)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                            text=True)
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGSTOP"])
+def test_a_producer_killed_or_stopped_mid_stream_is_timed_out(daemon, rng, how):
+    """The producer is killed (its connection closes) or stopped (its heartbeats stop): after
+    producer_timeout it is timed out by name, its accepted batches are trained on, and the
+    input ends without it (it was the only producer)."""
+    import signal
+    import time
+    timeout = 1.5
+    d = int(rng.randrange(1, 20))
+    dm = daemon(replicas=1, batch_size=B, features=d, classes=K, steps=1000000,
+                iterations_per_loop=3, summary_every=0, producer_timeout=timeout)
+    proc = spawn_producer(dm, "doomed", d)
+    try:
+        for _ in range(int(rng.randrange(5, 30))):  # a few batches ACKed, so it is mid-stream
+            line = proc.stdout.readline()
+            assert line, "the producer ended early"
+        st = dm.control({"cmd": "status"})
+        acked = [q for q in st["producers"] if q["name"] == "doomed"][0]["acked_seq"]
+        proc.send_signal(getattr(signal, how))
+        t0 = time.monotonic()
+        rc = dm.wait(timeout=30)
+        took = time.monotonic() - t0
+        assert rc == 0, dm.log()
+        log = dm.log()
+        # killed: its connection closes; stopped: it holds credit and says nothing, and its
+        # heartbeats stop: either is seen first
+        why = "connection gone" if how == "SIGKILL" else "(connection gone|silent with credit)"
+        assert re.search(rf"producer 'doomed' timed out \({why} for {timeout:g} s", log), log
+        end = dm.end_summary()
+        assert end["status"] == "ok" and end["reason"] == "input_ended", end
+        # everything acknowledged before the signal was trained on (and what was accepted
+        # after it too; a batch still in the producer's socket when it died never arrived)
+        assert end["global_step"] >= acked + 1, (acked, end)
+        # gone at once (SIGKILL) or after the heartbeat timeout (1 s: half the producer timeout,
+        # at least 1 s), then the producer timeout
+        assert took < timeout + 1.0 + 5.0, took
+        status_free = re.search(r"ended its stream", log) is None
+        assert status_free, log  # it never sent END
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+        proc.wait()
+
+
+def test_a_silent_producer_holding_credit_is_timed_out_then_resumes(daemon, rng):
+    import time
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    d = 3
+    dm = daemon(replicas=1, batch_size=B, features=d, classes=K, steps=1000000,
+                iterations_per_loop=1, summary_every=0, producer_timeout=0.8, credit=4)
+    keeper = RawPeer(dm.listen)  # keeps the input open
+    keeper.send(hello(schema(d), name="keeper"))
+    keeper.welcome()
+    p = RawPeer(dm.listen)
+    p.send(hello(schema(d), name="sleepy"))
+    p.welcome()
+    p.send(batch_frames(0, good(nrng, d)))
+    p.ack(0)
+    deadline = time.monotonic() + 10
+    kseq = 0
+    while "producer 'sleepy' timed out (silent with credit" not in dm.log():
+        assert time.monotonic() < deadline, dm.log()
+        keeper.send(batch_frames(kseq, good(nrng, d)))  # the keeper is not silent
+        keeper.ack(kseq)
+        kseq += 1
+        time.sleep(0.05)
+    assert "producer 'keeper' timed out" not in dm.log(), dm.log()
+    st = dm.control({"cmd": "status"})
+    sleepy = [q for q in st["producers"] if q["name"] == "sleepy"][0]
+    assert sleepy["ended"] and sleepy["credit"] == 0, sleepy
+    # its next batch is refused with the reason, a HELLO resumes it where it was
+    p.send(batch_frames(1, good(nrng, d)))
+    e = p.error()
+    assert e["code"] == "ECLOSED" and "timed out" in e["message"], e
+    p.send(hello(schema(d), name="sleepy"))
+    assert p.welcome()["next_seq"] == 1
+    p.send(batch_frames(1, good(nrng, d)))
+    p.ack(1)
+    for q in (p, keeper):
+        q.send(P.end_frames())
+    p.until(lambda: p.byes, "BYE")
+    assert dm.wait() == 0, dm.log()
+    assert dm.end_summary()["global_step"] == 2 + kseq
+    p.close()
+    keeper.close()
+
+
+def test_a_producer_waiting_without_credit_is_not_timed_out(daemon, rng):
+    """Silence is the daemon's doing when the producer has no credit: it keeps its slot."""
+    import time
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    d = 3
+    dm = daemon(replicas=1, batch_size=B, features=d, classes=K, steps=1000000,
+                iterations_per_loop=1, summary_every=0, producer_timeout=0.5, credit=2,
+                initial_infeed_sleep=2.5)
+    p = RawPeer(dm.listen)
+    p.send(hello(schema(d), name="patient"))
+    p.welcome()
+    p.send(batch_frames(0, good(nrng, d)))
+    p.send(batch_frames(1, good(nrng, d)))
+    time.sleep(2.0)  # four producer timeouts with no credit: the infeed sleeps, nothing is ACKed
+    assert "timed out" not in dm.log(), dm.log()
+    p.ack(1, timeout=10)
+    p.send(P.end_frames())
+    p.until(lambda: p.byes, "BYE")
+    assert dm.wait() == 0, dm.log()
+    p.close()
+
+
+# ---- the log ------------------------------------------------------------------------------------
+
+def test_names_are_escaped_and_hello_lines_rate_limited(daemon, rng):
+    d = 2
+    dm = daemon(replicas=1, batch_size=B, features=d, classes=K, steps=1000000,
+                iterations_per_loop=2, summary_every=0, max_producers=4)
+    p = RawPeer(dm.listen)
+    p.send(hello(schema(d), name="evil\ninfeed error [forged] line\\"))
+    p.welcome()
+    n = 300
+    for k in range(n):  # one connection renaming itself: a HELLO line each, unthrottled before
+        p.send(hello(schema(d), name=f"n{k}"))
+    p.until(lambda: len(p.welcomes) > n, "the WELCOMEs", timeout=20)
+    log = dm.log()
+    assert "evil\\x0ainfeed error [forged] line\\x5c" in log, log
+    assert not any(line.startswith("infeed error [forged]") for line in log.splitlines()), log
+    connected = len(re.findall(r"producer 'n\d+' connected", log))
+    assert connected < n // 2, f"{connected} HELLO lines for {n} HELLOs"
+    assert "similar lines suppressed" in log or connected < 25, log
+    p.send(P.end_frames())
+    p.until(lambda: p.byes, "BYE")
+    assert dm.wait() == 0, dm.log()
+    p.close()
+
+
+def test_names_ever_seen_are_bounded(daemon, rng):
+    """A connection that renames itself for every batch fills the position table (every name
+    with a consumed batch must stay for checkpoints): past 4 x max_producers names, at least
+    1024, a new name is refused with a sentence; known names still work."""
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    d = 1
+    dm = daemon(replicas=1, batch_size=1, features=d, classes=K, steps=1000000,
+                iterations_per_loop=1, summary_every=0, max_producers=2, credit=8,
+                log_level="warn")
+    p = RawPeer(dm.listen)
+    cap = 1024
+    x = nrng.random((1, d), dtype=np.float32)
+    y = np.zeros(1, dtype=np.int32)
+    for k in range(cap):  # each name's batch consumed before the next name
+        p.send(hello(schema(d), name=f"r{k}"))
+        p.send(batch_frames(0, [x, y]))
+        p.until(lambda: len(p.acks) + len(p.errors) > k, f"the ACK of r{k}'s batch")
+        assert not p.errors, p.errors[:3]
+    p.send(hello(schema(d), name="one-too-many"))
+    e = p.error()
+    assert e["code"] == "EINVAL" and "too many producer names" in e["message"], e
+    assert str(cap) in e["message"], e
+    p.send(hello(schema(d), name="r7"))  # a known name is welcomed
+    assert p.welcome()["next_seq"] == 1
+    p.send(P.end_frames())
+    p.until(lambda: p.byes, "BYE", timeout=20)
+    assert dm.wait() == 0, dm.log()
+    p.close()
