@@ -894,14 +894,18 @@ int ifd_checkpoint_load_latest(const char *dir, int set_aside, ifd_checkpoint **
         if (newest_bad == n)
             newest_bad = i;
     }
-    if (rc == IFD_OK && good == n)
-        rc = newest_bad == n
-                 ? ifd_error_set(err, IFD_ENOTFOUND,
-                                 "checkpoint folder '%s': its checkpoints vanished while read", dir)
-                 : ifd_error_set(err, IFD_EPROTO,
-                                 "checkpoint folder '%s': none of its %zu checkpoints loads; the "
-                                 "newest: %s",
-                                 dir, n, bad[newest_bad].msg);
+    if (rc == IFD_OK && good == n && newest_bad == n)
+        rc = ifd_error_set(err, IFD_ENOTFOUND,
+                           "checkpoint folder '%s': its checkpoints vanished while read", dir);
+    else if (rc == IFD_OK && good == n && n == 1)
+        rc = ifd_error_set(err, IFD_EPROTO,
+                           "checkpoint folder '%s': its only checkpoint does not load: %s", dir,
+                           bad[newest_bad].msg);
+    else if (rc == IFD_OK && good == n)
+        rc = ifd_error_set(err, IFD_EPROTO,
+                           "checkpoint folder '%s': none of its %zu checkpoints loads; the "
+                           "newest: %s",
+                           dir, n, bad[newest_bad].msg);
     for (size_t i = good + 1; rc == IFD_OK && i < n; i++) {
         if (bad[i].code == IFD_OK)
             continue;
