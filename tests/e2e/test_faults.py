@@ -322,3 +322,34 @@ def test_no_good_checkpoint_is_a_one_line_error(tmp_path, reference, seeded):
     # a start that failed renamed and changed nothing
     assert {f.name: f.read_bytes() for f in ckpt.files(folder)} == before, ctx
     assert not list(folder.glob("*.damaged")), ctx
+
+
+def test_eval_skips_damaged_checkpoints_and_renames_nothing(daemon, tmp_path, reference, seeded):
+    """Eval only reads the folder: the newest checkpoint that loads is evaluated, the damaged
+    newer ones are warned about and left where they are."""
+    seed, rng = seeded
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    for f in ckpt.files(reference["folder"]):
+        (folder / f.name).write_bytes(f.read_bytes())
+    files = ckpt.files(folder)
+    k = rng.randrange(1, len(files) - 1)
+    what = [damage(f, rng) for f in files[-k:]]
+    start = int(files[-k - 1].stem[5:])
+    ctx = f"seed {seed}: {'; '.join(what)}"
+    before = {f.name: f.read_bytes() for f in folder.iterdir()}
+    f = flags(folder, mode="eval", steps=2)
+    for key in ("checkpoint_every", "keep_checkpoints", "last_step", "summary_every"):
+        f.pop(key)
+    d = daemon(**f)
+    with infeed.Producer(d.listen, name="evaluator", timeout=20) as p:
+        for i in range(2):
+            p.send(batch(i))
+    assert d.wait() == 0, f"{ctx}\n{d.log()}"
+    log = d.log()
+    assert f"starting from a checkpoint at global step {start} " in log, f"{ctx}\n{log}"
+    for g in files[-k:]:
+        assert any(" warn " in ln and str(g) in ln for ln in log.splitlines()), \
+            f"{ctx}: no warning naming {g.name}\n{log}"
+    assert {g.name: g.read_bytes() for g in folder.iterdir()} == before, f"{ctx}: files changed"
+    assert d.end_summary()["global_step"] == start, ctx
