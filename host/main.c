@@ -68,18 +68,22 @@ static void describe(const ifd_daemon_config *c, const ifd_program *p)
 }
 
 /* --resume or --checkpoint (eval and predict: or the latest in --checkpoint-dir): the
- * checkpoint to start from, checked against the config. */
+ * checkpoint to start from, checked against the config. --checkpoint names one file, which must
+ * load; from a folder, the newest that loads is taken, damaged newer ones skipped with a warning
+ * (and, when training, set aside as <name>.damaged: the run's own checkpoints replace them). */
 static int load_start(const ifd_daemon_config *c, ifd_checkpoint **out, ifd_error *err)
 {
     char path[4096 + 64];
+    int rc;
     if (c->checkpoint) {
         snprintf(path, sizeof path, "%s", c->checkpoint);
+        rc = ifd_checkpoint_load(path, out, err);
     } else {
-        int rc = ifd_checkpoint_latest(c->checkpoint_dir, path, sizeof path, err);
+        rc = ifd_checkpoint_load_latest(c->checkpoint_dir, c->run.mode == IFD_MODE_TRAIN, out, path,
+                                        sizeof path, err);
         if (rc)
             return ifd_error_prefix(err, "%s", c->resume ? "--resume" : "checkpoint_dir");
     }
-    int rc = ifd_checkpoint_load(path, out, err);
     if (rc == IFD_OK && (rc = ifd_checkpoint_check(*out, &c->run, err)) != IFD_OK) {
         ifd_error_prefix(err, "%s", path);
         ifd_checkpoint_free(*out);

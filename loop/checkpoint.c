@@ -324,6 +324,27 @@ static int write_floats(int fd, const float *f, size_t n, uint32_t *crc)
 #endif
 }
 
+/* The test hook of docs/checkpoint.md: IFD_TEST_CHECKPOINT_PAUSE=STEP:PHASE stops the writer of
+ * the checkpoint of global step STEP at PHASE ("partial": half its floats written; "written": the
+ * temporary file complete and flushed, not yet renamed) until the process is killed, so that a
+ * test can kill the daemon inside a write. Unset, it costs a getenv per write. */
+static void test_pause(const ifd_checkpoint *c, const char *phase, const char *tmp)
+{
+    const char *v = getenv("IFD_TEST_CHECKPOINT_PAUSE");
+    if (v == NULL || v[0] == '\0')
+        return;
+    char *end;
+    errno = 0;
+    long long step = strtoll(v, &end, 10);
+    if (errno || end == v || *end != ':' || step != c->global_step || strcmp(end + 1, phase) != 0)
+        return;
+    IFD_LOG_WARN("checkpoint: IFD_TEST_CHECKPOINT_PAUSE=%s: the write of '%s' stops here until the "
+                 "process is killed",
+                 v, tmp);
+    for (;;)
+        pause();
+}
+
 /* The file's bytes, in order, with a running CRC. */
 static int write_body(int fd, const ifd_checkpoint *c, ifd_error *err, const char *tmp)
 {
@@ -341,9 +362,12 @@ static int write_body(int fd, const ifd_checkpoint *c, ifd_error *err, const cha
     crc = crc_update(crc, text, hlen);
     int bad = write_all(fd, pre, sizeof pre) || write_all(fd, text, hlen);
     free(text);
-    /* params and slots are one block */
-    bad = bad ||
-          write_floats(fd, c->params, (size_t)c->nparam_floats * (size_t)(1 + c->nslots), &crc);
+    /* params and slots are one block, written in two halves (for the test hook) */
+    size_t floats = (size_t)c->nparam_floats * (size_t)(1 + c->nslots), half = floats / 2;
+    bad = bad || write_floats(fd, c->params, half, &crc);
+    if (!bad)
+        test_pause(c, "partial", tmp);
+    bad = bad || write_floats(fd, c->params + half, floats - half, &crc);
     uint8_t tail[CRC_LEN];
     ifd_put_u32(tail, crc);
     bad = bad || write_all(fd, tail, sizeof tail);
@@ -370,6 +394,8 @@ int ifd_checkpoint_write(const ifd_checkpoint *c, const char *path, ifd_error *e
         rc = ifd_error_set(err, IFD_EIO, "checkpoint: fsync '%s': %s", tmp, strerror(errno));
     if (close(fd) != 0 && rc == IFD_OK)
         rc = ifd_error_set(err, IFD_EIO, "checkpoint: close '%s': %s", tmp, strerror(errno));
+    if (rc == IFD_OK)
+        test_pause(c, "written", tmp);
     if (rc == IFD_OK && rename(tmp, path) != 0)
         rc = ifd_error_set(err, IFD_EIO, "checkpoint: cannot rename '%s' to '%s': %s", tmp, path,
                            strerror(errno));
@@ -817,6 +843,92 @@ out:
     ifd_checkpoint_free(c);
     json_decref(h);
     free(buf);
+    return rc;
+}
+
+int ifd_checkpoint_load_latest(const char *dir, int set_aside, ifd_checkpoint **out, char *path,
+                               size_t len, ifd_error *err)
+{
+    *out = NULL;
+    int64_t *steps;
+    size_t n;
+    int rc = list_steps(dir, &steps, &n, 0, err);
+    if (rc)
+        return rc;
+    if (n == 0) {
+        free(steps);
+        return ifd_error_set(err, IFD_ENOTFOUND,
+                             "checkpoint folder '%s': no checkpoint (" NAME_PREFIX
+                             "<step>" IFD_CHECKPOINT_SUFFIX ") in it",
+                             dir);
+    }
+    /* Newest first. The problems are told once one loads (when none does, the one sentence of
+     * the error names the newest's). */
+    ifd_error *bad = calloc(n, sizeof *bad);
+    size_t good = n, newest_bad = n;
+    if (bad == NULL)
+        rc = ifd_error_set(err, IFD_ENOMEM, "checkpoint folder '%s'", dir);
+    for (size_t i = n; rc == IFD_OK && i-- > 0;) {
+        char p[4096 + 64];
+        rc = step_path(p, sizeof p, dir, steps[i], err);
+        if (rc)
+            break;
+        int lrc = ifd_checkpoint_load(p, out, &bad[i]);
+        if (lrc == IFD_OK) {
+            good = i;
+            if (snprintf(path, len, "%s", p) >= (int)len)
+                rc = ifd_error_set(err, IFD_ERANGE,
+                                   "checkpoint folder '%s': the path of a checkpoint does not fit "
+                                   "in %zu bytes",
+                                   dir, len);
+            break;
+        }
+        if (lrc == IFD_ENOTFOUND) { /* pruned by a writer since the listing: a newer one exists */
+            bad[i].code = IFD_OK;
+            continue;
+        }
+        if (lrc != IFD_EPROTO && lrc != IFD_EIO) {
+            rc = ifd_error_set(err, lrc, "%s", bad[i].msg);
+            break;
+        }
+        if (newest_bad == n)
+            newest_bad = i;
+    }
+    if (rc == IFD_OK && good == n && newest_bad == n)
+        rc = ifd_error_set(err, IFD_ENOTFOUND,
+                           "checkpoint folder '%s': its checkpoints vanished while read", dir);
+    else if (rc == IFD_OK && good == n && n == 1)
+        rc = ifd_error_set(err, IFD_EPROTO,
+                           "checkpoint folder '%s': its only checkpoint does not load: %s", dir,
+                           bad[newest_bad].msg);
+    else if (rc == IFD_OK && good == n)
+        rc = ifd_error_set(err, IFD_EPROTO,
+                           "checkpoint folder '%s': none of its %zu checkpoints loads; the "
+                           "newest: %s",
+                           dir, n, bad[newest_bad].msg);
+    for (size_t i = good + 1; rc == IFD_OK && i < n; i++) {
+        if (bad[i].code == IFD_OK)
+            continue;
+        char p[4096 + 64], q[4096 + 80];
+        if (!set_aside || step_path(p, sizeof p, dir, steps[i], NULL) != IFD_OK) {
+            IFD_LOG_WARN("checkpoint: skipped a damaged checkpoint: %s", bad[i].msg);
+            continue;
+        }
+        snprintf(q, sizeof q, "%s" IFD_CHECKPOINT_DAMAGED, p);
+        if (rename(p, q) == 0)
+            IFD_LOG_WARN("checkpoint: skipped a damaged checkpoint, renamed to '%s': %s", q,
+                         bad[i].msg);
+        else
+            IFD_LOG_WARN("checkpoint: skipped a damaged checkpoint (cannot rename it to '%s': %s): "
+                         "%s",
+                         q, strerror(errno), bad[i].msg);
+    }
+    if (rc) {
+        ifd_checkpoint_free(*out);
+        *out = NULL;
+    }
+    free(bad);
+    free(steps);
     return rc;
 }
 

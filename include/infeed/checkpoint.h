@@ -40,6 +40,20 @@ int ifd_checkpoint_latest(const char *dir, char *path, size_t len, ifd_error *er
 /* As ifd_checkpoint_latest, the step of that checkpoint (from its name). */
 int ifd_checkpoint_latest_step(const char *dir, int64_t *step, ifd_error *err);
 
+/* What ifd_checkpoint_load_latest appends to the name of a damaged checkpoint it sets aside. */
+#define IFD_CHECKPOINT_DAMAGED ".damaged"
+
+/* Loads the checkpoint with the highest step in dir that loads (ifd_checkpoint_load) into *out,
+ * and its path into path. A newer one that does not (IFD_EPROTO or IFD_EIO: truncated, corrupt,
+ * unreadable) is skipped with a WARN log line naming the file and its problem; with set_aside,
+ * once an older one loaded, each skipped one is renamed to <name>.damaged (IFD_CHECKPOINT_DAMAGED)
+ * so that no later listing, pruning or resume counts it (nothing is renamed when none loads).
+ * Temporary files (a killed writer's) are never candidates. IFD_ENOTFOUND with a sentence when
+ * dir holds no checkpoint or does not exist; IFD_EPROTO when none of its checkpoints loads (the
+ * sentence names the newest and its problem); IFD_ERANGE when len is too small. */
+int ifd_checkpoint_load_latest(const char *dir, int set_aside, ifd_checkpoint **out, char *path,
+                               size_t len, ifd_error *err);
+
 /* Writes c atomically as dir/ckpt-<global step>.ifdckpt (the full path into path when not NULL),
  * then removes the checkpoints of dir beyond the keep (>= 1) of the highest steps, never the one
  * it just wrote. A reader never sees a partial file under a checkpoint name: the bytes go to a

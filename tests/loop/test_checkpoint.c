@@ -472,6 +472,138 @@ START_TEST(atomic_writes)
 }
 END_TEST
 
+/* Damages the file at path: cut at a random length, or one random byte changed to another. */
+static void damage(const char *path, ifd_rng *rng, char *what, size_t len)
+{
+    size_t n;
+    uint8_t *b = slurp(path, &n);
+    if (rand_between(rng, 0, 1)) {
+        size_t cut = (size_t)rand_between(rng, 0, (int64_t)n - 1);
+        snprintf(what, len, "cut to %zu of %zu bytes", cut, n);
+        spit(path, b, cut);
+    } else {
+        size_t at = (size_t)rand_between(rng, 0, (int64_t)n - 1);
+        b[at] ^= (uint8_t)rand_between(rng, 1, 255);
+        snprintf(what, len, "byte %zu of %zu changed", at, n);
+        spit(path, b, n);
+    }
+    free(b);
+}
+
+/* Runs ifd_checkpoint_load_latest with stderr (the log) going to a file; returns the log. */
+static char *load_latest_logged(const char *dir, int set_aside, ifd_checkpoint **c, char *path,
+                                size_t len, ifd_error *err, int *rc)
+{
+    char log[600];
+    snprintf(log, sizeof log, "%s.log", dir);
+    fflush(stderr);
+    int saved = dup(2), fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ck_assert_int_ge(fd, 0);
+    dup2(fd, 2);
+    close(fd);
+    *rc = ifd_checkpoint_load_latest(dir, set_aside, c, path, len, err);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    size_t n;
+    char *text = (char *)slurp(log, &n);
+    text[n] = '\0';
+    unlink(log);
+    return text;
+}
+
+/* The newest checkpoint that loads is taken; newer damaged ones are skipped with a warning
+ * naming each and its problem, and set aside on request; when none loads, the error names the
+ * newest and nothing is renamed. A killed writer's temporary file is never a candidate. */
+START_TEST(latest_skips_damaged)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    for (int trial = 0; trial < 12; trial++) {
+        char *dir = tmp_dir();
+        ifd_config cfg;
+        random_config(&cfg, &rng);
+        ifd_checkpoint *c = random_checkpoint(&cfg, &rng);
+        ifd_error err;
+        int n = (int)rand_between(&rng, 1, 6), ndamaged = (int)rand_between(&rng, 0, n);
+        int set_aside = (int)rand_between(&rng, 0, 1);
+        int64_t steps[6];
+        char paths[6][512];
+        for (int i = 0; i < n; i++) {
+            steps[i] = (i ? steps[i - 1] : 0) + rand_between(&rng, 1, 1000);
+            c->global_step = steps[i];
+            ck_assert_int_eq(ifd_checkpoint_save(c, dir, 100, paths[i], sizeof paths[i], &err),
+                             IFD_OK);
+        }
+        /* a complete checkpoint, newer than all, under a temporary name */
+        char tmp[600];
+        snprintf(tmp, sizeof tmp, "%s/.ckpt-%012lld.ifdckpt.tmp-77", dir,
+                 (long long)steps[n - 1] + 1);
+        size_t len;
+        uint8_t *whole = slurp(paths[n - 1], &len);
+        spit(tmp, whole, len);
+        free(whole);
+        char what[6][96];
+        for (int i = n - ndamaged; i < n; i++)
+            damage(paths[i], &rng, what[i], sizeof what[i]);
+        ifd_checkpoint *got = NULL;
+        char path[512];
+        int rc;
+        char *log = load_latest_logged(dir, set_aside, &got, path, sizeof path, &err, &rc);
+        char ctx[160];
+        snprintf(ctx, sizeof ctx,
+                 "trial %d: %d checkpoints, the newest %d damaged (%s), set_aside %d", trial, n,
+                 ndamaged, ndamaged ? what[n - 1] : "-", set_aside);
+        int good = n - ndamaged - 1;
+        if (good < 0) {
+            RASSERT(rc == IFD_EPROTO && got == NULL, "%s: expected EPROTO, got %s", ctx,
+                    ifd_errname(rc));
+            RASSERT(strstr(err.msg, n == 1 ? "its only checkpoint does not load" : "none of its") &&
+                        strstr(err.msg, paths[n - 1]),
+                    "%s: %s", ctx, err.msg);
+            RASSERT(strstr(log, "damaged") == NULL, "%s: logged: %s", ctx, log);
+            for (int i = 0; i < n; i++)
+                RASSERT(access(paths[i], F_OK) == 0, "%s: '%s' was moved", ctx, paths[i]);
+        } else {
+            RASSERT(rc == IFD_OK, "%s: %s", ctx, err.msg);
+            ck_assert_str_eq(path, paths[good]);
+            ck_assert_int_eq(ifd_checkpoint_global_step(got), steps[good]);
+            ck_assert_mem_eq(ifd_checkpoint_params(got), ifd_checkpoint_params(c),
+                             sizeof(float) * (size_t)ifd_checkpoint_nparam_floats(c));
+            for (int i = good + 1; i < n; i++) {
+                char aside[600];
+                snprintf(aside, sizeof aside, "%s" IFD_CHECKPOINT_DAMAGED, paths[i]);
+                RASSERT(strstr(log, paths[i]) != NULL, "%s: no warning names '%s': %s", ctx,
+                        paths[i], log);
+                RASSERT((access(paths[i], F_OK) == 0) == !set_aside &&
+                            (access(aside, F_OK) == 0) == set_aside,
+                        "%s: '%s' %s", ctx, paths[i], set_aside ? "not set aside" : "moved");
+            }
+            RASSERT(ndamaged ? strstr(log, "warn") != NULL : strstr(log, "damaged") == NULL,
+                    "%s: log: %s", ctx, log);
+            int64_t latest;
+            ck_assert_int_eq(ifd_checkpoint_latest_step(dir, &latest, &err), IFD_OK);
+            ck_assert_int_eq(latest, set_aside ? steps[good] : steps[n - 1]);
+            /* a second look finds the same, and with the damaged set aside, warns no more */
+            ifd_checkpoint *again = NULL;
+            char *log2 = load_latest_logged(dir, set_aside, &again, path, sizeof path, &err, &rc);
+            ck_assert_int_eq(rc, IFD_OK);
+            ck_assert_int_eq(ifd_checkpoint_global_step(again), steps[good]);
+            RASSERT(!set_aside || strstr(log2, "damaged") == NULL, "%s: %s", ctx, log2);
+            free(log2);
+            ifd_checkpoint_free(again);
+        }
+        RASSERT(strstr(log, ".tmp-77") == NULL, "%s: the temporary file was looked at", ctx);
+        ck_assert_int_eq(access(tmp, F_OK), 0); /* only a writer's prune removes them */
+        free(log);
+        ifd_checkpoint_free(got);
+        ifd_checkpoint_free(c);
+        /* rm_dir removes files, the .damaged ones too */
+        rm_dir(dir);
+    }
+}
+END_TEST
+
 /* ---- the hook and resuming ----------------------------------------------------------------- */
 
 typedef struct positions {
@@ -789,6 +921,7 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, latest_and_prune);
     tcase_add_test(tc, atomic_writes);
+    tcase_add_test(tc, latest_skips_damaged);
     suite_add_tcase(s, tc);
     tc = tcase_create("hook");
     tcase_set_timeout(tc, 60);
