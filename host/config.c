@@ -583,7 +583,7 @@ int ifd_endpoint_is_local(const char *e)
     /* 127.a.b.c, each part a decimal number below 256 */
     if (n < 9 || n > 15 || strncmp(host, "127.", 4) != 0)
         return 0;
-    int parts = 1, digits = 0, value = 0;
+    int parts = 2, digits = 0, value = 0; /* "127." and the one being read */
     for (size_t i = 4; i < n; i++) {
         if (host[i] == '.') {
             if (digits == 0)
