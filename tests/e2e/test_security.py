@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import time
@@ -206,6 +207,31 @@ def test_unauthorized_key_delivers_nothing(curve_daemon, keys, rng):
     log = d.log()
     assert "ingest socket: refused a CURVE peer" in log and keys["stranger"][0][:8] in log, log
     assert keys["stranger"][1][:8] not in log  # never a secret
+    # refusals are logged at most once a second per socket, with a count of the rest: many
+    # refused clients retrying their handshakes for 2 s give a few lines, and a count
+    t0 = time.monotonic()
+    lines0 = d.log().count("ingest socket: refused")
+    socks = []
+    for _ in range(12):
+        s = zmq.Context.instance().socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.RECONNECT_IVL, 20)
+        K.apply_client(s, K.client_keys(server_key=keys["server"],
+                                        keypair=K.generate_keypair()))
+        s.connect(d.listen)
+        socks.append(s)
+    time.sleep(2.2)
+    for s in socks:
+        s.close(0)
+    wait_log(d, "suppressed")
+    log = d.log()
+    lines = log.count("ingest socket: refused") - lines0
+    assert 1 <= lines <= time.monotonic() - t0 + 2, f"{lines} refusal lines:\n{log}"
+    counted = log.count("ingest socket: refused a CURVE peer") + sum(
+        int(n) for n in re.findall(r"ingest socket: refused (\d+) more CURVE peer", log)) + sum(
+        int(n) for n in re.findall(r"ingest socket: refused a CURVE .*\((\d+) more suppressed\)",
+                                   log))
+    assert counted >= 12 + 2, f"{counted} refusals counted:\n{log}"  # and the stranger's, admin's
     # the Python client: no WELCOME, a TimeoutError naming the wait
     with pytest.raises(TimeoutError, match="WELCOME"):
         producer(d, keys, "stranger", "x", timeout=1)
