@@ -67,3 +67,47 @@ void ifd_log_write(int level, const char *fmt, ...)
     line[len + 1] = '\0';
     fputs(line, stderr);
 }
+
+int ifd_log_limit_allow(ifd_log_limit *l, long long *suppressed)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ifd_log_limit_allow_at(l, (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec, suppressed);
+}
+
+int ifd_log_limit_allow_at(ifd_log_limit *l, int64_t now, long long *suppressed)
+{
+    *suppressed = 0;
+    if (l->window_start == 0 || now - l->window_start >= l->interval_ns) {
+        l->window_start = now;
+        l->in_window = 0;
+    }
+    if (l->in_window >= l->burst) {
+        l->suppressed++;
+        return 0;
+    }
+    l->in_window++;
+    *suppressed = l->suppressed;
+    l->suppressed = 0;
+    return 1;
+}
+
+const char *ifd_log_escape(const char *in, char *out, size_t len)
+{
+    size_t o = 0;
+    if (len == 0)
+        return out;
+    for (const unsigned char *p = (const unsigned char *)in; p && *p; p++) {
+        if (*p >= 0x20 && *p < 0x7f && *p != '\\') {
+            if (o + 1 >= len)
+                break;
+            out[o++] = (char)*p;
+        } else {
+            if (o + 4 >= len)
+                break;
+            o += (size_t)snprintf(out + o, len - o, "\\x%02x", *p);
+        }
+    }
+    out[o] = '\0';
+    return out;
+}

@@ -35,7 +35,7 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
     producer *p = ingest_find_by_rid(g, from);
     size_t hlen = zmq_msg_size(hdr);
     if (hlen < IFD_PROTO_BATCH_HDR) {
-        ingest_send_error(g, from, IFD_EPROTO, -1, 0,
+        ingest_send_error(g, from, IFD_EPROTO, NO_SEQ, 0,
                           "BATCH header: expected %d bytes (seq, rows, flags, ntensors), got %zu",
                           IFD_PROTO_BATCH_HDR, hlen);
         return;
@@ -181,6 +181,8 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
         ifd_error_set(&e, rc, "cannot take the batch: %s", ifd_strerror(rc));
     else
         rc = ifd_infeed_check_batch(prog, &hb->b, g->batch_rows, g->cfg->run.mode, &e);
+    if (rc == IFD_OK && g->cfg->check_finite)
+        rc = ifd_infeed_check_values(prog, &hb->b, g->cfg->run.mode, g->cfg->max_abs_input, &e);
     (void)nparts;
     if (rc) {
         ingest_host_batch_free(hb);

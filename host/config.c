@@ -136,6 +136,16 @@ static const opt opts[] = {
     {"expect_producers", K_INT, OFF(expect_producers), "N",
      "the input ends once N producers sent END (0: once every producer welcomed so far did)", NULL,
      NULL},
+    {"producer_timeout", K_F64, OFF(producer_timeout), "SECONDS",
+     "a producer whose connection is gone, or that holds credit and sends nothing, for this long "
+     "loses its slot and counts as ended (0: never)",
+     NULL, NULL},
+    {"check_finite", K_BOOL, OFF(check_finite), "on|off",
+     "reject a batch whose float inputs hold NaN or infinity (ERANGE naming tensor, row, value)",
+     NULL, NULL},
+    {"max_abs_input", K_F64, OFF(max_abs_input), "X",
+     "reject a batch with a float input of magnitude above X (0: no bound; needs check_finite)",
+     NULL, NULL},
     {"log_level", K_LOG, OFF(log_level), "LEVEL", "error, warn, info or debug",
      "error, warn, info or debug", NULL},
     {"cuda_graphs", K_BOOL, OFF(cuda_graphs), "on|off",
@@ -181,6 +191,8 @@ void ifd_daemon_config_defaults(ifd_daemon_config *c)
     c->summaries = NULL;
     c->credit = 0; /* auto: ifd_proto_auto_credit */
     c->max_producers = 64;
+    c->check_finite = 1;
+    c->producer_timeout = 60;
     c->log_level = IFD_LOG_INFO;
     c->cuda_graphs = 1;
     c->checkpoint_every = 1000;
@@ -690,6 +702,19 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
     if (c->max_producers < 1 || c->max_producers > 4096)
         return ifd_error_set(err, IFD_EINVAL, "max_producers: expected 1 to 4096, got %d",
                              c->max_producers);
+    if (!(c->max_abs_input >= 0 && c->max_abs_input <= 3.4e38))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "max_abs_input: expected 0 (no bound) or a positive float32 "
+                             "magnitude, got %g",
+                             c->max_abs_input);
+    if (c->max_abs_input > 0 && !c->check_finite)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "max_abs_input: expected check_finite on (the bound is part of that "
+                             "check), got check_finite off");
+    if (!(c->producer_timeout >= 0 && c->producer_timeout <= 86400))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "producer_timeout: expected 0 (never) to 86400 seconds, got %g",
+                             c->producer_timeout);
     if (c->predictions && c->run.mode != IFD_MODE_PREDICT)
         return ifd_error_set(err, IFD_EINVAL,
                              "predictions: expected only in predict mode, got a path in %s mode",

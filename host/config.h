@@ -23,7 +23,10 @@ typedef struct ifd_daemon_config {
     const char *predictions; /* predict mode: JSON Lines path; NULL: none */
     int credit;              /* batches a producer may have in flight */
     int max_producers;
-    int expect_producers; /* > 0: the input ends once this many producers sent END */
+    int expect_producers;    /* > 0: the input ends once this many producers sent END */
+    int check_finite;        /* reject batches whose float inputs hold NaN or inf */
+    double max_abs_input;    /* > 0: also reject float inputs of larger magnitude */
+    double producer_timeout; /* seconds a vanished or silent producer keeps its slot; 0: ever */
     int log_level;
     int cuda_graphs;            /* cuda backend: capture each step in a CUDA Graph */
     const char *checkpoint_dir; /* NULL: no checkpoints (docs/checkpoint.md) */

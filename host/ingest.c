@@ -86,7 +86,7 @@ void ingest_send_error(ifd_ingest *g, const producer_rid *to, int code, int64_t 
     if (strncmp(name, "IFD_", 4) == 0) /* the wire names are ESHAPE, EPROTO, ... */
         name += 4;
     json_object_set_new(j, "code", json_string(name));
-    json_object_set_new(j, "seq", seq >= 0 ? json_integer(seq) : json_null());
+    json_object_set_new(j, "seq", seq != NO_SEQ ? json_integer(seq) : json_null());
     json_object_set_new(j, "credit", json_integer(credit));
     json_t *text = json_string(msg);
     if (text == NULL) { /* not UTF-8: bytes a peer sent, quoted back; escape them */
@@ -283,7 +283,7 @@ static void handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int tota
     if (from.len > RID_MAX)
         return;
     if (total < 2) {
-        ingest_send_error(g, &from, IFD_EPROTO, -1, 0,
+        ingest_send_error(g, &from, IFD_EPROTO, NO_SEQ, 0,
                           "message: expected a header frame, got none");
         return;
     }
@@ -291,13 +291,13 @@ static void handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int tota
     char why[200];
     if (ifd_proto_parse_header(zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]), &h, why,
                                sizeof why)) {
-        ingest_send_error(g, &from, IFD_EPROTO, -1, 0, "%s", why);
+        ingest_send_error(g, &from, IFD_EPROTO, NO_SEQ, 0, "%s", why);
         return;
     }
     switch (h.type) {
     case IFD_MSG_HELLO:
         if (total != 3) {
-            ingest_send_error(g, &from, IFD_EPROTO, -1, 0,
+            ingest_send_error(g, &from, IFD_EPROTO, NO_SEQ, 0,
                               "HELLO: expected 2 frames (header, JSON), got %d", total - 1);
             return;
         }
@@ -308,15 +308,15 @@ static void handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int tota
         return;
     case IFD_MSG_END:
         if (total != 2) {
-            ingest_send_error(g, &from, IFD_EPROTO, -1, 0, "END: expected 1 frame (header), got %d",
-                              total - 1);
+            ingest_send_error(g, &from, IFD_EPROTO, NO_SEQ, 0,
+                              "END: expected 1 frame (header), got %d", total - 1);
             return;
         }
         ingest_handle_end(g, &from);
         return;
     default:
         ingest_send_error(
-            g, &from, IFD_EPROTO, -1, 0,
+            g, &from, IFD_EPROTO, NO_SEQ, 0,
             "header: type: expected HELLO (1), BATCH (3) or END (6) from a producer, got "
             "%u",
             (unsigned)h.type);

@@ -158,12 +158,13 @@ struct ifd_ingest {
 };
 
 /* ingest.c: replies */
+#define NO_SEQ INT64_MIN /* an ERROR about no batch: its seq is null */
 void ingest_send_parts(ifd_ingest *g, const producer_rid *to, const void *hdr, size_t hlen,
                        const char *json);
 void ingest_send_json(ifd_ingest *g, const producer_rid *to, int type, json_t *j);
 /* Printable ASCII kept, every other byte written as \xHH, always terminated. */
 void ingest_ascii_escape(const char *in, char *out, size_t len);
-/* ERROR: code, seq (< 0: null), credit returned, and the sentence. */
+/* ERROR: code, seq (NO_SEQ: null), credit returned, and the sentence. */
 void ingest_send_error(ifd_ingest *g, const producer_rid *to, int code, int64_t seq, int credit,
                        const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 void ingest_send_credit_msg(ifd_ingest *g, const producer_rid *to, int type, int64_t seq);

@@ -234,7 +234,7 @@ void ingest_check_input_end(ifd_ingest *g)
 void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_t *body)
 {
     if (zmq_msg_size((zmq_msg_t *)body) > IFD_PROTO_HELLO_JSON_MAX) {
-        ingest_send_error(g, from, IFD_EPROTO, -1, 0,
+        ingest_send_error(g, from, IFD_EPROTO, NO_SEQ, 0,
                           "HELLO: JSON: expected at most %d bytes, got %zu",
                           IFD_PROTO_HELLO_JSON_MAX, zmq_msg_size((zmq_msg_t *)body));
         return;
@@ -243,7 +243,7 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     json_t *j = json_loadb(zmq_msg_data((zmq_msg_t *)body), zmq_msg_size((zmq_msg_t *)body),
                            JSON_REJECT_DUPLICATES, &je);
     if (j == NULL) {
-        ingest_send_error(g, from, IFD_EPROTO, -1, 0, "HELLO: JSON: line %d, column %d: %s",
+        ingest_send_error(g, from, IFD_EPROTO, NO_SEQ, 0, "HELLO: JSON: line %d, column %d: %s",
                           je.line, je.column, je.text);
         return;
     }
@@ -421,7 +421,7 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     return;
 reply:
     json_decref(j);
-    ingest_send_error(g, from, e.code, -1, 0, "%s", e.msg);
+    ingest_send_error(g, from, e.code, NO_SEQ, 0, "%s", e.msg);
     ingest_count_producers(g);
     ingest_check_input_end(g); /* a renaming connection may have left only ended streams */
 }
@@ -430,7 +430,7 @@ void ingest_handle_end(ifd_ingest *g, const producer_rid *from)
 {
     producer *p = ingest_find_by_rid(g, from);
     if (p == NULL || !p->welcomed) {
-        ingest_send_error(g, from, IFD_EPROTO, -1, 0, "END before HELLO");
+        ingest_send_error(g, from, IFD_EPROTO, NO_SEQ, 0, "END before HELLO");
         return;
     }
     if (!p->ended) {

@@ -49,6 +49,13 @@ int ifd_infeed_mode_inputs(const ifd_program *p, ifd_mode mode, int idx[IFD_MAX_
 int ifd_infeed_check_batch(const ifd_program *p, const ifd_batch *b, int64_t batch_size,
                            ifd_mode mode, ifd_error *err);
 
+/* Checks the values of b's float32 tensors (those of mode's inputs, in order): every element
+ * finite and, when max_abs > 0, of magnitude at most max_abs. IFD_ERANGE names the tensor, the row,
+ * the element within the row and the value. One pass over the data; other dtypes are not read
+ * (labels are the program's check_batch). */
+int ifd_infeed_check_values(const ifd_program *p, const ifd_batch *b, ifd_mode mode,
+                            double max_abs, ifd_error *err);
+
 /* Predict mode. A new batch of `rows` rows: b's rows, then zeros, with IFD_BATCH_PADDED and
  * valid_rows = b's real rows; it holds a reference on b until it is released, and is returned
  * with one reference, the caller's. */

@@ -1151,12 +1151,71 @@ START_TEST(test_log_long_line_keeps_its_newline)
 }
 END_TEST
 
+/* Peer-chosen text cannot forge a log line: every byte outside printable ASCII, and the
+ * backslash, is written as \xHH; the output is cut to fit and always terminated. */
+START_TEST(test_log_escape)
+{
+    char out[64];
+    ck_assert_str_eq(ifd_log_escape("loader-0", out, sizeof out), "loader-0");
+    ck_assert_str_eq(ifd_log_escape("a\nINFO forged\\", out, sizeof out), "a\\x0aINFO forged\\x5c");
+    ck_assert_str_eq(ifd_log_escape("\xc3\xa9", out, sizeof out), "\\xc3\\xa9");
+    ifd_rng rng;
+    ifd_rng_seed(&rng, 77);
+    for (int trial = 0; trial < 200; trial++) {
+        char in[100];
+        int n = (int)rand_between(&rng, 0, 99);
+        for (int i = 0; i < n; i++)
+            in[i] = (char)rand_between(&rng, 1, 255);
+        in[n] = '\0';
+        size_t cap = (size_t)rand_between(&rng, 1, sizeof out);
+        ifd_log_escape(in, out, cap);
+        ck_assert_uint_lt(strlen(out), cap);
+        for (const char *p = out; *p; p++)
+            ck_assert_msg(*p >= 0x20 && *p < 0x7f, "byte 0x%02x in %s", (unsigned char)*p, out);
+    }
+}
+END_TEST
+
+/* A burst of lines is let through, the rest of the window held back and counted, and the count
+ * is handed to the first line of the next window (synthetic times: no sleeping). */
+START_TEST(test_log_limit)
+{
+    ifd_rng rng;
+    ifd_rng_seed(&rng, 78);
+    for (int trial = 0; trial < 50; trial++) {
+        int burst = (int)rand_between(&rng, 1, 5);
+        int64_t interval = rand_between(&rng, 1000, 1000000000);
+        ifd_log_limit l = IFD_LOG_LIMIT_INIT(burst, interval);
+        long long sup;
+        int64_t t0 = rand_between(&rng, 1, INT64_C(1) << 50), t = t0;
+        int extra = (int)rand_between(&rng, 1, 20);
+        for (int i = 0; i < burst; i++) {
+            ck_assert_int_eq(ifd_log_limit_allow_at(&l, t, &sup), 1);
+            ck_assert_int_eq(sup, 0);
+            t += rand_between(&rng, 0, interval / (2 * burst + 2 * extra));
+        }
+        for (int i = 0; i < extra; i++) {
+            ck_assert_int_eq(ifd_log_limit_allow_at(&l, t, &sup), 0);
+            t += rand_between(&rng, 0, interval / (2 * burst + 2 * extra));
+        }
+        ck_assert_int_lt(t - t0, interval);
+        t = t0 + interval + rand_between(&rng, 0, interval);
+        ck_assert_int_eq(ifd_log_limit_allow_at(&l, t, &sup), 1);
+        ck_assert_int_eq(sup, extra);
+        ck_assert_int_eq(ifd_log_limit_allow_at(&l, t, &sup), burst > 1);
+        ck_assert_int_eq(sup, 0);
+    }
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("core");
 
     TCase *tc = tcase(s, "error");
     tcase_add_test(tc, test_error_names);
+    tcase_add_test(tc, test_log_escape);
+    tcase_add_test(tc, test_log_limit);
     tcase_add_test(tc, test_error_is_secondary);
     tcase_add_test(tc, test_error_set_and_text);
     tcase_add_test(tc, test_error_prefix);

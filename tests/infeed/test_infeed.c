@@ -2,6 +2,7 @@
 #include "infeed/infeed_internal.h"
 #include "tests/util/testutil.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -313,6 +314,54 @@ START_TEST(per_replica_queue)
 }
 END_TEST
 
+/* Non-finite and (with a bound) too large float inputs are found wherever they are, the first
+ * one is named (tensor, row, element, value), and labels (int32) are not read. Random shapes,
+ * rows and positions; the mlp program for an input with several elements a row. */
+START_TEST(check_values_finds_the_first_bad_float)
+{
+    ifd_rng rng;
+    ifd_rng_seed(&rng, 900 + (uint64_t)_i);
+    ifd_program p;
+    ifd_program_settings st = {.features = rand_between(&rng, 1, 700),
+                               .classes = rand_between(&rng, 2, 9)};
+    ifd_error err;
+    ck_assert_int_eq(ifd_program_init(&p, "softmax", &st, &err), IFD_OK);
+    int64_t rows = rand_between(&rng, 1, 40), d = st.features;
+    tu_batch *tb = tu_batch_random(&p, rows, 0, &rng);
+    float *x = tb->data[0];
+    ck_assert_int_eq(ifd_infeed_check_values(&p, &tb->b, IFD_MODE_TRAIN, 0, &err), IFD_OK);
+    ck_assert_int_eq(ifd_infeed_check_values(&p, &tb->b, IFD_MODE_TRAIN, 1.0, &err), IFD_OK);
+    const float bad[] = {NAN, INFINITY, -INFINITY};
+    const char *names[] = {"NaN", "inf", "-inf"};
+    int kind = (int)rand_between(&rng, 0, 2);
+    int64_t at = rand_between(&rng, 0, rows * d - 1);
+    int64_t later = rand_between(&rng, at, rows * d - 1);
+    x[later] = NAN; /* a later bad value is not the one named */
+    x[at] = bad[kind];
+    ck_assert_int_eq(ifd_infeed_check_values(&p, &tb->b, IFD_MODE_TRAIN, 0, &err), IFD_ERANGE);
+    char want[128];
+    snprintf(want, sizeof want, "tensor 'x' row %lld element %lld: expected a finite value, got %s",
+             (long long)(at / d), (long long)(at % d), names[kind]);
+    ck_assert_msg(strstr(err.msg, want), "%s; wanted %s", err.msg, want);
+    x[at] = 0.5f;
+    x[later] = 0.5f;
+    /* a magnitude bound: values inside pass, one outside is named with its value */
+    x[at] = -3e38f;
+    ck_assert_int_eq(ifd_infeed_check_values(&p, &tb->b, IFD_MODE_TRAIN, 0, &err), IFD_OK);
+    ck_assert_int_eq(ifd_infeed_check_values(&p, &tb->b, IFD_MODE_TRAIN, 1e6, &err), IFD_ERANGE);
+    snprintf(want, sizeof want, "row %lld element %lld", (long long)(at / d), (long long)(at % d));
+    ck_assert_msg(strstr(err.msg, want) && strstr(err.msg, "-3e+38") && strstr(err.msg, "1e+06"),
+                  "%s", err.msg);
+    x[at] = 1e6f; /* at the bound: accepted */
+    ck_assert_int_eq(ifd_infeed_check_values(&p, &tb->b, IFD_MODE_TRAIN, 1e6, &err), IFD_OK);
+    /* labels are int32: any bit pattern passes this check */
+    int32_t *y = tb->data[1];
+    y[rand_between(&rng, 0, rows - 1)] = 0x7fc00000;
+    ck_assert_int_eq(ifd_infeed_check_values(&p, &tb->b, IFD_MODE_TRAIN, 0, &err), IFD_OK);
+    tu_batch_free(tb);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("infeed");
@@ -327,6 +376,7 @@ int main(void)
     tcase_add_loop_test(tc, one_batch_a_replica_modes, 0, 30);
     tcase_add_test(tc, per_core_and_stop_rules);
     tcase_add_loop_test(tc, per_replica_queue, 0, 5);
+    tcase_add_loop_test(tc, check_values_finds_the_first_bad_float, 0, 40);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
