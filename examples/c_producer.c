@@ -9,6 +9,9 @@
  *   infeedd --program softmax --features 16 --classes 4 --batch-size 64 --steps 100 &
  *   infeed-producer-example --features 16 --classes 4 --batches 100
  *
+ * Against a daemon with CURVE (--curve-secret-key): --server-key-file names the daemon's .pub and
+ * --key-file this producer's .key (both written by infeedd keygen).
+ *
  * Exit status: 0 when the daemon acknowledged every batch or ended the run normally (BYE status
  * ok, e.g. at its last step), 1 on an error (its sentence on stderr), 2 for bad flags.
  */
@@ -26,6 +29,7 @@ typedef struct options {
     int64_t classes;
     int64_t batches;
     uint64_t seed;
+    ifd_client_options curve; /* CURVE key files, or none */
 } options;
 
 /* splitmix64: a small seedable generator, the same on every machine. */
@@ -47,14 +51,15 @@ static int usage(const char *why)
     fprintf(stderr,
             "infeed-producer-example: %s\n"
             "usage: infeed-producer-example [--endpoint tcp://127.0.0.1:5555] [--name NAME]\n"
-            "       [--features D (16)] [--classes K (4)] [--batches N (100)] [--seed S (1)]\n",
+            "       [--features D (16)] [--classes K (4)] [--batches N (100)] [--seed S (1)]\n"
+            "       [--server-key-file DAEMON.pub --key-file PRODUCER.key]\n",
             why);
     return 2;
 }
 
 static int parse(int argc, char **argv, options *o)
 {
-    *o = (options){"tcp://127.0.0.1:5555", "c-producer", 16, 4, 100, 1};
+    *o = (options){"tcp://127.0.0.1:5555", "c-producer", 16, 4, 100, 1, {0}};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (strcmp(f, "--help") == 0 || strcmp(f, "-h") == 0)
@@ -75,6 +80,10 @@ static int parse(int argc, char **argv, options *o)
             o->batches = strtoll(v, &end, 10);
         else if (strcmp(f, "--seed") == 0)
             o->seed = strtoull(v, &end, 10);
+        else if (strcmp(f, "--server-key-file") == 0)
+            o->curve.server_key_file = v;
+        else if (strcmp(f, "--key-file") == 0)
+            o->curve.key_file = v;
         else
             return usage("unknown flag");
         if (end && (*end != '\0' || end == v))
@@ -120,7 +129,7 @@ int main(int argc, char **argv)
     float *w = NULL, *x = NULL;
     int32_t *y = NULL;
     int status = 1;
-    if (ifd_producer_create(&p, o.endpoint, o.name, &err))
+    if (ifd_producer_create_opts(&p, o.endpoint, o.name, &o.curve, &err))
         goto fail;
     ifd_input_spec schema[2] = {{"x", IFD_F32, 1, {o.features}}, {"y", IFD_I32, 0, {0}}};
     if (ifd_producer_hello(p, schema, 2, 0, 10000, &err))

@@ -164,6 +164,19 @@ static const opt opts[] = {
     {"checkpoint", K_STR, OFF(checkpoint), "PATH",
      "start from this checkpoint file (train: as --resume does; eval, predict: its parameters)",
      NULL, NULL},
+    {"curve_secret_key", K_STR, OFF(curve_secret_key), "FILE",
+     "turns CURVE on for all three sockets: the daemon's key pair (infeedd keygen PREFIX writes "
+     "PREFIX.key); needs authorized_keys",
+     NULL, NULL},
+    {"authorized_keys", K_STR, OFF(authorized_keys), "FILE",
+     "CURVE: producer public keys allowed on the ingest socket and to subscribe, a key a line, "
+     "each optionally followed by the names it may use (KEY name1,name2)",
+     NULL, NULL},
+    {"admin_keys", K_STR, OFF(admin_keys), "FILE",
+     "CURVE: public keys allowed on the control socket (status, stop) and to subscribe", NULL,
+     NULL},
+    {"insecure", K_SWITCH, OFF(insecure), "",
+     "without CURVE, bind endpoints other than loopback, ipc and inproc all the same", NULL, NULL},
 };
 
 #define NOPTS ((int)(sizeof opts / sizeof opts[0]))
@@ -564,6 +577,75 @@ static void rename_key(ifd_error *err)
     }
 }
 
+int ifd_endpoint_is_local(const char *e)
+{
+    if (e == NULL)
+        return 0;
+    if (strncmp(e, "ipc://", 6) == 0 || strncmp(e, "inproc://", 9) == 0)
+        return 1;
+    if (strncmp(e, "tcp://", 6) != 0)
+        return 0;
+    const char *host = e + 6, *colon = strrchr(host, ':');
+    if (colon == NULL)
+        return 0;
+    size_t n = (size_t)(colon - host);
+    if ((n == 9 && strncmp(host, "localhost", 9) == 0) ||
+        (n == 5 && strncmp(host, "[::1]", 5) == 0))
+        return 1;
+    /* 127.a.b.c, each part a decimal number below 256 */
+    if (n < 9 || n > 15 || strncmp(host, "127.", 4) != 0)
+        return 0;
+    int parts = 2, digits = 0, value = 0; /* "127." and the one being read */
+    for (size_t i = 4; i < n; i++) {
+        if (host[i] == '.') {
+            if (digits == 0)
+                return 0;
+            parts++;
+            digits = value = 0;
+        } else if (host[i] >= '0' && host[i] <= '9' && digits < 3) {
+            value = value * 10 + (host[i] - '0');
+            digits++;
+            if (value > 255)
+                return 0;
+        } else {
+            return 0;
+        }
+    }
+    return parts == 4 && digits > 0;
+}
+
+static int validate_security(const ifd_daemon_config *c, ifd_error *err)
+{
+    const char *files[] = {c->curve_secret_key, c->authorized_keys, c->admin_keys};
+    const char *keys[] = {"curve_secret_key", "authorized_keys", "admin_keys"};
+    for (int i = 0; i < 3; i++)
+        if (files[i] && files[i][0] == '\0')
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected a file, got ''", keys[i]);
+    if (c->curve_secret_key == NULL && (c->authorized_keys || c->admin_keys))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "%s: expected curve_secret_key with it (the daemon's key pair; "
+                             "CURVE is off without one), got none",
+                             c->authorized_keys ? "authorized_keys" : "admin_keys");
+    if (c->curve_secret_key && c->authorized_keys == NULL)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "authorized_keys: CURVE (curve_secret_key) needs the producers' "
+                             "public keys: expected a file, got none");
+    if (c->curve_secret_key || c->insecure)
+        return IFD_OK;
+    const char *eps[] = {c->listen, c->publish, c->control};
+    const char *names[] = {"listen", "publish", "control"};
+    for (int i = 0; i < 3; i++)
+        if (eps[i] && eps[i][0] && !ifd_endpoint_is_local(eps[i]))
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "%s: '%s' is reachable from other machines and nothing on it is "
+                                 "authenticated or encrypted: expected a loopback, ipc:// or "
+                                 "inproc:// endpoint, or --curve-secret-key (with "
+                                 "--authorized-keys) to turn CURVE on, or --insecure to bind it "
+                                 "all the same",
+                                 names[i], eps[i]);
+    return IFD_OK;
+}
+
 int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
 {
     /* The runtime names the key num_steps, the daemon steps: check that pair here, and the rest
@@ -662,7 +744,7 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
                              "both");
     if (c->checkpoint && c->checkpoint[0] == '\0')
         return ifd_error_set(err, IFD_EINVAL, "checkpoint: expected a file, got ''");
-    return IFD_OK;
+    return validate_security(c, err);
 }
 
 static void format_default(const opt *o, const ifd_daemon_config *d, char *buf, size_t len)
@@ -721,6 +803,7 @@ void ifd_daemon_config_usage(FILE *out)
     ifd_daemon_config_defaults(&d);
     fprintf(out,
             "Usage: infeedd [--config FILE.json] [flags]\n"
+            "       infeedd keygen PREFIX\n"
             "\n"
             "The infeed host daemon: producers stream batches to --listen (docs/protocol.md); the\n"
             "daemon shards them over the replicas, runs device loops of --iterations-per-loop\n"
@@ -741,6 +824,12 @@ void ifd_daemon_config_usage(FILE *out)
     fprintf(out,
             "  --help                                 this text\n"
             "  --version                              the version and the protocol version\n"
+            "\n"
+            "infeedd keygen PREFIX writes a new CURVE key pair: PREFIX.key (the secret key, mode\n"
+            "0600: give it to --curve-secret-key or to a client) and PREFIX.pub (the public key:\n"
+            "a line for --authorized-keys or --admin-keys, or the server key of the clients); it\n"
+            "never overwrites a file. Without --curve-secret-key only loopback, ipc:// and\n"
+            "inproc:// endpoints are bound unless --insecure is given.\n"
             "\n"
             "Signals: SIGINT or SIGTERM stops at the end of the current loop, flushes the\n"
             "summaries, writes the end event and exits 0; a second signal aborts at once.\n"

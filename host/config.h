@@ -34,7 +34,13 @@ typedef struct ifd_daemon_config {
     int keep_checkpoints;
     int resume;             /* start from the latest checkpoint in checkpoint_dir */
     const char *checkpoint; /* start from this checkpoint file */
-    char *strings[64];      /* owned copies of string values */
+    /* CURVE (host/security.h): the daemon's key pair file turns it on on all three sockets */
+    const char *curve_secret_key;
+    const char *authorized_keys;   /* producer public keys, each optionally bound to names */
+    const char *admin_keys;        /* control (and subscriber) public keys */
+    int insecure;                  /* without CURVE, bind non-loopback endpoints all the same */
+    struct ifd_security *security; /* not a key: main's loaded keys (NULL: CURVE off) */
+    char *strings[64];             /* owned copies of string values */
     int nstrings;
 } ifd_daemon_config;
 
@@ -61,6 +67,11 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err);
  * error sentences. */
 struct json_t;
 const char *ifd_json_describe(const struct json_t *v, char *buf, size_t len);
+
+/* Whether a ZeroMQ endpoint stays on this machine: ipc:// and inproc://, and tcp:// to
+ * 127.0.0.0/8, localhost or [::1]. Anything else (another address, a wildcard, an interface
+ * name, another transport) is not. */
+int ifd_endpoint_is_local(const char *endpoint);
 
 /* Writes --help. */
 void ifd_daemon_config_usage(FILE *out);

@@ -1,4 +1,5 @@
 #include "host/ingest_internal.h"
+#include "host/security.h"
 
 #include "core/log.h"
 #include "core/thread.h"
@@ -194,6 +195,9 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
         rc = ifd_error_set(err, IFD_EIO, "ingest: zmq_ctx_new: %s", zmq_strerror(zmq_errno()));
         goto fail;
     }
+    /* CURVE: the ZAP handler is bound before any socket and stopped after they are closed */
+    if ((rc = ifd_security_start(c->security, g->zctx, err)) != IFD_OK)
+        goto fail;
     g->router = zmq_socket(g->zctx, ZMQ_ROUTER);
     size_t batch_bytes;
     g->max_frame = batch_sizes(c, &batch_bytes) + 65536;
@@ -213,6 +217,8 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     zmq_setsockopt(g->router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
     zmq_setsockopt(g->router, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl);
     zmq_setsockopt(g->router, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout);
+    if ((rc = ifd_security_apply(c->security, g->router, IFD_SOCK_INGEST, err)) != IFD_OK)
+        goto fail;
     if (zmq_bind(g->router, c->listen) != 0) {
         rc = zerr(err, "listen", c->listen);
         goto fail;
@@ -220,6 +226,8 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     if (c->publish && c->publish[0]) {
         g->pub = zmq_socket(g->zctx, ZMQ_PUB);
         zmq_setsockopt(g->pub, ZMQ_LINGER, &linger, sizeof linger);
+        if ((rc = ifd_security_apply(c->security, g->pub, IFD_SOCK_PUBLISH, err)) != IFD_OK)
+            goto fail;
         if (zmq_bind(g->pub, c->publish) != 0) {
             rc = zerr(err, "publish", c->publish);
             goto fail;
@@ -236,6 +244,8 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
         int64_t maxreq = 64 * 1024; /* a request is one small JSON object */
         zmq_setsockopt(g->rep, ZMQ_LINGER, &zero, sizeof zero);
         zmq_setsockopt(g->rep, ZMQ_MAXMSGSIZE, &maxreq, sizeof maxreq);
+        if ((rc = ifd_security_apply(c->security, g->rep, IFD_SOCK_CONTROL, err)) != IFD_OK)
+            goto fail;
         if (zmq_bind(g->rep, c->control) != 0) {
             rc = zerr(err, "control", c->control);
             goto fail;
@@ -288,6 +298,7 @@ void ifd_ingest_destroy(ifd_ingest *g)
         zmq_close(g->pub);
     if (g->rep)
         zmq_close(g->rep);
+    ifd_security_stop(g->cfg->security);
     if (g->zctx)
         zmq_ctx_term(g->zctx);
     if (g->efd >= 0)

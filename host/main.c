@@ -3,12 +3,16 @@
  * (host/ingest.c), creates a session over the ingest's batch source and runs it on this thread.
  *
  * Exit status: 0 the run ended well; 1 a runtime error (the end summary carries it); 2 a usage
- * or config error, including a checkpoint (--resume, --checkpoint) that cannot start the run.
+ * or config error, including a checkpoint (--resume, --checkpoint) that cannot start the run and
+ * a CURVE key file that cannot be read or parsed.
+ *
+ * `infeedd keygen PREFIX` writes a CURVE key pair (core/keyfile.h) and exits.
  */
 #include "core/log.h"
 #include "host/config.h"
 #include "host/ingest.h"
 #include "host/predictions.h"
+#include "host/security.h"
 #include "infeed/checkpoint.h"
 
 #include <malloc.h>
@@ -112,8 +116,31 @@ static int check_dir(const ifd_daemon_config *c, const ifd_checkpoint *start, if
     return IFD_OK;
 }
 
+/* infeedd keygen PREFIX */
+static int keygen(int argc, char **argv)
+{
+    if (argc != 3 || argv[2][0] == '\0' || argv[2][0] == '-') {
+        fprintf(stderr, "infeedd: keygen: expected one argument, the file name prefix (infeedd "
+                        "keygen PREFIX writes PREFIX.key and PREFIX.pub)\n");
+        return 2;
+    }
+    ifd_error err;
+    ifd_error_clear(&err);
+    char pub[IFD_KEY_Z85_LEN + 1];
+    int rc = ifd_keyfile_generate(argv[2], pub, &err);
+    if (rc) {
+        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
+        return rc == IFD_EIO ? 1 : 2;
+    }
+    printf("wrote %s.key (the key pair: keep it secret) and %s.pub (the public key: %s)\n", argv[2],
+           argv[2], pub);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc >= 2 && strcmp(argv[1], "keygen") == 0)
+        return keygen(argc, argv);
     ifd_daemon_config cfg;
     ifd_daemon_config_defaults(&cfg);
     ifd_error err;
@@ -129,6 +156,21 @@ int main(int argc, char **argv)
         return 0;
     }
     ifd_log_set_level(cfg.log_level);
+    /* CURVE keys: a file that cannot be read or parsed is a config error, like a bad flag. */
+    ifd_security *sec = NULL;
+    if (ifd_security_create(&sec, &cfg, &err)) {
+        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
+        ifd_daemon_config_free(&cfg);
+        return 2;
+    }
+    cfg.security = sec;
+    if (sec)
+        IFD_LOG_INFO("CURVE on every socket: server key %s, %d producer key%s, %d admin key%s",
+                     ifd_security_public_key(sec), ifd_security_authorized_count(sec),
+                     ifd_security_authorized_count(sec) == 1 ? "" : "s",
+                     ifd_security_admin_count(sec), ifd_security_admin_count(sec) == 1 ? "" : "s");
+    else if (cfg.insecure)
+        IFD_LOG_WARN("--insecure: no socket is authenticated or encrypted");
     /* Received frames are allocated by libzmq's I/O thread and freed by a replica when its step
      * is done. With glibc's defaults a frame of 128 KiB or more is a fresh mmap, page-faulted in
      * as libzmq writes it and unmapped again on free: at 1 MiB batches over tcp that cost a third
@@ -144,12 +186,14 @@ int main(int argc, char **argv)
     if (cfg.run.mode == IFD_MODE_EVAL && !cfg.checkpoint && !cfg.checkpoint_dir) {
         fprintf(stderr, "infeedd: checkpoint: eval mode evaluates a checkpoint: expected "
                         "--checkpoint PATH or --checkpoint-dir DIR (its latest), got neither\n");
+        ifd_security_destroy(sec);
         ifd_daemon_config_free(&cfg);
         return 2;
     }
     if ((cfg.resume || cfg.checkpoint || (!train && cfg.checkpoint_dir)) &&
         load_start(&cfg, &ck, &err)) {
         fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
+        ifd_security_destroy(sec);
         ifd_daemon_config_free(&cfg);
         return 2;
     }
@@ -157,6 +201,7 @@ int main(int argc, char **argv)
     if (cfg.checkpoint_dir && train && check_dir(&cfg, ck, &err)) {
         fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
         ifd_checkpoint_free(ck);
+        ifd_security_destroy(sec);
         ifd_daemon_config_free(&cfg);
         return 2;
     }
@@ -252,6 +297,7 @@ out:
     pthread_sigmask(SIG_BLOCK, &block, NULL);
     __atomic_store_n(&signal_target, NULL, __ATOMIC_RELEASE);
     ifd_ingest_destroy(g);
+    ifd_security_destroy(sec);
     ifd_sink_destroy(jsonl);
     if (ifd_predictions_file_close(pfile, &err)) {
         fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));

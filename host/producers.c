@@ -1,4 +1,5 @@
 #include "host/ingest_internal.h"
+#include "host/security.h"
 
 #include "core/log.h"
 #include "core/thread.h"
@@ -521,14 +522,24 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     }
 
     producer *p = ingest_find_by_rid(g, from);
+    /* CURVE: the connection's key (the ZAP handler's User-Id) must be allowed the name */
+    const ifd_security *sec = g->cfg->security;
+    const char *uid = sec ? zmq_msg_gets((zmq_msg_t *)body, "User-Id") : NULL;
+    char why[IFD_ERROR_MSG_MAX];
+    if (sec && (name || !p) && !ifd_security_name_allowed(sec, uid, name, why, sizeof why)) {
+        ifd_error_set(&e, IFD_EPERM, "%s", why);
+        goto reply;
+    }
     char anon[32];
     if (name == NULL) {
         if (p) {
             name = p->name;
         } else {
-            do /* not a name a producer chose itself: that would take over its stream */
+            do /* not a name a producer chose itself, nor one bound to a key: that would take
+                  over its stream */
                 snprintf(anon, sizeof anon, "producer-%" PRId64, ++g->next_anon);
-            while (ingest_find_by_name(g, anon));
+            while (ingest_find_by_name(g, anon) ||
+                   !ifd_security_name_allowed(sec, uid, anon, NULL, 0));
             name = anon;
         }
     }

@@ -401,6 +401,12 @@ static int drain(ifd_producer *p, ifd_error *err)
 
 int ifd_producer_create(ifd_producer **out, const char *endpoint, const char *name, ifd_error *err)
 {
+    return ifd_producer_create_opts(out, endpoint, name, NULL, err);
+}
+
+int ifd_producer_create_opts(ifd_producer **out, const char *endpoint, const char *name,
+                             const ifd_client_options *opts, ifd_error *err)
+{
     *out = NULL;
     if (endpoint == NULL || endpoint[0] == '\0')
         return ifd_error_set(err, IFD_EINVAL, "producer: endpoint: expected a ZeroMQ endpoint");
@@ -433,6 +439,8 @@ int ifd_producer_create(ifd_producer **out, const char *endpoint, const char *na
     int zero = 0;
     zmq_setsockopt(p->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     zmq_setsockopt(p->sock, ZMQ_LINGER, &zero, sizeof zero);
+    if ((rc = ifdw_curve_apply(p->sock, opts, "producer", err)) != IFD_OK)
+        goto fail_connect;
     if (zmq_connect(p->sock, endpoint) != 0) {
         rc = ifd_error_set(err, IFD_EINVAL, "producer: cannot connect to '%s': %s", endpoint,
                            zmq_strerror(errno));

@@ -14,6 +14,12 @@ struct ifd_subscriber {
 
 int ifd_subscriber_create(ifd_subscriber **out, const char *endpoint, ifd_error *err)
 {
+    return ifd_subscriber_create_opts(out, endpoint, NULL, err);
+}
+
+int ifd_subscriber_create_opts(ifd_subscriber **out, const char *endpoint,
+                               const ifd_client_options *opts, ifd_error *err)
+{
     *out = NULL;
     if (endpoint == NULL || endpoint[0] == '\0')
         return ifd_error_set(err, IFD_EINVAL, "subscriber: endpoint: expected a ZeroMQ endpoint");
@@ -37,6 +43,8 @@ int ifd_subscriber_create(ifd_subscriber **out, const char *endpoint, ifd_error 
         rc = ifdw_zmq_error(err, "subscriber: ZMQ_SUBSCRIBE");
         goto fail_setup;
     }
+    if ((rc = ifdw_curve_apply(s->sock, opts, "subscriber", err)) != IFD_OK)
+        goto fail_setup;
     if (zmq_connect(s->sock, endpoint) != 0) {
         rc = ifd_error_set(err, IFD_EINVAL, "subscriber: cannot connect to '%s': %s", endpoint,
                            zmq_strerror(errno));

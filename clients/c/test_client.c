@@ -1310,6 +1310,148 @@ START_TEST(test_arguments)
 }
 END_TEST
 
+/* ---- CURVE -------------------------------------------------------------------------------- */
+
+/* Writes text to a fresh file under dir; returns its path (static buffer per slot). */
+static const char *write_file(const char *dir, const char *name, const char *text, char *path,
+                              size_t len)
+{
+    snprintf(path, len, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    ck_assert(f != NULL);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+/* Every misuse of ifd_client_options is IFD_EINVAL naming the field, and creates nothing. */
+START_TEST(test_curve_options)
+{
+    char spub[41], ssec[41], cpub[41], csec[41], opub[41], osec[41];
+    ck_assert(zmq_curve_keypair(spub, ssec) == 0);
+    ck_assert(zmq_curve_keypair(cpub, csec) == 0);
+    ck_assert(zmq_curve_keypair(opub, osec) == 0);
+    char dir[] = "/tmp/ifd-client-keys-XXXXXX";
+    ck_assert(mkdtemp(dir) != NULL);
+    char pair[512], pubtext[64], p1[256], p2[256], p3[256], p4[256];
+    snprintf(pair, sizeof pair, "# a comment\n\npublic-key %s\nsecret-key %s\n", cpub, csec);
+    snprintf(pubtext, sizeof pubtext, "%s\n", spub);
+    const char *keyfile = write_file(dir, "c.key", pair, p1, sizeof p1);
+    const char *pubfile = write_file(dir, "s.pub", pubtext, p2, sizeof p2);
+    snprintf(pair, sizeof pair, "public-key %s\nsecret-key %s\n", opub, csec); /* mismatched */
+    const char *mixed = write_file(dir, "m.key", pair, p3, sizeof p3);
+    const char *garbage = write_file(dir, "g.pub", "not a key\n", p4, sizeof p4);
+    struct {
+        ifd_client_options o;
+        const char *names; /* a word the error must contain */
+    } bad[] = {
+        {{.server_key = spub}, "key_file"},
+        {{.key_file = keyfile}, "server_key"},
+        {{.server_key = spub, .server_key_file = pubfile, .key_file = keyfile}, "both"},
+        {{.server_key = spub, .public_key = cpub, .key_file = keyfile}, "both"},
+        {{.server_key = spub, .public_key = cpub}, "no secret_key"},
+        {{.server_key = "short", .key_file = keyfile}, "server_key"},
+        {{.server_key = spub, .public_key = opub, .secret_key = csec}, "public_key"},
+        {{.server_key = spub, .public_key = cpub, .secret_key = "x"}, "secret_key"},
+        {{.server_key = spub, .key_file = mixed}, "m.key"},
+        {{.server_key_file = garbage, .key_file = keyfile}, "g.pub', line 1"},
+        {{.server_key_file = keyfile, .key_file = keyfile}, "key pair file"},
+        {{.server_key_file = "/nonexistent/s.pub", .key_file = keyfile}, "cannot open"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ifd_producer *p = (ifd_producer *)1;
+        ifd_error err;
+        ifd_error_clear(&err);
+        int rc = ifd_producer_create_opts(&p, "tcp://127.0.0.1:1", "n", &bad[i].o, &err);
+        RASSERT(rc == IFD_EINVAL && p == NULL && strstr(err.msg, bad[i].names),
+                "case %zu: %s, '%s' (expected it to name '%s')", i, ifd_errname(rc), err.msg,
+                bad[i].names);
+        ifd_subscriber *s = (ifd_subscriber *)1;
+        rc = ifd_subscriber_create_opts(&s, "tcp://127.0.0.1:1", &bad[i].o, &err);
+        RASSERT(rc == IFD_EINVAL && s == NULL, "subscriber case %zu: %s", i, ifd_errname(rc));
+    }
+    /* the good forms, and no options at all */
+    ifd_client_options good[] = {
+        {.server_key = spub, .key_file = keyfile},
+        {.server_key_file = pubfile, .public_key = cpub, .secret_key = csec},
+        {0}};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        ifd_producer *p;
+        ifd_error err;
+        RC_OK(ifd_producer_create_opts(&p, "tcp://127.0.0.1:1", "n", &good[i], &err), err);
+        ifd_producer_destroy(p);
+    }
+    ifd_producer *p;
+    ifd_error err;
+    RC_OK(ifd_producer_create_opts(&p, "tcp://127.0.0.1:1", "n", NULL, &err), err);
+    ifd_producer_destroy(p);
+    unlink(p1);
+    unlink(p2);
+    unlink(p3);
+    unlink(p4);
+    rmdir(dir);
+}
+END_TEST
+
+/* A subscriber with the server's key receives a CURVE PUB's summaries; one that has another
+ * server key, or no keys, receives nothing. */
+START_TEST(test_curve_subscriber)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    char spub[41], ssec[41], cpub[41], csec[41], wpub[41], wsec[41];
+    ck_assert(zmq_curve_keypair(spub, ssec) == 0);
+    ck_assert(zmq_curve_keypair(cpub, csec) == 0);
+    ck_assert(zmq_curve_keypair(wpub, wsec) == 0);
+    void *ctx = zmq_ctx_new();
+    pub_case c;
+    c.pub = zmq_socket(ctx, ZMQ_PUB);
+    atomic_init(&c.stop, 0);
+    c.tag = (int)rand_between(&rng, 0, 1 << 30);
+    int zero = 0, one = 1;
+    zmq_setsockopt(c.pub, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(c.pub, ZMQ_CURVE_SERVER, &one, sizeof one);
+    zmq_setsockopt(c.pub, ZMQ_CURVE_SECRETKEY, ssec, 40);
+    ck_assert(zmq_bind(c.pub, "tcp://127.0.0.1:*") == 0);
+    char ep[128];
+    size_t len = sizeof ep;
+    zmq_getsockopt(c.pub, ZMQ_LAST_ENDPOINT, ep, &len);
+
+    ifd_error err;
+    ifd_subscriber *good, *wrong, *plain;
+    ifd_client_options o = {.server_key = spub, .public_key = cpub, .secret_key = csec};
+    RC_OK(ifd_subscriber_create_opts(&good, ep, &o, &err), err);
+    o.server_key = wpub; /* not the server's: the handshake fails */
+    RC_OK(ifd_subscriber_create_opts(&wrong, ep, &o, &err), err);
+    RC_OK(ifd_subscriber_create_opts(&plain, ep, NULL, &err), err);
+    pthread_t th;
+    pthread_create(&th, NULL, publisher, &c);
+    char *json = NULL;
+    int n = (int)rand_between(&rng, 1, 4);
+    for (int i = 0; i < n; i++) {
+        RC_OK(ifd_subscriber_recv(good, &json, 10000, &err), err);
+        json_t *obj = json_loads(json, 0, NULL);
+        RASSERT(json_is_object(obj) && json_integer_value(json_object_get(obj, "tag")) == c.tag,
+                "summary '%s'", json);
+        json_decref(obj);
+        free(json);
+    }
+    int rc = ifd_subscriber_recv(wrong, &json, 300, &err);
+    RASSERT(rc == IFD_ETIMEDOUT && json == NULL, "a subscriber with another server key got %s",
+            json ? json : ifd_errname(rc));
+    rc = ifd_subscriber_recv(plain, &json, 100, &err);
+    RASSERT(rc == IFD_ETIMEDOUT && json == NULL, "a subscriber without CURVE got %s",
+            json ? json : ifd_errname(rc));
+    atomic_store(&c.stop, 1);
+    pthread_join(th, NULL);
+    ifd_subscriber_destroy(good);
+    ifd_subscriber_destroy(wrong);
+    ifd_subscriber_destroy(plain);
+    zmq_close(c.pub);
+    zmq_ctx_term(ctx);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("client");
@@ -1327,6 +1469,8 @@ int main(void)
     suite_add_tcase(s, tc);
     TCase *ts = tcase_create("subscriber");
     tcase_add_test(ts, test_subscriber);
+    tcase_add_test(ts, test_curve_subscriber);
+    tcase_add_test(ts, test_curve_options);
     suite_add_tcase(s, ts);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_FORK);

@@ -1,6 +1,9 @@
 #include "clients/c/wire.h"
 
+#include "core/keyfile.h"
+
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <zmq.h>
@@ -46,4 +49,75 @@ int ifdw_zmq_error(ifd_error *err, const char *what)
     int e = errno;
     int code = e == ENOMEM ? IFD_ENOMEM : e == ETERM ? IFD_ECLOSED : IFD_EIO;
     return ifd_error_set(err, code, "%s: %s", what, zmq_strerror(e));
+}
+
+int ifdw_curve_apply(void *sock, const ifd_client_options *o, const char *who, ifd_error *err)
+{
+    if (o == NULL ||
+        (!o->server_key && !o->server_key_file && !o->public_key && !o->secret_key && !o->key_file))
+        return IFD_OK;
+    char what[64];
+    if ((o->server_key != NULL) == (o->server_key_file != NULL))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "%s: server_key, server_key_file: expected exactly one (the daemon's "
+                             "public key, or its .pub file), got %s",
+                             who, o->server_key ? "both" : "neither");
+    int pair = o->public_key || o->secret_key;
+    if (pair == (o->key_file != NULL) || (pair && (!o->public_key || !o->secret_key)))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "%s: key_file, public_key and secret_key: expected key_file alone or "
+                             "public_key with secret_key (this client's key pair), got %s",
+                             who,
+                             pair && o->key_file ? "both"
+                             : pair ? (o->public_key ? "no secret_key" : "no public_key")
+                                    : "none");
+    if (!zmq_has("curve"))
+        return ifd_error_set(err, IFD_ENOTSUP,
+                             "%s: CURVE keys were given, but this libzmq has no CURVE "
+                             "(zmq_has(\"curve\") is false)",
+                             who);
+    char server[IFD_KEY_Z85_LEN + 1], pub[IFD_KEY_Z85_LEN + 1], sec[IFD_KEY_Z85_LEN + 1];
+    int rc = IFD_OK;
+    if (o->server_key) {
+        if (!ifd_key_z85_valid(o->server_key, strlen(o->server_key)))
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "%s: server_key: expected a key of 40 Z85 characters, got %zu "
+                                 "characters%s",
+                                 who, strlen(o->server_key),
+                                 strlen(o->server_key) == IFD_KEY_Z85_LEN ? " that are not Z85"
+                                                                          : "");
+        memcpy(server, o->server_key, sizeof server);
+    } else {
+        snprintf(what, sizeof what, "%s: server_key_file", who);
+        if ((rc = ifd_keyfile_load_public(o->server_key_file, what, server, err)) != IFD_OK)
+            return rc;
+    }
+    if (o->key_file) {
+        snprintf(what, sizeof what, "%s: key_file", who);
+        rc = ifd_keyfile_load_pair(o->key_file, what, pub, sec, err);
+    } else {
+        const char *k[2] = {o->public_key, o->secret_key}, *names[2] = {"public_key", "secret_key"};
+        for (int i = 0; i < 2 && rc == IFD_OK; i++)
+            if (!ifd_key_z85_valid(k[i], strlen(k[i])))
+                rc = ifd_error_set(err, IFD_EINVAL,
+                                   "%s: %s: expected a key of 40 Z85 characters, got %zu "
+                                   "characters",
+                                   who, names[i], strlen(k[i]));
+        if (rc == IFD_OK) {
+            memcpy(pub, o->public_key, sizeof pub);
+            memcpy(sec, o->secret_key, sizeof sec);
+            char derived[IFD_KEY_Z85_LEN + 1];
+            if (zmq_curve_public(derived, sec) != 0 || strcmp(derived, pub) != 0)
+                rc = ifd_error_set(err, IFD_EINVAL,
+                                   "%s: public_key: expected the public key of secret_key "
+                                   "(%.8s...), got %.8s...",
+                                   who, derived, pub);
+        }
+    }
+    if (rc == IFD_OK && (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, server, IFD_KEY_Z85_LEN) ||
+                         zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, IFD_KEY_Z85_LEN) ||
+                         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, IFD_KEY_Z85_LEN)))
+        rc = ifdw_zmq_error(err, who);
+    memset(sec, 0, sizeof sec);
+    return rc;
 }

@@ -6,6 +6,7 @@
 #define IFD_CLIENT_WIRE_H
 
 #include "core/wire.h"
+#include "infeed/client.h"
 #include "infeed/error.h"
 
 #include <stddef.h>
@@ -24,5 +25,8 @@ int ifdw_code_parse(const char *name);
 /* Sets err from errno after a failed libzmq call and returns the code (IFD_ENOMEM, IFD_ECLOSED
  * for a terminated context, IFD_EIO otherwise). */
 int ifdw_zmq_error(ifd_error *err, const char *what);
+/* Makes sock a CURVE client with opts' keys before it connects (opts NULL or empty: nothing).
+ * who names the client in errors ("producer"). */
+int ifdw_curve_apply(void *sock, const ifd_client_options *opts, const char *who, ifd_error *err);
 
 #endif

@@ -35,6 +35,31 @@ extern "C" {
 
 #define IFD_PROTOCOL_VERSION 1
 
+/* ---- CURVE -------------------------------------------------------------------------------- */
+
+/*
+ * Keys for a daemon started with --curve-secret-key (docs/protocol.md, "Security"): the socket
+ * becomes a CURVE client that knows the daemon's public key and has its own key pair, whose public
+ * key the daemon lists (producers: --authorized-keys; subscribers: --authorized-keys or
+ * --admin-keys). Keys are 40-character Z85 strings; key files are those of `infeedd keygen
+ * PREFIX` (PREFIX.pub: a public key; PREFIX.key: a key pair, to be kept secret).
+ *
+ * Give exactly one of server_key and server_key_file, and exactly one of key_file and the pair
+ * public_key + secret_key; leave every field NULL (or pass NULL options) for no CURVE. Anything
+ * else is IFD_EINVAL naming the field; IFD_ENOTSUP when libzmq has no CURVE. The strings are
+ * read during the create call only.
+ *
+ * A daemon that refuses the key sends nothing: hello then ends with IFD_ETIMEDOUT, and a
+ * subscriber receives nothing. A HELLO with a name bound to another key is answered IFD_EPERM.
+ */
+typedef struct ifd_client_options {
+    const char *server_key;      /* the daemon's public key, Z85 */
+    const char *server_key_file; /* or the daemon's PREFIX.pub */
+    const char *public_key;      /* this client's key pair, Z85 */
+    const char *secret_key;
+    const char *key_file; /* or this client's PREFIX.key */
+} ifd_client_options;
+
 /* ---- producer ----------------------------------------------------------------------------- */
 
 typedef struct ifd_producer ifd_producer;
@@ -54,6 +79,9 @@ typedef void (*ifd_free_fn)(void *data, void *hint);
  * "ipc:///tmp/infeed.sock"). Connecting is asynchronous: nothing is sent before hello. name is
  * the producer's name for the daemon (at most 63 bytes; NULL lets the daemon make one up). */
 int ifd_producer_create(ifd_producer **out, const char *endpoint, const char *name, ifd_error *err);
+/* As ifd_producer_create, with CURVE keys (opts NULL: none). */
+int ifd_producer_create_opts(ifd_producer **out, const char *endpoint, const char *name,
+                             const ifd_client_options *opts, ifd_error *err);
 /* Closes the socket without waiting for unsent messages (batches not yet acknowledged may be
  * lost: call ifd_producer_end first) and frees the producer. Every zero-copy buffer has been
  * released when it returns. NULL is a no-op. */
@@ -148,6 +176,9 @@ typedef struct ifd_subscriber ifd_subscriber;
 /* A SUB socket connected to the daemon's PUB (--publish), subscribed to every summary. Like
  * any ZeroMQ subscriber it misses what is published before its connection is up. */
 int ifd_subscriber_create(ifd_subscriber **out, const char *endpoint, ifd_error *err);
+/* As ifd_subscriber_create, with CURVE keys (opts NULL: none). */
+int ifd_subscriber_create_opts(ifd_subscriber **out, const char *endpoint,
+                               const ifd_client_options *opts, ifd_error *err);
 void ifd_subscriber_destroy(ifd_subscriber *s);
 /* Receives one summary: *json is a NUL-terminated malloc'd copy the caller frees. IFD_OK, or
  * IFD_ETIMEDOUT when none came in timeout_ms. */

@@ -27,6 +27,7 @@
     XX(EBLAS, "BLAS error")                                                                        \
     XX(ECUDA, "CUDA error")                                                                        \
     XX(ENCCL, "NCCL error")                                                                        \
+    XX(EPERM, "not permitted")                                                                     \
     XX(EINTERNAL, "internal error")                                                                \
     XX(EBUSY, "in use")
 

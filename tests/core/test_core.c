@@ -64,6 +64,7 @@ static const struct {
     {IFD_EBLAS, "IFD_EBLAS", "BLAS error"},
     {IFD_ECUDA, "IFD_ECUDA", "CUDA error"},
     {IFD_ENCCL, "IFD_ENCCL", "NCCL error"},
+    {IFD_EPERM, "IFD_EPERM", "not permitted"},
     {IFD_EINTERNAL, "IFD_EINTERNAL", "internal error"},
     {IFD_EBUSY, "IFD_EBUSY", "in use"},
 };

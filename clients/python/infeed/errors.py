@@ -9,7 +9,7 @@ class InfeedError(Exception):
     """The daemon answered ``ERROR``.
 
     Attributes: ``code`` (``EPROTO``, ``EINVAL``, ``ESHAPE``, ``EDTYPE``, ``ERANGE``,
-    ``ECLOSED``), ``seq`` (the rejected batch's sequence number, or ``None`` when the rejected
+    ``ECLOSED``, ``EPERM``), ``seq`` (the rejected batch's sequence number, or ``None`` when the rejected
     message was not a batch), ``message`` (the daemon's sentence) and ``body`` (the whole JSON).
     """
 

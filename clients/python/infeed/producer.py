@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequenc
 import numpy as np
 import zmq
 
+from . import keys as K
 from . import protocol as P
 from .errors import InfeedError, RunEnded
 
@@ -110,6 +111,13 @@ class Producer:
     - ``replica``: ``per-core`` input mode: the replica (0 to replicas - 1) this producer's batches
       are for, sent in ``HELLO``; None (the other input modes) sends no replica. Each batch then
       has the WELCOME's ``batch_size`` rows (``global_batch_size / replicas``).
+    - CURVE, for a daemon started with ``--curve-secret-key`` (:mod:`infeed.keys`): the daemon's
+      public key as ``server_key`` (Z85) or ``server_key_file`` (its ``.pub``), and this
+      producer's key pair as ``keypair=(public, secret)`` (Z85) or ``key_file`` (a ``.key`` of
+      ``infeedd keygen``), whose public key is in the daemon's ``--authorized-keys``. A daemon
+      that refuses the key sends nothing at all: the constructor (or first send) then raises
+      :class:`TimeoutError` waiting for ``WELCOME``. A name bound to another key in
+      ``--authorized-keys`` raises :class:`InfeedError` with code ``EPERM``.
 
     ``ERROR`` answers raise :class:`InfeedError` (``code``, ``seq``, ``message``): from the call
     that caused them for ``HELLO``, and for a rejected batch from the next :meth:`send`,
@@ -127,7 +135,8 @@ class Producer:
                  timeout: Optional[float] = _DEFAULT_TIMEOUT,
                  context: Optional[zmq.Context] = None,
                  on_ack: Optional[Callable[[int], None]] = None,
-                 replica: Optional[int] = None):
+                 replica: Optional[int] = None, server_key: Any = None,
+                 server_key_file: Any = None, keypair: Any = None, key_file: Any = None):
         if first_seq < 0:
             raise ValueError(f"first_seq: expected >= 0, got {first_seq}")
         if replica is not None and (isinstance(replica, bool) or not isinstance(replica, int)
@@ -140,9 +149,15 @@ class Producer:
         self.on_ack = on_ack
         self._first_seq = int(first_seq)
         self._schema = _normalize_schema(schema) if schema is not None else None
+        curve = K.client_keys(server_key, server_key_file, keypair, key_file)
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        try:
+            K.apply_client(self._sock, curve)
+        except BaseException:
+            self._sock.close(0)
+            raise
         self._sock.connect(endpoint)
         self.welcome: Optional[dict] = None
         self.bye: Optional[dict] = None

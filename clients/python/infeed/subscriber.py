@@ -7,6 +7,8 @@ from typing import Any, Iterator, Optional
 
 import zmq
 
+from . import keys as K
+
 
 class Subscriber:
     """A SUB socket on the daemon's ``--publish`` endpoint, subscribed to every summary.
@@ -18,17 +20,29 @@ class Subscriber:
     ZeroMQ's PUB drops what is published before a subscriber's connection is made, and what a
     slow subscriber cannot take: create the Subscriber before the run starts (before the first
     batch is sent) and read it steadily; the daemon's ``--summaries`` file has every line.
+
+    CURVE (a daemon with ``--curve-secret-key``): ``server_key``/``server_key_file`` and
+    ``keypair``/``key_file`` as for :class:`~infeed.Producer`; the daemon lets subscribe the keys
+    of its ``--admin-keys`` and ``--authorized-keys``. A refused subscriber receives nothing
+    (its ``recv`` times out).
     """
 
     def __init__(self, endpoint: str, timeout: Optional[float] = None,
-                 context: Optional[zmq.Context] = None):
+                 context: Optional[zmq.Context] = None, server_key: Any = None,
+                 server_key_file: Any = None, keypair: Any = None, key_file: Any = None):
         self.endpoint = endpoint
         self.timeout = timeout
         self.ended = False
         self.last: Optional[dict] = None
+        curve = K.client_keys(server_key, server_key_file, keypair, key_file)
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.SUB)
         self._sock.setsockopt(zmq.LINGER, 0)
+        try:
+            K.apply_client(self._sock, curve)
+        except BaseException:
+            self._sock.close(0)
+            raise
         self._sock.setsockopt(zmq.SUBSCRIBE, b"")
         self._sock.connect(endpoint)
         self._closed = False
