@@ -91,7 +91,11 @@ void ingest_send_error(ifd_ingest *g, const producer_rid *to, int code, int64_t 
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    IFD_LOG_DEBUG("ERROR %s: %s", ifd_errname(code), msg);
+    if (IFD_LOG_INFO <= ifd_log_level_) { /* every rejection, escaped, rate-limited */
+        char safe[4 * IFD_ERROR_MSG_MAX + 1];
+        IFD_LOG_LIMITED(&g->lim_reject, IFD_LOG_INFO, "rejected (%s): %s", ifd_errname(code),
+                        ifd_log_escape(msg, safe, sizeof safe));
+    }
     json_t *j = json_object();
     const char *name = ifd_errname(code);
     if (strncmp(name, "IFD_", 4) == 0) /* the wire names are ESHAPE, EPROTO, ... */

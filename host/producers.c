@@ -546,10 +546,6 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     producer *named = ingest_find_by_name(g, name);
     if (named && named != p && probe_alive(g, named)) {
         /* a name is its connection's while that connection lives: no takeover */
-        char n[4 * IFD_PROTO_NAME_MAX + 1];
-        IFD_LOG_LIMITED(&g->lim_reject, IFD_LOG_INFO,
-                        "HELLO for producer '%s' refused: another live connection has that name",
-                        ifd_log_escape(name, n, sizeof n));
         ifd_error_set(&e, IFD_EBUSY,
                       "HELLO: name '%s' is in use by another live connection (%s, %d batches in "
                       "flight); a name passes to a new connection only once the old one is "

@@ -44,6 +44,9 @@ def test_non_finite_inputs_are_rejected_and_the_run_goes_on(daemon, rng):
         assert e["code"] == "ERANGE" and e["seq"] == seq and e["credit"] == 1, e
         want = f"tensor 'x' row {row} element {col}"
         assert want in e["message"] and word in e["message"], (want, word, e)
+        if trial == 0:
+            assert f"rejected (IFD_ERANGE): batch {seq} from producer 'loader': {want}" \
+                in dm.log(), dm.log()
         # the next good batch is accepted and trained on
         x[row, col] = 0.5
         p.send(batch_frames(seq, [x, y]))
@@ -138,7 +141,7 @@ def test_a_live_producers_name_cannot_be_taken(daemon, rng):
         victim.send(batch_frames(s, good(nrng, d)))
     victim.ack(n + 3)
     assert not victim.errors and not victim.other, (victim.errors, victim.other)
-    assert re.search(r"HELLO for producer 'victim' refused", dm.log()), dm.log()
+    assert re.search(r"rejected \(IFD_EBUSY\): HELLO: name 'victim' is in use", dm.log()), dm.log()
     # once the owner's connection is closed, the name passes on (a restarted producer)
     victim.close()
     # (libzmq drops the closed connection's route a moment after the close: EBUSY until then)
@@ -342,6 +345,15 @@ def test_names_are_escaped_and_hello_lines_rate_limited(daemon, rng):
     p = RawPeer(dm.listen)
     p.send(hello(schema(d), name="evil\ninfeed error [forged] line\\"))
     p.welcome()
+    # a rejected batch is logged at info with the (escaped) name; a flood of them is rate-limited
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    nbad = 200
+    for s in range(nbad):
+        p.send(batch_frames(s, good(nrng, d, rows=B + 1)))
+    p.until(lambda: len(p.errors) >= nbad, "the ERRORs", timeout=20)
+    rejected = re.findall(r"rejected \(IFD_ESHAPE\): batch \d+ from producer "
+                          r"'evil\\x0ainfeed error \[forged\] line\\x5c': rows", dm.log())
+    assert 1 <= len(rejected) < nbad // 2, len(rejected)
     n = 300
     for k in range(n):  # one connection renaming itself: a HELLO line each, unthrottled before
         p.send(hello(schema(d), name=f"n{k}"))
