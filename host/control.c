@@ -154,6 +154,31 @@ static json_t *status_json(ifd_ingest *g)
     return j;
 }
 
+int ingest_control_parse(const void *data, size_t len, char *why, size_t wlen)
+{
+    json_t *req = json_loadb(data, len, 0, NULL);
+    json_t *cmd = json_object_get(req, "cmd");
+    int rc = INGEST_CONTROL_BAD;
+    if (json_is_string(cmd) && strcmp(json_string_value(cmd), "status") == 0) {
+        rc = INGEST_CONTROL_STATUS;
+    } else if (json_is_string(cmd) && strcmp(json_string_value(cmd), "stop") == 0) {
+        rc = INGEST_CONTROL_STOP;
+    } else if (req == NULL) {
+        snprintf(why, wlen,
+                 "expected a JSON object {\"cmd\": \"status\"|\"stop\"}, got text that is not "
+                 "JSON");
+    } else if (!json_is_string(cmd)) {
+        char got[96];
+        snprintf(why, wlen, "cmd: expected \"status\" or \"stop\", got %s",
+                 ifd_json_describe(cmd, got, sizeof got));
+    } else {
+        snprintf(why, wlen, "cmd: expected \"status\" or \"stop\", got '%.200s'",
+                 json_string_value(cmd));
+    }
+    json_decref(req);
+    return rc;
+}
+
 void ingest_handle_control(ifd_ingest *g)
 {
     zmq_msg_t m;
@@ -163,7 +188,8 @@ void ingest_handle_control(ifd_ingest *g)
         return;
     }
     int more = zmq_msg_more(&m);
-    json_t *req = json_loadb(zmq_msg_data(&m), zmq_msg_size(&m), 0, NULL);
+    char why[300];
+    int cmd = ingest_control_parse(zmq_msg_data(&m), zmq_msg_size(&m), why, sizeof why);
     zmq_msg_close(&m);
     while (more) { /* a REP must answer the whole request; extra frames are ignored */
         zmq_msg_init(&m);
@@ -173,29 +199,15 @@ void ingest_handle_control(ifd_ingest *g)
             more = zmq_msg_more(&m);
         zmq_msg_close(&m);
     }
-    json_t *cmd = json_object_get(req, "cmd");
     json_t *reply;
-    if (json_is_string(cmd) && strcmp(json_string_value(cmd), "status") == 0) {
+    if (cmd == INGEST_CONTROL_STATUS) {
         reply = status_json(g);
-    } else if (json_is_string(cmd) && strcmp(json_string_value(cmd), "stop") == 0) {
+    } else if (cmd == INGEST_CONTROL_STOP) {
         ingest_request_stop(g, "control: stop");
         reply = json_pack("{s:b}", "ok", 1);
     } else {
-        char why[300];
-        if (req == NULL)
-            snprintf(why, sizeof why,
-                     "expected a JSON object {\"cmd\": \"status\"|\"stop\"}, got text that is "
-                     "not JSON");
-        else if (!json_is_string(cmd)) {
-            char got[96];
-            snprintf(why, sizeof why, "cmd: expected \"status\" or \"stop\", got %s",
-                     ifd_json_describe(cmd, got, sizeof got));
-        } else
-            snprintf(why, sizeof why, "cmd: expected \"status\" or \"stop\", got '%.200s'",
-                     json_string_value(cmd));
         reply = json_pack("{s:b, s:s}", "ok", 0, "error", why);
     }
-    json_decref(req);
     char *text = json_dumps(reply, JSON_COMPACT);
     json_decref(reply);
     zmq_send(g->rep, text ? text : "{}", text ? strlen(text) : 2, 0);

@@ -315,7 +315,7 @@ void ifd_ingest_destroy(ifd_ingest *g)
 
 /* ---- the I/O thread --------------------------------------------------------------------- */
 
-static void handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int total)
+void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int total)
 {
     producer_rid from = {.rid = zmq_msg_data(&parts[0]), .len = zmq_msg_size(&parts[0])};
     if (from.len > RID_MAX)
@@ -466,7 +466,7 @@ static void *io_main(void *arg)
                 int np, total;
                 if (recv_message(g, parts, &np, &total))
                     break;
-                handle_message(g, parts, np, total);
+                ingest_handle_message(g, parts, np, total);
                 for (int q = 0; q < np; q++)
                     zmq_msg_close(&parts[q]);
             }
@@ -543,14 +543,19 @@ int ifd_ingest_positions(void *arg, ifd_checkpoint *c, ifd_error *err)
     return rc;
 }
 
-int ifd_ingest_start(ifd_ingest *g, ifd_session *s, ifd_error *err)
+void ingest_attach_program(ifd_ingest *g, const ifd_program *program)
 {
-    g->session = s;
-    g->program = ifd_session_program(s);
+    g->program = program;
     int idx[IFD_MAX_INPUTS];
     g->nin = ifd_infeed_mode_inputs(g->program, g->cfg->run.mode, idx);
     for (int i = 0; i < g->nin; i++)
         g->in[i] = &g->program->inputs[idx[i]];
+}
+
+int ifd_ingest_start(ifd_ingest *g, ifd_session *s, ifd_error *err)
+{
+    g->session = s;
+    ingest_attach_program(g, ifd_session_program(s));
     ifd_session_set_watchdog_context(s, ingest_watchdog_context, g);
     int rc = ifd_thread_start(&g->thread, "ifd-ingest", io_main, g);
     if (rc)

@@ -169,6 +169,11 @@ struct ifd_ingest {
     ifd_sink *pub_sink;
 };
 
+/* ingest.c: the message handler (HELLO, BATCH, END; parts[0] is the routing id) and the
+ * program the schema comes from (ifd_ingest_start sets it; the fuzz harness calls both). */
+void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int total);
+void ingest_attach_program(ifd_ingest *g, const ifd_program *program);
+
 /* ingest.c: replies */
 #define NO_SEQ INT64_MIN /* an ERROR about no batch: its seq is null */
 void ingest_send_parts(ifd_ingest *g, const producer_rid *to, const void *hdr, size_t hlen,
@@ -219,6 +224,9 @@ void ingest_send_acks(ifd_ingest *g);
 
 /* control.c */
 void ingest_handle_control(ifd_ingest *g);
+/* A control request's command: INGEST_CONTROL_STATUS or _STOP, or _BAD with why filled. */
+enum { INGEST_CONTROL_BAD, INGEST_CONTROL_STATUS, INGEST_CONTROL_STOP };
+int ingest_control_parse(const void *data, size_t len, char *why, size_t wlen);
 void ingest_request_stop(ifd_ingest *g, const char *why);
 void ingest_sample_rates(ifd_ingest *g);
 void ingest_watch_infeed(ifd_ingest *g);
