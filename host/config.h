@@ -23,6 +23,7 @@ typedef struct ifd_daemon_config {
     const char *predictions; /* predict mode: JSON Lines path; NULL: none */
     int credit;              /* batches a producer may have in flight */
     int max_producers;
+    int max_connections;  /* per socket; 0: auto (ifd_daemon_max_connections) */
     int expect_producers; /* > 0: the input ends once this many producers sent END */
     int log_level;
     int cuda_graphs;            /* cuda backend: capture each step in a CUDA Graph */
@@ -58,6 +59,10 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err);
  * error sentences. */
 struct json_t;
 const char *ifd_json_describe(const struct json_t *v, char *buf, size_t len);
+
+/* The connections each socket accepts at once: max_connections, or when 0, twice
+ * max_producers and at least 256. */
+int ifd_daemon_max_connections(const ifd_daemon_config *c);
 
 /* Writes --help. */
 void ifd_daemon_config_usage(FILE *out);
