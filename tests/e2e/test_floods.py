@@ -265,3 +265,22 @@ def test_descriptor_exhaustion(daemon, rng):
     assert d.control({"cmd": "status"}, timeout=2 * HANDSHAKE_S)["ok"]
     train(d, rng.randint(5, 20), np.random.default_rng(rng.randrange(1 << 30)))
     assert d.proc.poll() is None
+
+
+def test_max_connections_config(daemon, rng):
+    """--max-connections below --max-producers or above 65536 is refused with a sentence; 0
+    (auto) is twice max_producers, at least 256; the daemon logs the limit and its bound."""
+    from conftest import run_infeedd
+
+    base = ["--steps", "1", "--features", "4", "--classes", "3"]
+    producers = rng.randint(2, 1000)  # 3 x 2000 connections fit the descriptors
+    for bad in (rng.randint(1, producers - 1), rng.randint(65537, 1 << 30), -rng.randint(1, 9)):
+        r = run_infeedd(*base, "--max-producers", str(producers), "--max-connections", str(bad))
+        assert r.returncode == 2, r.stderr
+        assert f"max_connections: expected 0 (auto) or max_producers ({producers}) to 65536, " \
+               f"got {bad}" in r.stderr, r.stderr
+    d = daemon(features=D, classes=K, batch_size=BATCH, steps=100000, credit=8,
+               max_producers=producers, max_connections=0)
+    want = max(256, 2 * producers)
+    bound = memory_bound(producers, 8, want, want, want)
+    wait_log(d, f"at most {want} connections a socket; memory bound {bound >> 20} MiB")
