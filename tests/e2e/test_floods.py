@@ -41,6 +41,15 @@ def memory_bound(max_producers, credit, conns_ingest, conns_publish, conns_contr
             + (OUTBOX + PUB_SNDHWM) * SUMMARY_MAX)
 
 
+def sanitized() -> bool:
+    """A sanitizer build: its allocator keeps freed memory (quarantine) and glibc's mallinfo2
+    does not see it, so heap figures say nothing there."""
+    from conftest import infeedd_path
+    exe = infeedd_path()
+    data = open(exe, "rb").read() if exe else b""
+    return b"__asan_init" in data or b"__tsan_init" in data
+
+
 def rss(d) -> int:
     for line in open(f"/proc/{d.proc.pid}/status"):
         if line.startswith("VmRSS:"):
@@ -117,6 +126,12 @@ def test_incomplete_and_oversized_messages(daemon, rng):
     assert big.closed(5.0), "a frame over ZMQ_MAXMSGSIZE: the connection stays open"
     assert d.control({"cmd": "status"})["ok"]
     train(d, rng.randint(5, 30), nrng)
+    if sanitized():
+        print("a sanitizer build: heap warning and RSS not checked")
+        for p in peers:
+            p.close()
+        train(d, rng.randint(5, 30), nrng)
+        return
     wait_log(d, "holding back the last frames of messages")
     for p in peers:
         p.close()
@@ -168,7 +183,7 @@ def test_pub_and_control_floods(daemon, rng):
     st = d.control({"cmd": "status"})
     assert st["ok"] and st["batches_accepted"] > 0, st
     bound = memory_bound(4, 8, 1, 4, 2) + nsubs * 1024  # what libzmq keeps of subscriptions
-    assert rss(d) < bound, f"RSS {rss(d) >> 20} MiB, bound {bound >> 20} MiB"
+    assert sanitized() or rss(d) < bound, f"RSS {rss(d) >> 20} MiB, bound {bound >> 20} MiB"
     deadline = time.monotonic() + 10
     while not any(s.get("event") == "train" for s in col.got):
         assert time.monotonic() < deadline, "no summary reached the subscriber"
@@ -233,7 +248,7 @@ def test_connection_flood(daemon, rng):
           f"{time.monotonic() - t0:.1f} s ({attempts} attempts)")
     assert d.control({"cmd": "status"}, timeout=2 * HANDSHAKE_S)["ok"]
     wait_log(d, "closed before completing the ZeroMQ handshake")
-    assert rss(d) < memory_bound(8, 8, limit, limit, limit)
+    assert sanitized() or rss(d) < memory_bound(8, 8, limit, limit, limit)
     for s in conns:
         s.close()
 
