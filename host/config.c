@@ -133,6 +133,10 @@ static const opt opts[] = {
     {"credit", K_INT, OFF(credit), "N",
      "batches a producer may have in flight; 0: auto, 16 MiB of batches, 8 to 256", NULL, NULL},
     {"max_producers", K_INT, OFF(max_producers), "N", "producers connected at once", NULL, NULL},
+    {"max_connections", K_INT, OFF(max_connections), "N",
+     "connections each socket accepts at once, more are closed; 0: auto, 2 x max_producers, at "
+     "least 256",
+     NULL, NULL},
     {"expect_producers", K_INT, OFF(expect_producers), "N",
      "the input ends once N producers sent END (0: once every producer welcomed so far did)", NULL,
      NULL},
@@ -197,6 +201,13 @@ void ifd_daemon_config_defaults(ifd_daemon_config *c)
     c->cuda_graphs = 1;
     c->checkpoint_every = 1000;
     c->keep_checkpoints = 5;
+}
+
+int ifd_daemon_max_connections(const ifd_daemon_config *c)
+{
+    if (c->max_connections > 0)
+        return c->max_connections;
+    return c->max_producers * 2 > 256 ? c->max_producers * 2 : 256;
 }
 
 void ifd_daemon_config_free(ifd_daemon_config *c)
@@ -715,6 +726,12 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
         return ifd_error_set(err, IFD_EINVAL,
                              "producer_timeout: expected 0 (never) to 86400 seconds, got %g",
                              c->producer_timeout);
+    if (c->max_connections != 0 &&
+        (c->max_connections < c->max_producers || c->max_connections > 65536))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "max_connections: expected 0 (auto) or max_producers (%d) to 65536, "
+                             "got %d",
+                             c->max_producers, c->max_connections);
     if (c->predictions && c->run.mode != IFD_MODE_PREDICT)
         return ifd_error_set(err, IFD_EINVAL,
                              "predictions: expected only in predict mode, got a path in %s mode",

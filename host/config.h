@@ -23,6 +23,7 @@ typedef struct ifd_daemon_config {
     const char *predictions; /* predict mode: JSON Lines path; NULL: none */
     int credit;              /* batches a producer may have in flight */
     int max_producers;
+    int max_connections;     /* per socket; 0: auto (ifd_daemon_max_connections) */
     int expect_producers;    /* > 0: the input ends once this many producers sent END */
     int check_finite;        /* reject batches whose float inputs hold NaN or inf */
     double max_abs_input;    /* > 0: also reject float inputs of larger magnitude */
@@ -72,6 +73,9 @@ const char *ifd_json_describe(const struct json_t *v, char *buf, size_t len);
  * 127.0.0.0/8, localhost or [::1]. Anything else (another address, a wildcard, an interface
  * name, another transport) is not. */
 int ifd_endpoint_is_local(const char *endpoint);
+/* The connections each socket accepts at once: max_connections, or when 0, twice
+ * max_producers and at least 256. */
+int ifd_daemon_max_connections(const ifd_daemon_config *c);
 
 /* Writes --help. */
 void ifd_daemon_config_usage(FILE *out);

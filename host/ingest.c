@@ -1,5 +1,6 @@
 #include "host/ingest_internal.h"
 #include "host/security.h"
+#include "host/limits.h"
 
 #include "core/log.h"
 #include "core/thread.h"
@@ -130,12 +131,13 @@ const char *ingest_dims_format(int rank, const int64_t *dims, char *buf, size_t 
 
 /* ---- create / destroy ------------------------------------------------------------------- */
 
-/* The largest tensor frame of a batch, and a batch's bytes (of the rows the input mode takes a
- * batch). */
-static size_t batch_sizes(const ifd_daemon_config *c, size_t *total)
+/* The largest tensor frame of a batch, a batch's bytes (of the rows the input mode takes a
+ * batch) and its tensors. */
+static size_t batch_sizes(const ifd_daemon_config *c, size_t *total, int *tensors)
 {
     ifd_program p;
     *total = 0;
+    *tensors = 0;
     if (ifd_program_init(&p, c->run.program, &c->run.settings, NULL))
         return 0;
     size_t most = 0;
@@ -146,6 +148,7 @@ static size_t batch_sizes(const ifd_daemon_config *c, size_t *total)
         size_t bytes = row * (size_t)ifd_input_batch_rows(c->run.input_mode, c->run.batch_size,
                                                           c->run.replicas);
         *total += bytes;
+        ++*tensors;
         if (bytes > most)
             most = bytes;
     }
@@ -204,14 +207,21 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
         goto fail;
     g->router = zmq_socket(g->zctx, ZMQ_ROUTER);
     size_t batch_bytes;
-    g->max_frame = batch_sizes(c, &batch_bytes) + 65536;
+    int tensors;
+    g->max_frame = ifd_router_max_frame(batch_sizes(c, &batch_bytes, &tensors));
     g->credit = c->credit > 0 ? c->credit : ifd_proto_auto_credit(batch_bytes);
     /* per-host-v2: a step holds one batch a replica until all are in; one producer alone must
      * be able to send them all (config validation refuses a smaller explicit credit) */
     if (c->run.input_mode == IFD_INPUT_PER_HOST_V2 && g->credit < c->run.replicas)
         g->credit = c->run.replicas;
+    int conns = ifd_daemon_max_connections(c);
+    ifd_memory_terms mt = {c->max_producers, g->credit, batch_bytes, g->max_frame,
+                           tensors,          conns,     conns,       conns};
+    if ((rc = ifd_monitor_create(&g->monitor, g->zctx, conns, ifd_memory_bound(&mt), err)))
+        goto fail;
     int64_t maxmsg = (int64_t)g->max_frame;
-    int linger = 1000;
+    int linger = 1000, rcvhwm = IFD_ROUTER_RCVHWM, sndhwm = ifd_router_sndhwm(g->credit),
+        hs = IFD_HANDSHAKE_IVL_MS;
     zmq_setsockopt(g->router, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
     zmq_setsockopt(g->router, ZMQ_LINGER, &linger, sizeof linger);
     /* Liveness: a send to a closed connection fails (EHOSTUNREACH) instead of vanishing, and
@@ -221,40 +231,38 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     zmq_setsockopt(g->router, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
     zmq_setsockopt(g->router, ZMQ_HEARTBEAT_IVL, &hb_ivl, sizeof hb_ivl);
     zmq_setsockopt(g->router, ZMQ_HEARTBEAT_TIMEOUT, &hb_timeout, sizeof hb_timeout);
-    if ((rc = ifd_security_apply(c->security, g->router, IFD_SOCK_INGEST, err)) != IFD_OK)
+    zmq_setsockopt(g->router, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
+    zmq_setsockopt(g->router, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
+    zmq_setsockopt(g->router, ZMQ_HANDSHAKE_IVL, &hs, sizeof hs);
+    if ((rc = ifd_security_apply(c->security, g->router, IFD_SOCK_INGEST, err)) != IFD_OK ||
+        (rc = ifd_monitor_watch(g->monitor, g->router, "ingest", err)))
         goto fail;
     if (zmq_bind(g->router, c->listen) != 0) {
         rc = zerr(err, "listen", c->listen);
         goto fail;
     }
-    if (c->publish && c->publish[0]) {
-        g->pub = zmq_socket(g->zctx, ZMQ_PUB);
-        zmq_setsockopt(g->pub, ZMQ_LINGER, &linger, sizeof linger);
-        if ((rc = ifd_security_apply(c->security, g->pub, IFD_SOCK_PUBLISH, err)) != IFD_OK)
-            goto fail;
-        if (zmq_bind(g->pub, c->publish) != 0) {
-            rc = zerr(err, "publish", c->publish);
-            goto fail;
-        }
-        rc = ifd_sink_create(&g->pub_sink, &ingest_pub_ops, g);
-        if (rc) {
-            ifd_error_set(err, rc, "publish: sink");
-            goto fail;
-        }
-    }
+    if (c->publish && c->publish[0] &&
+        (rc = ifd_publisher_create(&g->pub, g->zctx, c->publish, c->security, g->monitor, err)))
+        goto fail;
     if (c->control && c->control[0]) {
         g->rep = zmq_socket(g->zctx, ZMQ_REP);
-        int zero = 0;
-        int64_t maxreq = 64 * 1024; /* a request is one small JSON object */
+        int zero = 0, hwm = IFD_CONTROL_HWM;
+        int64_t maxreq = IFD_CONTROL_MAXMSGSIZE; /* a request is one small JSON object */
         zmq_setsockopt(g->rep, ZMQ_LINGER, &zero, sizeof zero);
         zmq_setsockopt(g->rep, ZMQ_MAXMSGSIZE, &maxreq, sizeof maxreq);
-        if ((rc = ifd_security_apply(c->security, g->rep, IFD_SOCK_CONTROL, err)) != IFD_OK)
+        zmq_setsockopt(g->rep, ZMQ_RCVHWM, &hwm, sizeof hwm);
+        zmq_setsockopt(g->rep, ZMQ_SNDHWM, &hwm, sizeof hwm);
+        zmq_setsockopt(g->rep, ZMQ_HANDSHAKE_IVL, &hs, sizeof hs);
+        if ((rc = ifd_security_apply(c->security, g->rep, IFD_SOCK_CONTROL, err)) != IFD_OK ||
+            (rc = ifd_monitor_watch(g->monitor, g->rep, "control", err)))
             goto fail;
         if (zmq_bind(g->rep, c->control) != 0) {
             rc = zerr(err, "control", c->control);
             goto fail;
         }
     }
+    if ((rc = ifd_monitor_start(g->monitor, err)))
+        goto fail;
     *out = g;
     return IFD_OK;
 fail:
@@ -289,19 +297,16 @@ void ifd_ingest_destroy(ifd_ingest *g)
     }
     free(g->producers);
     ingest_producers_free(g);
-    while (g->ohead) {
-        outmsg *m = g->ohead;
-        g->ohead = m->next;
-        free(m);
-    }
-    if (g->pub_sink)
-        ifd_sink_destroy(g->pub_sink);
+    /* libzmq waits on a monitor event nobody reads: stop the monitoring before the monitor */
+    ifd_monitor_unwatch(g->router);
+    ifd_monitor_unwatch(g->rep);
+    ifd_publisher_destroy(g->pub);
+    ifd_monitor_destroy(g->monitor);
     if (g->router)
         zmq_close(g->router);
-    if (g->pub)
-        zmq_close(g->pub);
     if (g->rep)
         zmq_close(g->rep);
+    /* CURVE: the ZAP handler goes after the sockets it answers for, before the context */
     ifd_security_stop(g->cfg->security);
     if (g->zctx)
         zmq_ctx_term(g->zctx);
@@ -419,7 +424,6 @@ static void drain_router(ifd_ingest *g)
 static void finish(ifd_ingest *g)
 {
     ingest_send_acks(g);
-    ingest_publish(g);
     for (int i = 0; i < g->cfg->max_producers; i++) {
         producer *p = &g->producers[i];
         if (!p->used || !p->welcomed || p->rid_len == 0)
@@ -475,7 +479,6 @@ static void *io_main(void *arg)
         if (i_rep >= 0 && rc > 0 && (items[i_rep].revents & ZMQ_POLLIN))
             ingest_handle_control(g);
         ingest_send_acks(g);
-        ingest_publish(g);
         ingest_sample_rates(g);
         ingest_watch_infeed(g);
         ingest_check_liveness(g);
@@ -502,6 +505,11 @@ static void *io_main(void *arg)
             return NULL;
         }
     }
+}
+
+ifd_sink *ifd_ingest_pub_sink(ifd_ingest *g)
+{
+    return ifd_publisher_sink(g->pub);
 }
 
 int ifd_ingest_restore(ifd_ingest *g, const ifd_checkpoint *c, ifd_error *err)
@@ -561,6 +569,8 @@ int ifd_ingest_start(ifd_ingest *g, ifd_session *s, ifd_error *err)
     if (rc)
         return ifd_error_set(err, rc, "ingest: cannot start the I/O thread");
     g->started = 1;
+    if (g->pub && (rc = ifd_publisher_start(g->pub, err)) != IFD_OK)
+        return rc;
     return IFD_OK;
 }
 
@@ -577,4 +587,5 @@ void ifd_ingest_finish(ifd_ingest *g, int code, const char *reason, const char *
         ifd_thread_join(&g->thread);
         g->started = 0;
     }
+    ifd_publisher_stop(g->pub); /* after the queued summaries */
 }

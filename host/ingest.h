@@ -1,13 +1,14 @@
 /*
- * infeedd's ZeroMQ side: the ingest ROUTER (docs/protocol.md), the summaries PUB socket and the
- * control REP socket, all owned by one I/O thread. Other threads reach it through a mutex-guarded
- * outbox and an eventfd it polls beside the sockets:
+ * infeedd's ZeroMQ side: the ingest ROUTER (docs/protocol.md) and the control REP socket, owned by
+ * one I/O thread, and the summaries PUB socket, owned by the publisher's thread
+ * (host/publisher.h); a monitor thread bounds their connections (host/monitor.h). Other threads
+ * reach the I/O thread through an eventfd it polls beside the sockets:
  *
  * - Accepted batches go to a FIFO that is the session's batch source. Their tensors are views of
  *   the received zmq frames; the runtime's release (any thread, when every replica consumed its
  *   shard) closes the frames and marks the batch done, and the I/O thread sends the ACKs in each
  *   producer's order.
- * - Summaries written to the PUB sink (outfeed thread) are queued and published by the I/O
+ * - Summaries written to the PUB sink (outfeed thread) are queued and published by the publisher
  *   thread without blocking: a slow subscriber loses messages, the daemon never waits.
  * - Signals (main's handler) and control requests end the run through the session.
  *

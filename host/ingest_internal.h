@@ -6,7 +6,9 @@
  *   batch.c      BATCH validation and acceptance, ACKs and PREDICTIONs
  *   source.c     the batch source the session reads (FIFOs under qmu)
  *   control.c    the control socket (status, stop), rates, starvation warnings
- *   ingest_publish.c    the PUB sink and the summaries outbox
+ *
+ * The PUB socket has its own thread (host/publisher.c), and the connection monitor too
+ * (host/monitor.c).
  *
  * Everything here runs on the I/O thread unless its comment says otherwise.
  */
@@ -14,6 +16,8 @@
 #define IFD_HOST_INGEST_INTERNAL_H
 
 #include "host/ingest.h"
+#include "host/monitor.h"
+#include "host/publisher.h"
 
 #include "core/log.h"
 #include "core/thread.h"
@@ -26,7 +30,6 @@
 
 #define MAX_PARTS (IFD_MAX_INPUTS + 2) /* routing id, header, tensors */
 #define RECV_BURST 256                 /* messages handled before polling the others again */
-#define OUTBOX_MAX 4096                /* summaries waiting for the PUB socket */
 #define STOP_GRACE_NS 1000000000LL     /* a stop waits this long for input before closing it */
 #define RID_MAX 256
 #define STARVE_WARN_NS 5000000000LL /* a starving infeed is logged after waiting this long */
@@ -101,17 +104,13 @@ typedef struct src_lane {
     host_batch *bhead, *btail; /* I/O thread: accepted during this receive burst */
 } src_lane;
 
-typedef struct outmsg {
-    struct outmsg *next;
-    size_t len;
-    char json[];
-} outmsg;
-
 struct ifd_ingest {
     const ifd_daemon_config *cfg;
     int *signals; /* atomic */
     void *zctx;
-    void *router, *pub, *rep;
+    void *router, *rep;
+    ifd_publisher *pub; /* NULL when --publish is "" */
+    ifd_monitor *monitor;
     int efd;
     ifd_session *session;
     const ifd_program *program;
@@ -155,18 +154,13 @@ struct ifd_ingest {
     ifd_log_limit lim_hello, lim_reject, lim_gone;
     int64_t liveness_ns; /* the last pass of ingest_check_liveness */
 
-    /* the outbox, from other threads */
+    /* the end, from the main thread */
     ifd_mutex omu;
-    outmsg *ohead, *otail;
-    size_t olen;
-    int64_t odropped;
     int acks_pending; /* atomic */
     int finishing;    /* under omu */
     int fin_code;
     char fin_reason[32];
     char fin_message[512];
-
-    ifd_sink *pub_sink;
 };
 
 /* ingest.c: the message handler (HELLO, BATCH, END; parts[0] is the routing id) and the
@@ -230,9 +224,5 @@ int ingest_control_parse(const void *data, size_t len, char *why, size_t wlen);
 void ingest_request_stop(ifd_ingest *g, const char *why);
 void ingest_sample_rates(ifd_ingest *g);
 void ingest_watch_infeed(ifd_ingest *g);
-
-/* ingest_publish.c */
-extern const ifd_sink_ops ingest_pub_ops;
-void ingest_publish(ifd_ingest *g);
 
 #endif

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 /* Read by the I/O thread, so a lock-free atomic rather than a volatile sig_atomic_t (which is
  * only safe between a handler and the thread it interrupts). */
@@ -48,6 +49,36 @@ static void install_signals(void)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+}
+
+/* Each connection costs a descriptor: take every one the hard limit allows (as Redis does), and
+ * lower the connection limit to what the descriptors left cover (three sockets and DESC_RESERVE
+ * for everything else), so that a flood meets the limit, which closes connections at once, and
+ * not EMFILE, which makes libzmq retry its accept in a loop. */
+#define DESC_RESERVE 64
+static void fit_descriptors(ifd_daemon_config *c)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+            IFD_LOG_DEBUG("descriptor limit raised from %llu to %llu", (unsigned long long)was,
+                          (unsigned long long)rl.rlim_cur);
+        else
+            getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    long long want = ifd_daemon_max_connections(c);
+    if (rl.rlim_cur == RLIM_INFINITY || (long long)rl.rlim_cur >= 3 * want + DESC_RESERVE)
+        return;
+    long long fit = ((long long)rl.rlim_cur - DESC_RESERVE) / 3;
+    c->max_connections = fit < 1 ? 1 : (int)fit;
+    IFD_LOG_WARN("the descriptor limit (%llu, ulimit -n) covers %d connections on each of the "
+                 "three sockets, not %lld: the limit is lowered to %d%s",
+                 (unsigned long long)rl.rlim_cur, c->max_connections, want, c->max_connections,
+                 c->max_connections < c->max_producers ? ", below --max-producers" : "");
 }
 
 static void describe(const ifd_daemon_config *c, const ifd_program *p)
@@ -175,9 +206,12 @@ int main(int argc, char **argv)
      * is done. With glibc's defaults a frame of 128 KiB or more is a fresh mmap, page-faulted in
      * as libzmq writes it and unmapped again on free: at 1 MiB batches over tcp that cost a third
      * of the ingest rate. Keep them on the heap, where freed frames are reused (memory stays
-     * bounded by the credit). */
+     * bounded by the credit). Freed heap beyond 64 MiB at the top is given back at once, and the
+     * connection monitor gives back free heap elsewhere with malloc_trim (host/monitor.c), so
+     * that what a flood made libzmq buffer does not stay with the process. */
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, 64 << 20);
+    fit_descriptors(&cfg);
     if (strcmp(cfg.run.backend, "cuda") == 0)
         setenv("IFD_CUDA_GRAPHS", cfg.cuda_graphs ? "1" : "0", 1);
     /* A checkpoint that cannot start this run is a config error, like a bad flag. */

@@ -2,7 +2,8 @@
 
 The daemon binary is $INFEEDD (CTest sets it to the built target); without it, the tests that
 need the daemon are skipped. Each test gets a ``daemon`` factory: ``daemon(flag=value, ...)``
-starts one (flags are written --flag-name value; True alone for a bare flag), waits until it
+starts one (flags are written --flag-name value; True alone for a bare flag; preexec_fn=f runs f
+in the child before exec), waits until it
 answers ``status`` on its control socket, and the fixture always kills it at teardown.
 """
 
@@ -61,6 +62,7 @@ class Daemon:
             pytest.skip("infeedd is not built (set INFEEDD)")
         self.tmp = tmp
         self.flags = dict(flags)
+        preexec = self.flags.pop("preexec_fn", None)  # e.g. a lower RLIMIT_NOFILE
         n = len(list(tmp.glob("infeedd*.log")))
         self.summaries_path = Path(self.flags.setdefault("summaries",
                                                          str(tmp / f"summaries{n}.jsonl")))
@@ -81,7 +83,8 @@ class Daemon:
             self.log_path = tmp / f"infeedd{n}.{attempt}.log"
             self._log = open(self.log_path, "wb")
             print("starting:", " ".join(self.argv))
-            self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                         preexec_fn=preexec)
             self.started = time.monotonic()
             if not wait_ready or self._wait_ready():
                 return

@@ -1,0 +1,42 @@
+/*
+ * The daemon's bounds on what peers can make it hold, and the memory formula of
+ * docs/protocol.md ("Memory and connection bounds") that they add up to. Keep the two in step.
+ */
+#ifndef IFD_HOST_LIMITS_H
+#define IFD_HOST_LIMITS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define IFD_HANDSHAKE_IVL_MS 5000         /* a connection must finish the ZMTP handshake */
+#define IFD_HELLO_MAX ((size_t)64 << 10)  /* the largest HELLO JSON frame */
+#define IFD_ROUTER_RCVHWM 32              /* complete messages queued per producer connection */
+#define IFD_CONTROL_MAXMSGSIZE (16 << 10) /* a control request's frame */
+#define IFD_CONTROL_HWM 4                 /* requests (replies) queued per control connection */
+#define IFD_PUB_MAXMSGSIZE 1024 /* a subscription, and CURVE's handshake (INITIATE: ~300 bytes) */
+#define IFD_PUB_RCVHWM 16       /* subscriptions queued per subscriber */
+#define IFD_PUB_SNDHWM 256      /* summaries queued per subscriber */
+#define IFD_OUTBOX_MAX 4096     /* summaries waiting for the publisher thread */
+#define IFD_SUMMARY_MAX ((size_t)4 << 10)  /* the largest summary, assumed */
+#define IFD_CONN_COST ((size_t)96 << 10)   /* libzmq's own cost of a connection, measured */
+#define IFD_BASE_MEMORY ((size_t)64 << 20) /* code, threads, libzmq, a small model */
+
+/* The ingest ROUTER's ZMQ_MAXMSGSIZE: the largest frame a valid message has (a full batch's
+ * largest tensor, or a HELLO). */
+size_t ifd_router_max_frame(size_t largest_tensor_bytes);
+/* Its send HWM: the replies queued for one producer (an ACK and a PREDICTION a batch, ERRORs). */
+int ifd_router_sndhwm(int credit);
+
+typedef struct ifd_memory_terms {
+    int max_producers, credit;
+    size_t batch_bytes;                             /* all tensor frames of a batch */
+    size_t max_frame;                               /* ifd_router_max_frame */
+    int tensors;                                    /* tensor frames of a batch */
+    int conns_ingest, conns_publish, conns_control; /* connections at once, each socket */
+} ifd_memory_terms;
+
+/* The heap the daemon may hold (docs/protocol.md): peers whose messages have at most
+ * tensors + 2 frames and are completed. */
+size_t ifd_memory_bound(const ifd_memory_terms *t);
+
+#endif

@@ -1,0 +1,29 @@
+/*
+ * The summaries publisher: the PUB socket (--publish) and the thread that owns it. Summaries
+ * written to its sink (the outfeed thread) wait in a bounded outbox (OUTBOX_MAX, the oldest
+ * dropped) and are sent without blocking: a slow subscriber loses messages. Nothing a subscriber
+ * does (a huge or endless subscription, a stalled connection) reaches the ingest's I/O thread,
+ * so it never delays a producer's ACKs.
+ */
+#ifndef IFD_HOST_PUBLISHER_H
+#define IFD_HOST_PUBLISHER_H
+
+#include "host/monitor.h"
+#include "host/security.h"
+#include "infeed/infeed.h"
+
+typedef struct ifd_publisher ifd_publisher;
+
+/* Binds endpoint (the error names it and libzmq's reason); mon, when not NULL, watches its
+ * connections. */
+int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, ifd_security *sec,
+                         ifd_monitor *mon, ifd_error *err);
+/* Its sink (owned by p). */
+ifd_sink *ifd_publisher_sink(ifd_publisher *p);
+int ifd_publisher_start(ifd_publisher *p, ifd_error *err);
+/* Publishes what the outbox holds, then joins the thread. */
+void ifd_publisher_stop(ifd_publisher *p);
+/* Stops it, stops its socket's monitoring and closes the socket (before zmq_ctx_term). */
+void ifd_publisher_destroy(ifd_publisher *p);
+
+#endif
