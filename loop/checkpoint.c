@@ -731,6 +731,17 @@ int ifd_checkpoint_load(const char *path, ifd_checkpoint **out, ifd_error *err)
     int rc = read_file(path, &buf, &len, err);
     if (rc)
         return rc;
+    rc = ifd_checkpoint_load_buffer(buf, len, path, out, err);
+    free(buf);
+    return rc;
+}
+
+int ifd_checkpoint_load_buffer(const void *data, size_t len, const char *path, ifd_checkpoint **out,
+                               ifd_error *err)
+{
+    *out = NULL;
+    const uint8_t *buf = data;
+    int rc = IFD_OK;
     json_t *h = NULL;
     ifd_checkpoint *c = NULL;
     if (len < PREAMBLE + CRC_LEN) {
@@ -816,7 +827,6 @@ int ifd_checkpoint_load(const char *path, ifd_checkpoint **out, ifd_error *err)
 out:
     ifd_checkpoint_free(c);
     json_decref(h);
-    free(buf);
     return rc;
 }
 

@@ -5,6 +5,7 @@
  */
 #include "infeed/client.h"
 
+#include "clients/c/producer_internal.h"
 #include "clients/c/wire.h"
 
 #include <errno.h>
@@ -98,9 +99,9 @@ static int pop_error(ifd_producer *p, ifd_error *err)
     return ifd_error_set(err, e->code, "%s", e->msg);
 }
 
-static json_t *parse_json_frame(zmq_msg_t *m)
+static json_t *parse_json_frame(const ifd_frame *m)
 {
-    return json_loadb(zmq_msg_data(m), zmq_msg_size(m), JSON_REJECT_DUPLICATES, NULL);
+    return json_loadb(m->data, m->size, JSON_REJECT_DUPLICATES, NULL);
 }
 
 static int64_t json_int_or(json_t *o, const char *key, int64_t dflt)
@@ -115,7 +116,7 @@ static const char *json_str_or(json_t *o, const char *key, const char *dflt)
     return json_is_string(v) ? json_string_value(v) : dflt;
 }
 
-static void on_welcome(ifd_producer *p, zmq_msg_t *frames, int n)
+static void on_welcome(ifd_producer *p, const ifd_frame *frames, int n)
 {
     if (!p->hello_waiting || p->hello_answered)
         return; /* a stale or unasked WELCOME */
@@ -144,13 +145,13 @@ static void on_welcome(ifd_producer *p, zmq_msg_t *frames, int n)
                                      : "batch_size");
         goto out;
     }
-    char *text = malloc(zmq_msg_size(&frames[1]) + 1);
+    char *text = malloc(frames[1].size + 1);
     if (text == NULL) {
         ifd_error_set(&p->hello_err, IFD_ENOMEM, "WELCOME: out of memory");
         goto out;
     }
-    memcpy(text, zmq_msg_data(&frames[1]), zmq_msg_size(&frames[1]));
-    text[zmq_msg_size(&frames[1])] = '\0';
+    memcpy(text, frames[1].data, frames[1].size);
+    text[frames[1].size] = '\0';
     free(p->welcome_json);
     p->welcome_json = text;
     p->welcomed = 1;
@@ -170,7 +171,7 @@ out:
     json_decref(o);
 }
 
-static void on_error(ifd_producer *p, zmq_msg_t *frames, int n)
+static void on_error(ifd_producer *p, const ifd_frame *frames, int n)
 {
     json_t *o = n == 2 ? parse_json_frame(&frames[1]) : NULL;
     if (!json_is_object(o)) {
@@ -207,16 +208,16 @@ static void on_error(ifd_producer *p, zmq_msg_t *frames, int n)
     json_decref(o);
 }
 
-static void on_bye(ifd_producer *p, zmq_msg_t *frames, int n)
+static void on_bye(ifd_producer *p, const ifd_frame *frames, int n)
 {
     if (p->bye_json)
         return;
-    size_t len = n == 2 ? zmq_msg_size(&frames[1]) : 0;
+    size_t len = n == 2 ? frames[1].size : 0;
     char *text = malloc(len + 1);
     if (text == NULL)
         return;
     if (len)
-        memcpy(text, zmq_msg_data(&frames[1]), len);
+        memcpy(text, frames[1].data, len);
     text[len] = '\0';
     p->bye_json = text;
     json_t *o = json_loads(text, 0, NULL);
@@ -231,15 +232,15 @@ static void on_bye(ifd_producer *p, zmq_msg_t *frames, int n)
 
 /* PREDICTION: the BATCH header layout, a JSON array of {name, dtype, shape}, one raw frame per
  * tensor. Each frame is copied to aligned memory for the callback's views. */
-static void on_prediction(ifd_producer *p, zmq_msg_t *frames, int n)
+static void on_prediction(ifd_producer *p, const ifd_frame *frames, int n)
 {
-    if (zmq_msg_size(&frames[0]) < IFD_PROTO_BATCH_HDR || n < 2) {
+    if (frames[0].size < IFD_PROTO_BATCH_HDR || n < 2) {
         push_error(p, IFD_EPROTO, "PREDICTION: expected a 32-byte header and a JSON frame");
         return;
     }
     ifd_proto_batch h;
-    ifd_proto_parse_batch(zmq_msg_data(&frames[0]), &h);
-    json_t *desc = json_loadb(zmq_msg_data(&frames[1]), zmq_msg_size(&frames[1]), 0, NULL);
+    ifd_proto_parse_batch(frames[0].data, &h);
+    json_t *desc = json_loadb(frames[1].data, frames[1].size, 0, NULL);
     const char *names[IFD_MAX_INPUTS];
     ifd_tensor t[IFD_MAX_INPUTS];
     void *copies[IFD_MAX_INPUTS] = {0};
@@ -268,13 +269,13 @@ static void on_prediction(ifd_producer *p, zmq_msg_t *frames, int n)
             t[i].shape.dims[d] = ok ? json_integer_value(v) : 0;
             bytes *= (size_t)t[i].shape.dims[d];
         }
-        ok = ok && zmq_msg_size(&frames[2 + i]) == bytes;
+        ok = ok && frames[2 + i].size == bytes;
         if (ok) {
             copies[i] = malloc(bytes ? bytes : 1);
             ok = copies[i] != NULL;
         }
         if (ok) {
-            memcpy(copies[i], zmq_msg_data(&frames[2 + i]), bytes);
+            memcpy(copies[i], frames[2 + i].data, bytes);
             t[i].data = copies[i];
         }
     }
@@ -291,10 +292,10 @@ static void on_prediction(ifd_producer *p, zmq_msg_t *frames, int n)
     json_decref(desc);
 }
 
-static void on_reply(ifd_producer *p, zmq_msg_t *frames, int n)
+void ifdp_on_reply(ifd_producer *p, const ifd_frame *frames, int n)
 {
-    size_t hl = zmq_msg_size(&frames[0]);
-    const unsigned char *h = zmq_msg_data(&frames[0]);
+    size_t hl = frames[0].size;
+    const unsigned char *h = frames[0].data;
     if (hl < IFD_PROTO_HDR || memcmp(h, IFD_PROTO_MAGIC, 4) != 0 ||
         ifd_get_u16(h + 4) != IFD_PROTO_VERSION) {
         push_error(p, IFD_EPROTO, "reply from the daemon: a header that is not protocol 1");
@@ -375,9 +376,14 @@ static int recv_one(ifd_producer *p, long timeout_ms, ifd_error *err)
             dropped = 1;
         }
     }
-    if (!dropped)
-        on_reply(p, frames, n);
-    else
+    if (!dropped) {
+        ifd_frame spans[IFDP_MAX_FRAMES];
+        for (int i = 0; i < n; i++) {
+            spans[i].data = zmq_msg_data(&frames[i]);
+            spans[i].size = zmq_msg_size(&frames[i]);
+        }
+        ifdp_on_reply(p, spans, n);
+    } else
         push_error(p, IFD_EPROTO, "reply from the daemon: too many frames");
 out:
     for (int i = 0; i < n; i++)
@@ -399,7 +405,7 @@ static int drain(ifd_producer *p, ifd_error *err)
 
 /* ---- lifecycle ---------------------------------------------------------------------------- */
 
-int ifd_producer_create(ifd_producer **out, const char *endpoint, const char *name, ifd_error *err)
+int ifdp_alloc(ifd_producer **out, const char *endpoint, const char *name, ifd_error *err)
 {
     *out = NULL;
     if (endpoint == NULL || endpoint[0] == '\0')
@@ -407,7 +413,6 @@ int ifd_producer_create(ifd_producer **out, const char *endpoint, const char *na
     if (name && (name[0] == '\0' || strlen(name) > IFDP_NAME_MAX))
         return ifd_error_set(err, IFD_EINVAL, "producer: name: expected 1 to %d bytes, got %zu",
                              IFDP_NAME_MAX, strlen(name));
-    int rc;
     ifd_producer *p = calloc(1, sizeof *p);
     if (p == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "producer: out of memory");
@@ -418,7 +423,38 @@ int ifd_producer_create(ifd_producer **out, const char *endpoint, const char *na
     snprintf(p->endpoint, sizeof p->endpoint, "%s", endpoint);
     p->acked_seq = -1;
     p->replica = -1;
+    *out = p;
+    return IFD_OK;
+}
 
+void ifdp_expect_hello(ifd_producer *p, int waiting)
+{
+    p->hello_waiting = waiting;
+    p->hello_answered = 0;
+    ifd_error_clear(&p->hello_err);
+}
+
+int ifdp_hello_answer(const ifd_producer *p, ifd_error *err)
+{
+    if (!p->hello_answered)
+        return -1;
+    if (p->hello_err.code)
+        return ifd_error_set(err, p->hello_err.code, "%s", p->hello_err.msg);
+    return IFD_OK;
+}
+
+int ifdp_pop_error(ifd_producer *p, ifd_error *err)
+{
+    return pop_error(p, err);
+}
+
+int ifd_producer_create(ifd_producer **out, const char *endpoint, const char *name, ifd_error *err)
+{
+    *out = NULL;
+    ifd_producer *p;
+    int rc = ifdp_alloc(&p, endpoint, name, err);
+    if (rc)
+        return rc;
     p->ctx = zmq_ctx_new();
     if (p->ctx == NULL) {
         rc = ifdw_zmq_error(err, "producer: zmq_ctx_new");
@@ -456,9 +492,12 @@ void ifd_producer_destroy(ifd_producer *p)
         return;
     /* Give a sent END a moment to leave; otherwise nothing is worth waiting for. */
     int linger = p->end_sent && p->bye_json == NULL ? 1000 : 0;
-    zmq_setsockopt(p->sock, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_close(p->sock);
-    zmq_ctx_term(p->ctx);
+    if (p->sock) {
+        zmq_setsockopt(p->sock, ZMQ_LINGER, &linger, sizeof linger);
+        zmq_close(p->sock);
+    }
+    if (p->ctx)
+        zmq_ctx_term(p->ctx);
     free(p->welcome_json);
     free(p->bye_json);
     free(p->errs);
