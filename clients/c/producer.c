@@ -231,7 +231,9 @@ static void on_bye(ifd_producer *p, const ifd_frame *frames, int n)
 }
 
 /* PREDICTION: the BATCH header layout, a JSON array of {name, dtype, shape}, one raw frame per
- * tensor. Each frame is copied to aligned memory for the callback's views. */
+ * tensor. Each frame is copied to aligned memory for the callback's views. A description that
+ * does not fit the frames (or whose rows x shape x dtype size overflows) queues an EPROTO error
+ * naming the tensor, and the callback is not called. */
 static void on_prediction(ifd_producer *p, const ifd_frame *frames, int n)
 {
     if (frames[0].size < IFD_PROTO_BATCH_HDR || n < 2) {
@@ -244,9 +246,20 @@ static void on_prediction(ifd_producer *p, const ifd_frame *frames, int n)
     const char *names[IFD_MAX_INPUTS];
     ifd_tensor t[IFD_MAX_INPUTS];
     void *copies[IFD_MAX_INPUTS] = {0};
-    int nt = (int)h.ntensors, ok = json_is_array(desc) && nt >= 0 && nt <= IFD_MAX_INPUTS &&
-                                   (int)json_array_size(desc) == nt && n == 2 + nt && h.rows >= 0;
-    for (int i = 0; ok && i < nt; i++) {
+    char why[256] = "";
+    int nt = 0;
+    if (h.ntensors < 1 || h.ntensors > IFD_MAX_INPUTS || n != 2 + (int)h.ntensors)
+        snprintf(why, sizeof why,
+                 "ntensors: expected 1 to %d, one a frame after the JSON frame, "
+                 "got %u with %d frames after it",
+                 IFD_MAX_INPUTS, h.ntensors, n - 2);
+    else if (h.rows < 0)
+        snprintf(why, sizeof why, "rows: expected >= 0, got %lld", (long long)h.rows);
+    else if (!json_is_array(desc) || json_array_size(desc) != h.ntensors)
+        snprintf(why, sizeof why, "frame 1: expected a JSON array of %u tensors", h.ntensors);
+    else
+        nt = (int)h.ntensors;
+    for (int i = 0; i < nt && why[0] == '\0'; i++) {
         json_t *e = json_array_get(desc, (size_t)i), *shape = json_object_get(e, "shape");
         const char *dt = json_string_value(json_object_get(e, "dtype"));
         names[i] = json_string_value(json_object_get(e, "name"));
@@ -259,35 +272,61 @@ static void on_prediction(ifd_producer *p, const ifd_frame *frames, int n)
     }
         IFD_DTYPE_MAP(IFDP_PARSE_CASE_)
 #undef IFDP_PARSE_CASE_
-        ok = names[i] && esize && json_is_array(shape) && json_array_size(shape) < IFD_MAX_RANK;
-        t[i].shape.rank = ok ? 1 + (int)json_array_size(shape) : 0;
+        if (names[i] == NULL || esize == 0 || !json_is_array(shape) ||
+            json_array_size(shape) >= IFD_MAX_RANK) {
+            snprintf(why, sizeof why,
+                     "tensor %d: expected a name, a known dtype and a shape of rank below %d", i,
+                     IFD_MAX_RANK);
+            break;
+        }
+        t[i].shape.rank = 1 + (int)json_array_size(shape);
         t[i].shape.dims[0] = h.rows;
-        size_t bytes = esize * (size_t)h.rows;
-        for (int d = 1; ok && d < t[i].shape.rank; d++) {
+        size_t bytes = esize;
+        int overflow = __builtin_mul_overflow(bytes, (uint64_t)h.rows, &bytes);
+        for (int d = 1; d < t[i].shape.rank; d++) {
             json_t *v = json_array_get(shape, (size_t)d - 1);
-            ok = json_is_integer(v) && json_integer_value(v) >= 0;
-            t[i].shape.dims[d] = ok ? json_integer_value(v) : 0;
-            bytes *= (size_t)t[i].shape.dims[d];
+            if (!json_is_integer(v) || json_integer_value(v) < 0) {
+                snprintf(why, sizeof why, "tensor %d '%.64s': shape: expected integers >= 0", i,
+                         names[i]);
+                break;
+            }
+            t[i].shape.dims[d] = json_integer_value(v);
+            overflow |= __builtin_mul_overflow(bytes, (uint64_t)t[i].shape.dims[d], &bytes);
         }
-        ok = ok && frames[2 + i].size == bytes;
-        if (ok) {
-            copies[i] = malloc(bytes ? bytes : 1);
-            ok = copies[i] != NULL;
+        if (why[0])
+            break;
+        if (overflow) {
+            snprintf(why, sizeof why,
+                     "tensor %d '%.64s': %lld rows of its shape: expected a size that fits in "
+                     "memory, got one that overflows (the frame has %zu bytes)",
+                     i, names[i], (long long)h.rows, frames[2 + i].size);
+            break;
         }
-        if (ok) {
-            memcpy(copies[i], frames[2 + i].data, bytes);
-            t[i].data = copies[i];
+        if (frames[2 + i].size != bytes) {
+            snprintf(why, sizeof why,
+                     "tensor %d '%.64s': expected %zu bytes (%lld rows of its shape), got a frame "
+                     "of %zu",
+                     i, names[i], bytes, (long long)h.rows, frames[2 + i].size);
+            break;
         }
+        copies[i] = malloc(bytes ? bytes : 1);
+        if (copies[i] == NULL) {
+            snprintf(why, sizeof why, "tensor %d: out of memory for %zu bytes", i, bytes);
+            break;
+        }
+        memcpy(copies[i], frames[2 + i].data, bytes);
+        t[i].data = copies[i];
     }
-    if (ok) {
+    if (why[0] == '\0') {
         p->predictions++;
         if (p->pred_fn)
             p->pred_fn(p->pred_arg, h.seq, h.rows, nt, names, t);
     } else {
-        push_error(p, IFD_EPROTO,
-                   "PREDICTION: the tensor description does not match the frames that follow");
+        char msg[IFD_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "PREDICTION for batch %lld: %s", (long long)h.seq, why);
+        push_error(p, IFD_EPROTO, msg);
     }
-    for (int i = 0; i < nt && i < IFD_MAX_INPUTS; i++)
+    for (int i = 0; i < nt; i++)
         free(copies[i]);
     json_decref(desc);
 }
