@@ -631,15 +631,21 @@ static int parse_params(ifd_checkpoint *c, json_t *params, const char *path, ifd
                                  path, i, IFD_NAME_MAX - 1);
         snprintf(ps->name, sizeof ps->name, "%s", json_string_value(name));
         ps->rank = (int)json_array_size(shape);
+        /* A parameter has at most 2^40 floats (as nparam_floats), so count cannot overflow. */
         int64_t count = 1;
         for (int d = 0; d < ps->rank; d++) {
             json_t *dim = json_array_get(shape, (size_t)d);
-            if (!json_is_integer(dim) || json_integer_value(dim) < 1 ||
-                json_integer_value(dim) > ((int64_t)1 << 40))
+            if (!json_is_integer(dim) || json_integer_value(dim) < 1)
                 return ifd_error_set(err, IFD_EPROTO,
                                      "checkpoint '%s': header: 'params[%d].shape': expected "
                                      "positive integers",
                                      path, i);
+            if (json_integer_value(dim) > ((int64_t)1 << 40) / count)
+                return ifd_error_set(err, IFD_EPROTO,
+                                     "checkpoint '%s': header: 'params[%d].shape': expected at "
+                                     "most 2^40 floats in all, got dimension %d of %" PRId64
+                                     " after %" PRId64 " floats",
+                                     path, i, d, (int64_t)json_integer_value(dim), count);
             ps->dims[d] = json_integer_value(dim);
             count *= ps->dims[d];
         }
