@@ -99,6 +99,13 @@ static int pop_error(ifd_producer *p, ifd_error *err)
     return ifd_error_set(err, e->code, "%s", e->msg);
 }
 
+/* Credit returned or granted by the daemon (n >= 0). Saturates: a daemon's numbers must not
+ * overflow the count. */
+static void add_credit(ifd_producer *p, int64_t n)
+{
+    p->available = n > INT64_MAX - p->available ? INT64_MAX : p->available + n;
+}
+
 static json_t *parse_json_frame(const ifd_frame *m)
 {
     return json_loadb(m->data, m->size, JSON_REJECT_DUPLICATES, NULL);
@@ -202,7 +209,7 @@ static void on_error(ifd_producer *p, const ifd_frame *frames, int n)
             p->rejected++;
         }
         if (credit > 0)
-            p->available += credit;
+            add_credit(p, credit);
         push_error(p, code, text);
     }
     json_decref(o);
@@ -365,12 +372,12 @@ void ifdp_on_reply(ifd_producer *p, const ifd_frame *frames, int n)
             p->acked_seq = seq;
         p->in_flight -= (int64_t)n < p->in_flight ? (int64_t)n : p->in_flight;
         p->acked += n;
-        p->available += n;
+        add_credit(p, n);
         break;
     case IFD_MSG_CREDIT:
         if (hl < IFD_PROTO_CREDIT_HDR || p->hello_waiting)
             break;
-        p->available += ifd_get_u32(h + 8);
+        add_credit(p, ifd_get_u32(h + 8));
         break;
     default:
         break; /* types of later versions */

@@ -1287,9 +1287,9 @@ START_TEST(test_subscriber)
 }
 END_TEST
 
-/* PREDICTIONs decoded without a socket (clients/c/producer_internal.h). A found by fuzz_wire
- * (fuzz/README.md): rows x shape x 4 bytes that wrap around 2^64 to the frame's size handed the
- * callback a tensor of 2^62 + m rows over a buffer of 4km bytes. */
+/* PREDICTIONs decoded without a socket (clients/c/producer_internal.h). Found while writing
+ * fuzz_wire's invariant (fuzz/README.md): rows x shape x 4 bytes that wrap around 2^64 to the
+ * frame's size handed the callback a tensor of 2^62 + m rows over a buffer of 4km bytes. */
 typedef struct pred_spy {
     int calls;
     int64_t rows;
@@ -1371,6 +1371,41 @@ START_TEST(test_prediction_overflow)
 }
 END_TEST
 
+/* Found with fuzz_wire (fuzz/README.md): ERROR replies whose credit adds up past 2^63 overflowed
+ * the producer's credit count (undefined behaviour; wrapped, it went negative and the producer
+ * waited forever). The count saturates. */
+START_TEST(test_error_credit_saturates)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_producer *p;
+    ifd_error err;
+    RC_OK(ifdp_alloc(&p, "tcp://127.0.0.1:1", "credit", &err), err);
+    int n = (int)rand_between(&rng, 2, 6);
+    for (int i = 0; i < n; i++) {
+        unsigned char h[8] = {'I', 'F', 'D', 'P', 1, 0, 7, 0};
+        char json[160];
+        int64_t credit = INT64_MAX - rand_between(&rng, 0, 1 << 20);
+        snprintf(json, sizeof json,
+                 "{\"code\":\"ESHAPE\",\"seq\":%d,\"credit\":%lld,\"message\":\"batch %d\"}", i,
+                 (long long)credit, i);
+        ifd_frame f[2] = {{h, sizeof h}, {json, strlen(json)}};
+        ifdp_on_reply(p, f, 2);
+        int64_t want = i == 0 ? credit : INT64_MAX;
+        RASSERT(ifd_producer_available(p) == want,
+                "after %d ERRORs of credit near 2^63: %lld available, expected %lld", i + 1,
+                (long long)ifd_producer_available(p), (long long)want);
+    }
+    for (int i = 0; i < n; i++) {
+        char want[32];
+        snprintf(want, sizeof want, "batch %d", i);
+        RASSERT(ifdp_pop_error(p, &err) == IFD_ESHAPE && strcmp(err.msg, want) == 0, "ERROR %d: %s",
+                i, err.msg);
+    }
+    ifd_producer_destroy(p);
+}
+END_TEST
+
 /* ---- argument checks ---------------------------------------------------------------------- */
 
 START_TEST(test_arguments)
@@ -1410,6 +1445,7 @@ int main(void)
     tcase_add_test(tc, test_arguments);
     tcase_add_loop_test(tc, test_predictions, 0, 2);
     tcase_add_test(tc, test_prediction_overflow);
+    tcase_add_test(tc, test_error_credit_saturates);
     suite_add_tcase(s, tc);
     TCase *ts = tcase_create("subscriber");
     tcase_add_test(ts, test_subscriber);

@@ -352,8 +352,9 @@ static uint8_t *with_header(const sample *s, json_t *h, size_t *len)
     return b;
 }
 
-/* Found by fuzz_checkpoint (fuzz/README.md): each dimension was checked against 2^40 alone, and
- * their product overflowed int64 (undefined behaviour) before the count was compared. */
+/* Found while writing fuzz_checkpoint (fuzz/README.md): each dimension was checked against
+ * 2^40 alone, and their product overflowed int64 (undefined behaviour) before the count was
+ * compared. */
 START_TEST(shape_of_too_many_floats)
 {
     ifd_rng rng;
