@@ -66,6 +66,7 @@ for h in "${harnesses[@]}"; do
     -artifact_prefix="$scratch/$h/found/" ${IFD_FUZZ_ARGS:-} > "$log" 2>&1 || rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
+  took=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log" | tail -1)
   files=$(find "$corpus" -type f | wc -l)
   found=$(find "$scratch/$h/found" -type f | head -1)
   if [ $rc -ne 0 ] || [ -n "$found" ]; then
@@ -78,7 +79,7 @@ for h in "${harnesses[@]}"; do
       echo "$h: the input is fuzz/findings/$h-$(basename "$found") (replay: $bin fuzz/findings/$h-$(basename "$found"))"
     fi
   else
-    echo "$h: ${execs:-?} executions in $secs s (${rate:-?}/s), corpus $seeds -> $files inputs, no finding"
+    echo "$h: ${execs:-?} executions in ${took:-$secs} s (${rate:-?}/s), corpus $seeds -> $files inputs, no finding"
   fi
 done
 
