@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds, and runs every test with CTest, then runs
 # the suites again under AddressSanitizer, ThreadSanitizer and UndefinedBehaviorSanitizer builds
-# (the CUDA code is compiled in the plain build only), after a short run of every fuzz harness.
+# (the CUDA code is compiled in the plain build only), after the libFuzzer harnesses ran for 15 s
+# each (fuzz/run.sh; fuzz/README.md).
 #
 #   ./ci.sh              everything
 #   ./ci.sh --quick      the plain build's tests only
@@ -23,7 +24,7 @@ run_build() { # name, extra cmake args...
 
 run_build plain -DCMAKE_C_FLAGS=-Werror
 if [ "${1:-}" != "--quick" ]; then
-  echo "== fuzz (libFuzzer, 15 s a harness; fuzz/README.md)"
+  echo "== fuzz"
   fuzz/run.sh 15
   run_build asan -DIFD_SANITIZE=address -DIFD_BUILD_BENCH=OFF -DIFD_CUDA=OFF
   TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/tests/tsan.supp" \

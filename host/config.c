@@ -453,8 +453,11 @@ done:
     return rc;
 }
 
-static int load_file(ifd_daemon_config *c, const char *path, ifd_error *err)
+/* The default reader of --config: the file's bytes, at most 16 MiB. */
+static int read_file(void *arg, const char *path, char **out, ifd_error *err)
 {
+    (void)arg;
+    *out = NULL;
     FILE *f = fopen(path, "rb");
     if (f == NULL)
         return ifd_error_set(err, IFD_EINVAL, "--config: cannot open '%s': %s", path,
@@ -486,12 +489,25 @@ static int load_file(ifd_daemon_config *c, const char *path, ifd_error *err)
         goto out;
     }
     text[len] = '\0';
-    char source[300];
-    snprintf(source, sizeof source, "config file %s", path);
-    rc = ifd_daemon_config_apply_json(c, text, source, err);
+    *out = text;
+    text = NULL;
 out:
     free(text);
     fclose(f);
+    return rc;
+}
+
+static int load_file(ifd_daemon_config *c, const char *path, ifd_config_reader read, void *arg,
+                     ifd_error *err)
+{
+    char *text = NULL;
+    int rc = read(arg, path, &text, err);
+    if (rc)
+        return rc;
+    char source[300];
+    snprintf(source, sizeof source, "config file %s", path);
+    rc = ifd_daemon_config_apply_json(c, text, source, err);
+    free(text);
     return rc;
 }
 
@@ -514,6 +530,12 @@ static int flag_at(char **argv, int i, const char **name, size_t *name_len, cons
 int ifd_daemon_config_parse(ifd_daemon_config *c, int argc, char **argv, FILE *out, int *exit_now,
                             ifd_error *err)
 {
+    return ifd_daemon_config_parse_with(c, argc, argv, out, exit_now, read_file, NULL, err);
+}
+
+int ifd_daemon_config_parse_with(ifd_daemon_config *c, int argc, char **argv, FILE *out,
+                                 int *exit_now, ifd_config_reader read, void *arg, ifd_error *err)
+{
     *exit_now = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
@@ -533,7 +555,7 @@ int ifd_daemon_config_parse(ifd_daemon_config *c, int argc, char **argv, FILE *o
             const char *path = argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[++i] : NULL);
             if (path == NULL || *path == '\0')
                 return ifd_error_set(err, IFD_EINVAL, "flag --config: expected a file name");
-            int rc = load_file(c, path, err);
+            int rc = load_file(c, path, read, arg, err);
             if (rc)
                 return rc;
         }

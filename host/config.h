@@ -57,6 +57,15 @@ void ifd_daemon_config_free(ifd_daemon_config *c);
 int ifd_daemon_config_parse(ifd_daemon_config *c, int argc, char **argv, FILE *out, int *exit_now,
                             ifd_error *err);
 
+/*
+ * As ifd_daemon_config_parse, with the file --config names read by read: *text gets the file's
+ * text (malloc'd, NUL-terminated; freed by the parser), or an error names the file. The daemon
+ * reads the filesystem; fuzz/fuzz_config.c hands over its input instead.
+ */
+typedef int (*ifd_config_reader)(void *arg, const char *path, char **text, ifd_error *err);
+int ifd_daemon_config_parse_with(ifd_daemon_config *c, int argc, char **argv, FILE *out,
+                                 int *exit_now, ifd_config_reader read, void *arg, ifd_error *err);
+
 /* Applies a JSON object of config keys (the file's format). source names it in errors. */
 int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const char *source,
                                  ifd_error *err);

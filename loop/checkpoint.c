@@ -657,15 +657,21 @@ static int parse_params(ifd_checkpoint *c, json_t *params, const char *path, ifd
                                  path, i, IFD_NAME_MAX - 1);
         snprintf(ps->name, sizeof ps->name, "%s", json_string_value(name));
         ps->rank = (int)json_array_size(shape);
+        /* A parameter has at most 2^40 floats (as nparam_floats), so count cannot overflow. */
         int64_t count = 1;
         for (int d = 0; d < ps->rank; d++) {
             json_t *dim = json_array_get(shape, (size_t)d);
-            if (!json_is_integer(dim) || json_integer_value(dim) < 1 ||
-                json_integer_value(dim) > ((int64_t)1 << 40))
+            if (!json_is_integer(dim) || json_integer_value(dim) < 1)
                 return ifd_error_set(err, IFD_EPROTO,
                                      "checkpoint '%s': header: 'params[%d].shape': expected "
                                      "positive integers",
                                      path, i);
+            if (json_integer_value(dim) > ((int64_t)1 << 40) / count)
+                return ifd_error_set(err, IFD_EPROTO,
+                                     "checkpoint '%s': header: 'params[%d].shape': expected at "
+                                     "most 2^40 floats in all, got dimension %d of %" PRId64
+                                     " after %" PRId64 " floats",
+                                     path, i, d, (int64_t)json_integer_value(dim), count);
             ps->dims[d] = json_integer_value(dim);
             count *= ps->dims[d];
         }
@@ -757,6 +763,17 @@ int ifd_checkpoint_load(const char *path, ifd_checkpoint **out, ifd_error *err)
     int rc = read_file(path, &buf, &len, err);
     if (rc)
         return rc;
+    rc = ifd_checkpoint_load_buffer(buf, len, path, out, err);
+    free(buf);
+    return rc;
+}
+
+int ifd_checkpoint_load_buffer(const void *data, size_t len, const char *path, ifd_checkpoint **out,
+                               ifd_error *err)
+{
+    *out = NULL;
+    const uint8_t *buf = data;
+    int rc = IFD_OK;
     json_t *h = NULL;
     ifd_checkpoint *c = NULL;
     if (len < PREAMBLE + CRC_LEN) {
@@ -842,7 +859,6 @@ int ifd_checkpoint_load(const char *path, ifd_checkpoint **out, ifd_error *err)
 out:
     ifd_checkpoint_free(c);
     json_decref(h);
-    free(buf);
     return rc;
 }
 

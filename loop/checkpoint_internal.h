@@ -26,4 +26,10 @@ struct ifd_checkpoint {
     int nproducers, cap;
 };
 
+/* ifd_checkpoint_load's parser and checks, on a file's bytes in memory (len of them); path only
+ * names the file in error sentences. The file loader reads the file and calls this (so does
+ * fuzz/fuzz_checkpoint.c). */
+int ifd_checkpoint_load_buffer(const void *data, size_t len, const char *path, ifd_checkpoint **out,
+                               ifd_error *err);
+
 #endif

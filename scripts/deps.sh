@@ -4,6 +4,7 @@
 # Sourced or run by ./ci.sh and ./demo.sh; safe to run again.
 set -euo pipefail
 
+# clang and libclang-rt-dev (libFuzzer's runtime): the fuzz harnesses (fuzz/run.sh).
 IFD_DEB_PACKAGES=(build-essential cmake pkg-config libjansson-dev check libsubunit-dev
                   libopenblas-dev libzmq3-dev zlib1g-dev clang libclang-rt-dev)
 IFD_PY_MODULES=(zmq numpy sklearn pytest)      # import names

@@ -5,6 +5,7 @@
  */
 #include "infeed/client.h"
 
+#include "clients/c/producer_internal.h"
 #include "clients/c/wire.h"
 
 #include <errno.h>
@@ -98,9 +99,16 @@ static int pop_error(ifd_producer *p, ifd_error *err)
     return ifd_error_set(err, e->code, "%s", e->msg);
 }
 
-static json_t *parse_json_frame(zmq_msg_t *m)
+/* Credit returned or granted by the daemon (n >= 0). Saturates: a daemon's numbers must not
+ * overflow the count. */
+static void add_credit(ifd_producer *p, int64_t n)
 {
-    return json_loadb(zmq_msg_data(m), zmq_msg_size(m), JSON_REJECT_DUPLICATES, NULL);
+    p->available = n > INT64_MAX - p->available ? INT64_MAX : p->available + n;
+}
+
+static json_t *parse_json_frame(const ifd_frame *m)
+{
+    return json_loadb(m->data, m->size, JSON_REJECT_DUPLICATES, NULL);
 }
 
 static int64_t json_int_or(json_t *o, const char *key, int64_t dflt)
@@ -115,7 +123,7 @@ static const char *json_str_or(json_t *o, const char *key, const char *dflt)
     return json_is_string(v) ? json_string_value(v) : dflt;
 }
 
-static void on_welcome(ifd_producer *p, zmq_msg_t *frames, int n)
+static void on_welcome(ifd_producer *p, const ifd_frame *frames, int n)
 {
     if (!p->hello_waiting || p->hello_answered)
         return; /* a stale or unasked WELCOME */
@@ -144,13 +152,13 @@ static void on_welcome(ifd_producer *p, zmq_msg_t *frames, int n)
                                      : "batch_size");
         goto out;
     }
-    char *text = malloc(zmq_msg_size(&frames[1]) + 1);
+    char *text = malloc(frames[1].size + 1);
     if (text == NULL) {
         ifd_error_set(&p->hello_err, IFD_ENOMEM, "WELCOME: out of memory");
         goto out;
     }
-    memcpy(text, zmq_msg_data(&frames[1]), zmq_msg_size(&frames[1]));
-    text[zmq_msg_size(&frames[1])] = '\0';
+    memcpy(text, frames[1].data, frames[1].size);
+    text[frames[1].size] = '\0';
     free(p->welcome_json);
     p->welcome_json = text;
     p->welcomed = 1;
@@ -170,7 +178,7 @@ out:
     json_decref(o);
 }
 
-static void on_error(ifd_producer *p, zmq_msg_t *frames, int n)
+static void on_error(ifd_producer *p, const ifd_frame *frames, int n)
 {
     json_t *o = n == 2 ? parse_json_frame(&frames[1]) : NULL;
     if (!json_is_object(o)) {
@@ -201,22 +209,22 @@ static void on_error(ifd_producer *p, zmq_msg_t *frames, int n)
             p->rejected++;
         }
         if (credit > 0)
-            p->available += credit;
+            add_credit(p, credit);
         push_error(p, code, text);
     }
     json_decref(o);
 }
 
-static void on_bye(ifd_producer *p, zmq_msg_t *frames, int n)
+static void on_bye(ifd_producer *p, const ifd_frame *frames, int n)
 {
     if (p->bye_json)
         return;
-    size_t len = n == 2 ? zmq_msg_size(&frames[1]) : 0;
+    size_t len = n == 2 ? frames[1].size : 0;
     char *text = malloc(len + 1);
     if (text == NULL)
         return;
     if (len)
-        memcpy(text, zmq_msg_data(&frames[1]), len);
+        memcpy(text, frames[1].data, len);
     text[len] = '\0';
     p->bye_json = text;
     json_t *o = json_loads(text, 0, NULL);
@@ -230,22 +238,35 @@ static void on_bye(ifd_producer *p, zmq_msg_t *frames, int n)
 }
 
 /* PREDICTION: the BATCH header layout, a JSON array of {name, dtype, shape}, one raw frame per
- * tensor. Each frame is copied to aligned memory for the callback's views. */
-static void on_prediction(ifd_producer *p, zmq_msg_t *frames, int n)
+ * tensor. Each frame is copied to aligned memory for the callback's views. A description that
+ * does not fit the frames (or whose rows x shape x dtype size overflows) queues an EPROTO error
+ * naming the tensor, and the callback is not called. */
+static void on_prediction(ifd_producer *p, const ifd_frame *frames, int n)
 {
-    if (zmq_msg_size(&frames[0]) < IFD_PROTO_BATCH_HDR || n < 2) {
+    if (frames[0].size < IFD_PROTO_BATCH_HDR || n < 2) {
         push_error(p, IFD_EPROTO, "PREDICTION: expected a 32-byte header and a JSON frame");
         return;
     }
     ifd_proto_batch h;
-    ifd_proto_parse_batch(zmq_msg_data(&frames[0]), &h);
-    json_t *desc = json_loadb(zmq_msg_data(&frames[1]), zmq_msg_size(&frames[1]), 0, NULL);
+    ifd_proto_parse_batch(frames[0].data, &h);
+    json_t *desc = json_loadb(frames[1].data, frames[1].size, 0, NULL);
     const char *names[IFD_MAX_INPUTS];
     ifd_tensor t[IFD_MAX_INPUTS];
     void *copies[IFD_MAX_INPUTS] = {0};
-    int nt = (int)h.ntensors, ok = json_is_array(desc) && nt >= 0 && nt <= IFD_MAX_INPUTS &&
-                                   (int)json_array_size(desc) == nt && n == 2 + nt && h.rows >= 0;
-    for (int i = 0; ok && i < nt; i++) {
+    char why[256] = "";
+    int nt = 0;
+    if (h.ntensors < 1 || h.ntensors > IFD_MAX_INPUTS || n != 2 + (int)h.ntensors)
+        snprintf(why, sizeof why,
+                 "ntensors: expected 1 to %d, one a frame after the JSON frame, "
+                 "got %u with %d frames after it",
+                 IFD_MAX_INPUTS, h.ntensors, n - 2);
+    else if (h.rows < 0)
+        snprintf(why, sizeof why, "rows: expected >= 0, got %lld", (long long)h.rows);
+    else if (!json_is_array(desc) || json_array_size(desc) != h.ntensors)
+        snprintf(why, sizeof why, "frame 1: expected a JSON array of %u tensors", h.ntensors);
+    else
+        nt = (int)h.ntensors;
+    for (int i = 0; i < nt && why[0] == '\0'; i++) {
         json_t *e = json_array_get(desc, (size_t)i), *shape = json_object_get(e, "shape");
         const char *dt = json_string_value(json_object_get(e, "dtype"));
         names[i] = json_string_value(json_object_get(e, "name"));
@@ -258,43 +279,69 @@ static void on_prediction(ifd_producer *p, zmq_msg_t *frames, int n)
     }
         IFD_DTYPE_MAP(IFDP_PARSE_CASE_)
 #undef IFDP_PARSE_CASE_
-        ok = names[i] && esize && json_is_array(shape) && json_array_size(shape) < IFD_MAX_RANK;
-        t[i].shape.rank = ok ? 1 + (int)json_array_size(shape) : 0;
+        if (names[i] == NULL || esize == 0 || !json_is_array(shape) ||
+            json_array_size(shape) >= IFD_MAX_RANK) {
+            snprintf(why, sizeof why,
+                     "tensor %d: expected a name, a known dtype and a shape of rank below %d", i,
+                     IFD_MAX_RANK);
+            break;
+        }
+        t[i].shape.rank = 1 + (int)json_array_size(shape);
         t[i].shape.dims[0] = h.rows;
-        size_t bytes = esize * (size_t)h.rows;
-        for (int d = 1; ok && d < t[i].shape.rank; d++) {
+        size_t bytes = esize;
+        int overflow = __builtin_mul_overflow(bytes, (uint64_t)h.rows, &bytes);
+        for (int d = 1; d < t[i].shape.rank; d++) {
             json_t *v = json_array_get(shape, (size_t)d - 1);
-            ok = json_is_integer(v) && json_integer_value(v) >= 0;
-            t[i].shape.dims[d] = ok ? json_integer_value(v) : 0;
-            bytes *= (size_t)t[i].shape.dims[d];
+            if (!json_is_integer(v) || json_integer_value(v) < 0) {
+                snprintf(why, sizeof why, "tensor %d '%.64s': shape: expected integers >= 0", i,
+                         names[i]);
+                break;
+            }
+            t[i].shape.dims[d] = json_integer_value(v);
+            overflow |= __builtin_mul_overflow(bytes, (uint64_t)t[i].shape.dims[d], &bytes);
         }
-        ok = ok && zmq_msg_size(&frames[2 + i]) == bytes;
-        if (ok) {
-            copies[i] = malloc(bytes ? bytes : 1);
-            ok = copies[i] != NULL;
+        if (why[0])
+            break;
+        if (overflow) {
+            snprintf(why, sizeof why,
+                     "tensor %d '%.64s': %lld rows of its shape: expected a size that fits in "
+                     "memory, got one that overflows (the frame has %zu bytes)",
+                     i, names[i], (long long)h.rows, frames[2 + i].size);
+            break;
         }
-        if (ok) {
-            memcpy(copies[i], zmq_msg_data(&frames[2 + i]), bytes);
-            t[i].data = copies[i];
+        if (frames[2 + i].size != bytes) {
+            snprintf(why, sizeof why,
+                     "tensor %d '%.64s': expected %zu bytes (%lld rows of its shape), got a frame "
+                     "of %zu",
+                     i, names[i], bytes, (long long)h.rows, frames[2 + i].size);
+            break;
         }
+        copies[i] = malloc(bytes ? bytes : 1);
+        if (copies[i] == NULL) {
+            snprintf(why, sizeof why, "tensor %d: out of memory for %zu bytes", i, bytes);
+            break;
+        }
+        memcpy(copies[i], frames[2 + i].data, bytes);
+        t[i].data = copies[i];
     }
-    if (ok) {
+    if (why[0] == '\0') {
         p->predictions++;
         if (p->pred_fn)
             p->pred_fn(p->pred_arg, h.seq, h.rows, nt, names, t);
     } else {
-        push_error(p, IFD_EPROTO,
-                   "PREDICTION: the tensor description does not match the frames that follow");
+        char msg[IFD_ERROR_MSG_MAX];
+        snprintf(msg, sizeof msg, "PREDICTION for batch %lld: %s", (long long)h.seq, why);
+        push_error(p, IFD_EPROTO, msg);
     }
-    for (int i = 0; i < nt && i < IFD_MAX_INPUTS; i++)
+    for (int i = 0; i < nt; i++)
         free(copies[i]);
     json_decref(desc);
 }
 
-static void on_reply(ifd_producer *p, zmq_msg_t *frames, int n)
+void ifdp_on_reply(ifd_producer *p, const ifd_frame *frames, int n)
 {
-    size_t hl = zmq_msg_size(&frames[0]);
-    const unsigned char *h = zmq_msg_data(&frames[0]);
+    size_t hl = frames[0].size;
+    const unsigned char *h = frames[0].data;
     if (hl < IFD_PROTO_HDR || memcmp(h, IFD_PROTO_MAGIC, 4) != 0 ||
         ifd_get_u16(h + 4) != IFD_PROTO_VERSION) {
         push_error(p, IFD_EPROTO, "reply from the daemon: a header that is not protocol 1");
@@ -325,12 +372,12 @@ static void on_reply(ifd_producer *p, zmq_msg_t *frames, int n)
             p->acked_seq = seq;
         p->in_flight -= (int64_t)n < p->in_flight ? (int64_t)n : p->in_flight;
         p->acked += n;
-        p->available += n;
+        add_credit(p, n);
         break;
     case IFD_MSG_CREDIT:
         if (hl < IFD_PROTO_CREDIT_HDR || p->hello_waiting)
             break;
-        p->available += ifd_get_u32(h + 8);
+        add_credit(p, ifd_get_u32(h + 8));
         break;
     default:
         break; /* types of later versions */
@@ -375,9 +422,14 @@ static int recv_one(ifd_producer *p, long timeout_ms, ifd_error *err)
             dropped = 1;
         }
     }
-    if (!dropped)
-        on_reply(p, frames, n);
-    else
+    if (!dropped) {
+        ifd_frame spans[IFDP_MAX_FRAMES];
+        for (int i = 0; i < n; i++) {
+            spans[i].data = zmq_msg_data(&frames[i]);
+            spans[i].size = zmq_msg_size(&frames[i]);
+        }
+        ifdp_on_reply(p, spans, n);
+    } else
         push_error(p, IFD_EPROTO, "reply from the daemon: too many frames");
 out:
     for (int i = 0; i < n; i++)
@@ -399,7 +451,7 @@ static int drain(ifd_producer *p, ifd_error *err)
 
 /* ---- lifecycle ---------------------------------------------------------------------------- */
 
-int ifd_producer_create(ifd_producer **out, const char *endpoint, const char *name, ifd_error *err)
+int ifdp_alloc(ifd_producer **out, const char *endpoint, const char *name, ifd_error *err)
 {
     return ifd_producer_create_opts(out, endpoint, name, NULL, err);
 }
@@ -413,7 +465,6 @@ int ifd_producer_create_opts(ifd_producer **out, const char *endpoint, const cha
     if (name && (name[0] == '\0' || strlen(name) > IFDP_NAME_MAX))
         return ifd_error_set(err, IFD_EINVAL, "producer: name: expected 1 to %d bytes, got %zu",
                              IFDP_NAME_MAX, strlen(name));
-    int rc;
     ifd_producer *p = calloc(1, sizeof *p);
     if (p == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "producer: out of memory");
@@ -424,7 +475,38 @@ int ifd_producer_create_opts(ifd_producer **out, const char *endpoint, const cha
     snprintf(p->endpoint, sizeof p->endpoint, "%s", endpoint);
     p->acked_seq = -1;
     p->replica = -1;
+    *out = p;
+    return IFD_OK;
+}
 
+void ifdp_expect_hello(ifd_producer *p, int waiting)
+{
+    p->hello_waiting = waiting;
+    p->hello_answered = 0;
+    ifd_error_clear(&p->hello_err);
+}
+
+int ifdp_hello_answer(const ifd_producer *p, ifd_error *err)
+{
+    if (!p->hello_answered)
+        return -1;
+    if (p->hello_err.code)
+        return ifd_error_set(err, p->hello_err.code, "%s", p->hello_err.msg);
+    return IFD_OK;
+}
+
+int ifdp_pop_error(ifd_producer *p, ifd_error *err)
+{
+    return pop_error(p, err);
+}
+
+int ifd_producer_create(ifd_producer **out, const char *endpoint, const char *name, ifd_error *err)
+{
+    *out = NULL;
+    ifd_producer *p;
+    int rc = ifdp_alloc(&p, endpoint, name, err);
+    if (rc)
+        return rc;
     p->ctx = zmq_ctx_new();
     if (p->ctx == NULL) {
         rc = ifdw_zmq_error(err, "producer: zmq_ctx_new");
@@ -464,9 +546,12 @@ void ifd_producer_destroy(ifd_producer *p)
         return;
     /* Give a sent END a moment to leave; otherwise nothing is worth waiting for. */
     int linger = p->end_sent && p->bye_json == NULL ? 1000 : 0;
-    zmq_setsockopt(p->sock, ZMQ_LINGER, &linger, sizeof linger);
-    zmq_close(p->sock);
-    zmq_ctx_term(p->ctx);
+    if (p->sock) {
+        zmq_setsockopt(p->sock, ZMQ_LINGER, &linger, sizeof linger);
+        zmq_close(p->sock);
+    }
+    if (p->ctx)
+        zmq_ctx_term(p->ctx);
     free(p->welcome_json);
     free(p->bye_json);
     free(p->errs);

@@ -11,6 +11,7 @@
  */
 #include "infeed/client.h"
 
+#include "clients/c/producer_internal.h"
 #include "core/rng.h"
 #include "tests/util/testutil.h"
 
@@ -1286,6 +1287,125 @@ START_TEST(test_subscriber)
 }
 END_TEST
 
+/* PREDICTIONs decoded without a socket (clients/c/producer_internal.h). Found while writing
+ * fuzz_wire's invariant (fuzz/README.md): rows x shape x 4 bytes that wrap around 2^64 to the
+ * frame's size handed the callback a tensor of 2^62 + m rows over a buffer of 4km bytes. */
+typedef struct pred_spy {
+    int calls;
+    int64_t rows;
+    float first;
+} pred_spy;
+
+static void spy_pred(void *arg, int64_t seq, int64_t rows, int ntensors, const char *const *names,
+                     const ifd_tensor *t)
+{
+    (void)seq;
+    (void)names;
+    pred_spy *s = arg;
+    s->calls++;
+    s->rows = rows;
+    s->first = ntensors > 0 && rows > 0 ? ((const float *)t[0].data)[0] : 0.0f;
+}
+
+static void prediction_reply(ifd_producer *p, int64_t rows, int k, uint32_t ntensors,
+                             const float *data, size_t bytes)
+{
+    unsigned char h[32] = {'I', 'F', 'D', 'P', 1, 0, 8, 0};
+    put_le(h + 8, 3, 8);
+    put_le(h + 16, (uint64_t)rows, 8);
+    put_le(h + 28, ntensors, 4);
+    char desc[96];
+    snprintf(desc, sizeof desc, "[{\"name\":\"outputs\",\"dtype\":\"float32\",\"shape\":[%d]}]", k);
+    ifd_frame f[3] = {{h, sizeof h}, {desc, strlen(desc)}, {data, bytes}};
+    ifdp_on_reply(p, f, ntensors == 1 ? 3 : 2);
+}
+
+START_TEST(test_prediction_overflow)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_producer *p;
+    ifd_error err;
+    RC_OK(ifdp_alloc(&p, "tcp://127.0.0.1:1", "pred", &err), err);
+    pred_spy spy = {0};
+    ifd_producer_on_prediction(p, spy_pred, &spy);
+    int k = 1 << rand_between(&rng, 0, 3);
+    int64_t m = rand_between(&rng, 1, 16);
+    size_t bytes = sizeof(float) * (size_t)(k * m);
+    float *data = malloc(bytes);
+    for (int64_t i = 0; i < k * m; i++)
+        data[i] = (float)ifd_rng_uniform(&rng);
+
+    /* 4 x k x (2^62 + m) == 4km (mod 2^64) */
+    prediction_reply(p, ((int64_t)1 << 62) + m, k, 1, data, bytes);
+    RASSERT(spy.calls == 0 && ifd_producer_predictions(p) == 0,
+            "a PREDICTION of 2^62 + %lld rows of [%d] float32 over %zu bytes reached the callback",
+            (long long)m, k, bytes);
+    int rc = ifdp_pop_error(p, &err);
+    RASSERT(rc == IFD_EPROTO && strstr(err.msg, "PREDICTION for batch 3: tensor 0 'outputs'") &&
+                strstr(err.msg, "overflows"),
+            "the overflowing PREDICTION's error: %s %s", ifd_errname(rc), err.msg);
+
+    /* One byte short, and no tensors: refused with a sentence. */
+    prediction_reply(p, m, k, 1, data, bytes - 1);
+    rc = ifdp_pop_error(p, &err);
+    char want[96];
+    snprintf(want, sizeof want, "expected %zu bytes (%lld rows of its shape), got a frame of %zu",
+             bytes, (long long)m, bytes - 1);
+    RASSERT(rc == IFD_EPROTO && strstr(err.msg, want), "a short frame: %s %s (wanted '%s')",
+            ifd_errname(rc), err.msg, want);
+    prediction_reply(p, m, k, 0, data, bytes);
+    rc = ifdp_pop_error(p, &err);
+    RASSERT(rc == IFD_EPROTO && strstr(err.msg, "ntensors"), "0 tensors: %s %s", ifd_errname(rc),
+            err.msg);
+    RASSERT(spy.calls == 0, "a refused PREDICTION reached the callback");
+
+    /* The same tensor with m rows is decoded. */
+    prediction_reply(p, m, k, 1, data, bytes);
+    RASSERT(ifdp_pop_error(p, &err) == IFD_OK, "a valid PREDICTION refused: %s", err.msg);
+    RASSERT(spy.calls == 1 && spy.rows == m && spy.first == data[0] &&
+                ifd_producer_predictions(p) == 1,
+            "the valid PREDICTION: %d calls, %lld rows", spy.calls, (long long)spy.rows);
+    free(data);
+    ifd_producer_destroy(p);
+}
+END_TEST
+
+/* Found with fuzz_wire (fuzz/README.md): ERROR replies whose credit adds up past 2^63 overflowed
+ * the producer's credit count (undefined behaviour; wrapped, it went negative and the producer
+ * waited forever). The count saturates. */
+START_TEST(test_error_credit_saturates)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_producer *p;
+    ifd_error err;
+    RC_OK(ifdp_alloc(&p, "tcp://127.0.0.1:1", "credit", &err), err);
+    int n = (int)rand_between(&rng, 2, 6);
+    for (int i = 0; i < n; i++) {
+        unsigned char h[8] = {'I', 'F', 'D', 'P', 1, 0, 7, 0};
+        char json[160];
+        int64_t credit = INT64_MAX - rand_between(&rng, 0, 1 << 20);
+        snprintf(json, sizeof json,
+                 "{\"code\":\"ESHAPE\",\"seq\":%d,\"credit\":%lld,\"message\":\"batch %d\"}", i,
+                 (long long)credit, i);
+        ifd_frame f[2] = {{h, sizeof h}, {json, strlen(json)}};
+        ifdp_on_reply(p, f, 2);
+        int64_t want = i == 0 ? credit : INT64_MAX;
+        RASSERT(ifd_producer_available(p) == want,
+                "after %d ERRORs of credit near 2^63: %lld available, expected %lld", i + 1,
+                (long long)ifd_producer_available(p), (long long)want);
+    }
+    for (int i = 0; i < n; i++) {
+        char want[32];
+        snprintf(want, sizeof want, "batch %d", i);
+        RASSERT(ifdp_pop_error(p, &err) == IFD_ESHAPE && strcmp(err.msg, want) == 0, "ERROR %d: %s",
+                i, err.msg);
+    }
+    ifd_producer_destroy(p);
+}
+END_TEST
+
 /* ---- argument checks ---------------------------------------------------------------------- */
 
 START_TEST(test_arguments)
@@ -1466,6 +1586,8 @@ int main(void)
     tcase_add_test(tc, test_zero_copy);
     tcase_add_test(tc, test_arguments);
     tcase_add_loop_test(tc, test_predictions, 0, 2);
+    tcase_add_test(tc, test_prediction_overflow);
+    tcase_add_test(tc, test_error_credit_saturates);
     suite_add_tcase(s, tc);
     TCase *ts = tcase_create("subscriber");
     tcase_add_test(ts, test_subscriber);

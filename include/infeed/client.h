@@ -91,7 +91,9 @@ void ifd_producer_destroy(ifd_producer *p);
  * order, before the ACK that covers the batch), from within whichever producer call receives it
  * (send, wait, end, bye): the batch's seq, its rows (padding removed) and its tensors (views with
  * `rows` rows, valid during the call only; docs/protocol.md lists them per program). NULL stops
- * the calls. ifd_producer_predictions counts the PREDICTIONs received. */
+ * the calls. ifd_producer_predictions counts the PREDICTIONs received. A PREDICTION whose
+ * frames do not hold what its description says (byte counts, or a size that overflows) never
+ * reaches fn: the next call returns IFD_EPROTO naming the tensor. */
 typedef void (*ifd_prediction_fn)(void *arg, int64_t seq, int64_t rows, int ntensors,
                                   const char *const *names, const ifd_tensor *tensors);
 void ifd_producer_on_prediction(ifd_producer *p, ifd_prediction_fn fn, void *arg);

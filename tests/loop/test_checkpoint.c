@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
@@ -328,6 +329,72 @@ START_TEST(wrong_magic_and_version)
     snprintf(missing, sizeof missing, "%s/none.ifdckpt", s.dir);
     ck_assert_int_eq(ifd_checkpoint_load(missing, &c, &err), IFD_ENOTFOUND);
     ck_assert_ptr_nonnull(strstr(err.msg, "none.ifdckpt"));
+    sample_free(&s);
+}
+END_TEST
+
+/* The sample with its JSON header replaced by h's text, with a right size and checksum. */
+static uint8_t *with_header(const sample *s, json_t *h, size_t *len)
+{
+    char *text = json_dumps(h, JSON_COMPACT);
+    size_t hlen = strlen(text), data = s->len - 16 - s->hlen - 4;
+    *len = 16 + hlen + data + 4;
+    uint8_t *b = malloc(*len);
+    memcpy(b, s->bytes, 12);
+    for (int i = 0; i < 4; i++)
+        b[12 + i] = (uint8_t)(hlen >> (8 * i));
+    memcpy(b + 16, text, hlen);
+    memcpy(b + 16 + hlen, s->bytes + 16 + s->hlen, data);
+    uint32_t crc = (uint32_t)crc32(0, b, (uInt)(*len - 4));
+    for (int i = 0; i < 4; i++)
+        b[*len - 4 + i] = (uint8_t)(crc >> (8 * i));
+    free(text);
+    return b;
+}
+
+/* Found while writing fuzz_checkpoint (fuzz/README.md): each dimension was checked against
+ * 2^40 alone, and their product overflowed int64 (undefined behaviour) before the count was
+ * compared. */
+START_TEST(shape_of_too_many_floats)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    sample s;
+    sample_make(&s, &rng);
+    json_t *h = json_loadb((const char *)s.bytes + 16, s.hlen, 0, NULL);
+    ck_assert_ptr_nonnull(h);
+    json_t *p0 = json_array_get(json_object_get(h, "params"), 0);
+    ck_assert_ptr_nonnull(p0);
+    /* a product beyond 2^63, and one just beyond 2^40 */
+    int64_t a = ((int64_t)1 << 40) - rand_between(&rng, 0, 1000);
+    int64_t b = ((int64_t)1 << 40) - rand_between(&rng, 0, 1000);
+    int64_t c = rand_between(&rng, 2, 1 << 20);
+    int64_t shapes[2][2] = {{a, b}, {c, ((int64_t)1 << 40) / c + 1}};
+    for (int i = 0; i < 2; i++) {
+        json_object_set_new(
+            p0, "shape", json_pack("[I, I]", (json_int_t)shapes[i][0], (json_int_t)shapes[i][1]));
+        size_t len;
+        uint8_t *bytes = with_header(&s, h, &len);
+        char what[96], frag[96];
+        snprintf(what, sizeof what, "shape [%lld, %lld]", (long long)shapes[i][0],
+                 (long long)shapes[i][1]);
+        snprintf(frag, sizeof frag, "got dimension 1 of %lld after %lld floats",
+                 (long long)shapes[i][1], (long long)shapes[i][0]);
+        expect_bad(&s, bytes, len, what, "'params[0].shape': expected at most 2^40 floats", frag);
+        free(bytes);
+    }
+    /* The same header with the original shape still loads. */
+    json_decref(h);
+    h = json_loadb((const char *)s.bytes + 16, s.hlen, 0, NULL);
+    size_t len;
+    uint8_t *bytes = with_header(&s, h, &len);
+    spit(s.path, bytes, len);
+    ifd_checkpoint *ck = NULL;
+    ifd_error err;
+    RASSERT(ifd_checkpoint_load(s.path, &ck, &err) == IFD_OK, "the rewritten header: %s", err.msg);
+    ifd_checkpoint_free(ck);
+    free(bytes);
+    json_decref(h);
     sample_free(&s);
 }
 END_TEST
@@ -915,6 +982,7 @@ int main(void)
     tcase_add_test(tc, truncated);
     tcase_add_test(tc, flipped_byte);
     tcase_add_test(tc, wrong_magic_and_version);
+    tcase_add_test(tc, shape_of_too_many_floats);
     tcase_add_test(tc, check_names_the_difference);
     suite_add_tcase(s, tc);
     tc = tcase_create("folder");
