@@ -453,12 +453,6 @@ static int drain(ifd_producer *p, ifd_error *err)
 
 int ifdp_alloc(ifd_producer **out, const char *endpoint, const char *name, ifd_error *err)
 {
-    return ifd_producer_create_opts(out, endpoint, name, NULL, err);
-}
-
-int ifd_producer_create_opts(ifd_producer **out, const char *endpoint, const char *name,
-                             const ifd_client_options *opts, ifd_error *err)
-{
     *out = NULL;
     if (endpoint == NULL || endpoint[0] == '\0')
         return ifd_error_set(err, IFD_EINVAL, "producer: endpoint: expected a ZeroMQ endpoint");
@@ -501,6 +495,12 @@ int ifdp_pop_error(ifd_producer *p, ifd_error *err)
 }
 
 int ifd_producer_create(ifd_producer **out, const char *endpoint, const char *name, ifd_error *err)
+{
+    return ifd_producer_create_opts(out, endpoint, name, NULL, err);
+}
+
+int ifd_producer_create_opts(ifd_producer **out, const char *endpoint, const char *name,
+                             const ifd_client_options *opts, ifd_error *err)
 {
     *out = NULL;
     ifd_producer *p;
