@@ -5,7 +5,7 @@
 set -euo pipefail
 
 IFD_DEB_PACKAGES=(build-essential cmake pkg-config libjansson-dev check libsubunit-dev
-                  libopenblas-dev libzmq3-dev zlib1g-dev)
+                  libopenblas-dev libzmq3-dev zlib1g-dev openmpi-bin libopenmpi-dev)
 IFD_PY_MODULES=(zmq numpy sklearn pytest)      # import names
 IFD_PIP_PACKAGES=(pyzmq numpy scikit-learn pytest) # the same, as pip names
 
