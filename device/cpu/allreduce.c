@@ -176,8 +176,11 @@ static int host_exchange(ifd_cpu_allreduce *ar)
     size_t block = (size_t)ar->replicas * (size_t)ar->n + 1;
     ar->send[block - 1] = 1.0f;
     ifd_error_clear(&ar->host_err);
+    int64_t t0 = ifd_clock_ns();
     int rc = h->ops->allgather(h->ctx, IFD_HOSTS_STEP, ar->send, ar->gathered,
                                block * sizeof(float), host_stopped, ar, &ar->host_err);
+    ar->host_ns += ifd_clock_ns() - t0;
+    ar->host_calls++;
     if (rc) {
         __atomic_store_n(&ar->hosts_done, 1, __ATOMIC_RELEASE);
         return rc;

@@ -54,6 +54,8 @@ typedef struct ifd_cpu_allreduce {
     int hosts_done;         /* atomic: this host made its last STEP collective */
     int ended_host;         /* the lowest host whose input ended, -1 while none */
     ifd_error host_err;     /* replica 0's failed collective */
+    int64_t host_calls;     /* replica 0's STEP collectives, and the time spent in them (ns) */
+    int64_t host_ns;
 } ifd_cpu_allreduce;
 
 int ifd_cpu_allreduce_init(ifd_cpu_allreduce *ar, int replicas, int64_t n);

@@ -300,6 +300,12 @@ static void cpu_close(ifd_device *dev)
     ifd_replicas_fini(&cd->set);
     free(cd->reps);
     cd->reps = NULL;
+    if (cd->ar.hosts && cd->ar.host_calls > 0)
+        IFD_LOG_INFO("all-reduce across %d hosts: %lld steps, %.1f us a step in the collective "
+                     "(%lld bytes sent a step)",
+                     cd->ar.hosts->size, (long long)cd->ar.host_calls,
+                     (double)cd->ar.host_ns * 1e-3 / (double)cd->ar.host_calls,
+                     (long long)(sizeof(float) * (size_t)(cd->ar.replicas * cd->ar.n + 1)));
     ifd_cpu_allreduce_fini(&cd->ar);
 }
 
