@@ -10,6 +10,16 @@ volatile int ifd_log_level_ = IFD_LOG_WARN;
 
 static const char *const level_names[] = {"error", "warn", "info", "debug"};
 
+static char log_name[24] = "infeed";
+
+void ifd_log_set_host(int rank)
+{
+    if (rank < 0)
+        snprintf(log_name, sizeof log_name, "infeed");
+    else
+        snprintf(log_name, sizeof log_name, "infeed@%d", rank);
+}
+
 void ifd_log_set_level(int level)
 {
     if (level < IFD_LOG_ERROR)
@@ -51,8 +61,8 @@ void ifd_log_write(int level, const char *fmt, ...)
     clock_gettime(CLOCK_REALTIME, &ts);
     gmtime_r(&ts.tv_sec, &tm);
     pthread_getname_np(pthread_self(), tname, sizeof tname);
-    int n = snprintf(line, sizeof line, "%02d:%02d:%02d.%03ld infeed %-5s [%s] ", tm.tm_hour,
-                     tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, ifd_log_level_name(level), tname);
+    int n = snprintf(line, sizeof line, "%02d:%02d:%02d.%03ld %s %-5s [%s] ", tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, ts.tv_nsec / 1000000, log_name, ifd_log_level_name(level), tname);
     va_list ap;
     va_start(ap, fmt);
     if (n > 0 && n < (int)sizeof line)

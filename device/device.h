@@ -102,6 +102,8 @@ typedef struct ifd_device_config {
     int64_t init_opt_step;
     int infeed_depth;
     int outfeed_depth;
+    /* Several hosts (train mode): the all-reduce spans every host's replicas; NULL: one. */
+    const struct ifd_hosts *hosts;
     void (*on_error)(void *arg, const char *source, const ifd_error *err);
     void *on_error_arg;
 } ifd_device_config;

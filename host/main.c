@@ -10,6 +10,7 @@
  */
 #include "core/log.h"
 #include "host/config.h"
+#include "host/hosts.h"
 #include "host/ingest.h"
 #include "host/predictions.h"
 #include "host/security.h"
@@ -147,6 +148,52 @@ static int check_dir(const ifd_daemon_config *c, const ifd_checkpoint *start, if
     return IFD_OK;
 }
 
+/* Several hosts: "{rank}" in the endpoints and paths becomes this host's rank; the global batch
+ * becomes this host's share; outputs named without "{rank}" are rank 0's alone (summaries, the
+ * PUB socket, checkpoints). An error is a config error. */
+static int apply_hosts(ifd_daemon_config *c, ifd_hosts *h, ifd_error *err)
+{
+    const char **fields[] = {&c->listen,      &c->publish,        &c->control,   &c->summaries,
+                             &c->predictions, &c->checkpoint_dir, &c->checkpoint};
+    int had_rank[sizeof fields / sizeof fields[0]];
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        char *v = ifd_daemon_hosts_subst(*fields[i], h->rank);
+        had_rank[i] = v != NULL;
+        if (v == NULL)
+            continue;
+        if (c->nstrings == (int)(sizeof c->strings / sizeof c->strings[0])) {
+            free(v);
+            return ifd_error_set(err, IFD_ENOMEM, "too many string settings");
+        }
+        c->strings[c->nstrings++] = v;
+        *fields[i] = v;
+    }
+    if (h->size == 1)
+        return IFD_OK;
+    int64_t b = c->run.batch_size, per = (int64_t)h->size * c->run.replicas;
+    if (b % per != 0)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "batch_size: %lld is not divisible by %d hosts x %d replicas (the "
+                             "global batch is split over every host's replicas)",
+                             (long long)b, h->size, c->run.replicas);
+    c->run.batch_size = b / h->size;
+    c->run.hosts = h;
+    if (h->rank != 0) {
+        if (!had_rank[1])
+            c->publish = "";
+        if (!had_rank[3])
+            c->summaries = NULL;
+    }
+    if (c->resume && !had_rank[5])
+        return ifd_error_set(err, IFD_ENOTSUP,
+                             "resume: with %d hosts each resumes its own checkpoints, so "
+                             "checkpoint_dir must contain {rank} (got '%s')",
+                             h->size, c->checkpoint_dir);
+    if (h->rank != 0 && !had_rank[5] && c->run.mode == IFD_MODE_TRAIN)
+        c->checkpoint_dir = NULL; /* rank 0 writes the checkpoints */
+    return IFD_OK;
+}
+
 /* infeedd keygen PREFIX */
 static int keygen(int argc, char **argv)
 {
@@ -168,16 +215,43 @@ static int keygen(int argc, char **argv)
     return 0;
 }
 
+static int run(int argc, char **argv, ifd_hosts *hosts);
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "keygen") == 0)
         return keygen(argc, argv);
+    ifd_hosts hosts;
+    ifd_error err;
+    ifd_error_clear(&err);
+    if (ifd_daemon_hosts_init(&hosts, &argc, &argv, &err)) {
+        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
+        ifd_daemon_hosts_fini(&hosts);
+        return 2;
+    }
+    if (hosts.size > 1)
+        ifd_log_set_host(hosts.rank);
+    int status = run(argc, argv, &hosts);
+    if (status != 0 && hosts.size > 1) {
+        /* The other hosts may be waiting for this one in a collective: end the job (MPI's
+         * abort is the last resort; see docs/multihost.md). */
+        fprintf(stderr, "infeedd: host %d of %d ended with status %d: aborting the other hosts\n",
+                hosts.rank, hosts.size, status);
+        ifd_daemon_hosts_abort(&hosts, status);
+    }
+    ifd_daemon_hosts_fini(&hosts);
+    return status;
+}
+
+static int run(int argc, char **argv, ifd_hosts *hosts)
+{
     ifd_daemon_config cfg;
     ifd_daemon_config_defaults(&cfg);
     ifd_error err;
     ifd_error_clear(&err);
     int exit_now = 0;
-    if (ifd_daemon_config_parse(&cfg, argc, argv, stdout, &exit_now, &err)) {
+    if (ifd_daemon_config_parse(&cfg, argc, argv, stdout, &exit_now, &err) ||
+        (!exit_now && apply_hosts(&cfg, hosts, &err))) {
         fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
         ifd_daemon_config_free(&cfg);
         return 2;
@@ -187,6 +261,9 @@ int main(int argc, char **argv)
         return 0;
     }
     ifd_log_set_level(cfg.log_level);
+    if (hosts->size > 1)
+        IFD_LOG_INFO("host %d of %d: batch size %lld of the global %lld", hosts->rank, hosts->size,
+                     (long long)cfg.run.batch_size, (long long)cfg.run.batch_size * hosts->size);
     /* CURVE keys: a file that cannot be read or parsed is a config error, like a bad flag. */
     ifd_security *sec = NULL;
     if (ifd_security_create(&sec, &cfg, &err)) {

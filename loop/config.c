@@ -1,4 +1,5 @@
 #include "infeed/infeed.h"
+#include "infeed/hosts.h"
 
 #include <math.h>
 #include <string.h>
@@ -186,6 +187,19 @@ int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
         return ifd_error_set(err, IFD_EINVAL,
                              "initial_infeed_sleep_secs: expected seconds from 0 to %g, got %g",
                              MAX_SECS, cfg->initial_infeed_sleep_secs);
+    if (cfg->hosts &&
+        (cfg->hosts->size < 1 || cfg->hosts->rank < 0 || cfg->hosts->rank >= cfg->hosts->size ||
+         (cfg->hosts->size > 1 && (cfg->hosts->ops == NULL || cfg->hosts->ops->allgather == NULL ||
+                                   cfg->hosts->ops->allreduce_i64 == NULL))))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "hosts: expected a rank in [0, size), size >= 1 and both collectives, "
+                             "got rank %d of %d",
+                             cfg->hosts->rank, cfg->hosts->size);
+    if (ifd_hosts_many(cfg->hosts) && strcmp(cfg->backend, "cpu") != 0)
+        return ifd_error_set(err, IFD_ENOTSUP,
+                             "backend: %d hosts train together on the cpu backend only so far, "
+                             "got '%s'",
+                             cfg->hosts->size, cfg->backend);
     if (!(cfg->watchdog_secs >= 0.0 && cfg->watchdog_secs <= MAX_SECS))
         return ifd_error_set(err, IFD_EINVAL,
                              "watchdog_secs: expected seconds from 0 (off) to %g, got %g", MAX_SECS,

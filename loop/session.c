@@ -10,6 +10,7 @@
 #include "infeed/infeed_internal.h"
 #include "loop/checkpoint_internal.h"
 #include "loop/watchdog.h"
+#include "infeed/hosts.h"
 #include "outfeed/outfeed_internal.h"
 
 #include <stdio.h>
@@ -73,6 +74,11 @@ static int session_snapshot(void *arg, ifd_checkpoint **out, ifd_error *err)
     }
     *out = c;
     return IFD_OK;
+}
+
+static int host_count(const ifd_config *cfg)
+{
+    return cfg->hosts ? cfg->hosts->size : 1;
 }
 
 /* cfg->restore fits cfg: the program, its shapes, the optimizer, the starting step. */
@@ -141,7 +147,9 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
         .mode = cfg->mode,
         .max_shard_rows = cfg->batch_size,
         .optimizer = cfg->optimizer,
-        .loss_scale = cfg->loss_reduction == IFD_REDUCE_MEAN ? 1.0f / (float)cfg->replicas : 1.0f,
+        .loss_scale = cfg->loss_reduction == IFD_REDUCE_MEAN
+                          ? 1.0f / ((float)cfg->replicas * (float)host_count(cfg))
+                          : 1.0f,
         .seed = cfg->seed,
         .initial_step = s->cfg.initial_global_step,
         .init_params = ck ? ck->params : NULL,
@@ -149,6 +157,7 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
         .init_opt_step = ck && cfg->mode == IFD_MODE_TRAIN ? ck->opt_step : 0,
         .infeed_depth = cfg->infeed_depth,
         .outfeed_depth = cfg->outfeed_depth,
+        .hosts = ifd_hosts_many(cfg->hosts) ? cfg->hosts : NULL,
         .on_error = on_device_error,
         .on_error_arg = s,
     };
@@ -170,6 +179,10 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
         if (rc)
             goto fail_hook;
         s->hooks[s->nhooks++] = h;
+    }
+    if (ifd_hosts_many(cfg->hosts)) {
+        s->writer.hosts = cfg->hosts->size;
+        s->writer.host = cfg->hosts->rank;
     }
     s->ctx.global_step = s->cfg.initial_global_step;
     s->ctx.snapshot = session_snapshot;
@@ -285,6 +298,46 @@ static void emit_end(ifd_session *s, int code, const ifd_error *cause)
         IFD_LOG_ERROR("cannot write the end summary: %s", ifd_error_text(&e));
 }
 
+static int rendezvous_stopping(void *arg)
+{
+    return ifd_rendezvous_stopping(arg);
+}
+
+/*
+ * Several hosts, before each loop (one small collective on the LOOP channel): the loop's length
+ * (the hooks give every host the same, from the same global step; the minimum is taken all the
+ * same) and whether any host was asked to stop (a signal, the control socket): then every host
+ * stops here, at the same loop boundary. Non-zero: the run ends (s->reason and s->message set,
+ * or the error recorded).
+ */
+static int hosts_agree(ifd_session *s, int64_t *n)
+{
+    const ifd_hosts *h = s->cfg.hosts;
+    int64_t v[2] = {*n, __atomic_load_n(&s->stop_requested, __ATOMIC_ACQUIRE) ? h->rank + 1 : 0};
+    int64_t lo[1] = {v[0]};
+    ifd_error e;
+    ifd_error_clear(&e);
+    int rc = h->ops->allreduce_i64(h->ctx, IFD_HOSTS_LOOP, lo, 1, IFD_HOSTS_MIN,
+                                   rendezvous_stopping, s->rv, &e);
+    if (rc == IFD_OK)
+        rc = h->ops->allreduce_i64(h->ctx, IFD_HOSTS_LOOP, &v[1], 1, IFD_HOSTS_MAX,
+                                   rendezvous_stopping, s->rv, &e);
+    if (rc) {
+        if (rc != IFD_ESTOPPED)
+            ifd_rendezvous_record_error(s->rv, "hosts", &e);
+        return rc;
+    }
+    if (v[1] > 0) {
+        s->reason = IFD_END_STOPPED;
+        snprintf(s->message, sizeof s->message,
+                 "stop requested on host %lld; every host stopped at global step %lld",
+                 (long long)(v[1] - 1), (long long)s->ctx.global_step);
+        return 1;
+    }
+    *n = lo[0];
+    return IFD_OK;
+}
+
 /* Runs device loops until a hook, a stop request, the input or an error ends the run. */
 static void run_loops(ifd_session *s)
 {
@@ -299,7 +352,8 @@ static void run_loops(ifd_session *s)
             }
             return;
         }
-        if (__atomic_load_n(&s->stop_requested, __ATOMIC_ACQUIRE)) {
+        if (!ifd_hosts_many(s->cfg.hosts) &&
+            __atomic_load_n(&s->stop_requested, __ATOMIC_ACQUIRE)) {
             s->reason = IFD_END_STOPPED;
             snprintf(s->message, sizeof s->message, "stop requested at global step %lld",
                      (long long)ctx->global_step);
@@ -309,6 +363,8 @@ static void run_loops(ifd_session *s)
             return;
         int64_t n = ctx->next_loop_length > 0 ? ctx->next_loop_length : s->cfg.iterations_per_loop;
         ctx->next_loop_length = 0;
+        if (ifd_hosts_many(s->cfg.hosts) && hosts_agree(s, &n))
+            return;
         ctx->loop_length = n;
         IFD_LOG_DEBUG("loop %lld: %lld steps from global step %lld", (long long)ctx->loop_index,
                       (long long)n, (long long)ctx->global_step);
@@ -416,6 +472,7 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
             .max_batch_rows = s->cfg.batch_size,
             .pred_sinks = s->pred_sinks,
             .npred_sinks = s->npred_sinks,
+            .hosts = ifd_hosts_many(s->cfg.hosts) ? s->cfg.hosts : NULL,
         };
         ifd_infeed *f = NULL;
         int rc = ifd_infeed_start(&f, &ic);

@@ -1,6 +1,7 @@
 #include "core/log.h"
 #include "core/opqueue.h"
 #include "core/thread.h"
+#include "infeed/hosts.h"
 #include "outfeed/outfeed_internal.h"
 
 #include <stdlib.h>
@@ -62,11 +63,48 @@ static void time_add(window_time *w, const ifd_outfeed_rec *recs, int replicas, 
     }
 }
 
+static int rendezvous_stopping(void *arg)
+{
+    return ifd_rendezvous_stopping(arg);
+}
+
+/* Several hosts: the window's metrics summed over the hosts, in rank order (every host gets the
+ * same bits). steps: the most any host ran (train: the same on every host). */
+static int reduce_hosts(ifd_outfeed *o, ifd_metrics *m, ifd_error *err)
+{
+    const ifd_hosts *h = o->cfg.hosts;
+    double mine[5] = {(double)m->steps, m->loss_sum, m->loss_weighted, m->correct, m->count};
+    double *all = calloc((size_t)h->size * 5, sizeof(double));
+    if (all == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "summaries of %d hosts", h->size);
+    int rc = h->ops->allgather(h->ctx, IFD_HOSTS_OUTFEED, mine, all, sizeof mine,
+                               rendezvous_stopping, o->cfg.rv, err);
+    if (rc == IFD_OK) {
+        *m = (ifd_metrics){0};
+        for (int k = 0; k < h->size; k++) {
+            const double *v = all + (size_t)k * 5;
+            if ((int64_t)v[0] > m->steps)
+                m->steps = (int64_t)v[0];
+            m->loss_sum += v[1];
+            m->loss_weighted += v[2];
+            m->correct += v[3];
+            m->count += v[4];
+        }
+    }
+    free(all);
+    return rc;
+}
+
 /* Emits the window's summary and starts the next window where this one ended. */
 static int emit_window(ifd_outfeed *o, ifd_error *err)
 {
-    const ifd_metrics *m = &o->window;
+    ifd_metrics *m = &o->window;
     const window_time *w = &o->time;
+    if (o->cfg.hosts && o->cfg.mode != IFD_MODE_PREDICT) {
+        int rc = reduce_hosts(o, m, err);
+        if (rc)
+            return rc;
+    }
     if (m->steps == 0)
         return IFD_OK;
     double secs = (double)(w->end_ns - w->start_ns) * 1e-9;

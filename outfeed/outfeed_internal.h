@@ -22,6 +22,8 @@
 typedef struct ifd_summary_writer {
     ifd_sink *sinks[IFD_MAX_SINKS];
     int nsinks;
+    int hosts; /* > 1: every summary gets "host": host (this host's rank) */
+    int host;
 } ifd_summary_writer;
 
 int ifd_summary_writer_add(ifd_summary_writer *w, ifd_sink *sink);
@@ -95,6 +97,11 @@ typedef struct ifd_outfeed_config {
     int64_t max_batch_rows;                /* predict: the most rows a batch has */
     const ifd_prediction_sink *pred_sinks; /* predict */
     int npred_sinks;
+    /* Several hosts (train, eval; NULL: one): each summary's metrics are summed over the hosts
+     * (an all-gather on the OUTFEED channel, summed in rank order), so every host's summary
+     * describes the global step. Hosts emit at the same global steps, and the last window is
+     * reduced by every host's ifd_outfeed_flush, empty or not. */
+    const struct ifd_hosts *hosts;
 } ifd_outfeed_config;
 
 int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg);

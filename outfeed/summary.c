@@ -17,6 +17,8 @@ int ifd_summary_emit(ifd_summary_writer *w, json_t *obj, ifd_error *err)
 {
     if (obj == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "summary: cannot build the JSON object");
+    if (w->hosts > 1)
+        json_object_set_new(obj, "host", json_integer(w->host));
     char *line = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
     json_decref(obj);
     if (line == NULL)

@@ -6,7 +6,8 @@ set -euo pipefail
 
 # clang and libclang-rt-dev (libFuzzer's runtime): the fuzz harnesses (fuzz/run.sh).
 IFD_DEB_PACKAGES=(build-essential cmake pkg-config libjansson-dev check libsubunit-dev
-                  libopenblas-dev libzmq3-dev zlib1g-dev clang libclang-rt-dev)
+                  libopenblas-dev libzmq3-dev zlib1g-dev clang libclang-rt-dev openmpi-bin
+                  libopenmpi-dev)
 IFD_PY_MODULES=(zmq numpy sklearn pytest)      # import names
 IFD_PIP_PACKAGES=(pyzmq numpy scikit-learn pytest) # the same, as pip names
 

@@ -62,8 +62,12 @@ static int cpu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err)
     int rc = ifd_cpu_allreduce_run(ar, rep->base.index);
     if (rc == IFD_ESTOPPED)
         ifd_error_set(err, rc, "all-reduce aborted");
+    else if (rc == IFD_EEOF && ar->ended_host >= 0)
+        ifd_error_set(err, rc, "all-reduce: the input of host %d ended", ar->ended_host);
     else if (rc == IFD_EEOF)
         ifd_error_set(err, rc, "all-reduce: a peer replica's input ended");
+    else if (rc)
+        *err = ar->host_err;
     return rc;
 }
 
@@ -296,6 +300,12 @@ static void cpu_close(ifd_device *dev)
     ifd_replicas_fini(&cd->set);
     free(cd->reps);
     cd->reps = NULL;
+    if (cd->ar.hosts && cd->ar.host_calls > 0)
+        IFD_LOG_INFO("all-reduce across %d hosts: %lld steps, %.1f us a step in the collective "
+                     "(%lld bytes sent a step)",
+                     cd->ar.hosts->size, (long long)cd->ar.host_calls,
+                     (double)cd->ar.host_ns * 1e-3 / (double)cd->ar.host_calls,
+                     (long long)(sizeof(float) * (size_t)(cd->ar.replicas * cd->ar.n + 1)));
     ifd_cpu_allreduce_fini(&cd->ar);
 }
 
@@ -314,8 +324,13 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
     int rc = IFD_OK;
     float *init = malloc(sizeof(float) * (size_t)(p->nparam_floats + 1));
     cd->reps = calloc((size_t)cd->replicas, sizeof *cd->reps);
+    int ar_ok = 0;
     if (init == NULL || cd->reps == NULL ||
-        ifd_cpu_allreduce_init(&cd->ar, cd->replicas, p->nparam_floats)) {
+        ifd_cpu_allreduce_init(&cd->ar, cd->replicas, p->nparam_floats) ||
+        (ar_ok = 1,
+         ifd_cpu_allreduce_set_hosts(&cd->ar, cfg->mode == IFD_MODE_TRAIN ? cfg->hosts : NULL))) {
+        if (ar_ok)
+            ifd_cpu_allreduce_fini(&cd->ar);
         free(init);
         free(cd->reps);
         cd->reps = NULL;

@@ -36,6 +36,9 @@ int ifd_log_get_level(void);
 /* "error", "warn", "info", "debug" */
 int ifd_log_level_parse(const char *name, int *out);
 const char *ifd_log_level_name(int level);
+/* Several hosts: log lines read "infeed@RANK" instead of "infeed" (rank < 0: back to "infeed").
+ * Before any thread logs. */
+void ifd_log_set_host(int rank);
 
 /* ---- configuration ----------------------------------------------------------------------- */
 
@@ -68,7 +71,7 @@ typedef struct ifd_config {
     ifd_program_settings settings;
     ifd_mode mode;
     ifd_input_mode input_mode;
-    int64_t batch_size; /* global: rows per host batch */
+    int64_t batch_size; /* rows per host batch (several hosts: this host's share) */
     int64_t iterations_per_loop;
     int64_t num_steps; /* exactly one of num_steps and last_step is > 0 in train mode */
     int64_t last_step;
@@ -92,6 +95,12 @@ typedef struct ifd_config {
      * is running ends with IFD_ETIMEDOUT from source "watchdog", naming the replicas whose
      * infeed is empty and the outfeed rings that are full. 0: off. */
     double watchdog_secs;
+    /* Several hosts (infeed/hosts.h, docs/multihost.md), borrowed: NULL or size 1 is one host.
+     * With H hosts batch_size is this host's part of the global batch (the global batch / H),
+     * the MEAN loss scale is 1 / (H x replicas), gradients are summed over every host's
+     * replicas, hosts agree on each loop's length and on stopping, and summaries carry the
+     * global step's metrics and "host". */
+    const struct ifd_hosts *hosts;
 } ifd_config;
 
 /* Fills every field with its default (see docs/config.md). */

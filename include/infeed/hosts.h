@@ -1,0 +1,64 @@
+/*
+ * Several hosts training one model: the runtime's view of the other hosts (docs/multihost.md).
+ *
+ * libinfeed never starts or joins a job itself: the program that embeds it (infeedd, with MPI in
+ * host/hosts_mpi.c) fills an ifd_hosts and hands it over in ifd_config.hosts. NULL there, or a
+ * size of 1, is one host: no collective is ever called.
+ *
+ * Every collective is called by every host, in the same order on each channel. Channels are
+ * independent of each other (MPI: one communicator each), so the threads that own them never
+ * have to agree on an order between them:
+ *
+ *   IFD_HOSTS_STEP     the replicas' all-reduce: one call per train step, from one replica thread
+ *   IFD_HOSTS_LOOP     the session's thread: one call per device loop (its length, stop requests)
+ *   IFD_HOSTS_OUTFEED  the outfeed thread, then the session's thread at the end: summaries
+ *
+ * A collective waits for every host. stop(stop_arg) (optional, called while it waits, must not
+ * block) returning non-zero gives up the wait with IFD_ESTOPPED: the collective is then left
+ * unfinished, and the hosts cannot go on together; the embedding program ends the job (abort).
+ */
+#ifndef IFD_HOSTS_H
+#define IFD_HOSTS_H
+
+#include "infeed/error.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { IFD_HOSTS_STEP = 0, IFD_HOSTS_LOOP, IFD_HOSTS_OUTFEED, IFD_HOSTS_NCHANNELS };
+
+typedef enum { IFD_HOSTS_MIN = 0, IFD_HOSTS_MAX, IFD_HOSTS_SUM } ifd_hosts_op;
+
+typedef int (*ifd_hosts_stop_fn)(void *arg);
+
+typedef struct ifd_hosts_ops {
+    /* recv (size x bytes) = every host's send (bytes), in rank order. */
+    int (*allgather)(void *ctx, int channel, const void *send, void *recv, size_t bytes,
+                     ifd_hosts_stop_fn stop, void *stop_arg, ifd_error *err);
+    /* vals[i] = op over the hosts of vals[i], for i < n, in place. */
+    int (*allreduce_i64)(void *ctx, int channel, int64_t *vals, int n, ifd_hosts_op op,
+                         ifd_hosts_stop_fn stop, void *stop_arg, ifd_error *err);
+} ifd_hosts_ops;
+
+typedef struct ifd_hosts {
+    const ifd_hosts_ops *ops;
+    void *ctx;
+    int rank; /* this host, 0 to size - 1 */
+    int size; /* hosts in the job */
+} ifd_hosts;
+
+/* Whether h spans more than one host. */
+static inline int ifd_hosts_many(const ifd_hosts *h)
+{
+    return h != NULL && h->size > 1;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

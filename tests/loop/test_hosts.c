@@ -1,0 +1,372 @@
+/*
+ * Several hosts in one process (docs/multihost.md): H sessions on threads, joined by an
+ * in-process ifd_hosts (a rendezvous per channel), each fed its rows of every global batch.
+ * Against one session with H x R replicas on the same global batches: bit-identical parameters
+ * on every host and the same per-step losses; a host whose input ends stops every host at the
+ * same step; a host asked to stop stops every host at the same loop boundary.
+ */
+#include "infeed/hosts.h"
+#include "tests/util/testutil.h"
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_HOSTS 4
+
+/* ---- an in-process job: every collective is a two-phase rendezvous of H threads ---------- */
+
+typedef struct fake_chan {
+    int arrived, departed;
+    int64_t gen;
+    unsigned char *data; /* [H][bytes] */
+} fake_chan;
+
+typedef struct fake_job {
+    int H;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    fake_chan ch[IFD_HOSTS_NCHANNELS];
+    struct fake_host {
+        struct fake_job *job;
+        int rank;
+    } host[MAX_HOSTS];
+    ifd_hosts hosts[MAX_HOSTS];
+} fake_job;
+
+static void wait_10ms(fake_job *j)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 10 * 1000000;
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+}
+
+static int fake_allgather(void *ctx, int channel, const void *send, void *recv, size_t bytes,
+                          ifd_hosts_stop_fn stop, void *stop_arg, ifd_error *err)
+{
+    struct fake_host *me = ctx;
+    fake_job *j = me->job;
+    fake_chan *c = &j->ch[channel];
+    pthread_mutex_lock(&j->mu);
+    while (c->departed > 0) /* the previous call is still being read */
+        wait_10ms(j);
+    if (c->arrived == 0) {
+        free(c->data);
+        c->data = malloc(bytes * (size_t)j->H);
+    }
+    memcpy(c->data + bytes * (size_t)me->rank, send, bytes);
+    int64_t gen = c->gen;
+    if (++c->arrived == j->H) {
+        c->gen++;
+        c->departed = j->H;
+        c->arrived = 0;
+        pthread_cond_broadcast(&j->cv);
+    }
+    while (c->gen == gen) {
+        if (stop && stop(stop_arg)) {
+            pthread_mutex_unlock(&j->mu);
+            return ifd_error_set(err, IFD_ESTOPPED, "stopped waiting for the other hosts");
+        }
+        wait_10ms(j);
+    }
+    memcpy(recv, c->data, bytes * (size_t)j->H);
+    if (--c->departed == 0)
+        pthread_cond_broadcast(&j->cv);
+    pthread_mutex_unlock(&j->mu);
+    return IFD_OK;
+}
+
+static int fake_allreduce_i64(void *ctx, int channel, int64_t *vals, int n, ifd_hosts_op op,
+                              ifd_hosts_stop_fn stop, void *stop_arg, ifd_error *err)
+{
+    struct fake_host *me = ctx;
+    int H = me->job->H;
+    int64_t *all = malloc(sizeof(int64_t) * (size_t)(n * H));
+    int rc =
+        fake_allgather(ctx, channel, vals, all, sizeof(int64_t) * (size_t)n, stop, stop_arg, err);
+    if (rc == IFD_OK)
+        for (int i = 0; i < n; i++) {
+            int64_t v = all[i];
+            for (int k = 1; k < H; k++) {
+                int64_t w = all[k * n + i];
+                v = op == IFD_HOSTS_MIN   ? (w < v ? w : v)
+                    : op == IFD_HOSTS_MAX ? (w > v ? w : v)
+                                          : v + w;
+            }
+            vals[i] = v;
+        }
+    free(all);
+    return rc;
+}
+
+static const ifd_hosts_ops fake_ops = {.allgather = fake_allgather,
+                                       .allreduce_i64 = fake_allreduce_i64};
+
+static void fake_job_init(fake_job *j, int H)
+{
+    memset(j, 0, sizeof *j);
+    j->H = H;
+    pthread_mutex_init(&j->mu, NULL);
+    pthread_cond_init(&j->cv, NULL);
+    for (int h = 0; h < H; h++) {
+        j->host[h] = (struct fake_host){j, h};
+        j->hosts[h] = (ifd_hosts){.ops = &fake_ops, .ctx = &j->host[h], .rank = h, .size = H};
+    }
+}
+
+static void fake_job_fini(fake_job *j)
+{
+    for (int c = 0; c < IFD_HOSTS_NCHANNELS; c++)
+        free(j->ch[c].data);
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+}
+
+/* ---- H sessions on threads ---------------------------------------------------------------- */
+
+/* Rows [h * rows, (h + 1) * rows) of a global batch, as a batch of its own. */
+static tu_batch *host_rows(const tu_batch *g, int h, int64_t rows)
+{
+    tu_batch *tb = tu_batch_clone(g);
+    for (int i = 0; i < g->b.ntensors; i++) {
+        size_t rb = ifd_tensor_row_bytes(&g->b.tensors[i]);
+        memcpy(tb->data[i], (const char *)g->data[i] + rb * (size_t)(h * rows), rb * (size_t)rows);
+        tb->b.tensors[i].shape.dims[0] = rows;
+    }
+    tb->b.rows = rows;
+    return tb;
+}
+
+typedef struct host_run {
+    pthread_t t;
+    ifd_config cfg;
+    tu_batch **batches; /* this host's, owned until pushed */
+    int64_t n;
+    int stopper; /* ifd_session_request_stop once the run is past its first step */
+    ifd_session *s;
+    tu_result res;
+} host_run;
+
+static void *stopper_main(void *arg)
+{
+    host_run *hr = arg;
+    struct timespec ms = {0, 1000000L};
+    while (ifd_session_global_step(hr->s) < 1)
+        nanosleep(&ms, NULL);
+    ifd_session_request_stop(hr->s);
+    return NULL;
+}
+
+static void *host_main(void *arg)
+{
+    host_run *hr = arg;
+    ifd_batch_queue *q;
+    ck_assert_int_eq(ifd_batch_queue_create(&q, 4), IFD_OK);
+    ifd_sink *sink;
+    ifd_session *s =
+        tu_session_create(&hr->cfg, ifd_batch_queue_source(q), NULL, NULL, 0, &sink, &hr->res);
+    tu_producer *p = tu_producer_start(q, hr->batches, hr->n, 0);
+    hr->s = s;
+    pthread_t st;
+    if (hr->stopper)
+        ck_assert_int_eq(pthread_create(&st, NULL, stopper_main, hr), 0);
+    hr->res.rc = ifd_session_run(s, &hr->res.err);
+    if (hr->stopper)
+        pthread_join(st, NULL);
+    ifd_batch_queue_close(q);
+    tu_producer_join(p);
+    tu_result_collect(&hr->res, s, hr->cfg.replicas, sink);
+    ifd_batch_queue_destroy(q);
+    return NULL;
+}
+
+/* Runs cfg (the global batch, R replicas a host) on H hosts, host h fed its rows of
+ * batches[0..nper[h]). hr[h].res holds each host's result. */
+static void run_hosts(const ifd_config *cfg, int H, tu_batch **batches, const int64_t *nper,
+                      int stopper, host_run *hr)
+{
+    fake_job job;
+    fake_job_init(&job, H);
+    int64_t rows = cfg->batch_size / H;
+    for (int h = 0; h < H; h++) {
+        memset(&hr[h], 0, sizeof hr[h]);
+        hr[h].cfg = *cfg;
+        hr[h].cfg.batch_size = rows;
+        hr[h].cfg.hosts = &job.hosts[h];
+        hr[h].n = nper[h];
+        hr[h].batches = calloc((size_t)nper[h] + 1, sizeof(tu_batch *));
+        for (int64_t i = 0; i < nper[h]; i++)
+            hr[h].batches[i] = host_rows(batches[i], h, rows);
+        hr[h].stopper = h == stopper;
+    }
+    for (int h = 0; h < H; h++)
+        ck_assert_int_eq(pthread_create(&hr[h].t, NULL, host_main, &hr[h]), 0);
+    for (int h = 0; h < H; h++) {
+        pthread_join(hr[h].t, NULL);
+        free(hr[h].batches);
+    }
+    fake_job_fini(&job);
+}
+
+/* The "loss" of every train summary, in order. */
+static int train_losses(const tu_result *r, double *out, int max)
+{
+    int n = 0;
+    for (size_t i = 0; i < r->nsummaries; i++) {
+        json_t *j = json_loads(r->summaries[i], 0, NULL);
+        ck_assert_ptr_nonnull(j);
+        if (strcmp(json_string_value(json_object_get(j, "event")), "train") == 0 && n < max)
+            out[n++] = json_real_value(json_object_get(j, "loss"));
+        json_decref(j);
+    }
+    return n;
+}
+
+/* A summary line's integer field "host" (-1 when it has none). */
+static int64_t summary_host(const char *line)
+{
+    json_t *j = json_loads(line, 0, NULL);
+    json_t *h = json_object_get(j, "host");
+    int64_t v = h ? json_integer_value(h) : -1;
+    json_decref(j);
+    return v;
+}
+
+static const char *const programs[] = {"softmax", "linear", "mlp"};
+
+START_TEST(hosts_match_one_host)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int H = (int)rand_between(&rng, 2, 3), R = (int)rand_between(&rng, 1, 3);
+    const char *prog = programs[rand_between(&rng, 0, 2)];
+    ifd_optimizer_kind opt = (ifd_optimizer_kind)rand_between(&rng, 0, 2);
+    int64_t b = H * R * rand_between(&rng, 1, 4), ipl = rand_between(&rng, 1, 7);
+    ifd_config cfg;
+    tu_config_train(&cfg, prog, opt, rand_between(&rng, 1, 9), rand_between(&rng, 2, 5), b, ipl,
+                    ifd_rng_next(&rng));
+    cfg.loss_reduction = rand_between(&rng, 0, 1) ? IFD_REDUCE_SUM : IFD_REDUCE_MEAN;
+    if (strcmp(prog, "mlp") == 0)
+        cfg.settings.hidden = rand_between(&rng, 1, 8);
+    int64_t steps = cfg.num_steps, n = steps + 2;
+    tu_batch **batches = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
+
+    ifd_config one = cfg;
+    one.replicas = H * R;
+    tu_result ref;
+    tu_run(&one, batches, n, &ref);
+    RASSERT(ref.rc == IFD_OK, "one host: %s", ifd_error_text(&ref.err));
+
+    cfg.replicas = R;
+    host_run hr[MAX_HOSTS];
+    int64_t nper[MAX_HOSTS] = {n, n, n, n};
+    run_hosts(&cfg, H, batches, nper, -1, hr);
+    double want[64], got[64];
+    int nw = train_losses(&ref, want, 64);
+    RASSERT(nw == steps, "%d train summaries, expected %lld", nw, (long long)steps);
+    for (int h = 0; h < H; h++) {
+        tu_result *r = &hr[h].res;
+        RASSERT(r->rc == IFD_OK, "%s on %d hosts x %d: host %d: %s", prog, H, R, h,
+                ifd_error_text(&r->err));
+        RASSERT(r->global_step == steps && r->reason == IFD_END_LAST_STEP,
+                "host %d: step %lld reason %d", h, (long long)r->global_step, (int)r->reason);
+        RASSERT(r->mirrors_identical, "host %d: replicas differ", h);
+        RASSERT(memcmp(r->params, ref.params, sizeof(float) * (size_t)ref.nparams) == 0,
+                "%s %s %s on %d hosts x %d replicas: host %d's parameters differ from one host "
+                "with %d replicas (max rel %g)",
+                prog, ifd_optimizer_name(opt), ifd_loss_reduction_name(cfg.loss_reduction), H, R, h,
+                H * R, tu_max_rel_diff(r->params, ref.params, ref.nparams, 1e-6));
+        int ng = train_losses(r, got, 64);
+        RASSERT(ng == nw, "host %d: %d train summaries, one host %d", h, ng, nw);
+        for (int i = 0; i < ng; i++)
+            RASSERT(fabs(got[i] - want[i]) <= 1e-5 * fabs(want[i]) + 1e-12,
+                    "host %d step %d: loss %.9g, one host %.9g", h, i + 1, got[i], want[i]);
+        for (size_t i = 0; i < r->nsummaries; i++)
+            RASSERT(summary_host(r->summaries[i]) == h, "host %d's summary: %s", h,
+                    r->summaries[i]);
+        tu_result_free(r);
+    }
+    tu_result_free(&ref);
+    tu_batches_free(batches, n);
+}
+END_TEST
+
+START_TEST(input_ending_on_one_host_stops_all)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int H = (int)rand_between(&rng, 2, 4), R = (int)rand_between(&rng, 1, 2);
+    ifd_config cfg;
+    tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 2, H * R * 2, rand_between(&rng, 1, 6),
+                    ifd_rng_next(&rng));
+    cfg.num_steps = 1000;
+    int64_t n = 40;
+    tu_batch **batches = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
+    int short_host = (int)rand_between(&rng, 0, H - 1);
+    int64_t ended = rand_between(&rng, 0, 30);
+    int64_t nper[MAX_HOSTS];
+    for (int h = 0; h < H; h++)
+        nper[h] = h == short_host ? ended : n;
+    cfg.replicas = R;
+    host_run hr[MAX_HOSTS];
+    run_hosts(&cfg, H, batches, nper, -1, hr);
+    for (int h = 0; h < H; h++) {
+        tu_result *r = &hr[h].res;
+        RASSERT(r->rc == IFD_OK, "host %d: %s", h, ifd_error_text(&r->err));
+        RASSERT(r->reason == IFD_END_INPUT_ENDED && r->global_step == ended,
+                "host %d of %d: reason %d at step %lld; host %d's input ended after %lld", h, H,
+                (int)r->reason, (long long)r->global_step, short_host, (long long)ended);
+        tu_result_free(r);
+    }
+    tu_batches_free(batches, n);
+}
+END_TEST
+
+START_TEST(stop_on_one_host_stops_all_at_a_loop_boundary)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int H = (int)rand_between(&rng, 2, 3);
+    int64_t ipl = rand_between(&rng, 1, 5);
+    ifd_config cfg;
+    tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 2, H * 2, ipl, ifd_rng_next(&rng));
+    cfg.num_steps = 1000000;
+    int64_t n = 4000;
+    tu_batch **batches = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
+    int stopper = (int)rand_between(&rng, 0, H - 1);
+    int64_t nper[MAX_HOSTS] = {n, n, n, n};
+    host_run hr[MAX_HOSTS];
+    run_hosts(&cfg, H, batches, nper, stopper, hr);
+    for (int h = 0; h < H; h++) {
+        tu_result *r = &hr[h].res;
+        RASSERT(r->rc == IFD_OK, "host %d: %s", h, ifd_error_text(&r->err));
+        RASSERT(r->reason == IFD_END_STOPPED, "host %d: reason %d", h, (int)r->reason);
+        RASSERT(r->global_step == hr[0].res.global_step, "host %d stopped at %lld, host 0 at %lld",
+                h, (long long)r->global_step, (long long)hr[0].res.global_step);
+        RASSERT(r->global_step % ipl == 0 && r->global_step < n,
+                "host %d stopped at %lld, inside a loop of %lld", h, (long long)r->global_step,
+                (long long)ipl);
+    }
+    for (int h = 0; h < H; h++)
+        tu_result_free(&hr[h].res);
+    tu_batches_free(batches, n);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("hosts");
+    TCase *tc = tcase_create("hosts");
+    tcase_add_loop_test(tc, hosts_match_one_host, 0, 16);
+    tcase_add_loop_test(tc, input_ending_on_one_host_stops_all, 0, 8);
+    tcase_add_loop_test(tc, stop_on_one_host_stops_all_at_a_loop_boundary, 0, 4);
+    suite_add_tcase(s, tc);
+    return tu_run_suite(s);
+}
