@@ -53,8 +53,8 @@ int ifd_infeed_check_batch(const ifd_program *p, const ifd_batch *b, int64_t bat
  * finite and, when max_abs > 0, of magnitude at most max_abs. IFD_ERANGE names the tensor, the row,
  * the element within the row and the value. One pass over the data; other dtypes are not read
  * (labels are the program's check_batch). */
-int ifd_infeed_check_values(const ifd_program *p, const ifd_batch *b, ifd_mode mode,
-                            double max_abs, ifd_error *err);
+int ifd_infeed_check_values(const ifd_program *p, const ifd_batch *b, ifd_mode mode, double max_abs,
+                            ifd_error *err);
 
 /* Predict mode. A new batch of `rows` rows: b's rows, then zeros, with IFD_BATCH_PADDED and
  * valid_rows = b's real rows; it holds a reference on b until it is released, and is returned
