@@ -328,6 +328,8 @@ void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int tota
     producer *known = ingest_find_by_rid(g, &from);
     if (known)
         known->heard_ns = ifd_clock_ns();
+    if (g->nbusy)
+        ingest_drop_busy_hello(g, &from); /* its newer message replaces a parked HELLO */
     if (total < 2) {
         ingest_send_error(g, &from, IFD_EPROTO, NO_SEQ, 0,
                           "message: expected a header frame, got none");
@@ -455,7 +457,7 @@ static void *io_main(void *arg)
         items[n++] = (zmq_pollitem_t){.socket = g->rep, .events = ZMQ_POLLIN};
     zmq_msg_t parts[MAX_PARTS + 1];
     for (;;) {
-        int rc = zmq_poll(items, n, 100);
+        int rc = zmq_poll(items, n, g->nbusy ? 5 : 100);
         if (rc < 0 && zmq_errno() != EINTR) {
             IFD_LOG_ERROR("ingest: zmq_poll: %s", zmq_strerror(zmq_errno()));
             ifd_sleep_ns(10000000);
@@ -482,6 +484,7 @@ static void *io_main(void *arg)
         ingest_sample_rates(g);
         ingest_watch_infeed(g);
         ingest_check_liveness(g);
+        ingest_retry_busy_hellos(g);
 
         int sigs = g->signals ? __atomic_load_n(g->signals, __ATOMIC_RELAXED) : 0;
         if (sigs > g->handled_signals) {

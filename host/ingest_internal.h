@@ -33,6 +33,11 @@
 #define STOP_GRACE_NS 1000000000LL     /* a stop waits this long for input before closing it */
 #define RID_MAX 256
 #define STARVE_WARN_NS 5000000000LL /* a starving infeed is logged after waiting this long */
+/* A HELLO for a name whose old connection still answers waits this long for that connection to
+ * be found closed (libzmq drops a closed connection's route a moment after the close) before
+ * it is answered EBUSY; at most BUSY_HELLO_MAX wait at once (the others are answered now). */
+#define BUSY_HELLO_NS 1000000000LL
+#define BUSY_HELLO_MAX 8
 
 typedef struct host_batch host_batch;
 
@@ -41,6 +46,15 @@ typedef struct producer_rid {
     const uint8_t *rid;
     size_t len;
 } producer_rid;
+
+/* A parked HELLO (see BUSY_HELLO_NS): its connection, its JSON frame, since when it waits. */
+typedef struct busy_hello {
+    int used;
+    uint8_t rid[RID_MAX];
+    size_t rid_len;
+    zmq_msg_t body;
+    int64_t since_ns, next_ns;
+} busy_hello;
 
 typedef struct producer {
     int used;
@@ -153,6 +167,9 @@ struct ifd_ingest {
     /* log lines peers can cause, each rate-limited */
     ifd_log_limit lim_hello, lim_reject, lim_gone;
     int64_t liveness_ns; /* the last pass of ingest_check_liveness */
+    busy_hello busy[BUSY_HELLO_MAX];
+    int nbusy;
+    int64_t hello_since_ns; /* while a parked HELLO is handled again: since when it waits */
 
     /* the end, from the main thread */
     ifd_mutex omu;
@@ -192,6 +209,11 @@ int ingest_position_index(ifd_ingest *g, const char *name, int64_t *seq);
 producer *ingest_new_slot(ifd_ingest *g);
 void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_t *body);
 void ingest_handle_end(ifd_ingest *g, const producer_rid *from);
+/* Parked HELLOs whose time has come are handled again (welcomed, parked again, or EBUSY); a new
+ * message from a parked connection drops its parked HELLO (drop_busy_hello), and destroy frees
+ * them all (from = NULL). */
+void ingest_retry_busy_hellos(ifd_ingest *g);
+void ingest_drop_busy_hello(ifd_ingest *g, const producer_rid *from);
 void ingest_count_producers(ifd_ingest *g);
 void ingest_check_input_end(ifd_ingest *g);
 void ingest_watchdog_context(void *arg, char *buf, size_t len);

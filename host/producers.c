@@ -172,6 +172,7 @@ static void no_free(void *p)
 
 void ingest_producers_free(ifd_ingest *g)
 {
+    ingest_drop_busy_hello(g, NULL);
     tdestroy(g->by_rid, no_free);
     tdestroy(g->pos_index, no_free);
     for (int i = 0; i < g->npos; i++)
@@ -290,6 +291,77 @@ void ingest_check_liveness(ifd_ingest *g)
 }
 
 /* ---- HELLO ------------------------------------------------------------------------------ */
+
+/* A HELLO for a busy name waits (BUSY_HELLO_NS) for the old connection's route to go: 1 if it
+ * was parked, 0 if it is to be answered EBUSY now (waited long enough, or no room). */
+static int park_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_t *body)
+{
+    int64_t now = ifd_clock_ns();
+    int64_t since = g->hello_since_ns ? g->hello_since_ns : now;
+    if (now - since >= BUSY_HELLO_NS || g->nbusy >= BUSY_HELLO_MAX)
+        return 0;
+    for (int i = 0; i < BUSY_HELLO_MAX; i++) {
+        busy_hello *b = &g->busy[i];
+        if (b->used)
+            continue;
+        zmq_msg_init(&b->body);
+        if (zmq_msg_copy(&b->body, (zmq_msg_t *)body) != 0) { /* keeps the CURVE User-Id */
+            zmq_msg_close(&b->body);
+            return 0;
+        }
+        memcpy(b->rid, from->rid, from->len);
+        b->rid_len = from->len;
+        b->since_ns = since;
+        /* 5, 10, 20, 40 ms... then every 100 ms */
+        int64_t wait = now - since < 5000000LL ? 5000000LL : now - since;
+        b->next_ns = now + (wait < 100000000LL ? wait : 100000000LL);
+        b->used = 1;
+        g->nbusy++;
+        return 1;
+    }
+    return 0;
+}
+
+static void busy_free(ifd_ingest *g, busy_hello *b)
+{
+    zmq_msg_close(&b->body);
+    b->used = 0;
+    g->nbusy--;
+}
+
+void ingest_drop_busy_hello(ifd_ingest *g, const producer_rid *from)
+{
+    for (int i = 0; i < BUSY_HELLO_MAX && g->nbusy > 0; i++) {
+        busy_hello *b = &g->busy[i];
+        if (b->used && (from == NULL || (b->rid_len == from->len &&
+                                         memcmp(b->rid, from->rid, from->len) == 0)))
+            busy_free(g, b);
+    }
+}
+
+void ingest_retry_busy_hellos(ifd_ingest *g)
+{
+    if (g->nbusy == 0)
+        return;
+    int64_t now = ifd_clock_ns();
+    for (int i = 0; i < BUSY_HELLO_MAX; i++) {
+        busy_hello *b = &g->busy[i];
+        if (!b->used || b->next_ns > now)
+            continue;
+        /* out of its slot first: handling it again may park it again */
+        uint8_t rid[RID_MAX];
+        memcpy(rid, b->rid, b->rid_len);
+        producer_rid from = {.rid = rid, .len = b->rid_len};
+        zmq_msg_t body;
+        zmq_msg_init(&body);
+        zmq_msg_move(&body, &b->body);
+        g->hello_since_ns = b->since_ns;
+        busy_free(g, b);
+        ingest_handle_hello(g, &from, &body);
+        g->hello_since_ns = 0;
+        zmq_msg_close(&body);
+    }
+}
 
 /* Checks the HELLO's schema against the program; the code and sentence of the first
  * difference. */
@@ -545,6 +617,10 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     }
     producer *named = ingest_find_by_name(g, name);
     if (named && named != p && probe_alive(g, named)) {
+        if (park_hello(g, from, body)) {
+            json_decref(j);
+            return;
+        }
         /* a name is its connection's while that connection lives: no takeover */
         ifd_error_set(&e, IFD_EBUSY,
                       "HELLO: name '%s' is in use by another live connection (%s, %d batches in "

@@ -107,6 +107,38 @@ def test_reconnect_same_name(daemon, rng):
     a2.close()
 
 
+def test_immediate_reconnects_are_welcomed(daemon, rng):
+    """A producer that closes and at once reconnects under its name is welcomed, not refused
+    EBUSY: its HELLO waits (at most a second) for the old connection's route to go. Repeated
+    many times in a row, since the race is between the close and the new HELLO."""
+    d = daemon(replicas=1, batch_size=2, features=D, classes=K, steps=100000,
+               iterations_per_loop=rng.randint(1, 4), summary_every=0)
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    schema = [P.schema_entry("x", "float32", [D]), P.schema_entry("y", "int32", [])]
+    rounds = rng.randint(15, 30)
+    seq = rng.randint(0, 1000)
+    peer = RawPeer(d.listen)
+    peer.send(hello(schema, name="bouncer", first_seq=seq))
+    assert peer.welcome()["next_seq"] == seq
+    for r in range(rounds):
+        n = rng.randint(0, 3)
+        for s in range(seq, seq + n):
+            peer.send(batch_frames(s, [nrng.random((2, D), dtype=np.float32),
+                                       nrng.integers(0, K, 2, dtype=np.int32)]))
+        if n:
+            peer.ack(seq + n - 1)
+        seq += n
+        nxt = RawPeer(d.listen)  # connected before the close, so its HELLO follows it at once
+        time.sleep(0.02)
+        peer.close()
+        peer = nxt
+        peer.send(hello(schema, name="bouncer"))
+        w = peer.welcome()  # asserts no ERROR (EBUSY) came instead
+        assert w["next_seq"] == seq, (r, w, seq)
+    assert "IFD_EBUSY" not in d.log(), d.log()
+    peer.close()
+
+
 def test_expect_producers_keeps_the_input_open(daemon, rng):
     """Without --expect-producers the input ends when every producer welcomed so far has sent
     END; with --expect-producers 2, a first producer's END leaves it open for a second one that
