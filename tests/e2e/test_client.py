@@ -36,6 +36,29 @@ def test_protocol_layouts():
     assert P.unpack_message([P.pack_header(42)]).type == 42  # unknown types are left to the caller
 
 
+def test_prediction_decoder_refuses_bad_descriptions():
+    """A PREDICTION whose description is malformed or whose shape claims more bytes than 2^63
+    raises ProtocolError (not KeyError, ValueError or a wrapped size), and a good one decodes."""
+    rng = np.random.default_rng()
+    rows, k = int(rng.integers(1, 9)), int(rng.integers(1, 17))
+    x = rng.random((rows, k), dtype=np.float32)
+    hdr = struct.pack("<4sHHqqII", b"IFDP", 1, P.PREDICTION, 7, rows, 0, 1)
+
+    def frames(desc, data=x.tobytes()):
+        return [hdr, __import__("json").dumps(desc).encode(), data]
+
+    m = P.unpack_message(frames([{"name": "p", "dtype": "float32", "shape": [k]}]))
+    assert m.seq == 7 and np.array_equal(m.arrays["p"], x)
+    # 2^62 + 1 rows' worth: np.prod would wrap to a small product
+    big = [{"name": "p", "dtype": "float32", "shape": [1 << 31, 1 << 31, k]}]
+    bad = [big, [{"dtype": "float32", "shape": [k]}], [{"name": "p", "dtype": "f16",
+           "shape": [k]}], [{"name": "p", "dtype": "float32", "shape": [-1]}],
+           [{"name": "p", "dtype": "float32", "shape": ["4"]}], ["p"]]
+    for desc in bad:
+        with pytest.raises(P.ProtocolError, match="PREDICTION: tensor"):
+            P.unpack_message(frames(desc))
+
+
 def test_stream_and_end():
     with FakeDaemon(credit=3, ack_delay=0.01) as d:
         with infeed.Producer(d.endpoint, name="p0", timeout=5) as p:

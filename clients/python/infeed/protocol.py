@@ -14,6 +14,7 @@ This module has no state and no sockets: the :class:`infeed.Producer` and the te
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -238,14 +239,24 @@ def unpack_prediction(frames: Sequence[bytes]) -> Message:
     if not isinstance(desc, list) or len(desc) != ntensors:
         raise ProtocolError(f"PREDICTION: the description is not an array of {ntensors} tensors")
     arrays = {}
-    for entry, frame in zip(desc, frames[2:]):
-        dt = np.dtype(DTYPES[entry["dtype"]]).newbyteorder("<")
-        shape = (rows, *[int(d) for d in entry["shape"]])
+    for i, (entry, frame) in enumerate(zip(desc, frames[2:])):
+        # Python integers: the byte count cannot wrap (np.prod would, at 2^63)
+        if not isinstance(entry, dict):
+            raise ProtocolError(f"PREDICTION: tensor {i}: expected an object, got {entry!r:.80}")
+        name, dtype, dims = entry.get("name"), entry.get("dtype"), entry.get("shape")
+        if not isinstance(name, str) or dtype not in DTYPES or not isinstance(dims, list) or \
+                not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+            raise ProtocolError(f"PREDICTION: tensor {i}: expected name (string), dtype (one of "
+                                f"{', '.join(DTYPES)}) and shape (non-negative integers), got "
+                                f"{entry!r:.200}")
+        dt = np.dtype(DTYPES[dtype]).newbyteorder("<")
+        shape = (rows, *dims)
+        want = dt.itemsize * math.prod(shape)
         data = bytes(frame)
-        if len(data) != dt.itemsize * int(np.prod(shape)):
-            raise ProtocolError(f"PREDICTION: tensor '{entry['name']}' is {len(data)} bytes, "
-                                f"expected {dt.itemsize * int(np.prod(shape))} for {shape}")
-        arrays[entry["name"]] = np.frombuffer(data, dtype=dt).reshape(shape)
+        if len(data) != want:
+            raise ProtocolError(f"PREDICTION: tensor '{name}' is {len(data)} bytes, "
+                                f"expected {want} for {shape}")
+        arrays[name] = np.frombuffer(data, dtype=dt).reshape(shape)
     return Message(PREDICTION, seq=seq, body={"rows": rows, "tensors": desc}, arrays=arrays)
 
 
