@@ -1,0 +1,249 @@
+#!/usr/bin/env python3
+"""bench/peers.py: infeedd against Keras 3 on the same jobs, side by side in one run.
+
+Three jobs (plain SGD, learning rate 0.01, the same in-memory numpy data for every peer):
+
+    softmax32    softmax regression, 64 features, 10 classes, batch 32
+    mlp32        MLP 784-128-10 (relu), batch 32
+    mlp1024      MLP 784-128-10 (relu), batch 1024
+
+each trained for the same number of steps
+
+  - by infeedd (--iterations-per-loop 100, R = 1 and 2 replicas), fed by the Python producer
+    (clients/python) over each transport it has: tcp (loopback), ipc (a Unix socket) and shm
+    (shared memory, when the client offers it; "n/a" until then); examples/s is the rows the
+    daemon trained on over the wall time from the first batch sent to the end of the run, and
+    "wait" is the fraction of the replicas' step time spent waiting for input (the run's train
+    summary's infeed_wait_fraction);
+  - by Keras 3 `model.fit(..., steps_per_execution=100)` on the JAX and TensorFlow backends
+    (examples/s of a timed epoch after a warm-up epoch). Keras, JAX and tensorflow-cpu are
+    installed with pip into a virtual environment of their own (bench/.venv-peers, ignored by
+    git; --venv DIR to choose another), the first time only. Not part of CI.
+
+It prints a table, each infeedd row's ratio to Keras/JAX and Keras/TensorFlow, and the issue 12
+targets (softmax32 >= 5x Keras/JAX, mlp32 >= 1.5x, mlp1024 >= 1.3x) met or not. Run from the
+repository root with a Release build:
+
+    cmake -S . -B build-rel -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DIFD_CUDA=OFF
+    cmake --build build-rel -j --target infeedd
+    python3 bench/peers.py [--infeedd build-rel/host/infeedd] [--steps 3000] [--jobs mlp32,...]
+                           [--replicas 1,2] [--transports tcp,ipc,shm] [--no-keras] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "clients" / "python"))
+import infeed  # noqa: E402
+
+JOBS = {
+    "softmax32": dict(program="softmax", features=64, classes=10, hidden=None, batch=32),
+    "mlp32": dict(program="mlp", features=784, classes=10, hidden=128, batch=32),
+    "mlp1024": dict(program="mlp", features=784, classes=10, hidden=128, batch=1024),
+}
+TARGETS = {"softmax32": 5.0, "mlp32": 1.5, "mlp1024": 1.3}  # x Keras/JAX
+LR = 0.01
+IPL = 100
+
+KERAS_SCRIPT = r'''
+import json, os, sys, time
+import numpy as np
+import keras
+job = json.loads(sys.argv[1])
+rng = np.random.default_rng(1)
+x = rng.standard_normal((job["rows"], job["features"]), dtype=np.float32)
+y = rng.integers(0, job["classes"], job["rows"]).astype(np.int32)
+layers = [keras.Input((job["features"],))]
+if job["hidden"]:
+    layers.append(keras.layers.Dense(job["hidden"], activation="relu"))
+layers.append(keras.layers.Dense(job["classes"]))
+model = keras.Sequential(layers)
+model.compile(optimizer=keras.optimizers.SGD(job["lr"]),
+              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+              steps_per_execution=job["ipl"], jit_compile=True)
+per_epoch = job["rows"] // job["batch"]
+model.fit(x, y, batch_size=job["batch"], epochs=1, shuffle=False, verbose=0)  # warm-up, compile
+epochs = max(1, job["steps"] // per_epoch)
+t0 = time.perf_counter()
+model.fit(x, y, batch_size=job["batch"], epochs=epochs, shuffle=False, verbose=0)
+dt = time.perf_counter() - t0
+print(json.dumps({"examples_per_sec": epochs * per_epoch * job["batch"] / dt,
+                  "backend": keras.backend.backend(), "keras": keras.__version__}))
+'''
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def dataset(job: dict, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((rows, job["features"]), dtype=np.float32)
+    y = rng.integers(0, job["classes"], rows).astype(np.int32)
+    return x, y
+
+
+def transports_of_client() -> set[str]:
+    """The transports the Python client offers: tcp and ipc always; shm once Producer takes it."""
+    have = {"tcp", "ipc"}
+    if "transport" in infeed.Producer.__init__.__code__.co_varnames:
+        have.add("shm")
+    return have
+
+
+def run_infeedd(exe: str, job: dict, replicas: int, transport: str, steps: int, x, y,
+                tmp: Path) -> dict:
+    b = job["batch"]
+    if transport == "tcp":
+        listen = f"tcp://127.0.0.1:{free_port()}"
+    else:
+        listen = f"ipc://{tmp}/in-{replicas}-{transport}"
+    summaries = tmp / f"s-{job['program']}-{b}-{replicas}-{transport}.jsonl"
+    argv = [exe, "--listen", listen, "--publish", "", "--control", "", "--summaries",
+            str(summaries), "--program", job["program"], "--features", str(job["features"]),
+            "--classes", str(job["classes"]), "--batch-size", str(b), "--replicas", str(replicas),
+            "--steps", str(steps), "--iterations-per-loop", str(IPL), "--summary-every", "0",
+            "--optimizer", "sgd", "--learning-rate", str(LR), "--log-level", "warn"]
+    if job["hidden"]:
+        argv += ["--hidden", str(job["hidden"])]
+    log = open(tmp / "daemon.log", "ab")
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    kw = {"transport": transport} if transport == "shm" else {}
+    nb = len(x) // b
+    try:
+        p = infeed.Producer(listen, name="bench", timeout=60, **kw)
+        sent = 0
+        t0 = time.perf_counter()
+        try:
+            while True:
+                i = sent % nb
+                p.send(x=x[i * b:(i + 1) * b], y=y[i * b:(i + 1) * b])
+                sent += 1
+        except infeed.RunEnded:
+            pass
+        rc = proc.wait(timeout=600)
+        dt = time.perf_counter() - t0
+        p.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if rc != 0:
+        raise RuntimeError(f"infeedd exited {rc}: see {tmp}/daemon.log")
+    lines = [json.loads(line) for line in open(summaries)]
+    train = [s for s in lines if s.get("event") == "train"]  # --summary-every 0: the run's one
+    wait = train[-1].get("infeed_wait_fraction") if train else None
+    return {"examples_per_sec": steps * b / dt, "wait": wait}
+
+
+def keras_python(venv: Path) -> Path:
+    py = venv / "bin" / "python"
+    if not py.exists():
+        print(f"== installing keras, jax and tensorflow-cpu into {venv} (once)", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--upgrade", "pip"], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "keras>=3", "jax[cpu]",
+                        "tensorflow-cpu", "numpy"], check=True)
+    return py
+
+
+def run_keras(py: Path, backend: str, job: dict, steps: int, rows: int) -> dict:
+    spec = dict(job, steps=steps, rows=rows, lr=LR, ipl=IPL)
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
+               CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
+    out = subprocess.run([str(py), "-c", KERAS_SCRIPT, json.dumps(spec)], env=env,
+                         capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(f"keras/{backend}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--infeedd", default=None, help="the daemon (default: build-rel, then build)")
+    ap.add_argument("--steps", type=int, default=3000, help="steps per run (default 3000)")
+    ap.add_argument("--jobs", default=",".join(JOBS), help="comma-separated: " + ", ".join(JOBS))
+    ap.add_argument("--replicas", default="1,2", help="replica counts for infeedd (default 1,2)")
+    ap.add_argument("--transports", default="tcp,ipc,shm", help="default tcp,ipc,shm")
+    ap.add_argument("--no-keras", action="store_true", help="infeedd only")
+    ap.add_argument("--venv", default=str(ROOT / "bench" / ".venv-peers"))
+    ap.add_argument("--json", default=None, help="also write the results to this file")
+    a = ap.parse_args()
+    exe = a.infeedd or next((str(p) for p in (ROOT / "build-rel/host/infeedd",
+                                              ROOT / "build/host/infeedd") if p.exists()), None)
+    if exe is None:
+        ap.error("no infeedd: build one (see the docstring) or pass --infeedd")
+    jobs = [j for j in a.jobs.split(",") if j]
+    for j in jobs:
+        if j not in JOBS:
+            ap.error(f"--jobs: unknown job '{j}' (expected some of {', '.join(JOBS)})")
+    offered = transports_of_client()
+    py = None if a.no_keras else keras_python(Path(a.venv))
+    results = []
+    with tempfile.TemporaryDirectory(prefix="infeed-peers-") as tmp:
+        for name in jobs:
+            job = JOBS[name]
+            rows = max(job["batch"] * 64, 8192)
+            x, y = dataset(job, rows)
+            row = {"job": name, "infeedd": {}, "keras": {}}
+            for r in (int(v) for v in a.replicas.split(",")):
+                for t in a.transports.split(","):
+                    key = f"R{r}/{t}"
+                    if t not in offered:
+                        row["infeedd"][key] = None
+                        continue
+                    row["infeedd"][key] = run_infeedd(exe, job, r, t, a.steps, x, y, Path(tmp))
+                    print(f"{name} infeedd {key}: {row['infeedd'][key]}", flush=True)
+            if py:
+                for backend in ("jax", "tensorflow"):
+                    row["keras"][backend] = run_keras(py, backend, job, a.steps, rows)
+                    print(f"{name} keras/{backend}: {row['keras'][backend]}", flush=True)
+            results.append(row)
+
+    print()
+    print(f"{'job':<10} {'peer':<22} {'examples/s':>12} {'wait':>6} {'x jax':>7} {'x tf':>7}")
+    ok = True
+    for row in results:
+        jax = row["keras"].get("jax", {}).get("examples_per_sec")
+        tf = row["keras"].get("tensorflow", {}).get("examples_per_sec")
+        best = 0.0
+        for key, res in row["infeedd"].items():
+            if res is None:
+                print(f"{row['job']:<10} {'infeedd ' + key:<22} {'n/a':>12}")
+                continue
+            eps = res["examples_per_sec"]
+            best = max(best, eps)
+            w = f"{res['wait']:.0%}" if isinstance(res["wait"], (int, float)) else "-"
+            rj = f"{eps / jax:.2f}" if jax else "-"
+            rt = f"{eps / tf:.2f}" if tf else "-"
+            print(f"{row['job']:<10} {'infeedd ' + key:<22} {eps:>12,.0f} {w:>6} {rj:>7} {rt:>7}")
+        for backend, res in row["keras"].items():
+            print(f"{row['job']:<10} {'keras/' + backend:<22} {res['examples_per_sec']:>12,.0f}")
+        if jax:
+            met = best / jax >= TARGETS[row["job"]]
+            ok &= met
+            print(f"{row['job']:<10} target: best infeedd >= {TARGETS[row['job']]}x keras/jax: "
+                  f"{best / jax:.2f}x {'met' if met else 'NOT met'}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
