@@ -18,14 +18,71 @@
 
 /* ---- BATCH ------------------------------------------------------------------------------ */
 
-static void reject(ifd_ingest *g, producer *p, const producer_rid *from, int code, int64_t seq,
-                   const char *msg)
+/* A refused batch: the credits it cost (its steps) go back with the ERROR. */
+static void reject(ifd_ingest *g, producer *p, const producer_rid *from, int k, int code,
+                   int64_t seq, const char *msg)
 {
-    p->credit++;
+    p->credit += k;
     p->rejected++;
     g->rejected++;
-    ingest_send_error(g, from, code, seq, 1, "batch %" PRId64 " from producer '%s': %s", seq,
+    ingest_send_error(g, from, code, seq, k, "batch %" PRId64 " from producer '%s': %s", seq,
                       p->name, msg);
+}
+
+/* The steps a BATCH of `rows` carries, which is what it costs in credit: k when rows is
+ * k x batch_rows with 1 < k <= max_steps (train, eval), else 1 (one batch, or rows that the
+ * checks refuse). */
+static int message_steps(const ifd_ingest *g, int64_t rows)
+{
+    if (g->max_steps > 1 && rows > g->batch_rows && rows % g->batch_rows == 0 &&
+        rows / g->batch_rows <= g->max_steps)
+        return (int)(rows / g->batch_rows);
+    return 1;
+}
+
+/* The rows check's sentence, or NULL when rows is right. */
+static const char *check_rows(const ifd_ingest *g, int64_t rows, char *msg, size_t len)
+{
+    int predict = g->cfg->run.mode == IFD_MODE_PREDICT;
+    if (predict ? rows >= 1 && rows <= g->batch_rows
+                : rows >= g->batch_rows && rows % g->batch_rows == 0 &&
+                      rows / g->batch_rows <= g->max_steps)
+        return NULL;
+    char per[96] = "the batch size";
+    if (g->cfg->run.input_mode != IFD_INPUT_PER_HOST)
+        snprintf(per, sizeof per, "%s input: batch_size %" PRId64 " / %d replicas",
+                 ifd_input_mode_name(g->cfg->run.input_mode), g->cfg->run.batch_size,
+                 g->cfg->run.replicas);
+    if (g->max_steps > 1)
+        snprintf(msg, len,
+                 "rows: expected %" PRId64 " (%s) or a multiple of it up to %d x %" PRId64
+                 " (max_steps_per_message: that many steps in one message), got %" PRId64,
+                 g->batch_rows, per, g->max_steps, g->batch_rows, rows);
+    else
+        snprintf(msg, len, "rows: expected %s%" PRId64 " (%s%s), got %" PRId64,
+                 predict ? "1 to " : "", g->batch_rows, per,
+                 predict ? "; predict mode pads a partial batch" : "", rows);
+    return msg;
+}
+
+/* The tensors of rows [row0, row0 + rows) of the message's frames. */
+static int view_tensors(ifd_ingest *g, host_frames *fr, int64_t row0, int64_t rows, ifd_tensor *out)
+{
+    for (int i = 0; i < fr->nframes; i++) {
+        const ifd_input_spec *in = g->in[i];
+        size_t row = ifd_dtype_size(in->dtype);
+        int64_t dims[IFD_MAX_RANK + 1];
+        dims[0] = rows;
+        for (int d = 0; d < in->rank; d++) {
+            dims[d + 1] = in->dims[d];
+            row *= (size_t)in->dims[d];
+        }
+        char *data = fr->copies[i] ? fr->copies[i] : zmq_msg_data(&fr->frames[i]);
+        int rc = ifd_tensor_init(&out[i], in->dtype, in->rank + 1, dims, data + (size_t)row0 * row);
+        if (rc)
+            return rc;
+    }
+    return IFD_OK;
 }
 
 void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *parts, int nparts,
@@ -48,9 +105,11 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
                           bh.seq);
         return;
     }
-    /* From here on a rejection returns the credit the producer spent on the batch. */
+    /* From here on a rejection returns the credit the producer spent on the batch: a credit a
+     * step it carries. */
+    int k = message_steps(g, bh.rows);
     if (p->ended || g->input_closed) {
-        ingest_send_error(g, from, IFD_ECLOSED, bh.seq, 1,
+        ingest_send_error(g, from, IFD_ECLOSED, bh.seq, k,
                           "batch %" PRId64 " from producer '%s': %s", bh.seq, p->name,
                           g->input_closed ? "the input has ended; no more batches are taken"
                           : p->timed_out
@@ -59,47 +118,45 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
                               : "the producer sent END; send HELLO to start again");
         return;
     }
-    if (p->credit <= 0) { /* the producer counted a credit it did not have: give it back */
-        ingest_send_error(g, from, IFD_EPROTO, bh.seq, 1,
-                          "batch %" PRId64
-                          " from producer '%s': no credit left (%d batches in flight, "
-                          "credit %d): wait for an ACK",
-                          bh.seq, p->name, p->in_flight, g->credit);
+    if (p->credit < k) { /* the producer counted credit it did not have: give it back */
+        if (k == 1)
+            ingest_send_error(g, from, IFD_EPROTO, bh.seq, 1,
+                              "batch %" PRId64
+                              " from producer '%s': no credit left (%d batches in flight, "
+                              "credit %d): wait for an ACK",
+                              bh.seq, p->name, p->in_flight, g->credit);
+        else
+            ingest_send_error(g, from, IFD_EPROTO, bh.seq, k,
+                              "batch %" PRId64 " from producer '%s': its %d steps need %d "
+                              "credits, %d are left (%d steps in flight, credit %d): wait for "
+                              "an ACK",
+                              bh.seq, p->name, k, k, p->credit, p->in_flight, g->credit);
         return;
     }
-    p->credit--;
+    p->credit -= k;
     char msg[IFD_ERROR_MSG_MAX];
     const ifd_program *prog = g->program;
     int nframes = total - 2;
     if (bh.ntensors != (uint32_t)nframes) {
         snprintf(msg, sizeof msg, "header ntensors says %" PRIu32 ", but %d frames follow",
                  bh.ntensors, nframes);
-        reject(g, p, from, IFD_EPROTO, bh.seq, msg);
+        reject(g, p, from, k, IFD_EPROTO, bh.seq, msg);
         return;
     }
     if (nframes != g->nin) {
         snprintf(msg, sizeof msg, "expected %d tensor frames (the schema's tensors), got %d",
                  g->nin, nframes);
-        reject(g, p, from, IFD_ESHAPE, bh.seq, msg);
+        reject(g, p, from, k, IFD_ESHAPE, bh.seq, msg);
         return;
     }
     if (bh.flags != 0) {
         snprintf(msg, sizeof msg, "flags: expected 0 in %s mode, got 0x%" PRIx32,
                  ifd_mode_name(g->cfg->run.mode), bh.flags);
-        reject(g, p, from, IFD_EINVAL, bh.seq, msg);
+        reject(g, p, from, k, IFD_EINVAL, bh.seq, msg);
         return;
     }
-    int predict = g->cfg->run.mode == IFD_MODE_PREDICT;
-    if (predict ? bh.rows < 1 || bh.rows > g->batch_rows : bh.rows != g->batch_rows) {
-        char per[96] = "the batch size";
-        if (g->cfg->run.input_mode != IFD_INPUT_PER_HOST)
-            snprintf(per, sizeof per, "%s input: batch_size %" PRId64 " / %d replicas",
-                     ifd_input_mode_name(g->cfg->run.input_mode), g->cfg->run.batch_size,
-                     g->cfg->run.replicas);
-        snprintf(msg, sizeof msg, "rows: expected %s%" PRId64 " (%s%s), got %" PRId64,
-                 predict ? "1 to " : "", g->batch_rows, per,
-                 predict ? "; predict mode pads a partial batch" : "", bh.rows);
-        reject(g, p, from, IFD_ESHAPE, bh.seq, msg);
+    if (check_rows(g, bh.rows, msg, sizeof msg)) {
+        reject(g, p, from, k, IFD_ESHAPE, bh.seq, msg);
         return;
     }
     for (int i = 0; i < nframes; i++) {
@@ -115,93 +172,136 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
                      got, want, bh.rows,
                      ingest_dims_format(in->rank, in->dims, shape, sizeof shape),
                      ifd_dtype_name(in->dtype));
-            reject(g, p, from, IFD_ESHAPE, bh.seq, msg);
+            reject(g, p, from, k, IFD_ESHAPE, bh.seq, msg);
             return;
         }
     }
-    if (bh.seq < 0) {
-        snprintf(msg, sizeof msg, "seq: expected an integer >= 0, got %" PRId64, bh.seq);
-        reject(g, p, from, IFD_EINVAL, bh.seq, msg);
+    if (bh.seq < 0 || bh.seq > INT64_MAX - (k - 1)) {
+        if (k == 1)
+            snprintf(msg, sizeof msg, "seq: expected an integer >= 0, got %" PRId64, bh.seq);
+        else
+            snprintf(msg, sizeof msg,
+                     "seq: a message of %d steps takes seq to seq + %d: expected 0 to %" PRId64
+                     ", got %" PRId64,
+                     k, k - 1, INT64_MAX - (k - 1), bh.seq);
+        reject(g, p, from, k, IFD_EINVAL, bh.seq, msg);
         return;
     }
-    if (bh.seq <= p->last_seq) { /* a resent batch: drop it, give the credit back */
-        p->credit++;
-        if (bh.seq <= p->acked_seq)
-            ingest_send_credit_msg(g, from, IFD_MSG_ACK, bh.seq);
-        else
-            ingest_send_credit_msg(g, from, IFD_MSG_CREDIT, 0);
-        IFD_LOG_DEBUG("producer '%s': dropped duplicate batch %" PRId64, p->name, bh.seq);
-        return;
+    /* Step j of the message is the stream's batch seq + j. */
+    int64_t last = bh.seq + (k - 1);
+    int skip = 0;
+    if (bh.seq <= p->last_seq) {
+        if (last <= p->last_seq) { /* a resent batch: drop it, give the credit back */
+            p->credit += k;
+            ingest_send_credit_msg(g, from, last <= p->acked_seq ? IFD_MSG_ACK : IFD_MSG_CREDIT,
+                                   last, k);
+            IFD_LOG_DEBUG("producer '%s': dropped duplicate batch %" PRId64, p->name, bh.seq);
+            return;
+        }
+        /* a resent message whose first steps were taken before (a resume from a checkpoint
+         * written between its steps): the rest are taken, those are not */
+        skip = (int)(p->last_seq - bh.seq + 1);
     }
 
-    host_batch *hb = calloc(1, sizeof *hb);
-    if (hb == NULL) {
-        reject(g, p, from, IFD_ENOMEM, bh.seq, "out of memory");
+    host_frames *fr = calloc(1, sizeof *fr);
+    host_batch *one = NULL, **hb = &one; /* the step batches (calloc: all NULL) */
+    int n = k - skip, made = 0;
+    if (fr == NULL || (n > 1 && (hb = calloc((size_t)n, sizeof *hb)) == NULL)) {
+        free(fr);
+        reject(g, p, from, k, IFD_ENOMEM, bh.seq, "out of memory");
         return;
     }
-    ifd_batch_init(&hb->b);
-    hb->g = g;
-    hb->p = p;
-    hb->pos = p->pos;
-    snprintf(hb->name, sizeof hb->name, "%s", p->name);
-    hb->b.seq = bh.seq;
-    hb->b.rows = bh.rows;
-    hb->b.flags = bh.flags;
-    hb->b.replica = p->replica >= 0 ? p->replica : 0;
-    hb->b.ntensors = nframes;
-    hb->b.producer = hb->name;
-    hb->b.release = ingest_host_batch_release;
-    hb->b.release_arg = hb;
-    hb->b.user = hb;
     int rc = IFD_OK;
     for (int i = 0; i < nframes && rc == IFD_OK; i++) {
         const ifd_input_spec *in = g->in[i];
-        zmq_msg_init(&hb->frames[i]);
-        zmq_msg_move(&hb->frames[i], &parts[2 + i]);
-        hb->nframes = i + 1;
-        void *data = zmq_msg_data(&hb->frames[i]);
-        size_t size = zmq_msg_size(&hb->frames[i]);
-        size_t align = ifd_dtype_size(in->dtype);
-        if ((uintptr_t)data % align != 0) { /* libzmq packed a small frame unaligned */
-            hb->copies[i] = aligned_alloc(64, (size + 63) / 64 * 64);
-            if (hb->copies[i] == NULL) {
+        zmq_msg_init(&fr->frames[i]);
+        zmq_msg_move(&fr->frames[i], &parts[2 + i]);
+        fr->nframes = i + 1;
+        void *data = zmq_msg_data(&fr->frames[i]);
+        size_t size = zmq_msg_size(&fr->frames[i]);
+        if ((uintptr_t)data % ifd_dtype_size(in->dtype) != 0) { /* libzmq packed it unaligned */
+            fr->copies[i] = aligned_alloc(64, (size + 63) / 64 * 64);
+            if (fr->copies[i] == NULL) {
                 rc = IFD_ENOMEM;
                 break;
             }
-            memcpy(hb->copies[i], data, size);
-            data = hb->copies[i];
+            memcpy(fr->copies[i], data, size);
             g->copied_bytes += (int64_t)size;
         }
-        int64_t dims[IFD_MAX_RANK + 1];
-        dims[0] = bh.rows;
-        for (int d = 0; d < in->rank; d++)
-            dims[d + 1] = in->dims[d];
-        rc = ifd_tensor_init(&hb->b.tensors[i], in->dtype, in->rank + 1, dims, data);
     }
     ifd_error e;
     ifd_error_clear(&e);
+    /* the whole message is checked as one batch (rows count from its first) */
+    ifd_batch whole;
+    ifd_batch_init(&whole);
+    whole.seq = bh.seq;
+    whole.rows = bh.rows;
+    whole.ntensors = nframes;
+    if (rc == IFD_OK)
+        rc = view_tensors(g, fr, 0, bh.rows, whole.tensors);
     if (rc)
         ifd_error_set(&e, rc, "cannot take the batch: %s", ifd_strerror(rc));
     else
-        rc = ifd_infeed_check_batch(prog, &hb->b, g->batch_rows, g->cfg->run.mode, &e);
+        rc = ifd_infeed_check_batch(prog, &whole,
+                                    g->cfg->run.mode == IFD_MODE_PREDICT ? g->batch_rows : bh.rows,
+                                    g->cfg->run.mode, &e);
     if (rc == IFD_OK && g->cfg->check_finite)
-        rc = ifd_infeed_check_values(prog, &hb->b, g->cfg->run.mode, g->cfg->max_abs_input, &e);
+        rc = ifd_infeed_check_values(prog, &whole, g->cfg->run.mode, g->cfg->max_abs_input, &e);
+    int64_t step_rows = k > 1 ? g->batch_rows : bh.rows;
+    for (; rc == IFD_OK && made < n; made++) {
+        host_batch *b = hb[made] = calloc(1, sizeof *b);
+        if (b == NULL) {
+            rc = ifd_error_set(&e, IFD_ENOMEM, "out of memory");
+            break;
+        }
+        ifd_batch_init(&b->b);
+        b->g = g;
+        b->p = p;
+        b->pos = p->pos;
+        snprintf(b->name, sizeof b->name, "%s", p->name);
+        b->b.seq = bh.seq + skip + made;
+        b->b.rows = step_rows;
+        b->b.flags = bh.flags;
+        b->b.replica = p->replica >= 0 ? p->replica : 0;
+        b->b.ntensors = nframes;
+        b->b.producer = b->name;
+        b->b.release = ingest_host_batch_release;
+        b->b.release_arg = b;
+        b->b.user = b;
+        rc = view_tensors(g, fr, (int64_t)(skip + made) * step_rows, step_rows, b->b.tensors);
+        if (rc)
+            ifd_error_set(&e, rc, "cannot take the batch: %s", ifd_strerror(rc));
+    }
     (void)nparts;
     if (rc) {
-        ingest_host_batch_free(hb);
-        reject(g, p, from, rc, bh.seq, ifd_error_text(&e));
+        for (int j = 0; j < n; j++)
+            free(hb[j]);
+        ingest_host_frames_free(fr);
+        if (hb != &one)
+            free(hb);
+        reject(g, p, from, k, rc, bh.seq, ifd_error_text(&e));
         return;
     }
-    p->last_seq = bh.seq;
-    p->in_flight++;
-    p->accepted++;
-    g->accepted++;
-    if (p->tail)
-        p->tail->pnext = hb;
-    else
-        p->head = hb;
-    p->tail = hb;
-    ingest_src_push(g, hb);
+    fr->refs = n;
+    if (skip) { /* the steps taken before cost no credit now */
+        p->credit += skip;
+        ingest_send_credit_msg(g, from, IFD_MSG_CREDIT, 0, skip);
+    }
+    p->last_seq = last;
+    p->in_flight += n;
+    p->accepted += n;
+    g->accepted += n;
+    for (int j = 0; j < n; j++) {
+        hb[j]->fr = fr;
+        if (p->tail)
+            p->tail->pnext = hb[j];
+        else
+            p->head = hb[j];
+        p->tail = hb[j];
+        ingest_src_push(g, hb[j]);
+    }
+    if (hb != &one)
+        free(hb);
 }
 
 /* ---- ACKs, summaries, control --------------------------------------------------------------- */

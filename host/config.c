@@ -132,6 +132,10 @@ static const opt opts[] = {
      "end the run (exit 1) when no step completes for this long; 0: off", NULL, NULL},
     {"credit", K_INT, OFF(credit), "N",
      "batches a producer may have in flight; 0: auto, 16 MiB of batches, 8 to 256", NULL, NULL},
+    {"max_steps_per_message", K_INT, OFF(max_steps_per_message), "K",
+     "train, eval: a BATCH may carry k x batch_size rows, k <= K: k steps in one message, each "
+     "costing a credit (raises an auto credit to K)",
+     NULL, NULL},
     {"max_producers", K_INT, OFF(max_producers), "N", "producers connected at once", NULL, NULL},
     {"max_connections", K_INT, OFF(max_connections), "N",
      "connections each socket accepts at once, more are closed; 0: auto, 2 x max_producers, at "
@@ -195,6 +199,7 @@ void ifd_daemon_config_defaults(ifd_daemon_config *c)
     c->summaries = NULL;
     c->credit = 0; /* auto: ifd_proto_auto_credit */
     c->max_producers = 64;
+    c->max_steps_per_message = 1;
     c->check_finite = 1;
     c->producer_timeout = 60;
     c->log_level = IFD_LOG_INFO;
@@ -732,6 +737,15 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
                              "step, and a producer streaming alone must be able to have them all "
                              "in flight; expected 0 (auto) or at least %d, got %d",
                              c->run.replicas, c->run.replicas, c->credit);
+    if (c->max_steps_per_message < 1 || c->max_steps_per_message > 65536)
+        return ifd_error_set(err, IFD_EINVAL, "max_steps_per_message: expected 1 to 65536, got %d",
+                             c->max_steps_per_message);
+    if (c->credit > 0 && c->credit < c->max_steps_per_message)
+        return ifd_error_set(
+            err, IFD_EINVAL,
+            "credit: a message of max_steps_per_message (%d) steps costs that many "
+            "credits; expected 0 (auto) or at least %d, got %d",
+            c->max_steps_per_message, c->max_steps_per_message, c->credit);
     if (c->max_producers < 1 || c->max_producers > 4096)
         return ifd_error_set(err, IFD_EINVAL, "max_producers: expected 1 to 4096, got %d",
                              c->max_producers);

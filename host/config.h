@@ -16,12 +16,13 @@
 
 typedef struct ifd_daemon_config {
     ifd_config run;
-    const char *listen;      /* ingest ROUTER endpoint */
-    const char *publish;     /* summaries PUB endpoint; "" disables it */
-    const char *control;     /* control REP endpoint; "" disables it */
-    const char *summaries;   /* JSON Lines path; NULL: none */
-    const char *predictions; /* predict mode: JSON Lines path; NULL: none */
-    int credit;              /* batches a producer may have in flight */
+    const char *listen;        /* ingest ROUTER endpoint */
+    const char *publish;       /* summaries PUB endpoint; "" disables it */
+    const char *control;       /* control REP endpoint; "" disables it */
+    const char *summaries;     /* JSON Lines path; NULL: none */
+    const char *predictions;   /* predict mode: JSON Lines path; NULL: none */
+    int credit;                /* batches a producer may have in flight */
+    int max_steps_per_message; /* train, eval: a BATCH may carry up to this many steps' rows */
     int max_producers;
     int max_connections;     /* per socket; 0: auto (ifd_daemon_max_connections) */
     int expect_producers;    /* > 0: the input ends once this many producers sent END */

@@ -114,10 +114,12 @@ void ingest_send_error(ifd_ingest *g, const producer_rid *to, int code, int64_t 
     ingest_send_json(g, to, IFD_MSG_ERROR, j);
 }
 
-void ingest_send_credit_msg(ifd_ingest *g, const producer_rid *to, int type, int64_t seq)
+void ingest_send_credit_msg(ifd_ingest *g, const producer_rid *to, int type, int64_t seq,
+                            int credit)
 {
     uint8_t hdr[IFD_PROTO_ACK_HDR];
-    size_t len = type == IFD_MSG_ACK ? ifd_proto_ack(hdr, seq, 1) : ifd_proto_credit(hdr, 1);
+    size_t len = type == IFD_MSG_ACK ? ifd_proto_ack(hdr, seq, (uint32_t)credit)
+                                     : ifd_proto_credit(hdr, (uint32_t)credit);
     ingest_send_parts(g, to, hdr, len, NULL);
 }
 
@@ -208,8 +210,13 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     g->router = zmq_socket(g->zctx, ZMQ_ROUTER);
     size_t batch_bytes;
     int tensors;
-    g->max_frame = ifd_router_max_frame(batch_sizes(c, &batch_bytes, &tensors));
+    size_t largest = batch_sizes(c, &batch_bytes, &tensors);
+    /* a message may carry max_steps_per_message steps (predict: one batch at most) */
+    g->max_steps = c->run.mode == IFD_MODE_PREDICT ? 1 : c->max_steps_per_message;
+    g->max_frame = ifd_router_max_frame(largest * (size_t)g->max_steps);
     g->credit = c->credit > 0 ? c->credit : ifd_proto_auto_credit(batch_bytes);
+    if (g->credit < g->max_steps) /* a credit a step: a message of max_steps must fit */
+        g->credit = g->max_steps;
     /* per-host-v2: a step holds one batch a replica until all are in; one producer alone must
      * be able to send them all (config validation refuses a smaller explicit credit) */
     if (c->run.input_mode == IFD_INPUT_PER_HOST_V2 && g->credit < c->run.replicas)

@@ -96,16 +96,23 @@ typedef struct position {
     int64_t seq;
 } position;
 
+/* A BATCH message's tensor frames, shared by the steps it carries (a message of k x batch
+ * rows is k step batches, each a view of its rows): freed when the last of them lets go. */
+typedef struct host_frames {
+    int refs; /* atomic: the step batches still holding the frames */
+    int nframes;
+    zmq_msg_t frames[IFD_MAX_INPUTS];
+    void *copies[IFD_MAX_INPUTS]; /* a frame libzmq left unaligned, copied */
+} host_frames;
+
 struct host_batch {
     ifd_batch b;
     prediction_msg *pred; /* written before the release, read after it (done) */
     ifd_ingest *g;
     producer *p;
-    int pos;  /* the producer's position entry */
-    int done; /* atomic: released by the runtime */
-    int nframes;
-    zmq_msg_t frames[IFD_MAX_INPUTS];
-    void *copies[IFD_MAX_INPUTS];
+    int pos;         /* the producer's position entry */
+    int done;        /* atomic: released by the runtime */
+    host_frames *fr; /* its message's frames; NULL once let go */
     char name[IFD_PROTO_NAME_MAX + 1];
     host_batch *pnext; /* the producer's list */
     host_batch *qnext; /* the source FIFO */
@@ -135,6 +142,7 @@ struct ifd_ingest {
     int started;
     size_t max_frame;
     int credit;         /* per producer: cfg->credit, or the auto credit for the batch size */
+    int max_steps;      /* steps a BATCH may carry (max_steps_per_message; predict: 1) */
     int64_t batch_rows; /* rows every batch must have (ifd_input_batch_rows) */
 
     producer *producers;
@@ -198,7 +206,9 @@ void ingest_ascii_escape(const char *in, char *out, size_t len);
 /* ERROR: code, seq (NO_SEQ: null), credit returned, and the sentence. */
 void ingest_send_error(ifd_ingest *g, const producer_rid *to, int code, int64_t seq, int credit,
                        const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-void ingest_send_credit_msg(ifd_ingest *g, const producer_rid *to, int type, int64_t seq);
+/* ACK (up to seq) or CREDIT, giving `credit` credits back. */
+void ingest_send_credit_msg(ifd_ingest *g, const producer_rid *to, int type, int64_t seq,
+                            int credit);
 const char *ingest_dims_format(int rank, const int64_t *dims, char *buf, size_t len);
 
 /* producers.c */
@@ -225,6 +235,7 @@ void ingest_check_liveness(ifd_ingest *g);
 void ingest_producers_free(ifd_ingest *g);
 
 /* source.c */
+void ingest_host_frames_free(host_frames *fr);
 void ingest_host_batch_free_frames(host_batch *hb);
 void ingest_prediction_free(prediction_msg *m);
 void ingest_host_batch_free(host_batch *hb);

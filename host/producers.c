@@ -333,8 +333,8 @@ void ingest_drop_busy_hello(ifd_ingest *g, const producer_rid *from)
 {
     for (int i = 0; i < BUSY_HELLO_MAX && g->nbusy > 0; i++) {
         busy_hello *b = &g->busy[i];
-        if (b->used && (from == NULL || (b->rid_len == from->len &&
-                                         memcmp(b->rid, from->rid, from->len) == 0)))
+        if (b->used && (from == NULL ||
+                        (b->rid_len == from->len && memcmp(b->rid, from->rid, from->len) == 0)))
             busy_free(g, b);
     }
 }
@@ -720,6 +720,7 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     json_object_set_new(w, "input_mode", json_string(ifd_input_mode_name(g->cfg->run.input_mode)));
     json_object_set_new(w, "batch_size", json_integer(g->batch_rows));
     json_object_set_new(w, "global_batch_size", json_integer(g->cfg->run.batch_size));
+    json_object_set_new(w, "max_steps_per_message", json_integer(g->max_steps));
     json_object_set_new(w, "replicas", json_integer(g->cfg->run.replicas));
     json_object_set_new(w, "replica", replica >= 0 ? json_integer(replica) : json_null());
     json_object_set_new(w, "program", json_string(g->program->cls->name));

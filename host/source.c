@@ -18,14 +18,22 @@
 
 /* ---- the batch source ----------------------------------------------------------------------- */
 
+void ingest_host_frames_free(host_frames *fr)
+{
+    for (int i = 0; i < fr->nframes; i++) {
+        zmq_msg_close(&fr->frames[i]);
+        free(fr->copies[i]);
+    }
+    free(fr);
+}
+
+/* Lets go of hb's share of its message's frames (once: the release or the free). */
 void ingest_host_batch_free_frames(host_batch *hb)
 {
-    for (int i = 0; i < hb->nframes; i++) {
-        zmq_msg_close(&hb->frames[i]);
-        free(hb->copies[i]);
-        hb->copies[i] = NULL;
-    }
-    hb->nframes = 0;
+    host_frames *fr = hb->fr;
+    hb->fr = NULL;
+    if (fr && __atomic_sub_fetch(&fr->refs, 1, __ATOMIC_ACQ_REL) == 0)
+        ingest_host_frames_free(fr);
 }
 
 void ingest_prediction_free(prediction_msg *m)

@@ -30,6 +30,7 @@ struct ifd_producer {
     int welcomed;
     char *welcome_json;
     int64_t batch_size;
+    int64_t max_steps; /* WELCOME's max_steps_per_message */
     int64_t window;
     int replicas;
     int replica; /* sent in HELLO when >= 0 (per-core input) */
@@ -166,6 +167,7 @@ static void on_welcome(ifd_producer *p, const ifd_frame *frames, int n)
     p->available = credit;
     p->next_seq = next_seq;
     p->batch_size = batch_size;
+    p->max_steps = json_int_or(o, "max_steps_per_message", 1);
     p->replicas = (int)json_int_or(o, "replicas", 0);
     snprintf(p->mode, sizeof p->mode, "%s", json_str_or(o, "mode", ""));
     p->in_flight = 0;
@@ -205,7 +207,9 @@ static void on_error(ifd_producer *p, const ifd_frame *frames, int n)
         ifd_error_set(&p->hello_err, code, "%s", text);
     } else if (!p->hello_waiting) {
         if (json_is_integer(seq) && p->in_flight > 0) {
-            p->in_flight--;
+            /* a refused batch of k steps returns its k credits */
+            int64_t k = credit > 1 ? credit : 1;
+            p->in_flight -= k < p->in_flight ? k : p->in_flight;
             p->rejected++;
         }
         if (credit > 0)
@@ -765,6 +769,17 @@ int64_t ifd_producer_rejected(const ifd_producer *p)
 /* ---- BATCH -------------------------------------------------------------------------------- */
 
 /* Checks that a batch may go and waits for credit. IFD_OK when it may be sent now. */
+/* The steps a batch of `rows` carries (train, eval: k x batch_size rows, k up to WELCOME's
+ * max_steps_per_message), which is the credit it costs; 1 for other rows, which the daemon
+ * refuses or takes as one batch. */
+static int64_t batch_steps(const ifd_producer *p, int64_t rows)
+{
+    if (p->max_steps > 1 && p->batch_size > 0 && strcmp(p->mode, "predict") != 0 &&
+        rows > p->batch_size && rows % p->batch_size == 0 && rows / p->batch_size <= p->max_steps)
+        return rows / p->batch_size;
+    return 1;
+}
+
 static int before_send(ifd_producer *p, int64_t rows, const ifd_frame *frames, int n,
                        int timeout_ms, ifd_error *err)
 {
@@ -791,7 +806,7 @@ static int before_send(ifd_producer *p, int64_t rows, const ifd_frame *frames, i
             return ifd_error_set(err, IFD_ECLOSED, "send: %s", p->bye_text);
         if (p->end_sent)
             return ifd_error_set(err, IFD_ECLOSED, "send: the stream was ended (END sent)");
-        if (p->available > 0)
+        if (p->available >= batch_steps(p, rows))
             return IFD_OK;
         long left = ifdw_left_ms(deadline);
         if (left == 0)
@@ -833,12 +848,13 @@ static int send_header(ifd_producer *p, const unsigned char *h, int timeout_ms, 
     return IFD_OK;
 }
 
-static int after_send(ifd_producer *p, ifd_error *err)
+static int after_send(ifd_producer *p, int64_t rows, ifd_error *err)
 {
-    p->next_seq++;
-    p->available--;
-    p->in_flight++;
-    p->sent++;
+    int64_t k = batch_steps(p, rows); /* step j of it is batch next_seq + j */
+    p->next_seq += k;
+    p->available -= k;
+    p->in_flight += k;
+    p->sent += k;
     /* Replies already there update the credit; their ERRORs wait for the next call. */
     return drain(p, err);
 }
@@ -856,7 +872,7 @@ int ifd_producer_send(ifd_producer *p, int64_t rows, const ifd_frame *frames, in
     for (int i = 0; i < n; i++)
         if (zmq_send(p->sock, frames[i].data, frames[i].size, i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
             return ifdw_zmq_error(err, "send: tensor frame");
-    return after_send(p, err);
+    return after_send(p, rows, err);
 }
 
 int ifd_producer_send_tensors(ifd_producer *p, const ifd_tensor *tensors, int n, int timeout_ms,
@@ -916,7 +932,7 @@ int ifd_producer_send_zc(ifd_producer *p, int64_t rows, const ifd_frame *frames,
             rc = ifdw_zmq_error(err, "send: tensor frame");
             goto release;
         }
-    return after_send(p, err);
+    return after_send(p, rows, err);
 
 release:
     /* Every frame's free_fn runs exactly once: libzmq's for messages it holds, here for the

@@ -852,6 +852,105 @@ START_TEST(test_credit_blocks)
 }
 END_TEST
 
+/* ---- several steps in one message ------------------------------------------------------- */
+
+typedef struct steps_case {
+    int64_t b;     /* batch_size */
+    int most;      /* max_steps_per_message */
+    int k1, k2;    /* the two messages' steps */
+    int64_t ack1;  /* the partial ACK: the first ack1 steps of message 1 */
+    atomic_int go; /* the client checked what it could before the partial ACK */
+} steps_case;
+
+static void fake_ack_n(fake *f, int64_t seq, uint32_t n)
+{
+    unsigned char b[16] = {0};
+    put_le(b, (uint64_t)seq, 8);
+    put_le(b + 8, n, 4);
+    fake_send(f, 5, b, 16, NULL);
+}
+
+static void script_steps(fake *f)
+{
+    steps_case *c = f->arg;
+    fmsg m;
+    FCHECK(f, fake_recv(f, &m, 10000), "no HELLO");
+    fmsg_free(&m);
+    char json[512];
+    snprintf(json, sizeof json,
+             "{\"protocol\": 1, \"name\": \"p\", \"credit\": %d, \"next_seq\": 0, \"mode\": "
+             "\"train\", \"batch_size\": %" PRId64 ", \"max_steps_per_message\": %d, "
+             "\"replicas\": 1, \"schema\": []}",
+             c->most + 1, c->b, c->most);
+    fake_send(f, 2, NULL, 0, json);
+    FCHECK(f, fake_recv(f, &m, 10000), "message 1 never came");
+    const char *why = check_batch(&m, 0, c->k1 * c->b, 1, (size_t[]){(size_t)(4 * c->k1 * c->b)});
+    fmsg_free(&m);
+    FCHECK(f, why == NULL, "%s", why);
+    for (int i = 0; i < 10000 && !atomic_load(&c->go); i++)
+        usleep(1000);
+    fake_ack_n(f, c->ack1 - 1, (uint32_t)c->ack1); /* the first steps of message 1 */
+    FCHECK(f, fake_recv(f, &m, 10000), "message 2 never came");
+    why = check_batch(&m, c->k1, c->k2 * c->b, 1, (size_t[]){(size_t)(4 * c->k2 * c->b)});
+    fmsg_free(&m);
+    FCHECK(f, why == NULL, "%s", why);
+    fake_error(f, "ERANGE", c->k1, c->k2, "refused");
+    FCHECK(f, fake_recv(f, &m, 10000), "END never came");
+    int t = hdr_type(&m);
+    fmsg_free(&m);
+    FCHECK(f, t == 6, "expected END, got type %d", t);
+    fake_ack_n(f, c->k1 - 1, (uint32_t)(c->k1 - c->ack1)); /* the rest of message 1 */
+    fake_bye(f, "ok", "input_ended", c->k1 - 1);
+}
+
+/* A batch of k x batch_size rows is k steps: k credits, k seqs, acknowledged step by step, and
+ * an ERROR for it returns k. */
+START_TEST(test_several_steps_in_one_message)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    steps_case c = {.b = rand_between(&rng, 1, 5), .most = (int)rand_between(&rng, 3, 8)};
+    c.k1 = (int)rand_between(&rng, 2, c.most);
+    c.ack1 = rand_between(&rng, 1, c.k1 - 1);
+    /* message 2 needs more credit than is left after message 1, and no more than the ACK frees */
+    int64_t left = c.most + 1 - c.k1;
+    c.k2 = (int)rand_between(&rng, left + 1, left + c.ack1 < c.most ? left + c.ack1 : c.most);
+    fake f;
+    fake_start(&f, script_steps, &c);
+    ifd_producer *p;
+    ifd_error err;
+    RC_OK(ifd_producer_create(&p, f.endpoint, NULL, &err), err);
+    RC_OK(ifd_producer_hello(p, ONE_U8, 1, 0, 10000, &err), err);
+    unsigned char buf[4 * 8 * 5];
+    fill_pattern(buf, (size_t)(4 * c.k1 * c.b), 0, 0);
+    ifd_frame fr = {buf, (size_t)(4 * c.k1 * c.b)};
+    RC_OK(ifd_producer_send(p, c.k1 * c.b, &fr, 1, 10000, &err), err);
+    RASSERT(ifd_producer_next_seq(p) == c.k1 && ifd_producer_in_flight(p) == c.k1 &&
+                ifd_producer_available(p) == left,
+            "after %d steps: next_seq %" PRId64 " in_flight %" PRId64 " available %" PRId64, c.k1,
+            ifd_producer_next_seq(p), ifd_producer_in_flight(p), ifd_producer_available(p));
+    fill_pattern(buf, (size_t)(4 * c.k2 * c.b), c.k1, 0);
+    fr.size = (size_t)(4 * c.k2 * c.b);
+    RASSERT(ifd_producer_send(p, c.k2 * c.b, &fr, 1, 0, &err) == IFD_ETIMEDOUT,
+            "a message of %d steps went with %" PRId64 " credits", c.k2, left);
+    atomic_store(&c.go, 1);
+    RC_OK(ifd_producer_send(p, c.k2 * c.b, &fr, 1, 10000, &err), err);
+    RASSERT(ifd_producer_next_seq(p) == c.k1 + c.k2, "next_seq %" PRId64, ifd_producer_next_seq(p));
+    RASSERT(ifd_producer_acked_seq(p) == c.ack1 - 1, "acked_seq %" PRId64,
+            ifd_producer_acked_seq(p));
+    int rc = ifd_producer_wait(p, 10000, &err);
+    RASSERT(rc == IFD_ERANGE, "wait returned %s, expected the ERROR", ifd_errname(rc));
+    RASSERT(ifd_producer_in_flight(p) == c.k1 - c.ack1, "in_flight %" PRId64 " after the ERROR",
+            ifd_producer_in_flight(p));
+    RC_OK(ifd_producer_end(p, 10000, &err), err);
+    RASSERT(ifd_producer_in_flight(p) == 0 && ifd_producer_acked_seq(p) == c.k1 - 1,
+            "in_flight %" PRId64 " acked_seq %" PRId64, ifd_producer_in_flight(p),
+            ifd_producer_acked_seq(p));
+    fake_join(&f);
+    ifd_producer_destroy(p);
+}
+END_TEST
+
 /* ---- ERROR replies ------------------------------------------------------------------------ */
 
 static const char *const CODES[] = {"EPROTO", "EINVAL", "ESHAPE", "EDTYPE", "ERANGE", "ECLOSED"};
@@ -1581,6 +1680,7 @@ int main(void)
     tcase_add_test(tc, test_batches_end_bye);
     tcase_add_test(tc, test_end_bye_first);
     tcase_add_test(tc, test_end_timeout);
+    tcase_add_test(tc, test_several_steps_in_one_message);
     tcase_add_test(tc, test_credit_blocks);
     tcase_add_test(tc, test_async_error);
     tcase_add_test(tc, test_zero_copy);

@@ -135,6 +135,11 @@ int64_t ifd_producer_rejected(const ifd_producer *p);  /* batches rejected by an
  * Sends one batch of `rows` rows: frames[i] is the i-th schema tensor. libzmq copies the bytes
  * before this returns. Waits at most timeout_ms for credit (IFD_ETIMEDOUT when none came).
  *
+ * Train and eval: rows may be k x the WELCOME's batch_size, k up to its max_steps_per_message
+ * (infeedd --max-steps-per-message): k steps in one message, costing k credits (a send waits
+ * for k), taking the seqs next_seq .. next_seq + k - 1, acknowledged step by step; in_flight,
+ * available, sent and acked count steps.
+ *
  * IFD_OK means the batch was sent with seq ifd_producer_next_seq() had before the call. Any
  * other return means it was not sent: an ERROR reply to an earlier message received before this
  * batch could go (returned once, with the daemon's code and message: the caller may send again),

@@ -88,6 +88,8 @@ def test_version():
     (["--watchdog", "-1"], "watchdog"),
     (["--watchdog", "soon"], "--watchdog"),
     (["--initial-infeed-sleep", "1e9"], "initial_infeed_sleep"),
+    (["--max-steps-per-message", "0"], "max_steps_per_message"),
+    (["--max-steps-per-message", "8", "--credit", "4"], "max_steps_per_message (8)"),
 ])
 def test_flag_errors(args, key):
     base = ["--features", "4", "--classes", "3", "--steps", "10"]

@@ -67,6 +67,15 @@ def _derive_schema(arrays: Mapping[str, Any]) -> list[dict]:
     return out
 
 
+def _rows_of(item: Any) -> Optional[int]:
+    """The rows of a batch given as a mapping of arrays (its first array's length), else None."""
+    if isinstance(item, Mapping) and item:
+        first = next(iter(item.values()))
+        if hasattr(first, "__len__"):
+            return len(first)
+    return None
+
+
 def _convert(name: str, value: Any, entry: dict) -> np.ndarray:
     """The C-contiguous little-endian array of the declared dtype for one tensor.
 
@@ -119,6 +128,11 @@ class Producer:
       :class:`TimeoutError` waiting for ``WELCOME``. A name bound to another key in
       ``--authorized-keys`` raises :class:`InfeedError` with code ``EPERM``.
 
+    Train and eval: a batch of k x ``batch_size`` rows (k up to WELCOME's
+    ``max_steps_per_message``, infeedd's ``--max-steps-per-message``) is k steps in one message:
+    it costs k credits, takes the sequence numbers seq .. seq + k - 1, and is acknowledged step
+    by step. Fewer messages mean less overhead a step for small batches.
+
     ``ERROR`` answers raise :class:`InfeedError` (``code``, ``seq``, ``message``): from the call
     that caused them for ``HELLO``, and for a rejected batch from the next :meth:`send`,
     :meth:`wait` or :meth:`end` (the batch passed to that call is then not sent). Once the daemon
@@ -166,6 +180,7 @@ class Producer:
         self._next_seq = self._first_seq
         self._acked_seq = -1
         self._unacked: "OrderedDict[int, list]" = OrderedDict()
+        self._steps: dict[int, int] = {}  # unacked messages of several steps: seq -> steps
         self._errors: deque[InfeedError] = deque()
         self._predictions: deque = deque()  # (seq, {name: array}) not yet handed out
         self._eclosed: Optional[InfeedError] = None
@@ -208,7 +223,9 @@ class Producer:
     def skip_consumed(self, batches: Iterable[Any]) -> Iterator[Any]:
         """Replays a deterministic stream from where the daemon wants it: yields the items of
         ``batches`` from the one with sequence number ``resume_seq`` on, item ``i`` having
-        sequence number ``first_seq + i`` (each item sent once, in order, by :meth:`send`).
+        sequence number ``first_seq + i`` (each item sent once, in order, by :meth:`send`; an
+        item of k x batch_size rows, k steps in one message, takes k sequence numbers, and one
+        whose first steps were consumed is sent again whole: the daemon skips those).
         Sends ``HELLO`` first when it has not been sent (the schema is then derived from the
         first item, a mapping of arrays)::
 
@@ -227,10 +244,17 @@ class Producer:
                 self._schema = _derive_schema(head[0])
             self.hello()
         assert self._resume_seq is not None
-        skip = self._resume_seq - self._first_seq
-        for i, item in enumerate(itertools.chain(head, it)):
-            if i >= skip:
+        seq = self._first_seq
+        for item in itertools.chain(head, it):
+            rows = _rows_of(item)
+            k = 1 if rows is None else self._steps_of(rows)
+            if seq + k - 1 >= self._resume_seq:
+                if seq < self._resume_seq:
+                    # a message of several steps, some consumed before: sent again under its
+                    # own seq, the daemon takes only the steps it has not consumed
+                    self._next_seq = seq
                 yield item
+            seq += k
 
     @property
     def unacked(self) -> list[int]:
@@ -256,15 +280,21 @@ class Producer:
         msg = P.unpack_message(frames)
         if msg.type == P.ACK:
             # Cumulative: every unacknowledged batch up to msg.seq was consumed (batches are
-            # consumed in order); msg.credit is how many this ACK covers.
-            done = [s for s in self._unacked if s <= msg.seq]
+            # consumed in order); msg.credit is how many this ACK covers. A message of k steps
+            # is the batches seq .. seq + k - 1.
+            steps = self._steps
+            done = [s for s in self._unacked if s + steps.get(s, 1) - 1 <= msg.seq]
             for s in done:
                 del self._unacked[s]
+                if steps:
+                    steps.pop(s, None)
             self._credit += msg.credit
             if msg.seq > self._acked_seq:
                 self._acked_seq = msg.seq
             if self.on_ack is not None:
-                for s in done if done else [msg.seq]:
+                # (an ACK of the first steps of a message of several steps completes none)
+                partial = not done and bool(steps) and next(iter(self._unacked)) <= msg.seq
+                for s in done if done or partial else [msg.seq]:
                     self.on_ack(s)
         elif msg.type == P.CREDIT:
             self._credit += msg.credit
@@ -272,6 +302,7 @@ class Producer:
             self._credit += msg.credit
             if msg.seq is not None:
                 self._unacked.pop(msg.seq, None)
+                self._steps.pop(msg.seq, None)
             err = self._error(msg.body)
             if err.code == P.ECLOSED:
                 self._eclosed = err
@@ -397,7 +428,8 @@ class Producer:
         if body.get("schema"):
             self._schema = _normalize_schema(body["schema"])
         self._next_seq = int(body.get("next_seq", self._next_seq))
-        self._credit = int(body.get("credit", 0)) - len(self._unacked)
+        self._credit = int(body.get("credit", 0)) - sum(self._steps.get(s, 1)
+                                                        for s in self._unacked)
         self._eclosed = None
 
     def _encode(self, arrays: Mapping[str, Any], copy: bool) -> tuple[list, int]:
@@ -432,12 +464,22 @@ class Producer:
                                  f"'{self._schema[0]['name']}' has {rows}")
             frames.append(a)
         assert rows is not None
-        bs = self.batch_size
-        if self.welcome is not None and self.welcome.get("mode", "train") == "train" \
-                and bs is not None and rows != bs:
-            raise ValueError(f"send: {rows} rows, the daemon's batch_size is {bs} (train mode "
-                             f"takes full batches only)")
         return frames, rows
+
+    def _steps_of(self, rows: int) -> int:
+        """The steps a batch of ``rows`` carries (train, eval: rows = k x batch_size, k up to
+        WELCOME's max_steps_per_message); ValueError for rows the daemon would refuse."""
+        w = self.welcome
+        bs = self.batch_size
+        if w is None or bs is None or w.get("mode", "train") == "predict":
+            return 1
+        most = int(w.get("max_steps_per_message", 1))
+        if rows % bs == 0 and 1 <= rows // bs <= most:
+            return rows // bs
+        more = (f", or a multiple of it up to {most} x {bs} (max_steps_per_message)"
+                if most > 1 else "")
+        raise ValueError(f"send: {rows} rows, the daemon's batch_size is {bs}{more} "
+                         f"({w.get('mode', 'train')} mode takes full batches only)")
 
     def send(self, mapping: Optional[Mapping[str, Any]] = None, /, *, copy: bool = False,
              **arrays: Any) -> int:
@@ -457,8 +499,9 @@ class Producer:
                 self._schema = _derive_schema(tensors)
             self.hello()
         frames, rows = self._encode(tensors, copy)
-        if self._credit <= 0:  # (the _drain above handled what had arrived)
-            self._pump(lambda: self._credit > 0 or bool(self._errors) or self.bye is not None,
+        k = self._steps_of(rows)
+        if self._credit < k:  # (the _drain above handled what had arrived)
+            self._pump(lambda: self._credit >= k or bool(self._errors) or self.bye is not None,
                        "waiting for credit")
         self._raise_pending()
         if self.bye is not None:
@@ -466,9 +509,11 @@ class Producer:
         seq = self._next_seq
         header = P.pack_batch_header(seq, rows, len(frames))
         self._sock.send_multipart([header, *frames], copy=False)
-        self._credit -= 1
-        self._next_seq += 1
+        self._credit -= k
+        self._next_seq += k
         self._unacked[seq] = frames
+        if k > 1:
+            self._steps[seq] = k
         return seq
 
     def poll(self) -> None:
