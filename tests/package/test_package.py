@@ -103,6 +103,24 @@ def test_installed_files(prefix):
     assert re.search(r"^ExecStart=/\S*/infeedd --config /\S*/infeed/%i\.json$", unit, re.M), unit
 
 
+def test_systemd_units_verify(prefix, tmp_path):
+    """systemd-analyze verify finds nothing wrong in the units (their ExecStart pointed at the
+    installed infeedd, since they name the configured prefix)."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("no systemd-analyze")
+    (tmp_path / "infeedd").symlink_to(prefix / "bin/infeedd")
+    for unit, instance in [("infeedd.service", "infeedd.service"),
+                           ("infeedd@.service", "infeedd@digits.service")]:
+        text = (prefix / "lib/systemd/system" / unit).read_text()
+        text = re.sub(r"^ExecStart=\S+/infeedd ", f"ExecStart={tmp_path}/infeedd ", text, flags=re.M)
+        (tmp_path / unit).write_text(text)
+        r = subprocess.run([analyze, "verify", tmp_path / instance], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), \
+            f"systemd-analyze verify {instance}: {r.returncode}\n{r.stdout}\n{r.stderr}"
+
+
 def test_pkg_config_static_resolves(prefix):
     env = dict(os.environ, PKG_CONFIG_PATH=str(prefix / "lib/pkgconfig"))
     out = run(["pkg-config", "--static", "--libs", "infeed", "infeed-client"], env=env).stdout
