@@ -110,9 +110,8 @@ void ifd_log_write(int level, const char *fmt, ...)
         struct tm tm;
         clock_gettime(CLOCK_REALTIME, &ts);
         gmtime_r(&ts.tv_sec, &tm);
-        n = snprintf(line, sizeof line, "%02d:%02d:%02d.%03ld %s %-5s [%s] ", tm.tm_hour,
-                     tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000, log_name,
-                     ifd_log_level_name(level), tname);
+        n = snprintf(line, sizeof line, "%02d:%02d:%02d.%03ld %s %-5s [%s] ", tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, ts.tv_nsec / 1000000, log_name, ifd_log_level_name(level), tname);
     }
     va_list ap;
     va_start(ap, fmt);
