@@ -11,9 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 ./scripts/deps.sh
-echo "== building infeedd"
+echo "== building infeedd and the libraries (cmake --install build then installs them)"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DIFD_CUDA=OFF >/dev/null
-cmake --build build -j "$(nproc 2>/dev/null || echo 2)" --target infeedd >/dev/null
+cmake --build build -j "$(nproc 2>/dev/null || echo 2)" --target install-set >/dev/null
 
 # Free loopback ports for the ingest, summaries and control sockets.
 read -r LISTEN PUBLISH CONTROL < <(python3 - <<'PY'

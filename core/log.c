@@ -1,10 +1,14 @@
 #include "core/log.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 volatile int ifd_log_level_ = IFD_LOG_WARN;
 
@@ -52,17 +56,63 @@ const char *ifd_log_level_name(int level)
     return level_names[level];
 }
 
+/* One unsigned decimal number of str up to `stop`: 0 and *out, or -1. */
+static int parse_u64(const char *str, char stop, const char **rest, unsigned long long *out)
+{
+    if (*str < '0' || *str > '9')
+        return -1;
+    char *end = NULL;
+    errno = 0;
+    *out = strtoull(str, &end, 10);
+    if (errno != 0 || *end != stop)
+        return -1;
+    *rest = end;
+    return 0;
+}
+
+int ifd_log_journal_stream_matches(const char *journal_stream, int fd)
+{
+    unsigned long long dev, ino;
+    const char *p = journal_stream;
+    if (p == NULL || parse_u64(p, ':', &p, &dev) || parse_u64(p + 1, '\0', &p, &ino))
+        return 0;
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return 0;
+    return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
+/* stderr is the journal (systemd sets JOURNAL_STREAM to its device and inode): lines start with
+ * the sd-daemon priority prefix ("<3>" error, "<4>" warn, "<6>" info, "<7>" debug) and carry no
+ * time, which the journal records. Decided at the first line. */
+static int to_journal;
+static pthread_once_t journal_once = PTHREAD_ONCE_INIT;
+
+static void journal_detect(void)
+{
+    to_journal = ifd_log_journal_stream_matches(getenv("JOURNAL_STREAM"), STDERR_FILENO);
+}
+
 void ifd_log_write(int level, const char *fmt, ...)
 {
+    static const int priorities[] = {3, 4, 6, 7};
     char line[1024 + 2];
     char tname[16] = "?";
-    struct timespec ts;
-    struct tm tm;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    gmtime_r(&ts.tv_sec, &tm);
+    pthread_once(&journal_once, journal_detect);
     pthread_getname_np(pthread_self(), tname, sizeof tname);
-    int n = snprintf(line, sizeof line, "%02d:%02d:%02d.%03ld %s %-5s [%s] ", tm.tm_hour, tm.tm_min,
+    int n;
+    if (to_journal) {
+        int pri = level >= IFD_LOG_ERROR && level <= IFD_LOG_DEBUG ? priorities[level] : 6;
+        n = snprintf(line, sizeof line, "<%d>%s %-5s [%s] ", pri, log_name,
+                     ifd_log_level_name(level), tname);
+    } else {
+        struct timespec ts;
+        struct tm tm;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        gmtime_r(&ts.tv_sec, &tm);
+        n = snprintf(line, sizeof line, "%02d:%02d:%02d.%03ld %s %-5s [%s] ", tm.tm_hour, tm.tm_min,
                      tm.tm_sec, ts.tv_nsec / 1000000, log_name, ifd_log_level_name(level), tname);
+    }
     va_list ap;
     va_start(ap, fmt);
     if (n > 0 && n < (int)sizeof line)

@@ -12,7 +12,13 @@
 
 extern volatile int ifd_log_level_;
 
+/* Writes one line to stderr: "HH:MM:SS.mmm infeed LEVEL [thread] message", or, when stderr is
+ * the systemd journal (JOURNAL_STREAM names it), "<PRIORITY>infeed LEVEL [thread] message". */
 void ifd_log_write(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* 1 when journal_stream (JOURNAL_STREAM's value, "DEVICE:INODE" in decimal; may be NULL) names
+ * the file open on fd, as systemd's documentation says to check; 0 otherwise. */
+int ifd_log_journal_stream_matches(const char *journal_stream, int fd);
 
 #define IFD_LOG(level, ...)                                                                        \
     do {                                                                                           \

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1018,6 +1019,119 @@ static char *capture_stderr(void (*fn)(void))
     return buf;
 }
 
+/* ---- journald: JOURNAL_STREAM names stderr --------------------------------------------------- */
+
+static uint64_t g_journal_ino_offset; /* 0: JOURNAL_STREAM names stderr; else another inode */
+static int g_journal_msg;             /* a random number in every line */
+
+/* Sets JOURNAL_STREAM from the (redirected) stderr, then writes one line at each level. */
+static void log_with_journal_stream(void)
+{
+    struct stat st;
+    ck_assert_int_eq(fstat(2, &st), 0);
+    char env[64];
+    snprintf(env, sizeof env, "%llu:%llu", (unsigned long long)st.st_dev,
+             (unsigned long long)st.st_ino + g_journal_ino_offset);
+    ck_assert_int_eq(setenv("JOURNAL_STREAM", env, 1), 0);
+    ifd_log_set_level(IFD_LOG_DEBUG);
+    IFD_LOG_ERROR("e %d", g_journal_msg);
+    IFD_LOG_WARN("w %d", g_journal_msg);
+    IFD_LOG_INFO("i %d", g_journal_msg);
+    IFD_LOG_DEBUG("d %d", g_journal_msg);
+}
+
+START_TEST(test_log_journal_stream_matches)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    FILE *tmp = tmpfile();
+    ck_assert_ptr_nonnull(tmp);
+    struct stat st;
+    ck_assert_int_eq(fstat(fileno(tmp), &st), 0);
+    unsigned long long dev = (unsigned long long)st.st_dev, ino = (unsigned long long)st.st_ino;
+    char good[64], other[64];
+    snprintf(good, sizeof good, "%llu:%llu", dev, ino);
+    ck_assert_int_eq(ifd_log_journal_stream_matches(good, fileno(tmp)), 1);
+    for (int i = 0; i < 20; i++) {
+        unsigned long long d = 1 + ifd_rng_below(&rng, 1000000);
+        if (ifd_rng_below(&rng, 2))
+            snprintf(other, sizeof other, "%llu:%llu", dev, ino + d);
+        else
+            snprintf(other, sizeof other, "%llu:%llu", dev + d, ino);
+        RASSERT(ifd_log_journal_stream_matches(other, fileno(tmp)) == 0, "'%s' matched %s", other,
+                good);
+    }
+    char bad[8][80];
+    snprintf(bad[0], sizeof bad[0], "%llu:%llux", dev, ino);
+    snprintf(bad[1], sizeof bad[1], " %llu:%llu", dev, ino);
+    snprintf(bad[2], sizeof bad[2], "%llu:%llu:1", dev, ino);
+    snprintf(bad[3], sizeof bad[3], "%llu", dev);
+    snprintf(bad[4], sizeof bad[4], "%llu:", dev);
+    snprintf(bad[5], sizeof bad[5], ":%llu", ino);
+    snprintf(bad[6], sizeof bad[6], "%llu:-%llu", dev, ino);
+    snprintf(bad[7], sizeof bad[7], "%llu;%llu", dev, ino);
+    for (int i = 0; i < 8; i++)
+        ck_assert_msg(ifd_log_journal_stream_matches(bad[i], fileno(tmp)) == 0, "'%s' matched",
+                      bad[i]);
+    ck_assert_int_eq(ifd_log_journal_stream_matches("", fileno(tmp)), 0);
+    ck_assert_int_eq(ifd_log_journal_stream_matches(NULL, fileno(tmp)), 0);
+    ck_assert_int_eq(ifd_log_journal_stream_matches(good, -1), 0);
+    fclose(tmp);
+}
+END_TEST
+
+/* JOURNAL_STREAM naming stderr: "<priority>infeed LEVEL [thread] message", no time. */
+START_TEST(test_log_journal_priorities)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    g_journal_msg = (int)ifd_rng_below(&rng, 1000000);
+    g_journal_ino_offset = 0;
+    char *out = capture_stderr(log_with_journal_stream);
+    static const char *const pre[] = {"<3>infeed error [", "<4>infeed warn  [", "<6>infeed info  [",
+                                      "<7>infeed debug ["};
+    static const char tag[] = {'e', 'w', 'i', 'd'};
+    char *line = out;
+    for (int i = 0; i < 4; i++) {
+        char *nl = strchr(line, '\n');
+        RASSERT(nl != NULL, "line %d missing in '%s'", i, out);
+        *nl = '\0';
+        RASSERT(strncmp(line, pre[i], strlen(pre[i])) == 0, "line '%s' does not start '%s'", line,
+                pre[i]);
+        char end[32];
+        snprintf(end, sizeof end, "] %c %d", tag[i], g_journal_msg);
+        RASSERT(strlen(line) > strlen(end) && strcmp(line + strlen(line) - strlen(end), end) == 0,
+                "line '%s' does not end '%s'", line, end);
+        line = nl + 1;
+    }
+    RASSERT(*line == '\0', "more than 4 lines: '%s'", line);
+    free(out);
+}
+END_TEST
+
+/* JOURNAL_STREAM naming another file (inherited, stderr redirected): the usual lines, timed. */
+START_TEST(test_log_journal_stream_elsewhere)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    g_journal_msg = (int)ifd_rng_below(&rng, 1000000);
+    g_journal_ino_offset = 1 + ifd_rng_below(&rng, 1000);
+    char *out = capture_stderr(log_with_journal_stream);
+    char *line = out;
+    for (int i = 0; i < 4; i++) {
+        char *nl = strchr(line, '\n');
+        RASSERT(nl != NULL, "line %d missing in '%s'", i, out);
+        *nl = '\0';
+        int hh, mm, ss, ms, used = 0;
+        RASSERT(sscanf(line, "%2d:%2d:%2d.%3d infeed %n", &hh, &mm, &ss, &ms, &used) == 4 &&
+                    used == 20,
+                "line '%s' does not start with the time and 'infeed'", line);
+        line = nl + 1;
+    }
+    free(out);
+}
+END_TEST
+
 static void log_disabled_lines(void)
 {
     ifd_log_set_level(IFD_LOG_WARN);
@@ -1249,6 +1363,9 @@ int main(void)
     tcase_add_test(tc, test_log_levels);
     tcase_add_test(tc, test_log_disabled_not_evaluated);
     tcase_add_test(tc, test_log_long_line_keeps_its_newline);
+    tcase_add_test(tc, test_log_journal_stream_matches);
+    tcase_add_test(tc, test_log_journal_priorities);
+    tcase_add_test(tc, test_log_journal_stream_elsewhere);
 
     return tu_run_suite(s);
 }
