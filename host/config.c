@@ -109,8 +109,8 @@ static const opt opts[] = {
      NULL},
     {"classes", K_I64, OFF(run.settings.classes), "K",
      "program setting: classes (softmax, mlp) or outputs (linear)", NULL, NULL},
-    {"hidden", K_I64, OFF(run.settings.hidden), "H", "program setting: hidden width (mlp; plugins may read it too)", NULL,
-     NULL},
+    {"hidden", K_I64, OFF(run.settings.hidden), "H",
+     "program setting: hidden width (mlp; plugins may read it too)", NULL, NULL},
     {"mode", K_ENUM, OFF(run.mode), "MODE",
      "train; eval (--steps steps in one loop, one summary); predict (until every producer "
      "ended, predictions back to each producer)",
