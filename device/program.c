@@ -142,11 +142,30 @@ typedef struct pending {
     const char *path;
     const ifd_program_class *cls[MAX_PROGRAMS];
     int n;
+    ifd_error refused; /* the first class refused: the load fails even if the plugin goes on */
 } pending;
+
+static int check_class(pending *pd, const ifd_program_class *cls, ifd_error *err);
 
 static int pending_add(ifd_program_registry *reg, const ifd_program_class *cls, ifd_error *err)
 {
     pending *pd = reg->ctx;
+    ifd_error e;
+    ifd_error_clear(&e);
+    int rc = check_class(pd, cls, &e);
+    if (rc == IFD_OK) {
+        pd->cls[pd->n++] = cls;
+        return IFD_OK;
+    }
+    if (pd->refused.code == IFD_OK)
+        pd->refused = e;
+    if (err)
+        *err = e;
+    return rc;
+}
+
+static int check_class(pending *pd, const ifd_program_class *cls, ifd_error *err)
+{
     if (!class_complete(cls))
         return ifd_error_set(err, IFD_EINVAL,
                              "program library '%s': registers a program class%s%s%s without %s",
@@ -190,7 +209,6 @@ static int pending_add(ifd_program_registry *reg, const ifd_program_class *cls, 
                              "program library '%s': registers program '%s', but at most %d "
                              "programs fit",
                              pd->path, cls->name, MAX_PROGRAMS);
-    pd->cls[pd->n++] = cls;
     return IFD_OK;
 }
 
@@ -244,20 +262,20 @@ int ifd_program_load_plugin(const char *path, ifd_error *err)
                            MAX_PLUGINS);
         goto fail;
     }
-    pending pd = {.path = path, .n = 0};
+    pending pd = {.path = path, .n = 0, .refused = {.code = IFD_OK}};
     ifd_program_registry reg = {
         .abi_version = IFD_PROGRAM_ABI_VERSION, .ctx = &pd, .add = pending_add};
     ifd_error perr;
     ifd_error_clear(&perr);
     rc = init(&reg, &perr);
+    if (pd.refused.code != IFD_OK) {
+        rc = ifd_error_set(err, IFD_EINVAL, "%s", pd.refused.msg);
+        goto fail;
+    }
     if (rc != IFD_OK) {
         const char *msg = perr.msg[0] ? perr.msg : ifd_strerror(rc);
-        /* Sentences of pending_add name the library already. */
-        if (strncmp(msg, "program library '", 17) == 0)
-            rc = ifd_error_set(err, IFD_EINVAL, "%s", msg);
-        else
-            rc = ifd_error_set(err, IFD_EINVAL, "program library '%s': its %s failed: %s", path,
-                               IFD_PROGRAM_PLUGIN_INIT_SYMBOL, msg);
+        rc = ifd_error_set(err, IFD_EINVAL, "program library '%s': its %s failed: %s", path,
+                           IFD_PROGRAM_PLUGIN_INIT_SYMBOL, msg);
         goto fail;
     }
     if (pd.n == 0) {

@@ -1,6 +1,7 @@
 /* Plugins the loader must refuse, one a build (tests/CMakeLists.txt compiles this file once per
  * BAD_* kind): no entry point, another ABI version, a built-in's name, another plugin's name, a
- * failing entry point, none registered, an incomplete class, a name registered twice. */
+ * failing entry point, none registered, an incomplete class, a name registered twice, a refusal
+ * the entry point ignores. */
 #include <infeed/program.h>
 
 #include <stddef.h>
@@ -33,6 +34,8 @@ static int step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a
 
 #if defined(BAD_BUILTIN)
 #define NAME "mlp"
+#elif defined(BAD_IGNORE)
+#define NAME "softmax"
 #elif defined(BAD_PLUGIN)
 #define NAME "mlp2"
 #else
@@ -61,6 +64,16 @@ static int reg_init(ifd_program_registry *reg, ifd_error *err)
     return IFD_OK;
 #elif defined(BAD_INCOMPLETE)
     return reg->add(reg, &incomplete, err);
+#elif defined(BAD_IGNORE)
+    /* A refused class, the error dropped, then a good one: the load still fails. */
+    static const ifd_program_class good = {.name = "bad",
+                                           .setup = setup,
+                                           .init_params = init_params,
+                                           .workspace_floats = workspace,
+                                           .train_step = step};
+    (void)reg->add(reg, &cls, NULL);
+    (void)err;
+    return reg->add(reg, &good, NULL);
 #elif defined(BAD_TWICE)
     int rc = reg->add(reg, &cls, err);
     return rc ? rc : reg->add(reg, &cls, err);

@@ -112,6 +112,12 @@ START_TEST(test_load_errors)
     /* Two of one name: neither is registered. */
     load_fails(IFD_PLUGIN_DIR "/ifd_bad_plugin_twice.so", "registers program 'bad' twice", NULL);
     ck_assert_ptr_null(ifd_program_find("bad"));
+    /* A refusal the entry point ignores still fails the load, with the refusal's sentence. */
+    load_fails(IFD_PLUGIN_DIR "/ifd_bad_plugin_ignore.so",
+               "ifd_bad_plugin_ignore.so': registers program 'softmax', the name of a built-in "
+               "program",
+               NULL);
+    ck_assert_ptr_null(ifd_program_find("bad"));
     /* Another plugin's name. */
     load_ok(MLP2_PATH);
     load_fails(IFD_PLUGIN_DIR "/ifd_bad_plugin_plugin.so",
