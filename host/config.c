@@ -758,6 +758,17 @@ static int validate_security(const ifd_daemon_config *c, ifd_error *err)
     return IFD_OK;
 }
 
+/* An unknown program when no plugin is loaded: say how a program of one's own is loaded. */
+static void hint_program_lib(const ifd_daemon_config *c, ifd_error *err)
+{
+    if (err == NULL || c->run.program == NULL || c->nprogram_libs > 0 ||
+        ifd_program_find(c->run.program) != NULL || strncmp(err->msg, "program: ", 9) != 0)
+        return;
+    size_t len = strlen(err->msg);
+    snprintf(err->msg + len, sizeof err->msg - len,
+             " (a program of your own: load its plugin with --program-lib PATH.so)");
+}
+
 int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
 {
     /* The runtime names the key num_steps, the daemon steps: check that pair here, and the rest
@@ -771,6 +782,7 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
     }
     if (ifd_config_validate(&r, err)) {
         rename_key(err);
+        hint_program_lib(c, err);
         return IFD_EINVAL;
     }
     if (c->run.num_steps < 0)
@@ -784,8 +796,10 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
                              "steps and last_step: expected exactly one of them, got %s",
                              c->run.num_steps > 0 ? "both" : "neither");
     ifd_program p;
-    if (ifd_program_init(&p, r.program, &r.settings, err))
+    if (ifd_program_init(&p, r.program, &r.settings, err)) {
+        hint_program_lib(c, err);
         return IFD_EINVAL;
+    }
     /* A full batch's tensor frame must have a size that the daemon's byte counts (rows x row
      * bytes, ZMQ_MAXMSGSIZE) and the replicas' buffers can hold without overflowing. */
     for (int i = 0; i < p.ninputs; i++) {

@@ -113,6 +113,13 @@ def test_two_plugins_one_name():
         "already" in r.stderr, r.stderr
 
 
+def test_plugin_program_without_program_lib():
+    r = run_infeedd("--program", "mlp2", "--steps", "5", "--features", "2", "--classes", "2")
+    assert r.returncode == 2
+    assert r.stderr == "infeedd: program: expected one of linear, softmax, mlp, read, got " \
+        "'mlp2' (a program of your own: load its plugin with --program-lib PATH.so)\n", r.stderr
+
+
 def test_help_lists_program_lib():
     r = run_infeedd("--help")
     assert r.returncode == 0
