@@ -120,6 +120,22 @@ def test_plugin_program_without_program_lib():
         "'mlp2' (a program of your own: load its plugin with --program-lib PATH.so)\n", r.stderr
 
 
+def test_program_lib_bounds():
+    lib = plugin()
+    r = run_infeedd(*(["--program-lib", lib] * 9), "--steps", "5")
+    assert r.returncode == 2
+    assert r.stderr == "infeedd: flag --program-lib: expected at most 8 program libraries\n", \
+        r.stderr
+    r = run_infeedd("--program-lib=", "--steps", "5")
+    assert r.returncode == 2
+    assert r.stderr == "infeedd: flag --program-lib: expected a file name, got ''\n", r.stderr
+    # the same file eight times loads once
+    r = run_infeedd(*(["--program-lib", lib] * 8), "--program", "mlp2", "--features", "2",
+                    "--classes", "2", "--hidden", "0", "--steps", "5")
+    assert r.returncode == 2
+    assert "setting 'hidden' must be between 1" in r.stderr, r.stderr
+
+
 def test_help_lists_program_lib():
     r = run_infeedd("--help")
     assert r.returncode == 0
