@@ -81,6 +81,29 @@ IFD_HD float ifd_math_relu_grad(float y, float dy)
     return y > 0.0f ? dy : 0.0f;
 }
 
+IFD_HD float ifd_math_tanh(float x)
+{
+    return tanhf(x);
+}
+
+/* d tanh(x) / dx = 1 - tanh(x)^2, from the forward's output y = tanh(x). */
+IFD_HD float ifd_math_tanh_grad(float y, float dy)
+{
+    return dy * (1.0f - y * y);
+}
+
+/* L2 weight decay of one weight: its term decay / 2 * w^2 of the loss, and the gradient
+ * g + coef * w it leaves (coef: scale * decay). */
+IFD_HD float ifd_math_l2_term(float w, float decay)
+{
+    return 0.5f * decay * w * w;
+}
+
+IFD_HD float ifd_math_l2_grad(float w, float g, float coef)
+{
+    return g + coef * w;
+}
+
 /* Optimizer updates of one element. */
 IFD_HD void ifd_math_sgd(float *p, float g, float lr)
 {

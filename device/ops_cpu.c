@@ -59,6 +59,36 @@ static void cpu_relu_grad(void *ctx, int64_t n, const float *y, const float *dy,
         dx[i] = ifd_math_relu_grad(y[i], dy[i]);
 }
 
+static void cpu_tanh(void *ctx, int64_t n, const float *x, float *y)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++)
+        y[i] = ifd_math_tanh(x[i]);
+}
+
+static void cpu_tanh_grad(void *ctx, int64_t n, const float *y, const float *dy, float *dx)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++)
+        dx[i] = ifd_math_tanh_grad(y[i], dy[i]);
+}
+
+/* The penalty is summed in double, in element order. */
+static void cpu_l2_decay(void *ctx, int64_t n, float decay, float scale, const float *w,
+                         float *grad, ifd_step_out *out)
+{
+    (void)ctx;
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += ifd_math_l2_term(w[i], decay);
+    out->loss += (float)(scale * s);
+    if (grad == NULL)
+        return;
+    float coef = scale * decay;
+    for (int64_t i = 0; i < n; i++)
+        grad[i] = ifd_math_l2_grad(w[i], grad[i], coef);
+}
+
 static void cpu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *logits,
                              const int32_t *labels, float scale, float *dlogits, ifd_step_out *out)
 {
@@ -106,6 +136,9 @@ void ifd_cpu_ops_init(ifd_ops *ops, void *ctx)
     ops->softmax_xent = cpu_softmax_xent;
     ops->squared_error = cpu_squared_error;
     ops->softmax = cpu_softmax;
+    ops->tanh = cpu_tanh;
+    ops->tanh_grad = cpu_tanh_grad;
+    ops->l2_decay = cpu_l2_decay;
 }
 
 void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,

@@ -1,6 +1,7 @@
 #include "core/rng.h"
 #include "infeed/program.h"
 
+#include <dlfcn.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -15,12 +16,21 @@ extern const ifd_program_class ifd_program_mlp;
 
 static const ifd_program_class *registry[MAX_PROGRAMS] = {&ifd_program_linear, &ifd_program_softmax,
                                                           &ifd_program_mlp, &ifd_program_read};
-static int nregistered = 4;
+#define NBUILTIN 4
+static int nregistered = NBUILTIN;
+/* Where each registered class came from: NULL for the built-ins and ifd_program_register, the
+ * plugin's path otherwise (owned). */
+static char *origin[MAX_PROGRAMS];
+
+static int class_complete(const ifd_program_class *cls)
+{
+    return cls != NULL && cls->name != NULL && cls->setup != NULL && cls->train_step != NULL &&
+           cls->init_params != NULL && cls->workspace_floats != NULL;
+}
 
 int ifd_program_register(const ifd_program_class *cls)
 {
-    if (cls == NULL || cls->name == NULL || cls->setup == NULL || cls->train_step == NULL ||
-        cls->init_params == NULL || cls->workspace_floats == NULL)
+    if (!class_complete(cls))
         return IFD_EINVAL;
     if (ifd_program_find(cls->name) != NULL || nregistered == MAX_PROGRAMS)
         return IFD_EINVAL;
@@ -116,4 +126,177 @@ void ifd_program_init_glorot(float *w, int64_t fan_in, int64_t fan_out, uint64_t
     double a = sqrt(6.0 / (double)(fan_in + fan_out));
     for (int64_t i = 0; i < fan_in * fan_out; i++)
         w[i] = (float)((2.0 * ifd_rng_uniform(&rng) - 1.0) * a);
+}
+
+/* ---- plugins ------------------------------------------------------------------------------- */
+
+#define MAX_PLUGINS 16
+
+/* The handles of the plugins loaded so far (never closed: their classes stay registered). */
+static void *plugins[MAX_PLUGINS];
+static int nplugins;
+
+/* The classes one plugin's entry point registers, committed to the registry only when it
+ * succeeds. */
+typedef struct pending {
+    const char *path;
+    const ifd_program_class *cls[MAX_PROGRAMS];
+    int n;
+    ifd_error refused; /* the first class refused: the load fails even if the plugin goes on */
+} pending;
+
+static int check_class(pending *pd, const ifd_program_class *cls, ifd_error *err);
+
+static int pending_add(ifd_program_registry *reg, const ifd_program_class *cls, ifd_error *err)
+{
+    pending *pd = reg->ctx;
+    ifd_error e;
+    ifd_error_clear(&e);
+    int rc = check_class(pd, cls, &e);
+    if (rc == IFD_OK) {
+        pd->cls[pd->n++] = cls;
+        return IFD_OK;
+    }
+    if (pd->refused.code == IFD_OK)
+        pd->refused = e;
+    if (err)
+        *err = e;
+    return rc;
+}
+
+static int check_class(pending *pd, const ifd_program_class *cls, ifd_error *err)
+{
+    if (!class_complete(cls))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "program library '%s': registers a program class%s%s%s without %s",
+                             pd->path, cls && cls->name ? " '" : "",
+                             cls && cls->name ? cls->name : "", cls && cls->name ? "'" : "",
+                             cls == NULL ? "a class (NULL)"
+                                         : "all of name, setup, init_params, workspace_floats and "
+                                           "train_step");
+    const ifd_program_class *had = ifd_program_find(cls->name);
+    if (had != NULL) {
+        const char *from = NULL;
+        int builtin = 0;
+        for (int i = 0; i < nregistered; i++) {
+            if (registry[i] == had) {
+                from = origin[i];
+                builtin = i < NBUILTIN;
+            }
+        }
+        if (!builtin && from == NULL)
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "program library '%s': registers program '%s', a name the "
+                                 "application registered already: expected a new name",
+                                 pd->path, cls->name);
+        if (from)
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "program library '%s': registers program '%s', a name program "
+                                 "library '%s' registered already: expected a new name",
+                                 pd->path, cls->name, from);
+        return ifd_error_set(err, IFD_EINVAL,
+                             "program library '%s': registers program '%s', the name of a "
+                             "built-in program: expected a new name",
+                             pd->path, cls->name);
+    }
+    for (int i = 0; i < pd->n; i++)
+        if (strcmp(pd->cls[i]->name, cls->name) == 0)
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "program library '%s': registers program '%s' twice", pd->path,
+                                 cls->name);
+    if (nregistered + pd->n >= MAX_PROGRAMS)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "program library '%s': registers program '%s', but at most %d "
+                             "programs fit",
+                             pd->path, cls->name, MAX_PROGRAMS);
+    return IFD_OK;
+}
+
+int ifd_program_load_plugin(const char *path, ifd_error *err)
+{
+    if (path == NULL || path[0] == '\0')
+        return ifd_error_set(err, IFD_EINVAL, "program library: expected a file name, got ''");
+    /* dlopen searches the library path for a name without '/': a user means the file here. */
+    char local[4096];
+    const char *open_path = path;
+    if (strchr(path, '/') == NULL) {
+        if ((size_t)snprintf(local, sizeof local, "./%s", path) >= sizeof local)
+            return ifd_error_set(err, IFD_EINVAL, "program library '%.64s...': name too long",
+                                 path);
+        open_path = local;
+    }
+    dlerror();
+    void *h = dlopen(open_path, RTLD_NOW | RTLD_LOCAL);
+    if (h == NULL) {
+        const char *why = dlerror();
+        return ifd_error_set(err, IFD_EINVAL, "program library '%s': cannot load it: %s", path,
+                             why ? why : "dlopen failed");
+    }
+    for (int i = 0; i < nplugins; i++) {
+        if (plugins[i] == h) {
+            dlclose(h); /* the reference this call took */
+            return IFD_OK;
+        }
+    }
+    int rc;
+    const unsigned *abi = dlsym(h, IFD_PROGRAM_PLUGIN_ABI_SYMBOL);
+    ifd_program_plugin_init_fn init;
+    *(void **)&init = dlsym(h, IFD_PROGRAM_PLUGIN_INIT_SYMBOL);
+    if (abi == NULL || init == NULL) {
+        rc = ifd_error_set(
+            err, IFD_EINVAL,
+            "program library '%s': no entry point (symbol %s): expected a plugin "
+            "that defines it with IFD_PROGRAM_PLUGIN (include/infeed/program.h)",
+            path, abi == NULL ? IFD_PROGRAM_PLUGIN_ABI_SYMBOL : IFD_PROGRAM_PLUGIN_INIT_SYMBOL);
+        goto fail;
+    }
+    if (*abi != IFD_PROGRAM_ABI_VERSION) {
+        rc = ifd_error_set(err, IFD_EINVAL,
+                           "program library '%s': built for program ABI version %u, expected "
+                           "version %d: rebuild it against this infeed's headers",
+                           path, *abi, IFD_PROGRAM_ABI_VERSION);
+        goto fail;
+    }
+    if (nplugins == MAX_PLUGINS) {
+        rc = ifd_error_set(err, IFD_EINVAL, "program library '%s': at most %d plugins load", path,
+                           MAX_PLUGINS);
+        goto fail;
+    }
+    pending pd = {.path = path, .n = 0, .refused = {.code = IFD_OK}};
+    ifd_program_registry reg = {
+        .abi_version = IFD_PROGRAM_ABI_VERSION, .ctx = &pd, .add = pending_add};
+    ifd_error perr;
+    ifd_error_clear(&perr);
+    rc = init(&reg, &perr);
+    if (pd.refused.code != IFD_OK) {
+        rc = ifd_error_set(err, IFD_EINVAL, "%s", pd.refused.msg);
+        goto fail;
+    }
+    if (rc != IFD_OK) {
+        const char *msg = perr.msg[0] ? perr.msg : ifd_strerror(rc);
+        rc = ifd_error_set(err, IFD_EINVAL, "program library '%s': its %s failed: %s", path,
+                           IFD_PROGRAM_PLUGIN_INIT_SYMBOL, msg);
+        goto fail;
+    }
+    if (pd.n == 0) {
+        rc = ifd_error_set(err, IFD_EINVAL,
+                           "program library '%s': registers no program: expected its %s to call "
+                           "reg->add at least once",
+                           path, IFD_PROGRAM_PLUGIN_INIT_SYMBOL);
+        goto fail;
+    }
+    char *own = strdup(path);
+    if (own == NULL) {
+        rc = ifd_error_set(err, IFD_ENOMEM, "program library '%s'", path);
+        goto fail;
+    }
+    for (int i = 0; i < pd.n; i++) {
+        origin[nregistered] = own;
+        registry[nregistered++] = pd.cls[i];
+    }
+    plugins[nplugins++] = h;
+    return IFD_OK;
+fail:
+    dlclose(h);
+    return rc;
 }

@@ -28,6 +28,12 @@ static int read_text(void *arg, const char *path, char **text, ifd_error *err)
     return *text ? IFD_OK : ifd_error_set(err, IFD_ENOMEM, "--config: out of memory");
 }
 
+/* --program-lib: nothing is loaded (no file is touched); every library fails with a sentence. */
+static int no_program_lib(const char *path, ifd_error *err)
+{
+    return ifd_error_set(err, IFD_EINVAL, "program library '%s': not loaded by the fuzzer", path);
+}
+
 static void check_result(int rc, const ifd_daemon_config *c, const ifd_error *err)
 {
     if (rc != IFD_OK) {
@@ -81,6 +87,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ifd_daemon_config_free(&c);
 
     ifd_daemon_config_defaults(&c);
+    c.load_program_lib = no_program_lib;
     ifd_error_clear(&err);
     int exit_now = 0;
     rc = ifd_daemon_config_parse_with(&c, argc, argv, devnull, &exit_now, read_text, text, &err);

@@ -8,8 +8,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* K_SWITCH: a K_BOOL whose flag takes no value (--resume; --resume=off) */
-typedef enum { K_STR, K_INT, K_I64, K_U64, K_F32, K_F64, K_ENUM, K_BOOL, K_SWITCH, K_LOG } opt_kind;
+/* K_SWITCH: a K_BOOL whose flag takes no value (--resume; --resume=off); K_LIBS: program_lib,
+ * a repeatable flag and a string or an array of strings in the file */
+typedef enum {
+    K_STR,
+    K_INT,
+    K_I64,
+    K_U64,
+    K_F32,
+    K_F64,
+    K_ENUM,
+    K_BOOL,
+    K_SWITCH,
+    K_LOG,
+    K_LIBS
+} opt_kind;
 
 typedef struct opt {
     const char *key; /* the JSON key; the flag is --key with '_' as '-' */
@@ -86,13 +99,18 @@ static const opt opts[] = {
     {"backend", K_STR, OFF(run.backend), "NAME", "device backend: cpu or cuda", NULL, NULL},
     {"replicas", K_INT, OFF(run.replicas), "N", "replicas (cpu: threads; cuda: GPUs)", NULL, NULL},
     {"program", K_STR, OFF(run.program), "NAME",
-     "the model: linear, softmax, mlp or read (benchmark)", NULL, NULL},
+     "the model: linear, softmax, mlp, read (benchmark) or one a --program-lib registers", NULL,
+     NULL},
+    {"program_lib", K_LIBS, OFF(program_libs), "PATH.so",
+     "load a program plugin (a shared library built against include/infeed/program.h: "
+     "examples/custom_program); repeat the flag for several",
+     NULL, NULL},
     {"features", K_I64, OFF(run.settings.features), "D", "program setting: columns of x", NULL,
      NULL},
     {"classes", K_I64, OFF(run.settings.classes), "K",
      "program setting: classes (softmax, mlp) or outputs (linear)", NULL, NULL},
-    {"hidden", K_I64, OFF(run.settings.hidden), "H", "program setting: hidden width (mlp)", NULL,
-     NULL},
+    {"hidden", K_I64, OFF(run.settings.hidden), "H",
+     "program setting: hidden width (mlp; plugins may read it too)", NULL, NULL},
     {"mode", K_ENUM, OFF(run.mode), "MODE",
      "train; eval (--steps steps in one loop, one summary); predict (until every producer "
      "ended, predictions back to each producer)",
@@ -206,6 +224,7 @@ void ifd_daemon_config_defaults(ifd_daemon_config *c)
     c->cuda_graphs = 1;
     c->checkpoint_every = 1000;
     c->keep_checkpoints = 5;
+    c->load_program_lib = ifd_program_load_plugin;
 }
 
 int ifd_daemon_max_connections(const ifd_daemon_config *c)
@@ -269,6 +288,19 @@ static int set_value(ifd_daemon_config *c, const opt *o, const char *val, const 
     char *field = (char *)c + o->off;
     int64_t i64;
     switch (o->kind) {
+    case K_LIBS:
+        if (val[0] == '\0')
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected a file name, got ''", where);
+        if (c->nprogram_libs == IFD_DAEMON_MAX_PROGRAM_LIBS)
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected at most %d program libraries",
+                                 where, IFD_DAEMON_MAX_PROGRAM_LIBS);
+        if (c->nstrings == (int)(sizeof c->strings / sizeof c->strings[0]))
+            return ifd_error_set(err, IFD_EINVAL, "%s: too many string values", where);
+        c->strings[c->nstrings] = strdup(val);
+        if (c->strings[c->nstrings] == NULL)
+            return ifd_error_set(err, IFD_ENOMEM, "%s", where);
+        c->program_libs[c->nprogram_libs++] = c->strings[c->nstrings++];
+        return IFD_OK;
     case K_STR: {
         if (c->nstrings == (int)(sizeof c->strings / sizeof c->strings[0]))
             return ifd_error_set(err, IFD_EINVAL, "%s: too many string values", where);
@@ -374,6 +406,35 @@ const char *ifd_json_describe(const json_t *v, char *buf, size_t len)
     return buf;
 }
 
+/* program_lib in the file: a path or an array of them, which replaces the list so far. */
+static int apply_json_libs(ifd_daemon_config *c, const opt *o, const json_t *v, const char *where,
+                           ifd_error *err)
+{
+    c->nprogram_libs = 0;
+    if (json_is_string(v))
+        return set_value(c, o, json_string_value(v), where, err);
+    if (json_is_array(v)) {
+        size_t i;
+        const json_t *e;
+        json_array_foreach(v, i, e)
+        {
+            if (!json_is_string(e)) {
+                char got[96];
+                return ifd_error_set(err, IFD_EINVAL,
+                                     "%s: element %zu: expected a file name (a string), got %s",
+                                     where, i, ifd_json_describe(e, got, sizeof got));
+            }
+            int rc = set_value(c, o, json_string_value(e), where, err);
+            if (rc)
+                return rc;
+        }
+        return IFD_OK;
+    }
+    char got[96];
+    return ifd_error_set(err, IFD_EINVAL, "%s: expected a file name or an array of them, got %s",
+                         where, ifd_json_describe(v, got, sizeof got));
+}
+
 int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const char *source,
                                  ifd_error *err)
 {
@@ -405,7 +466,14 @@ int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const c
         }
         char buf[64];
         const char *val = NULL, *want = NULL;
+        if (o->kind == K_LIBS) {
+            rc = apply_json_libs(c, o, v, where, err);
+            if (rc)
+                goto done;
+            continue;
+        }
         switch (o->kind) {
+        case K_LIBS:
         case K_STR:
         case K_ENUM:
         case K_LOG:
@@ -589,9 +657,20 @@ int ifd_daemon_config_parse_with(ifd_daemon_config *c, int argc, char **argv, FI
         memcpy(where, "flag ", 5);
         if (val == NULL)
             return ifd_error_set(err, IFD_EINVAL, "%s: expected a value (%s)", where, o->metavar);
+        if (o->kind == K_LIBS && !c->program_libs_from_flags) {
+            c->nprogram_libs = 0; /* the flags replace the file's list */
+            c->program_libs_from_flags = 1;
+        }
         rc = set_value(c, o, val, where, err);
         if (rc)
             return rc;
+    }
+    /* The plugins first: the validation pass looks up the program by name. */
+    for (int i = 0; i < c->nprogram_libs && c->load_program_lib; i++) {
+        int rc = c->load_program_lib(c->program_libs[i], err);
+        if (rc)
+            return ifd_error_prefix(
+                err, "%s", c->program_libs_from_flags ? "flag --program-lib" : "program_lib");
     }
     return ifd_daemon_config_validate(c, err);
 }
@@ -684,6 +763,17 @@ static int validate_security(const ifd_daemon_config *c, ifd_error *err)
     return IFD_OK;
 }
 
+/* An unknown program when no plugin is loaded: say how a program of one's own is loaded. */
+static void hint_program_lib(const ifd_daemon_config *c, ifd_error *err)
+{
+    if (err == NULL || c->run.program == NULL || c->nprogram_libs > 0 ||
+        ifd_program_find(c->run.program) != NULL || strncmp(err->msg, "program: ", 9) != 0)
+        return;
+    size_t len = strlen(err->msg);
+    snprintf(err->msg + len, sizeof err->msg - len,
+             " (a program of your own: load its plugin with --program-lib PATH.so)");
+}
+
 int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
 {
     /* The runtime names the key num_steps, the daemon steps: check that pair here, and the rest
@@ -697,6 +787,7 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
     }
     if (ifd_config_validate(&r, err)) {
         rename_key(err);
+        hint_program_lib(c, err);
         return IFD_EINVAL;
     }
     if (c->run.num_steps < 0)
@@ -710,8 +801,10 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
                              "steps and last_step: expected exactly one of them, got %s",
                              c->run.num_steps > 0 ? "both" : "neither");
     ifd_program p;
-    if (ifd_program_init(&p, r.program, &r.settings, err))
+    if (ifd_program_init(&p, r.program, &r.settings, err)) {
+        hint_program_lib(c, err);
         return IFD_EINVAL;
+    }
     /* A full batch's tensor frame must have a size that the daemon's byte counts (rows x row
      * bytes, ZMQ_MAXMSGSIZE) and the replicas' buffers can hold without overflowing. */
     for (int i = 0; i < p.ninputs; i++) {
@@ -804,6 +897,9 @@ static void format_default(const opt *o, const ifd_daemon_config *d, char *buf, 
 {
     const char *field = (const char *)d + o->off;
     switch (o->kind) {
+    case K_LIBS:
+        snprintf(buf, len, "none");
+        return;
     case K_STR: {
         const char *s = *(const char *const *)field;
         snprintf(buf, len, "%s", s == NULL ? "none" : s[0] ? s : "\"\"");

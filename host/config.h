@@ -14,6 +14,8 @@
 
 #include <stdio.h>
 
+#define IFD_DAEMON_MAX_PROGRAM_LIBS 8
+
 typedef struct ifd_daemon_config {
     ifd_config run;
     const char *listen;        /* ingest ROUTER endpoint */
@@ -42,7 +44,15 @@ typedef struct ifd_daemon_config {
     const char *admin_keys;        /* control (and subscriber) public keys */
     int insecure;                  /* without CURVE, bind non-loopback endpoints all the same */
     struct ifd_security *security; /* not a key: main's loaded keys (NULL: CURVE off) */
-    char *strings[64];             /* owned copies of string values */
+    /* Program plugins (--program-lib, repeatable; the file's list is a string or an array of
+     * them; flags replace the file's list), loaded by the parser before the validation pass. */
+    const char *program_libs[IFD_DAEMON_MAX_PROGRAM_LIBS];
+    int nprogram_libs;
+    int program_libs_from_flags;
+    /* Not a key: loads one plugin (ifd_program_load_plugin by default; the fuzz harness puts
+     * in one that touches no file). */
+    int (*load_program_lib)(const char *path, ifd_error *err);
+    char *strings[64]; /* owned copies of string values */
     int nstrings;
 } ifd_daemon_config;
 

@@ -293,6 +293,28 @@ static void cu_relu_grad(void *ctx, int64_t n, const float *y, const float *dy, 
         op_check(rep, ifd_cuda_relu_grad(rep->cs, n, y, dy, dx), "relu_grad kernel");
 }
 
+static void cu_tanh(void *ctx, int64_t n, const float *x, float *y)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_tanh(rep->cs, n, x, y), "tanh kernel");
+}
+
+static void cu_tanh_grad(void *ctx, int64_t n, const float *y, const float *dy, float *dx)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_tanh_grad(rep->cs, n, y, dy, dx), "tanh_grad kernel");
+}
+
+static void cu_l2_decay(void *ctx, int64_t n, float decay, float scale, const float *w, float *grad,
+                        ifd_step_out *out)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_l2_decay(rep->cs, n, decay, scale, w, grad, out), "l2_decay kernel");
+}
+
 static void cu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *logits,
                             const int32_t *labels, float scale, float *dlogits, ifd_step_out *out)
 {
@@ -713,6 +735,9 @@ static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *ini
     rep->ops.col_sum = cu_col_sum;
     rep->ops.relu = cu_relu;
     rep->ops.relu_grad = cu_relu_grad;
+    rep->ops.tanh = cu_tanh;
+    rep->ops.tanh_grad = cu_tanh_grad;
+    rep->ops.l2_decay = cu_l2_decay;
     rep->ops.softmax_xent = cu_softmax_xent;
     rep->ops.softmax = cu_softmax;
     rep->ops.squared_error = cu_squared_error;

@@ -28,6 +28,13 @@ cudaError_t ifd_cuda_col_sum(cudaStream_t s, int64_t rows, int64_t cols, const f
 cudaError_t ifd_cuda_relu(cudaStream_t s, int64_t n, const float *x, float *y);
 cudaError_t ifd_cuda_relu_grad(cudaStream_t s, int64_t n, const float *y, const float *dy,
                                float *dx);
+cudaError_t ifd_cuda_tanh(cudaStream_t s, int64_t n, const float *x, float *y);
+cudaError_t ifd_cuda_tanh_grad(cudaStream_t s, int64_t n, const float *y, const float *dy,
+                               float *dx);
+/* out->loss += scale * decay / 2 * sum w^2 (one block, in a fixed order); grad (unless NULL)
+ * += scale * decay * w. */
+cudaError_t ifd_cuda_l2_decay(cudaStream_t s, int64_t n, float decay, float scale, const float *w,
+                              float *grad, ifd_step_out *out);
 /* The ifd_ops losses (include/infeed/program.h): write dlogits/dpred and out->loss,
  * out->correct in device memory. One block; the sum over rows is in double, in a fixed order. */
 cudaError_t ifd_cuda_softmax_xent(cudaStream_t s, int64_t rows, int64_t k, const float *logits,

@@ -62,6 +62,30 @@ __global__ void relu_grad_kernel(int64_t n, const float *y, const float *dy, flo
     }
 }
 
+__global__ void tanh_kernel(int64_t n, const float *x, float *y)
+{
+    GRID_STRIDE(i, n)
+    {
+        y[i] = ifd_math_tanh(x[i]);
+    }
+}
+
+__global__ void tanh_grad_kernel(int64_t n, const float *y, const float *dy, float *dx)
+{
+    GRID_STRIDE(i, n)
+    {
+        dx[i] = ifd_math_tanh_grad(y[i], dy[i]);
+    }
+}
+
+__global__ void l2_grad_kernel(int64_t n, float coef, const float *w, float *grad)
+{
+    GRID_STRIDE(i, n)
+    {
+        grad[i] = ifd_math_l2_grad(w[i], grad[i], coef);
+    }
+}
+
 // One block: thread t takes rows t, t + blockDim, ...; the partial sums are then added in a fixed
 // tree order, so the result is the same run to run.
 __device__ static void block_sum(double *loss, long long *count)
@@ -116,6 +140,23 @@ __global__ void squared_error_kernel(int64_t rows, int64_t k, const float *pred,
         out->loss = rows > 0 ? (float)(scale * loss[0] / (double)rows) : 0.0f;
         out->correct = 0.0f;
     }
+}
+
+// One block, as the losses: out->loss += scale * sum of the weights' terms, in a fixed order.
+__global__ void l2_loss_kernel(int64_t n, float decay, float scale, const float *w,
+                               ifd_step_out *out)
+{
+    __shared__ double loss[IFD_CUDA_THREADS];
+    __shared__ long long unused[IFD_CUDA_THREADS];
+    double l = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        l += ifd_math_l2_term(w[i], decay);
+    loss[threadIdx.x] = l;
+    unused[threadIdx.x] = 0;
+    __syncthreads();
+    block_sum(loss, unused);
+    if (threadIdx.x == 0)
+        out->loss += (float)(scale * loss[0]);
 }
 
 __global__ void optimizer_kernel(ifd_optimizer opt, const int64_t *opt_step, int64_t n,
@@ -197,6 +238,33 @@ extern "C" cudaError_t ifd_cuda_relu_grad(cudaStream_t s, int64_t n, const float
     clear_stale_error();
     if (n > 0)
         relu_grad_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(n, y, dy, dx);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_tanh(cudaStream_t s, int64_t n, const float *x, float *y)
+{
+    clear_stale_error();
+    if (n > 0)
+        tanh_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(n, x, y);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_tanh_grad(cudaStream_t s, int64_t n, const float *y,
+                                          const float *dy, float *dx)
+{
+    clear_stale_error();
+    if (n > 0)
+        tanh_grad_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(n, y, dy, dx);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_l2_decay(cudaStream_t s, int64_t n, float decay, float scale,
+                                         const float *w, float *grad, ifd_step_out *out)
+{
+    clear_stale_error();
+    l2_loss_kernel<<<1, IFD_CUDA_THREADS, 0, s>>>(n, decay, scale, w, out);
+    if (grad != NULL && n > 0)
+        l2_grad_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(n, scale * decay, w, grad);
     return cudaGetLastError();
 }
 

@@ -83,6 +83,14 @@ typedef struct ifd_ops {
      * dpred = scale / rows * (pred - y). */
     void (*squared_error)(void *ctx, int64_t rows, int64_t k, const float *pred, const float *y,
                           float scale, float *dpred, ifd_step_out *out);
+    /* y = tanh(x) (y may be x); dx = dy * (1 - y^2) from the forward's output y (dx may be dy). */
+    void (*tanh)(void *ctx, int64_t n, const float *x, float *y);
+    void (*tanh_grad)(void *ctx, int64_t n, const float *y, const float *dy, float *dx);
+    /* L2 weight decay of n weights w: adds scale * decay / 2 * sum w^2 to out->loss (so call it
+     * after the loss op, which sets out->loss), and, unless grad is NULL (eval), adds
+     * scale * decay * w to grad (so call it after grad holds the loss's gradient). */
+    void (*l2_decay)(void *ctx, int64_t n, float decay, float scale, const float *w, float *grad,
+                     ifd_step_out *out);
 } ifd_ops;
 
 typedef struct ifd_program ifd_program;
@@ -151,6 +159,55 @@ const char *ifd_program_names(char *buf, size_t len);
 /* Finds the class and runs its setup. */
 int ifd_program_init(ifd_program *p, const char *name, const ifd_program_settings *s,
                      ifd_error *err);
+
+/*
+ * Programs as plugins. A shared library (built against these headers, for example with CMake's
+ * find_package(infeed) and add_library(NAME MODULE ...): examples/custom_program/) brings its
+ * own program classes: it defines its entry point with IFD_PROGRAM_PLUGIN, and
+ * ifd_program_load_plugin (infeedd's --program-lib) loads it, checks that it was built for this
+ * ABI version and calls the entry point, which registers its classes through the registry.
+ *
+ * IFD_PROGRAM_ABI_VERSION changes whenever ifd_program_class, ifd_program, ifd_ops (an op added
+ * too), ifd_step_args, the registry or the helpers below change in a way a built plugin would
+ * notice; a plugin built for another version is refused.
+ */
+#define IFD_PROGRAM_ABI_VERSION 1
+
+typedef struct ifd_program_registry ifd_program_registry;
+struct ifd_program_registry {
+    unsigned abi_version; /* the loader's IFD_PROGRAM_ABI_VERSION */
+    void *ctx;
+    /* Registers cls, which must stay valid as long as the process lives (a static const
+     * ifd_program_class). IFD_EINVAL with a sentence in err when a field it needs is NULL or the
+     * name is taken. */
+    int (*add)(ifd_program_registry *reg, const ifd_program_class *cls, ifd_error *err);
+};
+
+/* The entry point: registers the plugin's classes; on an error, fills err (the loader then
+ * registers none of them). */
+typedef int (*ifd_program_plugin_init_fn)(ifd_program_registry *reg, ifd_error *err);
+
+#define IFD_PROGRAM_PLUGIN_ABI_SYMBOL "ifd_program_plugin_abi"
+#define IFD_PROGRAM_PLUGIN_INIT_SYMBOL "ifd_program_plugin_init"
+
+/* Defines a plugin's entry point around init_fn (an ifd_program_plugin_init_fn), with the ABI
+ * version it is built for. Write it once, at file scope, in one source file of the plugin. */
+#define IFD_PROGRAM_PLUGIN(init_fn)                                                                \
+    __attribute__((visibility("default"))) const unsigned ifd_program_plugin_abi =                 \
+        IFD_PROGRAM_ABI_VERSION;                                                                   \
+    __attribute__((visibility("default"))) int ifd_program_plugin_init(ifd_program_registry *reg,  \
+                                                                       ifd_error *err);            \
+    int ifd_program_plugin_init(ifd_program_registry *reg, ifd_error *err)                         \
+    {                                                                                              \
+        return init_fn(reg, err);                                                                  \
+    }
+
+/* Loads the plugin at path (dlopen; a path without '/' is taken from the current folder) and
+ * registers its classes. One sentence in err, naming path, when the file cannot be loaded (the
+ * loader's own text), has no entry point, is built for another ABI version, registers a name
+ * another program has (a built-in one or another plugin's), registers nothing or its entry point
+ * fails. Loading the same file again does nothing. Not thread-safe, like ifd_program_register. */
+int ifd_program_load_plugin(const char *path, ifd_error *err);
 
 /* Helpers for setup functions. */
 int ifd_program_add_input(ifd_program *p, const char *name, ifd_dtype dt, int rank,

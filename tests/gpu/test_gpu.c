@@ -288,6 +288,35 @@ START_TEST(predict_matches_cpu)
 }
 END_TEST
 
+#ifdef IFD_MLP2_PLUGIN
+/* examples/custom_program's mlp2 plugin (tanh, tanh_grad, l2_decay besides the built-ins' ops)
+ * through the session on cuda and cpu: the same parameters and summaries. */
+START_TEST(plugin_matches_cpu)
+{
+    ifd_error err;
+    ifd_error_clear(&err);
+    ck_assert_msg(ifd_program_load_plugin(IFD_MLP2_PLUGIN, &err) == IFD_OK, "%s",
+                  ifd_error_text(&err));
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_optimizer_kind opt = optimizers[_i % 3];
+    int64_t d = rand_between(&rng, 1, 40), k = rand_between(&rng, 2, 12);
+    int64_t h = rand_between(&rng, 1, 48), b = 12 * rand_between(&rng, 1, 8);
+    int r = 1 + (int)(_i % (g_gpus < 2 ? 1 : 2));
+    ifd_config cfg;
+    tu_config_train(&cfg, "mlp2", opt, d, k, b, 7, 123 + (uint64_t)_i);
+    cfg.settings.hidden = h;
+    cfg.replicas = r;
+    char what[160];
+    snprintf(what, sizeof what, "mlp2/%s D=%lld H=%lld K=%lld B=%lld R=%d", ifd_optimizer_name(opt),
+             (long long)d, (long long)h, (long long)k, (long long)b, r);
+    tu_result gpu;
+    run_both(&cfg, cfg.num_steps, g_seed + (uint64_t)_i, _i % 2, what, &gpu);
+    tu_result_free(&gpu);
+}
+END_TEST
+#endif
+
 int main(void)
 {
     char why[256];
@@ -305,6 +334,9 @@ int main(void)
     tcase_add_loop_test(tc, input_ends_mid_loop, 0, 2);
     tcase_add_loop_test(tc, eval_matches_cpu, 0, 4);
     tcase_add_loop_test(tc, predict_matches_cpu, 0, 4);
+#ifdef IFD_MLP2_PLUGIN
+    tcase_add_loop_test(tc, plugin_matches_cpu, 0, 4);
+#endif
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

@@ -1,0 +1,10 @@
+/* The example plugin's one knob: the L2 weight decay of its three weight matrices (the biases are
+ * not decayed). Build with -DMLP2_WEIGHT_DECAY=... to change it; 0 turns the decay off. */
+#ifndef MLP2_H
+#define MLP2_H
+
+#ifndef MLP2_WEIGHT_DECAY
+#define MLP2_WEIGHT_DECAY 1e-3f
+#endif
+
+#endif

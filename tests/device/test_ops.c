@@ -1,0 +1,128 @@
+/* The ops added for plugins' models (tanh, tanh_grad, l2_decay) on the cpu op set, against a
+ * double reference and central differences, over random sizes and values. The cuda backend's
+ * kernels call the same device/math.h formulas. Each test prints its seed when it fails
+ * (IFD_TEST_SEED replays it). */
+#include "core/rng.h"
+#include "device/step.h"
+#include "infeed/program.h"
+#include "tests/util/testutil.h"
+
+#include <check.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float *falloc(int64_t n)
+{
+    float *p = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    ck_assert_ptr_nonnull(p);
+    return p;
+}
+
+static double urand(ifd_rng *r, double lo, double hi)
+{
+    return lo + (hi - lo) * ifd_rng_uniform(r);
+}
+
+START_TEST(test_tanh)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_ops ops;
+    ifd_cpu_ops_init(&ops, NULL);
+    for (int trial = 0; trial < 20; trial++) {
+        int64_t n = rand_between(&rng, 0, 3000);
+        double span = urand(&rng, 0.1, 12.0);
+        float *x = falloc(n), *y = falloc(n), *dy = falloc(n), *dx = falloc(n);
+        for (int64_t i = 0; i < n; i++) {
+            x[i] = (float)urand(&rng, -span, span);
+            dy[i] = (float)urand(&rng, -2, 2);
+        }
+        ops.tanh(ops.ctx, n, x, y);
+        ops.tanh_grad(ops.ctx, n, y, dy, dx);
+        for (int64_t i = 0; i < n; i++) {
+            double want = tanh((double)x[i]);
+            RASSERT(fabs((double)y[i] - want) <= 2e-7 + 2e-6 * fabs(want),
+                    "n=%" PRId64 ": tanh(%.9g) = %.9g, want %.9g", n, (double)x[i], (double)y[i],
+                    want);
+            /* The gradient against the central difference of tanh in double. */
+            double e = 1e-4, num = (tanh((double)x[i] + e) - tanh((double)x[i] - e)) / (2 * e);
+            double g = (double)dy[i] * num;
+            RASSERT(fabs((double)dx[i] - g) <= 1e-5 + 1e-4 * fabs(g),
+                    "n=%" PRId64 ": tanh_grad at x=%.9g dy=%.9g: %.9g, central difference %.9g", n,
+                    (double)x[i], (double)dy[i], (double)dx[i], g);
+        }
+        /* In place, as programs call them: y = x, dx = dy. */
+        memcpy(dx, x, sizeof(float) * (size_t)n);
+        ops.tanh(ops.ctx, n, dx, dx);
+        RASSERT(n == 0 || memcmp(dx, y, sizeof(float) * (size_t)n) == 0, "tanh in place differs");
+        memcpy(x, dy, sizeof(float) * (size_t)n);
+        ops.tanh_grad(ops.ctx, n, y, x, x);
+        ops.tanh_grad(ops.ctx, n, y, dy, dx);
+        RASSERT(n == 0 || memcmp(dx, x, sizeof(float) * (size_t)n) == 0,
+                "tanh_grad in place differs");
+        free(x);
+        free(y);
+        free(dy);
+        free(dx);
+    }
+}
+END_TEST
+
+START_TEST(test_l2_decay)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_ops ops;
+    ifd_cpu_ops_init(&ops, NULL);
+    for (int trial = 0; trial < 20; trial++) {
+        int64_t n = rand_between(&rng, 0, 2000);
+        float decay = (float)urand(&rng, 1e-4, 0.5), scale = (float)urand(&rng, 0.1, 2.0);
+        float before = (float)urand(&rng, 0, 3);
+        float *w = falloc(n), *g = falloc(n), *g0 = falloc(n);
+        for (int64_t i = 0; i < n; i++) {
+            w[i] = (float)urand(&rng, -3, 3);
+            g0[i] = g[i] = (float)urand(&rng, -1, 1);
+        }
+        ifd_step_out out = {.loss = before};
+        ops.l2_decay(ops.ctx, n, decay, scale, w, g, &out);
+        double pen = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            pen += 0.5 * (double)decay * (double)w[i] * (double)w[i];
+        double want = (double)before + (double)scale * pen;
+        RASSERT(fabs((double)out.loss - want) <= 1e-6 * fabs(want) + 1e-7,
+                "n=%" PRId64 " decay %g scale %g: loss %.9g, want %.9g (%.9g before)", n,
+                (double)decay, (double)scale, (double)out.loss, want, (double)before);
+        /* Each gradient: what it held plus the central difference of the scaled penalty. */
+        for (int64_t i = 0; i < n; i++) {
+            double e = 1e-3, wi = (double)w[i];
+            double num = (double)scale * 0.5 * (double)decay *
+                         ((wi + e) * (wi + e) - (wi - e) * (wi - e)) / (2 * e);
+            double gw = (double)g0[i] + num;
+            RASSERT(fabs((double)g[i] - gw) <= 1e-6 + 1e-5 * fabs(gw),
+                    "n=%" PRId64 " decay %g scale %g: grad[%" PRId64 "] %.9g, want %.9g", n,
+                    (double)decay, (double)scale, i, (double)g[i], gw);
+        }
+        /* Eval (grad NULL): the loss only. */
+        ifd_step_out ev = {.loss = before};
+        ops.l2_decay(ops.ctx, n, decay, scale, w, NULL, &ev);
+        RASSERT(ev.loss == out.loss, "eval loss %.9g, train loss %.9g", (double)ev.loss,
+                (double)out.loss);
+        free(w);
+        free(g);
+        free(g0);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("ops");
+    TCase *tc = tcase_create("ops");
+    tcase_set_timeout(tc, 60);
+    tcase_add_test(tc, test_tanh);
+    tcase_add_test(tc, test_l2_decay);
+    suite_add_tcase(s, tc);
+    return tu_run_suite(s);
+}
