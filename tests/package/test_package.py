@@ -8,12 +8,15 @@ naming its stderr. Builds tests/package/consumer four times, out of tree: find_p
 with the shared and with the static targets, pkg-config with infeed-client + infeed and with
 infeed-client-static + infeed-static; runs each against the daemon (WELCOME, every batch
 ACKed). The daemon's log lines carry journald priority prefixes.
+Builds examples/custom_program (the mlp2 program plugin) out of tree with find_package(infeed),
+as its README says, and trains it with the installed infeedd --program-lib.
 
 $IFD_SANITIZE (the build's sanitizer) is passed to the consumers' compiles and links.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -22,13 +25,17 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import zmq
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent / "clients/python"))
+import infeed  # noqa: E402
 BUILD = Path(os.environ.get("IFD_BUILD_DIR", HERE.parent.parent / "build"))
 CMAKE = os.environ.get("CMAKE_COMMAND", "cmake")
 CC = os.environ.get("CC", "cc")
@@ -210,3 +217,53 @@ def test_consumers_against_installed_daemon(prefix, tmp_path):
         assert re.match(r"<[3467]>infeed (error|warn |info |debug) \[", ln), \
             f"a line without the journald priority prefix: {ln!r}\n{text}"
     assert any(ln.startswith("<6>infeed info ") for ln in lines), text
+
+
+def test_custom_program_plugin_out_of_tree(prefix, tmp_path):
+    """examples/custom_program, built out of tree against the installed prefix with
+    find_package(infeed) as its README says, is loaded by the installed infeedd (--program-lib)
+    and trains: the loss of its last steps is below that of its first."""
+    seed = int(os.environ.get("IFD_TEST_SEED", random.randrange(1 << 31)))
+    print(f"seed {seed} (IFD_TEST_SEED={seed} repeats this run)")
+    rng = random.Random(seed)
+    b = tmp_path / "custom_program"
+    run([CMAKE, "-S", HERE.parent.parent / "examples/custom_program", "-B", b,
+         f"-DCMAKE_PREFIX_PATH={prefix}", f"-DCMAKE_C_COMPILER={CC}", "-DCMAKE_BUILD_TYPE=Release",
+         f"-DCMAKE_C_FLAGS={' '.join(SAN_FLAGS)}",
+         f"-DCMAKE_MODULE_LINKER_FLAGS={' '.join(SAN_FLAGS)}"])
+    run([CMAKE, "--build", b])
+    plugin = b / "mlp2.so"
+    assert plugin.is_file(), list(b.iterdir())
+    features, classes, hidden = rng.randint(3, 12), rng.randint(2, 5), rng.randint(4, 16)
+    batch, steps = rng.choice([8, 16, 32]), 300
+    (lp,) = free_ports(1)
+    listen = f"tcp://127.0.0.1:{lp}"
+    summaries = tmp_path / "s.jsonl"
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    daemon = subprocess.Popen(
+        [prefix / "bin/infeedd", "--program-lib", plugin, "--program", "mlp2", "--features",
+         str(features), "--classes", str(classes), "--hidden", str(hidden), "--batch-size",
+         str(batch), "--steps", str(steps), "--iterations-per-loop", "10", "--summary-every",
+         "50", "--learning-rate", "0.1", "--listen", listen, "--publish", "", "--control", "",
+         "--summaries", summaries], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        nrng = np.random.default_rng(seed)
+        w = nrng.standard_normal((features, classes))
+        p = infeed.Producer(listen, name="plugin-test", timeout=30)
+        try:
+            while True:
+                x = nrng.standard_normal((batch, features)).astype(np.float32)
+                p.send(x=x, y=np.argmax(x @ w, axis=1).astype(np.int32))
+        except infeed.RunEnded:
+            pass
+        p.close()
+        out, _ = daemon.communicate(timeout=60)
+        assert daemon.returncode == 0, out
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+    train = [json.loads(ln) for ln in summaries.read_text().splitlines()]
+    train = [s for s in train if s["event"] == "train"]
+    assert train[-1]["global_step"] == steps, train
+    assert train[-1]["loss"] < train[0]["loss"], [s["loss"] for s in train]
