@@ -11,7 +11,8 @@ each trained for the same number of steps
 
   - by infeedd (--iterations-per-loop 100, R = 1 and 2 replicas), fed by the Python producer
     (clients/python) over each transport it has: tcp (loopback), ipc (a Unix socket) and shm
-    (shared memory, when the client offers it; "n/a" until then); examples/s is the rows the
+    (shared memory, when the client offers it; "n/a" until then), sending one step a message
+    and k steps a message (--steps-per-message; "k1", "k100"); examples/s is the rows the
     daemon trained on over the wall time from the first batch sent to the end of the run, and
     "wait" is the fraction of the replicas' step time spent waiting for input (the run's train
     summary's infeed_wait_fraction);
@@ -55,6 +56,7 @@ JOBS = {
 }
 TARGETS = {"softmax32": 5.0, "mlp32": 1.5, "mlp1024": 1.3}  # x Keras/JAX
 LR = 0.01
+MSG_BYTES = 8 << 20  # the most bytes one infeedd message carries here
 IPL = 100
 
 KERAS_SCRIPT = r'''
@@ -108,7 +110,7 @@ def transports_of_client() -> set[str]:
 
 
 def run_infeedd(exe: str, job: dict, replicas: int, transport: str, steps: int, x, y,
-                tmp: Path) -> dict:
+                tmp: Path, per_msg: int = 1) -> dict:
     b = job["batch"]
     if transport == "tcp":
         listen = f"tcp://127.0.0.1:{free_port()}"
@@ -119,21 +121,27 @@ def run_infeedd(exe: str, job: dict, replicas: int, transport: str, steps: int, 
             str(summaries), "--program", job["program"], "--features", str(job["features"]),
             "--classes", str(job["classes"]), "--batch-size", str(b), "--replicas", str(replicas),
             "--steps", str(steps), "--iterations-per-loop", str(IPL), "--summary-every", "0",
-            "--optimizer", "sgd", "--learning-rate", str(LR), "--log-level", "warn"]
+            "--optimizer", "sgd", "--learning-rate", str(LR), "--log-level", "warn",
+            "--max-steps-per-message", str(per_msg)]
     if job["hidden"]:
         argv += ["--hidden", str(job["hidden"])]
     log = open(tmp / "daemon.log", "ab")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     kw = {"transport": transport} if transport == "shm" else {}
-    nb = len(x) // b
+    nb = len(x) // b // per_msg  # messages of per_msg steps in the data
+    rows = per_msg * b
     try:
+        time.sleep(0.2)
+        if proc.poll() is not None:
+            raise RuntimeError(f"infeedd exited {proc.returncode} at start: "
+                               f"{(tmp / 'daemon.log').read_text()[-2000:]}")
         p = infeed.Producer(listen, name="bench", timeout=60, **kw)
         sent = 0
         t0 = time.perf_counter()
         try:
             while True:
                 i = sent % nb
-                p.send(x=x[i * b:(i + 1) * b], y=y[i * b:(i + 1) * b])
+                p.send(x=x[i * rows:(i + 1) * rows], y=y[i * rows:(i + 1) * rows])
                 sent += 1
         except infeed.RunEnded:
             pass
@@ -181,6 +189,9 @@ def main() -> int:
     ap.add_argument("--jobs", default=",".join(JOBS), help="comma-separated: " + ", ".join(JOBS))
     ap.add_argument("--replicas", default="1,2", help="replica counts for infeedd (default 1,2)")
     ap.add_argument("--transports", default="tcp,ipc,shm", help="default tcp,ipc,shm")
+    ap.add_argument("--steps-per-message", default="1,100",
+                    help="steps one infeedd message carries (--max-steps-per-message; at most "
+                         "8 MiB a message), comma-separated: each is a row (default 1,100)")
     ap.add_argument("--no-keras", action="store_true", help="infeedd only")
     ap.add_argument("--venv", default=str(ROOT / "bench" / ".venv-peers"))
     ap.add_argument("--json", default=None, help="also write the results to this file")
@@ -199,17 +210,23 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="infeed-peers-") as tmp:
         for name in jobs:
             job = JOBS[name]
-            rows = max(job["batch"] * 64, 8192)
+            # a message carries at most 8 MiB (a large batch gains nothing from more steps)
+            step_bytes = job["batch"] * (job["features"] + 1) * 4
+            ks = sorted({max(1, min(int(v), MSG_BYTES // step_bytes))
+                         for v in a.steps_per_message.split(",")})
+            rows = max(job["batch"] * 64, 8192, 2 * ks[-1] * job["batch"])
             x, y = dataset(job, rows)
             row = {"job": name, "infeedd": {}, "keras": {}}
             for r in (int(v) for v in a.replicas.split(",")):
                 for t in a.transports.split(","):
-                    key = f"R{r}/{t}"
-                    if t not in offered:
-                        row["infeedd"][key] = None
-                        continue
-                    row["infeedd"][key] = run_infeedd(exe, job, r, t, a.steps, x, y, Path(tmp))
-                    print(f"{name} infeedd {key}: {row['infeedd'][key]}", flush=True)
+                    for k in ks:
+                        key = f"R{r}/{t}/k{k}"
+                        if t not in offered:
+                            row["infeedd"][key] = None
+                            continue
+                        row["infeedd"][key] = run_infeedd(exe, job, r, t, a.steps, x, y,
+                                                          Path(tmp), k)
+                        print(f"{name} infeedd {key}: {row['infeedd'][key]}", flush=True)
             if py:
                 for backend in ("jax", "tensorflow"):
                     row["keras"][backend] = run_keras(py, backend, job, a.steps, rows)

@@ -236,7 +236,7 @@ void ingest_producers_free(ifd_ingest *g);
 
 /* source.c */
 void ingest_host_frames_free(host_frames *fr);
-void ingest_host_batch_free_frames(host_batch *hb);
+int ingest_host_batch_free_frames(host_batch *hb);
 void ingest_prediction_free(prediction_msg *m);
 void ingest_host_batch_free(host_batch *hb);
 void ingest_host_batch_release(ifd_batch *b, void *arg);

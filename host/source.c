@@ -27,13 +27,17 @@ void ingest_host_frames_free(host_frames *fr)
     free(fr);
 }
 
-/* Lets go of hb's share of its message's frames (once: the release or the free). */
-void ingest_host_batch_free_frames(host_batch *hb)
+/* Lets go of hb's share of its message's frames (once: the release or the free); 1 when that
+ * was the last share (the message is consumed), else 0. */
+int ingest_host_batch_free_frames(host_batch *hb)
 {
     host_frames *fr = hb->fr;
     hb->fr = NULL;
-    if (fr && __atomic_sub_fetch(&fr->refs, 1, __ATOMIC_ACQ_REL) == 0)
+    if (fr && __atomic_sub_fetch(&fr->refs, 1, __ATOMIC_ACQ_REL) == 0) {
         ingest_host_frames_free(fr);
+        return 1;
+    }
+    return 0;
 }
 
 void ingest_prediction_free(prediction_msg *m)
@@ -60,9 +64,12 @@ void ingest_host_batch_release(ifd_batch *b, void *arg)
     (void)b;
     host_batch *hb = arg;
     ifd_ingest *g = hb->g;
-    ingest_host_batch_free_frames(hb);
+    int last = ingest_host_batch_free_frames(hb);
     __atomic_store_n(&hb->done, 1, __ATOMIC_RELEASE);
-    if (__atomic_exchange_n(&g->acks_pending, 1, __ATOMIC_ACQ_REL) == 0)
+    /* The I/O thread is woken to ACK once a message is consumed: a message of several steps
+     * is acknowledged when its last step is, with one ACK (or sooner, on the I/O thread's next
+     * pass), not with a wake-up and an ACK a step. */
+    if (last && __atomic_exchange_n(&g->acks_pending, 1, __ATOMIC_ACQ_REL) == 0)
         ifd_ingest_wake(g);
 }
 
