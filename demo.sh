@@ -3,7 +3,8 @@
 # streams scikit-learn's digits data set to it with the Python producer (all but 297 held-out
 # rows), prints each summary as it arrives and the training accuracy, checkpointing as it goes.
 # Then it evaluates the last checkpoint on the held-out rows (eval mode) and predicts their
-# classes (predict mode), each with its own infeedd.
+# classes (predict mode), each with its own infeedd, and draws the training run into a PNG
+# (python -m infeed.plot).
 #
 #   ./demo.sh                       the demo
 #   ./demo.sh --steps 1200 ...      extra flags go to the training infeedd (./build/host/infeedd
@@ -111,4 +112,7 @@ echo "== predict: the held-out rows' classes (the last batch partial, padded by 
 phase --mode predict --checkpoint-dir "$CHECKPOINTS" --predictions "$PREDICTIONS" -- \
   python3 examples/digits/score_digits.py --mode predict --endpoint "$LISTEN" \
   --holdout "$HOLDOUT"
+PLOT=$OUT/demo-run.png
+python3 -m infeed.plot "$SUMMARIES" -o "$PLOT" --title "demo: ${MODEL[*]}" >/dev/null
+echo "== plot: loss, accuracy, examples/s and infeed wait against the step: $PLOT"
 echo "== done: every summary is in $SUMMARIES, every prediction in $PREDICTIONS"

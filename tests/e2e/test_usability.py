@@ -215,6 +215,9 @@ def test_demo_trains_evaluates_and_predicts_an_mlp(tmp_path):
     assert r.returncode == 0, out
     assert re.search(r"eval: global step 200, loss [0-9.]+, held-out accuracy", out), out
     assert "predict: 5 batches, 297 predictions" in out, out
+    png = tmp_path / "demo-run.png"
+    assert f"== plot: loss, accuracy, examples/s and infeed wait against the step: {png}" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ends = [json.loads(line) for line in (tmp_path / "demo-summaries.jsonl").open()
             if '"end"' in line]
     assert [(e["mode"], e["status"]) for e in ends] == [("train", "ok"), ("eval", "ok"),
