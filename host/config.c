@@ -823,7 +823,7 @@ static void put(char *buf, size_t cap, size_t *at, const char *s, size_t n)
  * part before the first ": " ("steps and last_step: ..."), "setting 'hidden'" of a program's
  * settings, and anywhere else the keys with an '_' (plain words such as "steps" or "replicas"
  * in a sentence's body stay as they are). */
-static void name_keys_as_given(const ifd_daemon_config *c, ifd_error *err)
+void ifd_daemon_config_name_keys(const ifd_daemon_config *c, ifd_error *err)
 {
     char out[sizeof err->msg];
     size_t at = 0;
@@ -831,6 +831,18 @@ static void name_keys_as_given(const ifd_daemon_config *c, ifd_error *err)
     const char *m = err->msg, *colon = strstr(m, ": ");
     size_t head = colon ? (size_t)(colon - m) : 0;
     for (size_t i = 0; m[i];) {
+        /* A quoted value ('/data/checkpoint_dir') stays as it is; an apostrophe inside a word
+         * (replica's) opens nothing. */
+        if (m[i] == '\'' && (i == 0 || !is_word_char(m[i - 1])) &&
+            !(i >= 8 && strncmp(m + i - 8, "setting ", 8) == 0)) {
+            size_t j = i + 1;
+            while (m[j] && !(m[j] == '\'' && !is_word_char(m[j + 1])))
+                j++;
+            size_t n = m[j] ? j + 1 - i : j - i;
+            put(out, sizeof out, &at, m + i, n);
+            i += n;
+            continue;
+        }
         if (!is_word_char(m[i]) || (i > 0 && is_word_char(m[i - 1]))) {
             put(out, sizeof out, &at, m + i, 1);
             i++;
@@ -866,7 +878,7 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
 {
     int rc = validate_keys(c, err);
     if (rc && err)
-        name_keys_as_given(c, err);
+        ifd_daemon_config_name_keys(c, err);
     return rc;
 }
 

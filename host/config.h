@@ -82,6 +82,10 @@ int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const c
  * and no --config file was read), key_name when it came from the file. */
 int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err);
 
+/* Rewrites the keys a config error's sentence names into the names the user gave them (as the
+ * validation pass does): for the daemon's own later config errors (keys, checkpoints, hosts). */
+void ifd_daemon_config_name_keys(const ifd_daemon_config *c, ifd_error *err);
+
 /* "the integer 5", "a string of 64 bytes", "an array", "nothing" (v NULL): what arrived, for
  * error sentences. */
 struct json_t;

@@ -51,6 +51,22 @@ def test_config_messages_name_the_file_keys_given_there(tmp_path):
     assert "steps and --last-step: expected exactly one" in line, line
 
 
+def test_later_config_errors_name_the_flags_too(tmp_path):
+    """Errors found after the validation pass (checkpoints, key files) follow the same rule;
+    a quoted path that holds a key's name stays as it is."""
+    missing = tmp_path / "checkpoint_dir"
+    line = error_line(*BASE, "--mode", "eval", "--steps", "2", "--checkpoint-dir", str(missing))
+    assert line.startswith("infeedd: --checkpoint-dir: ") and f"'{missing}'" in line, line
+    line = error_line(*BASE, "--steps", "2", "--curve-secret-key", str(tmp_path / "admin_keys"),
+                      "--authorized-keys", str(tmp_path / "authorized_keys"))
+    assert line.startswith("infeedd: --curve-secret-key: ") and "/admin_keys'" in line, line
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"features": 4, "classes": 3, "steps": 2, "mode": "eval",
+                               "checkpoint_dir": str(missing)}))
+    line = error_line("--config", str(cfg))
+    assert line.startswith("infeedd: checkpoint_dir: "), line
+
+
 def test_producer_and_subscriber_say_no_daemon_answers(rng):
     (port,) = free_ports(1)
     endpoint = f"tcp://127.0.0.1:{port}"
@@ -231,3 +247,28 @@ def test_demo_stops_at_once_when_the_daemon_exits_early(tmp_path):
     assert "--watchdog" in out and "infeedd exited with status 2 before the producer" in out, out
     assert "no daemon answered" not in out, out  # it did not wait for the producer to give up
     assert took < 9, f"the demo took {took:.1f} s to notice"
+
+
+def test_readme_c_snippets_compile(tmp_path):
+    """Each C block of the README compiles as the body of main() (declared variables, real
+    functions and fields)."""
+    import shutil
+
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler")
+    blocks = re.findall(r"```c\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    assert len(blocks) >= 2
+    for i, block in enumerate(blocks):
+        lines = block.splitlines()
+        includes = [line for line in lines if line.startswith("#include")]
+        body = [line for line in lines if not line.startswith("#include")]
+        src = tmp_path / f"readme{i}.c"
+        src.write_text("\n".join(["#include <stdio.h>", "#include <infeed/infeed.h>",
+                                  "#include <infeed/client.h>", *includes, "int main(void)",
+                                  "{", *body, "    return 0;", "}", ""]))
+        r = subprocess.run([cc, "-std=c11", "-Wall", "-Werror", "-Wno-unused-variable",
+                            "-Wno-unused-but-set-variable", f"-I{ROOT / 'include'}", "-c",
+                            str(src), "-o", str(tmp_path / f"readme{i}.o")],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, f"README C block {i}:\n{src.read_text()}\n{r.stderr}"
