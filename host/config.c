@@ -206,6 +206,8 @@ static const opt opts[] = {
 };
 
 #define NOPTS ((int)(sizeof opts / sizeof opts[0]))
+_Static_assert(sizeof opts / sizeof opts[0] <= sizeof((ifd_daemon_config *)0)->key_source,
+               "key_source has a byte per option");
 
 void ifd_daemon_config_defaults(ifd_daemon_config *c)
 {
@@ -520,6 +522,7 @@ int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const c
         rc = set_value(c, o, val, where, err);
         if (rc)
             goto done;
+        c->key_source[o - opts] = IFD_KEY_FROM_FILE;
     }
 done:
     json_decref(root);
@@ -579,6 +582,7 @@ static int load_file(ifd_daemon_config *c, const char *path, ifd_config_reader r
         return rc;
     char source[300];
     snprintf(source, sizeof source, "config file %s", path);
+    c->from_file = 1;
     rc = ifd_daemon_config_apply_json(c, text, source, err);
     free(text);
     return rc;
@@ -664,6 +668,7 @@ int ifd_daemon_config_parse_with(ifd_daemon_config *c, int argc, char **argv, FI
         rc = set_value(c, o, val, where, err);
         if (rc)
             return rc;
+        c->key_source[o - opts] = IFD_KEY_FROM_FLAG;
     }
     /* The plugins first: the validation pass looks up the program by name. */
     for (int i = 0; i < c->nprogram_libs && c->load_program_lib; i++) {
@@ -774,7 +779,7 @@ static void hint_program_lib(const ifd_daemon_config *c, ifd_error *err)
              " (a program of your own: load its plugin with --program-lib PATH.so)");
 }
 
-int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
+static int validate_keys(const ifd_daemon_config *c, ifd_error *err)
 {
     /* The runtime names the key num_steps, the daemon steps: check that pair here, and the rest
      * with the runtime's pass in the order it uses. */
@@ -891,6 +896,97 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
     if (c->checkpoint && c->checkpoint[0] == '\0')
         return ifd_error_set(err, IFD_EINVAL, "checkpoint: expected a file, got ''");
     return validate_security(c, err);
+}
+
+/* How the user gave key o: "--last-step" (a flag, or unset without a config file) or
+ * "last_step" (the config file). */
+static void display_name(const ifd_daemon_config *c, const opt *o, char *buf, size_t len)
+{
+    int src = c->key_source[o - opts];
+    if (src == IFD_KEY_FROM_FILE || (src == IFD_KEY_DEFAULT && c->from_file))
+        snprintf(buf, len, "%s", o->key);
+    else
+        flag_name(o, buf, len);
+}
+
+static int is_word_char(char ch)
+{
+    return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-';
+}
+
+/* Appends s[0, n) to buf at *at, truncating. */
+static void put(char *buf, size_t cap, size_t *at, const char *s, size_t n)
+{
+    if (*at + 1 >= cap)
+        return;
+    if (n > cap - 1 - *at)
+        n = cap - 1 - *at;
+    memcpy(buf + *at, s, n);
+    *at += n;
+    buf[*at] = '\0';
+}
+
+/* Rewrites the keys a validation sentence names into the names the user gave: every key in the
+ * part before the first ": " ("steps and last_step: ..."), "setting 'hidden'" of a program's
+ * settings, and anywhere else the keys with an '_' (plain words such as "steps" or "replicas"
+ * in a sentence's body stay as they are). */
+void ifd_daemon_config_name_keys(const ifd_daemon_config *c, ifd_error *err)
+{
+    char out[sizeof err->msg];
+    size_t at = 0;
+    out[0] = '\0';
+    const char *m = err->msg, *colon = strstr(m, ": ");
+    size_t head = colon ? (size_t)(colon - m) : 0;
+    for (size_t i = 0; m[i];) {
+        /* A quoted value ('/data/checkpoint_dir') stays as it is; an apostrophe inside a word
+         * (replica's) opens nothing. */
+        if (m[i] == '\'' && (i == 0 || !is_word_char(m[i - 1])) &&
+            !(i >= 8 && strncmp(m + i - 8, "setting ", 8) == 0)) {
+            size_t j = i + 1;
+            while (m[j] && !(m[j] == '\'' && !is_word_char(m[j + 1])))
+                j++;
+            size_t n = m[j] ? j + 1 - i : j - i;
+            put(out, sizeof out, &at, m + i, n);
+            i += n;
+            continue;
+        }
+        if (!is_word_char(m[i]) || (i > 0 && is_word_char(m[i - 1]))) {
+            put(out, sizeof out, &at, m + i, 1);
+            i++;
+            continue;
+        }
+        size_t n = 0;
+        while (is_word_char(m[i + n]))
+            n++;
+        const opt *o = find_key(m + i, n);
+        /* "program 'mlp': ..." names the program, not the key */
+        int in_head = i + n <= head && strncmp(m + i + n, " '", 2) != 0;
+        int setting = i >= 9 && strncmp(m + i - 9, "setting '", 9) == 0 && m[i + n] == '\'';
+        if (o && (in_head || setting || memchr(m + i, '_', n))) {
+            char name[64];
+            display_name(c, o, name, sizeof name);
+            if (setting && name[0] == '-') { /* "setting 'hidden'" -> "--hidden" */
+                at -= at >= 9 ? 9 : at;
+                out[at] = '\0';
+                put(out, sizeof out, &at, name, strlen(name));
+                i += n + 1;
+                continue;
+            }
+            put(out, sizeof out, &at, name, strlen(name));
+        } else {
+            put(out, sizeof out, &at, m + i, n);
+        }
+        i += n;
+    }
+    memcpy(err->msg, out, at + 1);
+}
+
+int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
+{
+    int rc = validate_keys(c, err);
+    if (rc && err)
+        ifd_daemon_config_name_keys(c, err);
+    return rc;
 }
 
 static void format_default(const opt *o, const ifd_daemon_config *d, char *buf, size_t len)

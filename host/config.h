@@ -54,7 +54,14 @@ typedef struct ifd_daemon_config {
     int (*load_program_lib)(const char *path, ifd_error *err);
     char *strings[64]; /* owned copies of string values */
     int nstrings;
+    /* not keys: where each key's value came from (IFD_KEY_FROM_*, by the key's place in the
+     * option table) and whether a --config file was read, so that errors name the flag the
+     * user typed (--last-step) or the key of the file (last_step) */
+    unsigned char key_source[64];
+    int from_file;
 } ifd_daemon_config;
+
+enum { IFD_KEY_DEFAULT = 0, IFD_KEY_FROM_FILE = 1, IFD_KEY_FROM_FLAG = 2 };
 
 void ifd_daemon_config_defaults(ifd_daemon_config *c);
 void ifd_daemon_config_free(ifd_daemon_config *c);
@@ -81,8 +88,14 @@ int ifd_daemon_config_parse_with(ifd_daemon_config *c, int argc, char **argv, FI
 int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const char *source,
                                  ifd_error *err);
 
-/* The validation pass: the runtime's checks, the program's settings, the daemon's keys. */
+/* The validation pass: the runtime's checks, the program's settings, the daemon's keys. The
+ * sentence names each key as the user gave it: --flag-name when it came from a flag (or is unset
+ * and no --config file was read), key_name when it came from the file. */
 int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err);
+
+/* Rewrites the keys a config error's sentence names into the names the user gave them (as the
+ * validation pass does): for the daemon's own later config errors (keys, checkpoints, hosts). */
+void ifd_daemon_config_name_keys(const ifd_daemon_config *c, ifd_error *err);
 
 /* "the integer 5", "a string of 64 bytes", "an array", "nothing" (v NULL): what arrived, for
  * error sentences. */

@@ -89,6 +89,11 @@ static json_t *status_json(ifd_ingest *g)
     json_object_set_new(j, "replicas", json_integer(g->cfg->run.replicas));
     json_object_set_new(j, "global_step", json_integer(ifd_session_global_step(g->session)));
     json_object_set_new(j, "loop", json_integer(ifd_session_loop_index(g->session)));
+    const ifd_config *run = &g->cfg->run;
+    json_object_set_new(j, "last_step",
+                        run->mode != IFD_MODE_TRAIN ? json_null()
+                        : run->last_step > 0        ? json_integer(run->last_step)
+                                                    : json_integer(g->first_step + run->num_steps));
     json_object_set_new(j, "input_mode", json_string(ifd_input_mode_name(g->cfg->run.input_mode)));
     size_t qlen = 0;
     json_t *per = g->nlanes > 1 ? json_array() : json_null();

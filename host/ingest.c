@@ -573,6 +573,7 @@ void ingest_attach_program(ifd_ingest *g, const ifd_program *program)
 int ifd_ingest_start(ifd_ingest *g, ifd_session *s, ifd_error *err)
 {
     g->session = s;
+    g->first_step = ifd_session_global_step(s);
     ingest_attach_program(g, ifd_session_program(s));
     ifd_session_set_watchdog_context(s, ingest_watchdog_context, g);
     int rc = ifd_thread_start(&g->thread, "ifd-ingest", io_main, g);

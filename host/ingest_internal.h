@@ -156,6 +156,7 @@ struct ifd_ingest {
     int64_t stop_ns; /* when a stop was asked, 0: none */
     int64_t accepted, rejected, copied_bytes;
     double steps_per_sec, examples_per_sec;
+    int64_t first_step; /* the global step when the run started (status: last_step) */
     int64_t rate_t0, rate_step0;
 
     int64_t starve_warned_ns; /* the last starvation warning about the current wait */

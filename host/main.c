@@ -252,6 +252,7 @@ static int run(int argc, char **argv, ifd_hosts *hosts)
     int exit_now = 0;
     if (ifd_daemon_config_parse(&cfg, argc, argv, stdout, &exit_now, &err) ||
         (!exit_now && apply_hosts(&cfg, hosts, &err))) {
+        ifd_daemon_config_name_keys(&cfg, &err);
         fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
         ifd_daemon_config_free(&cfg);
         return 2;
@@ -267,6 +268,7 @@ static int run(int argc, char **argv, ifd_hosts *hosts)
     /* CURVE keys: a file that cannot be read or parsed is a config error, like a bad flag. */
     ifd_security *sec = NULL;
     if (ifd_security_create(&sec, &cfg, &err)) {
+        ifd_daemon_config_name_keys(&cfg, &err);
         fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
         ifd_daemon_config_free(&cfg);
         return 2;
@@ -303,6 +305,7 @@ static int run(int argc, char **argv, ifd_hosts *hosts)
     }
     if ((cfg.resume || cfg.checkpoint || (!train && cfg.checkpoint_dir)) &&
         load_start(&cfg, &ck, &err)) {
+        ifd_daemon_config_name_keys(&cfg, &err);
         fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
         ifd_security_destroy(sec);
         ifd_daemon_config_free(&cfg);
@@ -310,6 +313,7 @@ static int run(int argc, char **argv, ifd_hosts *hosts)
     }
     cfg.run.restore = ck;
     if (cfg.checkpoint_dir && train && check_dir(&cfg, ck, &err)) {
+        ifd_daemon_config_name_keys(&cfg, &err);
         fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
         ifd_checkpoint_free(ck);
         ifd_security_destroy(sec);

@@ -8,8 +8,10 @@ set -euo pipefail
 IFD_DEB_PACKAGES=(build-essential cmake pkg-config libjansson-dev check libsubunit-dev
                   libopenblas-dev libzmq3-dev zlib1g-dev clang libclang-rt-dev openmpi-bin
                   libopenmpi-dev)
-IFD_PY_MODULES=(zmq numpy sklearn pytest)      # import names
-IFD_PIP_PACKAGES=(pyzmq numpy scikit-learn pytest) # the same, as pip names
+# tensorboardX: python -m infeed.tensorboard; matplotlib: python -m infeed.plot (the demo's PNG);
+# tensorboard: the tests read the event files back with its EventAccumulator.
+IFD_PY_MODULES=(zmq numpy sklearn pytest tensorboardX matplotlib tensorboard) # import names
+IFD_PIP_PACKAGES=(pyzmq numpy scikit-learn pytest tensorboardX matplotlib tensorboard) # pip names
 
 missing=()
 for p in "${IFD_DEB_PACKAGES[@]}"; do

@@ -22,6 +22,7 @@
 struct ifd_producer {
     void *ctx;
     void *sock;
+    ifdw_watch watch; /* the connect timeout, until the first handshake */
     char name[IFDP_NAME_MAX + 1];
     int has_name;
     char endpoint[256];
@@ -527,14 +528,18 @@ int ifd_producer_create_opts(ifd_producer **out, const char *endpoint, const cha
     zmq_setsockopt(p->sock, ZMQ_LINGER, &zero, sizeof zero);
     if ((rc = ifdw_curve_apply(p->sock, opts, "producer", err)) != IFD_OK)
         goto fail_connect;
+    if ((rc = ifdw_watch_start(&p->watch, p->ctx, p->sock, opts, "producer", "--listen", err)))
+        goto fail_connect;
     if (zmq_connect(p->sock, endpoint) != 0) {
         rc = ifd_error_set(err, IFD_EINVAL, "producer: cannot connect to '%s': %s", endpoint,
                            zmq_strerror(errno));
-        goto fail_connect;
+        goto fail_watch;
     }
     *out = p;
     return IFD_OK;
 
+fail_watch:
+    ifdw_watch_stop(&p->watch);
 fail_connect:
     zmq_close(p->sock);
 fail_sock:
@@ -550,6 +555,7 @@ void ifd_producer_destroy(ifd_producer *p)
         return;
     /* Give a sent END a moment to leave; otherwise nothing is worth waiting for. */
     int linger = p->end_sent && p->bye_json == NULL ? 1000 : 0;
+    ifdw_watch_stop(&p->watch);
     if (p->sock) {
         zmq_setsockopt(p->sock, ZMQ_LINGER, &linger, sizeof linger);
         zmq_close(p->sock);
@@ -685,12 +691,15 @@ int ifd_producer_hello(ifd_producer *p, const ifd_input_spec *schema, int n, int
                                p->endpoint, timeout_ms);
             goto out_waiting;
         }
+        if ((rc = ifdw_watch_check(&p->watch, p->endpoint, &left, err)) != IFD_OK)
+            goto out_waiting;
         rc = recv_one(p, left, err);
         if (rc == IFD_ETIMEDOUT)
             rc = IFD_OK;
         else if (rc)
             goto out_waiting;
     }
+    ifdw_watch_poll(&p->watch);
     if (!p->hello_answered)
         rc = ifd_error_set(err, IFD_ECLOSED, "hello: %s", p->bye_text);
     else if (p->hello_err.code)

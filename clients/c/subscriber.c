@@ -3,6 +3,7 @@
 #include "clients/c/wire.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
@@ -10,6 +11,8 @@
 struct ifd_subscriber {
     void *ctx;
     void *sock;
+    ifdw_watch watch; /* the connect timeout, until the first handshake */
+    char endpoint[256];
 };
 
 int ifd_subscriber_create(ifd_subscriber **out, const char *endpoint, ifd_error *err)
@@ -45,9 +48,14 @@ int ifd_subscriber_create_opts(ifd_subscriber **out, const char *endpoint,
     }
     if ((rc = ifdw_curve_apply(s->sock, opts, "subscriber", err)) != IFD_OK)
         goto fail_setup;
+    snprintf(s->endpoint, sizeof s->endpoint, "%s", endpoint);
+    if ((rc = ifdw_watch_start(&s->watch, s->ctx, s->sock, opts, "subscriber", "--publish", err)) !=
+        IFD_OK)
+        goto fail_setup;
     if (zmq_connect(s->sock, endpoint) != 0) {
         rc = ifd_error_set(err, IFD_EINVAL, "subscriber: cannot connect to '%s': %s", endpoint,
                            zmq_strerror(errno));
+        ifdw_watch_stop(&s->watch);
         goto fail_setup;
     }
     *out = s;
@@ -66,6 +74,7 @@ void ifd_subscriber_destroy(ifd_subscriber *s)
 {
     if (s == NULL)
         return;
+    ifdw_watch_stop(&s->watch);
     zmq_close(s->sock);
     zmq_ctx_term(s->ctx);
     free(s);
@@ -77,7 +86,11 @@ int ifd_subscriber_recv(ifd_subscriber *s, char **json, int timeout_ms, ifd_erro
     int64_t deadline = ifdw_deadline(timeout_ms);
     for (;;) {
         zmq_pollitem_t it = {s->sock, 0, ZMQ_POLLIN, 0};
-        int r = zmq_poll(&it, 1, ifdw_left_ms(deadline));
+        long wait = ifdw_left_ms(deadline);
+        int rc = ifdw_watch_check(&s->watch, s->endpoint, &wait, err);
+        if (rc)
+            return rc;
+        int r = zmq_poll(&it, 1, wait);
         if (r < 0 && errno != EINTR)
             return ifdw_zmq_error(err, "subscriber: zmq_poll");
         if (r > 0) {

@@ -510,6 +510,62 @@ START_TEST(test_hello_timeout)
 }
 END_TEST
 
+/* An endpoint where nothing listens: a port bound and closed again. */
+static void dead_endpoint(char *buf, size_t len)
+{
+    void *ctx = zmq_ctx_new();
+    void *s = zmq_socket(ctx, ZMQ_ROUTER);
+    ck_assert(zmq_bind(s, "tcp://127.0.0.1:*") == 0);
+    zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, buf, &len);
+    zmq_close(s);
+    zmq_ctx_term(ctx);
+}
+
+/* No daemon answers: hello and recv end after the connect timeout, not their own, with a
+ * sentence naming the endpoint and the daemon's flag; a socket that answers the connection (a
+ * silent fake daemon) is waited on up to hello's own timeout, however short the connect
+ * timeout. */
+START_TEST(test_connect_timeout)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    char ep[256];
+    dead_endpoint(ep, sizeof ep);
+    ifd_client_options o = {.connect_timeout_ms = (int)rand_between(&rng, 50, 300)};
+    ifd_producer *p;
+    ifd_error err;
+    RC_OK(ifd_producer_create_opts(&p, ep, "loader-0", &o, &err), err);
+    int rc = ifd_producer_hello(p, ONE_U8, 1, 0, -1, &err); /* no bound of its own */
+    RASSERT(rc == IFD_ETIMEDOUT, "hello with no daemon returned %s", ifd_errname(rc));
+    RASSERT(strstr(err.msg, "no daemon answered at") && strstr(err.msg, ep) &&
+                strstr(err.msg, "--listen") && strstr(err.msg, "connect_timeout_ms"),
+            "%s", err.msg);
+    ifd_producer_destroy(p);
+
+    ifd_subscriber *s;
+    RC_OK(ifd_subscriber_create_opts(&s, ep, &o, &err), err);
+    char *json = NULL;
+    rc = ifd_subscriber_recv(s, &json, -1, &err);
+    RASSERT(rc == IFD_ETIMEDOUT && json == NULL, "recv with no daemon returned %s",
+            ifd_errname(rc));
+    RASSERT(strstr(err.msg, "no daemon answered at") && strstr(err.msg, "--publish"), "%s",
+            err.msg);
+    ifd_subscriber_destroy(s);
+
+    fake f;
+    fake_start(&f, script_silent, NULL);
+    o.connect_timeout_ms = (int)rand_between(&rng, 300, 500);
+    RC_OK(ifd_producer_create_opts(&p, f.endpoint, NULL, &o, &err), err);
+    rc = ifd_producer_hello(p, ONE_U8, 1, 0,
+                            o.connect_timeout_ms + (int)rand_between(&rng, 300, 600), &err);
+    RASSERT(rc == IFD_ETIMEDOUT && strstr(err.msg, "no WELCOME") &&
+                !strstr(err.msg, "no daemon answered"),
+            "a connected but silent daemon: %s: %s", ifd_errname(rc), err.msg);
+    fake_join(&f);
+    ifd_producer_destroy(p);
+}
+END_TEST
+
 /* ---- BATCH bytes, ACKs, END and BYE ------------------------------------------------------- */
 
 #define MAXB 40
@@ -1677,6 +1733,7 @@ int main(void)
     TCase *tc = tcase_create("producer");
     tcase_add_test(tc, test_hello_welcome);
     tcase_add_test(tc, test_hello_timeout);
+    tcase_add_test(tc, test_connect_timeout);
     tcase_add_test(tc, test_batches_end_bye);
     tcase_add_test(tc, test_end_bye_first);
     tcase_add_test(tc, test_end_timeout);

@@ -121,3 +121,96 @@ int ifdw_curve_apply(void *sock, const ifd_client_options *o, const char *who, i
     memset(sec, 0, sizeof sec);
     return rc;
 }
+
+int ifdw_watch_start(ifdw_watch *w, void *ctx, void *sock, const ifd_client_options *opts,
+                     const char *who, const char *flag, ifd_error *err)
+{
+    memset(w, 0, sizeof *w);
+    w->who = who;
+    w->flag = flag;
+    w->timeout_ms =
+        opts && opts->connect_timeout_ms ? opts->connect_timeout_ms : IFD_CONNECT_TIMEOUT_MS;
+    if (w->timeout_ms < 0)
+        return IFD_OK;
+    char ep[64];
+    snprintf(ep, sizeof ep, "inproc://ifd-client-monitor-%p", sock);
+    if (zmq_socket_monitor(sock, ep,
+                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
+        return ifdw_zmq_error(err, "zmq_socket_monitor");
+    w->mon = zmq_socket(ctx, ZMQ_PAIR);
+    if (w->mon == NULL || zmq_connect(w->mon, ep) != 0) {
+        int rc = ifdw_zmq_error(err, "connecting the socket monitor");
+        if (w->mon)
+            zmq_close(w->mon);
+        w->mon = NULL;
+        zmq_socket_monitor(sock, NULL, 0);
+        return rc;
+    }
+    int zero = 0;
+    zmq_setsockopt(w->mon, ZMQ_LINGER, &zero, sizeof zero);
+    w->sock = sock;
+    w->deadline = ifdw_deadline(w->timeout_ms);
+    return IFD_OK;
+}
+
+int ifdw_watch_poll(ifdw_watch *w)
+{
+    while (w->mon) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, w->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return 0;
+        }
+        /* frame 1: the event (uint16) and its value (uint32); frame 2: the endpoint */
+        uint16_t event = 0;
+        if (zmq_msg_size(&m) >= 2)
+            memcpy(&event, zmq_msg_data(&m), 2);
+        int more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+        while (more) {
+            zmq_msg_init(&m);
+            more = zmq_msg_recv(&m, w->mon, 0) >= 0 && zmq_msg_more(&m);
+            zmq_msg_close(&m);
+        }
+        if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
+            ifdw_watch_stop(w);
+        else
+            w->refused = event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ? 1 : 2;
+    }
+    return 1;
+}
+
+int ifdw_watch_check(ifdw_watch *w, const char *endpoint, long *wait_ms, ifd_error *err)
+{
+    if (ifdw_watch_poll(w))
+        return IFD_OK;
+    if (ifdw_left_ms(w->deadline) == 0) {
+        char why[320];
+        if (w->refused == 1)
+            snprintf(why, sizeof why, ": it refused this client's CURVE key");
+        else if (w->refused == 2)
+            snprintf(why, sizeof why,
+                     ": the handshake failed (a CURVE setting that does not match the daemon's, "
+                     "or not an infeedd socket)");
+        else
+            snprintf(why, sizeof why, "; is infeedd running with %s %.250s?", w->flag, endpoint);
+        return ifd_error_set(err, IFD_ETIMEDOUT,
+                             "%s: no daemon answered at %s within %d ms (connect_timeout_ms)%s",
+                             w->who, endpoint, w->timeout_ms, why);
+    }
+    if (*wait_ms < 0 || *wait_ms > 50)
+        *wait_ms = 50;
+    return IFD_OK;
+}
+
+void ifdw_watch_stop(ifdw_watch *w)
+{
+    if (w->mon == NULL)
+        return;
+    zmq_socket_monitor(w->sock, NULL, 0);
+    zmq_close(w->mon);
+    w->mon = NULL;
+}

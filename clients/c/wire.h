@@ -29,4 +29,24 @@ int ifdw_zmq_error(ifd_error *err, const char *what);
  * who names the client in errors ("producer"). */
 int ifdw_curve_apply(void *sock, const ifd_client_options *opts, const char *who, ifd_error *err);
 
+/* The connect timeout (ifd_client_options.connect_timeout_ms): a monitor of the socket's
+ * handshakes until the first one succeeds. Start it before zmq_connect. */
+typedef struct ifdw_watch {
+    void *mon;      /* the monitor's PAIR socket; NULL: not watching (connected, or no bound) */
+    void *sock;     /* the watched socket */
+    int timeout_ms; /* the bound */
+    int64_t deadline;
+    int refused;      /* a handshake failed: 1 CURVE refused the key, 2 another failure */
+    const char *who;  /* "producer" */
+    const char *flag; /* the daemon's flag of the endpoint: "--listen" */
+} ifdw_watch;
+int ifdw_watch_start(ifdw_watch *w, void *ctx, void *sock, const ifd_client_options *opts,
+                     const char *who, const char *flag, ifd_error *err);
+/* Takes the monitor's events; 1 once the daemon answered (or when not watching). */
+int ifdw_watch_poll(ifdw_watch *w);
+/* While not connected: IFD_ETIMEDOUT with the sentence once the bound has passed, else IFD_OK
+ * and *wait_ms capped so that the caller polls again soon. */
+int ifdw_watch_check(ifdw_watch *w, const char *endpoint, long *wait_ms, ifd_error *err);
+void ifdw_watch_stop(ifdw_watch *w);
+
 #endif

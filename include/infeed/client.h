@@ -49,8 +49,9 @@ extern "C" {
  * else is IFD_EINVAL naming the field; IFD_ENOTSUP when libzmq has no CURVE. The strings are
  * read during the create call only.
  *
- * A daemon that refuses the key sends nothing: hello then ends with IFD_ETIMEDOUT, and a
- * subscriber receives nothing. A HELLO with a name bound to another key is answered IFD_EPERM.
+ * A daemon that refuses the key sends nothing: hello then ends with IFD_ETIMEDOUT (after the
+ * connect timeout, naming the refused key), and a subscriber receives nothing. A HELLO with a name
+ * bound to another key is answered IFD_EPERM.
  */
 typedef struct ifd_client_options {
     const char *server_key;      /* the daemon's public key, Z85 */
@@ -58,7 +59,16 @@ typedef struct ifd_client_options {
     const char *public_key;      /* this client's key pair, Z85 */
     const char *secret_key;
     const char *key_file; /* or this client's PREFIX.key */
+    /* How long the first wait (ifd_producer_hello, ifd_subscriber_recv) waits for the daemon
+     * to answer the connection at all, counted from the create call: 0 takes the default,
+     * IFD_CONNECT_TIMEOUT_MS; a negative value waits without a bound. When nothing answers at
+     * the endpoint (no daemon, another port, a refused CURVE key) that call returns
+     * IFD_ETIMEDOUT with a sentence saying so, instead of waiting out its own timeout. Create
+     * without options: the default. */
+    int connect_timeout_ms;
 } ifd_client_options;
+
+#define IFD_CONNECT_TIMEOUT_MS 10000
 
 /* ---- producer ----------------------------------------------------------------------------- */
 

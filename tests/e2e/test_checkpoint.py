@@ -176,7 +176,7 @@ def test_a_checkpoint_that_cannot_start_the_run(tmp_path, damage, words):
         line = one_line_error(*args, "--checkpoint-dir", str(folder), "--checkpoint", str(older))
         assert "ahead of this run's start at 20" in line, line
         line = one_line_error(*args, "--resume")
-        assert "checkpoint_dir" in line, line
+        assert "--checkpoint-dir" in line, line  # named as a flag: the user typed flags
         line = one_line_error(*args, "--checkpoint", str(tmp_path / "nothing.ifdckpt"))
         assert "nothing.ifdckpt" in line and "No such file" in line, line
         return

@@ -110,4 +110,4 @@ def test_eval_needs_a_checkpoint(daemon, tmp_path):
     assert r.returncode == 2 and "checkpoint" in r.stderr and "eval" in r.stderr, r.stderr
     r = run_infeedd("--mode", "eval", "--steps", "3", "--features", "2", "--classes", "2",
                     "--checkpoint-dir", str(tmp_path / "empty"))
-    assert r.returncode == 2 and "checkpoint_dir" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--checkpoint-dir" in r.stderr, r.stderr

@@ -307,7 +307,7 @@ def test_max_connections_config(daemon, rng):
     for bad in (rng.randint(1, producers - 1), rng.randint(65537, 1 << 30), -rng.randint(1, 9)):
         r = run_infeedd(*base, "--max-producers", str(producers), "--max-connections", str(bad))
         assert r.returncode == 2, r.stderr
-        assert f"max_connections: expected 0 (auto) or max_producers ({producers}) to 65536, " \
+        assert f"--max-connections: expected 0 (auto) or --max-producers ({producers}) to 65536, " \
                f"got {bad}" in r.stderr, r.stderr
     d = daemon(features=D, classes=K, batch_size=BATCH, steps=100000, credit=8,
                max_producers=producers, max_connections=0)

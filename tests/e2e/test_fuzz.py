@@ -479,8 +479,8 @@ def test_config_edges():
 
     base = ["--steps", "1", "--features", "4", "--classes", "3"]
     r = run_infeedd(*base, "--batch-size", str(1 << 62))
-    assert r.returncode == 2 and "batch_size" in r.stderr and str(1 << 62) in r.stderr, r.stderr
+    assert r.returncode == 2 and "--batch-size" in r.stderr and str(1 << 62) in r.stderr, r.stderr
     r = run_infeedd(*base, "--seed", " -1")
     assert r.returncode == 2 and "--seed" in r.stderr, r.stderr
     r = run_infeedd(*base, "--max-producers", "0", "--expect-producers", "1")
-    assert r.returncode == 2 and "max_producers" in r.stderr, r.stderr
+    assert r.returncode == 2 and "--max-producers" in r.stderr, r.stderr

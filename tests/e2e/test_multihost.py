@@ -284,7 +284,7 @@ def test_global_batch_not_divisible_by_hosts_x_replicas(tmp_path):
               steps=5)
     rc = job.wait(30)
     assert rc != 0
-    assert "batch_size: 6 is not divisible by 2 hosts x 2 replicas" in job.log(), job.log()
+    assert "--batch-size: 6 is not divisible by 2 hosts x 2 replicas" in job.log(), job.log()
 
 
 def test_resume_on_several_hosts_needs_rank_in_the_checkpoint_dir(tmp_path):
@@ -292,4 +292,4 @@ def test_resume_on_several_hosts_needs_rank_in_the_checkpoint_dir(tmp_path):
               checkpoint_dir=f"{tmp_path}/ck", resume=True)
     rc = job.wait(30)
     assert rc != 0
-    assert "checkpoint_dir must contain {rank}" in job.log(), job.log()
+    assert "--checkpoint-dir must contain {rank}" in job.log(), job.log()

@@ -79,7 +79,7 @@ def test_program_lib_in_config_file(tmp_path):
                     "--classes", "2", "--hidden", "0")
     assert r.returncode == 2
     assert r.stderr.strip() == \
-        "infeedd: program 'mlp2': setting 'hidden' must be between 1 and 1048576, got 0", r.stderr
+        "infeedd: program 'mlp2': --hidden must be between 1 and 1048576, got 0", r.stderr
     cfg.write_text(json.dumps({"program_lib": [3]}))
     r = run_infeedd("--config", str(cfg), "--steps", "5")
     assert r.returncode == 2
@@ -116,7 +116,7 @@ def test_two_plugins_one_name():
 def test_plugin_program_without_program_lib():
     r = run_infeedd("--program", "mlp2", "--steps", "5", "--features", "2", "--classes", "2")
     assert r.returncode == 2
-    assert r.stderr == "infeedd: program: expected one of linear, softmax, mlp, read, got " \
+    assert r.stderr == "infeedd: --program: expected one of linear, softmax, mlp, read, got " \
         "'mlp2' (a program of your own: load its plugin with --program-lib PATH.so)\n", r.stderr
 
 
@@ -133,7 +133,7 @@ def test_program_lib_bounds():
     r = run_infeedd(*(["--program-lib", lib] * 8), "--program", "mlp2", "--features", "2",
                     "--classes", "2", "--hidden", "0", "--steps", "5")
     assert r.returncode == 2
-    assert "setting 'hidden' must be between 1" in r.stderr, r.stderr
+    assert "--hidden must be between 1" in r.stderr, r.stderr
 
 
 def test_help_lists_program_lib():

@@ -344,13 +344,13 @@ START_TEST(test_config_security)
                            "d.key",    "--authorized-keys",  "a"};
     RASSERT(parse_args(curve, 6, &err) == IFD_OK, "CURVE on a remote endpoint: %s", err.msg);
     const char *no_secret[] = {"--authorized-keys", "a"};
-    RASSERT(parse_args(no_secret, 2, &err) == IFD_EINVAL && strstr(err.msg, "curve_secret_key"),
+    RASSERT(parse_args(no_secret, 2, &err) == IFD_EINVAL && strstr(err.msg, "--curve-secret-key"),
             "authorized keys without a secret key: %s", err.msg);
     const char *admin_only[] = {"--admin-keys", "a"};
-    RASSERT(parse_args(admin_only, 2, &err) == IFD_EINVAL && strstr(err.msg, "admin_keys"),
+    RASSERT(parse_args(admin_only, 2, &err) == IFD_EINVAL && strstr(err.msg, "--admin-keys"),
             "admin keys without a secret key: %s", err.msg);
     const char *no_auth[] = {"--curve-secret-key", "d.key"};
-    RASSERT(parse_args(no_auth, 2, &err) == IFD_EINVAL && strstr(err.msg, "authorized_keys"),
+    RASSERT(parse_args(no_auth, 2, &err) == IFD_EINVAL && strstr(err.msg, "--authorized-keys"),
             "a secret key without authorized keys: %s", err.msg);
 }
 END_TEST

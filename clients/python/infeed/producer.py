@@ -13,6 +13,7 @@ import zmq
 
 from . import keys as K
 from . import protocol as P
+from ._connect import DEFAULT_CONNECT_TIMEOUT, ConnectWatch, check_timeout
 from .errors import InfeedError, RunEnded
 
 _DEFAULT_TIMEOUT = 60.0
@@ -116,6 +117,10 @@ class Producer:
     - ``timeout``: seconds any blocking call may go without hearing from the daemon (a WELCOME, an
       ACK, a CREDIT...) before it raises :class:`TimeoutError`; None waits forever. It is a limit
       on silence, not on the whole call: a long :meth:`wait` that keeps receiving ACKs goes on.
+    - ``connect_timeout``: seconds the first blocking call waits for the daemon to answer the
+      connection at all (10 by default; None: no bound). When nothing answers at ``endpoint`` (no
+      daemon, another port) it raises :class:`TimeoutError` saying so, instead of waiting out
+      ``timeout``.
     - ``on_ack``: called with each ACKed sequence number, as the ACK is handled.
     - ``replica``: ``per-core`` input mode: the replica (0 to replicas - 1) this producer's batches
       are for, sent in ``HELLO``; None (the other input modes) sends no replica. Each batch then
@@ -150,7 +155,8 @@ class Producer:
                  context: Optional[zmq.Context] = None,
                  on_ack: Optional[Callable[[int], None]] = None,
                  replica: Optional[int] = None, server_key: Any = None,
-                 server_key_file: Any = None, keypair: Any = None, key_file: Any = None):
+                 server_key_file: Any = None, keypair: Any = None, key_file: Any = None,
+                 connect_timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT):
         if first_seq < 0:
             raise ValueError(f"first_seq: expected >= 0, got {first_seq}")
         if replica is not None and (isinstance(replica, bool) or not isinstance(replica, int)
@@ -163,12 +169,16 @@ class Producer:
         self.on_ack = on_ack
         self._first_seq = int(first_seq)
         self._schema = _normalize_schema(schema) if schema is not None else None
+        connect_timeout = check_timeout(connect_timeout)
         curve = K.client_keys(server_key, server_key_file, keypair, key_file)
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         try:
             K.apply_client(self._sock, curve)
+            self._watch = ConnectWatch(self._sock, endpoint, connect_timeout,
+                                       f"infeed producer{' ' + repr(name) if name else ''}",
+                                       "--listen")
         except BaseException:
             self._sock.close(0)
             raise
@@ -357,6 +367,9 @@ class Producer:
                         f"unacknowledged, credit {self._credit}, next seq {self._next_seq}, "
                         f"acknowledged up to {self._acked_seq}); is infeedd running there?")
                 wait_ms = max(1, min(1000, int(left * 1000) + 1))
+            if not self._watch.connected:
+                self._watch.check()
+                wait_ms = min(wait_ms, 50)
             if self._sock.poll(wait_ms, zmq.POLLIN):
                 if self._drain():
                     last = time.monotonic()
@@ -582,6 +595,7 @@ class Producer:
         if self._closed:
             return
         self._closed = True
+        self._watch.close()
         if linger is None:
             linger = 1000 if (self._ended and self.bye is None and self.welcome is not None) else 0
         self._sock.close(linger=linger)
@@ -601,6 +615,7 @@ class Producer:
     def __del__(self) -> None:
         try:
             if not self._closed:
+                self._watch.close()
                 self._sock.close(linger=0)
         except Exception:
             pass

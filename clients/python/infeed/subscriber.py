@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Iterator, Optional
 
 import zmq
 
 from . import keys as K
+from ._connect import DEFAULT_CONNECT_TIMEOUT, ConnectWatch, check_timeout
 
 
 class Subscriber:
@@ -25,12 +27,19 @@ class Subscriber:
     ``keypair``/``key_file`` as for :class:`~infeed.Producer`; the daemon lets subscribe the keys
     of its ``--admin-keys`` and ``--authorized-keys``. A refused subscriber receives nothing
     (its ``recv`` times out).
+
+    ``connect_timeout``: seconds :meth:`recv` waits for the daemon to answer the connection at
+    all, counted from the constructor (10 by default; None: no bound): when nothing answers at
+    ``endpoint`` it raises :class:`TimeoutError` saying so, even with ``timeout`` None. Start the
+    daemon first, or pass a longer one.
     """
 
     def __init__(self, endpoint: str, timeout: Optional[float] = None,
                  context: Optional[zmq.Context] = None, server_key: Any = None,
-                 server_key_file: Any = None, keypair: Any = None, key_file: Any = None):
+                 server_key_file: Any = None, keypair: Any = None, key_file: Any = None,
+                 connect_timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT):
         self.endpoint = endpoint
+        connect_timeout = check_timeout(connect_timeout)
         self.timeout = timeout
         self.ended = False
         self.last: Optional[dict] = None
@@ -40,6 +49,8 @@ class Subscriber:
         self._sock.setsockopt(zmq.LINGER, 0)
         try:
             K.apply_client(self._sock, curve)
+            self._watch = ConnectWatch(self._sock, endpoint, connect_timeout,
+                                       "infeed subscriber", "--publish")
         except BaseException:
             self._sock.close(0)
             raise
@@ -58,8 +69,18 @@ class Subscriber:
             raise ValueError("infeed subscriber: the socket is closed")
         if timeout is ...:
             timeout = self.timeout
-        if timeout is not None:
-            if not self._sock.poll(max(0, int(timeout * 1000)), zmq.POLLIN):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._watch.poll():
+            self._watch.check()
+            wait = 0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic()))
+            if self._sock.poll(int(wait * 1000), zmq.POLLIN):
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"infeed subscriber: no summary from {self.endpoint} within "
+                                   f"{timeout:g} s")
+        if deadline is not None:
+            left = max(0.0, deadline - time.monotonic())
+            if not self._sock.poll(int(left * 1000), zmq.POLLIN):
                 raise TimeoutError(f"infeed subscriber: no summary from {self.endpoint} within "
                                    f"{timeout:g} s")
         data = self._sock.recv()
@@ -83,6 +104,7 @@ class Subscriber:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._watch.close()
             self._sock.close(linger=0)
 
     def __enter__(self) -> "Subscriber":

@@ -1,0 +1,218 @@
+"""infeedctl against a live infeedd: status (readable and --json), stop, watch (the progress
+line until the end summary), CURVE keys, and the sentences for no daemon and bad usage."""
+
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import infeed
+from conftest import free_ports, infeedd_path
+from test_security import BATCH, CLASSES, FEATURES, batch, curve_daemon, keys, producer  # noqa: F401
+
+
+def infeedctl_path():
+    p = os.environ.get("INFEEDCTL")
+    if not p and infeedd_path():
+        p = str(Path(infeedd_path()).parent.parent / "tools" / "infeedctl")
+    if not p or not os.access(p, os.X_OK):
+        pytest.skip("infeedctl is not built (set INFEEDCTL)")
+    return p
+
+
+def ctl(*args, timeout=30):
+    return subprocess.run([infeedctl_path(), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def endpoints(d):
+    return ["--control", d.control_endpoint, "--publish", d.publish]
+
+
+def start(daemon, **flags):
+    f = dict(program="softmax", features=FEATURES, classes=CLASSES, batch_size=BATCH,
+             iterations_per_loop=2, summary_every=2)
+    f.update(flags)
+    return daemon(**f)
+
+
+def test_status_readable_and_json(daemon, rng):
+    steps = rng.randint(50, 200)
+    d = start(daemon, steps=steps, replicas=rng.choice([1, 2]))
+    nprng = np.random.default_rng(rng.randint(0, 2**31))
+    sent = rng.randint(1, 5)
+    p = infeed.Producer(d.listen, name="loader-7", timeout=10)
+    for i in range(sent):
+        p.send(batch(nprng, i))
+    p.wait()
+    r = ctl("status", "--json", *endpoints(d))
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["ok"] and s["last_step"] == steps and s["mode"] == "train", s
+    assert [q["name"] for q in s["producers"]] == ["loader-7"], s
+    assert s["global_step"] <= sent and s["batches_accepted"] == sent, s
+    r = ctl("status", *endpoints(d))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert f"global step   {s['global_step']} / {steps}" in out, out
+    assert "loader-7" in out and f"accepted {sent}" in out, out
+    assert f"program softmax on {s['replicas']} cpu replica" in out, out
+    assert len(re.findall(r"replica \d+\s+infeed \d+/\d+, outfeed \d+/\d+", out)) == s["replicas"]
+    p.close()
+
+
+def test_stop_ends_the_run(daemon, rng):
+    d = start(daemon, steps=100000)
+    nprng = np.random.default_rng(rng.randint(0, 2**31))
+    p = infeed.Producer(d.listen, name="p", timeout=10)
+    for i in range(rng.randint(2, 6)):
+        p.send(batch(nprng, i))
+    r = ctl("stop", *endpoints(d))
+    assert r.returncode == 0, r.stderr
+    assert "stopping" in r.stdout, r.stdout
+    try:
+        for i in range(1000):
+            p.send(batch(nprng, i))
+    except infeed.RunEnded:
+        pass
+    assert d.wait() == 0, d.log()
+    end = d.end_summary()
+    assert end["reason"] == "stopped" and end["global_step"] < 100000, end
+    p.close()
+
+
+def watch(d, *extra):
+    proc = subprocess.Popen([infeedctl_path(), "watch", *endpoints(d), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # PUB drops what is published before the subscription is up
+    return proc
+
+
+def feed(d, rng, n, name="p"):
+    nprng = np.random.default_rng(rng.randint(0, 2**31))
+    with infeed.Producer(d.listen, name=name, timeout=10) as p:
+        try:
+            for i in range(n):
+                p.send(batch(nprng, i))
+        except infeed.RunEnded:
+            pass
+
+
+def test_watch_shows_progress_and_ends_with_the_run(daemon, rng):
+    steps = 2 * rng.randint(10, 40)
+    d = start(daemon, steps=steps)
+    proc = watch(d)
+    feed(d, rng, steps * 3)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    lines = out.strip().splitlines()
+    assert lines[0].startswith(f"watching infeedd at {d.publish}: train mode, program softmax"), \
+        lines[0]
+    progress = [line for line in lines if line.startswith("step ")]
+    assert progress, out
+    summaries = [s for s in d.summaries() if s["event"] == "train"]
+    # one line per train summary, in order, with its numbers
+    assert len(progress) == len(summaries), (progress, summaries)
+    for line, s in zip(progress, summaries):
+        assert line.startswith(f"step {s['global_step']}/{steps} "), line
+        assert f"loss {s['loss']:.4g}" in line and f"accuracy {s['accuracy']:.3f}" in line, line
+        assert "examples/s" in line and "infeed wait" in line, line
+        if s["global_step"] < steps and s["steps_per_sec"] > 0:
+            assert re.search(r"ETA \d+:\d\d", line), line
+    assert lines[-1] == f"end: ok (last_step) at global step {steps} after {steps} steps", out
+    assert d.wait() == 0
+
+
+def test_watch_exits_1_when_the_run_ends_with_an_error(daemon, rng):
+    d = start(daemon, steps=1000, watchdog=rng.uniform(2.0, 3.0))  # no input: the watchdog fires
+    proc = watch(d)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1, (out, err)
+    assert re.search(r"^end: error \(error\) at global step 0 after 0 steps: .*watchdog", out,
+                     re.M), out
+    assert d.wait() == 1
+
+
+def test_watch_notices_a_daemon_that_vanishes(daemon, rng):
+    d = start(daemon, steps=1000)
+    proc = watch(d, "--timeout", "1")
+    d.kill()
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1, (out, err)
+    assert "the daemon stopped answering before its end summary came" in err, err
+
+
+def test_no_daemon_one_sentence_and_exit_1(rng):
+    lp, pp = free_ports(2)
+    for cmd in ("status", "stop", "watch"):
+        r = ctl(cmd, "--control", f"tcp://127.0.0.1:{lp}", "--publish", f"tcp://127.0.0.1:{pp}",
+                "--timeout", f"{rng.uniform(0.2, 0.6):.2f}")
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1, (cmd, r.stderr)
+        assert "no daemon answered at tcp://127.0.0.1:" in lines[0], lines[0]
+        assert "--control" in lines[0] or "--publish" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("args,want", [
+    ([], "expected a command"),
+    (["statu"], "unknown command 'statu'"),
+    (["status", "--bogus"], "unknown option '--bogus'"),
+    (["status", "--timeout", "soon"], "--timeout"),
+    (["status", "--timeout", "0"], "--timeout"),
+    (["stop", "--json"], "--json"),
+    (["status", "--server-key", "x.pub"], "--key-file"),
+    (["status", "--control"], "--control: expected a value"),
+    (["status", "stop"], "unexpected argument 'stop'"),
+])
+def test_usage_errors_exit_2(args, want):
+    r = ctl(*args)
+    assert r.returncode == 2, (args, r.stderr)
+    assert want in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_help_and_version():
+    r = ctl("--help")
+    assert r.returncode == 0
+    for word in ("status", "stop", "watch", "--json", "--control", "--publish", "--server-key",
+                 "--key-file", "--timeout", "--help", "--version"):
+        assert word in r.stdout, word
+    r = ctl("--version")
+    assert r.returncode == 0 and r.stdout.startswith("infeedctl "), r.stdout
+
+
+def test_curve_keys(curve_daemon, keys, rng):
+    d = curve_daemon(steps=20, summary_every=2, iterations_per_loop=2)
+    admin = ["--server-key", str(keys["dir"] / "daemon.pub"),
+             "--key-file", str(keys["dir"] / "admin.key")]
+    r = ctl("status", "--json", *endpoints(d), *admin)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["last_step"] == 20
+    # no keys, or a key not in --admin-keys: the daemon answers nothing
+    for who in ([], ["--server-key", str(keys["dir"] / "daemon.pub"),
+                     "--key-file", str(keys["dir"] / "a.key")]):
+        r = ctl("status", *endpoints(d), "--timeout", "0.5", *who)
+        assert r.returncode == 1 and "no daemon answered" in r.stderr, r.stderr
+    r = ctl("status", *endpoints(d), "--server-key", str(keys["dir"] / "missing.pub"),
+            "--key-file", str(keys["dir"] / "admin.key"))
+    assert r.returncode == 1 and "missing.pub" in r.stderr, r.stderr
+    # watch with a subscriber key, to the end
+    proc = subprocess.Popen([infeedctl_path(), "watch", *endpoints(d), *admin],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    nprng = np.random.default_rng(rng.randint(0, 2**31))
+    with producer(d, keys, "a", "loader-0") as p:
+        try:
+            for i in range(200):
+                p.send(batch(nprng, i))
+        except infeed.RunEnded:
+            pass
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "step 20/20" in out and out.strip().endswith("end: ok (last_step) at global step 20 "
+                                                        "after 20 steps"), out

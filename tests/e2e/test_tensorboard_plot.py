@@ -1,0 +1,176 @@
+"""python -m infeed.tensorboard (--from a summaries file, --subscribe to a live daemon) read back
+with TensorBoard's EventAccumulator, and python -m infeed.plot: the PNG and the series it drew."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import infeed
+from conftest import free_ports
+from infeed.runlog import SCALARS, read_summaries
+
+pytest.importorskip("tensorboardX")
+EventAccumulator = pytest.importorskip(
+    "tensorboard.backend.event_processing.event_accumulator").EventAccumulator
+
+FEATURES, CLASSES, BATCH = 6, 4, 16
+
+
+def module(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True,
+                          timeout=timeout, env=os.environ.copy())
+
+
+def train_run(daemon, rng, steps=None, **flags):
+    steps = steps or rng.randint(20, 60)
+    every = rng.randint(2, 7)
+    d = daemon(program="softmax", features=FEATURES, classes=CLASSES, batch_size=BATCH,
+               iterations_per_loop=rng.randint(1, 5), steps=steps, summary_every=every, **flags)
+    return d, steps
+
+
+def feed(d, rng):
+    nprng = np.random.default_rng(rng.randint(0, 2**31))
+    with infeed.Producer(d.listen, name="p", timeout=20) as p:
+        try:
+            for _ in range(10000):
+                y = nprng.integers(0, CLASSES, BATCH, dtype=np.int32)
+                x = (np.eye(CLASSES, FEATURES, dtype=np.float32)[y] +
+                     0.3 * nprng.standard_normal((BATCH, FEATURES))).astype(np.float32)
+                p.send(x=x, y=y)
+        except infeed.RunEnded:
+            pass
+    assert d.wait() == 0, d.log()
+
+
+def read_back(logdir):
+    ea = EventAccumulator(str(logdir))
+    ea.Reload()
+    return {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ea.Tags()["scalars"]}
+
+
+def expected(summaries):
+    want = {}
+    for s in summaries:
+        if s["event"] in ("train", "eval", "predict"):
+            for key in SCALARS:
+                if key in s:
+                    want.setdefault(f"{s['event']}/{key}", []).append(
+                        (s["global_step"], float(np.float32(s[key]))))
+    return want
+
+
+def assert_same(got, want):
+    assert set(got) == set(want), (sorted(got), sorted(want))
+    for tag in want:
+        assert [step for step, _ in got[tag]] == [step for step, _ in want[tag]], tag
+        np.testing.assert_allclose([v for _, v in got[tag]], [v for _, v in want[tag]],
+                                   rtol=1e-6, err_msg=tag)
+
+
+def test_from_file_reads_back(daemon, rng, tmp_path):
+    d, steps = train_run(daemon, rng)
+    feed(d, rng)
+    summaries = d.summaries()
+    assert sum(s["event"] == "train" for s in summaries) >= 2
+    r = module("infeed.tensorboard", "--from", str(d.summaries_path), "--logdir",
+               str(tmp_path / "tb"))
+    assert r.returncode == 0, r.stderr
+    got = read_back(tmp_path / "tb")
+    assert_same(got, expected(summaries))
+    assert got["train/loss"][-1][0] == steps
+    assert f"{sum(len(v) for v in got.values())} scalars written" in r.stdout, r.stdout
+
+
+def test_subscribe_follows_a_live_run(daemon, rng, tmp_path):
+    d, steps = train_run(daemon, rng)
+    proc = subprocess.Popen([sys.executable, "-m", "infeed.tensorboard", "--subscribe",
+                             d.publish, "--logdir", str(tmp_path / "tb")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=os.environ.copy())
+    time.sleep(1.0)  # the subscription is up before the first summary
+    feed(d, rng)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err  # it ended by itself with the end summary
+    assert_same(read_back(tmp_path / "tb"), expected(d.summaries()))
+
+
+def test_subscribe_without_a_daemon(tmp_path):
+    (port,) = free_ports(1)
+    r = module("infeed.tensorboard", "--subscribe", f"tcp://127.0.0.1:{port}", "--logdir",
+               str(tmp_path / "tb"), "--connect-timeout", "0.5")
+    assert r.returncode == 1, r.stderr
+    assert "no daemon answered at" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def synthetic(rng, n):
+    """n train summaries at random steps with random values, an eval one and the end."""
+    steps = sorted(rng.sample(range(1, 10 * n), n))
+    out = []
+    for st in steps:
+        out.append({"event": "train", "mode": "train", "global_step": st, "steps": 1,
+                    "loss": rng.uniform(0, 3), "accuracy": rng.uniform(0, 1), "examples": 10,
+                    "examples_per_sec": rng.uniform(1, 1e6), "steps_per_sec": rng.uniform(1, 1e4),
+                    "infeed_wait_fraction": rng.uniform(0, 1), "outfeed_wait_fraction": 0.0,
+                    "time": 1.7e9 + st})
+    out.append({"event": "end", "mode": "train", "global_step": steps[-1], "status": "ok",
+                "reason": "last_step", "steps": steps[-1], "time": 1.7e9 + steps[-1]})
+    out.append({"event": "eval", "mode": "eval", "global_step": steps[-1], "steps": 3,
+                "loss": 0.5, "accuracy": 0.9, "examples": 30, "examples_per_sec": 5.0,
+                "steps_per_sec": 1.0, "infeed_wait_fraction": 0.1, "outfeed_wait_fraction": 0.0,
+                "time": 1.8e9})
+    return out
+
+
+def write_jsonl(path, summaries):
+    path.write_text("".join(json.dumps(s) + "\n" for s in summaries))
+
+
+def test_plot_png_and_series(rng, tmp_path):
+    from infeed.plot import plot
+
+    n = rng.randint(2, 40)
+    summaries = synthetic(rng, n)
+    run = tmp_path / "run.jsonl"
+    write_jsonl(run, summaries)
+    png = tmp_path / "run.png"
+    r = module("infeed.plot", str(run), "-o", str(png))
+    assert r.returncode == 0, r.stderr
+    assert f"{n} train summaries drawn into {png}" in r.stdout, r.stdout
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", data[:16]
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width > 400 and height > 300, (width, height)
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(png))
+    assert pixels.shape[:2] == (height, width) and pixels.std() > 0.01  # not a blank image
+    drawn = plot(read_summaries(str(run)), str(tmp_path / "again.png"))
+    train = [s for s in summaries if s["event"] == "train"]
+    assert set(drawn) == {"loss", "accuracy", "examples_per_sec", "infeed_wait_fraction"}
+    for key, (steps, values) in drawn.items():
+        assert steps == [s["global_step"] for s in train], key
+        assert values == [s[key] for s in train], key
+
+
+def test_plot_and_convert_errors(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"event": "train", "global_step": 1, "loss": 1.0}\n\n[1, 2]\n')
+    for args in (["infeed.plot", str(bad), "-o", str(tmp_path / "x.png")],
+                 ["infeed.tensorboard", "--from", str(bad), "--logdir", str(tmp_path / "tb")]):
+        r = module(*args)
+        assert r.returncode == 1 and "line 3" in r.stderr and "bad.jsonl" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr
+    only_end = tmp_path / "end.jsonl"
+    write_jsonl(only_end, [{"event": "end", "mode": "train", "global_step": 0, "status": "error",
+                            "reason": "error", "steps": 0, "time": 1.0}])
+    r = module("infeed.plot", str(only_end), "-o", str(tmp_path / "y.png"))
+    assert r.returncode == 1 and "no train summaries to plot" in r.stderr, r.stderr
+    assert not (tmp_path / "y.png").exists()
+    r = module("infeed.plot", str(tmp_path / "missing.jsonl"), "-o", str(tmp_path / "z.png"))
+    assert r.returncode == 1 and "missing.jsonl" in r.stderr and "Traceback" not in r.stderr

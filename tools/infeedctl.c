@@ -1,0 +1,535 @@
+/*
+ * infeedctl: a running infeedd's status, a graceful stop, and a live progress line.
+ *
+ *   infeedctl status [--json]   the control socket's {"cmd":"status"}, readable or as JSON
+ *   infeedctl stop              {"cmd":"stop"}: the run ends at the end of the current loop
+ *   infeedctl watch             the summaries of the PUB socket as one progress line, until the
+ *                               end summary
+ *
+ * It speaks the daemon's control REP (docs/protocol.md, "Summaries and control") through a REQ
+ * socket and subscribes to the PUB socket with the C client, CURVE included (--server-key,
+ * --key-file: the files of `infeedd keygen`). Exit status: 0 done (watch: the run ended well),
+ * 1 no daemon answered, the daemon refused the request or the run ended with an error, 2 a
+ * usage error.
+ */
+#include "core/keyfile.h"
+#include "infeed/client.h"
+#include "infeed/error.h"
+#include "infeed/infeed.h" /* IFD_VERSION_STRING */
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#define EXIT_USAGE 2
+
+typedef struct ctl_options {
+    const char *control;
+    const char *publish;
+    const char *server_key; /* the daemon's PREFIX.pub */
+    const char *key_file;   /* this client's PREFIX.key */
+    double timeout;         /* seconds to wait for an answer */
+    int json;
+    const char *command;
+} ctl_options;
+
+static void usage(FILE *out)
+{
+    fprintf(
+        out,
+        "Usage: infeedctl [options] status [--json]\n"
+        "       infeedctl [options] stop\n"
+        "       infeedctl [options] watch\n"
+        "\n"
+        "Talks to a running infeedd: its control socket (--control) for status and stop,\n"
+        "its summaries (--publish) for watch.\n"
+        "\n"
+        "Commands:\n"
+        "  status        the daemon's state: global step and last step, rates, the batch\n"
+        "                queue, whether the infeed waits, producers and rings (--json: the\n"
+        "                daemon's answer as it came, docs/protocol.md)\n"
+        "  stop          asks for a graceful stop at the end of the current loop (as SIGTERM)\n"
+        "  watch         a live progress line from the published summaries: step / last step,\n"
+        "                examples/s, loss, accuracy, infeed wait, ETA; ends with the run's end\n"
+        "                summary (exit 0 when the run ended well, 1 when with an error)\n"
+        "\n"
+        "Options:\n"
+        "  --control ENDPOINT   the daemon's --control (default: tcp://127.0.0.1:5557)\n"
+        "  --publish ENDPOINT   the daemon's --publish, for watch (default: "
+        "tcp://127.0.0.1:5556)\n"
+        "  --server-key FILE    CURVE: the daemon's public key file (infeedd keygen's .pub)\n"
+        "  --key-file FILE      CURVE: this client's key pair (infeedd keygen's .key), whose\n"
+        "                       public key is in the daemon's --admin-keys (status, stop) or\n"
+        "                       --admin-keys / --authorized-keys (watch)\n"
+        "  --timeout SECONDS    how long to wait for the daemon to answer (default: 5)\n"
+        "  --json               status: print the daemon's JSON answer\n"
+        "  --help               this text\n"
+        "  --version            the version\n"
+        "\n"
+        "Exit status: 0 done; 1 no daemon answered, it refused the request, or (watch) the\n"
+        "run ended with an error; 2 a usage error.\n");
+}
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "infeedctl: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (infeedctl --help lists the commands and options)\n");
+    return EXIT_USAGE;
+}
+
+static int parse_args(int argc, char **argv, ctl_options *o)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            usage(stdout);
+            exit(0);
+        }
+        if (strcmp(a, "--version") == 0) {
+            printf("infeedctl %s (protocol %d)\n", IFD_VERSION_STRING, IFD_PROTOCOL_VERSION);
+            exit(0);
+        }
+        if (strcmp(a, "--json") == 0) {
+            o->json = 1;
+            continue;
+        }
+        if (strncmp(a, "--", 2) != 0) {
+            if (o->command)
+                return usage_error("unexpected argument '%s' after the command", a);
+            if (strcmp(a, "status") && strcmp(a, "stop") && strcmp(a, "watch"))
+                return usage_error("unknown command '%s': expected status, stop or watch", a);
+            o->command = a;
+            continue;
+        }
+        static const char *const names[] = {"--control", "--publish", "--server-key", "--key-file",
+                                            "--timeout"};
+        const char *eq = strchr(a, '=');
+        size_t len = eq ? (size_t)(eq - a) : strlen(a);
+        int which = -1;
+        for (int k = 0; k < 5; k++)
+            if (strlen(names[k]) == len && strncmp(a, names[k], len) == 0)
+                which = k;
+        if (which < 0)
+            return usage_error("unknown option '%s'", a);
+        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+        if (v == NULL || *v == '\0')
+            return usage_error("%s: expected a value", names[which]);
+        switch (which) {
+        case 0:
+            o->control = v;
+            break;
+        case 1:
+            o->publish = v;
+            break;
+        case 2:
+            o->server_key = v;
+            break;
+        case 3:
+            o->key_file = v;
+            break;
+        case 4: {
+            char *end;
+            errno = 0;
+            double t = strtod(v, &end);
+            if (errno || *end != '\0' || !(t > 0 && t <= 86400)) {
+                fprintf(stderr,
+                        "infeedctl: --timeout: expected seconds above 0 and at most 86400, got "
+                        "'%s'\n",
+                        v);
+                return EXIT_USAGE;
+            }
+            o->timeout = t;
+            break;
+        }
+        }
+    }
+    if (o->command == NULL)
+        return usage_error("%sexpected a command: status, stop or watch", "");
+    if (o->json && strcmp(o->command, "status") != 0)
+        return usage_error("--json: expected only with status, got it with %s", o->command);
+    if ((o->server_key == NULL) != (o->key_file == NULL))
+        return usage_error("%s: CURVE needs both the daemon's public key (--server-key) and "
+                           "this client's key pair (--key-file)",
+                           o->server_key ? "--server-key without --key-file"
+                                         : "--key-file without --server-key");
+    return 0;
+}
+
+/* ---- the control socket ------------------------------------------------------------------- */
+
+static int curve_setup(void *sock, const ctl_options *o, ifd_error *err)
+{
+    if (o->server_key == NULL)
+        return IFD_OK;
+    if (!zmq_has("curve"))
+        return ifd_error_set(err, IFD_ENOTSUP,
+                             "CURVE keys were given, but this libzmq has no CURVE");
+    char server[IFD_KEY_Z85_LEN + 1], pub[IFD_KEY_Z85_LEN + 1], sec[IFD_KEY_Z85_LEN + 1];
+    int rc = ifd_keyfile_load_public(o->server_key, "--server-key", server, err);
+    if (rc == IFD_OK)
+        rc = ifd_keyfile_load_pair(o->key_file, "--key-file", pub, sec, err);
+    if (rc == IFD_OK && (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, server, IFD_KEY_Z85_LEN) ||
+                         zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, IFD_KEY_Z85_LEN) ||
+                         zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, IFD_KEY_Z85_LEN)))
+        rc = ifd_error_set(err, IFD_EIO, "CURVE options: %s", zmq_strerror(errno));
+    memset(sec, 0, sizeof sec);
+    return rc;
+}
+
+/* Sends one request and waits o->timeout for the JSON answer (*reply, the caller decrefs). */
+static int control_request(const ctl_options *o, const char *request, json_t **reply,
+                           ifd_error *err)
+{
+    *reply = NULL;
+    void *ctx = zmq_ctx_new();
+    if (ctx == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "zmq_ctx_new: %s", zmq_strerror(errno));
+    void *req = zmq_socket(ctx, ZMQ_REQ);
+    int rc = IFD_OK, zero = 0;
+    if (req == NULL) {
+        rc = ifd_error_set(err, IFD_EIO, "zmq_socket: %s", zmq_strerror(errno));
+        goto out_ctx;
+    }
+    zmq_setsockopt(req, ZMQ_LINGER, &zero, sizeof zero);
+    if ((rc = curve_setup(req, o, err)) != IFD_OK)
+        goto out_sock;
+    if (zmq_connect(req, o->control) != 0) {
+        rc = ifd_error_set(err, IFD_EINVAL, "--control: cannot connect to '%s': %s", o->control,
+                           zmq_strerror(errno));
+        goto out_sock;
+    }
+    if (zmq_send(req, request, strlen(request), 0) < 0) {
+        rc = ifd_error_set(err, IFD_EIO, "sending to %s: %s", o->control, zmq_strerror(errno));
+        goto out_sock;
+    }
+    zmq_pollitem_t it = {req, 0, ZMQ_POLLIN, 0};
+    int r;
+    do
+        r = zmq_poll(&it, 1, (long)(o->timeout * 1000));
+    while (r < 0 && errno == EINTR);
+    if (r <= 0) {
+        rc = ifd_error_set(err, IFD_ETIMEDOUT,
+                           "no daemon answered at %s within %g s: is infeedd running with "
+                           "--control %s%s?",
+                           o->control, o->timeout, o->control,
+                           o->server_key ? ", and is this client's public key in its --admin-keys"
+                                         : "");
+        goto out_sock;
+    }
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, req, 0) < 0) {
+        rc = ifd_error_set(err, IFD_EIO, "receiving from %s: %s", o->control, zmq_strerror(errno));
+        zmq_msg_close(&m);
+        goto out_sock;
+    }
+    json_error_t je;
+    *reply = json_loadb(zmq_msg_data(&m), zmq_msg_size(&m), 0, &je);
+    if (*reply == NULL || !json_is_object(*reply)) {
+        rc = ifd_error_set(err, IFD_EPROTO, "%s answered something that is not a JSON object: %s",
+                           o->control, *reply ? "another JSON value" : je.text);
+        json_decref(*reply);
+        *reply = NULL;
+    }
+    zmq_msg_close(&m);
+out_sock:
+    zmq_close(req);
+out_ctx:
+    zmq_ctx_term(ctx);
+    return rc;
+}
+
+/* An answer {"ok": false, "error": ...} into err. */
+static int check_ok(const ctl_options *o, json_t *reply, ifd_error *err)
+{
+    if (json_is_true(json_object_get(reply, "ok")))
+        return IFD_OK;
+    const char *why = json_string_value(json_object_get(reply, "error"));
+    return ifd_error_set(err, IFD_EINVAL, "the daemon at %s refused the request: %s", o->control,
+                         why ? why : "(no reason given)");
+}
+
+/* ---- status ------------------------------------------------------------------------------- */
+
+static const char *str_or(json_t *o, const char *key, const char *dflt)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : dflt;
+}
+
+static double num_or(json_t *o, const char *key, double dflt)
+{
+    json_t *v = json_object_get(o, key);
+    return json_is_number(v) ? json_number_value(v) : dflt;
+}
+
+static void print_status(const ctl_options *o, json_t *s)
+{
+    printf("infeedd at %s: %s, %s mode, program %s on %lld %s replica%s\n", o->control,
+           str_or(s, "state", "?"), str_or(s, "mode", "?"), str_or(s, "program", "?"),
+           (long long)num_or(s, "replicas", 0), str_or(s, "backend", "?"),
+           num_or(s, "replicas", 0) == 1 ? "" : "s");
+    json_t *last = json_object_get(s, "last_step");
+    printf("  global step   %lld", (long long)num_or(s, "global_step", 0));
+    if (json_is_integer(last))
+        printf(" / %lld", (long long)json_integer_value(last));
+    printf(" (loop %lld)\n", (long long)num_or(s, "loop", 0));
+    printf("  rates         %.1f steps/s, %.0f examples/s\n", num_or(s, "steps_per_sec", 0),
+           num_or(s, "examples_per_sec", 0));
+    printf("  input         %s, batch queue %lld of %lld, %s\n", str_or(s, "input_mode", "?"),
+           (long long)num_or(s, "batch_queue", 0), (long long)num_or(s, "batch_queue_limit", 0),
+           json_is_true(json_object_get(s, "input_closed")) ? "input ended" : "input open");
+    if (json_is_true(json_object_get(s, "infeed_waiting"))) {
+        json_t *rep = json_object_get(s, "infeed_waiting_replica");
+        printf("  infeed        waiting for input for %.1f s", num_or(s, "infeed_waiting_sec", 0));
+        if (json_is_integer(rep))
+            printf(" (replica %lld's batch)", (long long)json_integer_value(rep));
+        printf("\n");
+    } else {
+        printf("  infeed        not waiting\n");
+    }
+    printf("  batches       %lld accepted, %lld rejected\n",
+           (long long)num_or(s, "batches_accepted", 0),
+           (long long)num_or(s, "batches_rejected", 0));
+    json_t *ps = json_object_get(s, "producers");
+    printf("  producers     %lld connected, %zu known\n",
+           (long long)num_or(s, "producers_connected", 0), json_array_size(ps));
+    size_t i;
+    json_t *p;
+    json_array_foreach(ps, i, p)
+    {
+        json_t *rep = json_object_get(p, "replica");
+        printf("    %-20s %s credit %lld, in flight %lld, accepted %lld, rejected %lld, last seq "
+               "%lld, acked %lld",
+               str_or(p, "name", "?"), json_is_true(json_object_get(p, "ended")) ? "ended, " : "",
+               (long long)num_or(p, "credit", 0), (long long)num_or(p, "in_flight", 0),
+               (long long)num_or(p, "accepted", 0), (long long)num_or(p, "rejected", 0),
+               (long long)num_or(p, "last_seq", -1), (long long)num_or(p, "acked_seq", -1));
+        if (json_is_integer(rep))
+            printf(", replica %lld", (long long)json_integer_value(rep));
+        printf("\n");
+    }
+    json_t *rings = json_object_get(s, "rings"), *r;
+    json_array_foreach(rings, i, r)
+    {
+        printf("  replica %-5lld infeed %lld/%lld, outfeed %lld/%lld\n",
+               (long long)num_or(r, "replica", 0), (long long)num_or(r, "infeed", 0),
+               (long long)num_or(r, "infeed_capacity", 0), (long long)num_or(r, "outfeed", 0),
+               (long long)num_or(r, "outfeed_capacity", 0));
+    }
+}
+
+static int cmd_status(const ctl_options *o)
+{
+    ifd_error err;
+    ifd_error_clear(&err);
+    json_t *reply;
+    int rc = control_request(o, "{\"cmd\":\"status\"}", &reply, &err);
+    if (rc == IFD_OK)
+        rc = check_ok(o, reply, &err);
+    if (rc) {
+        fprintf(stderr, "infeedctl status: %s\n", err.msg);
+        json_decref(reply);
+        return 1;
+    }
+    if (o->json) {
+        char *text = json_dumps(reply, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        printf("%s\n", text ? text : "{}");
+        free(text);
+    } else {
+        print_status(o, reply);
+    }
+    json_decref(reply);
+    return 0;
+}
+
+static int cmd_stop(const ctl_options *o)
+{
+    ifd_error err;
+    ifd_error_clear(&err);
+    json_t *reply;
+    int rc = control_request(o, "{\"cmd\":\"stop\"}", &reply, &err);
+    if (rc == IFD_OK)
+        rc = check_ok(o, reply, &err);
+    json_decref(reply);
+    if (rc) {
+        fprintf(stderr, "infeedctl stop: %s\n", err.msg);
+        return 1;
+    }
+    printf("infeedd at %s: stopping at the end of the current loop\n", o->control);
+    return 0;
+}
+
+/* ---- watch -------------------------------------------------------------------------------- */
+
+static void format_eta(double secs, char *buf, size_t len)
+{
+    if (!(secs >= 0) || secs > 1e7) {
+        snprintf(buf, len, "?");
+        return;
+    }
+    long s = (long)(secs + 0.5);
+    if (s >= 3600)
+        snprintf(buf, len, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
+    else
+        snprintf(buf, len, "%ld:%02ld", s / 60, s % 60);
+}
+
+/* The progress line of one train/eval/predict summary. */
+static void progress_line(json_t *s, long long last_step, char *buf, size_t len)
+{
+    long long step = (long long)num_or(s, "global_step", 0);
+    const char *event = str_or(s, "event", "?");
+    size_t at = 0;
+#define APPEND(...)                                                                                \
+    do {                                                                                           \
+        int n_ = snprintf(buf + at, at < len ? len - at : 0, __VA_ARGS__);                         \
+        if (n_ > 0)                                                                                \
+            at += (size_t)n_;                                                                      \
+    } while (0)
+    if (strcmp(event, "train") != 0)
+        APPEND("%s  ", event);
+    if (last_step > 0)
+        APPEND("step %lld/%lld (%.0f%%)", step, last_step,
+               100.0 * (double)step / (double)last_step);
+    else
+        APPEND("step %lld", step);
+    APPEND("  %.0f examples/s", num_or(s, "examples_per_sec", 0));
+    if (json_is_number(json_object_get(s, "loss")))
+        APPEND("  loss %.4g", num_or(s, "loss", 0));
+    if (json_is_number(json_object_get(s, "accuracy")))
+        APPEND("  accuracy %.3f", num_or(s, "accuracy", 0));
+    APPEND("  infeed wait %.0f%%", 100.0 * num_or(s, "infeed_wait_fraction", 0));
+    double sps = num_or(s, "steps_per_sec", 0);
+    if (last_step > 0 && sps > 0) {
+        char eta[32];
+        format_eta((double)(last_step - step) / sps, eta, sizeof eta);
+        APPEND("  ETA %s", eta);
+    }
+#undef APPEND
+    if (at >= len && len > 0)
+        buf[len - 1] = '\0';
+}
+
+static int cmd_watch(const ctl_options *o)
+{
+    ifd_error err;
+    ifd_error_clear(&err);
+    /* The last step and the run's kind from status, when the control socket answers. */
+    long long last_step = 0;
+    int have_control = 0;
+    json_t *st = NULL;
+    if (control_request(o, "{\"cmd\":\"status\"}", &st, &err) == IFD_OK &&
+        json_is_true(json_object_get(st, "ok"))) {
+        have_control = 1;
+        json_t *ls = json_object_get(st, "last_step");
+        if (json_is_integer(ls))
+            last_step = (long long)json_integer_value(ls);
+        printf("watching infeedd at %s: %s mode, program %s, global step %lld", o->publish,
+               str_or(st, "mode", "?"), str_or(st, "program", "?"),
+               (long long)num_or(st, "global_step", 0));
+        if (last_step > 0)
+            printf(" of %lld", last_step);
+        printf("\n");
+        fflush(stdout);
+    }
+    json_decref(st);
+
+    ifd_client_options co = {.server_key_file = o->server_key,
+                             .key_file = o->key_file,
+                             .connect_timeout_ms = (int)(o->timeout * 1000)};
+    ifd_subscriber *sub;
+    if (ifd_subscriber_create_opts(&sub, o->publish, &co, &err) != IFD_OK) {
+        fprintf(stderr, "infeedctl watch: %s\n", err.msg);
+        return 1;
+    }
+    int tty = isatty(STDOUT_FILENO), rc = 1, quiet_ms = 0;
+    char line[512];
+    for (;;) {
+        char *text = NULL;
+        int r = ifd_subscriber_recv(sub, &text, 1000, &err);
+        if (r == IFD_ETIMEDOUT && strstr(err.msg, "no daemon answered") == NULL) {
+            /* No summary for a while: is the daemon still there? */
+            quiet_ms += 1000;
+            if (have_control && quiet_ms >= 5000) {
+                quiet_ms = 0;
+                json_t *ping = NULL;
+                ifd_error perr;
+                ifd_error_clear(&perr);
+                if (control_request(o, "{\"cmd\":\"status\"}", &ping, &perr) != IFD_OK) {
+                    if (tty)
+                        printf("\n");
+                    fprintf(stderr,
+                            "infeedctl watch: the daemon stopped answering before its end "
+                            "summary came: %s\n",
+                            perr.msg);
+                    break;
+                }
+                json_decref(ping);
+            }
+            continue;
+        }
+        if (r != IFD_OK) {
+            if (tty)
+                printf("\n");
+            fprintf(stderr, "infeedctl watch: %s\n", err.msg);
+            break;
+        }
+        quiet_ms = 0;
+        json_t *s = json_loads(text, 0, NULL);
+        free(text);
+        if (!json_is_object(s)) {
+            json_decref(s);
+            continue;
+        }
+        const char *event = str_or(s, "event", "");
+        if (strcmp(event, "end") == 0) {
+            const char *status = str_or(s, "status", "?");
+            if (tty)
+                printf("\r\033[K");
+            printf("end: %s (%s) at global step %lld after %lld steps", status,
+                   str_or(s, "reason", "?"), (long long)num_or(s, "global_step", 0),
+                   (long long)num_or(s, "steps", 0));
+            const char *more = json_string_value(json_object_get(s, "error"));
+            if (more == NULL)
+                more = json_string_value(json_object_get(s, "message"));
+            if (more)
+                printf(": %s", more);
+            printf("\n");
+            rc = strcmp(status, "ok") == 0 ? 0 : 1;
+            json_decref(s);
+            break;
+        }
+        progress_line(s, last_step, line, sizeof line);
+        if (tty)
+            printf("\r\033[K%s", line);
+        else
+            printf("%s\n", line);
+        fflush(stdout);
+        json_decref(s);
+    }
+    fflush(stdout);
+    ifd_subscriber_destroy(sub);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    ctl_options o = {
+        .control = "tcp://127.0.0.1:5557", .publish = "tcp://127.0.0.1:5556", .timeout = 5};
+    int rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc;
+    if (strcmp(o.command, "status") == 0)
+        return cmd_status(&o);
+    if (strcmp(o.command, "stop") == 0)
+        return cmd_stop(&o);
+    return cmd_watch(&o);
+}
