@@ -192,12 +192,17 @@ typedef int (*ifd_program_plugin_init_fn)(ifd_program_registry *reg, ifd_error *
 
 /* Defines a plugin's entry point around init_fn (an ifd_program_plugin_init_fn), with the ABI
  * version it is built for. Write it once, at file scope, in one source file of the plugin. */
+#ifdef __cplusplus
+#define IFD_PLUGIN_LINKAGE_ extern "C" /* the loader looks the symbols up by their C names */
+#else
+#define IFD_PLUGIN_LINKAGE_
+#endif
 #define IFD_PROGRAM_PLUGIN(init_fn)                                                                \
-    __attribute__((visibility("default"))) const unsigned ifd_program_plugin_abi =                 \
-        IFD_PROGRAM_ABI_VERSION;                                                                   \
-    __attribute__((visibility("default"))) int ifd_program_plugin_init(ifd_program_registry *reg,  \
-                                                                       ifd_error *err);            \
-    int ifd_program_plugin_init(ifd_program_registry *reg, ifd_error *err)                         \
+    IFD_PLUGIN_LINKAGE_ __attribute__((visibility("default"))) const unsigned                      \
+        ifd_program_plugin_abi = IFD_PROGRAM_ABI_VERSION;                                          \
+    IFD_PLUGIN_LINKAGE_ __attribute__((visibility("default"))) int ifd_program_plugin_init(        \
+        ifd_program_registry *reg, ifd_error *err);                                                \
+    IFD_PLUGIN_LINKAGE_ int ifd_program_plugin_init(ifd_program_registry *reg, ifd_error *err)     \
     {                                                                                              \
         return init_fn(reg, err);                                                                  \
     }

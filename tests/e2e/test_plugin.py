@@ -140,3 +140,25 @@ def test_help_lists_program_lib():
     r = run_infeedd("--help")
     assert r.returncode == 0
     assert "--program-lib PATH.so" in r.stdout
+
+
+def test_plugin_written_in_cpp(tmp_path):
+    """IFD_PROGRAM_PLUGIN in a C++ file gives its symbols C linkage: the loader finds the entry
+    point (this one registers nothing, which is the one error then left)."""
+    import shutil
+    import subprocess
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    src = tmp_path / "plug.cc"
+    src.write_text('#include "infeed/program.h"\n'
+                   "static int init(ifd_program_registry *reg, ifd_error *err)\n"
+                   "{ (void)reg; (void)err; return 0; }\n"
+                   "IFD_PROGRAM_PLUGIN(init)\n")
+    so = tmp_path / "plug.so"
+    include = os.path.join(os.path.dirname(__file__), "..", "..", "include")
+    subprocess.run([cxx, "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-I", include,
+                    str(src), "-o", str(so)], check=True, timeout=120)
+    r = run_infeedd("--program-lib", str(so), "--steps", "5")
+    assert r.returncode == 2, r.stderr
+    assert "registers no program" in r.stderr and "no entry point" not in r.stderr, r.stderr
