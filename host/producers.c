@@ -642,6 +642,11 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
         }
         if (p == old)
             old = NULL;
+        if (p == NULL && park_hello(g, from, body)) {
+            /* a slot whose connection was just closed is freed once libzmq drops its route */
+            json_decref(j);
+            return;
+        }
         if (p == NULL) {
             ifd_error_set(&e, IFD_EINVAL,
                           "HELLO: too many producers: expected at most %d (max_producers) "
