@@ -3,8 +3,10 @@
 2 hosts x 1 replica and 2 x 2 against 1 x 2 and 1 x 4 on the same global batches (each host's
 producer sends its rows of every global batch): the same per-step losses and parameters, the
 same bits on every host; the input ending on one host ends all at the same step; SIGTERM to one
-rank stops all at the same loop boundary; SIGKILL of one rank ends the job, naming it. Skipped
-when mpirun is missing or infeedd was built without MPI."""
+rank stops all at the same loop boundary; SIGKILL of one rank ends the job, naming it; one
+checkpoint holds both hosts' producer positions, a killed 2-host run resumes from it on 2 hosts
+with the losses of an uninterrupted one, and resuming on 1 or 3 hosts is refused. Skipped when
+mpirun is missing or infeedd was built without MPI."""
 
 from __future__ import annotations
 
@@ -287,9 +289,153 @@ def test_global_batch_not_divisible_by_hosts_x_replicas(tmp_path):
     assert "batch_size: 6 is not divisible by 2 hosts x 2 replicas" in job.log(), job.log()
 
 
-def test_resume_on_several_hosts_needs_rank_in_the_checkpoint_dir(tmp_path):
-    job = Job(tmp_path, 2, program="softmax", features=3, classes=2, batch_size=4, steps=5,
-              checkpoint_dir=f"{tmp_path}/ck", resume=True)
+def stream_hosts(job: Job, batches, n: int, resume_seqs: dict, timeout: float = 30,
+                 hold: threading.Event | None = None):
+    """One producer a host replaying its rows of global batches 0..n-1 from where the daemon
+    wants them (WELCOME's next_seq, recorded in resume_seqs[h]), then END (with hold: no END;
+    the producer stays connected until hold is set)."""
+    H = job.hosts
+    errors = []
+
+    def run(h):
+        try:
+            p = infeed.Producer(job.listen(h), name=f"loader-{h}", timeout=timeout)
+
+            def rows(i):
+                x, y = batches[i]
+                r = len(y) // H
+                return {"x": x[h * r:(h + 1) * r], "y": y[h * r:(h + 1) * r]}
+
+            try:
+                for b in p.skip_consumed(rows(i) for i in range(n)):
+                    p.send(b)
+            except infeed.RunEnded:
+                pass
+            resume_seqs[h] = p.resume_seq
+            if hold is not None:
+                hold.wait(60)
+            else:
+                p.end()
+            p.close()
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(f"host {h}: {e!r}")
+
+    ts = [threading.Thread(target=run, args=(h,), daemon=True) for h in range(H)]
+    for t in ts:
+        t.start()
+    return ts, errors
+
+
+def losses_by_step(job: Job, h: int = 0) -> dict[int, float]:
+    return {s["global_step"]: s["loss"] for s in job.summaries(h) if s["event"] == "train"}
+
+
+def test_one_checkpoint_for_every_host_and_resume_on_two(tmp_path, rng):
+    """A 2-host run writes one checkpoint folder (no {rank}) holding both hosts' producer
+    positions; killed, it resumes on 2 hosts, each host's producer replaying from its own
+    next_seq, with the per-step losses and final parameters of an uninterrupted run."""
+    H, R = 2, rng.randint(1, 2)
+    features, classes = rng.randint(1, 6), rng.randint(2, 4)
+    batch = H * R * rng.randint(1, 3)
+    ipl = rng.randint(1, 4)
+    every = ipl * rng.randint(1, 3)
+    last = rng.randint(3 * every + 2, 3 * every + 20)
+    killed_after = rng.randint(every, last - 1)  # batches the interrupted run gets
+    ckpt_at = killed_after // every * every
+    opt = rng.choice(["sgd", "momentum", "adam"])
+    print(f"R {R} batch {batch} ipl {ipl} every {every} last {last} killed after "
+          f"{killed_after} (checkpoint at {ckpt_at}) D {features} K {classes} {opt}")
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    batches = [(nrng.standard_normal((batch, features)).astype(np.float32),
+                nrng.integers(0, classes, batch, dtype=np.int32)) for _ in range(last)]
+    common = dict(program="softmax", features=features, classes=classes, batch_size=batch,
+                  replicas=R, last_step=last, iterations_per_loop=ipl, summary_every=1,
+                  optimizer=opt, learning_rate=0.1, checkpoint_every=every)
+
+    ref = Job(tmp_path / "ref", H, checkpoint_dir=f"{tmp_path}/ref-ck", **common)
+    seqs: dict = {}
+    ts, errors = stream_hosts(ref, batches, last, seqs)
+    assert ref.wait() == 0, ref.log()
+    for t in ts:
+        t.join(10)
+    assert not errors, errors
+    want = losses_by_step(ref)
+    assert sorted(want) == list(range(1, last + 1))
+    final = last_params(tmp_path / "ref-ck")
+    assert final["global_step"] == last and final["hosts"] == H, final
+    assert final["host_producers"] == [{f"loader-{h}": last - 1} for h in range(H)], final
+    assert final["producers"] == {}
+    assert not (tmp_path / "ref-ck-1").exists()
+
+    folder = tmp_path / "ck"
+    d1 = Job(tmp_path / "run1", H, checkpoint_dir=str(folder), **common)
+    seqs1: dict = {}
+    hold = threading.Event()
+    ts, errors = stream_hosts(d1, batches, killed_after, seqs1, hold=hold)
+    deadline = time.monotonic() + 60
+    want_file = folder / f"ckpt-{ckpt_at:012d}.ifdckpt"
+    while (len(losses_by_step(d1)) < killed_after or not want_file.exists()) and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert want_file.exists() and len(losses_by_step(d1)) == killed_after, d1.log()
+    d1.kill()
+    hold.set()
+    for t in ts:
+        t.join(10)
+    c = ckpt.read(ckpt.files(folder)[-1])
+    assert c["global_step"] == ckpt_at and c["hosts"] == H, c
+    assert c["host_producers"] == [{f"loader-{h}": ckpt_at - 1} for h in range(H)], c
+
+    d2 = Job(tmp_path / "run2", H, checkpoint_dir=str(folder), resume=True, **common)
+    seqs2: dict = {}
+    ts, errors = stream_hosts(d2, batches, last, seqs2)
+    assert d2.wait() == 0, d2.log()
+    for t in ts:
+        t.join(10)
+    assert not errors, errors
+    assert seqs2 == {h: ckpt_at for h in range(H)}, (seqs2, d2.log())
+    for h in range(H):
+        got = losses_by_step(d2, h)
+        assert sorted(got) == list(range(ckpt_at + 1, last + 1)), (h, sorted(got))
+        np.testing.assert_allclose([got[k] for k in sorted(got)],
+                                   [want[k] for k in sorted(got)], rtol=1e-5)
+        end = d2.summaries(h)[-1]
+        assert end["event"] == "end" and end["status"] == "ok" and end["global_step"] == last
+    got = last_params(folder)
+    assert got["global_step"] == last
+    assert got["host_producers"] == final["host_producers"]
+    np.testing.assert_array_equal(got["params"], final["params"])
+    np.testing.assert_array_equal(got["slots"], final["slots"])
+
+
+@pytest.mark.parametrize("hosts", [1, 3])
+def test_resume_on_another_number_of_hosts_is_refused(tmp_path, rng, hosts):
+    """A checkpoint with 2 hosts' positions (written as the daemon does, tests/e2e/ckpt.py)
+    does not resume on 1 or 3: one sentence naming both numbers, exit status 2, every rank."""
+    features, classes = rng.randint(1, 6), rng.randint(2, 4)
+    step = rng.randint(1, 500)
+    folder = tmp_path / "ck"
+    folder.mkdir()
+    n = features * classes + classes
+    header = {"format": "infeed-checkpoint", "program": "softmax",
+              "settings": {"features": features, "classes": classes, "hidden": 0},
+              "params": [{"name": "W", "shape": [features, classes], "offset": 0,
+                          "count": features * classes},
+                         {"name": "b", "shape": [classes], "offset": features * classes,
+                          "count": classes}],
+              "nparam_floats": n,
+              "optimizer": {"kind": "sgd", "slots": 0, "learning_rate": 0.1, "momentum": 0.9,
+                            "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8},
+              "global_step": step, "opt_step": step, "producers": {}, "hosts": 2,
+              "host_producers": [{"loader-0": step - 1}, {"loader-1": step - 1}]}
+    ckpt.write(folder / f"ckpt-{step:012d}.ifdckpt", header, np.zeros(n, np.float32))
+    print(f"checkpoint at step {step}, D {features} K {classes}, resumed on {hosts}")
+    job = Job(tmp_path / "run", hosts, program="softmax", features=features, classes=classes,
+              batch_size=6, steps=5, checkpoint_dir=str(folder), resume=True)
     rc = job.wait(30)
-    assert rc != 0
-    assert "checkpoint_dir must contain {rank}" in job.log(), job.log()
+    log = job.log()
+    assert rc == 2, log
+    sentence = (f"holds the producer positions of 2 hosts, this run has {hosts}: resume it on 2 "
+                f"hosts")
+    assert log.count(sentence) == hosts, log
+    assert "Traceback" not in log and "MPI_ABORT" not in log, log
