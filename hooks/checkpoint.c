@@ -169,8 +169,10 @@ static int ck_end(void *arg, ifd_run_context *ctx, ifd_error *err)
     }
     if (dropped > 0) {
         /* the source counted those batches as handed out: positions now would skip them */
-        IFD_LOG_WARN("checkpoint: none at the end: the input ended inside a step, whose %lld "
-                     "batches were not trained on (the last checkpoint is at step %lld)",
+        IFD_LOG_WARN("checkpoint: none at the end: the input ended with batches taken from "
+                     "the producers and not trained on (%lld, inside a step or, with several "
+                     "hosts, queued for the next steps), which its positions would skip (the "
+                     "last checkpoint is at step %lld)",
                      (long long)dropped, (long long)h->saved_step);
         return IFD_OK;
     }

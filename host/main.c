@@ -134,7 +134,7 @@ static int load_start(const ifd_daemon_config *c, ifd_checkpoint **out, ifd_erro
                            ifd_checkpoint_hosts(*out), ifd_checkpoint_hosts(*out) == 1 ? "" : "s",
                            hosts, ifd_checkpoint_hosts(*out),
                            ifd_checkpoint_hosts(*out) == 1 ? "" : "s");
-    if (rc == IFD_OK && hosts > 1)
+    if (rc == IFD_OK && c->run.mode == IFD_MODE_TRAIN && hosts > 1)
         rc = ifd_checkpoint_select_host(*out, c->run.hosts->rank, err);
     if (rc && *out) {
         ifd_checkpoint_free(*out);

@@ -5,8 +5,9 @@ producer sends its rows of every global batch): the same per-step losses and par
 same bits on every host; the input ending on one host ends all at the same step; SIGTERM to one
 rank stops all at the same loop boundary; SIGKILL of one rank ends the job, naming it; one
 checkpoint holds both hosts' producer positions, a killed 2-host run resumes from it on 2 hosts
-with the losses of an uninterrupted one, and resuming on 1 or 3 hosts is refused. Skipped when
-mpirun is missing or infeedd was built without MPI."""
+with the losses of an uninterrupted one, and resuming on 1 or 3 hosts is refused; eval and
+predict over 2 hosts equal 1 host, and eval's input ending on one host ends all at the same
+step. Skipped when mpirun is missing or infeedd was built without MPI."""
 
 from __future__ import annotations
 
@@ -214,8 +215,11 @@ def test_input_ending_on_one_host_ends_all_at_the_same_step(tmp_path, rng):
     nrng = np.random.default_rng(rng.randrange(1 << 30))
     batches = [(nrng.standard_normal((batch, 3)).astype(np.float32),
                 nrng.integers(0, 2, batch, dtype=np.int32)) for _ in range(200)]
+    # loops of up to 60 steps: the other host's infeed thread is then blocked on a full ring
+    # (16 shards deep) when the input ends, and must be released
     job = Job(tmp_path, 2, program="softmax", features=3, classes=2, batch_size=batch,
-              steps=1000, iterations_per_loop=rng.randint(1, 6), expect_producers=1)
+              steps=1000, iterations_per_loop=rng.choice([rng.randint(1, 6), rng.randint(20, 60)]),
+              expect_producers=1)
     ts, errors = feed(job, batches, host_batches=[200, ended_at])
     rc = job.wait()
     for t in ts:
@@ -408,14 +412,11 @@ def test_one_checkpoint_for_every_host_and_resume_on_two(tmp_path, rng):
     np.testing.assert_array_equal(got["slots"], final["slots"])
 
 
-@pytest.mark.parametrize("hosts", [1, 3])
-def test_resume_on_another_number_of_hosts_is_refused(tmp_path, rng, hosts):
-    """A checkpoint with 2 hosts' positions (written as the daemon does, tests/e2e/ckpt.py)
-    does not resume on 1 or 3: one sentence naming both numbers, exit status 2, every rank."""
-    features, classes = rng.randint(1, 6), rng.randint(2, 4)
-    step = rng.randint(1, 500)
-    folder = tmp_path / "ck"
-    folder.mkdir()
+def write_softmax_checkpoint(folder: Path, features: int, classes: int, step: int, params,
+                             hosts: int = 1) -> None:
+    """A softmax checkpoint with these parameters (sgd), as the daemon writes one
+    (tests/e2e/ckpt.py); with hosts > 1, each host's table has its producer 'loader-H'."""
+    folder.mkdir(parents=True, exist_ok=True)
     n = features * classes + classes
     header = {"format": "infeed-checkpoint", "program": "softmax",
               "settings": {"features": features, "classes": classes, "hidden": 0},
@@ -426,9 +427,22 @@ def test_resume_on_another_number_of_hosts_is_refused(tmp_path, rng, hosts):
               "nparam_floats": n,
               "optimizer": {"kind": "sgd", "slots": 0, "learning_rate": 0.1, "momentum": 0.9,
                             "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8},
-              "global_step": step, "opt_step": step, "producers": {}, "hosts": 2,
-              "host_producers": [{"loader-0": step - 1}, {"loader-1": step - 1}]}
-    ckpt.write(folder / f"ckpt-{step:012d}.ifdckpt", header, np.zeros(n, np.float32))
+              "global_step": step, "opt_step": step, "producers": {}}
+    if hosts > 1:
+        header["hosts"] = hosts
+        header["host_producers"] = [{f"loader-{h}": step - 1} for h in range(hosts)]
+    ckpt.write(folder / f"ckpt-{step:012d}.ifdckpt", header, np.asarray(params, np.float32))
+
+
+@pytest.mark.parametrize("hosts", [1, 3])
+def test_resume_on_another_number_of_hosts_is_refused(tmp_path, rng, hosts):
+    """A checkpoint with 2 hosts' positions (written as the daemon does, tests/e2e/ckpt.py)
+    does not resume on 1 or 3: one sentence naming both numbers, exit status 2, every rank."""
+    features, classes = rng.randint(1, 6), rng.randint(2, 4)
+    step = rng.randint(1, 500)
+    folder = tmp_path / "ck"
+    write_softmax_checkpoint(folder, features, classes, step, np.zeros(features * classes + classes),
+                             hosts=2)
     print(f"checkpoint at step {step}, D {features} K {classes}, resumed on {hosts}")
     job = Job(tmp_path / "run", hosts, program="softmax", features=features, classes=classes,
               batch_size=6, steps=5, checkpoint_dir=str(folder), resume=True)
@@ -439,3 +453,132 @@ def test_resume_on_another_number_of_hosts_is_refused(tmp_path, rng, hosts):
                 f"hosts")
     assert log.count(sentence) == hosts, log
     assert "Traceback" not in log and "MPI_ABORT" not in log, log
+
+
+def eval_summary(job: Job, h: int) -> dict:
+    ev = [s for s in job.summaries(h) if s["event"] == "eval"]
+    assert len(ev) == 1, (h, job.summaries(h), job.log())
+    return ev[0]
+
+
+@pytest.mark.parametrize("hosts,replicas", [(2, 1), (2, 2)])
+def test_eval_over_hosts_equals_one_host(tmp_path, rng, hosts, replicas):
+    """Eval of one checkpoint on the same global batches: 2 hosts x R and 1 host x 2R give the
+    same eval summary (loss, accuracy, examples, steps) on every host."""
+    R1 = hosts * replicas
+    features, classes = rng.randint(1, 8), rng.randint(2, 5)
+    batch = R1 * rng.randint(1, 4)
+    steps = rng.randint(1, 12)
+    step = rng.randint(1, 1000)
+    print(f"{hosts} x {replicas} vs 1 x {R1}: batch {batch} steps {steps} D {features} "
+          f"K {classes} checkpoint step {step}")
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    folder = tmp_path / "ck"
+    write_softmax_checkpoint(folder, features, classes, step,
+                             nrng.standard_normal(features * classes + classes))
+    batches = [(nrng.standard_normal((batch, features)).astype(np.float32),
+                nrng.integers(0, classes, batch, dtype=np.int32)) for _ in range(steps)]
+    runs = {}
+    for H, R in [(hosts, replicas), (1, R1)]:
+        job = Job(tmp_path / f"{H}x{R}", H, mode="eval", program="softmax", features=features,
+                  classes=classes, batch_size=batch, replicas=R, steps=steps,
+                  checkpoint_dir=str(folder), iterations_per_loop=rng.randint(1, 5))
+        ts, errors = feed(job, batches)
+        assert job.wait() == 0, job.log()
+        for t in ts:
+            t.join(10)
+        assert not errors, errors
+        runs[(H, R)] = job
+    want = eval_summary(runs[(1, R1)], 0)
+    assert want["steps"] == steps and want["examples"] == steps * batch, want
+    for h in range(hosts):
+        got = eval_summary(runs[(hosts, replicas)], h)
+        assert got["host"] == h and got["global_step"] == step, got
+        assert got["steps"] == want["steps"] and got["examples"] == want["examples"], (got, want)
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5), (got, want)
+        assert got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6), (got, want)
+
+
+def test_eval_input_ending_on_one_host_ends_all_at_the_same_step(tmp_path, rng):
+    ended_at = rng.randint(1, 12)
+    short = rng.choice([0, 1])
+    batch = 2 * rng.randint(1, 4)
+    features, classes = rng.randint(1, 6), rng.randint(2, 4)
+    print(f"host {short}'s input ends after {ended_at} batches; batch {batch}")
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    folder = tmp_path / "ck"
+    write_softmax_checkpoint(folder, features, classes, 5,
+                             nrng.standard_normal(features * classes + classes))
+    batches = [(nrng.standard_normal((batch, features)).astype(np.float32),
+                nrng.integers(0, classes, batch, dtype=np.int32)) for _ in range(60)]
+    job = Job(tmp_path / "run", 2, mode="eval", program="softmax", features=features,
+              classes=classes, batch_size=batch, steps=50, checkpoint_dir=str(folder),
+              expect_producers=1)
+    n = [60, 60]
+    n[short] = ended_at
+    ts, errors = feed(job, batches, host_batches=n)
+    assert job.wait() == 0, job.log()
+    for t in ts:
+        t.join(10)
+    for h in range(2):
+        ev = eval_summary(job, h)
+        assert ev["steps"] == ended_at and ev["examples"] == ended_at * batch, (h, ev)
+        end = job.summaries(h)[-1]
+        assert end["event"] == "end" and end["reason"] == "input_ended", (h, end)
+
+
+def test_predict_over_hosts_equals_one_host(tmp_path, rng):
+    """Each host predicts its own producer's rows, padding its last batch and ending on its own
+    stopping signal (the hosts' inputs differ in length): the predictions equal those of one
+    host predicting the same streams."""
+    H, R = 2, rng.randint(1, 2)
+    features, classes = rng.randint(1, 8), rng.randint(2, 5)
+    host_batch = R * rng.randint(1, 4)
+    rows = [rng.randint(1, 40) for _ in range(H)]
+    print(f"R {R} host batch {host_batch} rows {rows} D {features} K {classes}")
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    folder = tmp_path / "ck"
+    write_softmax_checkpoint(folder, features, classes, 3,
+                             nrng.standard_normal(features * classes + classes))
+    xs = [nrng.standard_normal((n, features)).astype(np.float32) for n in rows]
+
+    def run(job, endpoints):
+        out, errors = {}, []
+
+        def one(h):
+            try:
+                with infeed.Producer(endpoints[h], name=f"loader-{h}", timeout=30) as p:
+                    for i in range(0, rows[h], host_batch):
+                        p.send(x=xs[h][i:i + host_batch])
+                    p.end(wait_bye=False)
+                    out[h] = list(p.predictions())
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(f"loader-{h}: {e!r}")
+
+        ts = [threading.Thread(target=one, args=(h,), daemon=True) for h in range(H)]
+        for t in ts:
+            t.start()
+        assert job.wait() == 0, job.log()
+        for t in ts:
+            t.join(10)
+        assert not errors, (errors, job.log())
+        return out
+
+    common = dict(mode="predict", program="softmax", features=features, classes=classes,
+                  replicas=R, steps=0, checkpoint_dir=str(folder),
+                  iterations_per_loop=rng.randint(1, 4))
+    many = Job(tmp_path / "many", H, batch_size=H * host_batch, expect_producers=1, **common)
+    got = run(many, [many.listen(h) for h in range(H)])
+    one = Job(tmp_path / "one", 1, batch_size=host_batch, expect_producers=H, **common)
+    want = run(one, [one.listen(0)] * H)
+    for h in range(H):
+        assert [s for s, _ in got[h]] == [s for s, _ in want[h]], (h, got[h], want[h])
+        g = np.concatenate([a["probabilities"] for _, a in got[h]])
+        w = np.concatenate([a["probabilities"] for _, a in want[h]])
+        assert g.shape == (rows[h], classes), g.shape
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+        assert np.array_equal(np.concatenate([a["classes"] for _, a in got[h]]),
+                              np.concatenate([a["classes"] for _, a in want[h]]))
+    for h in range(H):
+        end = many.summaries(h)[-1]
+        assert end["event"] == "end" and end["status"] == "ok", (h, end)
