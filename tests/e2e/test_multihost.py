@@ -51,7 +51,7 @@ pytestmark = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
 class Job:
     """infeedd on H hosts (H = 1: a plain infeedd), ipc endpoints under tmp."""
 
-    def __init__(self, tmp: Path, hosts: int, **flags):
+    def __init__(self, tmp: Path, hosts: int, gpu_per_rank: bool = False, **flags):
         self.tmp, self.hosts = tmp, hosts
         tmp.mkdir(parents=True, exist_ok=True)
         f = {"listen": f"ipc://{tmp}/in-{{rank}}", "control": f"ipc://{tmp}/ctl-{{rank}}",
@@ -65,6 +65,9 @@ class Job:
             argv.append("--" + k.replace("_", "-"))
             if v is not True:
                 argv.append(str(v))
+        if gpu_per_rank:  # each rank sees its own GPU: the one of its local rank
+            argv = ["sh", "-c", 'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$0" "$@"'
+                    ] + argv
         if hosts > 1:
             argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(hosts)] + argv
         else:
@@ -582,3 +585,37 @@ def test_predict_over_hosts_equals_one_host(tmp_path, rng):
     for h in range(H):
         end = many.summaries(h)[-1]
         assert end["event"] == "end" and end["status"] == "ok", (h, end)
+
+
+@pytest.mark.skipif(os.environ.get("IFD_TEST_CUDA_HOSTS") != "1",
+                    reason="the cuda backend over hosts needs 2 GPUs: bench/gpu.sh runs it "
+                           "(IFD_TEST_CUDA_HOSTS=1) where MPI and 2 GPUs are present")
+def test_cuda_two_hosts_equal_one_host_with_two_gpus(tmp_path, rng):
+    """2 ranks x 1 GPU (one NCCL communicator over both, rank 0's ncclUniqueId broadcast with
+    MPI) against 1 rank x 2 GPUs on the same global batches: the same per-step losses."""
+    features, classes = rng.randint(1, 8), rng.randint(2, 5)
+    batch = 2 * rng.randint(1, 8)
+    steps, ipl = rng.randint(5, 30), rng.randint(1, 7)
+    opt = rng.choice(["sgd", "momentum", "adam"])
+    print(f"cuda 2 x 1 vs 1 x 2: batch {batch} steps {steps} ipl {ipl} D {features} K {classes} "
+          f"{opt}")
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    batches = [(nrng.standard_normal((batch, features)).astype(np.float32),
+                nrng.integers(0, classes, batch, dtype=np.int32)) for _ in range(steps + 5)]
+    common = dict(backend="cuda", program="softmax", features=features, classes=classes,
+                  batch_size=batch, steps=steps, iterations_per_loop=ipl, summary_every=1,
+                  optimizer=opt, learning_rate=0.1)
+    runs = {}
+    for H, R in [(2, 1), (1, 2)]:
+        job = Job(tmp_path / f"{H}x{R}", H, gpu_per_rank=H > 1, replicas=R, **common)
+        ts, errors = feed(job, batches)
+        rc = job.wait(120)
+        for t in ts:
+            t.join(10)
+        assert rc == 0, job.log()
+        assert not errors, errors
+        runs[(H, R)] = job
+    want = train_losses(runs[(1, 2)])
+    assert len(want) == steps
+    for h in range(2):
+        np.testing.assert_allclose(train_losses(runs[(2, 1)], h), want, rtol=1e-5)
