@@ -275,6 +275,7 @@ def test_sigkill_of_one_rank_ends_the_job_naming_it(tmp_path, rng):
     assert rc != 0, log
     assert took < 10, f"{took:.1f} s\n{log}"
     assert f"rank {victim}" in log, log
+    assert "signal 9 (Killed)" in log, log  # mpirun names the cause (docs/multihost.md)
     other = Path(f"/proc/{pids[1 - victim]}/stat")
 
     def other_alive():
