@@ -4,7 +4,9 @@
 #   - infeed host-to-device GB/s through the backend vs plain pinned cudaMemcpyAsync, by size;
 #   - steps/s with CUDA Graphs off and on, and the fraction of each loop the GPU sat idle
 #     waiting for infeed;
-#   - the NCCL all-reduce time per step.
+#   - the NCCL all-reduce time per step;
+# and, with MPI and 2 GPUs or more, training over 2 ranks (one GPU each, one NCCL communicator)
+# against 1 rank with 2 GPUs; otherwise it prints why that case was skipped.
 #
 #   bench/gpu.sh            build, test, bench
 #   bench/gpu.sh --no-test  build, bench
@@ -33,6 +35,28 @@ if [ "${1:-}" != "--no-test" ]; then
   # ctest counts a skipped test as not failed: with a GPU here a skip is an error.
   if grep -q "Skipped" "$dir/gpu-tests.log"; then
     echo "bench/gpu.sh: test_gpu skipped although nvidia-smi sees a GPU" >&2
+    exit 1
+  fi
+fi
+
+# Several hosts on the cuda backend (docs/multihost.md): 2 ranks under mpirun, one GPU each, one
+# NCCL communicator over both, against 1 rank with both GPUs (tests/e2e/test_multihost.py).
+echo "== several hosts (cuda)"
+ngpu=$(nvidia-smi -L | grep -c '^GPU' || true)
+if ! command -v mpirun >/dev/null 2>&1; then
+  echo "bench/gpu.sh: several hosts: skipped: mpirun is not installed (scripts/deps.sh installs" \
+       "openmpi-bin libopenmpi-dev)"
+elif [ "$ngpu" -lt 2 ]; then
+  echo "bench/gpu.sh: several hosts: skipped: $ngpu GPU here; the 2-rank case needs 2 (one a rank)"
+elif ! OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+       mpirun -np 2 "$dir/host/infeedd" --version >/dev/null 2>&1; then
+  echo "bench/gpu.sh: several hosts: skipped: infeedd was built without MPI (libopenmpi-dev missing)"
+else
+  IFD_TEST_CUDA_HOSTS=1 INFEEDD="$dir/host/infeedd" PYTHONPATH=clients/python \
+    python3 -m pytest -q -rs -p no:cacheprovider tests/e2e/test_multihost.py -k cuda \
+    | tee "$dir/gpu-hosts.log"
+  if grep -qi "skipped" "$dir/gpu-hosts.log"; then
+    echo "bench/gpu.sh: the 2-rank cuda case skipped although MPI and $ngpu GPUs are here" >&2
     exit 1
   fi
 fi

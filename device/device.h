@@ -102,7 +102,9 @@ typedef struct ifd_device_config {
     int64_t init_opt_step;
     int infeed_depth;
     int outfeed_depth;
-    /* Several hosts (train mode): the all-reduce spans every host's replicas; NULL: one. */
+    /* Several hosts: in train mode the all-reduce spans every host's replicas; in eval mode a
+     * step's (empty) collective tells every host that one's input ended; predict mode runs per
+     * host. NULL: one. */
     const struct ifd_hosts *hosts;
     void (*on_error)(void *arg, const char *source, const ifd_error *err);
     void *on_error_arg;

@@ -35,6 +35,23 @@ static void check_failure(int rc, const ifd_error *err)
         abort();
 }
 
+static void check_producers(const ifd_checkpoint *c)
+{
+    int n = ifd_checkpoint_producer_count(c);
+    for (int i = 0; i < n; i++) {
+        const char *name = ifd_checkpoint_producer_name(c, i);
+        int64_t seq;
+        size_t len = strlen(name);
+        if (len == 0 || len > IFD_CHECKPOINT_NAME_MAX || ifd_checkpoint_producer_seq(c, i) < 0)
+            abort();
+        if (i > 0 && strcmp(ifd_checkpoint_producer_name(c, i - 1), name) >= 0)
+            abort();
+        if (ifd_checkpoint_find_producer(c, name, &seq) != IFD_OK ||
+            seq != ifd_checkpoint_producer_seq(c, i))
+            abort();
+    }
+}
+
 static void check_loaded(const ifd_checkpoint *c)
 {
     if (c->nparams < 0 || c->nparams > IFD_MAX_PARAMS || c->nparam_floats < 0 ||
@@ -57,19 +74,20 @@ static void check_loaded(const ifd_checkpoint *c)
     for (int64_t i = 0; i < c->nparam_floats * (1 + c->nslots); i++)
         sink += p[i] * 0.0f;
     (void)sink;
-    int n = ifd_checkpoint_producer_count(c);
-    for (int i = 0; i < n; i++) {
-        const char *name = ifd_checkpoint_producer_name(c, i);
-        int64_t seq;
-        size_t len = strlen(name);
-        if (len == 0 || len > IFD_CHECKPOINT_NAME_MAX || ifd_checkpoint_producer_seq(c, i) < 0)
+    /* every host's table (the harness owns c: selecting a table changes nothing else) */
+    int hosts = ifd_checkpoint_hosts(c);
+    if (hosts < 1 || hosts > IFD_CHECKPOINT_MAX_HOSTS)
+        abort();
+    for (int h = 0; h < hosts; h++) {
+        ifd_error e;
+        if (ifd_checkpoint_select_host((ifd_checkpoint *)c, h, &e) != IFD_OK)
             abort();
-        if (i > 0 && strcmp(ifd_checkpoint_producer_name(c, i - 1), name) >= 0)
-            abort();
-        if (ifd_checkpoint_find_producer(c, name, &seq) != IFD_OK ||
-            seq != ifd_checkpoint_producer_seq(c, i))
-            abort();
+        check_producers(c);
     }
+    ifd_error e;
+    if (ifd_checkpoint_select_host((ifd_checkpoint *)c, hosts, &e) != IFD_EINVAL ||
+        ifd_checkpoint_select_host((ifd_checkpoint *)c, 0, &e) != IFD_OK)
+        abort();
 
     /* The config of the checkpoint's own program: the check passes exactly when the program
      * gives the same parameters. */

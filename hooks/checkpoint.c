@@ -2,8 +2,10 @@
 #include "core/log.h"
 #include "core/thread.h"
 #include "infeed/checkpoint.h"
+#include "infeed/hosts.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -16,6 +18,69 @@ typedef struct ckpt_hook {
     int64_t saved_step; /* of the last checkpoint written, -1: none */
 } ckpt_hook;
 
+static int many(const ckpt_hook *h)
+{
+    return ifd_hosts_many(h->o.hosts);
+}
+
+static int writes(const ckpt_hook *h)
+{
+    return !many(h) || h->o.write;
+}
+
+/* A position on the wire between hosts: the name (NUL-padded) and the seq. */
+typedef struct wire_pos {
+    char name[IFD_CHECKPOINT_NAME_MAX + 1];
+    int64_t seq;
+} wire_pos;
+
+/* Several hosts: c holds this host's positions in its table; afterwards it holds every host's
+ * (the largest table's size agreed with an all-reduce, then an all-gather of the tables padded
+ * to it, on the LOOP channel: the session's thread, between loops, on every host in turn). */
+static int gather_positions(ckpt_hook *h, ifd_checkpoint *c, ifd_error *err)
+{
+    const ifd_hosts *hs = h->o.hosts;
+    int64_t n = ifd_checkpoint_producer_count(c);
+    int64_t most = n;
+    int rc =
+        hs->ops->allreduce_i64(hs->ctx, IFD_HOSTS_LOOP, &most, 1, IFD_HOSTS_MAX, NULL, NULL, err);
+    if (rc)
+        return rc;
+    size_t per = sizeof(int64_t) + (size_t)most * sizeof(wire_pos);
+    uint8_t *send = calloc(1, per), *recv = calloc((size_t)hs->size, per);
+    if (send == NULL || recv == NULL) {
+        free(send);
+        free(recv);
+        return ifd_error_set(err, IFD_ENOMEM, "checkpoint: the positions of %d hosts", hs->size);
+    }
+    memcpy(send, &n, sizeof n);
+    for (int64_t i = 0; i < n; i++) {
+        wire_pos w;
+        memset(&w, 0, sizeof w);
+        snprintf(w.name, sizeof w.name, "%s", ifd_checkpoint_producer_name(c, (int)i));
+        w.seq = ifd_checkpoint_producer_seq(c, (int)i);
+        memcpy(send + sizeof n + (size_t)i * sizeof w, &w, sizeof w);
+    }
+    rc = hs->ops->allgather(hs->ctx, IFD_HOSTS_LOOP, send, recv, per, NULL, NULL, err);
+    for (int r = 0; r < hs->size && rc == IFD_OK; r++) {
+        if (r == hs->rank)
+            continue;
+        const uint8_t *b = recv + (size_t)r * per;
+        int64_t rn;
+        memcpy(&rn, b, sizeof rn);
+        rc = ifd_checkpoint_select_host(c, r, err);
+        for (int64_t i = 0; i < rn && rc == IFD_OK; i++) {
+            wire_pos w;
+            memcpy(&w, b + sizeof rn + (size_t)i * sizeof w, sizeof w);
+            w.name[sizeof w.name - 1] = '\0';
+            rc = ifd_checkpoint_set_producer(c, w.name, w.seq, err);
+        }
+    }
+    free(send);
+    free(recv);
+    return rc;
+}
+
 static int save(ckpt_hook *h, ifd_run_context *ctx, ifd_error *err)
 {
     int64_t t0 = ifd_clock_ns();
@@ -23,8 +88,20 @@ static int save(ckpt_hook *h, ifd_run_context *ctx, ifd_error *err)
     int rc = ifd_run_context_checkpoint(ctx, &c, err);
     if (rc)
         return rc;
-    if (h->o.positions)
+    if (many(h)) {
+        rc = ifd_checkpoint_set_hosts(c, h->o.hosts->size, err);
+        if (rc == IFD_OK)
+            rc = ifd_checkpoint_select_host(c, h->o.hosts->rank, err);
+    }
+    if (rc == IFD_OK && h->o.positions)
         rc = h->o.positions(h->o.positions_arg, c, err);
+    if (rc == IFD_OK && many(h))
+        rc = gather_positions(h, c, err);
+    if (rc == IFD_OK && !writes(h)) {
+        h->saved_step = ifd_checkpoint_global_step(c);
+        ifd_checkpoint_free(c);
+        return IFD_OK;
+    }
     char path[4096 + 64];
     if (rc == IFD_OK)
         rc = ifd_checkpoint_save(c, h->dir, h->o.keep, path, sizeof path, err);
@@ -42,6 +119,8 @@ static int ck_begin(void *arg, ifd_run_context *ctx, ifd_error *err)
 {
     (void)ctx;
     ckpt_hook *h = arg;
+    if (!writes(h))
+        return IFD_OK;
     if (mkdir(h->dir, 0755) != 0 && errno != EEXIST)
         return ifd_error_set(err, IFD_EIO, "checkpoint_dir: cannot create '%s': %s", h->dir,
                              strerror(errno));
@@ -79,11 +158,22 @@ static int ck_end(void *arg, ifd_run_context *ctx, ifd_error *err)
     }
     if (gs == h->saved_step || gs == h->start_step)
         return IFD_OK;
-    if (ifd_run_context_dropped(ctx) > 0) {
+    int64_t dropped = ifd_run_context_dropped(ctx);
+    if (many(h)) {
+        /* every host writes or skips this one together (its positions are in it) */
+        const ifd_hosts *hs = h->o.hosts;
+        int rc = hs->ops->allreduce_i64(hs->ctx, IFD_HOSTS_LOOP, &dropped, 1, IFD_HOSTS_MAX, NULL,
+                                        NULL, err);
+        if (rc)
+            return rc;
+    }
+    if (dropped > 0) {
         /* the source counted those batches as handed out: positions now would skip them */
-        IFD_LOG_WARN("checkpoint: none at the end: the input ended inside a step, whose %lld "
-                     "batches were not trained on (the last checkpoint is at step %lld)",
-                     (long long)ifd_run_context_dropped(ctx), (long long)h->saved_step);
+        IFD_LOG_WARN("checkpoint: none at the end: the input ended with batches taken from "
+                     "the producers and not trained on (%lld, inside a step or, with several "
+                     "hosts, queued for the next steps), which its positions would skip (the "
+                     "last checkpoint is at step %lld)",
+                     (long long)dropped, (long long)h->saved_step);
         return IFD_OK;
     }
     return save(h, ctx, err);

@@ -227,6 +227,7 @@ void ifd_daemon_config_defaults(ifd_daemon_config *c)
     c->checkpoint_every = 1000;
     c->keep_checkpoints = 5;
     c->load_program_lib = ifd_program_load_plugin;
+    c->checkpoint_writer = 1;
 }
 
 int ifd_daemon_max_connections(const ifd_daemon_config *c)
@@ -1081,12 +1082,14 @@ void ifd_daemon_config_usage(FILE *out)
             "each host takes batch_size / H rows a step from its own producers. {rank} in\n"
             "--listen, --publish, --control, --summaries, --predictions, --checkpoint-dir and\n"
             "--checkpoint is replaced by the host's rank (ipc:///run/infeed/in-{rank}); without\n"
-            "it, summaries, PUB and checkpoints are rank 0's only.\n"
+            "it, summaries, PUB and checkpoints are rank 0's only. A checkpoint holds every\n"
+            "host's producer positions; --resume needs as many hosts as wrote it.\n"
             "\n"
             "Signals: SIGINT or SIGTERM stops at the end of the current loop, flushes the\n"
             "summaries, writes the end event and exits 0; a second signal aborts at once.\n"
             "Exit status: 0 the run ended well; 1 a runtime error (the end summary carries it);\n"
             "2 a usage or config error, or a checkpoint that cannot start the run (missing,\n"
-            "corrupt, or of another program, settings or optimizer).\n");
+            "corrupt, of another program, settings or optimizer, or of another number of\n"
+            "hosts).\n");
     ifd_daemon_config_free(&d);
 }

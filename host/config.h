@@ -37,6 +37,8 @@ typedef struct ifd_daemon_config {
     int64_t checkpoint_every;   /* steps; 0: only at the end */
     int keep_checkpoints;
     int resume;             /* start from the latest checkpoint in checkpoint_dir */
+    int checkpoint_writer;  /* 1: this host writes checkpoint_dir (several hosts: rank 0 of a
+                               folder without {rank}, every host of one with it) */
     const char *checkpoint; /* start from this checkpoint file */
     /* CURVE (host/security.h): the daemon's key pair file turns it on on all three sockets */
     const char *curve_secret_key;

@@ -2,6 +2,7 @@
 
 #include "core/log.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,9 +106,28 @@ static int mpi_allreduce_i64(void *ctx, int channel, int64_t *vals, int n, ifd_h
     return IFD_OK;
 }
 
+static int mpi_broadcast(void *ctx, int channel, void *buf, size_t bytes, int root,
+                         ifd_hosts_stop_fn stop, void *stop_arg, ifd_error *err)
+{
+    mpi_hosts *m = ctx;
+    if (bytes > INT_MAX)
+        return ifd_error_set(err, IFD_EINVAL, "broadcast: %zu bytes, MPI counts at most %d", bytes,
+                             INT_MAX);
+    MPI_Request req;
+    int rc = MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, m->comm[channel], &req);
+    if (rc == MPI_SUCCESS)
+        rc = wait_req(&req, stop, stop_arg);
+    if (rc == -1)
+        return ifd_error_set(err, IFD_ESTOPPED, "stopped waiting for the other hosts");
+    if (rc != MPI_SUCCESS)
+        return mpi_error(err, rc, "broadcast", channel);
+    return IFD_OK;
+}
+
 static const ifd_hosts_ops mpi_ops = {
     .allgather = mpi_allgather,
     .allreduce_i64 = mpi_allreduce_i64,
+    .broadcast = mpi_broadcast,
 };
 
 /* Whether an MPI launcher started this process (Open MPI, PMIx, PMI-1/2 as Slurm's srun sets). */

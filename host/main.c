@@ -115,13 +115,28 @@ static int load_start(const ifd_daemon_config *c, ifd_checkpoint **out, ifd_erro
         snprintf(path, sizeof path, "%s", c->checkpoint);
         rc = ifd_checkpoint_load(path, out, err);
     } else {
-        rc = ifd_checkpoint_load_latest(c->checkpoint_dir, c->run.mode == IFD_MODE_TRAIN, out, path,
-                                        sizeof path, err);
+        /* only the host that writes the folder sets damaged files aside */
+        rc = ifd_checkpoint_load_latest(c->checkpoint_dir,
+                                        c->run.mode == IFD_MODE_TRAIN && c->checkpoint_writer, out,
+                                        path, sizeof path, err);
         if (rc)
             return ifd_error_prefix(err, "%s", c->resume ? "--resume" : "checkpoint_dir");
     }
-    if (rc == IFD_OK && (rc = ifd_checkpoint_check(*out, &c->run, err)) != IFD_OK) {
+    if (rc == IFD_OK && (rc = ifd_checkpoint_check(*out, &c->run, err)) != IFD_OK)
         ifd_error_prefix(err, "%s", path);
+    /* Training resumes each host's producers from its own table: the same hosts only. */
+    int hosts = c->run.hosts ? c->run.hosts->size : 1;
+    if (rc == IFD_OK && c->run.mode == IFD_MODE_TRAIN && ifd_checkpoint_hosts(*out) != hosts)
+        rc = ifd_error_set(err, IFD_EINVAL,
+                           "%s: checkpoint '%s' holds the producer positions of %d host%s, this "
+                           "run has %d: resume it on %d host%s",
+                           c->checkpoint ? "--checkpoint" : "--resume", path,
+                           ifd_checkpoint_hosts(*out), ifd_checkpoint_hosts(*out) == 1 ? "" : "s",
+                           hosts, ifd_checkpoint_hosts(*out),
+                           ifd_checkpoint_hosts(*out) == 1 ? "" : "s");
+    if (rc == IFD_OK && c->run.mode == IFD_MODE_TRAIN && hosts > 1)
+        rc = ifd_checkpoint_select_host(*out, c->run.hosts->rank, err);
+    if (rc && *out) {
         ifd_checkpoint_free(*out);
         *out = NULL;
     }
@@ -184,13 +199,9 @@ static int apply_hosts(ifd_daemon_config *c, ifd_hosts *h, ifd_error *err)
         if (!had_rank[3])
             c->summaries = NULL;
     }
-    if (c->resume && !had_rank[5])
-        return ifd_error_set(err, IFD_ENOTSUP,
-                             "resume: with %d hosts each resumes its own checkpoints, so "
-                             "checkpoint_dir must contain {rank} (got '%s')",
-                             h->size, c->checkpoint_dir);
-    if (h->rank != 0 && !had_rank[5] && c->run.mode == IFD_MODE_TRAIN)
-        c->checkpoint_dir = NULL; /* rank 0 writes the checkpoints */
+    /* A shared folder is rank 0's to write; every host gathers its positions into it. */
+    if (h->rank != 0 && !had_rank[5])
+        c->checkpoint_writer = 0;
     return IFD_OK;
 }
 
@@ -217,6 +228,25 @@ static int keygen(int argc, char **argv)
 
 static int run(int argc, char **argv, ifd_hosts *hosts);
 
+/* Several hosts, before any socket opens (the first collective on the LOOP channel): whether
+ * every host's configuration can start the run. A host that cannot (exit status 2) has said why
+ * and joins with failed set; the others learn it here and end with status 2 too, so that none
+ * waits in a collective for a host that is gone and no abort is needed. The lowest rank that
+ * failed, or -1. */
+static int hosts_setup_agreed;
+static int hosts_setup_failed(const ifd_hosts *h, int failed)
+{
+    hosts_setup_agreed = 1;
+    int64_t v = failed ? h->rank : h->size;
+    ifd_error e;
+    ifd_error_clear(&e);
+    if (h->ops->allreduce_i64(h->ctx, IFD_HOSTS_LOOP, &v, 1, IFD_HOSTS_MIN, NULL, NULL, &e)) {
+        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&e));
+        return h->rank;
+    }
+    return v < h->size ? (int)v : -1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && strcmp(argv[1], "keygen") == 0)
@@ -232,7 +262,10 @@ int main(int argc, char **argv)
     if (hosts.size > 1)
         ifd_log_set_host(hosts.rank);
     int status = run(argc, argv, &hosts);
-    if (status != 0 && hosts.size > 1) {
+    if (status == 2 && hosts.size > 1) {
+        if (!hosts_setup_agreed)
+            hosts_setup_failed(&hosts, 1); /* a config error: every host ends with status 2 */
+    } else if (status != 0 && hosts.size > 1) {
         /* The other hosts may be waiting for this one in a collective: end the job (MPI's
          * abort is the last resort; see docs/multihost.md). */
         fprintf(stderr, "infeedd: host %d of %d ended with status %d: aborting the other hosts\n",
@@ -320,6 +353,17 @@ static int run(int argc, char **argv, ifd_hosts *hosts)
         ifd_daemon_config_free(&cfg);
         return 2;
     }
+    int bad = hosts->size > 1 ? hosts_setup_failed(hosts, 0) : -1;
+    if (bad >= 0) {
+        fprintf(stderr,
+                "infeedd: host %d of %d cannot start the run (a config error: see its "
+                "message); host %d stops too\n",
+                bad, hosts->size, hosts->rank);
+        ifd_checkpoint_free(ck);
+        ifd_security_destroy(sec);
+        ifd_daemon_config_free(&cfg);
+        return 2;
+    }
     if (ck)
         IFD_LOG_INFO("starting from a checkpoint at global step %lld (%d producers)",
                      (long long)ifd_checkpoint_global_step(ck), ifd_checkpoint_producer_count(ck));
@@ -351,7 +395,9 @@ static int run(int argc, char **argv, ifd_hosts *hosts)
                                      .every = cfg.checkpoint_every,
                                      .keep = cfg.keep_checkpoints,
                                      .positions = ifd_ingest_positions,
-                                     .positions_arg = g};
+                                     .positions_arg = g,
+                                     .hosts = cfg.run.hosts,
+                                     .write = cfg.checkpoint_writer};
         ifd_hook h;
         rc = ifd_hook_checkpoint(&h, &co, &err);
         if (rc == IFD_OK && (rc = ifd_session_add_hook(s, &h)) != IFD_OK) {

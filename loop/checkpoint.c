@@ -33,9 +33,16 @@ static ifd_checkpoint *ckpt_alloc(int64_t nparam_floats, int nslots, ifd_error *
 {
     ifd_checkpoint *c = calloc(1, sizeof *c);
     size_t floats = (size_t)nparam_floats * (size_t)(1 + nslots);
-    if (c)
+    if (c) {
         c->params = calloc(floats + 1, sizeof(float));
-    if (c == NULL || c->params == NULL) {
+        c->tables = calloc(1, sizeof *c->tables);
+        c->nhosts = 1;
+    }
+    if (c == NULL || c->params == NULL || c->tables == NULL) {
+        if (c) {
+            free(c->params);
+            free(c->tables);
+        }
         free(c);
         ifd_error_set(err, IFD_ENOMEM, "checkpoint: %lld parameter floats and %d slots",
                       (long long)nparam_floats, nslots);
@@ -84,7 +91,9 @@ void ifd_checkpoint_free(ifd_checkpoint *c)
     if (c == NULL)
         return;
     free(c->params);
-    free(c->producers);
+    for (int h = 0; h < c->nhosts; h++)
+        free(c->tables[h].producers);
+    free(c->tables);
     free(c);
 }
 
@@ -133,28 +142,73 @@ const float *ifd_checkpoint_slots(const ifd_checkpoint *c)
     return c->slots;
 }
 
+int ifd_checkpoint_hosts(const ifd_checkpoint *c)
+{
+    return c->nhosts;
+}
+
+int ifd_checkpoint_set_hosts(ifd_checkpoint *c, int hosts, ifd_error *err)
+{
+    if (hosts < 1 || hosts > IFD_CHECKPOINT_MAX_HOSTS)
+        return ifd_error_set(err, IFD_EINVAL, "checkpoint: hosts: expected 1 to %d, got %d",
+                             IFD_CHECKPOINT_MAX_HOSTS, hosts);
+    for (int h = hosts; h < c->nhosts; h++)
+        free(c->tables[h].producers);
+    ifd_ckpt_table *t = realloc(c->tables, (size_t)hosts * sizeof *t);
+    if (t == NULL) {
+        if (hosts < c->nhosts)
+            c->nhosts = hosts; /* the tables beyond were freed; the block stays as it was */
+        return ifd_error_set(err, IFD_ENOMEM, "checkpoint: %d hosts", hosts);
+    }
+    for (int h = c->nhosts; h < hosts; h++)
+        t[h] = (ifd_ckpt_table){0};
+    c->tables = t;
+    c->nhosts = hosts;
+    if (c->host >= hosts)
+        c->host = 0;
+    return IFD_OK;
+}
+
+int ifd_checkpoint_select_host(ifd_checkpoint *c, int host, ifd_error *err)
+{
+    if (host < 0 || host >= c->nhosts)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "checkpoint: host: expected 0 to %d (the checkpoint holds %d hosts' "
+                             "positions), got %d",
+                             c->nhosts - 1, c->nhosts, host);
+    c->host = host;
+    return IFD_OK;
+}
+
+static const ifd_ckpt_table *table(const ifd_checkpoint *c)
+{
+    return &c->tables[c->host];
+}
+
 int ifd_checkpoint_producer_count(const ifd_checkpoint *c)
 {
-    return c->nproducers;
+    return table(c)->nproducers;
 }
 
 const char *ifd_checkpoint_producer_name(const ifd_checkpoint *c, int i)
 {
-    return i >= 0 && i < c->nproducers ? c->producers[i].name : NULL;
+    const ifd_ckpt_table *t = table(c);
+    return i >= 0 && i < t->nproducers ? t->producers[i].name : NULL;
 }
 
 int64_t ifd_checkpoint_producer_seq(const ifd_checkpoint *c, int i)
 {
-    return i >= 0 && i < c->nproducers ? c->producers[i].seq : -1;
+    const ifd_ckpt_table *t = table(c);
+    return i >= 0 && i < t->nproducers ? t->producers[i].seq : -1;
 }
 
 /* The index of name, or where it would be inserted (as -1 - index). */
-static int find_producer(const ifd_checkpoint *c, const char *name)
+static int find_producer(const ifd_ckpt_table *t, const char *name)
 {
-    int lo = 0, hi = c->nproducers;
+    int lo = 0, hi = t->nproducers;
     while (lo < hi) {
         int mid = lo + (hi - lo) / 2;
-        int cmp = strcmp(c->producers[mid].name, name);
+        int cmp = strcmp(t->producers[mid].name, name);
         if (cmp == 0)
             return mid;
         if (cmp < 0)
@@ -167,10 +221,11 @@ static int find_producer(const ifd_checkpoint *c, const char *name)
 
 int ifd_checkpoint_find_producer(const ifd_checkpoint *c, const char *name, int64_t *seq)
 {
-    int i = find_producer(c, name);
+    const ifd_ckpt_table *t = table(c);
+    int i = find_producer(t, name);
     if (i < 0)
         return IFD_ENOTFOUND;
-    *seq = c->producers[i].seq;
+    *seq = t->producers[i].seq;
     return IFD_OK;
 }
 
@@ -185,25 +240,26 @@ int ifd_checkpoint_set_producer(ifd_checkpoint *c, const char *name, int64_t seq
         return ifd_error_set(err, IFD_EINVAL,
                              "checkpoint: producer '%s': seq: expected >= 0, got %" PRId64, name,
                              seq);
-    int i = find_producer(c, name);
+    ifd_ckpt_table *t = &c->tables[c->host];
+    int i = find_producer(t, name);
     if (i >= 0) {
-        c->producers[i].seq = seq;
+        t->producers[i].seq = seq;
         return IFD_OK;
     }
     i = -1 - i;
-    if (c->nproducers == c->cap) {
-        int cap = c->cap ? 2 * c->cap : 8;
-        ifd_ckpt_producer *p = realloc(c->producers, (size_t)cap * sizeof *p);
+    if (t->nproducers == t->cap) {
+        int cap = t->cap ? 2 * t->cap : 8;
+        ifd_ckpt_producer *p = realloc(t->producers, (size_t)cap * sizeof *p);
         if (p == NULL)
             return ifd_error_set(err, IFD_ENOMEM, "checkpoint: %d producers", cap);
-        c->producers = p;
-        c->cap = cap;
+        t->producers = p;
+        t->cap = cap;
     }
-    memmove(&c->producers[i + 1], &c->producers[i],
-            (size_t)(c->nproducers - i) * sizeof *c->producers);
-    memcpy(c->producers[i].name, name, len + 1);
-    c->producers[i].seq = seq;
-    c->nproducers++;
+    memmove(&t->producers[i + 1], &t->producers[i],
+            (size_t)(t->nproducers - i) * sizeof *t->producers);
+    memcpy(t->producers[i].name, name, len + 1);
+    t->producers[i].seq = seq;
+    t->nproducers++;
     return IFD_OK;
 }
 
@@ -221,9 +277,22 @@ static json_t *header_json(const ifd_checkpoint *c)
                                                 shape, "offset", (json_int_t)ps->offset, "count",
                                                 (json_int_t)ps->count));
     }
-    json_t *producers = json_object();
-    for (int i = 0; i < c->nproducers; i++)
-        json_object_set_new(producers, c->producers[i].name, json_integer(c->producers[i].seq));
+    /* One host: "producers". Several: "hosts" and "host_producers", each host's in rank order,
+     * with "producers" empty (docs/checkpoint.md). */
+    json_t *by_host = c->nhosts > 1 ? json_array() : NULL;
+    json_t *producers = NULL;
+    for (int h = 0; h < c->nhosts; h++) {
+        const ifd_ckpt_table *t = &c->tables[h];
+        json_t *m = json_object();
+        for (int i = 0; i < t->nproducers; i++)
+            json_object_set_new(m, t->producers[i].name, json_integer(t->producers[i].seq));
+        if (by_host)
+            json_array_append_new(by_host, m);
+        else
+            producers = m;
+    }
+    if (by_host)
+        producers = json_object();
     const ifd_optimizer *o = &c->optimizer;
     json_t *opt = json_pack(
         "{s:s, s:i, s:f, s:f, s:f, s:f, s:f}", "kind", ifd_optimizer_name(o->kind), "slots",
@@ -232,11 +301,18 @@ static json_t *header_json(const ifd_checkpoint *c)
     json_t *settings =
         json_pack("{s:I, s:I, s:I}", "features", (json_int_t)c->settings.features, "classes",
                   (json_int_t)c->settings.classes, "hidden", (json_int_t)c->settings.hidden);
-    return json_pack("{s:s, s:s, s:o, s:o, s:I, s:o, s:I, s:I, s:o, s:f}", "format",
-                     "infeed-checkpoint", "program", c->program, "settings", settings, "params",
-                     params, "nparam_floats", (json_int_t)c->nparam_floats, "optimizer", opt,
-                     "global_step", (json_int_t)c->global_step, "opt_step", (json_int_t)c->opt_step,
-                     "producers", producers, "created", (double)time(NULL));
+    json_t *h = json_pack(
+        "{s:s, s:s, s:o, s:o, s:I, s:o, s:I, s:I, s:o, s:f}", "format", "infeed-checkpoint",
+        "program", c->program, "settings", settings, "params", params, "nparam_floats",
+        (json_int_t)c->nparam_floats, "optimizer", opt, "global_step", (json_int_t)c->global_step,
+        "opt_step", (json_int_t)c->opt_step, "producers", producers, "created", (double)time(NULL));
+    if (h && by_host) {
+        json_object_set_new(h, "hosts", json_integer(c->nhosts));
+        json_object_set_new(h, "host_producers", by_host);
+    } else {
+        json_decref(by_host);
+    }
+    return h;
 }
 
 static size_t data_bytes(int64_t nparam_floats, int nslots)
@@ -691,6 +767,29 @@ static int parse_params(ifd_checkpoint *c, json_t *params, const char *path, ifd
     return IFD_OK;
 }
 
+/* A producer map (name: seq) into c's selected table; field names it in sentences. */
+static int parse_producers(ifd_checkpoint *c, json_t *producers, const char *field,
+                           const char *path, ifd_error *err)
+{
+    if (!json_is_object(producers))
+        return ifd_error_set(err, IFD_EPROTO, "checkpoint '%s': header: '%s': expected an object",
+                             path, field);
+    const char *name;
+    json_t *seq;
+    json_object_foreach(producers, name, seq)
+    {
+        if (!json_is_integer(seq))
+            return ifd_error_set(err, IFD_EPROTO,
+                                 "checkpoint '%s': header: '%s.%s': expected an integer", path,
+                                 field, name);
+        ifd_error e;
+        if (ifd_checkpoint_set_producer(c, name, json_integer_value(seq), &e))
+            return ifd_error_set(err, e.code == IFD_ENOMEM ? e.code : IFD_EPROTO,
+                                 "checkpoint '%s': header: %s: %s", path, field, e.msg);
+    }
+    return IFD_OK;
+}
+
 static int parse_header(ifd_checkpoint *c, json_t *h, const char *path, ifd_error *err)
 {
     json_t *prog = json_object_get(h, "program");
@@ -739,19 +838,37 @@ static int parse_header(ifd_checkpoint *c, json_t *h, const char *path, ifd_erro
     if (!json_is_object(producers))
         return ifd_error_set(err, IFD_EPROTO,
                              "checkpoint '%s': header: 'producers': expected an object", path);
-    const char *name;
-    json_t *seq;
-    json_object_foreach(producers, name, seq)
-    {
-        if (!json_is_integer(seq))
-            return ifd_error_set(err, IFD_EPROTO,
-                                 "checkpoint '%s': header: 'producers.%s': expected an integer",
-                                 path, name);
-        ifd_error e;
-        if (ifd_checkpoint_set_producer(c, name, json_integer_value(seq), &e))
-            return ifd_error_set(err, e.code == IFD_ENOMEM ? e.code : IFD_EPROTO,
-                                 "checkpoint '%s': header: %s", path, e.msg);
+    /* Written by several hosts: "hosts" and each host's table in "host_producers". */
+    int64_t hosts = 1;
+    if (json_object_get(h, "hosts") &&
+        (rc = get_int(h, "hosts", 1, IFD_CHECKPOINT_MAX_HOSTS, &hosts, path, err)) != IFD_OK)
+        return rc;
+    if (hosts == 1)
+        return parse_producers(c, producers, "producers", path, err);
+    json_t *by_host = json_object_get(h, "host_producers");
+    if (!json_is_array(by_host))
+        return ifd_error_set(err, IFD_EPROTO,
+                             "checkpoint '%s': header: 'host_producers': expected an array (one "
+                             "object a host, 'hosts' is %lld), got none",
+                             path, (long long)hosts);
+    if (json_array_size(by_host) != (size_t)hosts)
+        return ifd_error_set(
+            err, IFD_EPROTO,
+            "checkpoint '%s': header: 'host_producers': expected %lld objects (one "
+            "a host, 'hosts'), got %zu",
+            path, (long long)hosts, json_array_size(by_host));
+    ifd_error e;
+    if (ifd_checkpoint_set_hosts(c, (int)hosts, &e))
+        return ifd_error_set(err, e.code, "checkpoint '%s': %s", path, e.msg);
+    for (int i = 0; i < (int)hosts; i++) {
+        char field[48];
+        snprintf(field, sizeof field, "host_producers[%d]", i);
+        c->host = i;
+        if ((rc = parse_producers(c, json_array_get(by_host, (size_t)i), field, path, err)) !=
+            IFD_OK)
+            return rc;
     }
+    c->host = 0;
     return IFD_OK;
 }
 

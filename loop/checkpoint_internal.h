@@ -10,6 +10,12 @@ typedef struct ifd_ckpt_producer {
     int64_t seq;
 } ifd_ckpt_producer;
 
+/* One host's producer positions, sorted by name. */
+typedef struct ifd_ckpt_table {
+    ifd_ckpt_producer *producers;
+    int nproducers, cap;
+} ifd_ckpt_table;
+
 struct ifd_checkpoint {
     char program[64];
     ifd_program_settings settings;
@@ -22,8 +28,9 @@ struct ifd_checkpoint {
     int64_t opt_step;
     float *params; /* nparam_floats, then nslots x nparam_floats (slots) in one block */
     float *slots;
-    ifd_ckpt_producer *producers; /* sorted by name */
-    int nproducers, cap;
+    ifd_ckpt_table *tables; /* nhosts of them, host 0's first */
+    int nhosts;             /* 1 unless a run over several hosts wrote it */
+    int host;               /* the table the producer functions read and write */
 };
 
 /* ifd_checkpoint_load's parser and checks, on a file's bytes in memory (len of them); path only

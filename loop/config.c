@@ -195,11 +195,12 @@ int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
                              "hosts: expected a rank in [0, size), size >= 1 and both collectives, "
                              "got rank %d of %d",
                              cfg->hosts->rank, cfg->hosts->size);
-    if (ifd_hosts_many(cfg->hosts) && strcmp(cfg->backend, "cpu") != 0)
-        return ifd_error_set(err, IFD_ENOTSUP,
-                             "backend: %d hosts train together on the cpu backend only so far, "
-                             "got '%s'",
-                             cfg->hosts->size, cfg->backend);
+    if (ifd_hosts_many(cfg->hosts) && strcmp(cfg->backend, "cuda") == 0 &&
+        cfg->hosts->ops->broadcast == NULL)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "hosts: the cuda backend on %d hosts needs the broadcast collective "
+                             "(rank 0's ncclUniqueId), and these hosts have none",
+                             cfg->hosts->size);
     if (!(cfg->watchdog_secs >= 0.0 && cfg->watchdog_secs <= MAX_SECS))
         return ifd_error_set(err, IFD_EINVAL,
                              "watchdog_secs: expected seconds from 0 (off) to %g, got %g", MAX_SECS,

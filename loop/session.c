@@ -338,6 +338,14 @@ static int hosts_agree(ifd_session *s, int64_t *n)
     return IFD_OK;
 }
 
+/* Whether the hosts agree before each loop: train and eval. Predict runs per host: each host
+ * ends on its own stopping signal, after as many loops as its own input takes, so a stop request
+ * there stops its own host only (docs/multihost.md). */
+static int agree_with_hosts(const ifd_session *s)
+{
+    return ifd_hosts_many(s->cfg.hosts) && s->cfg.mode != IFD_MODE_PREDICT;
+}
+
 /* Runs device loops until a hook, a stop request, the input or an error ends the run. */
 static void run_loops(ifd_session *s)
 {
@@ -352,8 +360,7 @@ static void run_loops(ifd_session *s)
             }
             return;
         }
-        if (!ifd_hosts_many(s->cfg.hosts) &&
-            __atomic_load_n(&s->stop_requested, __ATOMIC_ACQUIRE)) {
+        if (!agree_with_hosts(s) && __atomic_load_n(&s->stop_requested, __ATOMIC_ACQUIRE)) {
             s->reason = IFD_END_STOPPED;
             snprintf(s->message, sizeof s->message, "stop requested at global step %lld",
                      (long long)ctx->global_step);
@@ -363,7 +370,7 @@ static void run_loops(ifd_session *s)
             return;
         int64_t n = ctx->next_loop_length > 0 ? ctx->next_loop_length : s->cfg.iterations_per_loop;
         ctx->next_loop_length = 0;
-        if (ifd_hosts_many(s->cfg.hosts) && hosts_agree(s, &n))
+        if (agree_with_hosts(s) && hosts_agree(s, &n))
             return;
         ctx->loop_length = n;
         IFD_LOG_DEBUG("loop %lld: %lld steps from global step %lld", (long long)ctx->loop_index,
@@ -491,6 +498,10 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
     s->ctx.global_step = ifd_device_global_step(s->dev);
     s->ctx.failed = ifd_rendezvous_cause(s->rv, NULL) != IFD_OK || ifd_rendezvous_stopping(s->rv);
     s->ctx.dropped = ifd_infeed_dropped(s->infeed);
+    /* Several hosts whose input ended on one: the others' infeed threads had taken batches for
+     * steps that never ran (the loop's next ones), so their positions are ahead of the state. */
+    if (ifd_hosts_many(s->cfg.hosts) && s->reason == IFD_END_INPUT_ENDED && s->ctx.dropped == 0)
+        s->ctx.dropped = 1;
     call_hooks(s, CB_END);
     if (s->outfeed) {
         ifd_error e;

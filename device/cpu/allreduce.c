@@ -198,7 +198,8 @@ static int run_hosts(ifd_cpu_allreduce *ar, int r)
 {
     int R = ar->replicas;
     size_t n = (size_t)ar->n, block = (size_t)R * n + 1;
-    memcpy(ar->send + (size_t)r * n, ar->bufs[r], sizeof(float) * n);
+    if (n) /* eval mode's collective carries no vector (its buffers may be NULL) */
+        memcpy(ar->send + (size_t)r * n, ar->bufs[r], sizeof(float) * n);
     int rc = barrier(ar);
     if (rc)
         return rc;
@@ -226,7 +227,8 @@ static int run_hosts(ifd_cpu_allreduce *ar, int r)
     rc = barrier(ar);
     if (rc)
         return rc;
-    memcpy(ar->bufs[r], ar->total, sizeof(float) * n);
+    if (n)
+        memcpy(ar->bufs[r], ar->total, sizeof(float) * n);
     return IFD_OK;
 }
 

@@ -46,6 +46,7 @@ struct cpu_dev {
     ifd_cpu_allreduce ar;
     ifd_step_ops sops;
     int infeed_ended; /* atomic */
+    int hosts_ended;  /* atomic: the hosts' collective ended the input (another host's ended) */
 };
 
 _Static_assert(offsetof(cpu_dev, set) == 0, "ifd_replicas comes first");
@@ -147,6 +148,10 @@ static int cpu_step(ifd_replica *base, int64_t nth)
     case IFD_MODE_EVAL:
         rc = ifd_step_eval(p, &rep->ops, &cd->sops, rep, &rep->st, rep->views, sh.rows, &slot->out,
                            &base->err);
+        /* Several hosts: an empty all-reduce carries only the hosts' flags, so a host whose
+         * input ended ends this step on every host, as in train mode (the step is dropped). */
+        if (rc == IFD_OK && cd->ar.hosts)
+            rc = cpu_allreduce_sum(rep, cd->ar.bufs[base->index], 0, &base->err);
         break;
     case IFD_MODE_PREDICT: {
         float *pred = rep->pred_mem + (size_t)(slot - rep->slots) * (size_t)pred_floats(cfg);
@@ -202,7 +207,14 @@ static int cpu_loop_end(ifd_replica *base, int rc, int64_t done)
 static void cpu_input_ended(ifd_replica *base)
 {
     cpu_replica *rep = (cpu_replica *)base;
-    ifd_cpu_allreduce_leave(&rep->cd->ar);
+    cpu_dev *cd = rep->cd;
+    if (cd->ar.ended_host >= 0) {
+        /* Another host's input ended: this host's infeed thread may be blocked pushing the
+         * loop's next shards; it is told the input ended (cpu_infeed_enqueue). */
+        __atomic_store_n(&cd->hosts_ended, 1, __ATOMIC_RELEASE);
+        ifd_queue_close(rep->infeed);
+    }
+    ifd_cpu_allreduce_leave(&cd->ar);
     ifd_queue_close(rep->out_full);
 }
 
@@ -326,9 +338,10 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
     cd->reps = calloc((size_t)cd->replicas, sizeof *cd->reps);
     int ar_ok = 0;
     if (init == NULL || cd->reps == NULL ||
-        ifd_cpu_allreduce_init(&cd->ar, cd->replicas, p->nparam_floats) ||
+        ifd_cpu_allreduce_init(&cd->ar, cd->replicas,
+                               cfg->mode == IFD_MODE_TRAIN ? p->nparam_floats : 0) ||
         (ar_ok = 1,
-         ifd_cpu_allreduce_set_hosts(&cd->ar, cfg->mode == IFD_MODE_TRAIN ? cfg->hosts : NULL))) {
+         ifd_cpu_allreduce_set_hosts(&cd->ar, cfg->mode != IFD_MODE_PREDICT ? cfg->hosts : NULL))) {
         if (ar_ok)
             ifd_cpu_allreduce_fini(&cd->ar);
         free(init);
@@ -364,6 +377,8 @@ static int cpu_infeed_enqueue(ifd_device *dev, int replica, const ifd_shard *sha
     int rc = ifd_queue_push(cd->reps[replica].infeed, shard);
     if (rc)
         ifd_batch_unref(shard->batch);
+    if (rc == IFD_ECLOSED && __atomic_load_n(&cd->hosts_ended, __ATOMIC_ACQUIRE))
+        return IFD_EEOF; /* another host's input ended: so did this run's */
     return rc == IFD_ECLOSED ? IFD_ESTOPPED : rc;
 }
 

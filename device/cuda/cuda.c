@@ -17,9 +17,11 @@
 #include "core/log.h"
 #include "core/queue.h"
 #include "core/thread.h"
+#include "device/cpu/allreduce.h"
 #include "device/cuda/cuda_internal.h"
 #include "device/device.h"
 #include "device/replicas.h"
+#include "infeed/hosts.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -81,7 +83,7 @@ typedef struct cu_replica {
     cudaStream_t cs; /* compute */
     cudaStream_t xs; /* copies */
     cublasHandle_t blas;
-    ncclComm_t comm; /* NULL with one replica */
+    ncclComm_t comm; /* NULL with one replica on one host */
     void *blas_ws;
     float *dmem;     /* params, grads, slot0, slot1, workspace */
     int64_t *dsteps; /* step, opt_step */
@@ -125,6 +127,12 @@ struct cu_dev {
     size_t in_bytes;     /* staging bytes per slot */
     int64_t pred_floats; /* predict: floats of one step's predictions at most; else 0 */
     int64_t eof_step;    /* atomic: the lowest step at which a replica's input ended */
+    /* Several hosts (train and eval): before a step touches its GPU, the replicas exchange the
+     * hosts' flags (the cpu backend's host exchange with no vector), so that a host whose input
+     * ended stops every host at that step and no host waits in an NCCL call for it. */
+    ifd_cpu_allreduce flags;
+    int use_flags;
+    int hosts_ended; /* atomic: the flags said another host's input ended */
 };
 
 _Static_assert(offsetof(cu_dev, set) == 0, "ifd_replicas comes first");
@@ -513,6 +521,17 @@ static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
         ifd_queue_push(rep->in_free, &idx);
         return IFD_EEOF;
     }
+    if (rep->cd->use_flags && (rc = ifd_cpu_allreduce_run(&rep->cd->flags, rep->base.index))) {
+        ifd_queue_push(rep->in_free, &idx); /* the step runs on no host */
+        if (rc == IFD_EEOF)
+            return IFD_EEOF;
+        if (rc == IFD_ESTOPPED || rep->base.index != 0) {
+            ifd_error_set(&rep->base.err, IFD_ESTOPPED, "the hosts' step collective stopped");
+            return IFD_ESTOPPED;
+        }
+        rep->base.err = rep->cd->flags.host_err; /* replica 0's failed collective */
+        return rc;
+    }
     int64_t t0 = ifd_clock_ns();
     rc = ifd_queue_pop(rep->out_free, &o);
     if (rc)
@@ -610,10 +629,21 @@ static int cu_loop_end(ifd_replica *base, int rc, int64_t done)
     return rc;
 }
 
-/* The outfeed thread learns there is nothing more once it drained what we wrote. */
+/* The outfeed thread learns there is nothing more once it drained what we wrote. Several hosts:
+ * the others learn it from the flags; when another host's input ended, this host's infeed thread
+ * may wait for a free slot: it is told the input ended (cu_infeed_enqueue). */
 static void cu_input_ended(ifd_replica *base)
 {
-    ifd_queue_close(((cu_replica *)base)->out_full);
+    cu_replica *rep = (cu_replica *)base;
+    cu_dev *cd = rep->cd;
+    if (cd->use_flags) {
+        if (cd->flags.ended_host >= 0) {
+            __atomic_store_n(&cd->hosts_ended, 1, __ATOMIC_RELEASE);
+            ifd_queue_close(rep->in_free);
+        }
+        ifd_cpu_allreduce_leave(&cd->flags);
+    }
+    ifd_queue_close(rep->out_full);
 }
 
 static const ifd_replica_ops cu_replica_ops = {
@@ -747,8 +777,9 @@ out:
 
 /*
  * One communicator per local GPU, created from one ncclUniqueId with ncclCommInitRank inside a
- * group (one thread initialises every local rank). A multi-host setup would get the id from rank
- * 0's host instead of ncclGetUniqueId, and pass its own first rank and the world size.
+ * group (one thread initialises every local rank). Several hosts: one communicator over every
+ * GPU of every host (nranks = hosts x replicas), the id rank 0's (hosts_nccl_id), this host's
+ * first rank its first global replica.
  */
 static int nccl_open(cu_dev *cd, const ncclUniqueId *id, int nranks, int first_rank, ifd_error *err)
 {
@@ -786,6 +817,41 @@ end_group:;
         CUDA_TRY_GOTO(rep->gpu, cudaStreamSynchronize(rep->cs), rc, err, out);
     }
 out:
+    return rc;
+}
+
+/* Several hosts: every host has as many GPUs in the job (the ranks and the batch split assume
+ * it), and gets rank 0's ncclUniqueId, over the LOOP channel (cu_open runs on the session's
+ * thread before any loop). */
+static int hosts_nccl_id(cu_dev *cd, const ifd_hosts *h, ncclUniqueId *id, ifd_error *err)
+{
+    int64_t lo = cd->replicas, hi = cd->replicas;
+    int rc = h->ops->allreduce_i64(h->ctx, IFD_HOSTS_LOOP, &lo, 1, IFD_HOSTS_MIN, NULL, NULL, err);
+    if (rc == IFD_OK)
+        rc = h->ops->allreduce_i64(h->ctx, IFD_HOSTS_LOOP, &hi, 1, IFD_HOSTS_MAX, NULL, NULL, err);
+    if (rc)
+        return rc;
+    if (lo != hi)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "cuda backend: replicas: host %d has %d GPUs in the job, other hosts "
+                             "from %lld to %lld; every host needs the same --replicas (one NCCL "
+                             "rank a GPU, the global batch split evenly)",
+                             h->rank, cd->replicas, (long long)lo, (long long)hi);
+    memset(id, 0, sizeof *id);
+    if (h->rank == 0) {
+        ncclResult_t g = ncclGetUniqueId(id);
+        if (g != ncclSuccess)
+            rc = ifd_nccl_error(err, -1, "ncclGetUniqueId", ncclGetErrorString(g));
+    }
+    /* A failed ncclGetUniqueId on rank 0 still sends (zeros), so that no host waits here; rank
+     * 0 then fails, and its abort ends the job. */
+    ifd_error berr;
+    ifd_error_clear(&berr);
+    int brc = h->ops->broadcast(h->ctx, IFD_HOSTS_LOOP, id, sizeof *id, 0, NULL, NULL, &berr);
+    if (rc == IFD_OK && brc) {
+        *err = berr;
+        rc = brc;
+    }
     return rc;
 }
 
@@ -911,6 +977,10 @@ static void cu_close(ifd_device *dev)
         }
     }
     nccl_close(cd, is_aborted(cd));
+    if (cd->use_flags) {
+        ifd_cpu_allreduce_fini(&cd->flags);
+        cd->use_flags = 0;
+    }
     for (int r = 0; r < cd->replicas; r++)
         replica_free(&cd->reps[r]);
     ifd_replicas_fini(&cd->set);
@@ -992,7 +1062,26 @@ static int cu_open(ifd_device *dev, ifd_error *err)
         if (rc)
             goto fail;
     }
-    if (cd->replicas > 1) {
+    const ifd_hosts *hosts = ifd_hosts_many(cfg->hosts) ? cfg->hosts : NULL;
+    if (hosts && cfg->mode != IFD_MODE_PREDICT) { /* predict runs per host */
+        if (ifd_cpu_allreduce_init(&cd->flags, cd->replicas, 0) != IFD_OK) {
+            rc = ifd_error_set(err, IFD_ENOMEM, "cuda backend: the hosts' step flags");
+            goto fail;
+        }
+        cd->use_flags = 1;
+        if (ifd_cpu_allreduce_set_hosts(&cd->flags, hosts) != IFD_OK) {
+            rc = ifd_error_set(err, IFD_ENOMEM, "cuda backend: the hosts' step flags");
+            goto fail;
+        }
+    }
+    if (hosts && cfg->mode == IFD_MODE_TRAIN) {
+        ncclUniqueId id;
+        rc = hosts_nccl_id(cd, hosts, &id, err);
+        if (rc == IFD_OK)
+            rc = nccl_open(cd, &id, hosts->size * cd->replicas, hosts->rank * cd->replicas, err);
+        if (rc)
+            goto fail;
+    } else if (cd->replicas > 1) {
         ncclUniqueId id;
         NCCL_TRY_GOTO(-1, ncclGetUniqueId(&id), rc, err, fail);
         rc = nccl_open(cd, &id, cd->replicas, 0, err);
@@ -1051,6 +1140,8 @@ static int cu_infeed_enqueue(ifd_device *dev, int replica, const ifd_shard *shar
         return IFD_EINTERNAL;
     }
     int idx, rc = ifd_queue_pop(rep->in_free, &idx);
+    if (rc == IFD_ECLOSED && __atomic_load_n(&cd->hosts_ended, __ATOMIC_ACQUIRE))
+        return IFD_EEOF; /* another host's input ended: so did this run's */
     if (rc)
         return IFD_ESTOPPED;
     cu_inslot *s = &rep->in[idx];
@@ -1267,6 +1358,8 @@ static void cu_abort(ifd_device *dev)
 {
     cu_dev *cd = dev->priv;
     ifd_replicas_abort(&cd->set);
+    if (cd->use_flags)
+        ifd_cpu_allreduce_abort(&cd->flags);
     for (int r = 0; r < cd->replicas; r++) {
         ifd_queue_abort(cd->reps[r].in_free);
         ifd_queue_abort(cd->reps[r].in_full);

@@ -24,6 +24,8 @@ extern "C" {
 #define IFD_CHECKPOINT_SUFFIX ".ifdckpt"
 /* Bytes of a producer name, as the protocol allows (docs/protocol.md). */
 #define IFD_CHECKPOINT_NAME_MAX 63
+/* Hosts a checkpoint can hold positions for. */
+#define IFD_CHECKPOINT_MAX_HOSTS 65536
 
 /* ---- files ---------------------------------------------------------------------------------- */
 
@@ -88,8 +90,19 @@ const float *ifd_checkpoint_params(const ifd_checkpoint *c);
 int ifd_checkpoint_slot_count(const ifd_checkpoint *c);
 const float *ifd_checkpoint_slots(const ifd_checkpoint *c);
 
-/* Producers, sorted by name. seq is the highest sequence number consumed from the producer by a
- * step the checkpoint includes: its stream resumes at seq + 1. */
+/* Several hosts (docs/multihost.md): a checkpoint holds one producer table per host of the run
+ * that wrote it (each host's producers are its own), 1 unless a run over several hosts wrote it.
+ * The producer functions below read and write the selected table, host 0's until
+ * ifd_checkpoint_select_host. */
+int ifd_checkpoint_hosts(const ifd_checkpoint *c);
+/* Makes c hold hosts (1 to IFD_CHECKPOINT_MAX_HOSTS) tables: new ones are empty, those beyond
+ * are dropped (the selection falls back to host 0 when its table goes). */
+int ifd_checkpoint_set_hosts(ifd_checkpoint *c, int hosts, ifd_error *err);
+/* Selects host's table (0 to hosts - 1) for the producer functions; IFD_EINVAL otherwise. */
+int ifd_checkpoint_select_host(ifd_checkpoint *c, int host, ifd_error *err);
+
+/* Producers of the selected host, sorted by name. seq is the highest sequence number consumed from
+ * the producer by a step the checkpoint includes: its stream resumes at seq + 1. */
 int ifd_checkpoint_producer_count(const ifd_checkpoint *c);
 const char *ifd_checkpoint_producer_name(const ifd_checkpoint *c, int i);
 int64_t ifd_checkpoint_producer_seq(const ifd_checkpoint *c, int i);
@@ -126,6 +139,14 @@ typedef struct ifd_checkpoint_options {
      * out was consumed by a completed step. */
     int (*positions)(void *arg, ifd_checkpoint *c, ifd_error *err);
     void *positions_arg;
+    /* Several hosts (NULL or size 1: one), borrowed: every host runs the hook, each writes its
+     * own positions into its table, and the hosts all-gather them on the LOOP channel, so each
+     * checkpoint holds every host's table; only the hosts with write set write files (the
+     * others gather, create no folder and prune nothing). The hook must then be on every host,
+     * with the same every, and the hosts' runs must end at the same step, as a run over hosts
+     * does. */
+    const struct ifd_hosts *hosts;
+    int write; /* with hosts: whether this host writes into dir */
 } ifd_checkpoint_options;
 
 /* The seed's CheckpointSaverHook at loop granularity: after a loop that reached or crossed a

@@ -10,7 +10,9 @@
  * have to agree on an order between them:
  *
  *   IFD_HOSTS_STEP     the replicas' all-reduce: one call per train step, from one replica thread
- *   IFD_HOSTS_LOOP     the session's thread: one call per device loop (its length, stop requests)
+ *   IFD_HOSTS_LOOP     the session's thread: one call per device loop (its length, stop requests),
+ *                      and before the first: the checkpoint hook's positions, the cuda backend's
+ *                      ncclUniqueId (broadcast) at open
  *   IFD_HOSTS_OUTFEED  the outfeed thread, then the session's thread at the end: summaries
  *
  * A collective waits for every host. stop(stop_arg) (optional, called while it waits, must not
@@ -42,6 +44,10 @@ typedef struct ifd_hosts_ops {
     /* vals[i] = op over the hosts of vals[i], for i < n, in place. */
     int (*allreduce_i64)(void *ctx, int channel, int64_t *vals, int n, ifd_hosts_op op,
                          ifd_hosts_stop_fn stop, void *stop_arg, ifd_error *err);
+    /* buf (bytes) = root's buf on every host (root: 0 to size - 1). Optional for the cpu
+     * backend; the cuda backend sends rank 0's ncclUniqueId with it. */
+    int (*broadcast)(void *ctx, int channel, void *buf, size_t bytes, int root,
+                     ifd_hosts_stop_fn stop, void *stop_arg, ifd_error *err);
 } ifd_hosts_ops;
 
 typedef struct ifd_hosts {

@@ -3,8 +3,11 @@
 2 hosts x 1 replica and 2 x 2 against 1 x 2 and 1 x 4 on the same global batches (each host's
 producer sends its rows of every global batch): the same per-step losses and parameters, the
 same bits on every host; the input ending on one host ends all at the same step; SIGTERM to one
-rank stops all at the same loop boundary; SIGKILL of one rank ends the job, naming it. Skipped
-when mpirun is missing or infeedd was built without MPI."""
+rank stops all at the same loop boundary; SIGKILL of one rank ends the job, naming it; one
+checkpoint holds both hosts' producer positions, a killed 2-host run resumes from it on 2 hosts
+with the losses of an uninterrupted one, and resuming on 1 or 3 hosts is refused; eval and
+predict over 2 hosts equal 1 host, and eval's input ending on one host ends all at the same
+step. Skipped when mpirun is missing or infeedd was built without MPI."""
 
 from __future__ import annotations
 
@@ -48,7 +51,7 @@ pytestmark = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
 class Job:
     """infeedd on H hosts (H = 1: a plain infeedd), ipc endpoints under tmp."""
 
-    def __init__(self, tmp: Path, hosts: int, **flags):
+    def __init__(self, tmp: Path, hosts: int, gpu_per_rank: bool = False, **flags):
         self.tmp, self.hosts = tmp, hosts
         tmp.mkdir(parents=True, exist_ok=True)
         f = {"listen": f"ipc://{tmp}/in-{{rank}}", "control": f"ipc://{tmp}/ctl-{{rank}}",
@@ -62,6 +65,9 @@ class Job:
             argv.append("--" + k.replace("_", "-"))
             if v is not True:
                 argv.append(str(v))
+        if gpu_per_rank:  # each rank sees its own GPU: the one of its local rank
+            argv = ["sh", "-c", 'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$0" "$@"'
+                    ] + argv
         if hosts > 1:
             argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(hosts)] + argv
         else:
@@ -212,8 +218,11 @@ def test_input_ending_on_one_host_ends_all_at_the_same_step(tmp_path, rng):
     nrng = np.random.default_rng(rng.randrange(1 << 30))
     batches = [(nrng.standard_normal((batch, 3)).astype(np.float32),
                 nrng.integers(0, 2, batch, dtype=np.int32)) for _ in range(200)]
+    # loops of up to 60 steps: the other host's infeed thread is then blocked on a full ring
+    # (16 shards deep) when the input ends, and must be released
     job = Job(tmp_path, 2, program="softmax", features=3, classes=2, batch_size=batch,
-              steps=1000, iterations_per_loop=rng.randint(1, 6), expect_producers=1)
+              steps=1000, iterations_per_loop=rng.choice([rng.randint(1, 6), rng.randint(20, 60)]),
+              expect_producers=1)
     ts, errors = feed(job, batches, host_batches=[200, ended_at])
     rc = job.wait()
     for t in ts:
@@ -266,6 +275,7 @@ def test_sigkill_of_one_rank_ends_the_job_naming_it(tmp_path, rng):
     assert rc != 0, log
     assert took < 10, f"{took:.1f} s\n{log}"
     assert f"rank {victim}" in log, log
+    assert "signal 9 (Killed)" in log, log  # mpirun names the cause (docs/multihost.md)
     other = Path(f"/proc/{pids[1 - victim]}/stat")
 
     def other_alive():
@@ -287,9 +297,326 @@ def test_global_batch_not_divisible_by_hosts_x_replicas(tmp_path):
     assert "--batch-size: 6 is not divisible by 2 hosts x 2 replicas" in job.log(), job.log()
 
 
-def test_resume_on_several_hosts_needs_rank_in_the_checkpoint_dir(tmp_path):
-    job = Job(tmp_path, 2, program="softmax", features=3, classes=2, batch_size=4, steps=5,
-              checkpoint_dir=f"{tmp_path}/ck", resume=True)
+def stream_hosts(job: Job, batches, n: int, resume_seqs: dict, timeout: float = 30,
+                 hold: threading.Event | None = None):
+    """One producer a host replaying its rows of global batches 0..n-1 from where the daemon
+    wants them (WELCOME's next_seq, recorded in resume_seqs[h]), then END (with hold: no END;
+    the producer stays connected until hold is set)."""
+    H = job.hosts
+    errors = []
+
+    def run(h):
+        try:
+            p = infeed.Producer(job.listen(h), name=f"loader-{h}", timeout=timeout)
+
+            def rows(i):
+                x, y = batches[i]
+                r = len(y) // H
+                return {"x": x[h * r:(h + 1) * r], "y": y[h * r:(h + 1) * r]}
+
+            try:
+                for b in p.skip_consumed(rows(i) for i in range(n)):
+                    p.send(b)
+            except infeed.RunEnded:
+                pass
+            resume_seqs[h] = p.resume_seq
+            if hold is not None:
+                hold.wait(60)
+            else:
+                p.end()
+            p.close()
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(f"host {h}: {e!r}")
+
+    ts = [threading.Thread(target=run, args=(h,), daemon=True) for h in range(H)]
+    for t in ts:
+        t.start()
+    return ts, errors
+
+
+def losses_by_step(job: Job, h: int = 0) -> dict[int, float]:
+    return {s["global_step"]: s["loss"] for s in job.summaries(h) if s["event"] == "train"}
+
+
+def test_one_checkpoint_for_every_host_and_resume_on_two(tmp_path, rng):
+    """A 2-host run writes one checkpoint folder (no {rank}) holding both hosts' producer
+    positions; killed, it resumes on 2 hosts, each host's producer replaying from its own
+    next_seq, with the per-step losses and final parameters of an uninterrupted run."""
+    H, R = 2, rng.randint(1, 2)
+    features, classes = rng.randint(1, 6), rng.randint(2, 4)
+    batch = H * R * rng.randint(1, 3)
+    ipl = rng.randint(1, 4)
+    every = ipl * rng.randint(1, 3)
+    last = rng.randint(3 * every + 2, 3 * every + 20)
+    killed_after = rng.randint(every, last - 1)  # batches the interrupted run gets
+    ckpt_at = killed_after // every * every
+    opt = rng.choice(["sgd", "momentum", "adam"])
+    print(f"R {R} batch {batch} ipl {ipl} every {every} last {last} killed after "
+          f"{killed_after} (checkpoint at {ckpt_at}) D {features} K {classes} {opt}")
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    batches = [(nrng.standard_normal((batch, features)).astype(np.float32),
+                nrng.integers(0, classes, batch, dtype=np.int32)) for _ in range(last)]
+    common = dict(program="softmax", features=features, classes=classes, batch_size=batch,
+                  replicas=R, last_step=last, iterations_per_loop=ipl, summary_every=1,
+                  optimizer=opt, learning_rate=0.1, checkpoint_every=every)
+
+    ref = Job(tmp_path / "ref", H, checkpoint_dir=f"{tmp_path}/ref-ck", **common)
+    seqs: dict = {}
+    ts, errors = stream_hosts(ref, batches, last, seqs)
+    assert ref.wait() == 0, ref.log()
+    for t in ts:
+        t.join(10)
+    assert not errors, errors
+    want = losses_by_step(ref)
+    assert sorted(want) == list(range(1, last + 1))
+    final = last_params(tmp_path / "ref-ck")
+    assert final["global_step"] == last and final["hosts"] == H, final
+    assert final["host_producers"] == [{f"loader-{h}": last - 1} for h in range(H)], final
+    assert final["producers"] == {}
+    assert not (tmp_path / "ref-ck-1").exists()
+
+    folder = tmp_path / "ck"
+    d1 = Job(tmp_path / "run1", H, checkpoint_dir=str(folder), **common)
+    seqs1: dict = {}
+    hold = threading.Event()
+    ts, errors = stream_hosts(d1, batches, killed_after, seqs1, hold=hold)
+    deadline = time.monotonic() + 60
+    want_file = folder / f"ckpt-{ckpt_at:012d}.ifdckpt"
+    while (len(losses_by_step(d1)) < killed_after or not want_file.exists()) and \
+            time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert want_file.exists() and len(losses_by_step(d1)) == killed_after, d1.log()
+    d1.kill()
+    hold.set()
+    for t in ts:
+        t.join(10)
+    c = ckpt.read(ckpt.files(folder)[-1])
+    assert c["global_step"] == ckpt_at and c["hosts"] == H, c
+    assert c["host_producers"] == [{f"loader-{h}": ckpt_at - 1} for h in range(H)], c
+
+    d2 = Job(tmp_path / "run2", H, checkpoint_dir=str(folder), resume=True, **common)
+    seqs2: dict = {}
+    ts, errors = stream_hosts(d2, batches, last, seqs2)
+    assert d2.wait() == 0, d2.log()
+    for t in ts:
+        t.join(10)
+    assert not errors, errors
+    assert seqs2 == {h: ckpt_at for h in range(H)}, (seqs2, d2.log())
+    for h in range(H):
+        got = losses_by_step(d2, h)
+        assert sorted(got) == list(range(ckpt_at + 1, last + 1)), (h, sorted(got))
+        np.testing.assert_allclose([got[k] for k in sorted(got)],
+                                   [want[k] for k in sorted(got)], rtol=1e-5)
+        end = d2.summaries(h)[-1]
+        assert end["event"] == "end" and end["status"] == "ok" and end["global_step"] == last
+    got = last_params(folder)
+    assert got["global_step"] == last
+    assert got["host_producers"] == final["host_producers"]
+    np.testing.assert_array_equal(got["params"], final["params"])
+    np.testing.assert_array_equal(got["slots"], final["slots"])
+
+
+def write_softmax_checkpoint(folder: Path, features: int, classes: int, step: int, params,
+                             hosts: int = 1) -> None:
+    """A softmax checkpoint with these parameters (sgd), as the daemon writes one
+    (tests/e2e/ckpt.py); with hosts > 1, each host's table has its producer 'loader-H'."""
+    folder.mkdir(parents=True, exist_ok=True)
+    n = features * classes + classes
+    header = {"format": "infeed-checkpoint", "program": "softmax",
+              "settings": {"features": features, "classes": classes, "hidden": 0},
+              "params": [{"name": "W", "shape": [features, classes], "offset": 0,
+                          "count": features * classes},
+                         {"name": "b", "shape": [classes], "offset": features * classes,
+                          "count": classes}],
+              "nparam_floats": n,
+              "optimizer": {"kind": "sgd", "slots": 0, "learning_rate": 0.1, "momentum": 0.9,
+                            "beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8},
+              "global_step": step, "opt_step": step, "producers": {}}
+    if hosts > 1:
+        header["hosts"] = hosts
+        header["host_producers"] = [{f"loader-{h}": step - 1} for h in range(hosts)]
+    ckpt.write(folder / f"ckpt-{step:012d}.ifdckpt", header, np.asarray(params, np.float32))
+
+
+@pytest.mark.parametrize("hosts", [1, 3])
+def test_resume_on_another_number_of_hosts_is_refused(tmp_path, rng, hosts):
+    """A checkpoint with 2 hosts' positions (written as the daemon does, tests/e2e/ckpt.py)
+    does not resume on 1 or 3: one sentence naming both numbers, exit status 2, every rank."""
+    features, classes = rng.randint(1, 6), rng.randint(2, 4)
+    step = rng.randint(1, 500)
+    folder = tmp_path / "ck"
+    write_softmax_checkpoint(folder, features, classes, step, np.zeros(features * classes + classes),
+                             hosts=2)
+    print(f"checkpoint at step {step}, D {features} K {classes}, resumed on {hosts}")
+    job = Job(tmp_path / "run", hosts, program="softmax", features=features, classes=classes,
+              batch_size=6, steps=5, checkpoint_dir=str(folder), resume=True)
     rc = job.wait(30)
-    assert rc != 0
-    assert "--checkpoint-dir must contain {rank}" in job.log(), job.log()
+    log = job.log()
+    assert rc == 2, log
+    sentence = (f"holds the producer positions of 2 hosts, this run has {hosts}: resume it on 2 "
+                f"hosts")
+    assert log.count(sentence) == hosts, log
+    assert "Traceback" not in log and "MPI_ABORT" not in log, log
+
+
+def eval_summary(job: Job, h: int) -> dict:
+    ev = [s for s in job.summaries(h) if s["event"] == "eval"]
+    assert len(ev) == 1, (h, job.summaries(h), job.log())
+    return ev[0]
+
+
+@pytest.mark.parametrize("hosts,replicas", [(2, 1), (2, 2)])
+def test_eval_over_hosts_equals_one_host(tmp_path, rng, hosts, replicas):
+    """Eval of one checkpoint on the same global batches: 2 hosts x R and 1 host x 2R give the
+    same eval summary (loss, accuracy, examples, steps) on every host."""
+    R1 = hosts * replicas
+    features, classes = rng.randint(1, 8), rng.randint(2, 5)
+    batch = R1 * rng.randint(1, 4)
+    steps = rng.randint(1, 12)
+    step = rng.randint(1, 1000)
+    print(f"{hosts} x {replicas} vs 1 x {R1}: batch {batch} steps {steps} D {features} "
+          f"K {classes} checkpoint step {step}")
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    folder = tmp_path / "ck"
+    write_softmax_checkpoint(folder, features, classes, step,
+                             nrng.standard_normal(features * classes + classes))
+    batches = [(nrng.standard_normal((batch, features)).astype(np.float32),
+                nrng.integers(0, classes, batch, dtype=np.int32)) for _ in range(steps)]
+    runs = {}
+    for H, R in [(hosts, replicas), (1, R1)]:
+        job = Job(tmp_path / f"{H}x{R}", H, mode="eval", program="softmax", features=features,
+                  classes=classes, batch_size=batch, replicas=R, steps=steps,
+                  checkpoint_dir=str(folder), iterations_per_loop=rng.randint(1, 5))
+        ts, errors = feed(job, batches)
+        assert job.wait() == 0, job.log()
+        for t in ts:
+            t.join(10)
+        assert not errors, errors
+        runs[(H, R)] = job
+    want = eval_summary(runs[(1, R1)], 0)
+    assert want["steps"] == steps and want["examples"] == steps * batch, want
+    for h in range(hosts):
+        got = eval_summary(runs[(hosts, replicas)], h)
+        assert got["host"] == h and got["global_step"] == step, got
+        assert got["steps"] == want["steps"] and got["examples"] == want["examples"], (got, want)
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-5), (got, want)
+        assert got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6), (got, want)
+
+
+def test_eval_input_ending_on_one_host_ends_all_at_the_same_step(tmp_path, rng):
+    ended_at = rng.randint(1, 12)
+    short = rng.choice([0, 1])
+    batch = 2 * rng.randint(1, 4)
+    features, classes = rng.randint(1, 6), rng.randint(2, 4)
+    print(f"host {short}'s input ends after {ended_at} batches; batch {batch}")
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    folder = tmp_path / "ck"
+    write_softmax_checkpoint(folder, features, classes, 5,
+                             nrng.standard_normal(features * classes + classes))
+    batches = [(nrng.standard_normal((batch, features)).astype(np.float32),
+                nrng.integers(0, classes, batch, dtype=np.int32)) for _ in range(60)]
+    job = Job(tmp_path / "run", 2, mode="eval", program="softmax", features=features,
+              classes=classes, batch_size=batch, steps=50, checkpoint_dir=str(folder),
+              expect_producers=1)
+    n = [60, 60]
+    n[short] = ended_at
+    ts, errors = feed(job, batches, host_batches=n)
+    assert job.wait() == 0, job.log()
+    for t in ts:
+        t.join(10)
+    for h in range(2):
+        ev = eval_summary(job, h)
+        assert ev["steps"] == ended_at and ev["examples"] == ended_at * batch, (h, ev)
+        end = job.summaries(h)[-1]
+        assert end["event"] == "end" and end["reason"] == "input_ended", (h, end)
+
+
+def test_predict_over_hosts_equals_one_host(tmp_path, rng):
+    """Each host predicts its own producer's rows, padding its last batch and ending on its own
+    stopping signal (the hosts' inputs differ in length): the predictions equal those of one
+    host predicting the same streams."""
+    H, R = 2, rng.randint(1, 2)
+    features, classes = rng.randint(1, 8), rng.randint(2, 5)
+    host_batch = R * rng.randint(1, 4)
+    rows = [rng.randint(1, 40) for _ in range(H)]
+    print(f"R {R} host batch {host_batch} rows {rows} D {features} K {classes}")
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    folder = tmp_path / "ck"
+    write_softmax_checkpoint(folder, features, classes, 3,
+                             nrng.standard_normal(features * classes + classes))
+    xs = [nrng.standard_normal((n, features)).astype(np.float32) for n in rows]
+
+    def run(job, endpoints):
+        out, errors = {}, []
+
+        def one(h):
+            try:
+                with infeed.Producer(endpoints[h], name=f"loader-{h}", timeout=30) as p:
+                    for i in range(0, rows[h], host_batch):
+                        p.send(x=xs[h][i:i + host_batch])
+                    p.end(wait_bye=False)
+                    out[h] = list(p.predictions())
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(f"loader-{h}: {e!r}")
+
+        ts = [threading.Thread(target=one, args=(h,), daemon=True) for h in range(H)]
+        for t in ts:
+            t.start()
+        assert job.wait() == 0, job.log()
+        for t in ts:
+            t.join(10)
+        assert not errors, (errors, job.log())
+        return out
+
+    common = dict(mode="predict", program="softmax", features=features, classes=classes,
+                  replicas=R, steps=0, checkpoint_dir=str(folder),
+                  iterations_per_loop=rng.randint(1, 4))
+    many = Job(tmp_path / "many", H, batch_size=H * host_batch, expect_producers=1, **common)
+    got = run(many, [many.listen(h) for h in range(H)])
+    one = Job(tmp_path / "one", 1, batch_size=host_batch, expect_producers=H, **common)
+    want = run(one, [one.listen(0)] * H)
+    for h in range(H):
+        assert [s for s, _ in got[h]] == [s for s, _ in want[h]], (h, got[h], want[h])
+        g = np.concatenate([a["probabilities"] for _, a in got[h]])
+        w = np.concatenate([a["probabilities"] for _, a in want[h]])
+        assert g.shape == (rows[h], classes), g.shape
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-7)
+        assert np.array_equal(np.concatenate([a["classes"] for _, a in got[h]]),
+                              np.concatenate([a["classes"] for _, a in want[h]]))
+    for h in range(H):
+        end = many.summaries(h)[-1]
+        assert end["event"] == "end" and end["status"] == "ok", (h, end)
+
+
+@pytest.mark.skipif(os.environ.get("IFD_TEST_CUDA_HOSTS") != "1",
+                    reason="the cuda backend over hosts needs 2 GPUs: bench/gpu.sh runs it "
+                           "(IFD_TEST_CUDA_HOSTS=1) where MPI and 2 GPUs are present")
+def test_cuda_two_hosts_equal_one_host_with_two_gpus(tmp_path, rng):
+    """2 ranks x 1 GPU (one NCCL communicator over both, rank 0's ncclUniqueId broadcast with
+    MPI) against 1 rank x 2 GPUs on the same global batches: the same per-step losses."""
+    features, classes = rng.randint(1, 8), rng.randint(2, 5)
+    batch = 2 * rng.randint(1, 8)
+    steps, ipl = rng.randint(5, 30), rng.randint(1, 7)
+    opt = rng.choice(["sgd", "momentum", "adam"])
+    print(f"cuda 2 x 1 vs 1 x 2: batch {batch} steps {steps} ipl {ipl} D {features} K {classes} "
+          f"{opt}")
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    batches = [(nrng.standard_normal((batch, features)).astype(np.float32),
+                nrng.integers(0, classes, batch, dtype=np.int32)) for _ in range(steps + 5)]
+    common = dict(backend="cuda", program="softmax", features=features, classes=classes,
+                  batch_size=batch, steps=steps, iterations_per_loop=ipl, summary_every=1,
+                  optimizer=opt, learning_rate=0.1)
+    runs = {}
+    for H, R in [(2, 1), (1, 2)]:
+        job = Job(tmp_path / f"{H}x{R}", H, gpu_per_rank=H > 1, replicas=R, **common)
+        ts, errors = feed(job, batches)
+        rc = job.wait(120)
+        for t in ts:
+            t.join(10)
+        assert rc == 0, job.log()
+        assert not errors, errors
+        runs[(H, R)] = job
+    want = train_losses(runs[(1, 2)])
+    assert len(want) == steps
+    for h in range(2):
+        np.testing.assert_allclose(train_losses(runs[(2, 1)], h), want, rtol=1e-5)

@@ -124,16 +124,25 @@ static ifd_checkpoint *random_checkpoint(const ifd_config *cfg, ifd_rng *rng)
     int rc = ifd_checkpoint_create(&c, cfg, rand_between(rng, 0, INT64_C(1) << 40),
                                    rand_between(rng, 0, 1 << 30), params, slots, &err);
     ck_assert_msg(rc == IFD_OK, "%s", err.msg);
-    int np = (int)rand_between(rng, 0, 12);
-    for (int i = 0; i < np; i++) {
-        char name[IFD_CHECKPOINT_NAME_MAX + 1];
-        int len = (int)rand_between(rng, 1, IFD_CHECKPOINT_NAME_MAX);
-        for (int j = 0; j < len; j++)
-            name[j] = (char)rand_between(rng, 'a', 'z');
-        name[len] = '\0';
-        ck_assert_int_eq(
-            ifd_checkpoint_set_producer(c, name, rand_between(rng, 0, INT64_MAX), &err), IFD_OK);
+    /* a third of them of several hosts, each with its own producers */
+    int hosts = rand_between(rng, 0, 2) == 0 ? (int)rand_between(rng, 2, 5) : 1;
+    ck_assert_int_eq(ifd_checkpoint_set_hosts(c, hosts, &err), IFD_OK);
+    for (int h = 0; h < hosts; h++) {
+        ck_assert_int_eq(ifd_checkpoint_select_host(c, h, &err), IFD_OK);
+        int np = (int)rand_between(rng, 0, 12);
+        for (int i = 0; i < np; i++) {
+            char name[IFD_CHECKPOINT_NAME_MAX + 1];
+            int len = (int)rand_between(rng, 1, IFD_CHECKPOINT_NAME_MAX);
+            for (int j = 0; j < len; j++)
+                name[j] = (char)rand_between(rng, 'a', 'z');
+            name[len] = '\0';
+            ck_assert_int_eq(
+                ifd_checkpoint_set_producer(c, name, rand_between(rng, 0, INT64_MAX), &err),
+                IFD_OK);
+        }
     }
+    ck_assert_int_eq(ifd_checkpoint_select_host(c, hosts, &err), IFD_EINVAL);
+    ck_assert_int_eq(ifd_checkpoint_select_host(c, 0, &err), IFD_OK);
     free(params);
     free(slots);
     return c;
@@ -156,10 +165,19 @@ static void assert_same(const ifd_checkpoint *a, const ifd_checkpoint *b)
     if (ifd_checkpoint_slot_count(a))
         ck_assert_mem_eq(ifd_checkpoint_slots(a), ifd_checkpoint_slots(b),
                          sizeof(float) * (size_t)n * (size_t)ifd_checkpoint_slot_count(a));
-    ck_assert_int_eq(ifd_checkpoint_producer_count(a), ifd_checkpoint_producer_count(b));
-    for (int i = 0; i < ifd_checkpoint_producer_count(a); i++) {
-        ck_assert_str_eq(ifd_checkpoint_producer_name(a, i), ifd_checkpoint_producer_name(b, i));
-        ck_assert_int_eq(ifd_checkpoint_producer_seq(a, i), ifd_checkpoint_producer_seq(b, i));
+    /* every host's producers (the selection is put back to host 0) */
+    ck_assert_int_eq(ifd_checkpoint_hosts(a), ifd_checkpoint_hosts(b));
+    ifd_checkpoint *ma = (ifd_checkpoint *)a, *mb = (ifd_checkpoint *)b;
+    ifd_error err;
+    for (int h = ifd_checkpoint_hosts(a) - 1; h >= 0; h--) {
+        ck_assert_int_eq(ifd_checkpoint_select_host(ma, h, &err), IFD_OK);
+        ck_assert_int_eq(ifd_checkpoint_select_host(mb, h, &err), IFD_OK);
+        ck_assert_int_eq(ifd_checkpoint_producer_count(a), ifd_checkpoint_producer_count(b));
+        for (int i = 0; i < ifd_checkpoint_producer_count(a); i++) {
+            ck_assert_str_eq(ifd_checkpoint_producer_name(a, i),
+                             ifd_checkpoint_producer_name(b, i));
+            ck_assert_int_eq(ifd_checkpoint_producer_seq(a, i), ifd_checkpoint_producer_seq(b, i));
+        }
     }
 }
 
@@ -394,6 +412,78 @@ START_TEST(shape_of_too_many_floats)
     RASSERT(ifd_checkpoint_load(s.path, &ck, &err) == IFD_OK, "the rewritten header: %s", err.msg);
     ifd_checkpoint_free(ck);
     free(bytes);
+    json_decref(h);
+    sample_free(&s);
+}
+END_TEST
+
+/* Several hosts' tables: "hosts" and "host_producers" must agree, each entry a producer map. */
+START_TEST(bad_host_tables)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    sample s;
+    sample_make(&s, &rng);
+    json_t *h = json_loadb((const char *)s.bytes + 16, s.hlen, 0, NULL);
+    ck_assert_ptr_nonnull(h);
+    int hosts = (int)rand_between(&rng, 2, 6);
+    json_object_set_new(h, "hosts", json_integer(hosts));
+    json_object_del(h, "host_producers"); /* the sample may be of several hosts */
+    /* no array, one table short, one too many, a table that is not a map, a bad seq */
+    json_t *tables = json_array();
+    for (int i = 0; i < hosts; i++)
+        json_array_append_new(tables,
+                              json_pack("{s:I}", "p", (json_int_t)rand_between(&rng, 0, 99)));
+    size_t len;
+    uint8_t *bytes = with_header(&s, h, &len);
+    expect_bad(&s, bytes, len, "no host_producers", "'host_producers': expected an array", NULL);
+    free(bytes);
+    json_t *shorter = json_deep_copy(tables);
+    json_array_remove(shorter, 0);
+    json_object_set_new(h, "host_producers", shorter);
+    bytes = with_header(&s, h, &len);
+    char frag[64];
+    snprintf(frag, sizeof frag, "expected %d objects", hosts);
+    expect_bad(&s, bytes, len, "one table short", frag, NULL);
+    free(bytes);
+    int at = (int)rand_between(&rng, 0, hosts - 1);
+    json_t *bad = json_deep_copy(tables);
+    json_array_set_new(bad, (size_t)at, json_string("x"));
+    json_object_set_new(h, "host_producers", bad);
+    bytes = with_header(&s, h, &len);
+    snprintf(frag, sizeof frag, "'host_producers[%d]': expected an object", at);
+    expect_bad(&s, bytes, len, "a table that is not a map", frag, NULL);
+    free(bytes);
+    bad = json_deep_copy(tables);
+    json_object_set_new(json_array_get(bad, (size_t)at), "q", json_integer(-1));
+    json_object_set_new(h, "host_producers", bad);
+    bytes = with_header(&s, h, &len);
+    snprintf(frag, sizeof frag, "host_producers[%d]", at);
+    expect_bad(&s, bytes, len, "a negative seq", frag, "expected >= 0");
+    free(bytes);
+    json_object_set_new(h, "hosts", json_integer(0));
+    bytes = with_header(&s, h, &len);
+    expect_bad(&s, bytes, len, "0 hosts", "'hosts'", NULL);
+    free(bytes);
+    /* the right tables load, each host's own */
+    json_object_set_new(h, "hosts", json_integer(hosts));
+    json_object_set(h, "host_producers", tables);
+    bytes = with_header(&s, h, &len);
+    spit(s.path, bytes, len);
+    ifd_checkpoint *ck = NULL;
+    ifd_error err;
+    RASSERT(ifd_checkpoint_load(s.path, &ck, &err) == IFD_OK, "good tables: %s", err.msg);
+    ck_assert_int_eq(ifd_checkpoint_hosts(ck), hosts);
+    for (int i = 0; i < hosts; i++) {
+        ck_assert_int_eq(ifd_checkpoint_select_host(ck, i, &err), IFD_OK);
+        int64_t seq;
+        ck_assert_int_eq(ifd_checkpoint_find_producer(ck, "p", &seq), IFD_OK);
+        ck_assert_int_eq(
+            seq, json_integer_value(json_object_get(json_array_get(tables, (size_t)i), "p")));
+    }
+    ifd_checkpoint_free(ck);
+    free(bytes);
+    json_decref(tables);
     json_decref(h);
     sample_free(&s);
 }
@@ -983,6 +1073,7 @@ int main(void)
     tcase_add_test(tc, flipped_byte);
     tcase_add_test(tc, wrong_magic_and_version);
     tcase_add_test(tc, shape_of_too_many_floats);
+    tcase_add_test(tc, bad_host_tables);
     tcase_add_test(tc, check_names_the_difference);
     suite_add_tcase(s, tc);
     tc = tcase_create("folder");

@@ -360,6 +360,42 @@ START_TEST(stop_on_one_host_stops_all_at_a_loop_boundary)
 }
 END_TEST
 
+static int fake_broadcast(void *ctx, int channel, void *buf, size_t bytes, int root,
+                          ifd_hosts_stop_fn stop, void *stop_arg, ifd_error *err)
+{
+    (void)ctx, (void)channel, (void)buf, (void)bytes, (void)root, (void)stop, (void)stop_arg;
+    (void)err;
+    return IFD_OK;
+}
+
+/* The cuda backend over hosts needs the broadcast (rank 0's ncclUniqueId); the cpu one does not. */
+START_TEST(cuda_needs_the_broadcast)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int H = (int)rand_between(&rng, 2, 5);
+    ifd_hosts_ops with = fake_ops;
+    with.broadcast = fake_broadcast;
+    ifd_hosts h = {
+        .ops = &fake_ops, .ctx = NULL, .rank = (int)rand_between(&rng, 0, H - 1), .size = H};
+    ifd_config cfg;
+    ifd_config_defaults(&cfg);
+    cfg.program = "softmax";
+    cfg.settings.features = rand_between(&rng, 1, 9);
+    cfg.settings.classes = rand_between(&rng, 2, 5);
+    cfg.batch_size = 4;
+    cfg.num_steps = 1;
+    cfg.hosts = &h;
+    ifd_error err;
+    RASSERT(ifd_config_validate(&cfg, &err) == IFD_OK, "cpu on %d hosts: %s", H, err.msg);
+    cfg.backend = "cuda";
+    ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
+    RASSERT(strstr(err.msg, "broadcast") && strstr(err.msg, "cuda"), "%s", err.msg);
+    h.ops = &with;
+    RASSERT(ifd_config_validate(&cfg, &err) == IFD_OK, "cuda with a broadcast: %s", err.msg);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("hosts");
@@ -367,6 +403,7 @@ int main(void)
     tcase_add_loop_test(tc, hosts_match_one_host, 0, 16);
     tcase_add_loop_test(tc, input_ending_on_one_host_stops_all, 0, 8);
     tcase_add_loop_test(tc, stop_on_one_host_stops_all_at_a_loop_boundary, 0, 4);
+    tcase_add_loop_test(tc, cuda_needs_the_broadcast, 0, 4);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
