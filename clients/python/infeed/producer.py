@@ -191,6 +191,11 @@ class Producer:
         self._acked_seq = -1
         self._unacked: "OrderedDict[int, list]" = OrderedDict()
         self._steps: dict[int, int] = {}  # unacked messages of several steps: seq -> steps
+        # buffer()/commit(): the buffer handed out, the committed ones in flight (seq -> key,
+        # arrays) and the free ones by (steps, rows), reused once their message is ACKed
+        self._pending: Optional[tuple] = None
+        self._lent: dict[int, tuple] = {}
+        self._pool: dict[tuple, list] = {}
         self._errors: deque[InfeedError] = deque()
         self._predictions: deque = deque()  # (seq, {name: array}) not yet handed out
         self._eclosed: Optional[InfeedError] = None
@@ -298,6 +303,8 @@ class Producer:
                 del self._unacked[s]
                 if steps:
                     steps.pop(s, None)
+                if self._lent:
+                    self._give_back(s)
             self._credit += msg.credit
             if msg.seq > self._acked_seq:
                 self._acked_seq = msg.seq
@@ -313,6 +320,7 @@ class Producer:
             if msg.seq is not None:
                 self._unacked.pop(msg.seq, None)
                 self._steps.pop(msg.seq, None)
+                self._give_back(msg.seq)
             err = self._error(msg.body)
             if err.code == P.ECLOSED:
                 self._eclosed = err
@@ -528,6 +536,69 @@ class Producer:
         if k > 1:
             self._steps[seq] = k
         return seq
+
+    # -- writing in place ----------------------------------------------------------------------
+
+    def buffer(self, steps: int = 1) -> dict[str, np.ndarray]:
+        """Arrays to fill in place for the next batch, one per schema tensor, of
+        ``steps x batch_size`` rows (train and eval: ``steps`` up to WELCOME's
+        ``max_steps_per_message``; predict: 1), then :meth:`commit` sends them without a copy.
+        The arrays come from a pool: once their batch is acknowledged, a later ``buffer()`` of
+        the same size hands them out again, so a loader that fills them allocates nothing after
+        the first few batches. Do not touch them after ``commit()`` (they are sent from where
+        they are) until ``buffer()`` returns them again. Sends ``HELLO`` first when needed (the
+        schema must be known: ``Producer(schema=...)``)."""
+        self._check_open()
+        if self._pending is not None:
+            raise ValueError("buffer: the previous buffer is not committed yet (commit() it, or "
+                             "drop it with commit(rows=0))")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"buffer: steps: expected an int >= 1, got {steps!r}")
+        if self.welcome is None:
+            if self._schema is None:
+                raise ValueError("buffer: no schema yet: pass schema= to Producer (or send a "
+                                 "batch first)")
+            self.hello()
+        bs = int(self.batch_size or 0)
+        rows = steps * bs
+        if steps > 1:
+            self._steps_of(rows)  # ValueError naming max_steps_per_message when too many
+        key = (steps, rows)
+        free = self._pool.get(key)
+        if free:
+            arrays = free.pop()
+        else:
+            assert self._schema is not None
+            arrays = {e["name"]: np.empty((rows, *e["shape"]), dtype=P.DTYPES[e["dtype"]])
+                      for e in self._schema}
+        self._pending = (key, arrays)
+        return arrays
+
+    def commit(self, rows: Optional[int] = None) -> Optional[int]:
+        """Sends the arrays of the last :meth:`buffer` (all their rows, or the first ``rows``:
+        predict mode's partial batch) as :meth:`send` would, without a copy, and returns the
+        batch's sequence number; ``rows=0`` sends nothing and puts the buffer back (None)."""
+        if self._pending is None:
+            raise ValueError("commit: no buffer to commit: call buffer() first")
+        key, arrays = self._pending
+        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int)
+                                 or not 0 <= rows <= key[1]):
+            raise ValueError(f"commit: rows: expected 0 to {key[1]}, got {rows!r}")
+        if rows == 0:
+            self._pending = None
+            self._pool.setdefault(key, []).append(arrays)
+            return None
+        out = arrays if rows is None or rows == key[1] else {n: a[:rows] for n, a in
+                                                             arrays.items()}
+        seq = self.send(out)  # raises before sending: the buffer stays pending
+        self._pending = None
+        self._lent[seq] = (key, arrays)
+        return seq
+
+    def _give_back(self, seq: int) -> None:
+        lent = self._lent.pop(seq, None)
+        if lent is not None:
+            self._pool.setdefault(lent[0], []).append(lent[1])
 
     def poll(self) -> None:
         """Handles what has arrived (ACKs, CREDITs, ERRORs, BYE) without blocking, and raises a

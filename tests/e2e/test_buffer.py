@@ -1,0 +1,91 @@
+"""Producer.buffer() / commit(): arrays filled in place and sent without a copy train exactly as
+send() does; the buffers come back from a pool once their batch is acknowledged; misuse is a
+ValueError naming what was expected."""
+
+import numpy as np
+import pytest
+
+import infeed
+from infeed import protocol as P
+
+D, K = 6, 4
+SCHEMA = [P.schema_entry("x", "float32", [D]), P.schema_entry("y", "int32", [])]
+
+
+def data(seed, steps, batch):
+    r = np.random.default_rng(seed)
+    return (r.standard_normal((steps * batch, D)).astype(np.float32),
+            r.integers(0, K, steps * batch, dtype=np.int32))
+
+
+def test_buffer_commit_trains_as_send_and_reuses_buffers(daemon, rng):
+    replicas = rng.choice([1, 2])
+    batch = replicas * rng.randint(1, 5)
+    most = rng.randint(1, 6)
+    n = rng.randint(20, 50)
+    flags = dict(replicas=replicas, batch_size=batch, features=D, classes=K, steps=n,
+                 iterations_per_loop=rng.randint(1, 6), summary_every=1,
+                 max_steps_per_message=most, seed=rng.randint(1, 999))
+    x, y = data(rng.randrange(1 << 30), n, batch)
+    sizes = []
+    while sum(sizes) < n:
+        sizes.append(min(rng.randint(1, most), n - sum(sizes)))
+    print(f"replicas {replicas} batch {batch} max {most} messages {sizes}")
+
+    ref = daemon(**flags)
+    p = infeed.Producer(ref.listen, name="loader", timeout=20)
+    for i in range(n):
+        p.send(x=x[i * batch:(i + 1) * batch], y=y[i * batch:(i + 1) * batch])
+    p.end()
+    p.close()
+    assert ref.wait() == 0, ref.log()
+    want = [s["loss"] for s in ref.summaries() if s["event"] == "train"]
+
+    d = daemon(**flags)
+    p = infeed.Producer(d.listen, name="loader", schema=SCHEMA, timeout=20)
+    row, seen = 0, []
+    for k in sizes:
+        a = p.buffer(k)
+        assert a["x"].shape == (k * batch, D) and a["x"].dtype == np.float32
+        assert a["y"].shape == (k * batch,) and a["y"].dtype == np.int32
+        seen.append(a["x"])
+        a["x"][:] = x[row:row + k * batch]
+        a["y"][:] = y[row:row + k * batch]
+        seq = p.commit()
+        assert seq == row // batch
+        row += k * batch
+        p.wait()  # acknowledged: its arrays are free again
+    p.end()
+    p.close()
+    assert d.wait() == 0, d.log()
+    got = [s["loss"] for s in d.summaries() if s["event"] == "train"]
+    assert got == want  # the same bits
+    # one set of arrays per message size, reused after each ACK
+    distinct = {id(a) for a in seen}
+    assert len(distinct) == len(set(sizes)), (len(distinct), sizes)
+
+
+def test_buffer_misuse(daemon, rng):
+    most = rng.randint(2, 5)
+    batch = rng.randint(1, 4)
+    d = daemon(replicas=1, batch_size=batch, features=D, classes=K, steps=100000,
+               summary_every=0, max_steps_per_message=most)
+    with pytest.raises(ValueError, match="no schema yet"):
+        infeed.Producer(d.listen, name="noschema", timeout=20).buffer()
+    p = infeed.Producer(d.listen, name="p", schema=SCHEMA, timeout=20)
+    with pytest.raises(ValueError, match="no buffer to commit"):
+        p.commit()
+    with pytest.raises(ValueError, match="max_steps_per_message"):
+        p.buffer(most + 1)
+    with pytest.raises(ValueError, match="steps: expected an int >= 1"):
+        p.buffer(0)
+    a = p.buffer(2)
+    with pytest.raises(ValueError, match="not committed yet"):
+        p.buffer()
+    with pytest.raises(ValueError, match=rf"rows: expected 0 to {2 * batch}"):
+        p.commit(rows=2 * batch + 1)
+    assert p.commit(rows=0) is None  # dropped: back in the pool, nothing sent
+    assert p.next_seq == 0
+    b = p.buffer(2)
+    assert b["x"] is a["x"]
+    p.close()
