@@ -27,7 +27,7 @@ repository root with a Release build:
 
     cmake -S . -B build-rel -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DIFD_CUDA=OFF
     cmake --build build-rel -j --target infeedd
-    python3 bench/peers.py [--infeedd build-rel/host/infeedd] [--steps 3000] [--jobs mlp32,...]
+    python3 bench/peers.py [--infeedd build-rel/host/infeedd] [--steps N] [--jobs mlp32,...]
                            [--replicas 1,2] [--transports tcp,ipc,shm] [--no-keras] [--json F]
 """
 
@@ -50,9 +50,10 @@ sys.path.insert(0, str(ROOT / "clients" / "python"))
 import infeed  # noqa: E402
 
 JOBS = {
-    "softmax32": dict(program="softmax", features=64, classes=10, hidden=None, batch=32),
-    "mlp32": dict(program="mlp", features=784, classes=10, hidden=128, batch=32),
-    "mlp1024": dict(program="mlp", features=784, classes=10, hidden=128, batch=1024),
+    "softmax32": dict(program="softmax", features=64, classes=10, hidden=None, batch=32,
+                      steps=60000),
+    "mlp32": dict(program="mlp", features=784, classes=10, hidden=128, batch=32, steps=6000),
+    "mlp1024": dict(program="mlp", features=784, classes=10, hidden=128, batch=1024, steps=400),
 }
 TARGETS = {"softmax32": 5.0, "mlp32": 1.5, "mlp1024": 1.3}  # x Keras/JAX
 LR = 0.01
@@ -185,7 +186,9 @@ def run_keras(py: Path, backend: str, job: dict, steps: int, rows: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--infeedd", default=None, help="the daemon (default: build-rel, then build)")
-    ap.add_argument("--steps", type=int, default=3000, help="steps per run (default 3000)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps per run (default: each job's own, about 2 s of infeedd's work: "
+                         + ", ".join(f"{j} {v['steps']}" for j, v in JOBS.items()) + ")")
     ap.add_argument("--jobs", default=",".join(JOBS), help="comma-separated: " + ", ".join(JOBS))
     ap.add_argument("--replicas", default="1,2", help="replica counts for infeedd (default 1,2)")
     ap.add_argument("--transports", default="tcp,ipc,shm", help="default tcp,ipc,shm")
@@ -210,6 +213,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="infeed-peers-") as tmp:
         for name in jobs:
             job = JOBS[name]
+            steps = a.steps or job["steps"]
             # a message carries at most 8 MiB (a large batch gains nothing from more steps)
             step_bytes = job["batch"] * (job["features"] + 1) * 4
             ks = sorted({max(1, min(int(v), MSG_BYTES // step_bytes))
@@ -224,12 +228,12 @@ def main() -> int:
                         if t not in offered:
                             row["infeedd"][key] = None
                             continue
-                        row["infeedd"][key] = run_infeedd(exe, job, r, t, a.steps, x, y,
+                        row["infeedd"][key] = run_infeedd(exe, job, r, t, steps, x, y,
                                                           Path(tmp), k)
                         print(f"{name} infeedd {key}: {row['infeedd'][key]}", flush=True)
             if py:
                 for backend in ("jax", "tensorflow"):
-                    row["keras"][backend] = run_keras(py, backend, job, a.steps, rows)
+                    row["keras"][backend] = run_keras(py, backend, job, steps, rows)
                     print(f"{name} keras/{backend}: {row['keras'][backend]}", flush=True)
             results.append(row)
 
