@@ -569,8 +569,11 @@ END_TEST
 
 START_TEST(rates_come_from_when_steps_ran)
 {
-    /* Batches arrive every 20 ms: whatever the outfeed thread's timing, a window of 5 steps
-     * reports about 50 steps/s and a replica that waited for input most of the time. */
+    /* Batches arrive every 20 ms (at most 50 steps/s): whatever the outfeed thread's timing, a
+     * window of 5 steps reports a rate of that order, not the burst rate at which the outfeed
+     * thread may handle the window's records (thousands a second), and a replica that waited for
+     * input most of the time. The bounds are wide (5 to 1000) so that a loaded machine, which
+     * may delay a replica's steps and so shorten or stretch a window, does not fail it. */
     live l = {0};
     base_config(&l.cfg, 2, 2);
     l.cfg.num_steps = 10;
@@ -590,8 +593,8 @@ START_TEST(rates_come_from_when_steps_ran)
         ck_assert_str_eq(jstr(j, "event"), "train");
         double sps = jnum(j, "steps_per_sec"), eps = jnum(j, "examples_per_sec");
         double wait = jnum(j, "infeed_wait_fraction");
-        ck_assert_msg(sps > 10.0 && sps < 70.0, "window %zu: %g steps/s, expected about 50", i,
-                      sps);
+        ck_assert_msg(sps > 5.0 && sps < 1000.0,
+                      "window %zu: %g steps/s, expected about 50 (5 to 1000)", i, sps);
         ck_assert_msg(fabs(eps - sps * 4.0) <= 1e-6 * eps, "examples/s %g vs steps/s %g", eps, sps);
         ck_assert_msg(wait > 0.5, "window %zu: infeed_wait_fraction %g", i, wait);
         json_decref(j);
