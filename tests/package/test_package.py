@@ -267,3 +267,22 @@ def test_custom_program_plugin_out_of_tree(prefix, tmp_path):
     train = [s for s in train if s["event"] == "train"]
     assert train[-1]["global_step"] == steps, train
     assert train[-1]["loss"] < train[0]["loss"], [s["loss"] for s in train]
+
+
+def test_install_right_after_the_demo_build(tmp_path):
+    """./demo.sh builds only the install-set target (Release, no tests, no CUDA): a
+    `cmake --install` of that tree must find everything it copies. Plain builds only (a fresh
+    tree builds everything once more)."""
+    if SANITIZE:
+        pytest.skip("sanitizer build: the plain build checks this")
+    src = HERE.parent.parent
+    demo = (src / "demo.sh").read_text()
+    assert "--target install-set" in demo, "demo.sh no longer builds install-set"
+    b = tmp_path / "build"
+    run([CMAKE, "-S", src, "-B", b, "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_TESTING=OFF",
+         "-DIFD_CUDA=OFF", f"-DCMAKE_C_COMPILER={CC}"], timeout=300)
+    run([CMAKE, "--build", b, "-j", str(os.cpu_count() or 2), "--target", "install-set"],
+        timeout=900)
+    run([CMAKE, "--install", b, "--prefix", tmp_path / "prefix"], timeout=300)
+    for f in ["bin/infeedd", "bin/infeedctl", "lib/libinfeed.so.0", "lib/libinfeed-client.a"]:
+        assert (tmp_path / "prefix" / f).exists(), f"{f} not installed"
