@@ -198,8 +198,8 @@ typedef int (*ifd_program_plugin_init_fn)(ifd_program_registry *reg, ifd_error *
 #define IFD_PLUGIN_LINKAGE_
 #endif
 #define IFD_PROGRAM_PLUGIN(init_fn)                                                                \
-    IFD_PLUGIN_LINKAGE_ __attribute__((visibility("default"))) const unsigned                      \
-        ifd_program_plugin_abi = IFD_PROGRAM_ABI_VERSION;                                          \
+    IFD_PLUGIN_LINKAGE_ __attribute__((visibility("default")))                                     \
+    const unsigned ifd_program_plugin_abi = IFD_PROGRAM_ABI_VERSION;                               \
     IFD_PLUGIN_LINKAGE_ __attribute__((visibility("default"))) int ifd_program_plugin_init(        \
         ifd_program_registry *reg, ifd_error *err);                                                \
     IFD_PLUGIN_LINKAGE_ int ifd_program_plugin_init(ifd_program_registry *reg, ifd_error *err)     \

@@ -98,8 +98,7 @@ int main(int argc, char **argv)
         rc = h.ops->allreduce_i64(h.ctx, IFD_HOSTS_LOOP, &failures, 1, IFD_HOSTS_SUM, NULL, NULL,
                                   &err);
     if (h.rank == 0 && rc == IFD_OK)
-        printf("test_hosts_mpi: %d ranks, 40 broadcasts: %" PRId64 " failures\n", h.size,
-               failures);
+        printf("test_hosts_mpi: %d ranks, 40 broadcasts: %" PRId64 " failures\n", h.size, failures);
     ifd_daemon_hosts_fini(&h);
     return rc || failures ? 1 : 0;
 }
