@@ -10,6 +10,13 @@ import numpy as np
 import infeed
 
 
+def steps_data(seed: int, steps: int, batch: int, features: int, classes: int):
+    """Random (x float32, y int32) of steps x batch rows, the same for the same seed."""
+    r = np.random.default_rng(seed)
+    return (r.standard_normal((steps * batch, features)).astype(np.float32),
+            r.integers(0, classes, steps * batch, dtype=np.int32))
+
+
 def separable(rng: np.random.Generator, rows: int, features: int, classes: int,
               centers: np.ndarray, noise: float = 0.3):
     """Rows around one center per class: learnable by a softmax classifier."""

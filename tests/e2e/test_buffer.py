@@ -7,15 +7,10 @@ import pytest
 
 import infeed
 from infeed import protocol as P
+from helpers import steps_data
 
 D, K = 6, 4
 SCHEMA = [P.schema_entry("x", "float32", [D]), P.schema_entry("y", "int32", [])]
-
-
-def data(seed, steps, batch):
-    r = np.random.default_rng(seed)
-    return (r.standard_normal((steps * batch, D)).astype(np.float32),
-            r.integers(0, K, steps * batch, dtype=np.int32))
 
 
 def test_buffer_commit_trains_as_send_and_reuses_buffers(daemon, rng):
@@ -26,7 +21,7 @@ def test_buffer_commit_trains_as_send_and_reuses_buffers(daemon, rng):
     flags = dict(replicas=replicas, batch_size=batch, features=D, classes=K, steps=n,
                  iterations_per_loop=rng.randint(1, 6), summary_every=1,
                  max_steps_per_message=most, seed=rng.randint(1, 999))
-    x, y = data(rng.randrange(1 << 30), n, batch)
+    x, y = steps_data(rng.randrange(1 << 30), n, batch, D, K)
     sizes = []
     while sum(sizes) < n:
         sizes.append(min(rng.randint(1, most), n - sum(sizes)))

@@ -126,9 +126,12 @@ class Job:
         return out
 
 
-def feed(job: Job, batches, host_batches=None, timeout: float = 30):
-    """One producer a host, sending its rows of every global batch until the run ends (or its
-    host_batches[h] batches), then END. Returns the producers' errors."""
+def feed(job: Job, batches, host_batches=None, timeout: float = 30, resume_seqs=None,
+         hold: threading.Event | None = None):
+    """One producer a host, sending its rows of every global batch (or of the first
+    host_batches[h]) from where the daemon wants them (WELCOME's next_seq, recorded in
+    resume_seqs[h] when given) until the run ends, then END (with hold: no END; the producer
+    stays connected until hold is set). Returns the threads and the producers' errors."""
     H = job.hosts
     errors = []
 
@@ -136,14 +139,23 @@ def feed(job: Job, batches, host_batches=None, timeout: float = 30):
         try:
             p = infeed.Producer(job.listen(h), name=f"loader-{h}", timeout=timeout)
             n = len(batches) if host_batches is None else host_batches[h]
+
+            def rows(i):
+                x, y = batches[i]
+                r = len(y) // H
+                return {"x": x[h * r:(h + 1) * r], "y": y[h * r:(h + 1) * r]}
+
             try:
-                for i in range(n):
-                    x, y = batches[i]
-                    rows = len(y) // H
-                    p.send({"x": x[h * rows:(h + 1) * rows], "y": y[h * rows:(h + 1) * rows]})
+                for b in p.skip_consumed(rows(i) for i in range(n)):
+                    p.send(b)
             except infeed.RunEnded:
                 pass
-            p.end()
+            if resume_seqs is not None:
+                resume_seqs[h] = p.resume_seq
+            if hold is not None:
+                hold.wait(60)
+            else:
+                p.end()
             p.close()
         except Exception as e:  # pragma: no cover - reported below
             errors.append(f"host {h}: {e!r}")
@@ -299,39 +311,8 @@ def test_global_batch_not_divisible_by_hosts_x_replicas(tmp_path):
 
 def stream_hosts(job: Job, batches, n: int, resume_seqs: dict, timeout: float = 30,
                  hold: threading.Event | None = None):
-    """One producer a host replaying its rows of global batches 0..n-1 from where the daemon
-    wants them (WELCOME's next_seq, recorded in resume_seqs[h]), then END (with hold: no END;
-    the producer stays connected until hold is set)."""
-    H = job.hosts
-    errors = []
-
-    def run(h):
-        try:
-            p = infeed.Producer(job.listen(h), name=f"loader-{h}", timeout=timeout)
-
-            def rows(i):
-                x, y = batches[i]
-                r = len(y) // H
-                return {"x": x[h * r:(h + 1) * r], "y": y[h * r:(h + 1) * r]}
-
-            try:
-                for b in p.skip_consumed(rows(i) for i in range(n)):
-                    p.send(b)
-            except infeed.RunEnded:
-                pass
-            resume_seqs[h] = p.resume_seq
-            if hold is not None:
-                hold.wait(60)
-            else:
-                p.end()
-            p.close()
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(f"host {h}: {e!r}")
-
-    ts = [threading.Thread(target=run, args=(h,), daemon=True) for h in range(H)]
-    for t in ts:
-        t.start()
-    return ts, errors
+    """feed() of global batches 0..n-1 on every host, recording WELCOME's next_seq."""
+    return feed(job, batches, [n] * job.hosts, timeout, resume_seqs, hold)
 
 
 def losses_by_step(job: Job, h: int = 0) -> dict[int, float]:

@@ -12,15 +12,10 @@ import numpy as np
 import ckpt
 import infeed
 from infeed import protocol as P
+from helpers import steps_data
 from rawpeer import RawPeer, batch_frames, hello
 
 D, K = 5, 3
-
-
-def steps_data(seed: int, n: int, batch: int):
-    r = np.random.default_rng(seed)
-    return (r.standard_normal((n * batch, D)).astype(np.float32),
-            r.integers(0, K, n * batch, dtype=np.int32))
 
 
 def split(rng, n: int, most: int) -> list[int]:
@@ -60,7 +55,7 @@ def test_messages_of_several_steps_train_as_single_steps(daemon, rng):
                  max_steps_per_message=most, seed=rng.randint(1, 1000))
     sizes = split(rng, n, most)
     print(f"replicas {replicas} batch {batch} max {most} steps {n} messages {sizes}")
-    x, y = steps_data(rng.randrange(1 << 30), n, batch)
+    x, y = steps_data(rng.randrange(1 << 30), n, batch, D, K)
     one, p1 = train(daemon, flags, x, y, batch, [1] * n)
     acks = []
     many, p2 = train(daemon, flags, x, y, batch, sizes, acks)
@@ -130,7 +125,7 @@ def test_resume_between_the_steps_of_a_message(daemon, tmp_path, rng):
     sizes = []
     while sum(sizes) < last:
         sizes.append(min(rng.randint(2, most), last - sum(sizes)))
-    x, y = steps_data(rng.randrange(1 << 30), last, batch)
+    x, y = steps_data(rng.randrange(1 << 30), last, batch, D, K)
     cuts = np.cumsum([0] + sizes).tolist()
     msgs = [{"x": x[a * batch:b * batch], "y": y[a * batch:b * batch]}
             for a, b in zip(cuts[:-1], cuts[1:])]
