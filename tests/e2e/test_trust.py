@@ -207,6 +207,29 @@ def test_peers_that_hello_and_vanish_do_not_fill_the_table(daemon, rng):
         p.close()
 
 
+def test_a_full_table_takes_a_producer_as_soon_as_closed_ones_are_gone(daemon, rng):
+    """Every slot held by connections that close all at once, and a new producer's HELLO right
+    after: it is welcomed (it waits for libzmq to drop the closed routes), not refused as one
+    too many."""
+    d = 2
+    m = rng.randint(2, 6)
+    dm = daemon(replicas=1, batch_size=B, features=d, classes=K, steps=1000000,
+                iterations_per_loop=2, summary_every=0, max_producers=m)
+    for trial in range(rng.randint(3, 6)):
+        holders = [RawPeer(dm.listen) for _ in range(m)]
+        for i, p in enumerate(holders):
+            p.send(hello(schema(d), name=f"holder-{trial}-{i}"))
+            p.welcome()
+        newcomer = RawPeer(dm.listen)  # connected before the closes
+        __import__("time").sleep(0.02)
+        for p in holders:
+            p.close()
+        newcomer.send(hello(schema(d), name=f"newcomer-{trial}"))
+        newcomer.welcome()  # asserts no ERROR (too many producers) came instead
+        newcomer.close()
+    assert "too many producers" not in dm.log(), dm.log()
+
+
 # ---- vanished producers are timed out -----------------------------------------------------------
 
 PRODUCER = r"""
