@@ -41,7 +41,16 @@ enum {
     IFD_MSG_ERROR = 7,
     IFD_MSG_PREDICTION = 8,
     IFD_MSG_BYE = 9,
+    IFD_MSG_BATCH_SHM = 10,
 };
+
+/* The shared-memory pool's first bytes (docs/protocol.md, "Shared memory"): the magic, then the
+ * 16-byte token WELCOME names (hex), then zeros up to IFD_SHM_HEADER. */
+#define IFD_SHM_MAGIC "IFDSHM1"
+#define IFD_SHM_MAGIC_LEN 8 /* with its NUL */
+#define IFD_SHM_TOKEN_LEN 16
+#define IFD_SHM_HEADER 64
+#define IFD_SHM_ALIGN 64 /* every tensor region starts at a multiple of it */
 
 static inline void ifd_put_u16(uint8_t *p, uint16_t v)
 {
@@ -143,6 +152,19 @@ static inline size_t ifd_proto_prediction(uint8_t *p, int64_t seq, int64_t rows,
     return IFD_PROTO_BATCH_HDR;
 }
 
+/* BATCH_SHM's frame 0: BATCH's layout with type 10 and the first slot where BATCH has
+ * ntensors (no frames follow). */
+static inline size_t ifd_proto_batch_shm(uint8_t *p, int64_t seq, int64_t rows, uint32_t slot)
+{
+    ifd_proto_header(p, IFD_MSG_BATCH_SHM);
+    ifd_put_u64(p + 8, (uint64_t)seq);
+    ifd_put_u64(p + 16, (uint64_t)rows);
+    ifd_put_u32(p + 24, 0);
+    ifd_put_u32(p + 28, slot);
+    return IFD_PROTO_BATCH_HDR;
+}
+
+/* BATCH and BATCH_SHM (whose ntensors is the first slot). */
 typedef struct ifd_proto_batch {
     int64_t seq;
     int64_t rows;

@@ -169,6 +169,10 @@ static const opt opts[] = {
     {"check_finite", K_BOOL, OFF(check_finite), "on|off",
      "reject a batch whose float inputs hold NaN or infinity (ERANGE naming tensor, row, value)",
      NULL, NULL},
+    {"shm", K_BOOL, OFF(shm), "on|off",
+     "offer a shared-memory pool to producers on this host that ask for one (HELLO \"shm\"): "
+     "batches are written in place and only descriptors cross the socket",
+     NULL, NULL},
     {"max_abs_input", K_F64, OFF(max_abs_input), "X",
      "reject a batch with a float input of magnitude above X (0: no bound; needs check_finite)",
      NULL, NULL},
@@ -221,6 +225,7 @@ void ifd_daemon_config_defaults(ifd_daemon_config *c)
     c->max_producers = 64;
     c->max_steps_per_message = 1;
     c->check_finite = 1;
+    c->shm = 1;
     c->producer_timeout = 60;
     c->log_level = IFD_LOG_INFO;
     c->cuda_graphs = 1;

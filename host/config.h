@@ -30,6 +30,7 @@ typedef struct ifd_daemon_config {
     int expect_producers;    /* > 0: the input ends once this many producers sent END */
     int check_finite;        /* reject batches whose float inputs hold NaN or inf */
     double max_abs_input;    /* > 0: also reject float inputs of larger magnitude */
+    int shm;                 /* offer shared-memory pools to local producers that ask */
     double producer_timeout; /* seconds a vanished or silent producer keeps its slot; 0: ever */
     int log_level;
     int cuda_graphs;            /* cuda backend: capture each step in a CUDA Graph */
