@@ -178,13 +178,15 @@ void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_o
     out->count = (float)rows;
 }
 
-int ifd_cpu_blas_threads(int replicas)
+int ifd_cpu_blas_threads(int replicas, double step_macs)
 {
     if (getenv("OPENBLAS_NUM_THREADS"))
         return 0;
     const char *v = getenv("IFD_BLAS_THREADS");
     int n = v ? atoi(v) : 0;
-    if (n <= 0) {
+    if (n <= 0 && step_macs < IFD_BLAS_THREADED_MACS) {
+        n = 1;
+    } else if (n <= 0) {
         cpu_set_t set;
         int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
         n = replicas > 0 ? cpus / replicas : 1;
