@@ -18,11 +18,6 @@
 /* Daemon messages are small; a larger frame means a wrong peer. */
 #define IFDP_MAX_REPLY (1 << 20)
 
-#define IFDP_NAME_MAX 63
-#define IFDP_MAX_FRAMES 8
-/* Daemon messages are small; a larger frame means a wrong peer. */
-#define IFDP_MAX_REPLY (1 << 20)
-
 struct ifd_producer {
     void *ctx;
     void *sock;
