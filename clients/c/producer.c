@@ -32,6 +32,8 @@ int ifdp_alloc(ifd_producer **out, const char *endpoint, const char *name, ifd_e
         p->has_name = 1;
     }
     snprintf(p->endpoint, sizeof p->endpoint, "%s", endpoint);
+    const char *sep = strstr(endpoint, "://");
+    snprintf(p->scheme, sizeof p->scheme, "%.*s", sep ? (int)(sep - endpoint) : 0, endpoint);
     p->acked_seq = -1;
     p->replica = -1;
     *out = p;
@@ -67,6 +69,8 @@ int ifd_producer_create_opts(ifd_producer **out, const char *endpoint, const cha
     int rc = ifdp_alloc(&p, endpoint, name, err);
     if (rc)
         return rc;
+    if (opts && (rc = ifd_producer_set_shm(p, opts->shm, err)))
+        goto fail_ctx;
     p->ctx = zmq_ctx_new();
     if (p->ctx == NULL) {
         rc = ifdw_zmq_error(err, "producer: zmq_ctx_new");
@@ -117,6 +121,9 @@ void ifd_producer_destroy(ifd_producer *p)
     }
     if (p->ctx)
         zmq_ctx_term(p->ctx);
+    ifdp_shm_drop(p);
+    for (int i = 0; i < IFD_MAX_INPUTS; i++)
+        free(p->scratch[i]);
     free(p->welcome_json);
     free(p->bye_json);
     free(p->errs);
@@ -125,8 +132,8 @@ void ifd_producer_destroy(ifd_producer *p)
 
 /* ---- HELLO -------------------------------------------------------------------------------- */
 
-static char *hello_json(const ifd_producer *p, const ifd_input_spec *schema, int n,
-                        int64_t first_seq, ifd_error *err)
+static char *hello_json(ifd_producer *p, const ifd_input_spec *schema, int n, int64_t first_seq,
+                        int shm, ifd_error *err)
 {
     json_t *arr = json_array();
     json_t *o = json_object();
@@ -140,9 +147,12 @@ static char *hello_json(const ifd_producer *p, const ifd_input_spec *schema, int
             goto out;
         }
         const char *dt = NULL;
+        size_t esize = 0;
 #define IFDP_DTYPE_CASE_(e, str, size)                                                             \
-    if (s->dtype == IFD_##e)                                                                       \
-        dt = str;
+    if (s->dtype == IFD_##e) {                                                                     \
+        dt = str;                                                                                  \
+        esize = size;                                                                              \
+    }
         IFD_DTYPE_MAP(IFDP_DTYPE_CASE_)
 #undef IFDP_DTYPE_CASE_
         if (dt == NULL) {
@@ -158,8 +168,11 @@ static char *hello_json(const ifd_producer *p, const ifd_input_spec *schema, int
         json_t *shape = json_array();
         if (shape == NULL)
             goto oom;
-        for (int d = 0; d < s->rank; d++)
+        p->row_bytes[i] = esize;
+        for (int d = 0; d < s->rank; d++) {
             json_array_append_new(shape, json_integer(s->dims[d]));
+            p->row_bytes[i] *= s->dims[d] > 0 ? (size_t)s->dims[d] : 0;
+        }
         if (json_array_append_new(
                 arr, json_pack("{s:s, s:s, s:o}", "name", s->name, "dtype", dt, "shape", shape)))
             goto oom;
@@ -170,6 +183,8 @@ static char *hello_json(const ifd_producer *p, const ifd_input_spec *schema, int
         json_object_set_new(o, "first_seq", json_integer(first_seq)))
         goto oom;
     if (p->replica >= 0 && json_object_set_new(o, "replica", json_integer(p->replica)))
+        goto oom;
+    if (shm && json_object_set_new(o, "shm", json_true()))
         goto oom;
     text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     if (text == NULL)
@@ -210,26 +225,17 @@ int ifd_producer_set_replica(ifd_producer *p, int replica, ifd_error *err)
     return IFD_OK;
 }
 
-int ifd_producer_hello(ifd_producer *p, const ifd_input_spec *schema, int n, int64_t first_seq,
-                       int timeout_ms, ifd_error *err)
+/* Sends one HELLO (asking for a pool when shm) and waits for its answer until deadline. */
+static int hello_once(ifd_producer *p, const ifd_input_spec *schema, int n, int64_t first_seq,
+                      int shm, int64_t deadline, int timeout_ms, ifd_error *err)
 {
-    if (n < 1 || n > IFD_MAX_INPUTS || schema == NULL)
-        return ifd_error_set(err, IFD_EINVAL, "hello: expected 1 to %d schema tensors, got %d",
-                             IFD_MAX_INPUTS, n);
-    if (first_seq < 0)
-        return ifd_error_set(err, IFD_EINVAL, "hello: first_seq: expected >= 0, got %lld",
-                             (long long)first_seq);
-    if (p->bye_json)
-        return ifd_error_set(err, IFD_ECLOSED, "hello: %s", p->bye_text);
-    ifd_error tmp;
-    char *text = hello_json(p, schema, n, first_seq, err ? err : &tmp);
+    char *text = hello_json(p, schema, n, first_seq, shm, err);
     if (text == NULL)
-        return err ? err->code : tmp.code;
+        return err->code;
 
     int rc = IFD_OK;
     unsigned char h[IFD_PROTO_HDR];
     ifd_proto_header(h, IFD_MSG_HELLO);
-    int64_t deadline = ifdw_deadline(timeout_ms);
     if (zmq_send(p->sock, h, sizeof h, ZMQ_SNDMORE) < 0 ||
         zmq_send(p->sock, text, strlen(text), 0) < 0) {
         rc = ifdw_zmq_error(err, "hello: sending HELLO");
@@ -237,6 +243,8 @@ int ifd_producer_hello(ifd_producer *p, const ifd_input_spec *schema, int n, int
     }
     /* Errors of the previous stream are stale now. */
     p->errs_len = 0;
+    memset(&p->shm_desc, 0, sizeof p->shm_desc);
+    p->shm_refused_msg[0] = '\0';
     p->hello_waiting = 1;
     p->hello_answered = 0;
     while (!p->hello_answered && p->bye_json == NULL) {
@@ -266,6 +274,53 @@ out_waiting:
 out:
     free(text);
     return rc;
+}
+
+/* The pool after a WELCOME to a HELLO that asked for one: mapped, or (auto) the stream goes on
+ * with BATCH, after a HELLO without shm when the daemon made a pool this producer cannot use, so
+ * that the daemon drops it. */
+static int hello_shm(ifd_producer *p, const ifd_input_spec *schema, int n, int64_t first_seq,
+                     int64_t deadline, int timeout_ms, ifd_error *err)
+{
+    int rc = ifdp_shm_attach(p, err);
+    if (rc == IFD_OK)
+        return IFD_OK;
+    snprintf(p->shm_why, sizeof p->shm_why, "%s", err->msg);
+    if (p->shm_mode == IFD_SHM_ON) {
+        p->welcomed = 0;
+        return ifd_error_set(err, rc, "hello: shm on: %s", p->shm_why);
+    }
+    if (!p->shm_desc.given)
+        return IFD_OK;
+    return hello_once(p, schema, n, first_seq, 0, deadline, timeout_ms, err);
+}
+
+int ifd_producer_hello(ifd_producer *p, const ifd_input_spec *schema, int n, int64_t first_seq,
+                       int timeout_ms, ifd_error *err)
+{
+    if (n < 1 || n > IFD_MAX_INPUTS || schema == NULL)
+        return ifd_error_set(err, IFD_EINVAL, "hello: expected 1 to %d schema tensors, got %d",
+                             IFD_MAX_INPUTS, n);
+    if (first_seq < 0)
+        return ifd_error_set(err, IFD_EINVAL, "hello: first_seq: expected >= 0, got %lld",
+                             (long long)first_seq);
+    if (p->bye_json)
+        return ifd_error_set(err, IFD_ECLOSED, "hello: %s", p->bye_text);
+    ifd_error e;
+    ifd_error_clear(&e);
+    ifdp_shm_drop(p); /* a new WELCOME brings a new pool, or none */
+    p->shm_why[0] = '\0';
+    int shm = ifdp_shm_wanted(p);
+    int64_t deadline = ifdw_deadline(timeout_ms);
+    int rc = hello_once(p, schema, n, first_seq, shm, deadline, timeout_ms, &e);
+    if (shm && rc == IFD_EINVAL && p->shm_mode == IFD_SHM_AUTO && strstr(e.msg, "'shm'")) {
+        /* A daemon older than the shared-memory transport: HELLO's key is unknown to it. */
+        snprintf(p->shm_why, sizeof p->shm_why, "the daemon does not know HELLO's shm: %.400s",
+                 e.msg);
+        rc = hello_once(p, schema, n, first_seq, 0, deadline, timeout_ms, &e);
+    } else if (shm && rc == IFD_OK)
+        rc = hello_shm(p, schema, n, first_seq, deadline, timeout_ms, &e);
+    return rc ? ifd_error_set(err, rc, "%s", e.msg) : IFD_OK;
 }
 
 /* ---- accessors ---------------------------------------------------------------------------- */

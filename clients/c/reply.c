@@ -69,6 +69,75 @@ static const char *json_str_or(json_t *o, const char *key, const char *dflt)
     return json_is_string(v) ? json_string_value(v) : dflt;
 }
 
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* An array of n non-negative integers into out; the count, or -1. */
+static int u64_array(json_t *a, uint64_t *out, int max)
+{
+    if (!json_is_array(a) || json_array_size(a) > (size_t)max)
+        return -1;
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        json_t *v = json_array_get(a, i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0)
+            return -1;
+        out[i] = (uint64_t)json_integer_value(v);
+    }
+    return (int)json_array_size(a);
+}
+
+/* WELCOME's "shm" (an object, or null) and "shm_refused". What is malformed goes into
+ * d->why, for the producer to report when it maps the pool (send_shm.c). */
+static void parse_shm(ifd_producer *p, json_t *o)
+{
+    ifdp_shm_desc *d = &p->shm_desc;
+    memset(d, 0, sizeof *d);
+    snprintf(p->shm_refused_msg, sizeof p->shm_refused_msg, "%s",
+             json_str_or(o, "shm_refused", ""));
+    json_t *shm = json_object_get(o, "shm");
+    if (!json_is_object(shm))
+        return;
+    d->given = 1;
+    const char *path = json_str_or(shm, "path", NULL);
+    const char *token = json_str_or(shm, "token", "");
+    json_t *size = json_object_get(shm, "size");
+    d->slots = json_int_or(shm, "slots", -1);
+    int no = u64_array(json_object_get(shm, "offsets"), d->offsets, IFD_MAX_INPUTS);
+    int ns = u64_array(json_object_get(shm, "step_bytes"), d->step_bytes, IFD_MAX_INPUTS);
+    d->n = no;
+    if (path == NULL || path[0] == '\0' || strlen(path) >= sizeof d->path)
+        snprintf(d->why, sizeof d->why, "path: expected a file path of 1 to %zu bytes",
+                 sizeof d->path - 1);
+    else if (!json_is_integer(size) || json_integer_value(size) <= 0)
+        snprintf(d->why, sizeof d->why, "size: expected an integer > 0");
+    else if (strlen(token) != 2 * IFD_SHM_TOKEN_LEN)
+        snprintf(d->why, sizeof d->why, "token: expected %d hex digits, got %zu characters",
+                 2 * IFD_SHM_TOKEN_LEN, strlen(token));
+    else if (no < 0 || ns < 0 || no != ns)
+        snprintf(d->why, sizeof d->why,
+                 "offsets and step_bytes: expected two arrays of as many integers >= 0 (at most "
+                 "%d)",
+                 IFD_MAX_INPUTS);
+    if (d->why[0])
+        return;
+    snprintf(d->path, sizeof d->path, "%s", path);
+    d->size = (uint64_t)json_integer_value(size);
+    for (int i = 0; i < IFD_SHM_TOKEN_LEN; i++) {
+        int hi = hex_digit(token[2 * i]), lo = hex_digit(token[2 * i + 1]);
+        if (hi < 0 || lo < 0) {
+            snprintf(d->why, sizeof d->why, "token: expected hex digits, got '%c%c' at %d",
+                     token[2 * i], token[2 * i + 1], 2 * i);
+            return;
+        }
+        d->token[i] = (unsigned char)(hi << 4 | lo);
+    }
+}
+
 static void on_welcome(ifd_producer *p, const ifd_frame *frames, int n)
 {
     if (!p->hello_waiting || p->hello_answered)
@@ -115,6 +184,7 @@ static void on_welcome(ifd_producer *p, const ifd_frame *frames, int n)
     p->max_steps = json_int_or(o, "max_steps_per_message", 1);
     p->replicas = (int)json_int_or(o, "replicas", 0);
     snprintf(p->mode, sizeof p->mode, "%s", json_str_or(o, "mode", ""));
+    parse_shm(p, o);
     p->in_flight = 0;
     p->sent = 0;
     p->acked = 0;
@@ -151,6 +221,8 @@ static void on_error(ifd_producer *p, const ifd_frame *frames, int n)
         p->hello_answered = 1;
         ifd_error_set(&p->hello_err, code, "%s", text);
     } else if (!p->hello_waiting) {
+        if (json_is_integer(seq) && p->pool.base) /* the refused message's slots */
+            ifdp_slots_reject(&p->pool.slots, (int64_t)json_integer_value(seq));
         if (json_is_integer(seq) && p->in_flight > 0) {
             /* a refused batch of k steps returns its k credits */
             int64_t k = credit > 1 ? credit : 1;
@@ -319,6 +391,8 @@ void ifdp_on_reply(ifd_producer *p, const ifd_frame *frames, int n)
         uint32_t n = ifd_get_u32(h + 16);
         if (seq > p->acked_seq)
             p->acked_seq = seq;
+        if (p->pool.base)
+            ifdp_slots_ack(&p->pool.slots, seq);
         p->in_flight -= (int64_t)n < p->in_flight ? (int64_t)n : p->in_flight;
         p->acked += n;
         add_credit(p, n);

@@ -14,11 +14,10 @@
 
 /* ---- BATCH -------------------------------------------------------------------------------- */
 
-/* Checks that a batch may go and waits for credit. IFD_OK when it may be sent now. */
 /* The steps a batch of `rows` carries (train, eval: k x batch_size rows, k up to WELCOME's
  * max_steps_per_message), which is the credit it costs; 1 for other rows, which the daemon
  * refuses or takes as one batch. */
-static int64_t batch_steps(const ifd_producer *p, int64_t rows)
+int64_t ifdp_batch_steps(const ifd_producer *p, int64_t rows)
 {
     if (p->max_steps > 1 && p->batch_size > 0 && strcmp(p->mode, "predict") != 0 &&
         rows > p->batch_size && rows % p->batch_size == 0 && rows / p->batch_size <= p->max_steps)
@@ -26,8 +25,8 @@ static int64_t batch_steps(const ifd_producer *p, int64_t rows)
     return 1;
 }
 
-static int before_send(ifd_producer *p, int64_t rows, const ifd_frame *frames, int n,
-                       int timeout_ms, ifd_error *err)
+static int check_send(const ifd_producer *p, int64_t rows, const ifd_frame *frames, int n,
+                      ifd_error *err)
 {
     if (n < 1 || n > IFD_MAX_INPUTS || frames == NULL)
         return ifd_error_set(err, IFD_EINVAL, "send: expected 1 to %d frames, got %d",
@@ -41,6 +40,12 @@ static int before_send(ifd_producer *p, int64_t rows, const ifd_frame *frames, i
                                  frames[i].size);
     if (!p->welcomed)
         return ifd_error_set(err, IFD_EINVAL, "send: no WELCOME yet: call ifd_producer_hello");
+    return IFD_OK;
+}
+
+int ifdp_wait_send(ifd_producer *p, int64_t steps, int need_slots, int *slot, int timeout_ms,
+                   ifd_error *err)
+{
     int rc = ifdp_drain(p, err);
     if (rc)
         return rc;
@@ -52,17 +57,36 @@ static int before_send(ifd_producer *p, int64_t rows, const ifd_frame *frames, i
             return ifd_error_set(err, IFD_ECLOSED, "send: %s", p->bye_text);
         if (p->end_sent)
             return ifd_error_set(err, IFD_ECLOSED, "send: the stream was ended (END sent)");
-        if (p->available >= batch_steps(p, rows))
+        int has_credit = p->available >= steps;
+        if (has_credit && need_slots == 0)
+            return IFD_OK;
+        if (has_credit && (*slot = ifdp_slots_find(&p->pool.slots, need_slots)) >= 0)
             return IFD_OK;
         long left = ifdw_left_ms(deadline);
-        if (left == 0)
+        if (left == 0 && !has_credit)
             return ifd_error_set(err, IFD_ETIMEDOUT,
                                  "send: no credit within %d ms (%lld batches in flight)",
                                  timeout_ms, (long long)p->in_flight);
+        if (left == 0)
+            return ifd_error_set(err, IFD_ETIMEDOUT,
+                                 "send: no %d free slots in a row in the shared-memory pool "
+                                 "within %d ms (%d of its %d slots in flight or reserved)",
+                                 need_slots, timeout_ms, ifdp_slots_busy(&p->pool.slots),
+                                 p->pool.slots.n);
         rc = ifdp_recv_one(p, left, err);
         if (rc && rc != IFD_ETIMEDOUT)
             return rc;
     }
+}
+
+/* Checks that a batch may go and waits for credit. IFD_OK when it may be sent now. */
+static int before_send(ifd_producer *p, int64_t rows, const ifd_frame *frames, int n,
+                       int timeout_ms, ifd_error *err)
+{
+    int rc = check_send(p, rows, frames, n, err);
+    if (rc)
+        return rc;
+    return ifdp_wait_send(p, ifdp_batch_steps(p, rows), 0, NULL, timeout_ms, err);
 }
 
 static void batch_header(ifd_producer *p, unsigned char *h, int64_t rows, int n)
@@ -74,11 +98,11 @@ static void batch_header(ifd_producer *p, unsigned char *h, int64_t rows, int n)
     ifd_put_u32(h + 28, (uint32_t)n);
 }
 
-/* Sends the header frame, waiting for the socket to take it. */
-static int send_header(ifd_producer *p, const unsigned char *h, int timeout_ms, ifd_error *err)
+int ifdp_send_header(ifd_producer *p, const unsigned char *h, int more, int timeout_ms,
+                     ifd_error *err)
 {
     int64_t deadline = ifdw_deadline(timeout_ms);
-    while (zmq_send(p->sock, h, IFD_PROTO_BATCH_HDR, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) {
+    while (zmq_send(p->sock, h, IFD_PROTO_BATCH_HDR, (more ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT) < 0) {
         if (errno != EAGAIN && errno != EINTR)
             return ifdw_zmq_error(err, "send: BATCH header");
         long left = ifdw_left_ms(deadline);
@@ -94,9 +118,9 @@ static int send_header(ifd_producer *p, const unsigned char *h, int timeout_ms, 
     return IFD_OK;
 }
 
-static int after_send(ifd_producer *p, int64_t rows, ifd_error *err)
+int ifdp_after_send(ifd_producer *p, int64_t rows, ifd_error *err)
 {
-    int64_t k = batch_steps(p, rows); /* step j of it is batch next_seq + j */
+    int64_t k = ifdp_batch_steps(p, rows); /* step j of it is batch next_seq + j */
     p->next_seq += k;
     p->available -= k;
     p->in_flight += k;
@@ -108,17 +132,19 @@ static int after_send(ifd_producer *p, int64_t rows, ifd_error *err)
 int ifd_producer_send(ifd_producer *p, int64_t rows, const ifd_frame *frames, int n, int timeout_ms,
                       ifd_error *err)
 {
-    int rc = before_send(p, rows, frames, n, timeout_ms, err);
-    if (rc)
+    int rc = check_send(p, rows, frames, n, err);
+    if (rc || ifdp_shm_send(p, rows, frames, n, timeout_ms, &rc, err))
+        return rc;
+    if ((rc = ifdp_wait_send(p, ifdp_batch_steps(p, rows), 0, NULL, timeout_ms, err)))
         return rc;
     unsigned char h[IFD_PROTO_BATCH_HDR];
     batch_header(p, h, rows, n);
-    if ((rc = send_header(p, h, timeout_ms, err)))
+    if ((rc = ifdp_send_header(p, h, 1, timeout_ms, err)))
         return rc;
     for (int i = 0; i < n; i++)
         if (zmq_send(p->sock, frames[i].data, frames[i].size, i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
             return ifdw_zmq_error(err, "send: tensor frame");
-    return after_send(p, rows, err);
+    return ifdp_after_send(p, rows, err);
 }
 
 int ifd_producer_send_tensors(ifd_producer *p, const ifd_tensor *tensors, int n, int timeout_ms,
@@ -159,8 +185,14 @@ int ifd_producer_send_zc(ifd_producer *p, int64_t rows, const ifd_frame *frames,
                          ifd_free_fn free_fn, void *hint, int timeout_ms, ifd_error *err)
 {
     zmq_msg_t msgs[IFD_MAX_INPUTS];
-    int made = 0, sent = 0;
-    int rc = before_send(p, rows, frames, n, timeout_ms, err);
+    int made = 0, sent = 0, rc;
+    if (p->pool.base) {
+        /* The bytes are copied into the pool (or by libzmq, for a batch the pool cannot hold),
+         * so the caller's buffers are free as soon as this returns. */
+        rc = ifd_producer_send(p, rows, frames, n, timeout_ms, err);
+        goto release;
+    }
+    rc = before_send(p, rows, frames, n, timeout_ms, err);
     if (rc)
         goto release;
     for (; made < n; made++)
@@ -171,14 +203,14 @@ int ifd_producer_send_zc(ifd_producer *p, int64_t rows, const ifd_frame *frames,
         }
     unsigned char h[IFD_PROTO_BATCH_HDR];
     batch_header(p, h, rows, n);
-    if ((rc = send_header(p, h, timeout_ms, err)))
+    if ((rc = ifdp_send_header(p, h, 1, timeout_ms, err)))
         goto release;
     for (; sent < n; sent++)
         if (zmq_msg_send(&msgs[sent], p->sock, sent + 1 < n ? ZMQ_SNDMORE : 0) < 0) {
             rc = ifdw_zmq_error(err, "send: tensor frame");
             goto release;
         }
-    return after_send(p, rows, err);
+    return ifdp_after_send(p, rows, err);
 
 release:
     /* Every frame's free_fn runs exactly once: libzmq's for messages it holds, here for the
