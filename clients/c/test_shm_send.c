@@ -361,6 +361,33 @@ static void produce(shm_case *c, ifd_producer *p, ifd_rng *rng)
         free(bufs[i]);
 }
 
+/* buffer/commit misuse is IFD_EINVAL naming what was expected, and changes nothing: a dropped
+ * buffer (commit 0) gives its slots back (the messages after it need them). */
+static void misuse(shm_case *c, ifd_producer *p)
+{
+    ifd_error err;
+    void *data[4];
+    int64_t most = c->max_steps, bs = c->batch_size;
+    int rc = ifd_producer_buffer(p, 1, data, c->n + 1, 0, &err);
+    RASSERT(rc == IFD_EINVAL && strstr(err.msg, "tensor pointers"), "n + 1: %s", err.msg);
+    rc = ifd_producer_buffer(p, most + 1, data, c->n, 0, &err);
+    RASSERT(rc == IFD_EINVAL && strstr(err.msg, "max_steps_per_message"), "steps: %s", err.msg);
+    rc = ifd_producer_commit(p, bs, 0, &err);
+    RASSERT(rc == IFD_EINVAL && strstr(err.msg, "no buffer"), "commit first: %s", err.msg);
+    RC_OK(ifd_producer_buffer(p, most, data, c->n, 1000, &err), err);
+    rc = ifd_producer_buffer(p, 1, data, c->n, 0, &err);
+    RASSERT(rc == IFD_EINVAL && strstr(err.msg, "not committed"), "buffer twice: %s", err.msg);
+    if (!c->predict && bs > 1) {
+        rc = ifd_producer_commit(p, bs + 1, 0, &err);
+        RASSERT(rc == IFD_EINVAL && strstr(err.msg, "multiple of batch_size"), "rows: %s", err.msg);
+    }
+    rc = ifd_producer_commit(p, most * bs + 1, 0, &err);
+    RASSERT(rc == IFD_EINVAL && strstr(err.msg, "up to the buffer's"), "rows: %s", err.msg);
+    RC_OK(ifd_producer_commit(p, 0, 0, &err), err);
+    RASSERT(ifd_producer_sent(p) == 0 && ifd_producer_available(p) == c->credit,
+            "a dropped buffer sent something");
+}
+
 static void run_case(shm_case *c, ifd_rng *rng)
 {
     ifd_input_spec schema[3];
@@ -415,6 +442,8 @@ static void run_case(shm_case *c, ifd_rng *rng)
         RASSERT(want_why ? why && strstr(why, want_why) : why == NULL,
                 "shm_refused '%s', expected one naming '%s'", why ? why : "(null)",
                 want_why ? want_why : "(null)");
+        if (c->scenario == SC_SEND || c->scenario == SC_OFF)
+            misuse(c, p);
         produce(c, p, rng);
     }
     pthread_join(t, NULL);
