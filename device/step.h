@@ -71,11 +71,15 @@ int ifd_step_predict(const ifd_program *p, const ifd_ops *ops, const ifd_step_op
 
 /* The cpu implementations, for the cpu backend and for tests that run a program directly. */
 void ifd_cpu_ops_init(ifd_ops *ops, void *ctx);
-/* Makes OpenBLAS run each call on the calling thread, unless OPENBLAS_NUM_THREADS is set: the
- * cpu backend already runs one thread per replica, and OpenBLAS's own workers wait for work by
- * spinning on sched_yield, which took 40% of a 2-core machine beside a replica reading 8 MiB
- * batches. Process-wide (OpenBLAS has no per-call setting). */
-void ifd_cpu_blas_single_thread(void);
+/* Sets OpenBLAS's threads for `replicas` replica threads, unless OPENBLAS_NUM_THREADS is set:
+ * IFD_BLAS_THREADS when set (infeedd's --blas-threads), else the CPUs this process may run on
+ * divided by the replicas, at least 1. The cpu backend already runs one thread per replica, so
+ * with as many replicas as cores every call runs on its caller (OpenBLAS's own workers wait for
+ * work by spinning on sched_yield, which took 40% of a 2-core machine beside a replica reading
+ * 8 MiB batches); one replica on 2 cores gets 2 threads (bench/peers.py, mlp1024: 221k against
+ * 185k examples/s). Process-wide (OpenBLAS has no per-call setting). Returns the count set, or
+ * 0 when the environment decides. */
+int ifd_cpu_blas_threads(int replicas);
 void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
                              int64_t n, float *params, const float *grads, float *slot0,
                              float *slot1);
