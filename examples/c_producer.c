@@ -161,10 +161,8 @@ int main(int argc, char **argv)
            o.endpoint, (long long)rows, (long long)ifd_producer_credit(p),
            (long long)ifd_producer_next_seq(p), ifd_producer_replicas(p), ifd_producer_mode(p));
     const char *why = ifd_producer_shm_refused(p);
-    printf("transport: %s%s%s\n", ifd_producer_transport(p), why ? " (no shared memory: " : "",
-           why ? why : "");
-    if (why)
-        printf(")\n");
+    printf("transport: %s%s%s%s\n", ifd_producer_transport(p), why ? " (no shared memory: " : "",
+           why ? why : "", why ? ")" : "");
     int64_t per = o.steps_per_message;
 
     /* The labelling map: a fixed seed, whatever --seed says. */
