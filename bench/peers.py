@@ -105,7 +105,7 @@ def dataset(job: dict, rows: int) -> tuple[np.ndarray, np.ndarray]:
 def transports_of_client() -> set[str]:
     """The transports the Python client offers: tcp and ipc always; shm once Producer takes it."""
     have = {"tcp", "ipc"}
-    if "transport" in infeed.Producer.__init__.__code__.co_varnames:
+    if "shm" in infeed.Producer.__init__.__code__.co_varnames:
         have.add("shm")
     return have
 
@@ -128,7 +128,9 @@ def run_infeedd(exe: str, job: dict, replicas: int, transport: str, steps: int, 
         argv += ["--hidden", str(job["hidden"])]
     log = open(tmp / "daemon.log", "ab")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    kw = {"transport": transport} if transport == "shm" else {}
+    # shm: the pool, over the ipc connection; tcp and ipc rows never take one (the client's
+    # default would on a local endpoint)
+    kw = {"shm": transport == "shm"} if "shm" in transports_of_client() else {}
     nb = len(x) // b // per_msg  # messages of per_msg steps in the data
     rows = per_msg * b
     try:

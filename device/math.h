@@ -30,20 +30,21 @@ IFD_HD float ifd_math_softmax_xent_row(const float *logits, int64_t k, int32_t l
             arg = j;
         }
     }
+    /* one exp an element: e_j = exp(logits[j] - mx) kept in dlogits, p_j = e_j / sum */
     float sum = 0.0f;
-    for (int64_t j = 0; j < k; j++)
-        sum += expf(logits[j] - mx);
-    float lse = mx + logf(sum);
     for (int64_t j = 0; j < k; j++) {
-        float p = expf(logits[j] - lse);
-        dlogits[j] = gscale * (p - (j == label ? 1.0f : 0.0f));
+        dlogits[j] = expf(logits[j] - mx);
+        sum += dlogits[j];
     }
+    float inv = 1.0f / sum;
+    for (int64_t j = 0; j < k; j++)
+        dlogits[j] = gscale * (dlogits[j] * inv - (j == label ? 1.0f : 0.0f));
     *correct = (arg == label);
-    return lse - logits[label];
+    return mx + logf(sum) - logits[label];
 }
 
-/* Softmax of one row: probs[j] = exp(logits[j] - logsumexp(logits)), the same max-shifted form
- * as the cross-entropy above. */
+/* Softmax of one row: probs[j] = exp(logits[j] - max) / sum_i exp(logits[i] - max), the same
+ * max-shifted form as the cross-entropy above (one exp an element). */
 IFD_HD void ifd_math_softmax_row(const float *logits, int64_t k, float *probs)
 {
     float mx = logits[0];
@@ -51,11 +52,13 @@ IFD_HD void ifd_math_softmax_row(const float *logits, int64_t k, float *probs)
         if (logits[j] > mx)
             mx = logits[j];
     float sum = 0.0f;
+    for (int64_t j = 0; j < k; j++) {
+        probs[j] = expf(logits[j] - mx);
+        sum += probs[j];
+    }
+    float inv = 1.0f / sum;
     for (int64_t j = 0; j < k; j++)
-        sum += expf(logits[j] - mx);
-    float lse = mx + logf(sum);
-    for (int64_t j = 0; j < k; j++)
-        probs[j] = expf(logits[j] - lse);
+        probs[j] *= inv;
 }
 
 /* Least squares of one row: returns 0.5 * |pred - y|^2 and writes gscale * (pred - y). */

@@ -352,7 +352,7 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
         b->p = p;
         b->pos = p->pos;
         b->slot = shm ? (int)slot + skip + made : -1;
-        snprintf(b->name, sizeof b->name, "%s", p->name);
+        memcpy(b->name, p->name, sizeof b->name); /* both IFD_PROTO_NAME_MAX + 1, terminated */
         b->b.seq = bh.seq + skip + made;
         b->b.rows = step_rows;
         b->b.flags = bh.flags | (shm && fr->pool->session ? IFD_BATCH_PINNED : 0);
