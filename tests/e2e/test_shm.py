@@ -256,12 +256,18 @@ def split(rng, n: int, most: int) -> list[int]:
     return out
 
 
-def run(daemon, flags, x, y, batch, sizes, listen=None, use_buffer=False, **kw):
+def run(daemon, flags, x, y, batch, sizes, listen=None, use_buffer=False, rehello=None, **kw):
+    """Trains on x, y in messages of `sizes` steps; `rehello`: HELLO again before that message
+    (a new pool, the old one's steps still in flight). Returns (losses, transport)."""
     d = daemon(**flags, **({"listen": listen} if listen else {}))
     schema = [P.schema_entry("x", "float32", x.shape[1:]), P.schema_entry("y", "int32", [])]
     p = infeed.Producer(d.listen, name="loader", schema=schema, timeout=20, **kw)
     row = 0
-    for k in sizes:
+    for i, k in enumerate(sizes):
+        if i == rehello:
+            token = p._shm.token
+            p.hello()
+            assert p.transport == "shm" and p._shm.token != token
         if use_buffer:
             a = p.buffer(k)
             if p.transport == "shm":
@@ -293,7 +299,8 @@ def test_shm_trains_the_same_bits_as_the_socket(daemon, tmp_path, rng):
     print(f"replicas {replicas} batch {batch} features {feats} max {most} messages {sizes}")
     want, t = run(daemon, flags, x, y, batch, sizes, shm=False)
     assert t == "socket" and len(want) == n
-    got, t = run(daemon, flags, x, y, batch, sizes, shm=True)
+    got, t = run(daemon, flags, x, y, batch, sizes, shm=True,
+                 rehello=rng.randrange(1, len(sizes)) if len(sizes) > 1 else None)
     assert t == "shm" and got == want  # the same bits
     got, t = run(daemon, flags, x, y, batch, sizes, listen=f"ipc://{tmp_path}/ifd.sock")
     assert t == "shm" and got == want
@@ -458,6 +465,10 @@ def test_predict_over_shm_gives_the_socket_predictions(daemon, tmp_path, rng):
                     p.send(x=x[i:i + batch])
             assert p.transport == ("shm" if shm else "socket")
             out[shm] = list(p.predictions())
+            # more rows than a slot holds: refused by the daemon as over the socket
+            p.send(x=np.zeros((batch + 1, D), np.float32))
+            with pytest.raises(infeed.InfeedError, match="ESHAPE"):
+                p.wait()
         assert d.wait() == 0, d.log()
     assert [s for s, _ in out[True]] == [s for s, _ in out[False]]
     for (_, a), (_, b) in zip(out[True], out[False]):

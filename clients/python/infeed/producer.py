@@ -598,8 +598,10 @@ class Producer:
         pool = self._shm
         frames, rows = self._encode(tensors, copy and pool is None)
         k = self._steps_of(rows)
-        if pool is not None:
-            self._check_predict_rows(rows)
+        if pool is not None and rows > k * pool.batch_size:
+            # predict mode, more rows than a slot holds: sent as BATCH, which the daemon refuses
+            # as it refuses any batch of more than batch_size rows (ESHAPE)
+            pool = None
         self._await(k, pool)
         seq = self._next_seq
         if pool is not None:
@@ -611,14 +613,6 @@ class Producer:
         header = P.pack_batch_header(seq, rows, len(frames))
         self._sock.send_multipart([header, *frames], copy=False)
         return self._sent(k, frames)
-
-    def _check_predict_rows(self, rows: int) -> None:
-        """Over shared memory a batch must fit its slot: predict mode's batches have at most
-        batch_size rows (the daemon refuses more over the socket, which cannot be written)."""
-        bs = int(self.batch_size or 0)
-        if self.welcome is not None and self.welcome.get("mode") == "predict" and rows > bs:
-            raise ValueError(f"send: {rows} rows, the daemon's batch_size is {bs} (predict mode "
-                             f"takes 1 to {bs} rows a batch)")
 
     def _await(self, k: int, pool: Optional[S.Pool]) -> None:
         """Waits for k credits (and, over shared memory, k free slots in a row); raises a pending
@@ -762,7 +756,6 @@ class Producer:
         self._raise_pending()
         if self.bye is not None or self._eclosed is not None:
             raise self._run_ended()
-        self._check_predict_rows(rows)
         k = self._steps_of(rows)  # (commit(rows=n): n must be whole steps in train and eval)
         self._await(k, None)  # (its slots are reserved already)
         seq = self._sent_shm(pool, s, k, rows)
