@@ -1,5 +1,5 @@
 /*
- * fuzz_checkpoint: the checkpoint loader (loop/checkpoint.c, docs/checkpoint.md), from memory
+ * fuzz_checkpoint: the checkpoint loader (loop/checkpoint_file.c, docs/checkpoint.md), from memory
  * (ifd_checkpoint_load_buffer, which ifd_checkpoint_load runs on a file's bytes).
  *
  * A CRC-32 over the whole file stops almost every mutation at the checksum, and a size implied by

@@ -1,5 +1,6 @@
 /*
- * fuzz_config: infeedd's config file and flag parser (host/config.c).
+ * fuzz_config: infeedd's config file and flag parser (host/config_parse.c,
+ * host/config_validate.c).
  *
  * The input is split at NUL bytes: the first piece is the text of a JSON config file, the others
  * are command-line arguments. Each input is parsed twice, from the defaults each time:

@@ -46,6 +46,10 @@ def main():
     write("fuzz_ingest", "batch", frames(rid, *batch(0)))
     write("fuzz_ingest", "batch_nan", frames(rid, *batch(1, bad=np.nan)))
     write("fuzz_ingest", "end", frames(rid, *P.end_frames()))
+    hello_shm = json.dumps({"name": "loader-1", "schema": SCHEMA, "shm": True}).encode()
+    write("fuzz_ingest", "hello_shm", frames(b"\x00rid02", P.pack_header(P.HELLO), hello_shm))
+    batch_shm = P.pack_header(10) + struct.pack("<qqII", 0, 8, 0, 1)  # BATCH_SHM: 2 steps at slot 1
+    write("fuzz_ingest", "batch_shm", frames(b"\x00rid02", batch_shm))
     write("fuzz_ingest", "control", json.dumps({"cmd": "status"}).encode())
     write("fuzz_wire", "hello_header", P.pack_header(P.HELLO))
     write("fuzz_wire", "batch_header", P.pack_batch_header(7, 4, 2, 0))

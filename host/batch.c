@@ -68,7 +68,7 @@ static const char *check_rows(const ifd_ingest *g, int64_t rows, char *msg, size
 /* The tensors of rows [row0, row0 + rows) of the message's frames. */
 static int view_tensors(ifd_ingest *g, host_frames *fr, int64_t row0, int64_t rows, ifd_tensor *out)
 {
-    for (int i = 0; i < fr->nframes; i++) {
+    for (int i = 0; i < g->nin; i++) {
         const ifd_input_spec *in = g->in[i];
         size_t row = ifd_dtype_size(in->dtype);
         int64_t dims[IFD_MAX_RANK + 1];
@@ -77,31 +77,132 @@ static int view_tensors(ifd_ingest *g, host_frames *fr, int64_t row0, int64_t ro
             dims[d + 1] = in->dims[d];
             row *= (size_t)in->dims[d];
         }
-        char *data = fr->copies[i] ? fr->copies[i] : zmq_msg_data(&fr->frames[i]);
-        int rc = ifd_tensor_init(&out[i], in->dtype, in->rank + 1, dims, data + (size_t)row0 * row);
+        int rc = ifd_tensor_init(&out[i], in->dtype, in->rank + 1, dims,
+                                 fr->data[i] + (size_t)row0 * row);
         if (rc)
             return rc;
     }
     return IFD_OK;
 }
 
-void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *parts, int nparts,
-                         int total)
+/* Tensor i's bytes in a message of `rows`. */
+static size_t tensor_bytes(const ifd_ingest *g, int i, int64_t rows)
 {
+    const ifd_input_spec *in = g->in[i];
+    size_t row = ifd_dtype_size(in->dtype);
+    for (int d = 0; d < in->rank; d++)
+        row *= (size_t)in->dims[d];
+    return row * (size_t)rows;
+}
+
+/* An aligned copy of len bytes at src (for frames libzmq left unaligned, and a pool's integer
+ * tensors), or NULL. */
+static void *copy_aligned(ifd_ingest *g, const void *src, size_t len)
+{
+    void *c = aligned_alloc(64, (len + 63) / 64 * 64);
+    if (c) {
+        memcpy(c, src, len);
+        g->copied_bytes += (int64_t)len;
+    }
+    return c;
+}
+
+/* BATCH: the tensor frames move into fr (the device reads them where libzmq put them). */
+static int take_frames(ifd_ingest *g, host_frames *fr, zmq_msg_t *frames)
+{
+    for (int i = 0; i < g->nin; i++) {
+        zmq_msg_init(&fr->frames[i]);
+        zmq_msg_move(&fr->frames[i], &frames[i]);
+        fr->nframes = i + 1;
+        fr->data[i] = zmq_msg_data(&fr->frames[i]);
+        if ((uintptr_t)fr->data[i] % ifd_dtype_size(g->in[i]->dtype) != 0) { /* unaligned */
+            fr->data[i] = fr->copies[i] =
+                copy_aligned(g, fr->data[i], zmq_msg_size(&fr->frames[i]));
+            if (fr->copies[i] == NULL)
+                return IFD_ENOMEM;
+        }
+    }
+    return IFD_OK;
+}
+
+/* BATCH_SHM: the tensors are the pool's slots from `slot` on; float32 ones are read in place,
+ * the others (labels, ids: values a program may index with) copied now, so that a producer
+ * writing the slot later cannot change what was checked. */
+static int take_slots(ifd_ingest *g, host_frames *fr, shm_pool *pool, uint32_t slot, int64_t rows)
+{
+    ingest_shm_ref(pool);
+    fr->pool = pool;
+    for (int i = 0; i < g->nin; i++) {
+        char *at = (char *)pool->base + pool->offsets[i] + (size_t)slot * pool->step_bytes[i];
+        fr->data[i] = at;
+        if (g->in[i]->dtype != IFD_F32) {
+            fr->data[i] = fr->copies[i] = copy_aligned(g, at, tensor_bytes(g, i, rows));
+            if (fr->copies[i] == NULL)
+                return IFD_ENOMEM;
+        }
+    }
+    return IFD_OK;
+}
+
+/* BATCH_SHM's own checks: no frames, a pool, slots [slot, slot + k) in it, and those of the
+ * steps taken (from skip on) free. The sentence, or NULL. */
+static const char *check_slots(const producer *p, int nframes, uint32_t slot, int k, int skip,
+                               char *msg, size_t len)
+{
+    const shm_pool *pool = p->pool;
+    if (nframes != 0) {
+        snprintf(msg, len,
+                 "BATCH_SHM: expected no frames after the header (the tensors are in "
+                 "the shared-memory pool), got %d",
+                 nframes);
+        return msg;
+    }
+    if (pool == NULL) {
+        snprintf(msg, len,
+                 "BATCH_SHM: the producer has no shared-memory pool (a HELLO with "
+                 "\"shm\": true gets one when the WELCOME's shm is not null)");
+        return msg;
+    }
+    if ((uint64_t)slot + (uint64_t)k > (uint64_t)pool->slots) {
+        snprintf(msg, len,
+                 "slot: a message of %d step%s from slot %" PRIu32 " needs slots up to %" PRIu64
+                 ", the pool has %d (0 to %d)",
+                 k, k == 1 ? "" : "s", slot, (uint64_t)slot + (uint64_t)k - 1, pool->slots,
+                 pool->slots - 1);
+        return msg;
+    }
+    for (int j = skip; j < k; j++) {
+        int64_t in = __atomic_load_n(&pool->busy[slot + (uint32_t)j], __ATOMIC_ACQUIRE);
+        if (in >= 0) {
+            snprintf(msg, len,
+                     "slot %" PRIu32 " holds step %" PRId64
+                     ", which is in flight: a slot is written again once its step is "
+                     "acknowledged",
+                     slot + (uint32_t)j, in);
+            return msg;
+        }
+    }
+    return NULL;
+}
+
+void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *parts, int total,
+                         int shm)
+{
+    const char *what = shm ? "BATCH_SHM" : "BATCH";
     zmq_msg_t *hdr = &parts[1];
     producer *p = ingest_find_by_rid(g, from);
     size_t hlen = zmq_msg_size(hdr);
     if (hlen < IFD_PROTO_BATCH_HDR) {
         ingest_send_error(g, from, IFD_EPROTO, NO_SEQ, 0,
-                          "BATCH header: expected %d bytes (seq, rows, flags, ntensors), got %zu",
-                          IFD_PROTO_BATCH_HDR, hlen);
+                          "%s header: expected %d bytes (seq, rows, flags, %s), got %zu", what,
+                          IFD_PROTO_BATCH_HDR, shm ? "slot" : "ntensors", hlen);
         return;
     }
     ifd_proto_batch bh;
     ifd_proto_parse_batch(zmq_msg_data(hdr), &bh);
     if (p == NULL || !p->welcomed) {
         ingest_send_error(g, from, IFD_EPROTO, bh.seq, 0,
-                          "BATCH %" PRId64 " before HELLO: send HELLO with the schema first",
+                          "%s %" PRId64 " before HELLO: send HELLO with the schema first", what,
                           bh.seq);
         return;
     }
@@ -137,13 +238,20 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
     char msg[IFD_ERROR_MSG_MAX];
     const ifd_program *prog = g->program;
     int nframes = total - 2;
-    if (bh.ntensors != (uint32_t)nframes) {
+    if (shm && p->pool)
+        ingest_shm_mapped(p->pool); /* the producer has it: nobody else opens it */
+    if (shm && (nframes != 0 || p->pool == NULL)) {
+        reject(g, p, from, k, IFD_EPROTO, bh.seq,
+               check_slots(p, nframes, 0, 0, 0, msg, sizeof msg));
+        return;
+    }
+    if (!shm && bh.ntensors != (uint32_t)nframes) {
         snprintf(msg, sizeof msg, "header ntensors says %" PRIu32 ", but %d frames follow",
                  bh.ntensors, nframes);
         reject(g, p, from, k, IFD_EPROTO, bh.seq, msg);
         return;
     }
-    if (nframes != g->nin) {
+    if (!shm && nframes != g->nin) {
         snprintf(msg, sizeof msg, "expected %d tensor frames (the schema's tensors), got %d",
                  g->nin, nframes);
         reject(g, p, from, k, IFD_ESHAPE, bh.seq, msg);
@@ -161,10 +269,7 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
     }
     for (int i = 0; i < nframes; i++) {
         const ifd_input_spec *in = g->in[i];
-        size_t row = ifd_dtype_size(in->dtype);
-        for (int d = 0; d < in->rank; d++)
-            row *= (size_t)in->dims[d];
-        size_t want = row * (size_t)bh.rows, got = zmq_msg_size(&parts[2 + i]);
+        size_t want = tensor_bytes(g, i, bh.rows), got = zmq_msg_size(&parts[2 + i]);
         if (got != want) {
             char shape[96];
             snprintf(msg, sizeof msg,
@@ -202,6 +307,11 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
          * written between its steps): the rest are taken, those are not */
         skip = (int)(p->last_seq - bh.seq + 1);
     }
+    uint32_t slot = bh.ntensors;
+    if (shm && check_slots(p, 0, slot, k, skip, msg, sizeof msg)) {
+        reject(g, p, from, k, IFD_EINVAL, bh.seq, msg);
+        return;
+    }
 
     host_frames *fr = calloc(1, sizeof *fr);
     host_batch *one = NULL, **hb = &one; /* the step batches (calloc: all NULL) */
@@ -211,24 +321,7 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
         reject(g, p, from, k, IFD_ENOMEM, bh.seq, "out of memory");
         return;
     }
-    int rc = IFD_OK;
-    for (int i = 0; i < nframes && rc == IFD_OK; i++) {
-        const ifd_input_spec *in = g->in[i];
-        zmq_msg_init(&fr->frames[i]);
-        zmq_msg_move(&fr->frames[i], &parts[2 + i]);
-        fr->nframes = i + 1;
-        void *data = zmq_msg_data(&fr->frames[i]);
-        size_t size = zmq_msg_size(&fr->frames[i]);
-        if ((uintptr_t)data % ifd_dtype_size(in->dtype) != 0) { /* libzmq packed it unaligned */
-            fr->copies[i] = aligned_alloc(64, (size + 63) / 64 * 64);
-            if (fr->copies[i] == NULL) {
-                rc = IFD_ENOMEM;
-                break;
-            }
-            memcpy(fr->copies[i], data, size);
-            g->copied_bytes += (int64_t)size;
-        }
-    }
+    int rc = shm ? take_slots(g, fr, p->pool, slot, bh.rows) : take_frames(g, fr, &parts[2]);
     ifd_error e;
     ifd_error_clear(&e);
     /* the whole message is checked as one batch (rows count from its first) */
@@ -236,7 +329,7 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
     ifd_batch_init(&whole);
     whole.seq = bh.seq;
     whole.rows = bh.rows;
-    whole.ntensors = nframes;
+    whole.ntensors = g->nin;
     if (rc == IFD_OK)
         rc = view_tensors(g, fr, 0, bh.rows, whole.tensors);
     if (rc)
@@ -258,12 +351,13 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
         b->g = g;
         b->p = p;
         b->pos = p->pos;
+        b->slot = shm ? (int)slot + skip + made : -1;
         snprintf(b->name, sizeof b->name, "%s", p->name);
         b->b.seq = bh.seq + skip + made;
         b->b.rows = step_rows;
         b->b.flags = bh.flags;
         b->b.replica = p->replica >= 0 ? p->replica : 0;
-        b->b.ntensors = nframes;
+        b->b.ntensors = g->nin;
         b->b.producer = b->name;
         b->b.release = ingest_host_batch_release;
         b->b.release_arg = b;
@@ -272,7 +366,6 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
         if (rc)
             ifd_error_set(&e, rc, "cannot take the batch: %s", ifd_strerror(rc));
     }
-    (void)nparts;
     if (rc) {
         for (int j = 0; j < n; j++)
             free(hb[j]);
@@ -293,6 +386,8 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
     g->accepted += n;
     for (int j = 0; j < n; j++) {
         hb[j]->fr = fr;
+        if (shm)
+            __atomic_store_n(&fr->pool->busy[hb[j]->slot], hb[j]->b.seq, __ATOMIC_RELEASE);
         if (p->tail)
             p->tail->pnext = hb[j];
         else

@@ -226,6 +226,10 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
                            tensors,          conns,     conns,       conns};
     if ((rc = ifd_monitor_create(&g->monitor, g->zctx, conns, ifd_memory_bound(&mt), err)))
         goto fail;
+    if (c->shm)
+        IFD_LOG_INFO("shared-memory pools (--shm on): at most %zu MiB besides the heap "
+                     "(docs/protocol.md)",
+                     (ifd_shm_bound(&mt, g->max_steps) + (1u << 20) - 1) >> 20);
     int64_t maxmsg = (int64_t)g->max_frame;
     int linger = 1000, rcvhwm = IFD_ROUTER_RCVHWM, sndhwm = ifd_router_sndhwm(g->credit),
         hs = IFD_HANDSHAKE_IVL_MS;
@@ -329,6 +333,7 @@ void ifd_ingest_destroy(ifd_ingest *g)
 
 void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int total)
 {
+    (void)nparts; /* frames beyond MAX_PARTS were dropped: every type's frame count check fails */
     producer_rid from = {.rid = zmq_msg_data(&parts[0]), .len = zmq_msg_size(&parts[0])};
     if (from.len > RID_MAX)
         return;
@@ -359,7 +364,8 @@ void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int tota
         ingest_handle_hello(g, &from, &parts[2]);
         return;
     case IFD_MSG_BATCH:
-        ingest_handle_batch(g, &from, parts, nparts, total);
+    case IFD_MSG_BATCH_SHM:
+        ingest_handle_batch(g, &from, parts, total, h.type == IFD_MSG_BATCH_SHM);
         return;
     case IFD_MSG_END:
         if (total != 2) {
@@ -372,8 +378,8 @@ void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int tota
     default:
         ingest_send_error(
             g, &from, IFD_EPROTO, NO_SEQ, 0,
-            "header: type: expected HELLO (1), BATCH (3) or END (6) from a producer, got "
-            "%u",
+            "header: type: expected HELLO (1), BATCH (3), END (6) or BATCH_SHM (10) from a "
+            "producer, got %u",
             (unsigned)h.type);
     }
 }

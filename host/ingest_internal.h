@@ -2,8 +2,10 @@
  * The ingest's parts, shared by the files of host/ that make it up (one I/O thread runs them all):
  *
  *   ingest.c     sockets, create/destroy, the I/O thread's loop, replies, the end (BYE)
- *   producers.c  the producer table and positions, HELLO and END
- *   batch.c      BATCH validation and acceptance, ACKs and PREDICTIONs
+ *   producers.c  the producer table and positions, liveness, END
+ *   hello.c      HELLO (schema check, WELCOME) and the HELLOs parked for a busy name
+ *   shm.c        the shared-memory pools of local producers (docs/protocol.md, "Shared memory")
+ *   batch.c      BATCH and BATCH_SHM validation and acceptance, ACKs and PREDICTIONs
  *   source.c     the batch source the session reads (FIFOs under qmu)
  *   control.c    the control socket (status, stop), rates, starvation warnings
  *
@@ -41,6 +43,22 @@
 
 typedef struct host_batch host_batch;
 
+/* A producer's shared-memory pool (shm.c): a sealed memfd, mapped read-only here, `slots` step
+ * batches of every tensor (tensor i's slot s at base + offsets[i] + s x step_bytes[i]). busy[s]
+ * is the seq of the step in slot s while it is in flight, else -1 (written by the I/O thread
+ * when a step is accepted, cleared by whichever thread releases it). */
+typedef struct shm_pool {
+    int refs; /* atomic: its producer, and every message with steps in it */
+    int fd;   /* -1 once the producer mapped it */
+    void *base;
+    size_t size;
+    int slots, ntensors;
+    size_t offsets[IFD_MAX_INPUTS], step_bytes[IFD_MAX_INPUTS];
+    int64_t *busy;
+    uint8_t token[IFD_SHM_TOKEN_LEN];
+    char path[64];
+} shm_pool;
+
 /* A producer's connection: its ROUTER routing id. */
 typedef struct producer_rid {
     const uint8_t *rid;
@@ -76,6 +94,7 @@ typedef struct producer {
     int gone;                /* a send found its connection closed (EHOSTUNREACH) */
     int64_t gone_ns;         /* since when */
     int timed_out;           /* producer_timeout: counted as ended, its credit taken back */
+    shm_pool *pool;          /* its shared-memory pool (HELLO "shm"), else NULL */
 } producer;
 
 /* A batch's PREDICTION (predict mode), made on the outfeed thread and sent by the I/O thread
@@ -102,7 +121,10 @@ typedef struct host_frames {
     int refs; /* atomic: the step batches still holding the frames */
     int nframes;
     zmq_msg_t frames[IFD_MAX_INPUTS];
-    void *copies[IFD_MAX_INPUTS]; /* a frame libzmq left unaligned, copied */
+    void *copies[IFD_MAX_INPUTS]; /* a frame libzmq left unaligned (or a pool's integer
+                                     tensor), copied */
+    char *data[IFD_MAX_INPUTS];   /* tensor i's first row: a frame, a copy or a pool slot */
+    shm_pool *pool;               /* BATCH_SHM: the pool its steps are in (a reference) */
 } host_frames;
 
 struct host_batch {
@@ -113,6 +135,7 @@ struct host_batch {
     int pos;         /* the producer's position entry */
     int done;        /* atomic: released by the runtime */
     host_frames *fr; /* its message's frames; NULL once let go */
+    int slot;        /* BATCH_SHM: its slot in fr->pool, else -1 */
     char name[IFD_PROTO_NAME_MAX + 1];
     host_batch *pnext; /* the producer's list */
     host_batch *qnext; /* the source FIFO */
@@ -218,13 +241,14 @@ producer *ingest_find_by_rid(ifd_ingest *g, const producer_rid *r);
 producer *ingest_find_by_name(ifd_ingest *g, const char *name);
 int ingest_position_index(ifd_ingest *g, const char *name, int64_t *seq);
 producer *ingest_new_slot(ifd_ingest *g);
-void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_t *body);
+/* The slot's connection: forget it, bind it to r (IFD_ENOMEM when the index cannot grow), or
+ * forget everything (its pool let go); probe_alive: whether its connection still exists. */
+void ingest_slot_unbind(ifd_ingest *g, producer *p);
+int ingest_slot_bind(ifd_ingest *g, producer *p, const producer_rid *r);
+void ingest_slot_reset(ifd_ingest *g, producer *p);
+int ingest_probe_alive(ifd_ingest *g, producer *p);
+
 void ingest_handle_end(ifd_ingest *g, const producer_rid *from);
-/* Parked HELLOs whose time has come are handled again (welcomed, parked again, or EBUSY); a new
- * message from a parked connection drops its parked HELLO (drop_busy_hello), and destroy frees
- * them all (from = NULL). */
-void ingest_retry_busy_hellos(ifd_ingest *g);
-void ingest_drop_busy_hello(ifd_ingest *g, const producer_rid *from);
 void ingest_count_producers(ifd_ingest *g);
 void ingest_check_input_end(ifd_ingest *g);
 void ingest_watchdog_context(void *arg, char *buf, size_t len);
@@ -234,6 +258,25 @@ void ingest_note_gone(ifd_ingest *g, const producer_rid *to);
 void ingest_check_liveness(ifd_ingest *g);
 /* Frees the position table and the indexes (destroy). */
 void ingest_producers_free(ifd_ingest *g);
+
+/* hello.c */
+void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_t *body);
+/* Parked HELLOs whose time has come are handled again (welcomed, parked again, or EBUSY); a new
+ * message from a parked connection drops its parked HELLO (drop_busy_hello), and destroy frees
+ * them all (from = NULL). */
+void ingest_retry_busy_hellos(ifd_ingest *g);
+void ingest_drop_busy_hello(ifd_ingest *g, const producer_rid *from);
+
+/* shm.c: a pool for p (the WELCOME's "shm" object, or NULL with a sentence in why when the
+ * daemon makes none); a pool is let go by its producer (drop) and by every message holding
+ * steps in it (unref), and freed with the last. */
+shm_pool *ingest_shm_create(ifd_ingest *g, const zmq_msg_t *hello, char *why, size_t wlen);
+json_t *ingest_shm_json(const shm_pool *pool);
+void ingest_shm_ref(shm_pool *pool);
+void ingest_shm_unref(shm_pool *pool);
+void ingest_shm_drop(ifd_ingest *g, producer *p);
+/* The producer has mapped its pool (its first BATCH_SHM): the daemon's descriptor is closed. */
+void ingest_shm_mapped(shm_pool *pool);
 
 /* source.c */
 void ingest_host_frames_free(host_frames *fr);
@@ -246,8 +289,9 @@ void ingest_src_flush(ifd_ingest *g);
 void ingest_close_input(ifd_ingest *g, const char *why);
 
 /* batch.c */
-void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *parts, int nparts,
-                         int total);
+/* BATCH (shm 0) and BATCH_SHM (shm 1) */
+void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *parts, int total,
+                         int shm);
 void ingest_send_acks(ifd_ingest *g);
 
 /* control.c */

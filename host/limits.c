@@ -21,3 +21,10 @@ size_t ifd_memory_bound(const ifd_memory_terms *t)
            (size_t)t->conns_control * control + (size_t)t->conns_publish * publish +
            (size_t)(IFD_OUTBOX_MAX + IFD_PUB_SNDHWM) * IFD_SUMMARY_MAX;
 }
+
+size_t ifd_shm_bound(const ifd_memory_terms *t, int max_steps)
+{
+    size_t pool = (size_t)(t->credit + max_steps - 1) * t->batch_bytes +
+                  (size_t)64 * (size_t)(t->tensors + 1) + 4096;
+    return 2 * (size_t)t->max_producers * pool;
+}

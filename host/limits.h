@@ -39,4 +39,9 @@ typedef struct ifd_memory_terms {
  * tensors + 2 frames and are completed. */
 size_t ifd_memory_bound(const ifd_memory_terms *t);
 
+/* The shared memory (memfd pools, not heap) producers can make the daemon hold with --shm on:
+ * max_producers pools in use and as many old ones whose steps are still in flight, each
+ * (credit + max_steps - 1) step batches and the alignment of its regions. */
+size_t ifd_shm_bound(const ifd_memory_terms *t, int max_steps);
+
 #endif

@@ -1,5 +1,5 @@
 /*
- * infeedd: the host daemon. Parses the config (host/config.c), binds the ZeroMQ endpoints
+ * infeedd: the host daemon. Parses the config (host/config.h), binds the ZeroMQ endpoints
  * (host/ingest.c), creates a session over the ingest's batch source and runs it on this thread.
  *
  * Exit status: 0 the run ended well; 1 a runtime error (the end summary carries it); 2 a usage

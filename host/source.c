@@ -20,10 +20,11 @@
 
 void ingest_host_frames_free(host_frames *fr)
 {
-    for (int i = 0; i < fr->nframes; i++) {
+    for (int i = 0; i < fr->nframes; i++)
         zmq_msg_close(&fr->frames[i]);
+    for (int i = 0; i < IFD_MAX_INPUTS; i++)
         free(fr->copies[i]);
-    }
+    ingest_shm_unref(fr->pool);
     free(fr);
 }
 
@@ -33,6 +34,8 @@ int ingest_host_batch_free_frames(host_batch *hb)
 {
     host_frames *fr = hb->fr;
     hb->fr = NULL;
+    if (fr && fr->pool && hb->slot >= 0) /* its slot is free (the producer waits for the ACK) */
+        __atomic_store_n(&fr->pool->busy[hb->slot], -1, __ATOMIC_RELEASE);
     if (fr && __atomic_sub_fetch(&fr->refs, 1, __ATOMIC_ACQ_REL) == 0) {
         ingest_host_frames_free(fr);
         return 1;

@@ -1,5 +1,11 @@
-/* The checkpoint object, shared by the file code (loop/checkpoint.c) and the session, which fills
- * a new one from the device (loop/session.c). */
+/*
+ * The checkpoint object, shared by the files of loop/ that make up checkpoints and by the
+ * session, which fills a new one from the device (loop/session.c):
+ *
+ *   checkpoint.c       the object: create, free, accessors, producer tables; ifd_checkpoint_check
+ *   checkpoint_file.c  a file: its format, the atomic write, the loader
+ *   checkpoint_dir.c   the folder: names by step, save and prune, the latest, load_latest
+ */
 #ifndef IFD_LOOP_CHECKPOINT_INTERNAL_H
 #define IFD_LOOP_CHECKPOINT_INTERNAL_H
 
@@ -32,6 +38,14 @@ struct ifd_checkpoint {
     int nhosts;             /* 1 unless a run over several hosts wrote it */
     int host;               /* the table the producer functions read and write */
 };
+
+/* A zeroed checkpoint with room for the floats (one host's empty table), or NULL with err
+ * filled (IFD_ENOMEM). */
+ifd_checkpoint *ifd_ckpt_alloc(int64_t nparam_floats, int nslots, ifd_error *err);
+
+/* A write to DIR/NAME goes through DIR/.NAME<CKPT_TMP_MARK><pid>, renamed over NAME at the end;
+ * the folder code removes those that a killed writer left. */
+#define CKPT_TMP_MARK ".tmp-"
 
 /* ifd_checkpoint_load's parser and checks, on a file's bytes in memory (len of them); path only
  * names the file in error sentences. The file loader reads the file and calls this (so does

@@ -1,0 +1,417 @@
+#include "host/config_internal.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int parse_i64(const char *s, int64_t *out)
+{
+    if (s == NULL || *s == '\0')
+        return IFD_EINVAL;
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || *end != '\0')
+        return IFD_EINVAL;
+    *out = v;
+    return IFD_OK;
+}
+
+/* Sets o from its text form. where: "flag --x" or "config file f: key 'x'". */
+static int set_value(ifd_daemon_config *c, const config_opt *o, const char *val, const char *where,
+                     ifd_error *err)
+{
+    char *field = (char *)c + o->off;
+    int64_t i64;
+    switch (o->kind) {
+    case K_LIBS:
+        if (val[0] == '\0')
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected a file name, got ''", where);
+        if (c->nprogram_libs == IFD_DAEMON_MAX_PROGRAM_LIBS)
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected at most %d program libraries",
+                                 where, IFD_DAEMON_MAX_PROGRAM_LIBS);
+        if (c->nstrings == (int)(sizeof c->strings / sizeof c->strings[0]))
+            return ifd_error_set(err, IFD_EINVAL, "%s: too many string values", where);
+        c->strings[c->nstrings] = strdup(val);
+        if (c->strings[c->nstrings] == NULL)
+            return ifd_error_set(err, IFD_ENOMEM, "%s", where);
+        c->program_libs[c->nprogram_libs++] = c->strings[c->nstrings++];
+        return IFD_OK;
+    case K_STR: {
+        if (c->nstrings == (int)(sizeof c->strings / sizeof c->strings[0]))
+            return ifd_error_set(err, IFD_EINVAL, "%s: too many string values", where);
+        char *copy = strdup(val);
+        if (copy == NULL)
+            return ifd_error_set(err, IFD_ENOMEM, "%s", where);
+        c->strings[c->nstrings++] = copy;
+        *(const char **)field = copy;
+        return IFD_OK;
+    }
+    case K_INT:
+        if (parse_i64(val, &i64) || i64 < INT32_MIN || i64 > INT32_MAX)
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected an integer, got '%s'", where, val);
+        *(int *)field = (int)i64;
+        return IFD_OK;
+    case K_I64:
+        if (parse_i64(val, &i64))
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected an integer, got '%s'", where, val);
+        *(int64_t *)field = i64;
+        return IFD_OK;
+    case K_U64: {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(val, &end, 10);
+        if (*val == '\0' || strchr(val, '-') || errno || *end != '\0')
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "%s: expected an integer from 0 to 2^64-1, got '%s'", where, val);
+        *(uint64_t *)field = v;
+        return IFD_OK;
+    }
+    case K_F32:
+    case K_F64: {
+        char *end;
+        errno = 0;
+        double v = strtod(val, &end);
+        if (*val == '\0' || errno || *end != '\0' || !isfinite(v))
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected a number, got '%s'", where, val);
+        if (o->kind == K_F32)
+            *(float *)field = (float)v;
+        else
+            *(double *)field = v;
+        return IFD_OK;
+    }
+    case K_ENUM: {
+        int v;
+        if (o->parse_enum(val, &v))
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected %s, got '%s'", where, o->choices,
+                                 val);
+        *(int *)field = v;
+        return IFD_OK;
+    }
+    case K_LOG: {
+        int v;
+        if (ifd_log_level_parse(val, &v))
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected %s, got '%s'", where, o->choices,
+                                 val);
+        *(int *)field = v;
+        return IFD_OK;
+    }
+    case K_BOOL:
+    case K_SWITCH:
+        if (strcmp(val, "on") == 0 || strcmp(val, "true") == 0 || strcmp(val, "1") == 0)
+            *(int *)field = 1;
+        else if (strcmp(val, "off") == 0 || strcmp(val, "false") == 0 || strcmp(val, "0") == 0)
+            *(int *)field = 0;
+        else
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected on or off, got '%s'", where, val);
+        return IFD_OK;
+    }
+    return ifd_error_set(err, IFD_EINTERNAL, "%s: unknown kind", where);
+}
+
+const char *ifd_json_describe(const json_t *v, char *buf, size_t len)
+{
+    if (v == NULL) {
+        snprintf(buf, len, "nothing");
+        return buf;
+    }
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        snprintf(buf, len, "an object");
+        break;
+    case JSON_ARRAY:
+        snprintf(buf, len, "an array");
+        break;
+    case JSON_STRING:
+        snprintf(buf, len, "a string of %zu bytes", json_string_length(v));
+        break;
+    case JSON_INTEGER:
+        snprintf(buf, len, "the integer %" JSON_INTEGER_FORMAT, json_integer_value(v));
+        break;
+    case JSON_REAL:
+        snprintf(buf, len, "the number %g", json_real_value(v));
+        break;
+    case JSON_TRUE:
+    case JSON_FALSE:
+        snprintf(buf, len, "%s", json_is_true(v) ? "true" : "false");
+        break;
+    case JSON_NULL:
+        snprintf(buf, len, "null");
+        break;
+    }
+    return buf;
+}
+
+/* program_lib in the file: a path or an array of them, which replaces the list so far. */
+static int apply_json_libs(ifd_daemon_config *c, const config_opt *o, const json_t *v,
+                           const char *where, ifd_error *err)
+{
+    c->nprogram_libs = 0;
+    if (json_is_string(v))
+        return set_value(c, o, json_string_value(v), where, err);
+    if (json_is_array(v)) {
+        size_t i;
+        const json_t *e;
+        json_array_foreach(v, i, e)
+        {
+            if (!json_is_string(e)) {
+                char got[96];
+                return ifd_error_set(err, IFD_EINVAL,
+                                     "%s: element %zu: expected a file name (a string), got %s",
+                                     where, i, ifd_json_describe(e, got, sizeof got));
+            }
+            int rc = set_value(c, o, json_string_value(e), where, err);
+            if (rc)
+                return rc;
+        }
+        return IFD_OK;
+    }
+    char got[96];
+    return ifd_error_set(err, IFD_EINVAL, "%s: expected a file name or an array of them, got %s",
+                         where, ifd_json_describe(v, got, sizeof got));
+}
+
+int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const char *source,
+                                 ifd_error *err)
+{
+    json_error_t je;
+    json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &je);
+    if (root == NULL)
+        return ifd_error_set(err, IFD_EINVAL, "%s: line %d, column %d: %s", source, je.line,
+                             je.column, je.text);
+    int rc = IFD_OK;
+    if (!json_is_object(root)) {
+        char got[96];
+        rc = ifd_error_set(err, IFD_EINVAL, "%s: expected a JSON object of config keys, got %s",
+                           source, ifd_json_describe(root, got, sizeof got));
+        goto done;
+    }
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v)
+    {
+        const config_opt *o = config_find_key(key, strlen(key));
+        char where[160];
+        snprintf(where, sizeof where, "%s: key '%s'", source, key);
+        if (o == NULL) {
+            rc = ifd_error_set(err, IFD_EINVAL,
+                               "%s: unknown key '%s' (the keys are the flags of infeedd --help "
+                               "with '_' for '-')",
+                               source, key);
+            goto done;
+        }
+        char buf[64];
+        const char *val = NULL, *want = NULL;
+        if (o->kind == K_LIBS) {
+            rc = apply_json_libs(c, o, v, where, err);
+            if (rc)
+                goto done;
+            continue;
+        }
+        switch (o->kind) {
+        case K_LIBS:
+        case K_STR:
+        case K_ENUM:
+        case K_LOG:
+            if (json_is_string(v))
+                val = json_string_value(v);
+            else
+                want = "a string";
+            break;
+        case K_INT:
+        case K_I64:
+        case K_U64:
+            if (json_is_integer(v)) {
+                snprintf(buf, sizeof buf, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+                val = buf;
+            } else {
+                want = "an integer";
+            }
+            break;
+        case K_F32:
+        case K_F64:
+            if (json_is_number(v)) {
+                snprintf(buf, sizeof buf, "%.17g", json_number_value(v));
+                val = buf;
+            } else {
+                want = "a number";
+            }
+            break;
+        case K_BOOL:
+        case K_SWITCH:
+            if (json_is_boolean(v))
+                val = json_is_true(v) ? "on" : "off";
+            else if (json_is_string(v))
+                val = json_string_value(v);
+            else
+                want = "true or false";
+            break;
+        }
+        if (want) {
+            char got[96];
+            rc = ifd_error_set(err, IFD_EINVAL, "%s: expected %s, got %s", where, want,
+                               ifd_json_describe(v, got, sizeof got));
+            goto done;
+        }
+        rc = set_value(c, o, val, where, err);
+        if (rc)
+            goto done;
+        c->key_source[o - config_opts] = IFD_KEY_FROM_FILE;
+    }
+done:
+    json_decref(root);
+    return rc;
+}
+
+/* The default reader of --config: the file's bytes, at most 16 MiB. */
+static int read_file(void *arg, const char *path, char **out, ifd_error *err)
+{
+    (void)arg;
+    *out = NULL;
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return ifd_error_set(err, IFD_EINVAL, "--config: cannot open '%s': %s", path,
+                             strerror(errno));
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    int rc = IFD_OK;
+    for (;;) {
+        if (len + 4096 + 1 > cap) {
+            cap = cap ? 2 * cap : 8192;
+            if (cap > (1u << 24)) {
+                rc = ifd_error_set(err, IFD_EINVAL, "--config: '%s' is larger than 16 MiB", path);
+                goto out;
+            }
+            char *t = realloc(text, cap);
+            if (t == NULL) {
+                rc = ifd_error_set(err, IFD_ENOMEM, "--config: '%s'", path);
+                goto out;
+            }
+            text = t;
+        }
+        size_t n = fread(text + len, 1, cap - len - 1, f);
+        len += n;
+        if (n == 0)
+            break;
+    }
+    if (ferror(f)) {
+        rc = ifd_error_set(err, IFD_EINVAL, "--config: cannot read '%s'", path);
+        goto out;
+    }
+    text[len] = '\0';
+    *out = text;
+    text = NULL;
+out:
+    free(text);
+    fclose(f);
+    return rc;
+}
+
+static int load_file(ifd_daemon_config *c, const char *path, ifd_config_reader read, void *arg,
+                     ifd_error *err)
+{
+    char *text = NULL;
+    int rc = read(arg, path, &text, err);
+    if (rc)
+        return rc;
+    char source[300];
+    snprintf(source, sizeof source, "config file %s", path);
+    c->from_file = 1;
+    rc = ifd_daemon_config_apply_json(c, text, source, err);
+    free(text);
+    return rc;
+}
+
+/* Splits "--key=value"; *val is NULL without '=' (the caller takes the next argument when the
+ * flag wants a value). */
+static int flag_at(char **argv, int i, const char **name, size_t *name_len, const char **val,
+                   ifd_error *err)
+{
+    const char *a = argv[i];
+    if (strncmp(a, "--", 2) != 0 || a[2] == '\0')
+        return ifd_error_set(err, IFD_EINVAL,
+                             "unexpected argument '%s': infeedd takes only flags (see --help)", a);
+    *name = a + 2;
+    const char *eq = strchr(*name, '=');
+    *name_len = eq ? (size_t)(eq - *name) : strlen(*name);
+    *val = eq ? eq + 1 : NULL;
+    return IFD_OK;
+}
+
+int ifd_daemon_config_parse(ifd_daemon_config *c, int argc, char **argv, FILE *out, int *exit_now,
+                            ifd_error *err)
+{
+    return ifd_daemon_config_parse_with(c, argc, argv, out, exit_now, read_file, NULL, err);
+}
+
+int ifd_daemon_config_parse_with(ifd_daemon_config *c, int argc, char **argv, FILE *out,
+                                 int *exit_now, ifd_config_reader read, void *arg, ifd_error *err)
+{
+    *exit_now = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            ifd_daemon_config_usage(out);
+            *exit_now = 1;
+            return IFD_OK;
+        }
+        if (strcmp(argv[i], "--version") == 0) {
+            fprintf(out, "infeedd %s (protocol 1)\n", IFD_VERSION_STRING);
+            *exit_now = 1;
+            return IFD_OK;
+        }
+    }
+    /* The file first, wherever --config stands. */
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0 || strncmp(argv[i], "--config=", 9) == 0) {
+            const char *path = argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[++i] : NULL);
+            if (path == NULL || *path == '\0')
+                return ifd_error_set(err, IFD_EINVAL, "flag --config: expected a file name");
+            int rc = load_file(c, path, read, arg, err);
+            if (rc)
+                return rc;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *name = NULL, *val = NULL;
+        size_t len = 0;
+        int rc = flag_at(argv, i, &name, &len, &val, err);
+        if (rc)
+            return rc;
+        if (len == 6 && strncmp(name, "config", 6) == 0) {
+            i += val == NULL; /* its value was read first */
+            continue;
+        }
+        const config_opt *o = config_find_flag(name, len);
+        if (o == NULL)
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "unknown flag '--%.*s' (infeedd --help lists them)", (int)len,
+                                 name);
+        if (val == NULL && o->kind == K_SWITCH)
+            val = "on";
+        else if (val == NULL && i + 1 < argc)
+            val = argv[++i];
+        char where[80];
+        config_flag_name(o, where + 5, sizeof where - 5);
+        memcpy(where, "flag ", 5);
+        if (val == NULL)
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected a value (%s)", where, o->metavar);
+        if (o->kind == K_LIBS && !c->program_libs_from_flags) {
+            c->nprogram_libs = 0; /* the flags replace the file's list */
+            c->program_libs_from_flags = 1;
+        }
+        rc = set_value(c, o, val, where, err);
+        if (rc)
+            return rc;
+        c->key_source[o - config_opts] = IFD_KEY_FROM_FLAG;
+    }
+    /* The plugins first: the validation pass looks up the program by name. */
+    for (int i = 0; i < c->nprogram_libs && c->load_program_lib; i++) {
+        int rc = c->load_program_lib(c->program_libs[i], err);
+        if (rc)
+            return ifd_error_prefix(
+                err, "%s", c->program_libs_from_flags ? "flag --program-lib" : "program_lib");
+    }
+    return ifd_daemon_config_validate(c, err);
+}

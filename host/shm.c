@@ -1,0 +1,172 @@
+/*
+ * The shared-memory pools of producers on the daemon's host (docs/protocol.md, "Shared
+ * memory"). A pool is a memfd whose pages are reserved when it is made (fallocate: a pool the
+ * memory cannot hold is refused now, never a SIGBUS later) and sealed against resizing, so a peer
+ * can neither cut the memory from under the daemon nor grow it; the daemon maps it read-only and
+ * writes only its header (with pwrite, before mapping). The producer opens it through
+ * /proc/<pid>/fd/<fd>, which only processes of the daemon's user can.
+ */
+/* memfd_create and F_ADD_SEALS need _GNU_SOURCE, which the build defines */
+#include "host/ingest_internal.h"
+
+#include "core/log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+/* Whether the HELLO came from this host: over ipc (or inproc: the fuzz harness), or over tcp
+ * from a loopback address (libzmq's Peer-Address metadata). Other transports are not taken for
+ * local. */
+static int hello_is_local(ifd_ingest *g, const zmq_msg_t *hello, char *why, size_t wlen)
+{
+    const char *ep = g->cfg->listen;
+    if (strncmp(ep, "ipc://", 6) == 0 || strncmp(ep, "inproc://", 9) == 0)
+        return 1;
+    if (strncmp(ep, "tcp://", 6) != 0) {
+        snprintf(why, wlen, "the daemon listens on %s: shared memory needs ipc:// or tcp://", ep);
+        return 0;
+    }
+    const char *addr = zmq_msg_gets((zmq_msg_t *)hello, "Peer-Address");
+    if (addr && (strncmp(addr, "127.", 4) == 0 || strcmp(addr, "::1") == 0 ||
+                 strncmp(addr, "::ffff:127.", 11) == 0))
+        return 1;
+    snprintf(why, wlen,
+             "the producer connects from %s, not a loopback address: shared memory is for "
+             "producers on the daemon's host",
+             addr ? addr : "an unknown address");
+    return 0;
+}
+
+static size_t round_up(size_t n, size_t to)
+{
+    return (n + to - 1) / to * to;
+}
+
+shm_pool *ingest_shm_create(ifd_ingest *g, const zmq_msg_t *hello, char *why, size_t wlen)
+{
+    if (!g->cfg->shm) {
+        snprintf(why, wlen, "the daemon runs with --shm off");
+        return NULL;
+    }
+    if (!hello_is_local(g, hello, why, wlen))
+        return NULL;
+    shm_pool *pool = calloc(1, sizeof *pool);
+    if (pool == NULL) {
+        snprintf(why, wlen, "out of memory");
+        return NULL;
+    }
+    pool->fd = -1;
+    pool->refs = 1;
+    pool->slots = g->credit + g->max_steps - 1;
+    pool->ntensors = g->nin;
+    size_t off = IFD_SHM_HEADER;
+    for (int i = 0; i < g->nin; i++) {
+        const ifd_input_spec *in = g->in[i];
+        size_t row = ifd_dtype_size(in->dtype);
+        for (int d = 0; d < in->rank; d++)
+            row *= (size_t)in->dims[d];
+        off = round_up(off, IFD_SHM_ALIGN);
+        pool->offsets[i] = off;
+        pool->step_bytes[i] = row * (size_t)g->batch_rows;
+        off += pool->step_bytes[i] * (size_t)pool->slots;
+    }
+    pool->size = round_up(off, (size_t)sysconf(_SC_PAGESIZE));
+    pool->busy = malloc((size_t)pool->slots * sizeof *pool->busy);
+    if (pool->busy == NULL) {
+        snprintf(why, wlen, "out of memory");
+        goto fail;
+    }
+    for (int s = 0; s < pool->slots; s++)
+        pool->busy[s] = -1;
+    uint8_t hdr[IFD_SHM_HEADER] = {0};
+    if (getrandom(pool->token, sizeof pool->token, 0) != (ssize_t)sizeof pool->token) {
+        snprintf(why, wlen, "getrandom: %s", strerror(errno));
+        goto fail;
+    }
+    memcpy(hdr, IFD_SHM_MAGIC, IFD_SHM_MAGIC_LEN);
+    memcpy(hdr + IFD_SHM_MAGIC_LEN, pool->token, IFD_SHM_TOKEN_LEN);
+    pool->fd = memfd_create("infeed-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    int rc = 0;
+    if (pool->fd < 0 || ftruncate(pool->fd, (off_t)pool->size) != 0) {
+        snprintf(why, wlen, "memfd of %zu bytes: %s", pool->size, strerror(errno));
+        goto fail;
+    }
+    if ((rc = posix_fallocate(pool->fd, 0, (off_t)pool->size)) != 0) {
+        snprintf(why, wlen, "cannot reserve %zu bytes of shared memory (%d slots): %s", pool->size,
+                 pool->slots, strerror(rc));
+        goto fail;
+    }
+    if (fcntl(pool->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+        pwrite(pool->fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr) {
+        snprintf(why, wlen, "sealing the pool: %s", strerror(errno));
+        goto fail;
+    }
+    pool->base = mmap(NULL, pool->size, PROT_READ, MAP_SHARED, pool->fd, 0);
+    if (pool->base == MAP_FAILED) {
+        pool->base = NULL;
+        snprintf(why, wlen, "mmap of %zu bytes: %s", pool->size, strerror(errno));
+        goto fail;
+    }
+    snprintf(pool->path, sizeof pool->path, "/proc/%ld/fd/%d", (long)getpid(), pool->fd);
+    return pool;
+fail:
+    ingest_shm_unref(pool);
+    return NULL;
+}
+
+json_t *ingest_shm_json(const shm_pool *pool)
+{
+    char token[2 * IFD_SHM_TOKEN_LEN + 1];
+    for (int i = 0; i < IFD_SHM_TOKEN_LEN; i++)
+        snprintf(token + 2 * i, 3, "%02x", pool->token[i]);
+    json_t *offsets = json_array(), *steps = json_array();
+    for (int i = 0; i < pool->ntensors; i++) {
+        json_array_append_new(offsets, json_integer((json_int_t)pool->offsets[i]));
+        json_array_append_new(steps, json_integer((json_int_t)pool->step_bytes[i]));
+    }
+    return json_pack("{s:s, s:I, s:s, s:i, s:o, s:o}", "path", pool->path, "size",
+                     (json_int_t)pool->size, "token", token, "slots", pool->slots, "offsets",
+                     offsets, "step_bytes", steps);
+}
+
+void ingest_shm_ref(shm_pool *pool)
+{
+    __atomic_add_fetch(&pool->refs, 1, __ATOMIC_RELAXED);
+}
+
+void ingest_shm_mapped(shm_pool *pool)
+{
+    if (pool->fd >= 0)
+        close(pool->fd);
+    pool->fd = -1;
+}
+
+/* Any thread: the last reference frees the pool. */
+void ingest_shm_unref(shm_pool *pool)
+{
+    if (pool == NULL || __atomic_sub_fetch(&pool->refs, 1, __ATOMIC_ACQ_REL) != 0)
+        return;
+    if (pool->base)
+        munmap(pool->base, pool->size);
+    if (pool->fd >= 0)
+        close(pool->fd);
+    free(pool->busy);
+    free(pool);
+}
+
+void ingest_shm_drop(ifd_ingest *g, producer *p)
+{
+    (void)g;
+    if (p->pool == NULL)
+        return;
+    ingest_shm_mapped(p->pool); /* nobody opens a dropped pool */
+    ingest_shm_unref(p->pool);
+    p->pool = NULL;
+}
