@@ -337,7 +337,7 @@ def shm_peer(d, schema=SCHEMA, name="raw"):
 
 def test_hostile_descriptors_are_refused_and_the_daemon_trains_on(daemon, rng):
     batch, most = rng.randint(1, 5), rng.randint(1, 4)
-    credit = most + rng.randint(1, 4)
+    credit = most + rng.randint(2, 5)
     n = rng.randint(3, credit)
     d = daemon(replicas=1, batch_size=batch, features=D, classes=K, steps=n, summary_every=1,
                credit=credit, max_steps_per_message=most, initial_infeed_sleep=1)
@@ -476,3 +476,26 @@ def test_predict_over_shm_gives_the_socket_predictions(daemon, tmp_path, rng):
         for k in a:
             assert np.array_equal(a[k], b[k]), k
     assert sum(len(a["classes"]) for _, a in out[True]) == rows
+
+
+@pytest.mark.parametrize("shm", [False, True])
+def test_hello_again_with_batches_in_flight_keeps_the_credit(daemon, rng, shm):
+    """WELCOME's credit is the daemon's less the steps still in flight: the client takes it as
+    it is (it used to subtract them again, and a producer of credit 1 then waited for ever)."""
+    credit, batch, n = rng.randint(1, 3), rng.randint(1, 4), rng.randint(6, 20)
+    d = daemon(replicas=1, batch_size=batch, features=D, classes=K, steps=n, summary_every=1,
+               credit=credit, initial_infeed_sleep=0.3)
+    p = infeed.Producer(d.listen, name="loader", schema=SCHEMA, timeout=20, shm=shm)
+    x, y = steps_data(rng.randrange(1 << 30), n, batch, D, K)
+    again = rng.sample(range(n), 3)
+    for i in range(n):
+        if i in again:
+            p.hello()
+            # (ACKs that came after WELCOME are counted too)
+            assert p.credit == credit - len(p.unacked), (p.credit, p.welcome, p.unacked)
+        p.send(x=x[i * batch:(i + 1) * batch], y=y[i * batch:(i + 1) * batch])
+    p.wait()
+    assert p.credit == credit and p.transport == ("shm" if shm else "socket")
+    p.end()
+    p.close()
+    assert d.wait() == 0, d.log()

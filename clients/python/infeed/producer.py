@@ -525,8 +525,9 @@ class Producer:
         if body.get("schema"):
             self._schema = _normalize_schema(body["schema"])
         self._next_seq = int(body.get("next_seq", self._next_seq))
-        self._credit = int(body.get("credit", 0)) - sum(self._steps.get(s, 1)
-                                                        for s in self._unacked)
+        # (the daemon's credit less this producer's steps in flight, which docs/protocol.md
+        # says WELCOME's credit is already: their ACKs return those)
+        self._credit = int(body.get("credit", 0))
         self._eclosed = None
 
     def _encode(self, arrays: Mapping[str, Any], copy: bool) -> tuple[list, int]:
