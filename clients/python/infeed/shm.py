@@ -156,10 +156,13 @@ class Pool:
         self.cursor = (s + k) % self.slots
 
     def unreserve(self) -> None:
+        """The slots reserved and not sent are free again."""
         if self.reserved is not None:
             s, k = self.reserved
             self.owner[s:s + k] = [None if o == -1 else o for o in self.owner[s:s + k]]
             self.reserved = None
+            if self.cursor == (s + k) % self.slots:  # dropped whole: the cursor goes back
+                self.cursor = s
 
     def ack(self, seq: int) -> None:
         """ACK up to ``seq``: the slots of the steps up to it are free (a message's slots as its
