@@ -5,6 +5,7 @@
 #include "device/step.h"
 
 #include <cblas.h>
+#include <sched.h>
 #include <stdlib.h>
 
 static void cpu_gemm(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
@@ -177,8 +178,21 @@ void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_o
     out->count = (float)rows;
 }
 
-void ifd_cpu_blas_single_thread(void)
+int ifd_cpu_blas_threads(int replicas, double step_macs)
 {
-    if (getenv("OPENBLAS_NUM_THREADS") == NULL)
-        openblas_set_num_threads(1);
+    if (getenv("OPENBLAS_NUM_THREADS"))
+        return 0;
+    const char *v = getenv("IFD_BLAS_THREADS");
+    int n = v ? atoi(v) : 0;
+    if (n <= 0 && step_macs < IFD_BLAS_THREADED_MACS) {
+        n = 1;
+    } else if (n <= 0) {
+        cpu_set_t set;
+        int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+        n = replicas > 0 ? cpus / replicas : 1;
+    }
+    if (n < 1)
+        n = 1;
+    openblas_set_num_threads(n);
+    return n;
 }

@@ -71,11 +71,18 @@ int ifd_step_predict(const ifd_program *p, const ifd_ops *ops, const ifd_step_op
 
 /* The cpu implementations, for the cpu backend and for tests that run a program directly. */
 void ifd_cpu_ops_init(ifd_ops *ops, void *ctx);
-/* Makes OpenBLAS run each call on the calling thread, unless OPENBLAS_NUM_THREADS is set: the
- * cpu backend already runs one thread per replica, and OpenBLAS's own workers wait for work by
- * spinning on sched_yield, which took 40% of a 2-core machine beside a replica reading 8 MiB
- * batches. Process-wide (OpenBLAS has no per-call setting). */
-void ifd_cpu_blas_single_thread(void);
+/* Sets OpenBLAS's threads for `replicas` replica threads whose steps each take about
+ * step_macs multiply-adds (shard rows x parameters), unless OPENBLAS_NUM_THREADS is set:
+ * IFD_BLAS_THREADS when set (infeedd's --blas-threads); else 1 below IFD_BLAS_THREADED_MACS, and
+ * above it the CPUs this process may run on divided by the replicas, at least 1. The cpu backend
+ * already runs one thread per replica, so with as many replicas as cores every call runs on its
+ * caller; one replica of a large model on 2 cores gets 2 (bench/peers.py, MLP batch 1024: 221k
+ * against 185k examples/s). Small models get 1 whatever the cores: OpenBLAS's workers wait for
+ * work by spinning on sched_yield, 15% of a 2-core machine beside a softmax of batch 32 (perf),
+ * for no gain (MLP batch 32: 136k examples/s with 2 threads, 135k with 1). Process-wide
+ * (OpenBLAS has no per-call setting). Returns the count set, or 0 when the environment decides. */
+#define IFD_BLAS_THREADED_MACS 16e6
+int ifd_cpu_blas_threads(int replicas, double step_macs);
 void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
                              int64_t n, float *params, const float *grads, float *slot0,
                              float *slot1);

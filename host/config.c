@@ -147,6 +147,10 @@ const config_opt config_opts[] = {
      NULL, NULL},
     {"log_level", K_LOG, OFF(log_level), "LEVEL", "error, warn, info or debug",
      "error, warn, info or debug", NULL},
+    {"blas_threads", K_INT, OFF(blas_threads), "N",
+     "cpu backend: OpenBLAS threads (0: auto, 1 for a small model, else the CPUs this process "
+     "may use / replicas; OPENBLAS_NUM_THREADS in the environment wins)",
+     NULL, NULL},
     {"cuda_graphs", K_BOOL, OFF(cuda_graphs), "on|off",
      "cuda backend: capture each step in a CUDA Graph", NULL, NULL},
     {"checkpoint_dir", K_STR, OFF(checkpoint_dir), "DIR",

@@ -136,6 +136,7 @@ static json_t *status_json(ifd_ingest *g)
                       (json_int_t)p->accepted, "rejected", (json_int_t)p->rejected);
         json_object_set_new(pj, "replica",
                             p->replica >= 0 ? json_integer(p->replica) : json_null());
+        json_object_set_new(pj, "shm", json_boolean(p->pool != NULL));
         json_array_append_new(ps, pj);
     }
     json_object_set_new(j, "producers_connected", json_integer(connected));

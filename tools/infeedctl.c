@@ -314,6 +314,8 @@ static void print_status(const ctl_options *o, json_t *s)
                (long long)num_or(p, "last_seq", -1), (long long)num_or(p, "acked_seq", -1));
         if (json_is_integer(rep))
             printf(", replica %lld", (long long)json_integer_value(rep));
+        if (json_is_true(json_object_get(p, "shm")))
+            printf(", shared memory");
         printf("\n");
     }
     json_t *rings = json_object_get(s, "rings"), *r;

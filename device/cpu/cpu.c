@@ -331,7 +331,10 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
     cd->sops.allreduce_sum = cpu_allreduce_sum;
     cd->sops.optimizer_apply = ifd_cpu_optimizer_apply;
     cd->sops.finish_step = ifd_cpu_finish_step;
-    ifd_cpu_blas_single_thread();
+    int blas =
+        ifd_cpu_blas_threads(cfg->replicas, (double)cfg->max_shard_rows * (double)p->nparam_floats);
+    IFD_LOG_DEBUG("cpu backend: OpenBLAS runs %d thread%s a call%s", blas, blas == 1 ? "" : "s",
+                  blas ? "" : " (OPENBLAS_NUM_THREADS)");
 
     int rc = IFD_OK;
     float *init = malloc(sizeof(float) * (size_t)(p->nparam_floats + 1));

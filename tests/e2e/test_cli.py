@@ -1,6 +1,7 @@
 """The command line: --help, --version, and usage or config errors (exit 2, naming the key)."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -90,6 +91,9 @@ def test_version():
     (["--initial-infeed-sleep", "1e9"], "initial_infeed_sleep"),
     (["--max-steps-per-message", "0"], "max_steps_per_message"),
     (["--max-steps-per-message", "8", "--credit", "4"], "max_steps_per_message (8)"),
+    (["--blas-threads", "-1"], "blas_threads"),
+    (["--blas-threads", "many"], "--blas-threads"),
+    (["--shm", "maybe"], "--shm"),
 ])
 def test_flag_errors(args, key):
     base = ["--features", "4", "--classes", "3", "--steps", "10"]
@@ -140,6 +144,35 @@ def test_config_file_then_flags(daemon, tmp_path):
     assert p.end()["global_step"] == 3
     p.close()
     assert d.wait() == 0
+
+
+def test_blas_threads_reach_the_cpu_backend(daemon, rng):
+    """--blas-threads N sets OpenBLAS's threads (the backend logs it at debug level); without
+    it a small model gets 1 and a large one the CPUs over the replicas."""
+    auto = max(1, len(os.sched_getaffinity(0)) // 2)
+    n = auto + rng.randint(1, 3)  # never the automatic count
+    small = dict(features=4, classes=3, batch_size=8)
+    f = rng.randint(700, 900)  # 2 replicas x 512 rows x ~100k parameters: above 16M
+    large = dict(program="mlp", features=f, hidden=128, classes=10, batch_size=1024)
+    for flags, want in ((dict(small, blas_threads=n), n), (small, 1), (large, auto)):
+        env_had = os.environ.pop("OPENBLAS_NUM_THREADS", None)
+        try:
+            d = daemon(replicas=2, log_level="debug", steps=1, **flags)
+        finally:
+            if env_had is not None:
+                os.environ["OPENBLAS_NUM_THREADS"] = env_had
+        p = infeed.Producer(d.listen, timeout=10, schema=[
+            ("x", "float32", (flags["features"],)), ("y", "int32", ())])
+        try:
+            p.send(x=np.zeros((flags["batch_size"], flags["features"]), np.float32),
+                   y=np.zeros(flags["batch_size"], np.int32))
+        except infeed.RunEnded:
+            pass
+        p.end()
+        p.close()
+        assert d.wait() == 0
+        want_line = f"OpenBLAS runs {want} thread{'s' if want != 1 else ''} a call"
+        assert want_line in d.log(), (flags, d.log()[-2000:])
 
 
 def test_cuda_backend_without_gpu(tmp_path):

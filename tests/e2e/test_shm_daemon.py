@@ -1,0 +1,185 @@
+"""The daemon's side of the shared-memory transport (docs/protocol.md, "Shared memory"), spoken
+raw over a DEALER: the pool WELCOME describes, its seals, when it is dropped, and the refusals.
+The clients' side (Producer(shm=...), buffer/commit) is in test_shm.py."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+HELLO, WELCOME, BATCH, CREDIT, ACK, END, ERROR, BATCH_SHM = 1, 2, 3, 4, 5, 6, 7, 10
+
+
+def hdr(t: int) -> bytes:
+    return b"IFDP" + struct.pack("<HH", 1, t)
+
+
+def batch_shm(seq: int, rows: int, slot: int, flags: int = 0) -> bytes:
+    return hdr(BATCH_SHM) + struct.pack("<qqII", seq, rows, flags, slot)
+
+
+class Raw:
+    """A DEALER that speaks the protocol by hand."""
+
+    def __init__(self, endpoint: str):
+        self.s = zmq.Context.instance().socket(zmq.DEALER)
+        self.s.setsockopt(zmq.LINGER, 0)
+        self.s.connect(endpoint)
+
+    def send(self, *frames):
+        self.s.send_multipart(list(frames))
+
+    def hello(self, schema, **keys):
+        self.send(hdr(HELLO), json.dumps(dict(schema=schema, **keys)).encode())
+        return self.recv_type(WELCOME, ERROR)
+
+    def recv(self, timeout=10):
+        """The next message other than a CREDIT 0 (the daemon's liveness probe)."""
+        while True:
+            if not self.s.poll(int(timeout * 1000)):
+                raise TimeoutError("no reply")
+            f = self.s.recv_multipart()
+            t = struct.unpack("<H", f[0][6:8])[0]
+            if t == CREDIT and struct.unpack("<I", f[0][8:12])[0] == 0:
+                continue
+            return t, f
+
+    def recv_type(self, *types):
+        t, f = self.recv()
+        assert t in types, (t, f)
+        return t, json.loads(f[1]) if len(f) > 1 else f[0]
+
+    def close(self):
+        self.s.close()
+
+
+def schema(features):
+    return [{"name": "x", "dtype": "float32", "shape": [features]},
+            {"name": "y", "dtype": "int32", "shape": []}]
+
+
+def map_pool(shm):
+    fd = os.open(shm["path"], os.O_RDWR)
+    try:
+        assert os.fstat(fd).st_size == shm["size"]
+        m = mmap.mmap(fd, shm["size"])
+        with pytest.raises(PermissionError):  # F_SEAL_SHRINK: nobody cuts the daemon's memory
+            os.ftruncate(fd, shm["size"] // 2)
+        with pytest.raises(PermissionError):  # F_SEAL_GROW
+            os.ftruncate(fd, shm["size"] + 4096)
+    finally:
+        os.close(fd)
+    assert m[:8] == b"IFDSHM1\0" and m[8:24] == bytes.fromhex(shm["token"])
+    return m
+
+
+def views(m, shm, batch, features):
+    n = shm["slots"]
+    x = np.frombuffer(m, np.float32, n * batch * features, shm["offsets"][0])
+    y = np.frombuffer(m, np.int32, n * batch, shm["offsets"][1])
+    return x.reshape(n, batch, features), y.reshape(n, batch)
+
+
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_pool_layout_seals_and_training(daemon, tmp_path, rng, transport):
+    """WELCOME's pool: slots = credit + max_steps - 1, regions aligned to 64 and sized for a
+    step batch each, sealed; steps written there train (ACKs come back), the daemon's descriptor
+    is closed after the first BATCH_SHM, status reports the pool until END drops it."""
+    f, b, k = rng.randint(1, 40), rng.randint(1, 9), rng.randint(1, 5)
+    credit = k + rng.randint(0, 6)
+    steps = 3 * k + rng.randint(1, 6)
+    listen = f"ipc://{tmp_path}/in.sock" if transport == "ipc" else None
+    d = daemon(features=f, classes=3, batch_size=b, steps=steps, iterations_per_loop=1,
+               credit=credit, max_steps_per_message=k, **({"listen": listen} if listen else {}))
+    r = Raw(d.listen)
+    _, w = r.hello(schema(f), name="pool", shm=True)
+    shm = w["shm"]
+    assert shm is not None and "shm_refused" not in w, w
+    assert shm["slots"] == credit + k - 1
+    assert shm["step_bytes"] == [b * f * 4, b * 4]
+    assert all(o % 64 == 0 for o in shm["offsets"]) and shm["offsets"][0] >= 64
+    assert shm["offsets"][1] >= shm["offsets"][0] + shm["slots"] * b * f * 4
+    assert shm["size"] >= shm["offsets"][1] + shm["slots"] * b * 4
+    m = map_pool(shm)
+    x, y = views(m, shm, b, f)
+    st = d.control({"cmd": "status"})
+    assert [p["shm"] for p in st["producers"]] == [True], st
+    seq, slot, acked = 0, 0, -1
+    while seq < steps:
+        n = min(k, steps - seq)
+        if slot + n > shm["slots"]:
+            slot = 0
+        x[slot:slot + n] = np.random.default_rng(seq).standard_normal((n, b, f))
+        y[slot:slot + n] = seq % 3
+        r.send(batch_shm(seq, n * b, slot))
+        if seq == 0:  # the producer mapped it: the path is gone
+            t, fr = r.recv()
+            assert t == ACK, (t, fr)
+            acked = struct.unpack("<q", fr[0][8:16])[0]
+            with pytest.raises(OSError):
+                os.close(os.open(shm["path"], os.O_RDWR))
+        while acked < seq + n - 1:  # one message at a time: its slots are free after
+            t, fr = r.recv()
+            assert t == ACK, (t, fr)
+            acked = struct.unpack("<q", fr[0][8:16])[0]
+        seq += n
+        slot += n
+    r.send(hdr(END))
+    assert d.wait() == 0
+    summaries = [json.loads(line) for line in open(d.summaries_path)]
+    assert summaries[-1]["global_step"] == steps, summaries[-1]
+    r.close()
+    del x, y  # numpy views of the mapping
+    m.close()
+
+
+def test_end_drops_the_pool_and_hello_again_makes_a_new_one(daemon, rng):
+    f = rng.randint(1, 16)
+    d = daemon(features=f, classes=3, batch_size=4, steps=100, expect_producers=2)
+    r = Raw(d.listen)
+    _, w1 = r.hello(schema(f), name="again", shm=True)
+    _, w2 = r.hello(schema(f), name="again", shm=True)
+    assert w1["shm"]["path"] != w2["shm"]["path"] or w1["shm"]["token"] != w2["shm"]["token"]
+    r.send(hdr(END))
+    deadline = 50
+    while deadline:
+        st = d.control({"cmd": "status"})
+        if st["producers"] and st["producers"][0]["ended"]:
+            break
+        deadline -= 1
+        time.sleep(0.05)
+    assert st["producers"][0]["shm"] is False, st
+    # after END (pool dropped) a BATCH_SHM is ECLOSED; after a HELLO without shm, EPROTO
+    _, w3 = r.hello(schema(f), name="again")
+    assert w3["shm"] is None and "shm_refused" not in w3, w3
+    r.send(batch_shm(0, 4, 0))
+    _, e = r.recv_type(ERROR)
+    assert e["code"] == "EPROTO" and "no shared-memory pool" in e["message"], e
+    assert e["credit"] == 1
+    r.close()
+    d.kill()
+
+
+def test_refusals(daemon, rng):
+    """--shm off: welcomed without a pool, shm_refused says why; a non-boolean shm is EINVAL;
+    BATCH_SHM with frames after the header is EPROTO."""
+    f = rng.randint(1, 16)
+    d = daemon(features=f, classes=3, batch_size=4, steps=100, shm="off")
+    r = Raw(d.listen)
+    t, w = r.hello(schema(f), name="off", shm=True)
+    assert t == WELCOME and w["shm"] is None, w
+    assert "--shm off" in w["shm_refused"], w
+    t, e = r.hello(schema(f), name="off", shm="yes")
+    assert t == ERROR and e["code"] == "EINVAL" and "shm: expected true or false" in e["message"]
+    r.send(batch_shm(0, 4, 0), b"extra")
+    _, e = r.recv_type(ERROR)
+    assert e["code"] == "EPROTO" and "expected no frames" in e["message"], e
+    r.close()
+    d.kill()
