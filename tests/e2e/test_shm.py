@@ -422,6 +422,11 @@ def test_the_pool_cannot_be_shrunk_and_its_path_closes(daemon, rng):
     batch = rng.randint(1, 6)
     d = daemon(replicas=1, batch_size=batch, features=D, classes=K, steps=3, summary_every=1)
     p = infeed.Producer(d.listen, name="loader", schema=SCHEMA, timeout=20, shm=True)
+    q = infeed.Producer(d.listen, name="other", schema=SCHEMA, timeout=20, shm=False)
+    shm = {e["name"]: e.get("shm") for e in d.control({"cmd": "status"})["producers"]}
+    assert shm == {"loader": True, "other": False}, shm
+    q.end(wait_bye=False)
+    q.close()
     desc = p.welcome["shm"]
     fd = os.open(desc["path"], os.O_RDWR)
     try:
