@@ -2,7 +2,7 @@
  * bench_ingest: producer -> infeedd -> device loop throughput, beside raw libzmq DEALER -> ROUTER
  * throughput for the same batch sizes, measured in the same run.
  *
- * For each batch size (4 KiB, 64 KiB, 1 MiB, 8 MiB) and transport (tcp, ipc):
+ * For each batch size (4 KiB, 64 KiB, 1 MiB, 8 MiB) and transport (tcp, ipc, shm, shm-copy):
  *
  *  raw     Two threads of this process, each with its own libzmq context (so each has its own
  *          I/O thread, as two processes would). The DEALER sends the same messages a producer
@@ -15,6 +15,15 @@
  *          `--replicas 1 --iterations-per-loop 100 --credit C --summary-every 0`, batches of 64
  *          rows; the C client streams `--steps` batches with ifd_producer_send_zc. The run ends
  *          at its last step (BYE) and the daemon's exit status is checked.
+ *  shm     The same daemon on loopback tcp, the producer with a shared-memory pool (IFD_SHM_ON;
+ *          tcp and ipc run with IFD_SHM_OFF): ifd_producer_buffer + commit, BATCH_SHM
+ *          descriptors only. The bench writes nothing into the slots (a producer would write its
+ *          rows there instead of into its own buffer), as tcp and ipc send one prepared buffer
+ *          zero-copy. shm-copy: ifd_producer_send_zc, which copies the payload into the pool
+ *          (one memcpy a batch). Neither has a raw side (no libzmq bytes to compare with): its run
+ *          length comes from the ipc raw rate.
+ *
+ * vs_tcp is each row's infeed rate over the tcp row's of the same size, in the same run.
  *
  * Both sides skip the first `warm` batches (the daemon's first device loop, connection set-up)
  * and time from the ACK of the last warm-up batch to the last ACK. Each cell runs about
@@ -229,7 +238,7 @@ typedef struct daemon_proc {
 
 static void daemon_endpoints(daemon_proc *dp, const char *transport, int cell)
 {
-    if (strcmp(transport, "tcp") == 0) {
+    if (strcmp(transport, "ipc") != 0) { /* tcp, and shm's descriptors */
         snprintf(dp->listen, sizeof dp->listen, "tcp://127.0.0.1:%d", free_port());
         snprintf(dp->publish, sizeof dp->publish, "tcp://127.0.0.1:%d", free_port());
         snprintf(dp->control, sizeof dp->control, "tcp://127.0.0.1:%d", free_port());
@@ -346,9 +355,25 @@ static void daemon_cleanup(const daemon_proc *dp, const char *transport)
     }
 }
 
+enum { SEND_ZC, SEND_SHM_IN_PLACE, SEND_SHM_COPY };
+
+static int send_one(ifd_producer *p, int how, const void *payload, size_t size, ifd_error *err)
+{
+    if (how == SEND_SHM_IN_PLACE) {
+        void *data;
+        int rc = ifd_producer_buffer(p, 1, &data, 1, 1000, err);
+        return rc ? rc : ifd_producer_commit(p, ROWS, 1000, err);
+    }
+    ifd_frame fr = {payload, size};
+    return ifd_producer_send_zc(p, ROWS, &fr, 1, count_release, NULL, 1000, err);
+}
+
 static result infeed_run(const char *infeedd, const char *transport, int cell, size_t size,
                          int credit, double seconds, double raw_bps, const void *payload)
 {
+    int how = strcmp(transport, "shm") == 0        ? SEND_SHM_IN_PLACE
+              : strcmp(transport, "shm-copy") == 0 ? SEND_SHM_COPY
+                                                   : SEND_ZC;
     result res = {0};
     /* As many batches as raw would take `seconds` for, whole device loops, after the warm-up. */
     int64_t n = (int64_t)(raw_bps * seconds);
@@ -365,18 +390,22 @@ static result infeed_run(const char *infeedd, const char *transport, int cell, s
 
     ifd_error err;
     ifd_producer *p = NULL;
-    int rc = ifd_producer_create(&p, dp.listen, "bench", &err);
+    ifd_client_options opts = {.shm = how == SEND_ZC ? IFD_SHM_OFF : IFD_SHM_ON};
+    int rc = ifd_producer_create_opts(&p, dp.listen, "bench", &opts, &err);
     ifd_input_spec schema = {"x", IFD_F32, 1, {(int64_t)(size / ROWS / sizeof(float))}};
     if (rc == IFD_OK)
         rc = ifd_producer_hello(p, &schema, 1, 0, 15000, &err);
     if (rc == IFD_OK && ifd_producer_batch_size(p) != ROWS)
         rc = ifd_error_set(&err, IFD_ESHAPE, "WELCOME batch_size %lld, expected %d",
                            (long long)ifd_producer_batch_size(p), ROWS);
+    const char *want = how == SEND_ZC ? transport : "shm";
+    if (rc == IFD_OK && strcmp(ifd_producer_transport(p), want) != 0)
+        rc = ifd_error_set(&err, IFD_EPROTO, "transport %s, expected %s", ifd_producer_transport(p),
+                           want);
     double t_warm = 0, t_last = 0, t_end = now_s() + deadline_s;
     int64_t acked_warm = -1;
-    ifd_frame fr = {payload, size};
     for (int64_t b = 0; rc == IFD_OK && b < steps; b++) {
-        rc = ifd_producer_send_zc(p, ROWS, &fr, 1, count_release, NULL, 1000, &err);
+        rc = send_one(p, how, payload, size, &err);
         if (rc == IFD_ETIMEDOUT && now_s() < t_end) {
             b--;
             rc = IFD_OK;
@@ -502,7 +531,8 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
 
     static const size_t sizes[] = {4u << 10, 64u << 10, 1u << 20, 8u << 20};
-    static const char *const transports[] = {"tcp", "ipc"};
+    static const char *const transports[] = {"tcp", "ipc", "shm", "shm-copy"};
+    enum { NT = 4, NRAW = 2 }; /* the first NRAW have a raw side */
     void *payload = malloc(8u << 20);
     if (payload == NULL)
         die("%s", "out of memory");
@@ -514,49 +544,69 @@ int main(int argc, char **argv)
            "of %d%s\n",
            ROWS, credit ? "as given" : "auto (infeedd's default for the size)", seconds, WARM,
            repeat, raw_only ? " (raw only)" : "");
-    printf("%-8s %-5s %6s %10s %14s %12s %16s %7s\n", "size", "tr", "credit", "raw_GB/s",
-           "raw_batches/s", "infeed_GB/s", "infeed_batches/s", "ratio");
-    double ratio[4][2] = {{0}};
-    int have[4][2] = {{0}};
+    printf("%-8s %-8s %6s %10s %14s %12s %16s %7s %7s\n", "size", "tr", "credit", "raw_GB/s",
+           "raw_batches/s", "infeed_GB/s", "infeed_batches/s", "ratio", "vs_tcp");
+    double ratio[4][NT] = {{0}}, rate[4][NT] = {{0}};
+    int have[4][NT] = {{0}};
     int cell = 0;
-    for (int s = 0; s < 4; s++)
-        for (int t = 0; t < 2; t++, cell++) {
+    for (int s = 0; s < 4; s++) {
+        double last_raw_bps = 0;
+        for (int t = 0; t < NT; t++, cell++) {
             char sn[32];
             if (only && sizes[s] != only)
+                continue;
+            if (raw_only && t >= NRAW)
                 continue;
             int cr = credit ? credit : ifd_proto_auto_credit(sizes[s]);
             /* raw and infeed alternate, repeat times; each side's median is reported. */
             result raws[MAX_REPEAT], infs[MAX_REPEAT];
             int ninf = 0;
             for (int r = 0; r < repeat; r++) {
-                raws[r] = raw_run(transports[t], sizes[s], cr, seconds, payload);
+                if (t < NRAW)
+                    raws[r] = raw_run(transports[t], sizes[s], cr, seconds, payload);
                 if (!raw_only) {
                     result x = infeed_run(infeedd, transports[t], cell, sizes[s], cr, seconds,
-                                          raws[r].bps, payload);
+                                          t < NRAW ? raws[r].bps : last_raw_bps, payload);
                     if (x.ok)
                         infs[ninf++] = x;
                 }
             }
-            result raw = median(raws, repeat);
-            result inf = {0};
+            result raw = {0}, inf = {0};
+            if (t < NRAW) {
+                raw = median(raws, repeat);
+                last_raw_bps = raw.bps;
+            }
             if (ninf)
                 inf = median(infs, ninf);
-            printf("%-8s %-5s %6d %10.3f %14.0f", size_name(sizes[s], sn, sizeof sn), transports[t],
-                   cr, raw.gbs, raw.bps);
+            printf("%-8s %-8s %6d", size_name(sizes[s], sn, sizeof sn), transports[t], cr);
+            if (t < NRAW)
+                printf(" %10.3f %14.0f", raw.gbs, raw.bps);
+            else
+                printf(" %10s %14s", "-", "-");
             if (inf.ok) {
-                ratio[s][t] = inf.bps / raw.bps;
+                rate[s][t] = inf.bps;
                 have[s][t] = 1;
-                printf(" %12.3f %16.0f %7.2f%s\n", inf.gbs, inf.bps, ratio[s][t],
-                       inf.note[0] ? "  (see above)" : "");
+                ratio[s][t] = t < NRAW ? inf.bps / raw.bps : 0;
+                printf(" %12.3f %16.0f", inf.gbs, inf.bps);
+                if (t < NRAW)
+                    printf(" %7.2f", ratio[s][t]);
+                else
+                    printf(" %7s", "-");
+                if (have[s][0])
+                    printf(" %7.2f", inf.bps / rate[s][0]);
+                else
+                    printf(" %7s", "-");
+                printf("%s\n", inf.note[0] ? "  (see above)" : "");
             } else {
-                printf(" %12s %16s %7s\n", "-", "-", "-");
+                printf(" %12s %16s %7s %7s\n", "-", "-", "-", "-");
             }
             fflush(stdout);
         }
+    }
     free(payload);
     if (raw_only)
         return 0;
-    for (int t = 0; t < 2; t++) {
+    for (int t = 0; t < NRAW; t++) {
         const struct {
             int s;
             double want;
@@ -573,5 +623,12 @@ int main(int argc, char **argv)
                        transports[t]);
         }
     }
+    /* shm against tcp at 1 MiB: the point of the pool. */
+    if (have[2][0] && have[2][2])
+        printf("target: 1 MiB shm/tcp %.2f >= 3.0: %s (shm-copy/tcp %.2f)\n",
+               rate[2][2] / rate[2][0], rate[2][2] / rate[2][0] >= 3.0 ? "met" : "NOT met",
+               have[2][3] ? rate[2][3] / rate[2][0] : 0.0);
+    else
+        printf("target: 1 MiB shm/tcp: not measured\n");
     return 0;
 }

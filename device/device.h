@@ -128,6 +128,10 @@ typedef struct ifd_device_backend {
     int64_t (*global_step)(ifd_device *dev);
     void (*stats)(ifd_device *dev, int replica, ifd_device_stats *out);
     void (*abort)(ifd_device *dev);
+    /* Optional (NULL: IFD_ENOTSUP), any thread: host memory that batches will live in, registered
+     * so that they can be copied to the device directly (IFD_BATCH_PINNED), and unregistered. */
+    int (*host_register)(ifd_device *dev, void *p, size_t len, ifd_error *err);
+    void (*host_unregister)(ifd_device *dev, void *p);
 } ifd_device_backend;
 
 struct ifd_device {
@@ -180,6 +184,17 @@ static inline int64_t ifd_device_global_step(ifd_device *d)
 static inline void ifd_device_stats_get(ifd_device *d, int r, ifd_device_stats *out)
 {
     d->be->stats(d, r, out);
+}
+static inline int ifd_device_host_register(ifd_device *d, void *p, size_t len, ifd_error *err)
+{
+    if (d->be->host_register == NULL)
+        return ifd_error_set(err, IFD_ENOTSUP, "the %s backend copies batches itself", d->be->name);
+    return d->be->host_register(d, p, len, err);
+}
+static inline void ifd_device_host_unregister(ifd_device *d, void *p)
+{
+    if (d->be->host_unregister)
+        d->be->host_unregister(d, p);
 }
 static inline void ifd_device_abort(ifd_device *d)
 {

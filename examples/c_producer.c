@@ -12,6 +12,12 @@
  * Against a daemon with CURVE (--curve-secret-key): --server-key-file names the daemon's .pub and
  * --key-file this producer's .key (both written by infeedd keygen).
  *
+ * On the daemon's host the batches go through a shared-memory pool (--shm auto, the default, for
+ * an ipc:// or loopback tcp:// endpoint; on: required; off: never; it prints the transport).
+ * --steps-per-message K sends K steps a message (infeedd --max-steps-per-message K); --in-place on
+ * writes each message straight into the pool's slots (ifd_producer_buffer / commit). The stream
+ * of rows is the same whatever these say.
+ *
  * Exit status: 0 when the daemon acknowledged every batch or ended the run normally (BYE status
  * ok, e.g. at its last step), 1 on an error (its sentence on stderr), 2 for bad flags.
  */
@@ -29,7 +35,9 @@ typedef struct options {
     int64_t classes;
     int64_t batches;
     uint64_t seed;
-    ifd_client_options curve; /* CURVE key files, or none */
+    int64_t steps_per_message;
+    int in_place;
+    ifd_client_options curve; /* CURVE key files and the shm mode */
 } options;
 
 /* splitmix64: a small seedable generator, the same on every machine. */
@@ -52,14 +60,15 @@ static int usage(const char *why)
             "infeed-producer-example: %s\n"
             "usage: infeed-producer-example [--endpoint tcp://127.0.0.1:5555] [--name NAME]\n"
             "       [--features D (16)] [--classes K (4)] [--batches N (100)] [--seed S (1)]\n"
-            "       [--server-key-file DAEMON.pub --key-file PRODUCER.key]\n",
+            "       [--server-key-file DAEMON.pub --key-file PRODUCER.key]\n"
+            "       [--shm auto|on|off] [--steps-per-message K (1)] [--in-place on|off]\n",
             why);
     return 2;
 }
 
 static int parse(int argc, char **argv, options *o)
 {
-    *o = (options){"tcp://127.0.0.1:5555", "c-producer", 16, 4, 100, 1, {0}};
+    *o = (options){"tcp://127.0.0.1:5555", "c-producer", 16, 4, 100, 1, 1, 0, {0}};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (strcmp(f, "--help") == 0 || strcmp(f, "-h") == 0)
@@ -84,13 +93,26 @@ static int parse(int argc, char **argv, options *o)
             o->curve.server_key_file = v;
         else if (strcmp(f, "--key-file") == 0)
             o->curve.key_file = v;
-        else
+        else if (strcmp(f, "--shm") == 0) {
+            o->curve.shm = strcmp(v, "on") == 0    ? IFD_SHM_ON
+                           : strcmp(v, "off") == 0 ? IFD_SHM_OFF
+                                                   : IFD_SHM_AUTO;
+            if (strcmp(v, "auto") && strcmp(v, "on") && strcmp(v, "off"))
+                return usage("--shm: expected auto, on or off");
+        } else if (strcmp(f, "--steps-per-message") == 0)
+            o->steps_per_message = strtoll(v, &end, 10);
+        else if (strcmp(f, "--in-place") == 0) {
+            o->in_place = strcmp(v, "on") == 0;
+            if (strcmp(v, "on") && strcmp(v, "off"))
+                return usage("--in-place: expected on or off");
+        } else
             return usage("unknown flag");
         if (end && (*end != '\0' || end == v))
             return usage("a numeric flag with a value that is not a number");
     }
-    if (o->features < 1 || o->classes < 2 || o->batches < 0)
-        return usage("expected --features >= 1, --classes >= 2, --batches >= 0");
+    if (o->features < 1 || o->classes < 2 || o->batches < 0 || o->steps_per_message < 1)
+        return usage("expected --features >= 1, --classes >= 2, --batches >= 0, "
+                     "--steps-per-message >= 1");
     return 0;
 }
 
@@ -138,12 +160,16 @@ int main(int argc, char **argv)
     printf("welcomed by %s: batch_size %lld, credit %lld, next_seq %lld, replicas %d, mode %s\n",
            o.endpoint, (long long)rows, (long long)ifd_producer_credit(p),
            (long long)ifd_producer_next_seq(p), ifd_producer_replicas(p), ifd_producer_mode(p));
+    const char *why = ifd_producer_shm_refused(p);
+    printf("transport: %s%s%s%s\n", ifd_producer_transport(p), why ? " (no shared memory: " : "",
+           why ? why : "", why ? ")" : "");
+    int64_t per = o.steps_per_message;
 
     /* The labelling map: a fixed seed, whatever --seed says. */
     uint64_t wseed = 0x1FEEDull;
     w = malloc((size_t)(o.classes * o.features) * sizeof *w);
-    x = malloc((size_t)(rows * o.features) * sizeof *x);
-    y = malloc((size_t)rows * sizeof *y);
+    x = malloc((size_t)(per * rows * o.features) * sizeof *x);
+    y = malloc((size_t)(per * rows) * sizeof *y);
     if (w == NULL || x == NULL || y == NULL) {
         ifd_error_set(&err, IFD_ENOMEM, "out of memory for a batch of %lld rows", (long long)rows);
         goto fail;
@@ -153,11 +179,23 @@ int main(int argc, char **argv)
 
     uint64_t rng = o.seed;
     int64_t b = 0;
-    for (; b < o.batches; b++) {
-        make_batch(&o, w, rows, &rng, x, y);
-        ifd_frame frames[2] = {{x, (size_t)(rows * o.features) * sizeof *x},
-                               {y, (size_t)rows * sizeof *y}};
-        rc = ifd_producer_send(p, rows, frames, 2, 60000, &err);
+    for (; b < o.batches; b += per) {
+        if (per > o.batches - b)
+            per = o.batches - b;
+        int64_t n = per * rows; /* rows of this message: `per` steps */
+        if (o.in_place) {
+            void *data[2];
+            rc = ifd_producer_buffer(p, per, data, 2, 60000, &err);
+            if (rc == IFD_OK) {
+                make_batch(&o, w, n, &rng, data[0], data[1]);
+                rc = ifd_producer_commit(p, n, 60000, &err);
+            }
+        } else {
+            make_batch(&o, w, n, &rng, x, y);
+            ifd_frame frames[2] = {{x, (size_t)(n * o.features) * sizeof *x},
+                                   {y, (size_t)n * sizeof *y}};
+            rc = ifd_producer_send(p, n, frames, 2, 60000, &err);
+        }
         if (rc == IFD_ECLOSED)
             break; /* the run ended: END below reports how */
         if (rc)

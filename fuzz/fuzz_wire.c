@@ -1,6 +1,6 @@
 /*
  * fuzz_wire: the fixed binary headers of core/wire.h and the C client's decoding of daemon
- * replies (clients/c/producer.c: WELCOME, ACK, CREDIT, ERROR, BYE, PREDICTION), without a socket.
+ * replies (clients/c/reply.c: WELCOME, ACK, CREDIT, ERROR, BYE, PREDICTION), without a socket.
  *
  * The input is a script run against one unconnected producer (ifdp_alloc), so that a sequence of
  * replies reaches the states a real stream does:

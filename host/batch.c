@@ -355,7 +355,7 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
         snprintf(b->name, sizeof b->name, "%s", p->name);
         b->b.seq = bh.seq + skip + made;
         b->b.rows = step_rows;
-        b->b.flags = bh.flags;
+        b->b.flags = bh.flags | (shm && fr->pool->session ? IFD_BATCH_PINNED : 0);
         b->b.replica = p->replica >= 0 ? p->replica : 0;
         b->b.ntensors = g->nin;
         b->b.producer = b->name;

@@ -181,6 +181,7 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     ifd_mutex_init(&g->qmu);
     ifd_cond_init(&g->qcv);
     ifd_mutex_init(&g->omu);
+    ifd_mutex_init(&g->pool_mu);
     int rc;
     g->producers = calloc((size_t)c->max_producers, sizeof *g->producers);
     g->nlanes = c->run.input_mode == IFD_INPUT_PER_CORE ? c->run.replicas : 1;
@@ -281,7 +282,7 @@ fail:
     return rc;
 }
 
-void ifd_ingest_destroy(ifd_ingest *g)
+void ifd_ingest_release_session(ifd_ingest *g)
 {
     if (g == NULL)
         return;
@@ -293,6 +294,14 @@ void ifd_ingest_destroy(ifd_ingest *g)
         ifd_thread_join(&g->thread);
         g->started = 0;
     }
+    ingest_shm_release_session(g);
+}
+
+void ifd_ingest_destroy(ifd_ingest *g)
+{
+    if (g == NULL)
+        return;
+    ifd_ingest_release_session(g);
     /* Batches never taken by the run: release them (no ACK is sent any more). */
     for (int i = 0; g->lanes && i < g->nlanes; i++)
         for (host_batch *hb = g->lanes[i].head; hb; hb = hb->qnext)
@@ -324,6 +333,7 @@ void ifd_ingest_destroy(ifd_ingest *g)
     if (g->efd >= 0)
         close(g->efd);
     ifd_mutex_fini(&g->omu);
+    ifd_mutex_fini(&g->pool_mu);
     ifd_cond_fini(&g->qcv);
     ifd_mutex_fini(&g->qmu);
     free(g);
@@ -604,5 +614,6 @@ void ifd_ingest_finish(ifd_ingest *g, int code, const char *reason, const char *
         ifd_thread_join(&g->thread);
         g->started = 0;
     }
+    ingest_shm_release_session(g);
     ifd_publisher_stop(g->pub); /* after the queued summaries */
 }

@@ -51,6 +51,10 @@ void ifd_ingest_wake(ifd_ingest *g);
  * queued summaries, then stops. */
 void ifd_ingest_finish(ifd_ingest *g, int code, const char *reason, const char *message);
 /* After the session is destroyed (which releases the batches it held). */
+/* Stops the I/O thread (when ifd_ingest_finish has not) and lets go of everything the ingest
+ * registered with the session's device (shared-memory pools): call it before the session is
+ * destroyed. ifd_ingest_finish and ifd_ingest_destroy call it too. */
+void ifd_ingest_release_session(ifd_ingest *g);
 void ifd_ingest_destroy(ifd_ingest *g);
 
 #endif

@@ -57,6 +57,10 @@ typedef struct shm_pool {
     int64_t *busy;
     uint8_t token[IFD_SHM_TOKEN_LEN];
     char path[64];
+    /* registered with the session's device (IFD_BATCH_PINNED batches), in g's list of those */
+    ifd_ingest *g;
+    ifd_session *session;
+    struct shm_pool *next, *prev;
 } shm_pool;
 
 /* A producer's connection: its ROUTER routing id. */
@@ -203,6 +207,11 @@ struct ifd_ingest {
     int nbusy;
     int64_t hello_since_ns; /* while a parked HELLO is handled again: since when it waits */
 
+    /* the pools registered with the session's device (any thread unregisters one as it goes) */
+    ifd_mutex pool_mu;
+    shm_pool *pinned;
+    int session_released; /* under pool_mu: no more registrations */
+
     /* the end, from the main thread */
     ifd_mutex omu;
     int acks_pending; /* atomic */
@@ -277,6 +286,9 @@ void ingest_shm_unref(shm_pool *pool);
 void ingest_shm_drop(ifd_ingest *g, producer *p);
 /* The producer has mapped its pool (its first BATCH_SHM): the daemon's descriptor is closed. */
 void ingest_shm_mapped(shm_pool *pool);
+/* Every pool still registered with the session's device is unregistered (the session is about
+ * to go); pools made after it are not registered. */
+void ingest_shm_release_session(ifd_ingest *g);
 
 /* source.c */
 void ingest_host_frames_free(host_frames *fr);

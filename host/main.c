@@ -453,6 +453,7 @@ out:
     if (rc)
         fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
     ifd_checkpoint_free(ck);
+    ifd_ingest_release_session(g); /* before the session goes (an error after ingest_start) */
     ifd_session_destroy(s);
     /* Only this thread is left (libzmq's threads block signals): block them here too, so no
      * handler can still be using the ingest's eventfd when it is closed. */

@@ -10,6 +10,7 @@
 #include "host/ingest_internal.h"
 
 #include "core/log.h"
+#include "core/thread.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -47,6 +48,57 @@ static int hello_is_local(ifd_ingest *g, const zmq_msg_t *hello, char *why, size
 static size_t round_up(size_t n, size_t to)
 {
     return (n + to - 1) / to * to;
+}
+
+/* Registers the pool with the session's device, so that its batches go to the device without a
+ * host copy (cuda); the cpu backend reads them in place anyway (IFD_ENOTSUP). */
+static void pin(ifd_ingest *g, shm_pool *pool)
+{
+    if (g->session == NULL)
+        return;
+    ifd_mutex_lock(&g->pool_mu);
+    ifd_error e;
+    ifd_error_clear(&e);
+    if (!g->session_released) {
+        int rc = ifd_session_register_host_memory(g->session, pool->base, pool->size, &e);
+        if (rc == IFD_OK) {
+            pool->g = g;
+            pool->session = g->session;
+            pool->next = g->pinned;
+            if (g->pinned)
+                g->pinned->prev = pool;
+            g->pinned = pool;
+        } else if (rc != IFD_ENOTSUP) {
+            IFD_LOG_LIMITED(&g->lim_hello, IFD_LOG_WARN,
+                            "a shared-memory pool of %zu bytes stays unregistered with the device "
+                            "(its batches are staged, one host copy): %s",
+                            pool->size, ifd_error_text(&e));
+        }
+    }
+    ifd_mutex_unlock(&g->pool_mu);
+}
+
+/* Under pool_mu. */
+static void unpin_locked(ifd_ingest *g, shm_pool *pool)
+{
+    ifd_session_unregister_host_memory(pool->session, pool->base);
+    pool->session = NULL;
+    if (pool->prev)
+        pool->prev->next = pool->next;
+    else
+        g->pinned = pool->next;
+    if (pool->next)
+        pool->next->prev = pool->prev;
+    pool->next = pool->prev = NULL;
+}
+
+void ingest_shm_release_session(ifd_ingest *g)
+{
+    ifd_mutex_lock(&g->pool_mu);
+    while (g->pinned)
+        unpin_locked(g, g->pinned);
+    g->session_released = 1;
+    ifd_mutex_unlock(&g->pool_mu);
 }
 
 shm_pool *ingest_shm_create(ifd_ingest *g, const zmq_msg_t *hello, char *why, size_t wlen)
@@ -115,6 +167,7 @@ shm_pool *ingest_shm_create(ifd_ingest *g, const zmq_msg_t *hello, char *why, si
         goto fail;
     }
     snprintf(pool->path, sizeof pool->path, "/proc/%ld/fd/%d", (long)getpid(), pool->fd);
+    pin(g, pool);
     return pool;
 fail:
     ingest_shm_unref(pool);
@@ -153,6 +206,12 @@ void ingest_shm_unref(shm_pool *pool)
 {
     if (pool == NULL || __atomic_sub_fetch(&pool->refs, 1, __ATOMIC_ACQ_REL) != 0)
         return;
+    if (pool->g) { /* registered once: unregistered before it is unmapped */
+        ifd_mutex_lock(&pool->g->pool_mu);
+        if (pool->session)
+            unpin_locked(pool->g, pool);
+        ifd_mutex_unlock(&pool->g->pool_mu);
+    }
     if (pool->base)
         munmap(pool->base, pool->size);
     if (pool->fd >= 0)

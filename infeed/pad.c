@@ -71,7 +71,7 @@ int ifd_infeed_pad_batch(const ifd_program *p, ifd_mode mode, ifd_batch *b, int6
     for (int i = 0; i < b->ntensors; i++)
         memcpy(m->b.tensors[i].data, b->tensors[i].data, ifd_tensor_nbytes(&b->tensors[i]));
     m->b.seq = b->seq;
-    m->b.flags = b->flags | IFD_BATCH_PADDED;
+    m->b.flags = (b->flags & ~IFD_BATCH_PINNED) | IFD_BATCH_PADDED; /* a copy, in its memory */
     m->b.valid_rows = (b->flags & IFD_BATCH_PADDED) ? b->valid_rows : b->rows;
     m->b.replica = b->replica;
     m->b.producer = b->producer;

@@ -543,6 +543,16 @@ int ifd_session_set_watchdog_context(ifd_session *s, ifd_watchdog_context_fn fn,
     return IFD_OK;
 }
 
+int ifd_session_register_host_memory(ifd_session *s, void *p, size_t len, ifd_error *err)
+{
+    return ifd_device_host_register(s->dev, p, len, err);
+}
+
+void ifd_session_unregister_host_memory(ifd_session *s, void *p)
+{
+    ifd_device_host_unregister(s->dev, p);
+}
+
 int ifd_session_ring_depths(ifd_session *s, int replica, ifd_ring_depths *out)
 {
     if (replica < 0 || replica >= s->cfg.replicas)

@@ -379,9 +379,11 @@ static void script_hello(fake *f)
     json_t *o = json_loadb((const char *)m.data[1], m.size[1], 0, &je);
     fmsg_free(&m);
     FCHECK(f, json_is_object(o), "HELLO JSON does not parse: %s", je.text);
-    size_t keys = c->replica >= 0 ? 4 : 3;
+    /* shm: the fake's endpoint is local, so the default (auto) asks for a pool. */
+    size_t keys = c->replica >= 0 ? 5 : 4;
     FCHECK(f, json_object_size(o) == keys, "HELLO has %zu keys, expected %zu", json_object_size(o),
            keys);
+    FCHECK(f, json_is_true(json_object_get(o, "shm")), "HELLO shm: expected true (auto, local)");
     FCHECK(f,
            c->replica < 0 || (json_is_integer(json_object_get(o, "replica")) &&
                               json_integer_value(json_object_get(o, "replica")) == c->replica),

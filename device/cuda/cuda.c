@@ -1160,29 +1160,48 @@ static int cu_infeed_enqueue(ifd_device *dev, int replica, const ifd_shard *shar
     size_t offs[IFD_MAX_INPUTS];
     int in_idx[IFD_MAX_INPUTS], nin;
     size_t bytes = shard_layout(&dev->cfg, shard->rows, offs, in_idx, &nin);
+    /* A batch in registered host memory (a producer's shared-memory pool) is copied to the
+     * device tensor by tensor, straight from where the producer wrote it, and let go once the
+     * copy is done; any other is staged (one host copy) and let go at once. */
+    int direct = (shard->batch->flags & IFD_BATCH_PINNED) != 0;
+    int held = 1; /* this call holds a reference on the batch (released at fail_unref) */
     ifd_batch_ref(shard->batch, 1);
-    for (int j = 0; j < nin; j++) {
+    for (int j = 0; j < nin && shard->rows > 0; j++) {
         const ifd_tensor *t = &shard->batch->tensors[j];
         size_t rb = row_bytes(&p->inputs[in_idx[j]]);
-        if (shard->rows > 0)
-            memcpy(s->host + offs[j], (const unsigned char *)t->data + (size_t)shard->row0 * rb,
-                   (size_t)shard->rows * rb);
+        const unsigned char *src = (const unsigned char *)t->data + (size_t)shard->row0 * rb;
+        if (direct)
+            CUDA_TRY_GOTO(rep->gpu,
+                          cudaMemcpyAsync(s->dev + offs[j], src, (size_t)shard->rows * rb,
+                                          cudaMemcpyHostToDevice, rep->xs),
+                          rc, &err, fail_unref);
+        else
+            memcpy(s->host + offs[j], src, (size_t)shard->rows * rb);
     }
     s->rows = shard->rows;
+    if (!direct && dev->cfg.mode != IFD_MODE_PREDICT) {
+        ifd_batch_unref(shard->batch); /* the device reads the staging copy, never the batch */
+        held = 0;
+    }
+    if (!direct && bytes > 0)
+        CUDA_TRY_GOTO(rep->gpu,
+                      cudaMemcpyAsync(s->dev, s->host, bytes, cudaMemcpyHostToDevice, rep->xs), rc,
+                      &err, fail_unref);
+    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(s->copied, rep->xs), rc, &err, fail_unref);
+    if (direct && (rc = wait_event(cd, NULL, s->copied, 0, &err)) != IFD_OK)
+        goto fail_unref;
     if (dev->cfg.mode == IFD_MODE_PREDICT) { /* kept until the outfeed routed the predictions */
         s->batch = shard->batch;
         s->row0 = shard->row0;
-    } else {
-        ifd_batch_unref(shard->batch); /* the device reads the staging copy, never the batch */
+    } else if (direct) {
+        ifd_batch_unref(shard->batch); /* on the device now */
     }
-    if (bytes > 0)
-        CUDA_TRY_GOTO(rep->gpu,
-                      cudaMemcpyAsync(s->dev, s->host, bytes, cudaMemcpyHostToDevice, rep->xs), rc,
-                      &err, fail);
-    CUDA_TRY_GOTO(rep->gpu, cudaEventRecord(s->copied, rep->xs), rc, &err, fail);
     rc = ifd_queue_push(rep->in_full, &idx);
     return rc ? IFD_ESTOPPED : IFD_OK;
 
+fail_unref:
+    if (held)
+        ifd_batch_unref(shard->batch);
 fail:
     if (ifd_error_is_secondary(rc))
         return rc;
@@ -1368,6 +1387,30 @@ static void cu_abort(ifd_device *dev)
     }
 }
 
+/* Host memory batches will live in (a producer's shared-memory pool, which the daemon maps
+ * read-only), registered with every context (portable) so that cu_infeed_enqueue copies
+ * IFD_BATCH_PINNED batches straight from it. */
+static int cu_host_register(ifd_device *dev, void *p, size_t len, ifd_error *err)
+{
+    cu_dev *cd = dev->priv;
+    int gpu = cd->reps[0].gpu;
+    cudaError_t e = cudaSetDevice(gpu);
+    if (e == cudaSuccess)
+        e = cudaHostRegister(p, len, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return ifd_cuda_error(err, gpu, "cudaHostRegister", cudaGetErrorString(e));
+    }
+    return IFD_OK;
+}
+
+static void cu_host_unregister(ifd_device *dev, void *p)
+{
+    (void)dev;
+    if (cudaHostUnregister(p) != cudaSuccess)
+        (void)cudaGetLastError();
+}
+
 const ifd_device_backend ifd_device_backend_cuda = {
     .name = "cuda",
     .priv_size = sizeof(cu_dev),
@@ -1382,4 +1425,6 @@ const ifd_device_backend ifd_device_backend_cuda = {
     .global_step = ifd_replicas_global_step,
     .stats = cu_stats,
     .abort = cu_abort,
+    .host_register = cu_host_register,
+    .host_unregister = cu_host_unregister,
 };

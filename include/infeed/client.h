@@ -66,6 +66,9 @@ typedef struct ifd_client_options {
      * IFD_ETIMEDOUT with a sentence saying so, instead of waiting out its own timeout. Create
      * without options: the default. */
     int connect_timeout_ms;
+    /* Producers: the shared-memory transport (ifd_producer_set_shm); 0 is IFD_SHM_AUTO.
+     * Subscribers ignore it. */
+    int shm;
 } ifd_client_options;
 
 #define IFD_CONNECT_TIMEOUT_MS 10000
@@ -114,6 +117,39 @@ int64_t ifd_producer_predictions(const ifd_producer *p);
  * daemon checks the value (IFD_EINVAL from hello). IFD_EINVAL for a value below -1. */
 int ifd_producer_set_replica(ifd_producer *p, int replica, ifd_error *err);
 
+/*
+ * Shared memory (docs/protocol.md, "Shared memory"): a producer on the daemon's host can have the
+ * daemon make a pool of memory both map; batches are then written there and only a 32-byte
+ * BATCH_SHM descriptor crosses the socket. The mode is sent with every later HELLO:
+ *
+ * - IFD_SHM_AUTO (0, the default): ask when the endpoint is local (ipc://, or tcp:// to
+ *   127.0.0.0/8, ::1 or localhost). When the daemon refuses (shm_refused), or its pool cannot be
+ *   mapped (another user, another PID namespace, a wrong size, magic or token; hello then says
+ *   HELLO again without shm, so that the daemon drops it), or the daemon does not know the shm
+ *   key, the producer goes on with BATCH; ifd_producer_shm_refused says why.
+ * - IFD_SHM_ON: ask whatever the endpoint; hello fails when no pool is mapped, with the daemon's
+ *   shm_refused sentence (IFD_ENOTSUP) or the mapping's error. The daemon did welcome the
+ *   producer: call hello again (e.g. after setting IFD_SHM_OFF) or destroy it.
+ * - IFD_SHM_OFF: never ask.
+ *
+ * With a pool, ifd_producer_send copies the tensors into free slots of the pool (one memcpy per
+ * tensor, no syscall for the bytes), send_zc does the same and releases the caller's buffers
+ * before it returns, and ifd_producer_buffer hands out the slots themselves. A batch the pool
+ * cannot hold as the daemon would take it (rows that are not k x batch_size in train and eval,
+ * or above batch_size in predict; a frame whose size is not rows x the tensor's row bytes) goes
+ * as BATCH, so the daemon's ERROR names what is wrong with it, as without a pool. A new HELLO and
+ * destroy unmap the pool (pointers from ifd_producer_buffer are then invalid).
+ */
+enum { IFD_SHM_AUTO = 0, IFD_SHM_ON = 1, IFD_SHM_OFF = 2 };
+/* The mode for later HELLOs (also ifd_client_options.shm). IFD_EINVAL for another value. */
+int ifd_producer_set_shm(ifd_producer *p, int mode, ifd_error *err);
+/* The transport the producer's batches take: "shm" while a pool is mapped, else the endpoint's
+ * ("tcp", "ipc", ...). */
+const char *ifd_producer_transport(const ifd_producer *p);
+/* After a HELLO that asked for a pool and has none: why (the daemon's shm_refused, the mapping's
+ * error, or the daemon not knowing the key); NULL otherwise. Valid until the next hello. */
+const char *ifd_producer_shm_refused(const ifd_producer *p);
+
 /* Sends HELLO with the schema (the tensors of every batch, in frame order) and first_seq (>= 0)
  * and waits for the answer. IFD_OK after WELCOME; the daemon's ERROR code and message after an
  * ERROR (a schema that does not match the program: IFD_ESHAPE or IFD_EDTYPE); IFD_ETIMEDOUT when
@@ -161,13 +197,33 @@ int ifd_producer_send(ifd_producer *p, int64_t rows, const ifd_frame *frames, in
  * (rows is tensors[0]'s first dim; every tensor must have rank >= 1 and the same first dim). */
 int ifd_producer_send_tensors(ifd_producer *p, const ifd_tensor *tensors, int n, int timeout_ms,
                               ifd_error *err);
-/* Zero-copy: as ifd_producer_send, but libzmq sends the frames' bytes where they are, and
+/* Zero-copy: as ifd_producer_send, but libzmq sends the frames' bytes where they are (with a
+ * shared-memory pool: copies them into it, and frees them before returning), and
  * free_fn(data, hint) is called exactly once for every frame when libzmq no longer needs it,
  * whatever this returns (on an error return it may already have been called). The caller must
  * not write to a buffer until then. free_fn NULL: the caller keeps ownership and must keep every
  * buffer unchanged until ifd_producer_destroy returns. */
 int ifd_producer_send_zc(ifd_producer *p, int64_t rows, const ifd_frame *frames, int n,
                          ifd_free_fn free_fn, void *hint, int timeout_ms, ifd_error *err);
+
+/*
+ * Writing a batch in place. ifd_producer_buffer points data[i] (n: the schema's tensor count) at
+ * room for `steps` x batch_size rows of tensor i, contiguous and row-major (train and eval: steps
+ * up to WELCOME's max_steps_per_message; predict: 1); ifd_producer_commit(rows) then sends the
+ * first `rows` of them (train and eval: a multiple of batch_size; predict: 1 to batch_size;
+ * 0: nothing is sent and the room is given back) as ifd_producer_send would.
+ *
+ * With a pool the room is the pool's slots: buffer waits (at most timeout_ms) for the credit and
+ * the free slots of `steps` steps and reserves them, and commit sends BATCH_SHM: no copy at all.
+ * Without one it is memory of the producer's, which commit sends as BATCH (libzmq copies it), so
+ * the same code runs on every transport. Until commit returns IFD_OK the buffer stays pending
+ * (another buffer call is IFD_EINVAL; a refused commit may be retried); after it the room must
+ * not be written until the next buffer call. One pending buffer at a time; send may be called
+ * meanwhile.
+ */
+int ifd_producer_buffer(ifd_producer *p, int64_t steps, void **data, int n, int timeout_ms,
+                        ifd_error *err);
+int ifd_producer_commit(ifd_producer *p, int64_t rows, int timeout_ms, ifd_error *err);
 
 /* Waits until every batch sent has been ACKed or rejected (IFD_OK), at most timeout_ms.
  * Returns an ERROR reply as it arrives (call again to go on waiting); IFD_ECLOSED when BYE came

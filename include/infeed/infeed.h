@@ -135,6 +135,10 @@ int64_t ifd_input_batch_rows(ifd_input_mode mode, int64_t batch_size, int replic
 
 #define IFD_BATCH_STOP 0x1u   /* stopping signal (predict mode): the device loop ends on it */
 #define IFD_BATCH_PADDED 0x2u /* rows [valid_rows, rows) are padding (predict mode) */
+/* Its float32 tensors are in host memory registered with the session's device
+ * (ifd_session_register_host_memory): the cuda backend copies them to the device directly,
+ * without staging them in its own pinned buffers. */
+#define IFD_BATCH_PINNED 0x4u
 
 /*
  * A host batch: one tensor per program input, all with `rows` rows. The batch does not own the
@@ -360,6 +364,13 @@ const ifd_program *ifd_session_program(ifd_session *s);
 /* Copies replica's parameters (program->nparam_floats floats) to host memory. Not while
  * ifd_session_run is in a device loop. */
 int ifd_session_read_params(ifd_session *s, int replica, float *out);
+/* Registers [p, p + len) of host memory (page-aligned, mapped at least for reading) with the
+ * session's device, so that batches in it (flagged IFD_BATCH_PINNED) are copied to the device
+ * without a host copy (cuda: cudaHostRegister, read-only); unregister it before it is unmapped,
+ * and before the session is destroyed. IFD_ENOTSUP when the backend has no use for it (cpu).
+ * Any thread. */
+int ifd_session_register_host_memory(ifd_session *s, void *p, size_t len, ifd_error *err);
+void ifd_session_unregister_host_memory(ifd_session *s, void *p);
 void ifd_session_destroy(ifd_session *s);
 
 #ifdef __cplusplus

@@ -423,6 +423,27 @@ START_TEST(request_stop_ends_at_loop_boundary)
 }
 END_TEST
 
+/* Host memory registration (shared-memory pools) goes to the backend; the cpu backend reads
+ * batches where they are and has no use for it: IFD_ENOTSUP naming it, and nothing to undo. */
+START_TEST(host_memory_registration_on_cpu)
+{
+    ifd_config cfg;
+    base_config(&cfg, 1, 2);
+    cfg.num_steps = 1;
+    ifd_batch_queue *q;
+    ck_assert_int_eq(ifd_batch_queue_create(&q, 1), IFD_OK);
+    ifd_session *s;
+    ifd_error err;
+    ck_assert_int_eq(ifd_session_create(&s, &cfg, ifd_batch_queue_source(q), &err), IFD_OK);
+    static char page[4096] __attribute__((aligned(4096)));
+    ck_assert_int_eq(ifd_session_register_host_memory(s, page, sizeof page, &err), IFD_ENOTSUP);
+    ck_assert_msg(strstr(err.msg, "cpu") != NULL, "%s", err.msg);
+    ifd_session_unregister_host_memory(s, page);
+    ifd_session_destroy(s);
+    ifd_batch_queue_destroy(q);
+}
+END_TEST
+
 START_TEST(config_errors_name_the_field)
 {
     ifd_config cfg;
@@ -769,6 +790,7 @@ int main(void)
     tcase_add_test(tc, rates_come_from_when_steps_ran);
     tcase_add_test(tc, windows_tile_the_run);
     tcase_add_test(tc, hook_stop_reason_reaches_the_end_summary);
+    tcase_add_test(tc, host_memory_registration_on_cpu);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
