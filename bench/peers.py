@@ -10,8 +10,9 @@ Three jobs (plain SGD, learning rate 0.01, the same in-memory numpy data for eve
 each trained for the same number of steps
 
   - by infeedd (--iterations-per-loop 100, R = 1 and 2 replicas), fed by the Python producer
-    (clients/python) over each transport it has: tcp (loopback), ipc (a Unix socket) and shm
-    (shared memory, when the client offers it; "n/a" until then), sending one step a message
+    (clients/python) over each transport it has: tcp (loopback) and ipc (a Unix socket), both
+    with ``shm=False``, and shm (shared memory over ipc, ``shm=True``; "n/a" with a client
+    that has no ``shm``), sending one step a message
     and k steps a message (--steps-per-message; "k1", "k100"); examples/s is the rows the
     daemon trained on over the wall time from the first batch sent to the end of the run, and
     "wait" is the fraction of the replicas' step time spent waiting for input (the run's train
@@ -103,7 +104,7 @@ def dataset(job: dict, rows: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def transports_of_client() -> set[str]:
-    """The transports the Python client offers: tcp and ipc always; shm once Producer takes it."""
+    """The transports the Python client offers: tcp and ipc always; shm when Producer takes it."""
     have = {"tcp", "ipc"}
     if "shm" in infeed.Producer.__init__.__code__.co_varnames:
         have.add("shm")
@@ -128,8 +129,7 @@ def run_infeedd(exe: str, job: dict, replicas: int, transport: str, steps: int, 
         argv += ["--hidden", str(job["hidden"])]
     log = open(tmp / "daemon.log", "ab")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    # shm: the pool, over the ipc connection; tcp and ipc rows never take one (the client's
-    # default would on a local endpoint)
+    # (a client with shm asks for a pool on a local endpoint by itself: the socket rows say no)
     kw = {"shm": transport == "shm"} if "shm" in transports_of_client() else {}
     nb = len(x) // b // per_msg  # messages of per_msg steps in the data
     rows = per_msg * b

@@ -3,11 +3,16 @@
 It runs in a thread, speaks just enough of docs/protocol.md, and records what it received.
 Behaviour knobs: ``credit``, ``batch_size``, ``schema``, ``ack_delay`` (seconds before ACKing a
 batch), ``reject`` (a function (seq, frames) -> error dict or None), ``last_step`` (after that
-many accepted batches the fake ends the run: BYE to everyone, ECLOSED afterwards).
+many accepted batches the fake ends the run: BYE to everyone, ECLOSED afterwards), ``shm``
+(None: WELCOME says nothing of shared memory; a function (hello) -> (desc or None, refused
+sentence or None) that may build on ``make_pool``: a HELLO with ``"shm": true`` gets that pool,
+and its BATCH_SHM descriptors are read from it, their tensors recorded as BATCH frames are).
 """
 
 from __future__ import annotations
 
+import mmap
+import os
 import threading
 import time
 from typing import Callable, Optional
@@ -23,7 +28,7 @@ SOFTMAX_SCHEMA = [P.schema_entry("x", "float32", [4]), P.schema_entry("y", "int3
 class FakeDaemon:
     def __init__(self, schema=None, credit=4, batch_size=8, ack_delay=0.0,
                  reject: Optional[Callable] = None, last_step: Optional[int] = None,
-                 silent: bool = False):
+                 silent: bool = False, shm: Optional[Callable] = None):
         self.schema = schema or SOFTMAX_SCHEMA
         self.credit = credit
         self.batch_size = batch_size
@@ -31,6 +36,10 @@ class FakeDaemon:
         self.reject = reject
         self.last_step = last_step
         self.silent = silent
+        self.shm = shm
+        self.pools: list[dict] = []  # the pools made: desc, fd, mmap
+        self.shm_batches: list[tuple[int, int, int]] = []  # (seq, rows, slot) of each BATCH_SHM
+        self._pool_of: dict[bytes, Optional[dict]] = {}
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -78,13 +87,28 @@ class FakeDaemon:
                 return self._error(ident, P.ESHAPE, f"schema: expected {self.schema}")
             self._welcomed.add(ident)
             self._in_flight[ident] = 0
-            self._send(ident, [P.pack_header(P.WELCOME), P.pack_json({
-                "protocol": 1, "name": hello.get("name") or "producer-1", "credit": self.credit,
-                "next_seq": hello.get("first_seq", 0), "mode": "train",
-                "input_mode": "per-host", "batch_size": self.batch_size, "replicas": 1,
-                "program": "softmax", "schema": self.schema})])
-        elif t == P.BATCH:
-            seq, rows, flags, n = P.unpack_batch_header(frames[0])
+            body = {"protocol": 1, "name": hello.get("name") or "producer-1",
+                    "credit": self.credit, "next_seq": hello.get("first_seq", 0), "mode": "train",
+                    "input_mode": "per-host", "batch_size": self.batch_size, "replicas": 1,
+                    "program": "softmax", "schema": self.schema}
+            self._pool_of[ident] = None
+            if hello.get("shm") and self.shm is not None:
+                pool, refused = self.shm(hello)
+                body["shm"] = None if pool is None else pool["desc"]
+                if refused is not None:
+                    body["shm_refused"] = refused
+                self._pool_of[ident] = pool
+                if pool is not None:
+                    self.pools.append(pool)
+            self._send(ident, [P.pack_header(P.WELCOME), P.pack_json(body)])
+        elif t in (P.BATCH, P.BATCH_SHM):
+            seq, rows, flags, n = P.unpack_batch_header(frames[0], t)
+            if t == P.BATCH_SHM:
+                pool = self._pool_of.get(ident)
+                if pool is None:
+                    return self._error(ident, P.EPROTO, "BATCH_SHM without a pool", seq, 1)
+                self.shm_batches.append((seq, rows, n))
+                frames = [frames[0], *read_slot(pool, n, rows)]
             if self._ended:
                 return self._error(ident, P.ECLOSED, "the run is ending", seq, 1)
             self._in_flight[ident] += 1
@@ -130,12 +154,40 @@ class FakeDaemon:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
+        for pool in self.pools:
+            pool["mm"].close()
+            os.close(pool["fd"])
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+def make_pool(schema: list, batch_size: int, slots: int) -> dict:
+    """A pool as infeedd makes one (docs/protocol.md, "Shared memory"): a memfd with the magic
+    and a random token, then a 64-aligned region per tensor of slots x step_bytes."""
+    step = [batch_size * P.row_nbytes(e) for e in schema]
+    offsets, at = [], 64
+    for b in step:
+        offsets.append(at)
+        at += -(-slots * b // 64) * 64
+    fd = os.memfd_create("fake-infeedd-pool", os.MFD_CLOEXEC)
+    os.ftruncate(fd, at)
+    mm = mmap.mmap(fd, at)
+    token = os.urandom(16)
+    mm[:24] = b"IFDSHM1\0" + token
+    desc = {"path": f"/proc/{os.getpid()}/fd/{fd}", "size": at, "token": token.hex(),
+            "slots": slots, "offsets": offsets, "step_bytes": step}
+    return {"desc": desc, "fd": fd, "mm": mm, "batch_size": batch_size}
+
+
+def read_slot(pool: dict, slot: int, rows: int) -> list[bytes]:
+    """The tensors of a BATCH_SHM at ``slot`` of ``rows`` rows, as BATCH frames would be."""
+    d = pool["desc"]
+    return [bytes(pool["mm"][o + slot * b:o + slot * b + rows * (b // pool["batch_size"])])
+            for o, b in zip(d["offsets"], d["step_bytes"])]
 
 
 def batch(rows=8, d=4, seed=0):

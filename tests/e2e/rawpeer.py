@@ -26,7 +26,8 @@ class RawPeer:
 
     def send(self, frames) -> None:
         h = bytes(frames[0]) if frames else b""
-        if len(h) >= 32 and h[:4] == P.MAGIC and int.from_bytes(h[6:8], "little") == P.BATCH:
+        if len(h) >= 32 and h[:4] == P.MAGIC and \
+                int.from_bytes(h[6:8], "little") in (P.BATCH, P.BATCH_SHM):
             self.pending.append(int.from_bytes(h[8:16], "little", signed=True))
         self.sock.send_multipart(frames)
 
@@ -100,6 +101,11 @@ class RawPeer:
 
 def hello(schema, name=None, **kw):
     return P.hello_frames(schema, name, **kw)
+
+
+def shm_frames(seq: int, rows: int, slot: int, flags: int = 0):
+    """A BATCH_SHM: the 32-byte descriptor of rows written at ``slot`` of the peer's pool."""
+    return [P.pack_batch_shm_header(seq, rows, slot, flags)]
 
 
 def batch_frames(seq: int, tensors, rows=None, ntensors=None, flags=0):

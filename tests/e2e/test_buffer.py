@@ -37,7 +37,9 @@ def test_buffer_commit_trains_as_send_and_reuses_buffers(daemon, rng):
     want = [s["loss"] for s in ref.summaries() if s["event"] == "train"]
 
     d = daemon(**flags)
-    p = infeed.Producer(d.listen, name="loader", schema=SCHEMA, timeout=20)
+    # the socket's pool of buffers (over shared memory buffer() hands out the pool's slots:
+    # test_shm)
+    p = infeed.Producer(d.listen, name="loader", schema=SCHEMA, timeout=20, shm=False)
     row, seen = 0, []
     for k in sizes:
         a = p.buffer(k)
@@ -60,14 +62,16 @@ def test_buffer_commit_trains_as_send_and_reuses_buffers(daemon, rng):
     assert len(distinct) == len(set(sizes)), (len(distinct), sizes)
 
 
-def test_buffer_misuse(daemon, rng):
+@pytest.mark.parametrize("shm", [False, True])
+def test_buffer_misuse(daemon, rng, shm):
     most = rng.randint(2, 5)
     batch = rng.randint(1, 4)
     d = daemon(replicas=1, batch_size=batch, features=D, classes=K, steps=100000,
                summary_every=0, max_steps_per_message=most)
     with pytest.raises(ValueError, match="no schema yet"):
         infeed.Producer(d.listen, name="noschema", timeout=20).buffer()
-    p = infeed.Producer(d.listen, name="p", schema=SCHEMA, timeout=20)
+    p = infeed.Producer(d.listen, name="p", schema=SCHEMA, timeout=20, shm=shm)
+    assert p.transport == ("shm" if shm else "socket")
     with pytest.raises(ValueError, match="no buffer to commit"):
         p.commit()
     with pytest.raises(ValueError, match="max_steps_per_message"):
@@ -82,5 +86,14 @@ def test_buffer_misuse(daemon, rng):
     assert p.commit(rows=0) is None  # dropped: back in the pool, nothing sent
     assert p.next_seq == 0
     b = p.buffer(2)
-    assert b["x"] is a["x"]
+    if shm:  # the same slots
+        assert np.shares_memory(b["x"], a["x"]) and b["x"].shape == a["x"].shape
+    else:  # the same arrays
+        assert b["x"] is a["x"]
+    if batch > 1:  # train mode: whole steps only
+        with pytest.raises(ValueError, match="max_steps_per_message"):
+            p.commit(rows=batch + 1)
+    b["x"][:] = 0
+    b["y"][:] = 0
+    assert p.commit(rows=batch) == 0 and p.next_seq == 1  # one step of the two
     p.close()

@@ -9,10 +9,10 @@
 """
 
 from . import keys, protocol
-from .errors import InfeedError, RunEnded
+from .errors import InfeedError, RunEnded, ShmError
 from .producer import Producer
 from .subscriber import Subscriber, format_summary
 
 __version__ = "0.1.0"
 
-__all__ = ["Producer", "Subscriber", "format_summary", "InfeedError", "RunEnded", "keys", "protocol", "__version__"]
+__all__ = ["Producer", "Subscriber", "format_summary", "InfeedError", "RunEnded", "ShmError", "keys", "protocol", "__version__"]

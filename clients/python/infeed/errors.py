@@ -33,3 +33,13 @@ class RunEnded(InfeedError):
                  body: Optional[dict] = None, bye: Optional[dict] = None):
         super().__init__(code, message, seq, body)
         self.bye = bye
+
+
+class ShmError(InfeedError):
+    """``Producer(shm=True)`` got no shared-memory pool: the daemon refused it (its
+    ``shm_refused`` sentence is quoted) or the pool cannot be mapped here (another user, another
+    PID namespace, a file that is not the pool). The code is ``ESHM``, the client's own: the daemon
+    welcomed the producer."""
+
+    def __init__(self, message: str):
+        super().__init__("ESHM", message)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 from collections import OrderedDict, deque
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
@@ -13,8 +14,9 @@ import zmq
 
 from . import keys as K
 from . import protocol as P
+from . import shm as S
 from ._connect import DEFAULT_CONNECT_TIMEOUT, ConnectWatch, check_timeout
-from .errors import InfeedError, RunEnded
+from .errors import InfeedError, RunEnded, ShmError
 
 _DEFAULT_TIMEOUT = 60.0
 
@@ -132,6 +134,14 @@ class Producer:
       that refuses the key sends nothing at all: the constructor (or first send) then raises
       :class:`TimeoutError` waiting for ``WELCOME``. A name bound to another key in
       ``--authorized-keys`` raises :class:`InfeedError` with code ``EPERM``.
+    - ``shm``: the shared-memory transport (docs/protocol.md, "Shared memory"), for a producer on
+      the daemon's host: its batches are copied into a pool of memory shared with the daemon and
+      only a 32-byte descriptor crosses the socket. ``"auto"`` (the default) asks for a pool when
+      ``endpoint`` is ``ipc://`` or ``tcp://`` to a loopback address, and sends over the socket
+      when the daemon gives none (``--shm off``) or it cannot be mapped here (a warning says
+      why); ``True`` always asks and raises :class:`ShmError` when there is no pool (quoting the
+      WELCOME's ``shm_refused``) or it cannot be mapped; ``False`` never asks.
+      :attr:`transport` says which is in use.
 
     Train and eval: a batch of k x ``batch_size`` rows (k up to WELCOME's
     ``max_steps_per_message``, infeedd's ``--max-steps-per-message``) is k steps in one message:
@@ -143,8 +153,10 @@ class Producer:
     :meth:`wait` or :meth:`end` (the batch passed to that call is then not sent). Once the daemon
     takes no more batches (``BYE``, or ``ECLOSED``) :meth:`send` raises :class:`RunEnded`.
 
-    Arrays are sent without a copy and kept referenced until their ``ACK``: do not modify an
-    array in place until then (pass a copy, or ``send(..., copy=True)``).
+    Over the socket, arrays are sent without a copy and kept referenced until their ``ACK``: do
+    not modify an array in place until then (pass a copy, or ``send(..., copy=True)``). Over
+    shared memory :meth:`send` copies them into the pool (the arrays are free at once), and
+    :meth:`buffer` hands out arrays that are the pool's slots themselves.
 
     A Producer is not thread-safe: use it from one thread.
     """
@@ -156,13 +168,15 @@ class Producer:
                  on_ack: Optional[Callable[[int], None]] = None,
                  replica: Optional[int] = None, server_key: Any = None,
                  server_key_file: Any = None, keypair: Any = None, key_file: Any = None,
-                 connect_timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT):
+                 connect_timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT,
+                 shm: Any = "auto"):
         if first_seq < 0:
             raise ValueError(f"first_seq: expected >= 0, got {first_seq}")
         if replica is not None and (isinstance(replica, bool) or not isinstance(replica, int)
                                     or replica < 0):
             raise ValueError(f"replica: expected None or an int >= 0, got {replica!r}")
         self.replica = replica
+        self._shm_mode = S.check_mode(shm)
         self.endpoint = endpoint
         self.name = name
         self.timeout = timeout
@@ -193,10 +207,16 @@ class Producer:
         self._steps: dict[int, int] = {}  # unacked messages of several steps: seq -> steps
         # buffer()/commit(): the buffer handed out, the committed ones in flight (seq -> key,
         # arrays) and the free ones by (steps, rows), reused once their message is ACKed
-        self._pending: Optional[tuple] = None
+        self._pending: Optional[tuple] = None  # (key, arrays, (shm pool, slot) or None)
         self._lent: dict[int, tuple] = {}
         self._pool: dict[tuple, list] = {}
         self._errors: deque[InfeedError] = deque()
+        # the shared-memory pool in use (None: BATCH over the socket), and why there is none
+        # when one was asked for; _shm_broken: this host cannot map the daemon's pools (auto
+        # mode then stops asking)
+        self._shm: Optional[S.Pool] = None
+        self._shm_why: Optional[str] = None
+        self._shm_broken: Optional[str] = None
         self._predictions: deque = deque()  # (seq, {name: array}) not yet handed out
         self._eclosed: Optional[InfeedError] = None
         self._welcomes = 0
@@ -289,6 +309,20 @@ class Producer:
     def socket(self) -> zmq.Socket:
         return self._sock
 
+    @property
+    def transport(self) -> Optional[str]:
+        """How batches travel: ``"shm"`` (written into the shared-memory pool, a ``BATCH_SHM``
+        descriptor on the socket) or ``"socket"`` (``BATCH`` frames); None before WELCOME."""
+        if self.welcome is None:
+            return None
+        return "shm" if self._shm is not None else "socket"
+
+    @property
+    def shm_refused(self) -> Optional[str]:
+        """Why batches go over the socket although a pool was asked for (the daemon's
+        ``shm_refused``, or why its pool could not be mapped here); None otherwise."""
+        return self._shm_why if self._shm is None else None
+
     # -- receiving -------------------------------------------------------------------------
 
     def _handle(self, frames: list) -> P.Message:
@@ -298,6 +332,8 @@ class Producer:
             # consumed in order); msg.credit is how many this ACK covers. A message of k steps
             # is the batches seq .. seq + k - 1.
             steps = self._steps
+            if self._shm is not None:
+                self._shm.ack(msg.seq)
             done = [s for s in self._unacked if s + steps.get(s, 1) - 1 <= msg.seq]
             for s in done:
                 del self._unacked[s]
@@ -318,6 +354,8 @@ class Producer:
         elif msg.type == P.ERROR:
             self._credit += msg.credit
             if msg.seq is not None:
+                if self._shm is not None:
+                    self._shm.release(msg.seq)
                 self._unacked.pop(msg.seq, None)
                 self._steps.pop(msg.seq, None)
                 self._give_back(msg.seq)
@@ -416,7 +454,11 @@ class Producer:
             self._schema = _normalize_schema(schema)
         if self._schema is None:
             raise ValueError("hello: no schema (pass schema= or send a batch)")
-        extra = {} if self.replica is None else {"replica": self.replica}
+        extra: dict[str, Any] = {} if self.replica is None else {"replica": self.replica}
+        ask = self._shm_mode is True or (self._shm_mode == "auto" and self._shm_broken is None
+                                         and S.is_local(self.endpoint))
+        if ask:
+            extra["shm"] = True
         self._sock.send_multipart(P.hello_frames(self._schema, self.name, self._first_seq
                                                  if self.welcome is None else self._next_seq,
                                                  **extra))
@@ -438,7 +480,41 @@ class Producer:
                 err.bye = self.bye
                 self._eclosed = err
             raise err
+        self._adopt_pool(ask)
         return self.welcome  # type: ignore[return-value]
+
+    def _adopt_pool(self, asked: bool) -> None:
+        """After a WELCOME: maps the pool it gives (the previous one is unmapped: the daemon
+        keeps it while its steps are in flight), or says why there is none."""
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
+        self._shm_why = None
+        if not asked:
+            return
+        assert self.welcome is not None and self._schema is not None
+        desc = self.welcome.get("shm")
+        who = f"infeed producer{' ' + repr(self.name) if self.name else ''}"
+        if desc is None:
+            self._shm_why = str(self.welcome.get("shm_refused") or
+                                "the WELCOME has no pool and no shm_refused")
+            if self._shm_mode is True:
+                raise ShmError(f"{who}: shm=True, but the daemon at {self.endpoint} gave no "
+                               f"shared-memory pool: shm_refused: {self._shm_why}")
+            return
+        try:
+            self._shm = S.Pool(desc, self._schema, int(self.welcome["batch_size"]))
+        except S.ShmMapError as e:
+            self._shm_why = str(e)
+            if self._shm_mode is True:
+                raise ShmError(f"{who}: shm=True, but the daemon's shared-memory pool cannot "
+                               f"be used here: {e}") from None
+            # auto: HELLO again without shm, so that the daemon drops the pool
+            self._shm_broken = str(e)
+            warnings.warn(f"{who}: the shared-memory pool cannot be used, batches go over the "
+                          f"socket: {e}", RuntimeWarning, stacklevel=4)
+            self.hello()
+            self._shm_why = str(e)
 
     def _welcome(self, body: dict) -> None:
         self.welcome = body
@@ -449,8 +525,9 @@ class Producer:
         if body.get("schema"):
             self._schema = _normalize_schema(body["schema"])
         self._next_seq = int(body.get("next_seq", self._next_seq))
-        self._credit = int(body.get("credit", 0)) - sum(self._steps.get(s, 1)
-                                                        for s in self._unacked)
+        # (the daemon's credit less this producer's steps in flight, which docs/protocol.md
+        # says WELCOME's credit is already: their ACKs return those)
+        self._credit = int(body.get("credit", 0))
         self._eclosed = None
 
     def _encode(self, arrays: Mapping[str, Any], copy: bool) -> tuple[list, int]:
@@ -519,23 +596,63 @@ class Producer:
             if self._schema is None:
                 self._schema = _derive_schema(tensors)
             self.hello()
-        frames, rows = self._encode(tensors, copy)
+        pool = self._shm
+        frames, rows = self._encode(tensors, copy and pool is None)
         k = self._steps_of(rows)
-        if self._credit < k:  # (the _drain above handled what had arrived)
-            self._pump(lambda: self._credit >= k or bool(self._errors) or self.bye is not None,
-                       "waiting for credit")
+        if pool is not None and rows > k * pool.batch_size:
+            # predict mode, more rows than a slot holds: sent as BATCH, which the daemon refuses
+            # as it refuses any batch of more than batch_size rows (ESHAPE)
+            pool = None
+        self._await(k, pool)
+        seq = self._next_seq
+        if pool is not None:
+            s = pool.find(k)
+            assert s is not None
+            for v, a in zip(pool.arrays(s, k, rows).values(), frames):
+                v[...] = a
+            return self._sent_shm(pool, s, k, rows)
+        header = P.pack_batch_header(seq, rows, len(frames))
+        self._sock.send_multipart([header, *frames], copy=False)
+        return self._sent(k, frames)
+
+    def _await(self, k: int, pool: Optional[S.Pool]) -> None:
+        """Waits for k credits (and, over shared memory, k free slots in a row); raises a pending
+        ERROR, or RunEnded after BYE."""
+        def ready() -> bool:
+            if self._credit < k:
+                return False
+            if pool is None or pool.find(k) is not None:
+                return True
+            if not pool.inflight:  # nothing will free them
+                raise ValueError(f"send: the shared-memory pool has no {k} free slots in a row "
+                                 f"and no batch in flight: the buffer() not committed yet holds "
+                                 f"them (commit() it first)")
+            return False
+
+        if not ready():  # (the caller's _drain handled what had arrived)
+            self._pump(lambda: ready() or bool(self._errors) or self.bye is not None,
+                       "waiting for credit" if pool is None else
+                       "waiting for credit and free slots of the shared-memory pool")
         self._raise_pending()
         if self.bye is not None:
             raise self._run_ended()
+
+    def _sent(self, k: int, frames: list) -> int:
+        """Books the message just sent under the next sequence number (returned)."""
         seq = self._next_seq
-        header = P.pack_batch_header(seq, rows, len(frames))
-        self._sock.send_multipart([header, *frames], copy=False)
         self._credit -= k
         self._next_seq += k
         self._unacked[seq] = frames
         if k > 1:
             self._steps[seq] = k
         return seq
+
+    def _sent_shm(self, pool: S.Pool, s: int, k: int, rows: int) -> int:
+        """Sends the BATCH_SHM descriptor of the k steps written at slot s."""
+        seq = self._next_seq
+        self._sock.send(P.pack_batch_shm_header(seq, rows, s))
+        pool.take(s, k, seq)
+        return self._sent(k, [])
 
     # -- writing in place ----------------------------------------------------------------------
 
@@ -547,7 +664,12 @@ class Producer:
         the same size hands them out again, so a loader that fills them allocates nothing after
         the first few batches. Do not touch them after ``commit()`` (they are sent from where
         they are) until ``buffer()`` returns them again. Sends ``HELLO`` first when needed (the
-        schema must be known: ``Producer(schema=...)``)."""
+        schema must be known: ``Producer(schema=...)``).
+
+        Over shared memory (:attr:`transport` ``"shm"``) the arrays are the pool's free slots
+        themselves (waiting, as :meth:`send` waits for credit, until ``steps`` slots in a row are
+        free): what is written there is what the daemon reads, and ``commit()`` sends only the
+        descriptor."""
         self._check_open()
         if self._pending is not None:
             raise ValueError("buffer: the previous buffer is not committed yet (commit() it, or "
@@ -564,6 +686,27 @@ class Producer:
         if steps > 1:
             self._steps_of(rows)  # ValueError naming max_steps_per_message when too many
         key = (steps, rows)
+        pool = self._shm
+        if pool is not None:
+            if steps > 1 and self.welcome is not None and self.welcome.get("mode") == "predict":
+                raise ValueError(f"buffer: steps: predict mode takes one batch a message, got "
+                                 f"{steps}")
+            if pool.find(steps) is None:
+                self._drain()
+                self._pump(lambda: pool.find(steps) is not None or bool(self._errors)
+                           or self.bye is not None or not pool.inflight,
+                           "waiting for free slots of the shared-memory pool")
+            self._raise_pending()
+            if self.bye is not None:
+                raise self._run_ended()
+            s = pool.find(steps)
+            if s is None:
+                raise ValueError(f"buffer: the shared-memory pool has no {steps} free slots in "
+                                 f"a row and no batch in flight")
+            pool.reserve(s, steps)
+            arrays = pool.arrays(s, steps)
+            self._pending = (key, arrays, (pool, s))
+            return arrays
         free = self._pool.get(key)
         if free:
             arrays = free.pop()
@@ -571,7 +714,7 @@ class Producer:
             assert self._schema is not None
             arrays = {e["name"]: np.empty((rows, *e["shape"]), dtype=P.DTYPES[e["dtype"]])
                       for e in self._schema}
-        self._pending = (key, arrays)
+        self._pending = (key, arrays, None)
         return arrays
 
     def commit(self, rows: Optional[int] = None) -> Optional[int]:
@@ -580,19 +723,44 @@ class Producer:
         batch's sequence number; ``rows=0`` sends nothing and puts the buffer back (None)."""
         if self._pending is None:
             raise ValueError("commit: no buffer to commit: call buffer() first")
-        key, arrays = self._pending
+        key, arrays, where = self._pending
         if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int)
                                  or not 0 <= rows <= key[1]):
             raise ValueError(f"commit: rows: expected 0 to {key[1]}, got {rows!r}")
         if rows == 0:
             self._pending = None
-            self._pool.setdefault(key, []).append(arrays)
+            if where is not None:
+                where[0].unreserve()
+            else:
+                self._pool.setdefault(key, []).append(arrays)
             return None
         out = arrays if rows is None or rows == key[1] else {n: a[:rows] for n, a in
                                                              arrays.items()}
+        if where is not None:
+            pool, s = where
+            if pool is self._shm:
+                seq = self._commit_shm(pool, s, key[1] if rows is None else rows)
+            else:  # a HELLO since buffer() replaced the pool: copied, as send() does
+                seq = self.send(out)
+            self._pending = None
+            return seq
         seq = self.send(out)  # raises before sending: the buffer stays pending
         self._pending = None
         self._lent[seq] = (key, arrays)
+        return seq
+
+    def _commit_shm(self, pool: S.Pool, s: int, rows: int) -> int:
+        """Sends the descriptor of the slots buffer() reserved (k steps from slot s)."""
+        if self._ended:
+            raise ValueError("infeed producer: send after end()")
+        self._drain()
+        self._raise_pending()
+        if self.bye is not None or self._eclosed is not None:
+            raise self._run_ended()
+        k = self._steps_of(rows)  # (commit(rows=n): n must be whole steps in train and eval)
+        self._await(k, None)  # (its slots are reserved already)
+        seq = self._sent_shm(pool, s, k, rows)
+        pool.unreserve()  # the slots of the steps left out
         return seq
 
     def _give_back(self, seq: int) -> None:
@@ -670,6 +838,15 @@ class Producer:
         if linger is None:
             linger = 1000 if (self._ended and self.bye is None and self.welcome is not None) else 0
         self._sock.close(linger=linger)
+        self._unmap()
+
+    def _unmap(self) -> None:
+        """Unmaps the pool (left to the garbage collector while arrays of buffer() still point
+        into it)."""
+        pool, self._shm = self._shm, None
+        self._pending = None
+        if pool is not None:
+            pool.close()
 
     def __enter__(self) -> "Producer":
         return self
@@ -688,5 +865,6 @@ class Producer:
             if not self._closed:
                 self._watch.close()
                 self._sock.close(linger=0)
+                self._unmap()
         except Exception:
             pass

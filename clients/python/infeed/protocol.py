@@ -5,7 +5,7 @@ little-endian)::
 
     offset 0  4 bytes  magic   b"IFDP"
     offset 4  2 bytes  version 1
-    offset 6  2 bytes  type    HELLO=1 ... BYE=9
+    offset 6  2 bytes  type    HELLO=1 ... BATCH_SHM=10
     offset 8  ...      type-specific fields
 
 This module has no state and no sockets: the :class:`infeed.Producer` and the tests build on it.
@@ -31,6 +31,7 @@ END = 6
 ERROR = 7
 PREDICTION = 8
 BYE = 9
+BATCH_SHM = 10
 
 TYPE_NAMES = {
     HELLO: "HELLO",
@@ -42,6 +43,7 @@ TYPE_NAMES = {
     ERROR: "ERROR",
     PREDICTION: "PREDICTION",
     BYE: "BYE",
+    BATCH_SHM: "BATCH_SHM",
 }
 
 # Header sizes (frame 0) per message type.
@@ -100,6 +102,13 @@ def pack_batch_header(seq: int, rows: int, ntensors: int, flags: int = 0,
                       version: int = VERSION) -> bytes:
     """The 32-byte BATCH header."""
     return _BATCH.pack(MAGIC, version, BATCH, seq, rows, flags, ntensors)
+
+
+def pack_batch_shm_header(seq: int, rows: int, slot: int, flags: int = 0,
+                          version: int = VERSION) -> bytes:
+    """The 32-byte BATCH_SHM header: BATCH's layout with type 10 and the message's first slot of
+    the shared-memory pool where BATCH has ntensors (docs/protocol.md, "Shared memory")."""
+    return _BATCH.pack(MAGIC, version, BATCH_SHM, seq, rows, flags, slot)
 
 
 def pack_ack(seq: int, credit: int = 1) -> bytes:
