@@ -43,6 +43,25 @@ def test_which_endpoints_are_local(endpoint, local):
     assert S.is_local(endpoint) is local
 
 
+def test_find_takes_the_first_free_run_when_the_cursor_has_none(rng):
+    """Slots freed out of order (ERRORs, dropped buffers): find() at the cursor when its k slots
+    are free, else the first run of k free slots, else None; against a plain scan."""
+    for _ in range(500):
+        n = rng.randint(1, 40)
+        pool = S.Pool.__new__(S.Pool)
+        pool.slots, pool.cursor = n, rng.randint(0, n - 1)
+        pool.owner = np.array([S.FREE if rng.random() < 0.6 else rng.randint(-1, 99)
+                               for _ in range(n)], dtype=np.int64)
+        k = rng.randint(1, n)
+        free = [o == S.FREE for o in pool.owner]
+        at = pool.cursor if pool.cursor + k <= n else 0
+        if all(free[at:at + k]):
+            want = at
+        else:
+            want = next((i for i in range(n - k + 1) if all(free[i:i + k])), None)
+        assert pool.find(k) == want, (list(pool.owner), pool.cursor, k)
+
+
 def test_slots_in_a_row_are_found_whenever_there_is_credit(rng):
     """The spec's sizing, slots = credit + max_steps - 1, with messages of random steps and ACKs
     of random prefixes: k slots in a row are free whenever k credits are (at the cursor, or at 0),
@@ -51,7 +70,8 @@ def test_slots_in_a_row_are_found_whenever_there_is_credit(rng):
         credit = rng.randint(1, 12)
         most = rng.randint(1, credit)
         pool = S.Pool.__new__(S.Pool)
-        pool.slots, pool.owner, pool.cursor = credit + most - 1, [None] * (credit + most - 1), 0
+        pool.slots, pool.cursor = credit + most - 1, 0
+        pool.owner = np.full(pool.slots, S.FREE, dtype=np.int64)
         pool.inflight, pool.reserved = {}, None
         have, seq, acked, busy = credit, 0, -1, {}  # busy: slot -> seq, kept by the test
         for _ in range(rng.randint(1, 200)):
@@ -74,7 +94,7 @@ def test_slots_in_a_row_are_found_whenever_there_is_credit(rng):
                     if q <= acked:
                         del busy[j]
                 have = credit - len(busy)
-            assert {j: o for j, o in enumerate(pool.owner) if o is not None} == busy
+            assert {j: int(o) for j, o in enumerate(pool.owner) if o != S.FREE} == busy
 
 
 def pooled(slots=None, tamper=None, refused=None):
@@ -158,7 +178,7 @@ def test_error_frees_the_slots_of_the_refused_batch():
             p.wait()
         p.send(x=x, y=y)
         p.wait()
-        assert all(o is None for o in p._shm.owner) and not p._shm.inflight
+        assert (p._shm.owner == S.FREE).all() and not p._shm.inflight
         p.close()
 
 

@@ -55,6 +55,9 @@ def is_local(endpoint: str) -> bool:
         return False
 
 
+
+FREE, RESERVED = -2, -1  # slot owners that are not a step's seq
+
 class ShmMapError(Exception):
     """The pool of a WELCOME cannot be used here (the sentence says why)."""
 
@@ -115,7 +118,9 @@ class Pool:
             self._mm.close()
             raise
         self.names = [e["name"] for e in schema]
-        self.owner: list[Optional[int]] = [None] * slots  # slot -> seq of the step in it
+        # slot -> seq of the step in it, FREE, or RESERVED (handed out by buffer(), not sent);
+        # numpy so that a message of k steps costs a few vector operations, not k Python ones
+        self.owner = np.full(slots, FREE, dtype=np.int64)
         self.cursor = 0  # where the next message's slots start (wrapping to 0)
         self.inflight: dict[int, tuple[int, int]] = {}  # message seq -> (first slot, k)
         self.reserved: Optional[tuple[int, int]] = None  # buffer(): (first slot, k)
@@ -129,29 +134,25 @@ class Pool:
             raise ValueError(f"shm: a message of {k} steps needs {k} slots, the pool has "
                              f"{self.slots}")
         s = self.cursor if self.cursor + k <= self.slots else 0
-        if all(o is None for o in self.owner[s:s + k]):
+        if (self.owner[s:s + k] == FREE).all():
             return s
-        # (a refused message, or a buffer dropped, frees slots behind the cursor)
-        run = 0
-        for i, o in enumerate(self.owner):
-            run = run + 1 if o is None else 0
-            if run == k:
-                return i - k + 1
-        return None
+        # (a refused message, or a buffer dropped, frees slots behind the cursor): the first
+        # window of k free slots, from the running count of free ones
+        free = np.concatenate(([0], np.cumsum(self.owner == FREE)))
+        starts = np.flatnonzero(free[k:] - free[:-k] == k)
+        return int(starts[0]) if starts.size else None
 
     def take(self, s: int, k: int, seq: int) -> None:
         """Slots s .. s + k - 1 now hold the steps seq .. seq + k - 1, in flight."""
-        for j in range(k):
-            self.owner[s + j] = seq + j
+        self.owner[s:s + k] = np.arange(seq, seq + k, dtype=np.int64)
         self.inflight[seq] = (s, k)
         self.cursor = (s + k) % self.slots
         if self.reserved == (s, k):
             self.reserved = None
 
     def reserve(self, s: int, k: int) -> None:
-        """buffer(): slots s .. s + k - 1 are handed out, not yet sent (owner -1)."""
-        for j in range(k):
-            self.owner[s + j] = -1
+        """buffer(): slots s .. s + k - 1 are handed out, not yet sent (owner RESERVED)."""
+        self.owner[s:s + k] = RESERVED
         self.reserved = (s, k)
         self.cursor = (s + k) % self.slots
 
@@ -159,7 +160,8 @@ class Pool:
         """The slots reserved and not sent are free again."""
         if self.reserved is not None:
             s, k = self.reserved
-            self.owner[s:s + k] = [None if o == -1 else o for o in self.owner[s:s + k]]
+            seg = self.owner[s:s + k]
+            seg[seg == RESERVED] = FREE
             self.reserved = None
             if self.cursor == (s + k) % self.slots:  # dropped whole: the cursor goes back
                 self.cursor = s
@@ -178,9 +180,8 @@ class Pool:
     def _free(self, s: int, n: int, seq: int) -> None:
         """Frees slots s .. s + n - 1 where they still hold the steps seq .. seq + n - 1 (a slot
         freed by an ACK of a message's first steps may hold a newer step by now)."""
-        for j in range(n):
-            if self.owner[s + j] == seq + j:
-                self.owner[s + j] = None
+        seg = self.owner[s:s + n]
+        seg[seg == np.arange(seq, seq + n, dtype=np.int64)] = FREE
 
     def release(self, seq: int) -> None:
         """The message sent as ``seq`` is done with (acknowledged, refused or a duplicate)."""
