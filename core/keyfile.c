@@ -91,11 +91,11 @@ int ifd_keyfile_lines(char *text, int (*fn)(void *arg, char *line, int lineno), 
 static const char *describe_line(const char *line, char *buf, size_t len)
 {
     char head[24];
-    size_t i = 0;
-    for (; line[i] && i < 16; i++)
+    size_t i = 0, n = strlen(line);
+    for (; i < n && i < 16; i++)
         head[i] = (unsigned char)line[i] >= 0x20 && (unsigned char)line[i] < 0x7f ? line[i] : '?';
     head[i] = '\0';
-    snprintf(buf, len, "'%s%s' (%zu characters)", head, line[i] ? "..." : "", strlen(line));
+    snprintf(buf, len, "'%s%s' (%zu characters)", head, n > i ? "..." : "", n);
     return buf;
 }
 
