@@ -1,7 +1,8 @@
 /*
  * What the cuda backend's files share: the kernel launchers (kernels.cu) and the macros that turn
  * a cudaError_t or ncclResult_t into an ifd_error. Nothing outside device/cuda/ includes this
- * file: CUDA and NCCL types never leave the backend.
+ * file: CUDA and NCCL types never leave the backend. What only its host C files share (its state,
+ * the functions one file calls in another) is in cuda_backend.h.
  *
  * Every launcher clears a stale non-sticky error, enqueues on the given stream and returns
  * cudaGetLastError() (a launch configuration error), so that it may be called while the stream is
