@@ -183,3 +183,23 @@ def test_refusals(daemon, rng):
     assert e["code"] == "EPROTO" and "expected no frames" in e["message"], e
     r.close()
     d.kill()
+
+
+def test_pools_held_at_exit_are_freed(daemon, rng):
+    """A stop while producers hold pools (one with steps in flight, one without) frees them all:
+    under AddressSanitizer a pool left behind is a leak and a nonzero exit."""
+    f = rng.randint(1, 16)
+    d = daemon(features=f, classes=3, batch_size=4, steps=100, credit=4)
+    a, b = Raw(d.listen), Raw(d.listen)
+    _, w = a.hello(schema(f), name="a", shm=True)
+    m = map_pool(w["shm"])
+    _, w = b.hello(schema(f), name="b", shm=True)
+    assert w["shm"] is not None
+    a.send(batch_shm(0, 4, 0))
+    assert a.recv_type(ACK)[0] == ACK
+    d.signal()
+    assert d.wait() == 0, d.log()
+    assert "Sanitizer" not in d.log(), d.log()
+    m.close()
+    a.close()
+    b.close()
