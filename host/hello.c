@@ -393,6 +393,7 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
         } else {
             old->ended = 1;
             ingest_slot_unbind(g, old);
+            ingest_shm_drop(g, old); /* its steps in flight keep the pool until consumed */
         }
     }
     if (ingest_slot_bind(g, p, from) != IFD_OK) {

@@ -203,3 +203,36 @@ def test_pools_held_at_exit_are_freed(daemon, rng):
     m.close()
     a.close()
     b.close()
+
+
+def pool_mappings(pid: int) -> int:
+    """The daemon's mappings of shared-memory pools (each pool alive is mapped once)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return sum("infeed-pool" in line for line in f)
+
+
+def stuck_daemon(daemon, f, credit):
+    """per-core with 2 replicas and a producer for replica 0 only: every step it sends stays in
+    flight (the step waits for replica 1's batch), so its pool stays alive."""
+    return daemon(features=f, classes=3, batch_size=4, replicas=2, input_mode="per-core",
+                  steps=100, credit=credit, max_producers=2)
+
+
+def test_renaming_connection_drops_its_old_pool(daemon, rng):
+    """A connection that says HELLO under another name leaves its old stream: the old stream's
+    pool is dropped (its steps in flight keep it alive, no longer the ended stream)."""
+    f = rng.randint(1, 16)
+    d = stuck_daemon(daemon, f, 4)
+    r = Raw(d.listen)
+    _, w = r.hello(schema(f), name="first", replica=0, shm=True)
+    m = map_pool(w["shm"])
+    r.send(batch_shm(0, 2, 0))  # in flight: the old stream keeps its slot
+    _, w2 = r.hello(schema(f), name="second", replica=0, shm=True)
+    assert w2["shm"] is not None, w2
+    st = {p["name"]: p for p in d.control({"cmd": "status"})["producers"]}
+    assert st["first"]["ended"] and st["first"]["in_flight"] == 1, st
+    assert st["first"]["shm"] is False, st
+    assert pool_mappings(d.proc.pid) == 2  # first's, alive for its step; second's
+    m.close()
+    r.close()
+    d.kill()
