@@ -417,7 +417,7 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     ingest_shm_drop(g, p);
     char refused[IFD_ERROR_MSG_MAX] = "";
     if (want_shm)
-        p->pool = ingest_shm_create(g, body, refused, sizeof refused);
+        p->pool = ingest_shm_create(g, p, body, refused, sizeof refused);
     /* The sequence numbers end at INT64_MAX: after a batch with that seq, no later one exists
      * (every seq is a duplicate) and next_seq stays at INT64_MAX rather than overflowing. */
     int64_t next_seq = p->last_seq < INT64_MAX ? p->last_seq + 1 : INT64_MAX;

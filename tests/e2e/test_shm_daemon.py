@@ -236,3 +236,37 @@ def test_renaming_connection_drops_its_old_pool(daemon, rng):
     m.close()
     r.close()
     d.kill()
+
+
+def test_rehello_in_a_loop_holds_at_most_two_pools(daemon, rng):
+    """S in docs/protocol.md counts 2 pools a producer (its own and an old one whose steps are in
+    flight): a producer that says HELLO with shm again and again, each time with a step in flight
+    in its current pool, gets shm_refused once it holds 2, instead of a pool each time."""
+    f, credit = rng.randint(1, 16), rng.randint(4, 12)
+    d = stuck_daemon(daemon, f, credit)
+    r = Raw(d.listen)
+    refused = []
+    for seq in range(credit):
+        _, w = r.hello(schema(f), name="looper", replica=0, shm=True)
+        if w["shm"] is None:
+            refused.append(w["shm_refused"])
+            continue
+        m = map_pool(w["shm"])
+        x, y = views(m, w["shm"], 2, f)
+        x[0], y[0] = 0.5, 1
+        r.send(batch_shm(seq, 2, 0))
+        del x, y
+        m.close()
+        assert d.control({"cmd": "status"})["producers"][0]["in_flight"] == seq + 1 - len(refused)
+        assert pool_mappings(d.proc.pid) <= 2, (seq, pool_mappings(d.proc.pid))
+    assert pool_mappings(d.proc.pid) <= 2
+    assert len(refused) >= credit - 2, refused
+    assert all("pools of this producer: expected at most 2 alive at once, got 2" in s
+               and "in flight" in s for s in refused), refused
+    # another producer is not affected: it gets its pool
+    r2 = Raw(d.listen)
+    _, w = r2.hello(schema(f), name="other", replica=0, shm=True)
+    assert w["shm"] is not None, w
+    r.close()
+    r2.close()
+    d.kill()
