@@ -294,3 +294,120 @@ def test_pool_descriptors_count_in_the_descriptor_budget(daemon, rng, shm):
     assert (said in d.log()) == (shm == "on"), d.log()
     assert ("covers" in d.log()) == (shm == "on"), d.log()
     d.kill()
+
+
+def test_pools_survive_hellos_ends_and_timeouts_with_steps_in_flight(daemon, rng):
+    """A producer that streams messages of several steps into its pool and, at random, says
+    HELLO again (a new pool, the old one's steps in flight), sends END and HELLO, goes silent
+    past producer_timeout, or asks for no pool: every step is trained, and the daemon (built
+    with AddressSanitizer or ThreadSanitizer: no use of a freed pool, no race on its slots)
+    exits cleanly on SIGTERM."""
+    f, b = rng.randint(1, 8), rng.randint(1, 4)
+    k_most = rng.randint(1, 4)
+    credit = k_most + rng.randint(0, 4)
+    d = daemon(features=f, classes=3, batch_size=b, steps=1 << 30, iterations_per_loop=1,
+               credit=credit, max_steps_per_message=k_most, expect_producers=2,
+               producer_timeout=1)
+    r = Raw(d.listen)
+    st = {"credit": 0, "seq": 0, "pool": None, "busy": {}, "acked": -1, "m": None,
+          "need_hello": False}
+    ECLOSED_SEEN = []
+
+    def hello(shm=True):
+        """What comes before the WELCOME (ACKs, ECLOSED for batches sent after a timeout) is
+        covered by its credit and next_seq."""
+        r.send(hdr(HELLO), json.dumps(dict(schema=schema(f), name="churn", shm=shm)).encode())
+        while True:
+            t, fr = r.recv()
+            if t == ACK:
+                st["acked"] = max(st["acked"], struct.unpack("<q", fr[0][8:16])[0])
+            if t == WELCOME:
+                break
+            assert t in (ACK, CREDIT, ERROR), (t, fr)
+        w = json.loads(fr[1])
+        st["need_hello"] = False
+        if st["m"] is not None:
+            st["x"] = st["y"] = None
+            st["m"].close()
+        st.update(credit=w["credit"], seq=w["next_seq"], pool=w["shm"], busy={}, m=None)
+        if w["shm"]:
+            st["m"] = map_pool(w["shm"])
+            st["x"], st["y"] = views(st["m"], w["shm"], b, f)
+
+    def handle(t, fr):
+        if t == ACK:
+            seq, n = struct.unpack("<qI", fr[0][8:20])
+            st["credit"] += n
+            st["acked"] = max(st["acked"], seq)
+            st["busy"] = {s: q for s, q in st["busy"].items() if q > seq}
+        elif t == CREDIT:
+            st["credit"] += struct.unpack("<I", fr[0][8:12])[0]
+        elif t == ERROR:
+            e = json.loads(fr[1])
+            assert e["code"] == "ECLOSED" and "timed out" in e["message"], e
+            ECLOSED_SEEN.append(e)
+            st["need_hello"] = True
+        else:
+            raise AssertionError((t, fr))
+
+    def drain(block=False):
+        while True:
+            try:
+                t, fr = r.recv(timeout=5 if block else 0)
+            except TimeoutError:
+                assert not block, "no reply"
+                return
+            handle(t, fr)
+            block = False
+
+    hello()
+    sent = 0
+    for _ in range(rng.randint(60, 120)):
+        a = rng.random()
+        if a < 0.08:
+            hello(shm=rng.random() < 0.8)
+        elif a < 0.12:
+            r.send(hdr(END))
+            hello()
+        elif a < 0.13 and not ECLOSED_SEEN:
+            time.sleep(1.3)  # silent with credit: timed out, its pool dropped
+        while st["credit"] < 1 and not st["need_hello"]:
+            drain(block=True)
+        if st["need_hello"]:
+            hello()
+        k = rng.randint(1, min(k_most, st["credit"]))
+        data = np.random.default_rng(sent).standard_normal((k, b, f)).astype(np.float32)
+        if st["pool"] is None:
+            r.send(hdr(BATCH) + struct.pack("<qqII", st["seq"], k * b, 0, 2),
+                   data.tobytes(), np.ones(k * b, np.int32).tobytes())
+        else:
+            n = st["pool"]["slots"]
+            free = []
+            while not free and not st["need_hello"]:
+                free = [s for s in range(n - k + 1)
+                        if all(s + j not in st["busy"] for j in range(k))]
+                if not free:
+                    drain(block=True)
+            if not free:
+                continue
+            s = rng.choice(free)
+            st["x"][s:s + k] = data
+            st["y"][s:s + k] = 1
+            for j in range(k):
+                st["busy"][s + j] = st["seq"] + j
+            r.send(batch_shm(st["seq"], k * b, s))
+        st["credit"] -= k
+        st["seq"] += k
+        sent += k
+        drain()
+    deadline = time.monotonic() + 20
+    while st["acked"] < st["seq"] - 1 and time.monotonic() < deadline:
+        drain(block=True)
+    assert st["acked"] == st["seq"] - 1, st
+    d.signal()
+    assert d.wait() == 0, d.log()
+    assert "Sanitizer" not in d.log(), d.log()
+    r.close()
+    if st["m"] is not None:
+        st["x"] = st["y"] = None
+        st["m"].close()
