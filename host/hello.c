@@ -334,6 +334,12 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     }
     /* A connection that changes its name leaves its old stream, once the new one is set up
      * (a refused HELLO changes nothing). */
+    /* A producer whose earlier pools are still held by their steps in flight waits for them
+     * (as a HELLO for a busy name does) before it is welcomed without a new one. */
+    if (want_shm && named && ingest_shm_must_wait(g, named, body) && park_hello(g, from, body)) {
+        json_decref(j);
+        return;
+    }
     producer *old = p && p != named ? p : NULL;
     p = named;
     int fresh = p == NULL;

@@ -285,6 +285,9 @@ void ingest_drop_busy_hello(ifd_ingest *g, const producer_rid *from);
 #define SHM_POOLS_MAX 2 /* a producer slot's pools alive at once (S in docs/protocol.md) */
 shm_pool *ingest_shm_create(ifd_ingest *g, producer *p, const zmq_msg_t *hello, char *why,
                             size_t wlen);
+/* Whether a HELLO asking p's slot for a pool would be refused now for SHM_POOLS_MAX, its pool
+ * dropped (p's old pools are still held by steps in flight): it waits for them. */
+int ingest_shm_must_wait(ifd_ingest *g, const producer *p, const zmq_msg_t *hello);
 json_t *ingest_shm_json(const shm_pool *pool);
 void ingest_shm_ref(shm_pool *pool);
 void ingest_shm_unref(shm_pool *pool);

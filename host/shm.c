@@ -188,6 +188,15 @@ fail:
     return NULL;
 }
 
+int ingest_shm_must_wait(ifd_ingest *g, const producer *p, const zmq_msg_t *hello)
+{
+    int alive = __atomic_load_n(&p->pools, __ATOMIC_ACQUIRE);
+    if (p->pool && __atomic_load_n(&p->pool->refs, __ATOMIC_ACQUIRE) == 1)
+        alive--; /* dropped by the HELLO, and freed: no step holds it */
+    char why[IFD_ERROR_MSG_MAX];
+    return alive >= SHM_POOLS_MAX && g->cfg->shm && hello_is_local(g, hello, why, sizeof why);
+}
+
 json_t *ingest_shm_json(const shm_pool *pool)
 {
     char token[2 * IFD_SHM_TOKEN_LEN + 1];

@@ -241,8 +241,9 @@ def test_renaming_connection_drops_its_old_pool(daemon, rng):
 def test_rehello_in_a_loop_holds_at_most_two_pools(daemon, rng):
     """S in docs/protocol.md counts 2 pools a producer (its own and an old one whose steps are in
     flight): a producer that says HELLO with shm again and again, each time with a step in flight
-    in its current pool, gets shm_refused once it holds 2, instead of a pool each time."""
-    f, credit = rng.randint(1, 16), rng.randint(4, 12)
+    in its current pool, gets shm_refused once it holds 2 (after waiting 1 s for them to be
+    consumed, which never happens here), instead of a pool each time."""
+    f, credit = rng.randint(1, 16), rng.randint(3, 5)
     d = stuck_daemon(daemon, f, credit)
     r = Raw(d.listen)
     refused = []
@@ -434,3 +435,37 @@ def test_pools_survive_hellos_ends_and_timeouts_with_steps_in_flight(daemon, rng
     if st["m"] is not None:
         st["x"] = st["y"] = None
         st["m"].close()
+
+
+def test_a_third_pool_waits_for_the_old_steps(daemon, rng):
+    """A HELLO that would make a producer's third pool waits (up to 1 s) for the steps that hold
+    its old pools to be consumed, then gets its pool: a producer that says HELLO three times in a
+    row while its first steps wait for the device is not refused."""
+    f = rng.randint(1, 16)
+    d = daemon(features=f, classes=3, batch_size=4, steps=100, credit=4,
+               initial_infeed_sleep=0.5)
+    r = Raw(d.listen)
+    acked = -1
+    for seq in range(3):
+        r.send(hdr(HELLO), json.dumps(dict(schema=schema(f), name="thrice", shm=True)).encode())
+        while True:  # the ACKs of the steps it waits for come first
+            t, fr = r.recv()
+            if t == WELCOME:
+                break
+            assert t == ACK, (t, fr)
+            acked = struct.unpack("<q", fr[0][8:16])[0]
+        w = json.loads(fr[1])
+        assert w["shm"] is not None, w
+        assert pool_mappings(d.proc.pid) <= 2
+        m = map_pool(w["shm"])
+        x, y = views(m, w["shm"], 4, f)
+        x[0], y[0] = 0.25, 2
+        r.send(batch_shm(seq, 4, 0))
+        del x, y
+        m.close()
+    while acked < 2:
+        t, fr = r.recv()
+        if t == ACK:
+            acked = struct.unpack("<q", fr[0][8:16])[0]
+    r.close()
+    d.kill()
