@@ -211,6 +211,17 @@ def pool_mappings(pid: int) -> int:
         return sum("infeed-pool" in line for line in f)
 
 
+def send_one_step(r, w, f, seq):
+    """Maps the WELCOME's pool, writes one step into slot 0 and sends it as batch seq."""
+    b = w["batch_size"]
+    m = map_pool(w["shm"])
+    x, y = views(m, w["shm"], b, f)
+    x[0], y[0] = 0.5, 1
+    r.send(batch_shm(seq, b, 0))
+    del x, y
+    m.close()
+
+
 def stuck_daemon(daemon, f, credit):
     """per-core with 2 replicas and a producer for replica 0 only: every step it sends stays in
     flight (the step waits for replica 1's batch), so its pool stays alive."""
@@ -252,12 +263,7 @@ def test_rehello_in_a_loop_holds_at_most_two_pools(daemon, rng):
         if w["shm"] is None:
             refused.append(w["shm_refused"])
             continue
-        m = map_pool(w["shm"])
-        x, y = views(m, w["shm"], 2, f)
-        x[0], y[0] = 0.5, 1
-        r.send(batch_shm(seq, 2, 0))
-        del x, y
-        m.close()
+        send_one_step(r, w, f, seq)
         assert d.control({"cmd": "status"})["producers"][0]["in_flight"] == seq + 1 - len(refused)
         assert pool_mappings(d.proc.pid) <= 2, (seq, pool_mappings(d.proc.pid))
     assert pool_mappings(d.proc.pid) <= 2
@@ -457,12 +463,7 @@ def test_a_third_pool_waits_for_the_old_steps(daemon, rng):
         w = json.loads(fr[1])
         assert w["shm"] is not None, w
         assert pool_mappings(d.proc.pid) <= 2
-        m = map_pool(w["shm"])
-        x, y = views(m, w["shm"], 4, f)
-        x[0], y[0] = 0.25, 2
-        r.send(batch_shm(seq, 4, 0))
-        del x, y
-        m.close()
+        send_one_step(r, w, f, seq)
     while acked < 2:
         t, fr = r.recv()
         if t == ACK:
