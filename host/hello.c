@@ -334,6 +334,12 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     }
     /* A connection that changes its name leaves its old stream, once the new one is set up
      * (a refused HELLO changes nothing). */
+    /* A producer whose earlier pools are still held by their steps in flight waits for them
+     * (as a HELLO for a busy name does) before it is welcomed without a new one. */
+    if (want_shm && named && ingest_shm_must_wait(g, named, body) && park_hello(g, from, body)) {
+        json_decref(j);
+        return;
+    }
     producer *old = p && p != named ? p : NULL;
     p = named;
     int fresh = p == NULL;
@@ -393,6 +399,7 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
         } else {
             old->ended = 1;
             ingest_slot_unbind(g, old);
+            ingest_shm_drop(g, old); /* its steps in flight keep the pool until consumed */
         }
     }
     if (ingest_slot_bind(g, p, from) != IFD_OK) {
@@ -416,7 +423,7 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     ingest_shm_drop(g, p);
     char refused[IFD_ERROR_MSG_MAX] = "";
     if (want_shm)
-        p->pool = ingest_shm_create(g, body, refused, sizeof refused);
+        p->pool = ingest_shm_create(g, p, body, refused, sizeof refused);
     /* The sequence numbers end at INT64_MAX: after a batch with that seq, no later one exists
      * (every seq is a duplicate) and next_seq stays at INT64_MAX rather than overflowing. */
     int64_t next_seq = p->last_seq < INT64_MAX ? p->last_seq + 1 : INT64_MAX;

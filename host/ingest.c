@@ -314,6 +314,7 @@ void ifd_ingest_destroy(ifd_ingest *g)
             ingest_host_batch_free(hb);
             hb = next;
         }
+        ingest_shm_drop(g, &g->producers[i]); /* the pools producers still hold */
     }
     free(g->producers);
     ingest_producers_free(g);

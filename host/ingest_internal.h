@@ -48,8 +48,9 @@ typedef struct host_batch host_batch;
  * is the seq of the step in slot s while it is in flight, else -1 (written by the I/O thread
  * when a step is accepted, cleared by whichever thread releases it). */
 typedef struct shm_pool {
-    int refs; /* atomic: its producer, and every message with steps in it */
-    int fd;   /* -1 once the producer mapped it */
+    int refs;   /* atomic: its producer, and every message with steps in it */
+    int *alive; /* atomic: its producer slot's count of pools alive, less one when it is freed */
+    int fd;     /* -1 once the producer mapped it */
     void *base;
     size_t size;
     int slots, ntensors;
@@ -99,6 +100,7 @@ typedef struct producer {
     int64_t gone_ns;         /* since when */
     int timed_out;           /* producer_timeout: counted as ended, its credit taken back */
     shm_pool *pool;          /* its shared-memory pool (HELLO "shm"), else NULL */
+    int pools;               /* atomic: its pools alive (pool, and old ones steps keep) */
 } producer;
 
 /* A batch's PREDICTION (predict mode), made on the outfeed thread and sent by the I/O thread
@@ -277,9 +279,15 @@ void ingest_retry_busy_hellos(ifd_ingest *g);
 void ingest_drop_busy_hello(ifd_ingest *g, const producer_rid *from);
 
 /* shm.c: a pool for p (the WELCOME's "shm" object, or NULL with a sentence in why when the
- * daemon makes none); a pool is let go by its producer (drop) and by every message holding
- * steps in it (unref), and freed with the last. */
-shm_pool *ingest_shm_create(ifd_ingest *g, const zmq_msg_t *hello, char *why, size_t wlen);
+ * daemon makes none: also when p's slot has SHM_POOLS_MAX pools alive, its old ones kept by
+ * steps in flight); a pool is let go by its producer (drop) and by every message holding steps
+ * in it (unref), and freed with the last. */
+#define SHM_POOLS_MAX 2 /* a producer slot's pools alive at once (S in docs/protocol.md) */
+shm_pool *ingest_shm_create(ifd_ingest *g, producer *p, const zmq_msg_t *hello, char *why,
+                            size_t wlen);
+/* Whether a HELLO asking p's slot for a pool would be refused now for SHM_POOLS_MAX, its pool
+ * dropped (p's old pools are still held by steps in flight): it waits for them. */
+int ingest_shm_must_wait(ifd_ingest *g, const producer *p, const zmq_msg_t *hello);
 json_t *ingest_shm_json(const shm_pool *pool);
 void ingest_shm_ref(shm_pool *pool);
 void ingest_shm_unref(shm_pool *pool);

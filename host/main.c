@@ -53,9 +53,10 @@ static void install_signals(void)
 }
 
 /* Each connection costs a descriptor: take every one the hard limit allows (as Redis does), and
- * lower the connection limit to what the descriptors left cover (three sockets and DESC_RESERVE
- * for everything else), so that a flood meets the limit, which closes connections at once, and
- * not EMFILE, which makes libzmq retry its accept in a loop. */
+ * lower the connection limit to what the descriptors left cover (three sockets, with --shm on a
+ * pool's memfd a producer until it maps it, and DESC_RESERVE for everything else), so that a
+ * flood meets the limit, which closes connections at once, and not EMFILE, which makes libzmq
+ * retry its accept in a loop. */
 #define DESC_RESERVE 64
 static void fit_descriptors(ifd_daemon_config *c)
 {
@@ -71,10 +72,10 @@ static void fit_descriptors(ifd_daemon_config *c)
         else
             getrlimit(RLIMIT_NOFILE, &rl);
     }
-    long long want = ifd_daemon_max_connections(c);
-    if (rl.rlim_cur == RLIM_INFINITY || (long long)rl.rlim_cur >= 3 * want + DESC_RESERVE)
+    long long want = ifd_daemon_max_connections(c), pools = c->shm ? c->max_producers : 0;
+    if (rl.rlim_cur == RLIM_INFINITY || (long long)rl.rlim_cur >= 3 * want + pools + DESC_RESERVE)
         return;
-    long long fit = ((long long)rl.rlim_cur - DESC_RESERVE) / 3;
+    long long fit = ((long long)rl.rlim_cur - DESC_RESERVE - pools) / 3;
     c->max_connections = fit < 1 ? 1 : (int)fit;
     IFD_LOG_WARN("the descriptor limit (%llu, ulimit -n) covers %d connections on each of the "
                  "three sockets, not %lld: the limit is lowered to %d%s",

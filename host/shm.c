@@ -101,7 +101,8 @@ void ingest_shm_release_session(ifd_ingest *g)
     ifd_mutex_unlock(&g->pool_mu);
 }
 
-shm_pool *ingest_shm_create(ifd_ingest *g, const zmq_msg_t *hello, char *why, size_t wlen)
+shm_pool *ingest_shm_create(ifd_ingest *g, producer *p, const zmq_msg_t *hello, char *why,
+                            size_t wlen)
 {
     if (!g->cfg->shm) {
         snprintf(why, wlen, "the daemon runs with --shm off");
@@ -109,6 +110,17 @@ shm_pool *ingest_shm_create(ifd_ingest *g, const zmq_msg_t *hello, char *why, si
     }
     if (!hello_is_local(g, hello, why, wlen))
         return NULL;
+    /* Old pools are kept by their steps in flight: a producer that says HELLO again and again
+     * with a step in each would hold a pool a credit. */
+    int alive = __atomic_load_n(&p->pools, __ATOMIC_ACQUIRE);
+    if (alive >= SHM_POOLS_MAX) {
+        snprintf(why, wlen,
+                 "shared-memory pools of this producer: expected at most %d alive at once, got %d "
+                 "(earlier pools whose steps, %d, are still in flight): a new one is made once "
+                 "they are consumed",
+                 SHM_POOLS_MAX, alive, p->in_flight);
+        return NULL;
+    }
     shm_pool *pool = calloc(1, sizeof *pool);
     if (pool == NULL) {
         snprintf(why, wlen, "out of memory");
@@ -116,6 +128,8 @@ shm_pool *ingest_shm_create(ifd_ingest *g, const zmq_msg_t *hello, char *why, si
     }
     pool->fd = -1;
     pool->refs = 1;
+    pool->alive = &p->pools;
+    __atomic_add_fetch(pool->alive, 1, __ATOMIC_RELAXED);
     pool->slots = g->credit + g->max_steps - 1;
     pool->ntensors = g->nin;
     size_t off = IFD_SHM_HEADER;
@@ -174,6 +188,15 @@ fail:
     return NULL;
 }
 
+int ingest_shm_must_wait(ifd_ingest *g, const producer *p, const zmq_msg_t *hello)
+{
+    int alive = __atomic_load_n(&p->pools, __ATOMIC_ACQUIRE);
+    if (p->pool && __atomic_load_n(&p->pool->refs, __ATOMIC_ACQUIRE) == 1)
+        alive--; /* dropped by the HELLO, and freed: no step holds it */
+    char why[IFD_ERROR_MSG_MAX];
+    return alive >= SHM_POOLS_MAX && g->cfg->shm && hello_is_local(g, hello, why, sizeof why);
+}
+
 json_t *ingest_shm_json(const shm_pool *pool)
 {
     char token[2 * IFD_SHM_TOKEN_LEN + 1];
@@ -217,6 +240,7 @@ void ingest_shm_unref(shm_pool *pool)
     if (pool->fd >= 0)
         close(pool->fd);
     free(pool->busy);
+    __atomic_sub_fetch(pool->alive, 1, __ATOMIC_RELEASE);
     free(pool);
 }
 

@@ -183,3 +183,290 @@ def test_refusals(daemon, rng):
     assert e["code"] == "EPROTO" and "expected no frames" in e["message"], e
     r.close()
     d.kill()
+
+
+def test_pools_held_at_exit_are_freed(daemon, rng):
+    """A stop while producers hold pools (one with steps in flight, one without) frees them all:
+    under AddressSanitizer a pool left behind is a leak and a nonzero exit."""
+    f = rng.randint(1, 16)
+    d = daemon(features=f, classes=3, batch_size=4, steps=100, credit=4)
+    a, b = Raw(d.listen), Raw(d.listen)
+    _, w = a.hello(schema(f), name="a", shm=True)
+    m = map_pool(w["shm"])
+    _, w = b.hello(schema(f), name="b", shm=True)
+    assert w["shm"] is not None
+    a.send(batch_shm(0, 4, 0))
+    assert a.recv_type(ACK)[0] == ACK
+    d.signal()
+    assert d.wait() == 0, d.log()
+    assert "Sanitizer" not in d.log(), d.log()
+    m.close()
+    a.close()
+    b.close()
+
+
+def pool_mappings(pid: int) -> int:
+    """The daemon's mappings of shared-memory pools (each pool alive is mapped once)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return sum("infeed-pool" in line for line in f)
+
+
+def send_one_step(r, w, f, seq):
+    """Maps the WELCOME's pool, writes one step into slot 0 and sends it as batch seq."""
+    b = w["batch_size"]
+    m = map_pool(w["shm"])
+    x, y = views(m, w["shm"], b, f)
+    x[0], y[0] = 0.5, 1
+    r.send(batch_shm(seq, b, 0))
+    del x, y
+    m.close()
+
+
+def stuck_daemon(daemon, f, credit):
+    """per-core with 2 replicas and a producer for replica 0 only: every step it sends stays in
+    flight (the step waits for replica 1's batch), so its pool stays alive."""
+    return daemon(features=f, classes=3, batch_size=4, replicas=2, input_mode="per-core",
+                  steps=100, credit=credit, max_producers=2)
+
+
+def test_renaming_connection_drops_its_old_pool(daemon, rng):
+    """A connection that says HELLO under another name leaves its old stream: the old stream's
+    pool is dropped (its steps in flight keep it alive, no longer the ended stream)."""
+    f = rng.randint(1, 16)
+    d = stuck_daemon(daemon, f, 4)
+    r = Raw(d.listen)
+    _, w = r.hello(schema(f), name="first", replica=0, shm=True)
+    m = map_pool(w["shm"])
+    r.send(batch_shm(0, 2, 0))  # in flight: the old stream keeps its slot
+    _, w2 = r.hello(schema(f), name="second", replica=0, shm=True)
+    assert w2["shm"] is not None, w2
+    st = {p["name"]: p for p in d.control({"cmd": "status"})["producers"]}
+    assert st["first"]["ended"] and st["first"]["in_flight"] == 1, st
+    assert st["first"]["shm"] is False, st
+    assert pool_mappings(d.proc.pid) == 2  # first's, alive for its step; second's
+    m.close()
+    r.close()
+    d.kill()
+
+
+def test_rehello_in_a_loop_holds_at_most_two_pools(daemon, rng):
+    """S in docs/protocol.md counts 2 pools a producer (its own and an old one whose steps are in
+    flight): a producer that says HELLO with shm again and again, each time with a step in flight
+    in its current pool, gets shm_refused once it holds 2 (after waiting 1 s for them to be
+    consumed, which never happens here), instead of a pool each time."""
+    f, credit = rng.randint(1, 16), rng.randint(3, 5)
+    d = stuck_daemon(daemon, f, credit)
+    r = Raw(d.listen)
+    refused = []
+    for seq in range(credit):
+        _, w = r.hello(schema(f), name="looper", replica=0, shm=True)
+        if w["shm"] is None:
+            refused.append(w["shm_refused"])
+            continue
+        send_one_step(r, w, f, seq)
+        assert d.control({"cmd": "status"})["producers"][0]["in_flight"] == seq + 1 - len(refused)
+        assert pool_mappings(d.proc.pid) <= 2, (seq, pool_mappings(d.proc.pid))
+    assert pool_mappings(d.proc.pid) <= 2
+    assert len(refused) >= credit - 2, refused
+    assert all("pools of this producer: expected at most 2 alive at once, got 2" in s
+               and "in flight" in s for s in refused), refused
+    # another producer is not affected: it gets its pool
+    r2 = Raw(d.listen)
+    _, w = r2.hello(schema(f), name="other", replica=0, shm=True)
+    assert w["shm"] is not None, w
+    r.close()
+    r2.close()
+    d.kill()
+
+
+@pytest.mark.parametrize("shm", ["on", "off"])
+def test_pool_descriptors_count_in_the_descriptor_budget(daemon, rng, shm):
+    """A pool's memfd stays open until its producer maps it: with --shm on, max_producers of
+    them count in the descriptors the connection limit must leave (3 x N + 64 + P)."""
+    import resource
+
+    producers, conns = rng.randint(2, 20), rng.randint(40, 80)
+    nofile = 3 * conns + 64  # enough for the sockets alone, not for the pools besides
+
+    def low_nofile():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    d = daemon(features=4, classes=3, batch_size=4, steps=100, max_producers=producers,
+               max_connections=conns, shm=shm, preexec_fn=low_nofile)
+    fit = (nofile - 64 - producers) // 3
+    said = f"the descriptor limit ({nofile}, ulimit -n) covers {fit} connections"
+    deadline = time.monotonic() + 5
+    while shm == "on" and said not in d.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (said in d.log()) == (shm == "on"), d.log()
+    assert ("covers" in d.log()) == (shm == "on"), d.log()
+    d.kill()
+
+
+def test_pools_survive_hellos_ends_and_timeouts_with_steps_in_flight(daemon, rng):
+    """A producer that streams messages of several steps into its pool and, at random, says
+    HELLO again (a new pool, the old one's steps in flight), sends END and HELLO, goes silent
+    past producer_timeout, asks for no pool, repeats the last steps it sent in a longer message
+    (only the new ones taken, only their slots checked), or rewrites the whole pool, slots in
+    flight and header included: every step is acknowledged, and the daemon (built with
+    AddressSanitizer or ThreadSanitizer: no use of a freed pool, no race on its slots, no label
+    read from the pool after its check) exits cleanly on SIGTERM."""
+    f, b = rng.randint(1, 8), rng.randint(1, 4)
+    k_most = rng.randint(1, 4)
+    credit = k_most + rng.randint(0, 4)
+    d = daemon(features=f, classes=3, batch_size=b, steps=1 << 30, iterations_per_loop=1,
+               credit=credit, max_steps_per_message=k_most, expect_producers=2,
+               producer_timeout=1)
+    r = Raw(d.listen)
+    st = {"credit": 0, "seq": 0, "pool": None, "busy": {}, "acked": -1, "m": None,
+          "need_hello": False, "msgs": {}}
+    ECLOSED_SEEN = []
+
+    def hello(shm=True):
+        """What comes before the WELCOME (ACKs, ECLOSED for batches sent after a timeout) is
+        covered by its credit and next_seq."""
+        r.send(hdr(HELLO), json.dumps(dict(schema=schema(f), name="churn", shm=shm)).encode())
+        while True:
+            t, fr = r.recv()
+            if t == ACK:
+                st["acked"] = max(st["acked"], struct.unpack("<q", fr[0][8:16])[0])
+            if t == WELCOME:
+                break
+            assert t in (ACK, CREDIT, ERROR), (t, fr)
+        w = json.loads(fr[1])
+        st["need_hello"] = False
+        if st["m"] is not None:
+            st["x"] = st["y"] = None
+            st["m"].close()
+        st.update(credit=w["credit"], seq=w["next_seq"], pool=w["shm"], busy={}, msgs={}, m=None)
+        if w["shm"]:
+            st["m"] = map_pool(w["shm"])
+            st["x"], st["y"] = views(st["m"], w["shm"], b, f)
+
+    def handle(t, fr):
+        if t == ACK:
+            seq, n = struct.unpack("<qI", fr[0][8:20])
+            st["credit"] += n
+            st["acked"] = max(st["acked"], seq)
+            st["busy"] = {s: q for s, q in st["busy"].items() if q > seq}
+            st["msgs"] = {q: sl for q, sl in st["msgs"].items() if q + len(sl) - 1 > seq}
+        elif t == CREDIT:
+            st["credit"] += struct.unpack("<I", fr[0][8:12])[0]
+        elif t == ERROR:
+            e = json.loads(fr[1])
+            if e["code"] == "ERANGE":  # labels rewritten before the daemon took the message
+                assert "tensor 'y'" in e["message"] and "out of range" in e["message"], e
+                st["credit"] += e["credit"]
+                for slot in st["msgs"].pop(e["seq"], []):
+                    st["busy"].pop(slot, None)
+                return
+            assert e["code"] == "ECLOSED" and "timed out" in e["message"], e
+            ECLOSED_SEEN.append(e)
+            st["need_hello"] = True
+        else:
+            raise AssertionError((t, fr))
+
+    def drain(block=False):
+        while True:
+            try:
+                t, fr = r.recv(timeout=5 if block else 0)
+            except TimeoutError:
+                assert not block, "no reply"
+                return
+            handle(t, fr)
+            block = False
+
+    hello()
+    sent = 0
+    for _ in range(rng.randint(60, 120)):
+        a = rng.random()
+        if a < 0.08:
+            hello(shm=rng.random() < 0.8)
+        elif a < 0.12:
+            r.send(hdr(END))
+            hello()
+        elif a < 0.13 and not ECLOSED_SEEN:
+            time.sleep(1.3)  # silent with credit: timed out, its pool dropped
+        while st["credit"] < 1 and not st["need_hello"]:
+            drain(block=True)
+        if st["need_hello"]:
+            hello()
+        k = rng.randint(1, min(k_most, st["credit"]))
+        data = np.random.default_rng(sent).standard_normal((k, b, f)).astype(np.float32)
+        back = 0
+        if st["pool"] is None:
+            r.send(hdr(BATCH) + struct.pack("<qqII", st["seq"], k * b, 0, 2),
+                   data.tobytes(), np.ones(k * b, np.int32).tobytes())
+        else:
+            n = st["pool"]["slots"]
+            free = []
+            while not free and not st["need_hello"]:
+                free = [s for s in range(n - k + 1)
+                        if all(s + j not in st["busy"] for j in range(k))]
+                if not free:
+                    drain(block=True)
+            if not free:
+                continue
+            s = rng.choice(free)
+            st["x"][s:s + k] = data
+            st["y"][s:s + k] = 1
+            # a message that repeats the last steps sent: those are dropped (a CREDIT), the
+            # others taken, and only their slots checked and marked
+            back = rng.randint(1, k - 1) if k > 1 and st["seq"] > 0 and rng.random() < 0.2 else 0
+            back = min(back, st["seq"])
+            if st["seq"] - back in st["msgs"]:  # an ERROR names a message by its seq alone
+                back = 0
+            for j in range(k):
+                st["busy"][s + j] = st["seq"] - back + j
+            st["msgs"][st["seq"] - back] = list(range(s, s + k))
+            r.send(batch_shm(st["seq"] - back, k * b, s))  # k credits; a CREDIT of back
+            if rng.random() < 0.1:  # hostile: rewrite every slot, in flight or not, and the header
+                st["y"][:] = rng.choice([-1, 3, 1 << 30, -(1 << 31)])
+                st["x"][:] = 1e3 * rng.random()
+                st["m"][:64] = os.urandom(64)
+        st["credit"] -= k
+        st["seq"] += k - back
+        sent += k
+        drain()
+    deadline = time.monotonic() + 20  # every step taken is acknowledged
+    while d.control({"cmd": "status"})["producers"][0]["in_flight"] and \
+            time.monotonic() < deadline:
+        drain()
+        time.sleep(0.01)
+    assert d.control({"cmd": "status"})["producers"][0]["in_flight"] == 0
+    d.signal()
+    assert d.wait() == 0, d.log()
+    assert "Sanitizer" not in d.log(), d.log()
+    r.close()
+    if st["m"] is not None:
+        st["x"] = st["y"] = None
+        st["m"].close()
+
+
+def test_a_third_pool_waits_for_the_old_steps(daemon, rng):
+    """A HELLO that would make a producer's third pool waits (up to 1 s) for the steps that hold
+    its old pools to be consumed, then gets its pool: a producer that says HELLO three times in a
+    row while its first steps wait for the device is not refused."""
+    f = rng.randint(1, 16)
+    d = daemon(features=f, classes=3, batch_size=4, steps=100, credit=4,
+               initial_infeed_sleep=0.5)
+    r = Raw(d.listen)
+    acked = -1
+    for seq in range(3):
+        r.send(hdr(HELLO), json.dumps(dict(schema=schema(f), name="thrice", shm=True)).encode())
+        while True:  # the ACKs of the steps it waits for come first
+            t, fr = r.recv()
+            if t == WELCOME:
+                break
+            assert t == ACK, (t, fr)
+            acked = struct.unpack("<q", fr[0][8:16])[0]
+        w = json.loads(fr[1])
+        assert w["shm"] is not None, w
+        assert pool_mappings(d.proc.pid) <= 2
+        send_one_step(r, w, f, seq)
+    while acked < 2:
+        t, fr = r.recv()
+        if t == ACK:
+            acked = struct.unpack("<q", fr[0][8:16])[0]
+    r.close()
+    d.kill()
