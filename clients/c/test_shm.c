@@ -120,8 +120,8 @@ static void slots_life(ifd_rng *rng, int with_errors)
         RASSERT(ifdp_slots_busy(&s) == model_busy(&m), "busy %d, the model says %d",
                 ifdp_slots_busy(&s), model_busy(&m));
     }
-    RASSERT(with_errors || C < 2 || M < 2 || wrapped > 0, "no wrap to 0 in 3000 ops (C %d M %d)",
-            C, M);
+    RASSERT(with_errors || C < 2 || M < 2 || wrapped > 0, "no wrap to 0 in 3000 ops (C %d M %d)", C,
+            M);
     ifdp_slots_fini(&s);
 }
 
