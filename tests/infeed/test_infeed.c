@@ -1,4 +1,5 @@
 /* Batch checks against the program and per-host sharding. */
+#include "core/batch.h"
 #include "infeed/infeed_internal.h"
 #include "tests/util/testutil.h"
 
@@ -24,6 +25,36 @@ START_TEST(check_accepts_a_good_batch)
     ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_OK);
     ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 0, IFD_MODE_TRAIN, &err), IFD_OK);
     tu_batch_free(tb);
+}
+END_TEST
+
+/* Predict's padding copies a partial batch into memory of its own: the copy is padded and is
+ * no longer in the source's registered host memory (IFD_BATCH_PINNED, a shared-memory pool),
+ * whatever other flags it keeps. */
+START_TEST(padding_copies_and_drops_the_pinned_flag)
+{
+    ifd_program p;
+    ifd_rng rng;
+    seed_rng(&rng);
+    int64_t f = rand_between(&rng, 1, 9), rows = rand_between(&rng, 1, 7);
+    softmax(&p, f, 3);
+    tu_batch *tb = tu_batch_random(&p, rows, 5, &rng);
+    tb->b.ntensors = 1; /* predict mode reads x only */
+    tb->b.flags = IFD_BATCH_PINNED;
+    ifd_batch *padded;
+    ifd_error err;
+    int64_t full = rows + rand_between(&rng, 1, 5);
+    ck_assert_int_eq(ifd_infeed_pad_batch(&p, IFD_MODE_PREDICT, &tb->b, full, &padded, &err),
+                     IFD_OK);
+    ck_assert_uint_eq(padded->flags, IFD_BATCH_PADDED);
+    ck_assert_int_eq(padded->rows, full);
+    ck_assert_int_eq(padded->valid_rows, rows);
+    ck_assert_ptr_ne(padded->tensors[0].data, tb->b.tensors[0].data);
+    ck_assert_int_eq(
+        memcmp(padded->tensors[0].data, tb->b.tensors[0].data, (size_t)(rows * f) * sizeof(float)),
+        0);
+    ifd_batch_unref(padded); /* lets go of its reference on tb */
+    ifd_batch_unref(&tb->b);
 }
 END_TEST
 
@@ -369,6 +400,7 @@ int main(void)
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, check_accepts_a_good_batch);
     tcase_add_test(tc, check_names_what_is_wrong);
+    tcase_add_test(tc, padding_copies_and_drops_the_pinned_flag);
     tcase_add_loop_test(tc, per_host_shards_are_views, 0, 20);
     tcase_add_test(tc, per_host_rejects_uneven_batches);
     tcase_add_test(tc, batch_queue_source);
