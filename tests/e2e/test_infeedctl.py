@@ -47,7 +47,8 @@ def test_status_readable_and_json(daemon, rng):
     d = start(daemon, steps=steps, replicas=rng.choice([1, 2]))
     nprng = np.random.default_rng(rng.randint(0, 2**31))
     sent = rng.randint(1, 5)
-    p = infeed.Producer(d.listen, name="loader-7", timeout=10)
+    shm = rng.choice([True, False])
+    p = infeed.Producer(d.listen, name="loader-7", timeout=10, shm=shm)
     for i in range(sent):
         p.send(batch(nprng, i))
     p.wait()
@@ -55,13 +56,14 @@ def test_status_readable_and_json(daemon, rng):
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     assert s["ok"] and s["last_step"] == steps and s["mode"] == "train", s
-    assert [q["name"] for q in s["producers"]] == ["loader-7"], s
+    assert [(q["name"], q["shm"]) for q in s["producers"]] == [("loader-7", shm)], s
     assert s["global_step"] <= sent and s["batches_accepted"] == sent, s
     r = ctl("status", *endpoints(d))
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert f"global step   {s['global_step']} / {steps}" in out, out
     assert "loader-7" in out and f"accepted {sent}" in out, out
+    assert ("shared memory" in out) == shm, out
     assert f"program softmax on {s['replicas']} cpu replica" in out, out
     assert len(re.findall(r"replica \d+\s+infeed \d+/\d+, outfeed \d+/\d+", out)) == s["replicas"]
     p.close()
