@@ -53,8 +53,7 @@ START_TEST(padding_copies_and_drops_the_pinned_flag)
     ck_assert_int_eq(
         memcmp(padded->tensors[0].data, tb->b.tensors[0].data, (size_t)(rows * f) * sizeof(float)),
         0);
-    ifd_batch_unref(padded); /* lets go of its reference on tb */
-    ifd_batch_unref(&tb->b);
+    ifd_batch_unref(padded); /* releases tb with it (tu_batch's release frees it) */
 }
 END_TEST
 
