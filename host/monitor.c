@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <zmq.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 
@@ -52,6 +53,7 @@ struct ifd_monitor {
     ifd_thread thread;
     int started;
     int stop; /* atomic */
+    int wake; /* eventfd: destroy wakes the thread's poll with it, so exit does not wait for it */
     int64_t heap_checked_ns, heap_warned_ns;
 };
 
@@ -65,6 +67,12 @@ int ifd_monitor_create(ifd_monitor **out, void *zctx, int max_connections, size_
     m->max_connections = max_connections;
     m->heap_bound = heap_bound;
     m->spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    m->wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (m->wake < 0) {
+        int e = errno;
+        ifd_monitor_destroy(m);
+        return ifd_error_set(err, IFD_ENOMEM, "monitor: eventfd: %s", strerror(e));
+    }
     IFD_LOG_INFO("at most %d connections a socket; memory bound %zu MiB (docs/protocol.md)",
                  max_connections, heap_bound >> 20);
     *out = m;
@@ -264,11 +272,12 @@ static void check_heap(ifd_monitor *m, int64_t now)
 static void *monitor_main(void *arg)
 {
     ifd_monitor *m = arg;
-    zmq_pollitem_t items[MAX_WATCHED];
+    zmq_pollitem_t items[MAX_WATCHED + 1];
     for (int i = 0; i < m->nw; i++)
         items[i] = (zmq_pollitem_t){.socket = m->w[i].pair, .events = ZMQ_POLLIN};
+    items[m->nw] = (zmq_pollitem_t){.fd = m->wake, .events = ZMQ_POLLIN};
     while (!__atomic_load_n(&m->stop, __ATOMIC_ACQUIRE)) {
-        int rc = zmq_poll(items, m->nw, 200);
+        int rc = zmq_poll(items, m->nw + 1, 200);
         for (int i = 0; rc > 0 && i < m->nw; i++)
             if (items[i].revents & ZMQ_POLLIN)
                 for (int k = 0; k < 1024 && read_event(m, &m->w[i]); k++)
@@ -298,11 +307,16 @@ void ifd_monitor_destroy(ifd_monitor *m)
         return;
     if (m->started) {
         __atomic_store_n(&m->stop, 1, __ATOMIC_RELEASE);
+        uint64_t one = 1;
+        if (write(m->wake, &one, sizeof one) < 0) /* never full: a stale poll ends in 200 ms */
+            IFD_LOG_DEBUG("monitor: cannot wake its thread: %s", strerror(errno));
         ifd_thread_join(&m->thread);
     }
     for (int i = 0; i < m->nw; i++)
         zmq_close(m->w[i].pair);
     if (m->spare >= 0)
         close(m->spare);
+    if (m->wake >= 0)
+        close(m->wake);
     free(m);
 }
