@@ -1,6 +1,7 @@
 /* The op set and the replication ops on the host: CBLAS for products, device/math.h for the
  * elementwise math. Every sum over rows runs in row order (losses in double, column sums in
  * float), so results are repeatable run to run. */
+#include "device/cpu/team.h"
 #include "device/math.h"
 #include "device/step.h"
 
@@ -8,10 +9,51 @@
 #include <sched.h>
 #include <stdlib.h>
 
+static void sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                  int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+
+/* One product shared by a replica's team: C's rows (or columns) in blocks, one block a chunk,
+ * each an sgemm of its own on one thread; the last block takes the rest. */
+typedef struct gemm_split {
+    int ta, tb, by_rows;
+    int64_t m, n, k, block, blocks;
+    float alpha, beta;
+    const float *a, *b;
+    float *c;
+} gemm_split;
+
+static void gemm_block(void *arg, int64_t i)
+{
+    const gemm_split *g = arg;
+    int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
+    int64_t lo = i * g->block, dim = g->by_rows ? g->m : g->n;
+    int64_t len = i == g->blocks - 1 ? dim - lo : g->block;
+    if (g->by_rows) /* rows lo.. of op(A): A's rows, or its columns when transposed */
+        sgemm(g->ta, g->tb, len, g->n, g->k, g->alpha, g->a + (g->ta ? lo : lo * lda), lda, g->b,
+              ldb, g->beta, g->c + lo * g->n, g->n);
+    else /* columns lo.. of op(B) */
+        sgemm(g->ta, g->tb, g->m, len, g->k, g->alpha, g->a, lda, g->b + (g->tb ? lo * ldb : lo),
+              ldb, g->beta, g->c + lo, g->n);
+}
+
+/*
+ * Products of at least IFD_TEAM_GEMM_MACS multiply-adds are split over the replica's team (ctx,
+ * device/cpu/team.h; NULL: none) along C's longer side, so that each block re-packs the smaller
+ * operand: rows when m >= n (each block packs all of op(B)), else columns. Blocks are multiples
+ * of 16 rows or columns (the width of the AVX-512 kernels), about IFD_TEAM_GEMM_BLOCKS per
+ * thread, so that a thread slowed by something else on its core takes fewer. The blocks depend
+ * on the shape and the team's size only, so a run is repeatable; a block's bits can differ from
+ * one sgemm's over the whole product in the last place, where OpenBLAS picks another kernel
+ * for the smaller shape (its small-matrix kernels sum over k in another order).
+ */
 static void cpu_gemm(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                      const float *a, const float *b, float beta, float *c)
 {
-    (void)ctx;
+    ifd_team *team = ctx;
     if (n == 1) {
         /* A matrix-vector product (one output column): sgemv reads A once where sgemm would
          * first pack a copy of it. B, [k,1] or [1,k], is contiguous either way. */
@@ -23,9 +65,27 @@ static void cpu_gemm(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k,
                         c, 1);
         return;
     }
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (int)m, (int)n, (int)k, alpha, a, ta ? (int)m : (int)k, b, tb ? (int)k : (int)n,
-                beta, c, (int)n);
+    int threads = ifd_team_threads(team);
+    gemm_split g = {.ta = ta,
+                    .tb = tb,
+                    .by_rows = m >= n,
+                    .m = m,
+                    .n = n,
+                    .k = k,
+                    .alpha = alpha,
+                    .beta = beta,
+                    .a = a,
+                    .b = b,
+                    .c = c};
+    int64_t dim = g.by_rows ? m : n;
+    if (threads > 1 && (double)m * (double)n * (double)k >= IFD_TEAM_GEMM_MACS && dim >= 32) {
+        int64_t blocks = (int64_t)threads * IFD_TEAM_GEMM_BLOCKS;
+        g.block = ((dim + blocks - 1) / blocks + 15) / 16 * 16;
+        g.blocks = dim / g.block;
+        ifd_team_run(team, g.blocks, gemm_block, &g);
+        return;
+    }
+    sgemm(ta, tb, m, n, k, alpha, a, ta ? m : k, b, tb ? k : n, beta, c, n);
 }
 
 static void cpu_bias_add(void *ctx, int64_t rows, int64_t cols, const float *bias, float *x)
@@ -178,21 +238,17 @@ void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_o
     out->count = (float)rows;
 }
 
-int ifd_cpu_blas_threads(int replicas, double step_macs)
+int ifd_cpu_replica_threads(int replicas)
 {
     if (getenv("OPENBLAS_NUM_THREADS"))
-        return 0;
-    const char *v = getenv("IFD_BLAS_THREADS");
+        return 1;
+    openblas_set_num_threads(1);
+    const char *v = getenv("IFD_REPLICA_THREADS");
     int n = v ? atoi(v) : 0;
-    if (n <= 0 && step_macs < IFD_BLAS_THREADED_MACS) {
-        n = 1;
-    } else if (n <= 0) {
+    if (n <= 0) {
         cpu_set_t set;
         int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
         n = replicas > 0 ? cpus / replicas : 1;
     }
-    if (n < 1)
-        n = 1;
-    openblas_set_num_threads(n);
-    return n;
+    return n < 1 ? 1 : n;
 }

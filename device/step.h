@@ -70,19 +70,27 @@ int ifd_step_predict(const ifd_program *p, const ifd_ops *ops, const ifd_step_op
                      float *pred, ifd_step_out *out, ifd_error *err);
 
 /* The cpu implementations, for the cpu backend and for tests that run a program directly. */
+/* ctx: the replica's team (device/cpu/team.h) that shares its large products, or NULL. */
 void ifd_cpu_ops_init(ifd_ops *ops, void *ctx);
-/* Sets OpenBLAS's threads for `replicas` replica threads whose steps each take about
- * step_macs multiply-adds (shard rows x parameters), unless OPENBLAS_NUM_THREADS is set:
- * IFD_BLAS_THREADS when set (infeedd's --blas-threads); else 1 below IFD_BLAS_THREADED_MACS, and
- * above it the CPUs this process may run on divided by the replicas, at least 1. The cpu backend
- * already runs one thread per replica, so with as many replicas as cores every call runs on its
- * caller; one replica of a large model on 2 cores gets 2 (bench/peers.py, MLP batch 1024: 221k
- * against 185k examples/s). Small models get 1 whatever the cores: OpenBLAS's workers wait for
- * work by spinning on sched_yield, 15% of a 2-core machine beside a softmax of batch 32 (perf),
- * for no gain (MLP batch 32: 136k examples/s with 2 threads, 135k with 1). Process-wide
- * (OpenBLAS has no per-call setting). Returns the count set, or 0 when the environment decides. */
-#define IFD_BLAS_THREADED_MACS 16e6
-int ifd_cpu_blas_threads(int replicas, double step_macs);
+/* A product of at least this many multiply-adds is split over the team, in about
+ * IFD_TEAM_GEMM_BLOCKS blocks a thread. */
+#define IFD_TEAM_GEMM_MACS (1 << 20)
+#define IFD_TEAM_GEMM_BLOCKS 2
+/* The threads each of `replicas` replicas runs its large products and its update on (its team,
+ * device/cpu/team.h): IFD_REPLICA_THREADS when set (infeedd's --replica-threads), else the CPUs
+ * this process may run on (its affinity) divided by the replicas, at least 1. OpenBLAS then runs
+ * every call on its caller (1 thread: the team splits the products), unless
+ * OPENBLAS_NUM_THREADS is set: OpenBLAS then does as it says and the auto count is 1, so that
+ * the two do not multiply. Process-wide for OpenBLAS (it has no per-call setting).
+ *
+ * Why a team rather than OpenBLAS's own threads (bench/peers.py, one replica on 2 cores, side
+ * by side): MLP batch 32, 241k examples/s with a team of 2 against 132k with OpenBLAS's 2
+ * threads and 151k with 1; batch 1024, 286k against 251k and 201k. OpenBLAS splits a 32-row
+ * product in ways that pack the same operand on both threads and its workers spin on
+ * sched_yield between calls (15% of the machine beside a softmax of batch 32); the team splits
+ * only products large enough to gain, along the side that keeps packing small, lets a helper
+ * slowed by the producer on its core take fewer blocks, and sleeps when there is no work. */
+int ifd_cpu_replica_threads(int replicas);
 void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
                              int64_t n, float *params, const float *grads, float *slot0,
                              float *slot1);

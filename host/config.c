@@ -147,9 +147,10 @@ const config_opt config_opts[] = {
      NULL, NULL},
     {"log_level", K_LOG, OFF(log_level), "LEVEL", "error, warn, info or debug",
      "error, warn, info or debug", NULL},
-    {"blas_threads", K_INT, OFF(blas_threads), "N",
-     "cpu backend: OpenBLAS threads (0: auto, 1 for a small model, else the CPUs this process "
-     "may use / replicas; OPENBLAS_NUM_THREADS in the environment wins)",
+    {"replica_threads", K_INT, OFF(replica_threads), "N",
+     "cpu backend: threads each replica's large products and its update run on, its own and "
+     "N - 1 helpers (0: auto, the CPUs this process may use / replicas, at least 1; 1 when "
+     "OPENBLAS_NUM_THREADS is set)",
      NULL, NULL},
     {"cuda_graphs", K_BOOL, OFF(cuda_graphs), "on|off",
      "cuda backend: capture each step in a CUDA Graph", NULL, NULL},

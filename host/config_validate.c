@@ -160,9 +160,9 @@ static int validate_keys(const ifd_daemon_config *c, ifd_error *err)
                              "step, and a producer streaming alone must be able to have them all "
                              "in flight; expected 0 (auto) or at least %d, got %d",
                              c->run.replicas, c->run.replicas, c->credit);
-    if (c->blas_threads < 0 || c->blas_threads > 1024)
-        return ifd_error_set(err, IFD_EINVAL, "blas_threads: expected 0 (auto) to 1024, got %d",
-                             c->blas_threads);
+    if (c->replica_threads < 0 || c->replica_threads > 1024)
+        return ifd_error_set(err, IFD_EINVAL, "replica_threads: expected 0 (auto) to 1024, got %d",
+                             c->replica_threads);
     if (c->max_steps_per_message < 1 || c->max_steps_per_message > 65536)
         return ifd_error_set(err, IFD_EINVAL, "max_steps_per_message: expected 1 to 65536, got %d",
                              c->max_steps_per_message);

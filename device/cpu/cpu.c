@@ -7,6 +7,7 @@
 #include "core/queue.h"
 #include "core/thread.h"
 #include "device/cpu/allreduce.h"
+#include "device/cpu/team.h"
 #include "device/device.h"
 #include "device/replicas.h"
 
@@ -31,6 +32,7 @@ typedef struct cpu_replica {
     int64_t step;
     int64_t opt_step;
     ifd_ops ops;
+    ifd_team *team; /* shares the large products and the update; NULL: this thread alone */
     ifd_tensor views[IFD_MAX_INPUTS];
     int64_t last_ns;                       /* when the previous step ended (or the loop began) */
     int64_t pending_in_ns, pending_out_ns; /* this step's waits, published with its time */
@@ -42,6 +44,7 @@ struct cpu_dev {
     ifd_replicas set; /* first: run_loop, global_step and stats are the set's */
     ifd_device *dev;
     int replicas;
+    int threads; /* a replica's team: ifd_cpu_replica_threads */
     cpu_replica *reps;
     ifd_cpu_allreduce ar;
     ifd_step_ops sops;
@@ -70,6 +73,37 @@ static int cpu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err)
     else if (rc)
         *err = ar->host_err;
     return rc;
+}
+
+/* The optimizer update over the replica's team: ranges of IFD_TEAM_UPDATE_BLOCK floats (whole
+ * cache lines), elementwise, so the result is the same on any thread. */
+#define IFD_TEAM_UPDATE_BLOCK 8192
+
+typedef struct update_split {
+    const ifd_optimizer *opt;
+    const int64_t *opt_step;
+    int64_t n;
+    float *params, *slot0, *slot1;
+    const float *grads;
+} update_split;
+
+static void update_block(void *arg, int64_t i)
+{
+    const update_split *u = arg;
+    int64_t lo = i * IFD_TEAM_UPDATE_BLOCK;
+    int64_t len = u->n - lo < IFD_TEAM_UPDATE_BLOCK ? u->n - lo : IFD_TEAM_UPDATE_BLOCK;
+    ifd_cpu_optimizer_apply(NULL, u->opt, u->opt_step, len, u->params + lo, u->grads + lo,
+                            u->slot0 ? u->slot0 + lo : NULL, u->slot1 ? u->slot1 + lo : NULL);
+}
+
+static void cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
+                                int64_t n, float *params, const float *grads, float *slot0,
+                                float *slot1)
+{
+    cpu_replica *rep = ctx;
+    update_split u = {opt, opt_step, n, params, slot0, slot1, grads};
+    ifd_team_run(rep->team, (n + IFD_TEAM_UPDATE_BLOCK - 1) / IFD_TEAM_UPDATE_BLOCK, update_block,
+                 &u);
 }
 
 /* Floats of one step's predictions (predict mode; else 0). */
@@ -234,7 +268,12 @@ static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *i
     int64_t np = p->nparam_floats;
     rep->cd = cd;
     rep->step = cfg->initial_step;
-    ifd_cpu_ops_init(&rep->ops, rep);
+    char tname[32];
+    snprintf(tname, sizeof tname, "ifd-replica%d", index);
+    if (cd->threads > 1 && ifd_team_create(&rep->team, cd->threads, tname))
+        return ifd_error_set(err, IFD_ENOMEM, "cpu backend: replica %d: cannot start its team",
+                             index);
+    ifd_cpu_ops_init(&rep->ops, rep->team);
 
     rep->mem = calloc((size_t)ifd_replica_mem_floats(cfg), sizeof(float));
     rep->slots = calloc((size_t)cfg->outfeed_depth, sizeof *rep->slots);
@@ -264,8 +303,6 @@ static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *i
         ifd_outfeed_rec *slot = &rep->slots[i];
         ifd_queue_push(rep->out_free, &slot);
     }
-    char tname[32];
-    snprintf(tname, sizeof tname, "ifd-replica%d", index);
     if (ifd_replicas_start(&cd->set, index, tname))
         return ifd_error_set(err, IFD_ENOMEM, "cpu backend: cannot start replica thread %d", index);
     return IFD_OK;
@@ -308,6 +345,7 @@ static void cpu_close(ifd_device *dev)
         free(rep->slots);
         free(rep->pred_mem);
         free(rep->mem);
+        ifd_team_destroy(rep->team);
     }
     ifd_replicas_fini(&cd->set);
     free(cd->reps);
@@ -329,12 +367,12 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
     cd->dev = dev;
     cd->replicas = cfg->replicas;
     cd->sops.allreduce_sum = cpu_allreduce_sum;
-    cd->sops.optimizer_apply = ifd_cpu_optimizer_apply;
+    cd->sops.optimizer_apply = cpu_optimizer_apply;
     cd->sops.finish_step = ifd_cpu_finish_step;
-    int blas =
-        ifd_cpu_blas_threads(cfg->replicas, (double)cfg->max_shard_rows * (double)p->nparam_floats);
-    IFD_LOG_DEBUG("cpu backend: OpenBLAS runs %d thread%s a call%s", blas, blas == 1 ? "" : "s",
-                  blas ? "" : " (OPENBLAS_NUM_THREADS)");
+    cd->threads = ifd_cpu_replica_threads(cfg->replicas);
+    IFD_LOG_DEBUG("cpu backend: each replica runs its large products on %d thread%s%s", cd->threads,
+                  cd->threads == 1 ? "" : "s",
+                  getenv("OPENBLAS_NUM_THREADS") ? " (OPENBLAS_NUM_THREADS is set)" : "");
 
     int rc = IFD_OK;
     float *init = malloc(sizeof(float) * (size_t)(p->nparam_floats + 1));

@@ -7,9 +7,7 @@
 #include "infeed/program.h"
 #include "tests/util/testutil.h"
 
-#include <cblas.h>
 #include <check.h>
-#include <sched.h>
 #include <stdio.h>
 #include <inttypes.h>
 #include <math.h>
@@ -119,44 +117,6 @@ START_TEST(test_l2_decay)
 }
 END_TEST
 
-/* OpenBLAS's threads: IFD_BLAS_THREADS (--blas-threads) when set, else 1 for a small model and
- * the CPUs this process may use over the replicas (at least 1) for a large one;
- * OPENBLAS_NUM_THREADS in the environment wins. */
-START_TEST(test_blas_threads)
-{
-    cpu_set_t set;
-    ck_assert_int_eq(sched_getaffinity(0, sizeof set, &set), 0);
-    int cpus = CPU_COUNT(&set);
-    unsetenv("OPENBLAS_NUM_THREADS");
-    unsetenv("IFD_BLAS_THREADS");
-    ifd_rng rng;
-    seed_rng(&rng);
-    for (int replicas = 1; replicas <= 2 * cpus + 1; replicas++) {
-        int want = cpus / replicas > 0 ? cpus / replicas : 1;
-        double big = IFD_BLAS_THREADED_MACS * (1 + ifd_rng_uniform(&rng));
-        ck_assert_int_eq(ifd_cpu_blas_threads(replicas, big), want);
-        ck_assert_int_eq(openblas_get_num_threads(), want);
-        /* a small model runs every call on its caller */
-        ck_assert_int_eq(
-            ifd_cpu_blas_threads(replicas, IFD_BLAS_THREADED_MACS * ifd_rng_uniform(&rng) * 0.999),
-            1);
-        ck_assert_int_eq(openblas_get_num_threads(), 1);
-    }
-    int n = (int)rand_between(&rng, 1, 4);
-    char v[16];
-    snprintf(v, sizeof v, "%d", n);
-    setenv("IFD_BLAS_THREADS", v, 1);
-    ck_assert_int_eq(ifd_cpu_blas_threads((int)rand_between(&rng, 1, 8),
-                                          IFD_BLAS_THREADED_MACS * 2 * ifd_rng_uniform(&rng)),
-                     n);
-    ck_assert_int_eq(openblas_get_num_threads(), n);
-    setenv("OPENBLAS_NUM_THREADS", "1", 1);
-    ck_assert_int_eq(ifd_cpu_blas_threads(1, IFD_BLAS_THREADED_MACS),
-                     0); /* the environment decides: nothing set */
-    ck_assert_int_eq(openblas_get_num_threads(), n);
-}
-END_TEST
-
 int main(void)
 {
     Suite *s = suite_create("ops");
@@ -164,7 +124,6 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_tanh);
     tcase_add_test(tc, test_l2_decay);
-    tcase_add_test(tc, test_blas_threads);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

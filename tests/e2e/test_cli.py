@@ -91,8 +91,9 @@ def test_version():
     (["--initial-infeed-sleep", "1e9"], "initial_infeed_sleep"),
     (["--max-steps-per-message", "0"], "max_steps_per_message"),
     (["--max-steps-per-message", "8", "--credit", "4"], "max_steps_per_message (8)"),
-    (["--blas-threads", "-1"], "blas_threads"),
-    (["--blas-threads", "many"], "--blas-threads"),
+    (["--replica-threads", "-1"], "replica_threads"),
+    (["--replica-threads", "1025"], "replica_threads"),
+    (["--replica-threads", "many"], "--replica-threads"),
     (["--shm", "maybe"], "--shm"),
 ])
 def test_flag_errors(args, key):
@@ -146,33 +147,61 @@ def test_config_file_then_flags(daemon, tmp_path):
     assert d.wait() == 0
 
 
-def test_blas_threads_reach_the_cpu_backend(daemon, rng):
-    """--blas-threads N sets OpenBLAS's threads (the backend logs it at debug level); without
-    it a small model gets 1 and a large one the CPUs over the replicas."""
-    auto = max(1, len(os.sched_getaffinity(0)) // 2)
-    n = auto + rng.randint(1, 3)  # never the automatic count
-    small = dict(features=4, classes=3, batch_size=8)
-    f = rng.randint(700, 900)  # 2 replicas x 512 rows x ~100k parameters: above 16M
-    large = dict(program="mlp", features=f, hidden=128, classes=10, batch_size=1024)
-    for flags, want in ((dict(small, blas_threads=n), n), (small, 1), (large, auto)):
+def team_threads(pid: int) -> list[str]:
+    """The names of a process's team helpers ("ifd-replica<r>+<i>")."""
+    names = []
+    for t in os.listdir(f"/proc/{pid}/task"):
+        try:
+            names.append(open(f"/proc/{pid}/task/{t}/comm").read().strip())
+        except OSError:
+            pass
+    return sorted(n for n in names if n.startswith("ifd-replica") and "+" in n)
+
+
+def test_replica_threads_form_teams_that_train_the_same_bits(daemon, rng):
+    """--replica-threads N gives each replica N - 1 helper threads (named ifd-replica<r>+<i>;
+    the backend logs the count at debug level), and without the flag a replica gets the CPUs
+    over the replicas. Products large enough to split are shared by the team: a run is
+    repeatable bit for bit, and its losses agree with one thread a replica's (to rounding:
+    OpenBLAS may pick another kernel for a block than for the whole product)."""
+    replicas = rng.randint(1, 2)
+    n = rng.randint(2, 4)
+    auto = max(1, len(os.sched_getaffinity(0)) // replicas)
+    f, batch = rng.randint(600, 800), 32 * replicas * rng.randint(1, 2)  # >= 1M MACs a product
+    flags = dict(program="mlp", features=f, hidden=128, classes=10, batch_size=batch,
+                 replicas=replicas, steps=rng.randint(4, 8), log_level="debug", summary_every=1)
+    nprng = np.random.default_rng(rng.randrange(1 << 30))
+    x = nprng.standard_normal((flags["steps"] * batch, f), dtype=np.float32)
+    y = nprng.integers(0, 10, flags["steps"] * batch).astype(np.int32)
+    losses = []
+    for threads in (n, n, 1, None):
         env_had = os.environ.pop("OPENBLAS_NUM_THREADS", None)
         try:
-            d = daemon(replicas=2, log_level="debug", steps=1, **flags)
+            extra = {} if threads is None else dict(replica_threads=threads)
+            d = daemon(**flags, **extra)
         finally:
             if env_had is not None:
                 os.environ["OPENBLAS_NUM_THREADS"] = env_had
-        p = infeed.Producer(d.listen, timeout=10, schema=[
-            ("x", "float32", (flags["features"],)), ("y", "int32", ())])
+        want = auto if threads is None else threads
+        helpers = team_threads(d.proc.pid)
+        assert helpers == sorted(f"ifd-replica{r}+{i}" for r in range(replicas)
+                                 for i in range(1, want)), (threads, helpers)
+        p = infeed.Producer(d.listen, timeout=30)
         try:
-            p.send(x=np.zeros((flags["batch_size"], flags["features"]), np.float32),
-                   y=np.zeros(flags["batch_size"], np.int32))
+            for s in range(flags["steps"]):
+                p.send(x=x[s * batch:(s + 1) * batch], y=y[s * batch:(s + 1) * batch])
         except infeed.RunEnded:
             pass
         p.end()
         p.close()
         assert d.wait() == 0
-        want_line = f"OpenBLAS runs {want} thread{'s' if want != 1 else ''} a call"
-        assert want_line in d.log(), (flags, d.log()[-2000:])
+        line = f"runs its large products on {want} thread{'s' if want != 1 else ''}"
+        assert line in d.log(), (threads, d.log()[-2000:])
+        losses.append([s["loss"] for s in d.summaries() if s["event"] == "train"])
+        assert len(losses[-1]) == flags["steps"], losses
+    assert losses[0] == losses[1], losses  # the same team twice: the same bits
+    for other in losses[2:]:
+        assert other == pytest.approx(losses[0], rel=1e-4), losses
 
 
 def test_cuda_backend_without_gpu(tmp_path):

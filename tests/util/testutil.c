@@ -254,12 +254,10 @@ void tu_result_free(tu_result *res)
 
 int tu_thread_count(void)
 {
-    /* OpenBLAS's worker pool is process-wide and started once, by the first cpu backend that
-     * opens (ifd_cpu_blas_threads): start it at its largest (one replica of a large model: every
-     * CPU) before
-     * counting, so that a baseline taken before the first session matches the count after it
-     * (the pool grows, never shrinks). */
-    ifd_cpu_blas_threads(1, IFD_BLAS_THREADED_MACS);
+    /* OpenBLAS's worker pool is process-wide: set it as the first cpu backend that opens does
+     * (ifd_cpu_replica_threads) before counting, so that a baseline taken before the first
+     * session matches the count after it. */
+    ifd_cpu_replica_threads(1);
     DIR *d = opendir("/proc/self/task");
     if (d == NULL)
         return -1;

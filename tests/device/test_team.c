@@ -1,0 +1,249 @@
+/* A replica's team (device/cpu/team.c) and the products and updates it shares: every chunk runs
+ * once and the run returns after the last; helpers take chunks, also after sleeping; split
+ * products agree with one sgemm over random shapes, transposes and scales, and repeat. Each test
+ * prints its seed when it fails (IFD_TEST_SEED replays it). */
+#include "core/rng.h"
+#include "core/thread.h"
+#include "device/cpu/team.h"
+#include "device/step.h"
+#include "tests/util/testutil.h"
+
+#include <cblas.h>
+#include <check.h>
+#include <math.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct tally {
+    int *hits;     /* atomic: per chunk */
+    int64_t order; /* atomic: chunks finished so far */
+    int64_t *when; /* when[c]: order at chunk c's end */
+    int64_t sleep_ns;
+} tally;
+
+static void count_chunk(void *arg, int64_t c)
+{
+    tally *t = arg;
+    if (t->sleep_ns)
+        ifd_sleep_ns(t->sleep_ns);
+    __atomic_add_fetch(&t->hits[c], 1, __ATOMIC_RELAXED);
+    t->when[c] = __atomic_fetch_add(&t->order, 1, __ATOMIC_RELAXED);
+}
+
+static tally *tally_new(int64_t chunks)
+{
+    tally *t = calloc(1, sizeof *t);
+    t->hits = calloc((size_t)chunks + 1, sizeof *t->hits);
+    t->when = calloc((size_t)chunks + 1, sizeof *t->when);
+    ck_assert(t->hits && t->when);
+    return t;
+}
+
+static void tally_free(tally *t)
+{
+    free(t->hits);
+    free(t->when);
+    free(t);
+}
+
+/* Every chunk runs exactly once, and all have run when ifd_team_run returns, for random team
+ * sizes and chunk counts, back to back (a helper still finishing run g must not take a chunk of
+ * run g + 1). */
+START_TEST(test_every_chunk_once)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    for (int trial = 0; trial < 12; trial++) {
+        int threads = (int)rand_between(&rng, 1, 5);
+        ifd_team *team;
+        ck_assert_int_eq(ifd_team_create(&team, threads, "test-team"), IFD_OK);
+        ck_assert_int_eq(ifd_team_threads(team), threads);
+        for (int run = 0; run < 300; run++) {
+            int64_t chunks = rand_between(&rng, 0, run % 50 == 0 ? 5000 : 40);
+            tally *t = tally_new(chunks);
+            ifd_team_run(team, chunks, count_chunk, t);
+            ck_assert_int_eq(__atomic_load_n(&t->order, __ATOMIC_RELAXED), chunks);
+            for (int64_t c = 0; c < chunks; c++)
+                ck_assert_msg(t->hits[c] == 1,
+                              "team of %d, run %d: chunk %lld of %lld ran %d times", threads, run,
+                              (long long)c, (long long)chunks, t->hits[c]);
+            tally_free(t);
+        }
+        ifd_team_destroy(team);
+    }
+}
+END_TEST
+
+/* A NULL team and a team of one run the chunks in order on the caller; a team of 0 is refused;
+ * destroying NULL is a no-op. */
+START_TEST(test_null_and_one)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_team *one, *none = (ifd_team *)&rng;
+    ck_assert_int_eq(ifd_team_create(&none, 0, "x"), IFD_EINVAL);
+    ck_assert_ptr_null(none);
+    ck_assert_int_eq(ifd_team_create(&one, 1, "x"), IFD_OK);
+    ifd_team *teams[2] = {NULL, one};
+    for (int i = 0; i < 2; i++) {
+        int64_t chunks = rand_between(&rng, 1, 300);
+        tally *t = tally_new(chunks);
+        ifd_team_run(teams[i], chunks, count_chunk, t);
+        for (int64_t c = 0; c < chunks; c++)
+            ck_assert_int_eq(t->when[c], c);
+        tally_free(t);
+        ck_assert_int_eq(ifd_team_helped(teams[i]), 0);
+    }
+    ck_assert_int_eq(ifd_team_threads(NULL), 1);
+    ifd_team_destroy(one);
+    ifd_team_destroy(NULL);
+}
+END_TEST
+
+/* Helpers take chunks: slow chunks (1 ms each) are shared, also when the helpers were asleep
+ * (a pause of random length, up to 20 x the spin budget, before each run): a lost wake-up
+ * leaves every chunk to the caller and fails here. */
+START_TEST(test_helpers_take_chunks_after_sleeping)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int threads = (int)rand_between(&rng, 2, 4);
+    ifd_team *team;
+    ck_assert_int_eq(ifd_team_create(&team, threads, "test-team"), IFD_OK);
+    for (int run = 0; run < 8; run++) {
+        ifd_sleep_ns(rand_between(&rng, 0, 20 * IFD_SPIN_NS));
+        int64_t before = ifd_team_helped(team);
+        int64_t chunks = rand_between(&rng, 20, 40);
+        tally *t = tally_new(chunks);
+        t->sleep_ns = 1000000;
+        int64_t t0 = ifd_clock_ns();
+        ifd_team_run(team, chunks, count_chunk, t);
+        int64_t took = ifd_clock_ns() - t0;
+        ck_assert_int_eq(__atomic_load_n(&t->order, __ATOMIC_RELAXED), chunks);
+        ck_assert_msg(ifd_team_helped(team) > before,
+                      "team of %d, run %d: the helpers ran none of %lld chunks of 1 ms (%.1f ms)",
+                      threads, run, (long long)chunks, (double)took * 1e-6);
+        tally_free(t);
+    }
+    ifd_team_destroy(team);
+}
+END_TEST
+
+static float *frand(ifd_rng *rng, int64_t n)
+{
+    float *p = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+    ck_assert_ptr_nonnull(p);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = (float)(2.0 * ifd_rng_uniform(rng) - 1.0);
+    return p;
+}
+
+/* The op set's gemm on a team agrees with one sgemm on the caller and with a double reference,
+ * for random shapes above and below the split threshold (split by rows and by columns, ragged
+ * last blocks), transposes, alpha and beta; and gives the same bits when run again (a run is
+ * repeatable). */
+START_TEST(test_gemm_split)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int threads = (int)rand_between(&rng, 2, 4);
+    ifd_team *team;
+    ck_assert_int_eq(ifd_team_create(&team, threads, "test-team"), IFD_OK);
+    ifd_ops alone, shared;
+    ifd_cpu_ops_init(&alone, NULL);
+    ifd_cpu_ops_init(&shared, team);
+    int split = 0;
+    for (int trial = 0; trial < 40; trial++) {
+        int big = trial % 4 != 3;
+        int64_t m = rand_between(&rng, 2, big ? 700 : 40),
+                n = rand_between(&rng, 2, big ? 300 : 40);
+        int64_t k = rand_between(&rng, 1, big ? 900 : 40);
+        if (big && (double)m * (double)n * (double)k < IFD_TEAM_GEMM_MACS)
+            k = IFD_TEAM_GEMM_MACS / (m * n) + rand_between(&rng, 1, 64);
+        int ta = (int)rand_between(&rng, 0, 1), tb = (int)rand_between(&rng, 0, 1);
+        float alpha = (float)(ifd_rng_uniform(&rng) * 2 - 1);
+        float beta = trial % 2 ? 0.0f : (float)ifd_rng_uniform(&rng);
+        size_t cb = sizeof(float) * (size_t)(m * n);
+        float *a = frand(&rng, m * k), *b = frand(&rng, k * n), *c0 = frand(&rng, m * n);
+        float *c1 = malloc(cb), *c2 = malloc(cb), *c3 = malloc(cb);
+        memcpy(c1, c0, cb);
+        memcpy(c2, c0, cb);
+        memcpy(c3, c0, cb);
+        int64_t helped = ifd_team_helped(team);
+        alone.gemm(alone.ctx, ta, tb, m, n, k, alpha, a, b, beta, c1);
+        shared.gemm(shared.ctx, ta, tb, m, n, k, alpha, a, b, beta, c2);
+        shared.gemm(shared.ctx, ta, tb, m, n, k, alpha, a, b, beta, c3);
+        split += ifd_team_helped(team) > helped;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double ref = beta * (double)c0[i * n + j];
+                for (int64_t l = 0; l < k; l++)
+                    ref += alpha * (double)(ta ? a[l * m + i] : a[i * k + l]) *
+                           (double)(tb ? b[j * k + l] : b[l * n + j]);
+                double tol = 1e-4 * (1.0 + sqrt((double)k));
+                ck_assert_msg(fabs(c1[i * n + j] - ref) <= tol && fabs(c2[i * n + j] - ref) <= tol,
+                              "%lldx%lldx%lld ta %d tb %d on %d threads: [%lld,%lld] %g alone, "
+                              "%g shared, reference %g",
+                              (long long)m, (long long)n, (long long)k, ta, tb, threads,
+                              (long long)i, (long long)j, c1[i * n + j], c2[i * n + j], ref);
+            }
+        ck_assert_msg(memcmp(c2, c3, cb) == 0,
+                      "%lldx%lldx%lld ta %d tb %d on %d threads: two "
+                      "runs gave different bits",
+                      (long long)m, (long long)n, (long long)k, ta, tb, threads);
+        free(a);
+        free(b);
+        free(c0);
+        free(c1);
+        free(c2);
+        free(c3);
+    }
+    ck_assert_msg(split > 0, "no product was shared with a helper");
+    ifd_team_destroy(team);
+}
+END_TEST
+
+/* The team's size: IFD_REPLICA_THREADS (--replica-threads) when set, else the CPUs this process
+ * may use over the replicas (at least 1), and OpenBLAS on one thread; OPENBLAS_NUM_THREADS in
+ * the environment leaves OpenBLAS alone and gives teams of 1. */
+START_TEST(test_replica_threads)
+{
+    cpu_set_t set;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof set, &set), 0);
+    int cpus = CPU_COUNT(&set);
+    unsetenv("OPENBLAS_NUM_THREADS");
+    unsetenv("IFD_REPLICA_THREADS");
+    ifd_rng rng;
+    seed_rng(&rng);
+    openblas_set_num_threads(2);
+    for (int replicas = 1; replicas <= 2 * cpus + 1; replicas++) {
+        ck_assert_int_eq(ifd_cpu_replica_threads(replicas),
+                         cpus / replicas > 0 ? cpus / replicas : 1);
+        ck_assert_int_eq(openblas_get_num_threads(), 1);
+    }
+    int n = (int)rand_between(&rng, 2, 9);
+    char v[16];
+    snprintf(v, sizeof v, "%d", n);
+    setenv("IFD_REPLICA_THREADS", v, 1);
+    ck_assert_int_eq(ifd_cpu_replica_threads((int)rand_between(&rng, 1, 8)), n);
+    setenv("OPENBLAS_NUM_THREADS", "2", 1);
+    openblas_set_num_threads(2);
+    ck_assert_int_eq(ifd_cpu_replica_threads((int)rand_between(&rng, 1, 8)), 1);
+    ck_assert_int_eq(openblas_get_num_threads(), 2);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("team");
+    TCase *tc = tcase_create("team");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_every_chunk_once);
+    tcase_add_test(tc, test_null_and_one);
+    tcase_add_test(tc, test_helpers_take_chunks_after_sleeping);
+    tcase_add_test(tc, test_gemm_split);
+    tcase_add_test(tc, test_replica_threads);
+    suite_add_tcase(s, tc);
+    return tu_run_suite(s);
+}
