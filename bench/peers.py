@@ -14,7 +14,9 @@ each trained for the same number of steps
     with ``shm=False``, and shm (shared memory over ipc, ``shm=True``; "n/a" with a client
     that has no ``shm``), sending one step a message
     and k steps a message (--steps-per-message; "k1", "k100"); examples/s is the rows the
-    daemon trained on over the wall time from the first batch sent to the end of the run, and
+    daemon trained on over the wall time from the first batch sent to the end of the run (the
+    daemon's BYE, which it sends after the last step; its exit, about 50 ms later, is not
+    counted, as Keras's process exit is not), and
     "wait" is the fraction of the replicas' step time spent waiting for input (the run's train
     summary's infeed_wait_fraction);
   - by Keras 3 `model.fit(..., steps_per_execution=100)` on the JAX and TensorFlow backends
@@ -148,8 +150,8 @@ def run_infeedd(exe: str, job: dict, replicas: int, transport: str, steps: int, 
                 sent += 1
         except infeed.RunEnded:
             pass
+        dt = time.perf_counter() - t0  # the run's end: the daemon's BYE has arrived
         rc = proc.wait(timeout=600)
-        dt = time.perf_counter() - t0
         p.close()
     finally:
         if proc.poll() is None:

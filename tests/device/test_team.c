@@ -150,6 +150,7 @@ START_TEST(test_gemm_split)
     int threads = (int)rand_between(&rng, 2, 4);
     ifd_team *team;
     ck_assert_int_eq(ifd_team_create(&team, threads, "test-team"), IFD_OK);
+    openblas_set_num_threads(1); /* as the backend runs it (ifd_cpu_replica_threads) */
     ifd_ops alone, shared;
     ifd_cpu_ops_init(&alone, NULL);
     ifd_cpu_ops_init(&shared, team);
