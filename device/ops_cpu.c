@@ -249,6 +249,8 @@ int ifd_cpu_replica_threads(int replicas)
         cpu_set_t set;
         int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
         n = replicas > 0 ? cpus / replicas : 1;
+        if (n > IFD_TEAM_AUTO_MAX)
+            n = IFD_TEAM_AUTO_MAX;
     }
     return n < 1 ? 1 : n;
 }

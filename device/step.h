@@ -75,10 +75,14 @@ void ifd_cpu_ops_init(ifd_ops *ops, void *ctx);
 /* A product of at least this many multiply-adds is split over the team, in about
  * IFD_TEAM_GEMM_BLOCKS blocks a thread. */
 #define IFD_TEAM_GEMM_MACS (1 << 20)
+/* The automatic team size's cap: the products of the built-in programs are too small to gain
+ * from more threads, which would only spin and wake. */
+#define IFD_TEAM_AUTO_MAX 8
 #define IFD_TEAM_GEMM_BLOCKS 2
 /* The threads each of `replicas` replicas runs its large products and its update on (its team,
  * device/cpu/team.h): IFD_REPLICA_THREADS when set (infeedd's --replica-threads), else the CPUs
- * this process may run on (its affinity) divided by the replicas, at least 1. OpenBLAS then runs
+ * this process may run on (its affinity) divided by the replicas, at least 1 and at most
+ * IFD_TEAM_AUTO_MAX. OpenBLAS then runs
  * every call on its caller (1 thread: the team splits the products), unless
  * OPENBLAS_NUM_THREADS is set: OpenBLAS then does as it says and the auto count is 1, so that
  * the two do not multiply. Process-wide for OpenBLAS (it has no per-call setting).

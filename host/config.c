@@ -149,7 +149,7 @@ const config_opt config_opts[] = {
      "error, warn, info or debug", NULL},
     {"replica_threads", K_INT, OFF(replica_threads), "N",
      "cpu backend: threads each replica's large products and its update run on, its own and "
-     "N - 1 helpers (0: auto, the CPUs this process may use / replicas, at least 1; 1 when "
+     "N - 1 helpers (0: auto, the CPUs this process may use / replicas, 1 to 8; 1 when "
      "OPENBLAS_NUM_THREADS is set)",
      NULL, NULL},
     {"cuda_graphs", K_BOOL, OFF(cuda_graphs), "on|off",

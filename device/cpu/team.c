@@ -102,11 +102,17 @@ static void *helper_main(void *arg)
     }
 }
 
-static void wake_all(ifd_team *t)
+/* Wakes sleeping helpers for a run of `chunks`: as many as there are chunks besides the
+ * caller's first, not the whole team, for a short run on a large team. */
+static void wake(ifd_team *t, int64_t chunks)
 {
     if (__atomic_load_n(&t->sleepers, __ATOMIC_SEQ_CST)) {
         ifd_mutex_lock(&t->mu);
-        ifd_cond_broadcast(&t->cv);
+        if (chunks - 1 >= t->threads - 1)
+            ifd_cond_broadcast(&t->cv);
+        else
+            for (int64_t i = 0; i < chunks - 1; i++)
+                ifd_cond_signal(&t->cv);
         ifd_mutex_unlock(&t->mu);
     }
 }
@@ -179,7 +185,7 @@ void ifd_team_run(ifd_team *t, int64_t chunks, ifd_team_fn fn, void *arg)
     __atomic_store_n(&t->done, 0, __ATOMIC_RELAXED);
     uint64_t gen = JOB_GEN(__atomic_load_n(&t->job, __ATOMIC_RELAXED)) + 1;
     __atomic_store_n(&t->job, (gen << 32) | ((uint64_t)chunks << 16), __ATOMIC_SEQ_CST);
-    wake_all(t);
+    wake(t, chunks);
     uint64_t seen;
     work(t, &seen);
     /* What is left runs on a helper now; it was claimed, so it is under way. */

@@ -206,8 +206,8 @@ START_TEST(test_gemm_split)
 END_TEST
 
 /* The team's size: IFD_REPLICA_THREADS (--replica-threads) when set, else the CPUs this process
- * may use over the replicas (at least 1), and OpenBLAS on one thread; OPENBLAS_NUM_THREADS in
- * the environment leaves OpenBLAS alone and gives teams of 1. */
+ * may use over the replicas (at least 1, at most IFD_TEAM_AUTO_MAX), and OpenBLAS on one thread;
+ * OPENBLAS_NUM_THREADS in the environment leaves OpenBLAS alone and gives teams of 1. */
 START_TEST(test_replica_threads)
 {
     cpu_set_t set;
@@ -219,8 +219,10 @@ START_TEST(test_replica_threads)
     seed_rng(&rng);
     openblas_set_num_threads(2);
     for (int replicas = 1; replicas <= 2 * cpus + 1; replicas++) {
-        ck_assert_int_eq(ifd_cpu_replica_threads(replicas),
-                         cpus / replicas > 0 ? cpus / replicas : 1);
+        ck_assert_int_eq(ifd_cpu_replica_threads(replicas), cpus / replicas < 1 ? 1
+                                                            : cpus / replicas > IFD_TEAM_AUTO_MAX
+                                                                ? IFD_TEAM_AUTO_MAX
+                                                                : cpus / replicas);
         ck_assert_int_eq(openblas_get_num_threads(), 1);
     }
     int n = (int)rand_between(&rng, 2, 9);

@@ -166,7 +166,7 @@ def test_replica_threads_form_teams_that_train_the_same_bits(daemon, rng):
     OpenBLAS may pick another kernel for a block than for the whole product)."""
     replicas = rng.randint(1, 2)
     n = rng.randint(2, 4)
-    auto = max(1, len(os.sched_getaffinity(0)) // replicas)
+    auto = min(8, max(1, len(os.sched_getaffinity(0)) // replicas))
     f, batch = rng.randint(600, 800), 32 * replicas * rng.randint(1, 2)  # >= 1M MACs a product
     flags = dict(program="mlp", features=f, hidden=128, classes=10, batch_size=batch,
                  replicas=replicas, steps=rng.randint(4, 8), log_level="debug", summary_every=1)
