@@ -51,16 +51,17 @@ static int claim(ifd_team *t, int64_t *c, uint64_t *seen)
     }
 }
 
-/* Runs chunks until none is left; returns how many this thread ran. */
-static int64_t work(ifd_team *t, uint64_t *seen)
+/* Runs chunks until none is left. A helper counts each in `helped` before it counts it done, so
+ * that the count is up to date when ifd_team_run returns. */
+static void work(ifd_team *t, uint64_t *seen, int helper)
 {
-    int64_t c, ran = 0;
+    int64_t c;
     while (claim(t, &c, seen)) {
         t->fn(t->arg, c);
-        ran++;
+        if (helper)
+            __atomic_add_fetch(&t->helped, 1, __ATOMIC_RELAXED);
         __atomic_add_fetch(&t->done, 1, __ATOMIC_RELEASE);
     }
-    return ran;
 }
 
 typedef struct gen_wait {
@@ -84,9 +85,7 @@ static void *helper_main(void *arg)
     ifd_team *t = arg;
     for (;;) {
         uint64_t seen;
-        int64_t ran = work(t, &seen);
-        if (ran)
-            __atomic_add_fetch(&t->helped, ran, __ATOMIC_RELAXED);
+        work(t, &seen, 1);
         gen_wait w = {t, JOB_GEN(seen)};
         if (!ifd_spin_until(new_run, &w, IFD_SPIN_NS)) {
             ifd_mutex_lock(&t->mu);
@@ -187,7 +186,7 @@ void ifd_team_run(ifd_team *t, int64_t chunks, ifd_team_fn fn, void *arg)
     __atomic_store_n(&t->job, (gen << 32) | ((uint64_t)chunks << 16), __ATOMIC_SEQ_CST);
     wake(t, chunks);
     uint64_t seen;
-    work(t, &seen);
+    work(t, &seen, 0);
     /* What is left runs on a helper now; it was claimed, so it is under way. */
     for (int spins = 0; __atomic_load_n(&t->done, __ATOMIC_ACQUIRE) < chunks; spins++) {
         if (spins < 4096)

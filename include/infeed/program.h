@@ -56,7 +56,9 @@ typedef struct ifd_step_out {
 
 /*
  * The op set. Matrices are row-major and dense. Each op is enqueued on the replica's device and
- * may run asynchronously (cuda); ops on one replica run in call order.
+ * may run asynchronously (cuda); ops on one replica run in call order. Call them from the step
+ * function's thread only, one at a time: on cpu a large product is shared with the replica's
+ * helper threads, which take one caller at a time.
  */
 typedef struct ifd_ops {
     void *ctx;

@@ -20,6 +20,9 @@ typedef struct tally {
     int64_t order; /* atomic: chunks finished so far */
     int64_t *when; /* when[c]: order at chunk c's end */
     int64_t sleep_ns;
+    int yield; /* sched_yield inside each chunk: wider windows for a stale helper */
+    int ended; /* atomic: set once its ifd_team_run returned */
+    int late;  /* atomic: chunks that ran after that (a helper still on an ended run) */
 } tally;
 
 static void count_chunk(void *arg, int64_t c)
@@ -27,6 +30,10 @@ static void count_chunk(void *arg, int64_t c)
     tally *t = arg;
     if (t->sleep_ns)
         ifd_sleep_ns(t->sleep_ns);
+    if (t->yield)
+        sched_yield();
+    if (__atomic_load_n(&t->ended, __ATOMIC_ACQUIRE))
+        __atomic_add_fetch(&t->late, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&t->hits[c], 1, __ATOMIC_RELAXED);
     t->when[c] = __atomic_fetch_add(&t->order, 1, __ATOMIC_RELAXED);
 }
@@ -48,30 +55,60 @@ static void tally_free(tally *t)
 }
 
 /* Every chunk runs exactly once, and all have run when ifd_team_run returns, for random team
- * sizes and chunk counts, back to back (a helper still finishing run g must not take a chunk of
- * run g + 1). */
+ * sizes and chunk counts (the largest run among them), back to back: a helper still on run g
+ * must not take a chunk of run g + 1, nor run one of g's after g returned (each run's tally
+ * lives to the end of the trial and counts such late chunks). */
 START_TEST(test_every_chunk_once)
 {
     ifd_rng rng;
     seed_rng(&rng);
+    enum { RUNS = 300 };
     for (int trial = 0; trial < 12; trial++) {
         int threads = (int)rand_between(&rng, 1, 5);
         ifd_team *team;
         ck_assert_int_eq(ifd_team_create(&team, threads, "test-team"), IFD_OK);
         ck_assert_int_eq(ifd_team_threads(team), threads);
-        for (int run = 0; run < 300; run++) {
+        tally *runs[RUNS];
+        for (int run = 0; run < RUNS; run++) {
             int64_t chunks = rand_between(&rng, 0, run % 50 == 0 ? 5000 : 40);
-            tally *t = tally_new(chunks);
+            if (run == 7)
+                chunks = IFD_TEAM_MAX_CHUNKS;
+            tally *t = runs[run] = tally_new(chunks);
+            t->yield = trial % 2;
             ifd_team_run(team, chunks, count_chunk, t);
+            __atomic_store_n(&t->ended, 1, __ATOMIC_RELEASE);
             ck_assert_int_eq(__atomic_load_n(&t->order, __ATOMIC_RELAXED), chunks);
             for (int64_t c = 0; c < chunks; c++)
                 ck_assert_msg(t->hits[c] == 1,
                               "team of %d, run %d: chunk %lld of %lld ran %d times", threads, run,
                               (long long)c, (long long)chunks, t->hits[c]);
-            tally_free(t);
         }
-        ifd_team_destroy(team);
+        ifd_team_destroy(team); /* joins the helpers: a late chunk has been counted by now */
+        for (int run = 0; run < RUNS; run++) {
+            ck_assert_msg(runs[run]->late == 0,
+                          "team of %d, run %d: %d chunks ran after it returned", threads, run,
+                          runs[run]->late);
+            tally_free(runs[run]);
+        }
     }
+}
+END_TEST
+
+/* More chunks than a run takes (IFD_TEAM_MAX_CHUNKS + 1 and more) run in order on the caller. */
+START_TEST(test_too_many_chunks_run_on_the_caller)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_team *team;
+    ck_assert_int_eq(ifd_team_create(&team, (int)rand_between(&rng, 2, 4), "test-team"), IFD_OK);
+    int64_t chunks = IFD_TEAM_MAX_CHUNKS + rand_between(&rng, 1, 1000);
+    tally *t = tally_new(chunks);
+    ifd_team_run(team, chunks, count_chunk, t);
+    for (int64_t c = 0; c < chunks; c++)
+        ck_assert_int_eq(t->when[c], c);
+    ck_assert_int_eq(ifd_team_helped(team), 0);
+    tally_free(t);
+    ifd_team_destroy(team);
 }
 END_TEST
 
@@ -102,19 +139,20 @@ START_TEST(test_null_and_one)
 END_TEST
 
 /* Helpers take chunks: slow chunks (1 ms each) are shared, also when the helpers were asleep
- * (a pause of random length, up to 20 x the spin budget, before each run): a lost wake-up
- * leaves every chunk to the caller and fails here. */
+ * (a pause of random length, up to 20 x the spin budget, before each run), and when a run has
+ * fewer chunks than the team has helpers (2 or 3 on a team of 4: those wake one helper a chunk,
+ * not all): a lost wake-up leaves every chunk to the caller and fails here. */
 START_TEST(test_helpers_take_chunks_after_sleeping)
 {
     ifd_rng rng;
     seed_rng(&rng);
-    int threads = (int)rand_between(&rng, 2, 4);
+    int threads = _i == 0 ? 4 : (int)rand_between(&rng, 2, 4);
     ifd_team *team;
     ck_assert_int_eq(ifd_team_create(&team, threads, "test-team"), IFD_OK);
     for (int run = 0; run < 8; run++) {
         ifd_sleep_ns(rand_between(&rng, 0, 20 * IFD_SPIN_NS));
         int64_t before = ifd_team_helped(team);
-        int64_t chunks = rand_between(&rng, 20, 40);
+        int64_t chunks = _i == 0 ? rand_between(&rng, 2, 3) : rand_between(&rng, 20, 40);
         tally *t = tally_new(chunks);
         t->sleep_ns = 1000000;
         int64_t t0 = ifd_clock_ns();
@@ -155,14 +193,20 @@ START_TEST(test_gemm_split)
     ifd_cpu_ops_init(&alone, NULL);
     ifd_cpu_ops_init(&shared, team);
     int split = 0;
-    for (int trial = 0; trial < 40; trial++) {
-        int big = trial % 4 != 3;
-        int64_t m = rand_between(&rng, 2, big ? 700 : 40),
-                n = rand_between(&rng, 2, big ? 300 : 40);
+    /* every transpose pair, split by rows (m >= n) and by columns, twice each; then small ones */
+    for (int trial = 0; trial < 24; trial++) {
+        int big = trial < 16;
+        int ta = trial & 1, tb = (trial >> 1) & 1, rows = (trial >> 2) & 1;
+        int64_t m = rand_between(&rng, 2, 40), n = rand_between(&rng, 2, 40);
+        if (big) {
+            int64_t longer = rand_between(&rng, 33, 700),
+                    shorter = rand_between(&rng, 2, longer - 1);
+            m = rows ? longer : shorter;
+            n = rows ? shorter : longer;
+        }
         int64_t k = rand_between(&rng, 1, big ? 900 : 40);
         if (big && (double)m * (double)n * (double)k < IFD_TEAM_GEMM_MACS)
             k = IFD_TEAM_GEMM_MACS / (m * n) + rand_between(&rng, 1, 64);
-        int ta = (int)rand_between(&rng, 0, 1), tb = (int)rand_between(&rng, 0, 1);
         float alpha = (float)(ifd_rng_uniform(&rng) * 2 - 1);
         float beta = trial % 2 ? 0.0f : (float)ifd_rng_uniform(&rng);
         size_t cb = sizeof(float) * (size_t)(m * n);
@@ -244,7 +288,8 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_every_chunk_once);
     tcase_add_test(tc, test_null_and_one);
-    tcase_add_test(tc, test_helpers_take_chunks_after_sleeping);
+    tcase_add_loop_test(tc, test_helpers_take_chunks_after_sleeping, 0, 2);
+    tcase_add_test(tc, test_too_many_chunks_run_on_the_caller);
     tcase_add_test(tc, test_gemm_split);
     tcase_add_test(tc, test_replica_threads);
     suite_add_tcase(s, tc);
