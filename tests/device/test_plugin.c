@@ -219,6 +219,7 @@ START_TEST(test_mlp2_gradients)
     load_ok(MLP2_PATH);
     ifd_rng rng;
     seed_rng(&rng);
+    int kinked = 0; /* trials with a pre-activation within the difference step of 0 */
     for (int trial = 0; trial < 8; trial++) {
         int64_t d = rand_between(&rng, 1, 8), h = rand_between(&rng, 1, 10);
         int64_t k = rand_between(&rng, 2, 6), rows = rand_between(&rng, 1, 30);
@@ -276,9 +277,16 @@ START_TEST(test_mlp2_gradients)
                     "%s: d loss / d param %" PRId64 ": analytic %.7g, central difference %.7g",
                     what, j, (double)grads[j], num);
         }
-        RASSERT(skipped <= np / 10, "%s: %" PRId64 " of %" PRId64 " skipped at a kink", what,
-                skipped, np);
-        RASSERT(biggest > 1e-2, "%s: every gradient tiny (%g)", what, biggest);
+        /* A pre-activation within 1e-5 of 0 flips for every parameter upstream of it, so a trial
+         * can skip many (about 1 in 100 draws); more than 2 such trials in 8 is a bug. */
+        if (skipped > np / 10)
+            kinked++;
+        else
+            RASSERT(biggest > 1e-2, "%s: every gradient tiny (%g)", what, biggest);
+        RASSERT(kinked <= 2,
+                "%s: %d trials skipped more than a tenth of the parameters at a kink "
+                "(this one %" PRId64 " of %" PRId64 ")",
+                what, kinked, skipped, np);
 
         /* Eval: the same loss, no gradient written. */
         ifd_step_out ev;
