@@ -20,14 +20,23 @@ typedef struct tally {
     int64_t order; /* atomic: chunks finished so far */
     int64_t *when; /* when[c]: order at chunk c's end */
     int64_t sleep_ns;
-    int yield; /* sched_yield inside each chunk: wider windows for a stale helper */
-    int ended; /* atomic: set once its ifd_team_run returned */
-    int late;  /* atomic: chunks that ran after that (a helper still on an ended run) */
+    int yield;            /* sched_yield inside each chunk: wider windows for a stale helper */
+    int ended;            /* atomic: set once its ifd_team_run returned */
+    int late;             /* atomic: chunks that ran after that (a helper still on an ended run) */
+    int started;          /* atomic: chunks begun */
+    int64_t wait_peer_ns; /* the first chunk begun waits up to this long for a second one */
 } tally;
 
 static void count_chunk(void *arg, int64_t c)
 {
     tally *t = arg;
+    if (__atomic_add_fetch(&t->started, 1, __ATOMIC_ACQ_REL) == 1 && t->wait_peer_ns) {
+        /* whoever took the first chunk waits for someone to take another: a woken helper
+         * arrives within this, however loaded the machine; after a lost wake-up nobody does */
+        int64_t until = ifd_clock_ns() + t->wait_peer_ns;
+        while (__atomic_load_n(&t->started, __ATOMIC_ACQUIRE) < 2 && ifd_clock_ns() < until)
+            ifd_sleep_ns(20000);
+    }
     if (t->sleep_ns)
         ifd_sleep_ns(t->sleep_ns);
     if (t->yield)
@@ -138,10 +147,12 @@ START_TEST(test_null_and_one)
 }
 END_TEST
 
-/* Helpers take chunks: slow chunks (1 ms each) are shared, also when the helpers were asleep
- * (a pause of random length, up to 20 x the spin budget, before each run), and when a run has
- * fewer chunks than the team has helpers (2 or 3 on a team of 4: those wake one helper a chunk,
- * not all): a lost wake-up leaves every chunk to the caller and fails here. */
+/* Helpers take chunks, also when they were asleep (a pause of random length, up to 20 x the
+ * spin budget, before each run), and when a run has fewer chunks than the team has helpers (2
+ * or 3 on a team of 4: those wake one helper a chunk, not all). The first chunk begun waits up
+ * to 5 s for a second one to begin, so the caller cannot finish alone before a woken helper gets
+ * a core (seen under ASan on the loaded 2-core CI: 3 chunks of 1 ms done in 3.3 ms, no helper);
+ * after a lost wake-up no helper comes and this fails. */
 START_TEST(test_helpers_take_chunks_after_sleeping)
 {
     ifd_rng rng;
@@ -154,14 +165,15 @@ START_TEST(test_helpers_take_chunks_after_sleeping)
         int64_t before = ifd_team_helped(team);
         int64_t chunks = _i == 0 ? rand_between(&rng, 2, 3) : rand_between(&rng, 20, 40);
         tally *t = tally_new(chunks);
-        t->sleep_ns = 1000000;
+        t->sleep_ns = 100000;
+        t->wait_peer_ns = 5000000000LL;
         int64_t t0 = ifd_clock_ns();
         ifd_team_run(team, chunks, count_chunk, t);
         int64_t took = ifd_clock_ns() - t0;
         ck_assert_int_eq(__atomic_load_n(&t->order, __ATOMIC_RELAXED), chunks);
         ck_assert_msg(ifd_team_helped(team) > before,
-                      "team of %d, run %d: the helpers ran none of %lld chunks of 1 ms (%.1f ms)",
-                      threads, run, (long long)chunks, (double)took * 1e-6);
+                      "team of %d, run %d: the helpers ran none of %lld chunks (%.1f ms)", threads,
+                      run, (long long)chunks, (double)took * 1e-6);
         tally_free(t);
     }
     ifd_team_destroy(team);
