@@ -227,6 +227,36 @@ void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t 
     }
 }
 
+/* The update on a team: ranges of IFD_TEAM_UPDATE_BLOCK floats (whole cache lines). */
+typedef struct update_split {
+    const ifd_optimizer *opt;
+    const int64_t *opt_step;
+    int64_t n;
+    float *params, *slot0, *slot1;
+    const float *grads;
+} update_split;
+
+static void update_block(void *arg, int64_t i)
+{
+    const update_split *u = arg;
+    int64_t lo = i * IFD_TEAM_UPDATE_BLOCK;
+    int64_t len = u->n - lo < IFD_TEAM_UPDATE_BLOCK ? u->n - lo : IFD_TEAM_UPDATE_BLOCK;
+    ifd_cpu_optimizer_apply(NULL, u->opt, u->opt_step, len, u->params + lo, u->grads + lo,
+                            u->slot0 ? u->slot0 + lo : NULL, u->slot1 ? u->slot1 + lo : NULL);
+}
+
+void ifd_cpu_optimizer_apply_on(void *team, const ifd_optimizer *opt, const int64_t *opt_step,
+                                int64_t n, float *params, const float *grads, float *slot0,
+                                float *slot1)
+{
+    if (ifd_team_threads(team) == 1 || n <= IFD_TEAM_UPDATE_BLOCK) {
+        ifd_cpu_optimizer_apply(NULL, opt, opt_step, n, params, grads, slot0, slot1);
+        return;
+    }
+    update_split u = {opt, opt_step, n, params, slot0, slot1, grads};
+    ifd_team_run(team, (n + IFD_TEAM_UPDATE_BLOCK - 1) / IFD_TEAM_UPDATE_BLOCK, update_block, &u);
+}
+
 void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
                          int64_t rows)
 {

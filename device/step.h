@@ -99,6 +99,12 @@ int ifd_cpu_replica_threads(int replicas);
 void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
                              int64_t n, float *params, const float *grads, float *slot0,
                              float *slot1);
+/* As ifd_cpu_optimizer_apply, in ranges of IFD_TEAM_UPDATE_BLOCK floats shared by a team
+ * (device/cpu/team.h; NULL: on the caller). Elementwise, so the bits are those of one call. */
+#define IFD_TEAM_UPDATE_BLOCK 8192
+void ifd_cpu_optimizer_apply_on(void *team, const ifd_optimizer *opt, const int64_t *opt_step,
+                                int64_t n, float *params, const float *grads, float *slot0,
+                                float *slot1);
 void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
                          int64_t rows);
 

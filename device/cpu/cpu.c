@@ -75,35 +75,13 @@ static int cpu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err)
     return rc;
 }
 
-/* The optimizer update over the replica's team: ranges of IFD_TEAM_UPDATE_BLOCK floats (whole
- * cache lines), elementwise, so the result is the same on any thread. */
-#define IFD_TEAM_UPDATE_BLOCK 8192
-
-typedef struct update_split {
-    const ifd_optimizer *opt;
-    const int64_t *opt_step;
-    int64_t n;
-    float *params, *slot0, *slot1;
-    const float *grads;
-} update_split;
-
-static void update_block(void *arg, int64_t i)
-{
-    const update_split *u = arg;
-    int64_t lo = i * IFD_TEAM_UPDATE_BLOCK;
-    int64_t len = u->n - lo < IFD_TEAM_UPDATE_BLOCK ? u->n - lo : IFD_TEAM_UPDATE_BLOCK;
-    ifd_cpu_optimizer_apply(NULL, u->opt, u->opt_step, len, u->params + lo, u->grads + lo,
-                            u->slot0 ? u->slot0 + lo : NULL, u->slot1 ? u->slot1 + lo : NULL);
-}
-
+/* The update on the replica's team. */
 static void cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
                                 int64_t n, float *params, const float *grads, float *slot0,
                                 float *slot1)
 {
     cpu_replica *rep = ctx;
-    update_split u = {opt, opt_step, n, params, slot0, slot1, grads};
-    ifd_team_run(rep->team, (n + IFD_TEAM_UPDATE_BLOCK - 1) / IFD_TEAM_UPDATE_BLOCK, update_block,
-                 &u);
+    ifd_cpu_optimizer_apply_on(rep->team, opt, opt_step, n, params, grads, slot0, slot1);
 }
 
 /* Floats of one step's predictions (predict mode; else 0). */

@@ -261,6 +261,58 @@ START_TEST(test_gemm_split)
 }
 END_TEST
 
+/* The optimizer update on a team gives the bits of one call on the caller, for SGD, momentum and
+ * Adam over random lengths (one block or less, ragged last blocks) and values, slots included. */
+START_TEST(test_update_split_same_bits)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_team *team;
+    ck_assert_int_eq(ifd_team_create(&team, (int)rand_between(&rng, 2, 4), "test-team"), IFD_OK);
+    const ifd_optimizer_kind kinds[] = {IFD_OPT_SGD, IFD_OPT_MOMENTUM, IFD_OPT_ADAM};
+    for (int trial = 0; trial < 12; trial++) {
+        ifd_optimizer opt = {.kind = kinds[trial % 3],
+                             .learning_rate = (float)(0.001 + 0.1 * ifd_rng_uniform(&rng)),
+                             .momentum = 0.9f,
+                             .beta1 = 0.9f,
+                             .beta2 = 0.999f,
+                             .epsilon = 1e-7f};
+        int64_t n = trial < 3 ? rand_between(&rng, 0, IFD_TEAM_UPDATE_BLOCK)
+                              : rand_between(&rng, IFD_TEAM_UPDATE_BLOCK + 1, 100000);
+        int64_t step = rand_between(&rng, 0, 1000);
+        size_t nb = sizeof(float) * (size_t)(n > 0 ? n : 1);
+        float *g = frand(&rng, n), *p[2], *m[2], *v[2];
+        p[0] = frand(&rng, n);
+        m[0] = frand(&rng, n);
+        v[0] = frand(&rng, n);
+        for (int64_t i = 0; i < n; i++)
+            v[0][i] = v[0][i] * v[0][i]; /* a second moment is not negative */
+        p[1] = malloc(nb);
+        m[1] = malloc(nb);
+        v[1] = malloc(nb);
+        memcpy(p[1], p[0], nb);
+        memcpy(m[1], m[0], nb);
+        memcpy(v[1], v[0], nb);
+        int sgd = opt.kind == IFD_OPT_SGD, adam = opt.kind == IFD_OPT_ADAM;
+        ifd_cpu_optimizer_apply(NULL, &opt, &step, n, p[0], g, sgd ? NULL : m[0],
+                                adam ? v[0] : NULL);
+        ifd_cpu_optimizer_apply_on(team, &opt, &step, n, p[1], g, sgd ? NULL : m[1],
+                                   adam ? v[1] : NULL);
+        ck_assert_msg(memcmp(p[0], p[1], nb) == 0 && memcmp(m[0], m[1], nb) == 0 &&
+                          memcmp(v[0], v[1], nb) == 0,
+                      "optimizer %d, %lld floats: the team's update differs from one call",
+                      (int)opt.kind, (long long)n);
+        for (int i = 0; i < 2; i++) {
+            free(p[i]);
+            free(m[i]);
+            free(v[i]);
+        }
+        free(g);
+    }
+    ifd_team_destroy(team);
+}
+END_TEST
+
 /* The team's size: IFD_REPLICA_THREADS (--replica-threads) when set, else the CPUs this process
  * may use over the replicas (at least 1, at most IFD_TEAM_AUTO_MAX), and OpenBLAS on one thread;
  * OPENBLAS_NUM_THREADS in the environment leaves OpenBLAS alone and gives teams of 1. */
@@ -303,6 +355,7 @@ int main(void)
     tcase_add_loop_test(tc, test_helpers_take_chunks_after_sleeping, 0, 2);
     tcase_add_test(tc, test_too_many_chunks_run_on_the_caller);
     tcase_add_test(tc, test_gemm_split);
+    tcase_add_test(tc, test_update_split_same_bits);
     tcase_add_test(tc, test_replica_threads);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
