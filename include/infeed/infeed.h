@@ -332,6 +332,12 @@ int ifd_session_run(ifd_session *s, ifd_error *err);
 /* Any thread: end the run at the end of the current loop. When the loop then ends early because
  * the input ended, the end reason is still "stopped". */
 void ifd_session_request_stop(ifd_session *s);
+/* Any thread: whether a stop was asked, here (ifd_session_request_stop) or, in train and eval on
+ * several hosts, on another host (the stop relay brings it within tens of milliseconds, even
+ * while this host's loop waits for input: docs/multihost.md). *host (when not NULL) is the rank
+ * of the host that asked (0 on one host), -1 when none did. A program that closes its input when
+ * a stop waits too long for it (infeedd: a second) should do so for either. */
+int ifd_session_stop_requested(ifd_session *s, int *host);
 /* Any thread: end the run now, as an error (IFD_ECANCELED, source "abort", with why as its
  * sentence) unless a real error came first. Every thread wakes; ifd_session_run returns soon. */
 void ifd_session_abort(ifd_session *s, const char *why);
