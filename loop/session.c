@@ -9,6 +9,7 @@
 #include "hooks/hook_internal.h"
 #include "infeed/infeed_internal.h"
 #include "loop/checkpoint_internal.h"
+#include "loop/loop_tuner.h"
 #include "loop/stop_relay.h"
 #include "loop/watchdog.h"
 #include "infeed/hosts.h"
@@ -38,6 +39,12 @@ struct ifd_session {
     int stop_host; /* atomic: -1, or the host whose stop was asked (this one's rank: 0 alone) */
     ifd_stop_relay relay;
     int ended_by_eof; /* the last loop ended because the input ended (or was closed) */
+    /* Loop lengths chosen by the session (cfg.loop_kind auto or seconds; not in eval, which runs
+     * one loop): the tuner, and each replica's loop clock at the last loop's end. */
+    int tuned;
+    ifd_loop_tuner tuner;
+    int64_t *clock_run, *clock_first;
+    int64_t last_end_ns; /* when the last loop returned; 0 before the first */
     int ran;
     ifd_end_reason reason;
     char message[256];
@@ -173,8 +180,10 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
     ifd_rendezvous_on_stop(s->rv, stop_source, s);
     if (cfg->mode == IFD_MODE_TRAIN) {
         ifd_hook h;
-        rc = ifd_hook_stop_at_step(&h, cfg->iterations_per_loop, cfg->num_steps, cfg->last_step,
-                                   err);
+        /* with automatic lengths the hook gives the distance to the last step, the most the
+         * next loop may run */
+        int64_t ipl = cfg->loop_kind == IFD_LOOP_STEPS ? cfg->iterations_per_loop : INT64_MAX;
+        rc = ifd_hook_stop_at_step(&h, ipl, cfg->num_steps, cfg->last_step, err);
         if (rc)
             goto fail_hook;
         s->hooks[s->nhooks++] = h;
@@ -184,6 +193,17 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
         if (rc)
             goto fail_hook;
         s->hooks[s->nhooks++] = h;
+    }
+    s->tuned = cfg->loop_kind != IFD_LOOP_STEPS && cfg->mode != IFD_MODE_EVAL;
+    if (s->tuned) {
+        ifd_loop_tuner_init(&s->tuner, cfg->loop_kind, cfg->loop_secs, cfg->max_loop_secs);
+        s->clock_run = calloc((size_t)cfg->replicas, sizeof *s->clock_run);
+        s->clock_first = calloc((size_t)cfg->replicas, sizeof *s->clock_first);
+        if (s->clock_run == NULL || s->clock_first == NULL) {
+            rc = ifd_error_set(err, IFD_ENOMEM, "session: the loop clocks of %d replicas",
+                               cfg->replicas);
+            goto fail_clocks;
+        }
     }
     if (ifd_hosts_many(cfg->hosts)) {
         s->writer.hosts = cfg->hosts->size;
@@ -198,7 +218,13 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
     *out = s;
     return IFD_OK;
 
+fail_clocks:
+    free(s->clock_run);
+    free(s->clock_first);
 fail_hook:
+    for (int i = 0; i < s->nhooks; i++)
+        if (s->hooks[i].destroy)
+            s->hooks[i].destroy(s->hooks[i].arg);
     ifd_device_destroy(s->dev);
 fail_device:
     ifd_stop_relay_fini(&s->relay);
@@ -359,6 +385,42 @@ static int agree_with_hosts(const ifd_session *s)
     return ifd_hosts_many(s->cfg.hosts) && s->cfg.mode != IFD_MODE_PREDICT;
 }
 
+/* The next loop's length, before the hosts agree on it: the hooks' (stop at step: the distance to
+ * the last step; eval: its steps), else iterations_per_loop; with automatic lengths the tuner's,
+ * which the hooks' length and the step a hook wants a loop to end by cap. */
+static int64_t next_length(ifd_session *s)
+{
+    const ifd_run_context *ctx = &s->ctx;
+    if (!s->tuned)
+        return ctx->next_loop_length > 0 ? ctx->next_loop_length : s->cfg.iterations_per_loop;
+    int64_t n = ifd_loop_tuner_next(&s->tuner);
+    if (ctx->next_loop_length > 0 && ctx->next_loop_length < n)
+        n = ctx->next_loop_length;
+    if (ctx->next_loop_end > ctx->global_step && ctx->next_loop_end - ctx->global_step < n)
+        n = ctx->next_loop_end - ctx->global_step;
+    return n;
+}
+
+/* A loop of n steps ran: its sample for the tuner, from the replica whose loop took longest (its
+ * loop and its first step) and the time since the last loop ended. */
+static void observe_loop(ifd_session *s, int64_t n)
+{
+    int64_t now = ifd_clock_ns(), first = 0, longest = -1;
+    for (int r = 0; r < s->cfg.replicas; r++) {
+        ifd_device_stats st;
+        ifd_device_stats_get(s->dev, r, &st);
+        int64_t run = st.loop_run_ns - s->clock_run[r];
+        if (run > longest) {
+            longest = run;
+            first = st.loop_first_ns - s->clock_first[r];
+        }
+        s->clock_run[r] = st.loop_run_ns;
+        s->clock_first[r] = st.loop_first_ns;
+    }
+    ifd_loop_tuner_observe(&s->tuner, n, longest, first, s->last_end_ns ? now - s->last_end_ns : 0);
+    s->last_end_ns = now;
+}
+
 /* Runs device loops until a hook, a stop request, the input or an error ends the run. */
 static void run_loops(ifd_session *s)
 {
@@ -381,8 +443,9 @@ static void run_loops(ifd_session *s)
         }
         if (ifd_rendezvous_stopping(s->rv))
             return;
-        int64_t n = ctx->next_loop_length > 0 ? ctx->next_loop_length : s->cfg.iterations_per_loop;
+        int64_t n = next_length(s);
         ctx->next_loop_length = 0;
+        ctx->next_loop_end = 0;
         if (agree_with_hosts(s) && hosts_agree(s, &n))
             return;
         ctx->loop_length = n;
@@ -404,6 +467,8 @@ static void run_loops(ifd_session *s)
         int64_t done = 0;
         rc = ifd_device_run_loop(s->dev, n, &done, &e);
         ctx->global_step = ifd_device_global_step(s->dev);
+        if (s->tuned && rc == IFD_OK)
+            observe_loop(s, n);
         s->ended_by_eof = rc == IFD_EEOF;
         if (rc == IFD_EEOF && stop_asked(s) >= 0) {
             s->reason = IFD_END_STOPPED;
@@ -656,5 +721,7 @@ void ifd_session_destroy(ifd_session *s)
             s->hooks[i].destroy(s->hooks[i].arg);
     ifd_stop_relay_fini(&s->relay);
     ifd_rendezvous_destroy(s->rv);
+    free(s->clock_run);
+    free(s->clock_first);
     free(s);
 }

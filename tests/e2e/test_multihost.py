@@ -226,6 +226,42 @@ def test_same_losses_and_params_as_one_host(tmp_path, rng, hosts, replicas):
         assert np.array_equal(c["slots"], ref["slots"])
 
 
+def test_automatic_loop_lengths_agree_over_hosts(tmp_path, rng):
+    """--iterations-per-loop auto or a duration on 2 hosts: each host measures its own loops, the
+    hosts run the least length any proposes, so every summary step says the same length on both
+    hosts; the losses are one host's, checkpoints fall on exact multiples, the run ends at its
+    last step."""
+    form = rng.choice(["auto", f"{rng.randint(1, 20)}ms"])
+    features, classes, batch = rng.randint(1, 6), rng.randint(2, 4), 2 * rng.randint(1, 3)
+    steps, every = rng.randint(20, 400), rng.randint(2, 40)
+    print(f"{form}: {steps} steps, a checkpoint every {every}, batch {batch}")
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    batches = [(nrng.standard_normal((batch, features)).astype(np.float32),
+                nrng.integers(0, classes, batch, dtype=np.int32)) for _ in range(steps)]
+    common = dict(program="softmax", features=features, classes=classes, batch_size=batch,
+                  steps=steps, iterations_per_loop=form, summary_every=1, checkpoint_every=every,
+                  keep_checkpoints=100000)
+    runs = {}
+    for H in (2, 1):
+        d = tmp_path / f"h{H}"
+        job = Job(d, H, checkpoint_dir=f"{d}/ck", **common)
+        ts, errors = feed(job, batches)
+        assert job.wait() == 0, job.log()
+        for t in ts:
+            t.join(10)
+        assert not errors, errors
+        runs[H] = job
+    lengths = [{s["global_step"]: s["iterations_per_loop"] for s in runs[2].summaries(h)
+                if s["event"] == "train"} for h in range(2)]
+    assert sorted(lengths[0]) == list(range(1, steps + 1)), sorted(lengths[0])
+    assert lengths[0] == lengths[1], "the hosts ran loops of other lengths"
+    np.testing.assert_allclose(train_losses(runs[2], 1), train_losses(runs[1]), rtol=1e-5)
+    for h in range(2):
+        assert runs[2].summaries(h)[-1]["global_step"] == steps
+    got = [int(p.stem[5:]) for p in ckpt.files(tmp_path / "h2" / "ck")]
+    assert got == list(range(every, steps + 1, every)) + ([steps] if steps % every else []), got
+
+
 def test_input_ending_on_one_host_ends_all_at_the_same_step(tmp_path, rng):
     ended_at = rng.randint(2, 12)
     batch = 4

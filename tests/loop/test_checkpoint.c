@@ -17,57 +17,6 @@
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-static char *tmp_dir(void)
-{
-    char *d = strdup("/tmp/ifd-ckpt-test-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(d));
-    return d;
-}
-
-static void rm_dir(char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-                continue;
-            char p[512];
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
-    free(dir);
-}
-
-/* The checkpoint files' steps in dir, ascending; returns how many. */
-static int steps_in(const char *dir, int64_t *steps, int max)
-{
-    int n = 0;
-    DIR *d = opendir(dir);
-    ck_assert_ptr_nonnull(d);
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        long long s;
-        char tail[32];
-        if (sscanf(e->d_name, "ckpt-%lld%31s", &s, tail) == 2 &&
-            strcmp(tail, IFD_CHECKPOINT_SUFFIX) == 0) {
-            ck_assert_int_lt(n, max);
-            steps[n++] = s;
-        }
-    }
-    closedir(d);
-    for (int i = 1; i < n; i++) /* insertion sort */
-        for (int j = i; j > 0 && steps[j - 1] > steps[j]; j--) {
-            int64_t t = steps[j];
-            steps[j] = steps[j - 1];
-            steps[j - 1] = t;
-        }
-    return n;
-}
-
 static uint8_t *slurp(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
@@ -187,7 +136,7 @@ START_TEST(round_trip)
 {
     ifd_rng rng;
     seed_rng(&rng);
-    char *dir = tmp_dir();
+    char *dir = tu_tmp_dir();
     for (int iter = 0; iter < 20; iter++) {
         ifd_config cfg;
         random_config(&cfg, &rng);
@@ -216,7 +165,7 @@ START_TEST(round_trip)
         ifd_checkpoint_free(c);
         ifd_checkpoint_free(back);
     }
-    rm_dir(dir);
+    tu_rm_dir(dir);
 }
 END_TEST
 
@@ -234,7 +183,7 @@ static void sample_make(sample *s, ifd_rng *rng)
     ifd_config cfg;
     random_config(&cfg, rng);
     ifd_checkpoint *c = random_checkpoint(&cfg, rng);
-    s->dir = tmp_dir();
+    s->dir = tu_tmp_dir();
     ifd_error err;
     ck_assert_int_eq(ifd_checkpoint_save(c, s->dir, 1, s->path, sizeof s->path, &err), IFD_OK);
     ifd_checkpoint_free(c);
@@ -246,7 +195,7 @@ static void sample_make(sample *s, ifd_rng *rng)
 static void sample_free(sample *s)
 {
     free(s->bytes);
-    rm_dir(s->dir);
+    tu_rm_dir(s->dir);
 }
 
 /* Loads bytes written to the sample's path; expects IFD_EPROTO with every fragment in the
@@ -531,7 +480,7 @@ START_TEST(latest_and_prune)
 {
     ifd_rng rng;
     seed_rng(&rng);
-    char *dir = tmp_dir();
+    char *dir = tu_tmp_dir();
     char path[512];
     ifd_error err;
     ck_assert_int_eq(ifd_checkpoint_latest(dir, path, sizeof path, &err), IFD_ENOTFOUND);
@@ -561,12 +510,12 @@ START_TEST(latest_and_prune)
     ck_assert_int_ne(access(junk, F_OK), 0);
     ck_assert_int_eq(ifd_checkpoint_prune(dir, 2, &err), IFD_OK);
     int64_t left[16];
-    ck_assert_int_eq(steps_in(dir, left, 16), 2);
+    ck_assert_int_eq(tu_checkpoint_steps(dir, left, 16), 2);
     ck_assert_int_eq(left[0], 1200);
     ck_assert_int_eq(left[1], INT64_C(2000000000000));
     ck_assert_int_eq(ifd_checkpoint_prune(dir, 0, &err), IFD_EINVAL);
     ck_assert_int_eq(ifd_checkpoint_latest(dir, path, 10, &err), IFD_ERANGE);
-    rm_dir(dir);
+    tu_rm_dir(dir);
 }
 END_TEST
 
@@ -593,7 +542,7 @@ static void *writer(void *arg)
  * another thread writes large ones and prunes. */
 START_TEST(atomic_writes)
 {
-    char *dir = tmp_dir();
+    char *dir = tu_tmp_dir();
     ifd_config cfg;
     ifd_config_defaults(&cfg);
     cfg.program = "linear";
@@ -622,10 +571,10 @@ START_TEST(atomic_writes)
     ifd_thread_join(&t);
     ck_assert_int_gt(loads, 0);
     int64_t left[8];
-    ck_assert_int_eq(steps_in(dir, left, 8), 2);
+    ck_assert_int_eq(tu_checkpoint_steps(dir, left, 8), 2);
     ck_assert_int_eq(left[1], 30);
     ifd_checkpoint_free(a.c);
-    rm_dir(dir);
+    tu_rm_dir(dir);
 }
 END_TEST
 
@@ -677,7 +626,7 @@ START_TEST(latest_skips_damaged)
     ifd_rng rng;
     seed_rng(&rng);
     for (int trial = 0; trial < 12; trial++) {
-        char *dir = tmp_dir();
+        char *dir = tu_tmp_dir();
         ifd_config cfg;
         random_config(&cfg, &rng);
         ifd_checkpoint *c = random_checkpoint(&cfg, &rng);
@@ -756,7 +705,7 @@ START_TEST(latest_skips_damaged)
         ifd_checkpoint_free(got);
         ifd_checkpoint_free(c);
         /* rm_dir removes files, the .damaged ones too */
-        rm_dir(dir);
+        tu_rm_dir(dir);
     }
 }
 END_TEST
@@ -788,7 +737,7 @@ START_TEST(hook_schedule)
         tu_config_train(&cfg, "softmax", IFD_OPT_MOMENTUM, 3, 2, 4, ipl, 7);
         cfg.num_steps = steps;
         tu_batch **bs = tu_batches_random(&cfg, steps, 11);
-        char *dir = tmp_dir();
+        char *dir = tu_tmp_dir();
         positions pos = {0};
         ifd_checkpoint_options o = {.dir = dir,
                                     .every = every,
@@ -814,7 +763,7 @@ START_TEST(hook_schedule)
         RASSERT(pos.calls == nwant, "ipl %lld every %lld steps %lld: %d checkpoints, expected %d",
                 (long long)ipl, (long long)every, (long long)steps, pos.calls, nwant);
         int64_t got[64];
-        int ngot = steps_in(dir, got, 64);
+        int ngot = tu_checkpoint_steps(dir, got, 64);
         int nkept = nwant < keep ? nwant : keep;
         RASSERT(ngot == nkept, "kept %d, expected %d", ngot, nkept);
         for (int i = 0; i < ngot; i++)
@@ -834,7 +783,7 @@ START_TEST(hook_schedule)
         ifd_checkpoint_free(c);
         tu_result_free(&res);
         tu_batches_free(bs, steps);
-        rm_dir(dir);
+        tu_rm_dir(dir);
     }
 }
 END_TEST
@@ -861,7 +810,7 @@ START_TEST(resume_equals_uninterrupted)
     RASSERT(full.rc == IFD_OK && full.global_step == total, "%s", full.err.msg);
 
     /* the first part ends at cut with a checkpoint */
-    char *dir = tmp_dir();
+    char *dir = tu_tmp_dir();
     ifd_checkpoint_options o = {.dir = dir, .every = 0, .keep = 1};
     ifd_hook h;
     ifd_error err;
@@ -898,7 +847,7 @@ START_TEST(resume_equals_uninterrupted)
     ck_assert_int_eq(ifd_checkpoint_load(path, &end, &err), IFD_OK);
     ck_assert_int_eq(ifd_checkpoint_global_step(end), total);
     ck_assert_int_eq(ifd_checkpoint_opt_step(end), total);
-    char *dir2 = tmp_dir();
+    char *dir2 = tu_tmp_dir();
     o.dir = dir2;
     ck_assert_int_eq(ifd_hook_checkpoint(&h, &o, &err), IFD_OK);
     tu_result again;
@@ -920,8 +869,8 @@ START_TEST(resume_equals_uninterrupted)
     tu_result_free(&b);
     tu_result_free(&again);
     tu_batches_free(bs, total);
-    rm_dir(dir);
-    rm_dir(dir2);
+    tu_rm_dir(dir);
+    tu_rm_dir(dir2);
 }
 END_TEST
 
@@ -967,7 +916,7 @@ START_TEST(end_checkpoint_when_the_input_ends)
     tu_config_train(&cfg, "linear", IFD_OPT_ADAM, 3, 2, 4, 5, 1);
     cfg.num_steps = 100;
     tu_batch **bs = tu_batches_random(&cfg, have, 1);
-    char *dir = tmp_dir();
+    char *dir = tu_tmp_dir();
     ifd_checkpoint_options o = {.dir = dir, .every = 0, .keep = 5};
     ifd_hook h;
     ifd_error err;
@@ -977,13 +926,13 @@ START_TEST(end_checkpoint_when_the_input_ends)
     ck_assert_int_eq(res.rc, IFD_OK);
     ck_assert_int_eq(res.reason, IFD_END_INPUT_ENDED);
     int64_t got[8];
-    int n = steps_in(dir, got, 8);
+    int n = tu_checkpoint_steps(dir, got, 8);
     RASSERT(n == (have > 0), "%lld batches: %d checkpoints", (long long)have, n);
     if (n)
         ck_assert_int_eq(got[0], have);
     tu_result_free(&res);
     tu_batches_free(bs, have);
-    rm_dir(dir);
+    tu_rm_dir(dir);
 }
 END_TEST
 
@@ -1006,7 +955,7 @@ START_TEST(no_end_checkpoint_after_a_dropped_step)
     tu_batch **bs = calloc((size_t)have, sizeof *bs);
     for (int64_t i = 0; i < have; i++)
         bs[i] = tu_batch_random(&p, per, i, &rng);
-    char *dir = tmp_dir();
+    char *dir = tu_tmp_dir();
     ifd_checkpoint_options o = {.dir = dir, .every = 0, .keep = 5};
     ifd_hook h;
     ck_assert_int_eq(ifd_hook_checkpoint(&h, &o, &err), IFD_OK);
@@ -1014,7 +963,7 @@ START_TEST(no_end_checkpoint_after_a_dropped_step)
     tu_run_hooks(&cfg, bs, have, &h, 1, &res);
     ck_assert_int_eq(res.rc, IFD_OK);
     int64_t got[8], steps = have / R;
-    int n = steps_in(dir, got, 8);
+    int n = tu_checkpoint_steps(dir, got, 8);
     int want = steps > 0 && have % R == 0;
     RASSERT(n == want, "R=%d, %lld batches: %d end checkpoints, expected %d", R, (long long)have, n,
             want);
@@ -1024,7 +973,7 @@ START_TEST(no_end_checkpoint_after_a_dropped_step)
             (long long)steps);
     tu_result_free(&res);
     tu_batches_free(bs, have);
-    rm_dir(dir);
+    tu_rm_dir(dir);
 }
 END_TEST
 
@@ -1046,7 +995,7 @@ START_TEST(no_checkpoint_after_an_error)
     tu_config_train(&cfg, "ckpt-fault", IFD_OPT_SGD, 3, 2, 4, 5, 1);
     cfg.num_steps = 20;
     tu_batch **bs = tu_batches_random(&cfg, 20, 1);
-    char *dir = tmp_dir();
+    char *dir = tu_tmp_dir();
     ifd_checkpoint_options o = {.dir = dir, .every = 5, .keep = 5};
     ifd_hook h;
     ifd_error err;
@@ -1055,11 +1004,11 @@ START_TEST(no_checkpoint_after_an_error)
     tu_run_hooks(&cfg, bs, 20, &h, 1, &res);
     ck_assert_int_eq(res.rc, IFD_ENUMERIC);
     int64_t got[8];
-    ck_assert_int_eq(steps_in(dir, got, 8), 1);
+    ck_assert_int_eq(tu_checkpoint_steps(dir, got, 8), 1);
     ck_assert_int_eq(got[0], 5);
     tu_result_free(&res);
     tu_batches_free(bs, 20);
-    rm_dir(dir);
+    tu_rm_dir(dir);
 }
 END_TEST
 

@@ -159,6 +159,7 @@ typedef struct host_run {
     int close_on_stop; /* the embedding program's part (infeedd's, after its grace): the input
                           is closed once the session says a stop was asked, here or elsewhere */
     int stop_seen;     /* close_on_stop: the host ifd_session_stop_requested named */
+    tu_loops *loops;   /* when not NULL, every loop of the host's run is recorded here */
     ifd_session *s;    /* atomic */
     int done;          /* atomic: the run returned */
     tu_result res;
@@ -216,8 +217,11 @@ static void *host_main(void *arg)
     ifd_batch_queue *q;
     ck_assert_int_eq(ifd_batch_queue_create(&q, 4), IFD_OK);
     ifd_sink *sink;
-    ifd_session *s =
-        tu_session_create(&hr->cfg, ifd_batch_queue_source(q), NULL, NULL, 0, &sink, &hr->res);
+    ifd_hook rec;
+    if (hr->loops)
+        rec = tu_loops_hook(hr->loops);
+    ifd_session *s = tu_session_create(&hr->cfg, ifd_batch_queue_source(q), NULL, &rec,
+                                       hr->loops ? 1 : 0, &sink, &hr->res);
     tu_producer *p = tu_producer_start(q, hr->batches, hr->n, hr->keep_open);
     __atomic_store_n(&hr->s, s, __ATOMIC_RELEASE);
     pthread_t st, ct;
@@ -244,6 +248,7 @@ typedef struct hosts_opts {
     int stopper;      /* the host whose session is asked to stop, -1: none */
     int64_t stall_at; /* see host_run; -1: once past the first step */
     int keep_open, close_on_stop;
+    tu_loops *loops; /* NULL, or one a host: their loops */
 } hosts_opts;
 
 /* Runs cfg (the global batch, R replicas a host) on H hosts, host h fed its rows of
@@ -261,6 +266,7 @@ static void run_hosts_with(const ifd_config *cfg, int H, tu_batch **batches, con
         hr[h].stall_at = o->stall_at;
         hr[h].keep_open = o->keep_open;
         hr[h].close_on_stop = o->close_on_stop;
+        hr[h].loops = o->loops ? &o->loops[h] : NULL;
         hr[h].cfg = *cfg;
         hr[h].cfg.batch_size = rows;
         hr[h].cfg.hosts = &job.hosts[h];
@@ -431,6 +437,60 @@ START_TEST(stop_on_one_host_stops_all_at_a_loop_boundary)
 }
 END_TEST
 
+/* Loop lengths the session picks (loop_kind auto, seconds): each host measures its own loops, and
+ * the hosts run the least length any proposes (the loop collective's MIN), so every host runs the
+ * same loops, to the last step, with the parameters of one host over the same global batches. */
+START_TEST(hosts_agree_on_automatic_lengths)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int H = (int)rand_between(&rng, 2, 3), R = (int)rand_between(&rng, 1, 2);
+    ifd_config cfg;
+    tu_config_train(&cfg, "softmax", (ifd_optimizer_kind)rand_between(&rng, 0, 2),
+                    rand_between(&rng, 1, 6), rand_between(&rng, 2, 4), H * R, 1,
+                    ifd_rng_next(&rng));
+    int secs = (int)rand_between(&rng, 0, 1);
+    cfg.loop_kind = secs ? IFD_LOOP_SECONDS : IFD_LOOP_AUTO;
+    cfg.loop_secs = (double)rand_between(&rng, 1, 10) / 1000.0;
+    cfg.max_loop_secs = (double)rand_between(&rng, 1, 100) / 1000.0;
+    cfg.summary_every = 0;
+    int64_t steps = rand_between(&rng, 1, 600);
+    cfg.num_steps = steps;
+    tu_batch **batches = tu_batches_random(&cfg, steps, ifd_rng_next(&rng));
+    ifd_config one = cfg;
+    one.replicas = H * R;
+    tu_result ref;
+    tu_run(&one, batches, steps, &ref);
+    RASSERT(ref.rc == IFD_OK, "one host: %s", ifd_error_text(&ref.err));
+
+    cfg.replicas = R;
+    tu_loops *loops = calloc((size_t)H, sizeof *loops);
+    hosts_opts o = {.stopper = -1, .stall_at = -1, .loops = loops};
+    int64_t nper[MAX_HOSTS] = {steps, steps, steps, steps};
+    host_run hr[MAX_HOSTS];
+    run_hosts_with(&cfg, H, batches, nper, &o, hr);
+    for (int h = 0; h < H; h++) {
+        tu_result *r = &hr[h].res;
+        RASSERT(r->rc == IFD_OK && r->global_step == steps && r->reason == IFD_END_LAST_STEP,
+                "host %d: %s (step %lld)", h, ifd_error_text(&r->err), (long long)r->global_step);
+        RASSERT(loops[h].n == loops[0].n, "host %d ran %d loops, host 0 %d", h, loops[h].n,
+                loops[0].n);
+        for (int i = 0; i < loops[h].n; i++)
+            RASSERT(loops[h].start[i] == loops[0].start[i] && loops[h].len[i] == loops[0].len[i],
+                    "%s: loop %d: host %d ran %lld steps from %lld, host 0 %lld from %lld",
+                    secs ? "seconds" : "auto", i, h, (long long)loops[h].len[i],
+                    (long long)loops[h].start[i], (long long)loops[0].len[i],
+                    (long long)loops[0].start[i]);
+        RASSERT(memcmp(r->params, ref.params, sizeof(float) * (size_t)ref.nparams) == 0,
+                "host %d's parameters differ from one host's", h);
+        tu_result_free(r);
+    }
+    free(loops);
+    tu_result_free(&ref);
+    tu_batches_free(batches, steps);
+}
+END_TEST
+
 /* The stop relay (loop/stop_relay.h): a stop asked on one host while the others' loops wait for
  * input inside a loop (their input open and empty: a producer gone quiet) reaches them, and the
  * embedding program (here a thread standing for infeedd's grace) closes their input: every host
@@ -514,6 +574,7 @@ int main(void)
     tcase_add_loop_test(tc, input_ending_on_one_host_stops_all, 0, 8);
     tcase_add_loop_test(tc, stop_on_one_host_stops_all_at_a_loop_boundary, 0, 4);
     tcase_add_loop_test(tc, stop_reaches_hosts_whose_loop_waits_for_input, 0, 6);
+    tcase_add_loop_test(tc, hosts_agree_on_automatic_lengths, 0, 8);
     tcase_add_loop_test(tc, cuda_needs_the_broadcast, 0, 4);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);

@@ -3,6 +3,7 @@
 #include "device/step.h"
 
 #include "core/thread.h"
+#include "infeed/checkpoint.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -350,4 +351,92 @@ int tu_run_suite(Suite *s)
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed == 0 ? 0 : 1;
+}
+
+char *tu_tmp_dir(void)
+{
+    char *d = strdup("/tmp/ifd-test-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(d));
+    return d;
+}
+
+void tu_rm_dir(char *dir)
+{
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            char p[512];
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+    free(dir);
+}
+
+int tu_checkpoint_steps(const char *dir, int64_t *steps, int max)
+{
+    int n = 0;
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        long long s;
+        char tail[32];
+        if (sscanf(e->d_name, "ckpt-%lld%31s", &s, tail) == 2 &&
+            strcmp(tail, IFD_CHECKPOINT_SUFFIX) == 0) {
+            ck_assert_int_lt(n, max);
+            steps[n++] = s;
+        }
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++) /* insertion sort */
+        for (int j = i; j > 0 && steps[j - 1] > steps[j]; j--) {
+            int64_t t = steps[j];
+            steps[j] = steps[j - 1];
+            steps[j - 1] = t;
+        }
+    return n;
+}
+
+/* Drops the label tensors (the last inputs of the dense programs): a predict-mode batch. */
+void tu_strip_labels(const ifd_program *p, tu_batch *tb)
+{
+    int keep = 0;
+    for (int i = 0; i < p->ninputs; i++)
+        keep += !(p->labels & (1u << i));
+    for (int i = keep; i < IFD_MAX_INPUTS; i++) {
+        free(tb->data[i]);
+        tb->data[i] = NULL;
+    }
+    tb->b.ntensors = keep;
+}
+
+static int loops_before(void *arg, ifd_run_context *ctx, ifd_error *err)
+{
+    (void)err;
+    tu_loops *l = arg;
+    ck_assert_int_lt(l->n, TU_MAX_LOOPS);
+    l->start[l->n] = ifd_run_context_global_step(ctx);
+    l->len[l->n] = ifd_run_context_loop_length(ctx);
+    return IFD_OK;
+}
+
+static int loops_after(void *arg, ifd_run_context *ctx, ifd_error *err)
+{
+    (void)err;
+    tu_loops *l = arg;
+    l->end[l->n++] = ifd_run_context_global_step(ctx);
+    return IFD_OK;
+}
+
+ifd_hook tu_loops_hook(tu_loops *l)
+{
+    memset(l, 0, sizeof *l);
+    return (ifd_hook){
+        .name = "loops", .before_run = loops_before, .after_run = loops_after, .arg = l};
 }
