@@ -40,8 +40,17 @@ char *ifd_daemon_hosts_subst(const char *s, int rank)
 #ifdef IFD_HAVE_MPI
 #include <mpi.h>
 
+#define STAGED_I64 16 /* values of an all-reduce staged per channel (callers pass 1 or 2) */
+
 typedef struct mpi_hosts {
     MPI_Comm comm[IFD_HOSTS_NCHANNELS];
+    /* allreduce_i64's values, staged per channel (each channel has one caller at a time): a
+     * collective given up on (stop) may still complete after the call returned, and it then
+     * writes here rather than into the caller's frame; and Open MPI reads and writes a
+     * collective's buffer on whichever thread progresses it (any thread's MPI_Test), in ways
+     * ThreadSanitizer cannot follow, so the copies in and out are the only accesses of ours it
+     * can pair with them (tests/tsan.supp names mpi_allreduce_i64). */
+    int64_t staged[IFD_HOSTS_NCHANNELS][STAGED_I64];
 } mpi_hosts;
 
 static int mpi_error(ifd_error *err, int code, const char *what, int channel)
@@ -98,14 +107,19 @@ static int mpi_allreduce_i64(void *ctx, int channel, int64_t *vals, int n, ifd_h
 {
     mpi_hosts *m = ctx;
     MPI_Op mop = op == IFD_HOSTS_MIN ? MPI_MIN : op == IFD_HOSTS_MAX ? MPI_MAX : MPI_SUM;
+    int64_t *buf = n <= STAGED_I64 ? m->staged[channel] : vals;
+    if (buf != vals)
+        memcpy(buf, vals, sizeof *vals * (size_t)n);
     MPI_Request req;
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, vals, n, MPI_INT64_T, mop, m->comm[channel], &req);
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, n, MPI_INT64_T, mop, m->comm[channel], &req);
     if (rc == MPI_SUCCESS)
         rc = wait_req(&req, channel, stop, stop_arg);
     if (rc == -1)
         return ifd_error_set(err, IFD_ESTOPPED, "stopped waiting for the other hosts");
     if (rc != MPI_SUCCESS)
         return mpi_error(err, rc, "all-reduce", channel);
+    if (buf != vals)
+        memcpy(vals, buf, sizeof *vals * (size_t)n);
     return IFD_OK;
 }
 

@@ -285,28 +285,6 @@ def test_input_ending_on_one_host_ends_all_at_the_same_step(tmp_path, rng):
         assert end["global_step"] == ended_at, (h, end, job.log())
 
 
-def test_sigterm_to_one_rank_stops_all_at_one_loop_boundary(tmp_path, rng):
-    ipl = rng.randint(2, 6)
-    nrng = np.random.default_rng(rng.randrange(1 << 30))
-    batches = [(nrng.standard_normal((4, 3)).astype(np.float32),
-                nrng.integers(0, 2, 4, dtype=np.int32)) for _ in range(100000)]
-    job = Job(tmp_path, 2, program="softmax", features=3, classes=2, batch_size=4,
-              steps=10 ** 9, iterations_per_loop=ipl)
-    ts, errors = feed(job, batches)
-    pids = job.rank_pids()
-    target = rng.choice([0, 1])
-    time.sleep(1.0)
-    os.kill(pids[target], signal.SIGTERM)
-    rc = job.wait(30)
-    assert rc == 0, job.log()
-    ends = [job.summaries(h)[-1] for h in range(2)]
-    for e in ends:
-        assert e["event"] == "end" and e["reason"] == "stopped", e
-        assert f"stop requested on host {target}" in e["message"], e
-        assert e["global_step"] % ipl == 0, e
-    assert ends[0]["global_step"] == ends[1]["global_step"] > 0, ends
-
-
 def control(endpoint: str, request: dict, timeout: float = 5.0) -> dict:
     """One request on a host's control REP socket."""
     s = zmq.Context.instance().socket(zmq.REQ)
@@ -318,6 +296,42 @@ def control(endpoint: str, request: dict, timeout: float = 5.0) -> dict:
         return json.loads(s.recv())
     finally:
         s.close(0)
+
+
+def wait_training(job: Job, timeout: float = 60) -> None:
+    """Until every host answers status on its control socket with a step done."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if all(control(f"ipc://{job.tmp}/ctl-{h}", {"cmd": "status"}, 1.0)["global_step"] > 0
+                   for h in range(job.hosts)):
+                return
+        except AssertionError:  # not answering yet
+            pass
+        time.sleep(0.05)
+    pytest.fail(f"the hosts did not start training within {timeout} s:\n{job.log()}")
+
+
+def test_sigterm_to_one_rank_stops_all_at_one_loop_boundary(tmp_path, rng):
+    ipl = rng.randint(2, 6)
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    batches = [(nrng.standard_normal((4, 3)).astype(np.float32),
+                nrng.integers(0, 2, 4, dtype=np.int32)) for _ in range(100000)]
+    job = Job(tmp_path, 2, program="softmax", features=3, classes=2, batch_size=4,
+              steps=10 ** 9, iterations_per_loop=ipl)
+    ts, errors = feed(job, batches)
+    pids = job.rank_pids()
+    target = rng.choice([0, 1])
+    wait_training(job)  # (the handlers are in place once the control socket answers)
+    os.kill(pids[target], signal.SIGTERM)
+    rc = job.wait(30)
+    assert rc == 0, job.log()
+    ends = [job.summaries(h)[-1] for h in range(2)]
+    for e in ends:
+        assert e["event"] == "end" and e["reason"] == "stopped", e
+        assert f"stop requested on host {target}" in e["message"], e
+        assert e["global_step"] % ipl == 0, e
+    assert ends[0]["global_step"] == ends[1]["global_step"] > 0, ends
 
 
 @pytest.mark.parametrize("how", ["sigterm", "control"])
@@ -343,12 +357,16 @@ def test_stop_on_one_host_while_another_has_no_input(tmp_path, rng, how):
     n[idle] = given
     ts, errors = feed(job, batches, host_batches=n, hold=hold)
     pids = job.rank_pids()
-    ctl = [f"ipc://{tmp_path}/ctl-{h}" for h in range(2)]
+    ctl = [f"ipc://{job.tmp}/ctl-{h}" for h in range(2)]
     # the event: both hosts have run the idle host's batches and its infeed waits for more
     deadline = time.monotonic() + 30
+    st = None
     while time.monotonic() < deadline:
-        st = [control(c, {"cmd": "status"}) for c in ctl]
-        if st[idle]["infeed_waiting"] and all(s["global_step"] == given for s in st):
+        try:
+            st = [control(c, {"cmd": "status"}, 1.0) for c in ctl]
+        except AssertionError:  # not answering yet
+            st = None
+        if st and st[idle]["infeed_waiting"] and all(s["global_step"] == given for s in st):
             break
         time.sleep(0.05)
     else:
@@ -383,7 +401,7 @@ def test_sigkill_of_one_rank_ends_the_job_naming_it(tmp_path, rng):
     ts, errors = feed(job, batches, timeout=5)
     pids = job.rank_pids()
     victim = rng.choice([0, 1])
-    time.sleep(1.0)
+    wait_training(job)
     t0 = time.monotonic()
     os.kill(pids[victim], signal.SIGKILL)
     rc = job.wait(20)
