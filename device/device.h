@@ -106,6 +106,8 @@ typedef struct ifd_device_config {
      * step's (empty) collective tells every host that one's input ended; predict mode runs per
      * host. NULL: one. */
     const struct ifd_hosts *hosts;
+    /* cpu: ifd_config.blas_kernel (device/cpu/blas.h). */
+    const char *blas_kernel;
     void (*on_error)(void *arg, const char *source, const ifd_error *err);
     void *on_error_arg;
 } ifd_device_config;

@@ -152,6 +152,12 @@ const config_opt config_opts[] = {
      "N - 1 helpers (0: auto, the CPUs this process may use / replicas, 1 to 8; 1 when "
      "OPENBLAS_NUM_THREADS is set)",
      NULL, NULL},
+    {"blas_kernel", K_STR, OFF(run.blas_kernel), "NAME",
+     "cpu backend: the OpenBLAS kernel; auto replaces a generic fallback below what the CPU "
+     "runs (as OpenBLAS 0.3.21 picks Prescott on CPUs newer than itself), keep leaves the "
+     "library's pick, or a kernel name: SkylakeX, Haswell, Zen, Sandybridge, ... "
+     "(OPENBLAS_CORETYPE, when set, is obeyed under auto)",
+     NULL, NULL},
     {"cuda_graphs", K_BOOL, OFF(cuda_graphs), "on|off",
      "cuda backend: capture each step in a CUDA Graph", NULL, NULL},
     {"checkpoint_dir", K_STR, OFF(checkpoint_dir), "DIR",

@@ -158,6 +158,7 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
         .infeed_depth = cfg->infeed_depth,
         .outfeed_depth = cfg->outfeed_depth,
         .hosts = ifd_hosts_many(cfg->hosts) ? cfg->hosts : NULL,
+        .blas_kernel = cfg->blas_kernel,
         .on_error = on_device_error,
         .on_error_arg = s,
     };

@@ -7,6 +7,7 @@
 #include "core/queue.h"
 #include "core/thread.h"
 #include "device/cpu/allreduce.h"
+#include "device/cpu/blas.h"
 #include "device/cpu/team.h"
 #include "device/device.h"
 #include "device/replicas.h"
@@ -347,12 +348,18 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
     cd->sops.allreduce_sum = cpu_allreduce_sum;
     cd->sops.optimizer_apply = cpu_optimizer_apply;
     cd->sops.finish_step = ifd_cpu_finish_step;
+    int rc = ifd_blas_select(cfg->blas_kernel, err);
+    if (rc)
+        return rc;
+    ifd_blas_info blas;
+    char line[256];
+    ifd_blas_info_get(&blas);
+    IFD_LOG_INFO("cpu backend: BLAS %s", ifd_blas_describe(&blas, line, sizeof line));
     cd->threads = ifd_cpu_replica_threads(cfg->replicas);
     IFD_LOG_DEBUG("cpu backend: each replica runs its large products on %d thread%s%s", cd->threads,
                   cd->threads == 1 ? "" : "s",
                   getenv("OPENBLAS_NUM_THREADS") ? " (OPENBLAS_NUM_THREADS is set)" : "");
 
-    int rc = IFD_OK;
     float *init = malloc(sizeof(float) * (size_t)(p->nparam_floats + 1));
     cd->reps = calloc((size_t)cd->replicas, sizeof *cd->reps);
     int ar_ok = 0;
