@@ -107,6 +107,11 @@ const config_opt config_opts[] = {
     {"epsilon", K_F32, OFF(run.optimizer.epsilon), "EPS", "adam: epsilon", NULL, NULL},
     {"loss_reduction", K_ENUM, OFF(run.loss_reduction), "R",
      "mean (loss scaled by 1/replicas) or sum", "mean or sum", parse_reduction},
+    {"max_skipped_steps", K_I64, OFF(run.max_skipped_steps), "N",
+     "train, eval: a step whose gradients or loss are not finite is skipped on every replica "
+     "and host (no update) and counted; this many skipped in a row end the run (exit 1; 0: "
+     "never)",
+     NULL, NULL},
     {"summary_every", K_I64, OFF(run.summary_every), "N",
      "steps between train summaries (0: only at the end)", NULL, NULL},
     {"seed", K_U64, OFF(run.seed), "S", "seed of the parameter initialisation", NULL, NULL},

@@ -76,13 +76,20 @@ static int cpu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err)
     return rc;
 }
 
-/* The update on the replica's team. */
-static void cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
-                                int64_t n, float *params, const float *grads, float *slot0,
-                                float *slot1)
+/* The check and the update on the replica's team. */
+static void cpu_check_grads(void *ctx, const float *grads, int64_t n, ifd_step_out *out)
 {
     cpu_replica *rep = ctx;
-    ifd_cpu_optimizer_apply_on(rep->team, opt, opt_step, n, params, grads, slot0, slot1);
+    out->skipped = ifd_cpu_all_finite_on(rep->team, grads, n) ? 0.0f : 1.0f;
+}
+
+static void cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
+                                int64_t n, float *params, const float *grads, float *slot0,
+                                float *slot1, const float *skip)
+{
+    cpu_replica *rep = ctx;
+    if (skip == NULL || *skip == 0.0f)
+        ifd_cpu_optimizer_apply_on(rep->team, opt, opt_step, n, params, grads, slot0, slot1);
 }
 
 /* Floats of one step's predictions (predict mode; else 0). */
@@ -153,6 +160,7 @@ static int cpu_step(ifd_replica *base, int64_t nth)
         return rc;
     }
     slot->batch = NULL;
+    ifd_batch_tag_set(&slot->from, sh.batch);
     switch (cfg->mode) {
     case IFD_MODE_TRAIN:
         rc = ifd_step_train(p, &rep->ops, &cd->sops, rep, &rep->st, &cfg->optimizer,
@@ -346,6 +354,8 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
     cd->dev = dev;
     cd->replicas = cfg->replicas;
     cd->sops.allreduce_sum = cpu_allreduce_sum;
+    cd->sops.guard_loss = ifd_cpu_guard_loss;
+    cd->sops.check_grads = cpu_check_grads;
     cd->sops.optimizer_apply = cpu_optimizer_apply;
     cd->sops.finish_step = ifd_cpu_finish_step;
     int rc = ifd_blas_select(cfg->blas_kernel, err);
