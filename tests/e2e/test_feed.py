@@ -5,7 +5,9 @@ workers that connect late, a run that failed never taken for one that ended well
 Producer.transport after the with block."""
 
 import functools
+import re
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -400,3 +402,53 @@ def test_a_dataloader_batch_is_sent_from_the_tensors_memory(rng, monkeypatch):
     assert r.sent == len(tensors) == len(seen)
     for b, (tx, ty) in zip(seen, tensors):
         assert np.shares_memory(b["x"], tx.numpy()) and np.shares_memory(b["y"], ty.numpy())
+
+
+def readme_blocks(word):
+    """The README's Python examples that use `word`."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    return [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if word in b]
+
+
+def test_the_readme_feed_example_runs_as_written(daemon, rng, capsys):
+    (code,) = readme_blocks("infeed.feed(\"tcp://127.0.0.1:5555\", loader, name=")
+    steps = rng.randint(1, 10)
+    d = daemon(replicas=2, features=64, classes=10, batch_size=64, steps=steps, summary_every=0)
+    x, y = steps_data(rng.randrange(1 << 30), 1, 64 * (steps + 3), 64, 10)
+    loader = chunks(x, y, random_sizes(rng, len(x), 100))
+    exec(compile(code.replace("tcp://127.0.0.1:5555", d.listen), "README.md", "exec"),
+         {"infeed": infeed, "loader": loader})
+    assert d.wait() == 0, d.log()
+    assert d.end_summary()["global_step"] == steps
+    assert "steps sent; 0 consumed before" in capsys.readouterr().out
+
+
+def test_the_readme_workers_example_runs_as_written(daemon, rng):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import TensorDataset
+
+    (code,) = readme_blocks("infeed.Worker(index, 4)")
+    d = daemon(replicas=1, features=64, classes=10, batch_size=64, last_step=1000000,
+               summary_every=0, expect_producers=4)
+    rows = 64 * rng.randint(4, 12) + rng.randint(0, 63)
+    x, y = steps_data(rng.randrange(1 << 30), 1, rows, 64, 10)
+    dataset = TensorDataset(torch.from_numpy(x), torch.from_numpy(y).long())
+    errors = []
+
+    def worker(index):
+        try:
+            exec(compile(code.replace("tcp://127.0.0.1:5555", d.listen), "README.md", "exec"),
+                 {"infeed": infeed, "torch": torch, "dataset": dataset, "index": index})
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert d.wait() == 0, d.log()
+    # each worker's share in steps of 64 rows, its tail dropped
+    want = sum(len(range(i, rows, 4)) // 64 for i in range(4))
+    assert d.end_summary()["global_step"] == want, (d.end_summary(), want)
