@@ -150,3 +150,12 @@ def test_torch_tensors_without_a_copy(nrng):
     items = list(adapters.from_torch([(x, labels), {"x": x}]))
     assert np.shares_memory(items[0][0], x.numpy()) and items[0][1].dtype == np.int64
     assert np.shares_memory(items[1]["x"], x.numpy())
+
+
+def test_tensorflow_tensors_are_read_as_numpy(nrng):
+    tf = pytest.importorskip("tensorflow")
+    x = nrng.standard_normal((3, 2)).astype(np.float32)
+    got = convert("x", tf.constant(x), P.schema_entry("x", "float32", [2]))
+    assert np.array_equal(got, x)
+    labels = tf.constant(nrng.integers(0, 9, 3))  # int64
+    assert convert("y", labels, I32).dtype == np.int32

@@ -1,8 +1,8 @@
-"""infeed.feed and the loader workers end to end: any iterable (and a PyTorch DataLoader when torch
-is installed) cut into the daemon's steps and messages, the last partial batch dropped or padded,
-resume after a restart with several workers (every step trained exactly once), the rule for
-workers that connect late, a run that failed never taken for one that ended well, and
-Producer.transport after the with block."""
+"""infeed.feed and the loader workers end to end: any iterable (and a PyTorch DataLoader or a
+tf.data.Dataset when torch or tensorflow is installed) cut into the daemon's steps and messages,
+the last partial batch dropped or padded, resume after a restart with several workers (every step
+trained exactly once), the rule for workers that connect late, a run that failed never taken for
+one that ended well, and Producer.transport after the with block."""
 
 import functools
 import re
@@ -351,29 +351,39 @@ def test_predict_mode_sends_the_last_batch_partial(daemon, rng):
     assert sum(len(o["classes"]) for _, o in got) == rows
 
 
-def test_a_dataloader_trains_as_the_same_rows_from_numpy(daemon, tmp_path, rng):
-    """The same rows from a DataLoader (float32 and int64 tensors, batches of one size) and from
-    numpy arrays (int32 labels, batches of other sizes): the same end checkpoint."""
-    torch = pytest.importorskip("torch")
-    from torch.utils.data import DataLoader, TensorDataset
+def loader_of(lib, x, y, batch):
+    """A torch DataLoader or a tf.data.Dataset of (x, y as int64) in batches of `batch` rows."""
+    if lib == "torch":
+        torch = pytest.importorskip("torch")
+        from torch.utils.data import DataLoader, TensorDataset
 
+        return DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y).long()),
+                          batch_size=batch, shuffle=False)
+    tf = pytest.importorskip("tensorflow")
+    return tf.data.Dataset.from_tensor_slices((x, y.astype(np.int64))).batch(batch)
+
+
+@pytest.mark.parametrize("lib", ["torch", "tensorflow"])
+def test_a_loader_trains_as_the_same_rows_from_numpy(daemon, tmp_path, rng, lib):
+    """The same rows from a DataLoader or a tf.data.Dataset (float32 and int64 tensors, batches
+    of one size) and from numpy arrays (int32 labels, batches of other sizes): the same end
+    checkpoint."""
     bs, d, classes, most = rng.randint(1, 6), rng.randint(1, 6), rng.randint(2, 5), rng.randint(1, 3)
     rows = rng.randint(4, 20) * bs + rng.randint(0, bs - 1)
     x, y = steps_data(rng.randrange(1 << 30), 1, rows, d, classes)
     last = rng.choice(["drop", "pad"])
-    loader = DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y).long()),
-                        batch_size=rng.randint(1, 3 * bs), shuffle=False)
+    loader = loader_of(lib, x, y, rng.randint(1, 3 * bs))
     out = {}
-    for kind, data in [("torch", loader), ("numpy", chunks(x, y, random_sizes(rng, rows, 2 * bs)))]:
+    for kind, data in [(lib, loader), ("numpy", chunks(x, y, random_sizes(rng, rows, 2 * bs)))]:
         dm = daemon(replicas=1, batch_size=bs, features=d, classes=classes, last_step=1000000,
                     summary_every=0, checkpoint_dir=str(tmp_path / kind), seed=5,
                     max_steps_per_message=most)
         out[kind] = infeed.feed(dm.listen, data, last_batch=last, timeout=20)
         assert dm.wait() == 0, dm.log()
-    a, b = (ckpt.read(ckpt.files(tmp_path / k)[-1]) for k in ("torch", "numpy"))
-    assert a["global_step"] == b["global_step"] == out["torch"].sent == out["numpy"].sent
-    assert np.array_equal(a["params"], b["params"]), "the DataLoader's rows trained otherwise"
-    assert (out["torch"].rows_dropped, out["torch"].rows_padded) == \
+    a, b = (ckpt.read(ckpt.files(tmp_path / k)[-1]) for k in (lib, "numpy"))
+    assert a["global_step"] == b["global_step"] == out[lib].sent == out["numpy"].sent
+    assert np.array_equal(a["params"], b["params"]), f"the {lib} loader's rows trained otherwise"
+    assert (out[lib].rows_dropped, out[lib].rows_padded) == \
         (out["numpy"].rows_dropped, out["numpy"].rows_padded)
 
 

@@ -77,7 +77,8 @@ def feed(endpoint: str, data: Any, *, name: Optional[str] = None,
       sends the last batch partial (the daemon pads it, and no padding comes back).
     - ``wait_bye``: after ``END``, wait for the run's ``BYE`` (True) or only for the ACKs of
       the steps sent (False). Default: True, or False with ``worker`` (the others may stream on
-      for longer than ``timeout``).
+      for longer than ``timeout``). Without the BYE, a run that fails after this producer's last
+      ACK is not seen here (the daemon's exit status and end summary say it).
     - ``on_prediction``: predict mode: called with ``(seq, arrays)`` for each batch's
       predictions as they arrive; without it they are kept in ``FeedResult.predictions``.
     - ``options``: passed to :class:`infeed.Producer` (``timeout``, ``shm``, ``first_seq``,

@@ -24,7 +24,8 @@ _DEFAULT_TIMEOUT = 60.0
 class Producer(Replies, InPlace):
     """Streams batches to infeedd over a ZeroMQ DEALER socket (ingest protocol version 1).
 
-    ``Producer(endpoint, name=None, schema=None, first_seq=0, timeout=60.0, replica=None)``
+    ``Producer(endpoint, name=None, schema=None, first_seq=0, timeout=60.0, replica=None,
+    shm="auto", round_floats=False)``
 
     - ``endpoint``: the daemon's ``--listen`` address, e.g. ``"tcp://127.0.0.1:5555"``.
     - ``name``: the producer's name (the daemon makes one up when it is None).
@@ -249,8 +250,10 @@ class Producer(Replies, InPlace):
     # -- the protocol ----------------------------------------------------------------------
 
     def hello(self, schema: Optional[Sequence[Any]] = None) -> dict:
-        """Sends HELLO and waits for WELCOME (returned, and kept as :attr:`welcome`). Raises
-        :class:`InfeedError` with the daemon's code and sentence if it answers ERROR."""
+        """Sends HELLO and waits for WELCOME (returned, and kept as :attr:`welcome`). The HELLO
+        carries ``schema`` (or the one given before) when there is one, else none, and the
+        program's schema comes in the WELCOME (:attr:`schema`). Raises :class:`InfeedError` with
+        the daemon's code and sentence if it answers ERROR."""
         self._check_open()
         if schema is not None:
             self._schema = normalize_schema(schema)
