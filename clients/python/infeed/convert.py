@@ -30,6 +30,8 @@ import numpy as np
 from . import protocol as P
 
 _FLOAT32_EXACT = 1 << 24  # every integer of magnitude up to this is exact in float32
+# the little-endian dtype of each protocol name (made once: send's cost is per message)
+_DTYPE = {name: np.dtype(spec).newbyteorder("<") for name, spec in P.DTYPES.items()}
 
 
 def dtype_name(dt: np.dtype) -> Optional[str]:
@@ -106,7 +108,9 @@ def convert(name: str, value: Any, entry: dict, round_floats: bool = False) -> n
     """The C-contiguous little-endian array of the schema entry's dtype for one tensor, by the
     rules of this module's docstring; TypeError naming the tensor, the dtype expected and the
     one received (and ``round_floats`` where it would allow the conversion) otherwise."""
-    want = np.dtype(P.DTYPES[entry["dtype"]]).newbyteorder("<")
+    want = _DTYPE[entry["dtype"]]
+    if type(value) is np.ndarray and value.dtype == want and value.flags.c_contiguous:
+        return value  # the common case, first
     a, from_python = as_array(value)
     got = a.dtype
     if got.kind == want.kind and got.itemsize == want.itemsize:
@@ -148,6 +152,8 @@ def item_tensors(item: Any, names: Sequence[str]) -> dict[str, Any]:
     """One batch as the mapping ``name -> tensor``: a mapping as it is (keyword order never
     matters), a tuple or list as the tensors in schema order, and, for a schema of one tensor,
     that tensor alone."""
+    if type(item) is dict:
+        return item
     if isinstance(item, Mapping):
         return dict(item)
     if isinstance(item, (tuple, list)):
@@ -180,9 +186,9 @@ def encode(batch: Any, schema: Sequence[dict], round_floats: bool = False
     shapes; ValueError naming the tensor otherwise."""
     names = [e["name"] for e in schema]
     arrays = item_tensors(batch, names)
-    missing = [n for n in names if n not in arrays]
-    extra = [n for n in arrays if n not in names]
-    if missing or extra:
+    if len(arrays) != len(names) or any(n not in arrays for n in names):
+        missing = [n for n in names if n not in arrays]
+        extra = [n for n in arrays if n not in names]
         parts = []
         if missing:
             parts.append("missing " + ", ".join(repr(n) for n in missing))
