@@ -279,14 +279,16 @@ def test_resume_after_a_restart_with_several_workers(daemon, tmp_path, rng, inpu
 # -- against the daemon ---------------------------------------------------------------------------
 
 def test_a_failed_run_is_not_hidden_by_except_run_ended(daemon, rng):
-    """The README's loop (except infeed.RunEnded: pass) around a run whose model diverges: the
-    with block raises RunFailed with the daemon's sentence; a clean end raises nothing."""
+    """The README's loop (except infeed.RunEnded: pass) around a run whose model diverges (a NaN
+    input, check_finite off, one non-finite step ends it: --max-skipped-steps 1): the with block
+    raises RunFailed with the daemon's sentence; a clean end raises nothing."""
     d, classes, bs = rng.randint(1, 8), rng.randint(2, 5), rng.randint(1, 8)
     x, y = steps_data(rng.randrange(1 << 30), 1, bs, d, classes)
     bad = x.copy()
     bad[rng.randrange(bs), rng.randrange(d)] = np.nan
     dm = daemon(replicas=1, batch_size=bs, features=d, classes=classes, steps=100,
-                iterations_per_loop=1, summary_every=0, check_finite="off")
+                iterations_per_loop=1, summary_every=0, check_finite="off",
+                max_skipped_steps=1)
     with pytest.raises(infeed.RunFailed) as ei:
         with infeed.Producer(dm.listen, name="loader", timeout=20) as p:
             try:
@@ -301,7 +303,8 @@ def test_a_failed_run_is_not_hidden_by_except_run_ended(daemon, rng):
 
     # infeed.feed likewise
     dm = daemon(replicas=1, batch_size=bs, features=d, classes=classes, steps=100,
-                iterations_per_loop=1, summary_every=0, check_finite="off")
+                iterations_per_loop=1, summary_every=0, check_finite="off",
+                max_skipped_steps=1)
     with pytest.raises(infeed.RunFailed, match="diverged"):
         infeed.feed(dm.listen, [(bad, y)] + [(x, y)] * 50, timeout=20)
     assert dm.wait() == 1, dm.log()

@@ -80,9 +80,9 @@ class RunEnded(_EndOf, InfeedError):
 
 
 class RunFailed(_EndOf, InfeedError):
-    """The run ended with an error (its BYE's ``status`` is ``"error"``: a diverged model, a
-    device failure...): ``error`` is the daemon's sentence (``outfeed: replica 0's loss is
-    nan: ...``), ``bye`` the whole BYE, ``global_step`` where it stopped. The code is
+    """The run ended with an error (its BYE's ``status`` is ``"error"``: a model that diverged
+    for ``--max-skipped-steps`` steps in a row, a device failure...): ``error`` is the daemon's
+    sentence (``outfeed: 100 steps in a row ... were skipped ...``), ``bye`` the whole BYE, ``global_step`` where it stopped. The code is
     ``ECLOSED``: the daemon takes no more batches. Deliberately not a :class:`RunEnded`, so that
     the ``except infeed.RunEnded`` that stops a loader at a clean end lets it through."""
 
