@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import threading
 import time
 
@@ -23,6 +25,21 @@ def separable(rng: np.random.Generator, rows: int, features: int, classes: int,
     y = rng.integers(0, classes, rows, dtype=np.int32)
     x = (centers[y] + noise * rng.standard_normal((rows, features))).astype(np.float32)
     return x, y
+
+
+def gpu_visible() -> bool:
+    """Whether nvidia-smi is here and lists a GPU."""
+    return shutil.which("nvidia-smi") is not None and subprocess.run(
+        ["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def teacher_data(seed: int, steps: int, batch: int, features: int, classes: int):
+    """As steps_data, with each row's label from a random linear teacher (argmax of x @ T): data
+    that training learns, as tests/util's tu_batches_teacher."""
+    r = np.random.default_rng(seed)
+    x = r.uniform(-1, 1, (steps * batch, features)).astype(np.float32)
+    t = r.uniform(-1, 1, (features, classes))
+    return x, np.argmax(x.astype(np.float64) @ t, axis=1).astype(np.int32)
 
 
 def stream_until_end(endpoint: str, batch_fn, max_batches: int = 100000, timeout: float = 20,

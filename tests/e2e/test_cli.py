@@ -10,6 +10,7 @@ import pytest
 
 import infeed
 from conftest import ROOT, run_infeedd
+from helpers import gpu_visible
 
 ISSUE_FLAGS = """--config --listen --publish --control --summaries --backend --replicas --program
 --features --classes --mode --input-mode --batch-size --iterations-per-loop --steps --last-step
@@ -207,11 +208,7 @@ def test_replica_threads_form_teams_that_train_the_same_bits(daemon, rng):
 def test_cuda_backend_without_gpu(tmp_path):
     """--backend cuda where there is no usable GPU (or the backend is not built): exit 1 with one
     clear line naming the cuda backend and why, never a crash; the summaries file gets nothing."""
-    import shutil
-    import subprocess
-
-    if shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi", "-L"],
-                                                      capture_output=True).returncode == 0:
+    if gpu_visible():
         pytest.skip("this machine has a GPU: the error path is not reachable")
     from conftest import free_ports
 
