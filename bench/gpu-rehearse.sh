@@ -45,7 +45,11 @@ venv=$work/venv
 if [ ! -x "$venv/bin/python3" ] || ! "$venv/bin/python3" -c 'import numpy, pytest' 2>/dev/null; then
   py=""
   for c in python3.12 /root/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12; do
-    if command -v "$c" >/dev/null 2>&1; then py=$(command -v "$c"); break; fi
+    # (a pyenv shim is on the PATH even where its version is not the global one: run it)
+    if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys' >/dev/null 2>&1; then
+      py=$(command -v "$c")
+      break
+    fi
   done
   if [ -z "$py" ]; then
     echo "gpu-rehearse: no Python 3.12 here (the carried pyzmq wheel is for 3.12)" >&2
