@@ -149,6 +149,56 @@ START_TEST(cuda_matches_cpu)
 }
 END_TEST
 
+/* Batches with NaN in one row (a loss that is not finite) at random steps: the cuda run skips
+ * the same steps as the cpu run (its guard and check kernels decide on the device, inside the
+ * captured graph), ends with the same parameters and Adam count, and its summaries count and
+ * name the same batches. */
+START_TEST(skipped_steps_match_cpu)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    const char *program = programs[_i % 2];
+    int r = 1 + (int)rand_between(&rng, 0, (g_gpus < 4 ? g_gpus : 4) - 1);
+    ifd_config cfg;
+    tu_config_train(&cfg, program, IFD_OPT_ADAM, rand_between(&rng, 1, 30),
+                    rand_between(&rng, 2, 10), 12 * rand_between(&rng, 1, 4),
+                    rand_between(&rng, 1, 8), ifd_rng_next(&rng));
+    cfg.replicas = r;
+    cfg.max_skipped_steps = 0;
+    tu_batch **bs = tu_batches_random(&cfg, cfg.num_steps, ifd_rng_next(&rng));
+    int64_t bad = 0, cols = cfg.settings.features;
+    for (int64_t i = 0; i < cfg.num_steps; i++)
+        if (rand_between(&rng, 0, 3) == 0) {
+            ((float *)bs[i]->data[0])[rand_between(&rng, 0, cfg.batch_size - 1) * cols] = NAN;
+            bad++;
+        }
+    tu_result cpu, gpu;
+    tu_run(&cfg, bs, cfg.num_steps, &cpu);
+    run_cuda(&cfg, bs, cfg.num_steps, (int)rand_between(&rng, 0, 1), &gpu);
+    char what[160];
+    snprintf(what, sizeof what, "%s R=%d, %lld of %lld batches with a NaN", program, r,
+             (long long)bad, (long long)cfg.num_steps);
+    compare_runs(&gpu, &cpu, what, REL_TOL);
+    for (size_t i = 0; i < cpu.nsummaries; i++) {
+        json_t *g = json_loads(gpu.summaries[i], 0, NULL),
+               *c = json_loads(cpu.summaries[i], 0, NULL);
+        ck_assert_msg(
+            json_equal(json_object_get(g, "skipped_steps"), json_object_get(c, "skipped_steps")) &&
+                json_equal(json_object_get(g, "skipped_batches"),
+                           json_object_get(c, "skipped_batches")),
+            "%s: summary %zu: cuda %s, cpu %s", what, i, gpu.summaries[i], cpu.summaries[i]);
+        json_decref(g);
+        json_decref(c);
+    }
+    json_t *end = json_loads(cpu.summaries[cpu.nsummaries - 1], 0, NULL);
+    ck_assert_int_eq(json_integer_value(json_object_get(end, "skipped_steps")), bad);
+    json_decref(end);
+    tu_result_free(&cpu);
+    tu_result_free(&gpu);
+    tu_batches_free(bs, cfg.num_steps);
+}
+END_TEST
+
 /* Training over LONG_STEPS steps, one train summary a step: _i picks softmax or mlp and momentum
  * or Adam; shapes, loop length, replica count and graph setting are random. Every step's loss on
  * cuda within the program's tolerance of the cpu run's, the final parameters too, and both runs
@@ -424,6 +474,7 @@ int main(void)
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, cuda_matches_cpu, 0, 6);
     tcase_add_loop_test(tc, long_training_matches_cpu, 0, 4);
+    tcase_add_loop_test(tc, skipped_steps_match_cpu, 0, 4);
     tcase_add_loop_test(tc, one_slot_rings, 0, 2);
     tcase_add_loop_test(tc, input_ends_mid_loop, 0, 2);
     tcase_add_loop_test(tc, eval_matches_cpu, 0, 4);
