@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -23,6 +26,20 @@ def separable(rng: np.random.Generator, rows: int, features: int, classes: int,
     y = rng.integers(0, classes, rows, dtype=np.int32)
     x = (centers[y] + noise * rng.standard_normal((rows, features))).astype(np.float32)
     return x, y
+
+
+def wait_ready_file(path: Path, proc: subprocess.Popen, deadline_s: float = 15,
+                    log=lambda: "") -> dict:
+    """The JSON of infeedd's --ready-file once it is written (proc must not exit first)."""
+    deadline = time.monotonic() + deadline_s
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"infeedd exited with {proc.returncode} before writing "
+                                 f"{path}:\n{log()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"infeedd wrote no {path} within {deadline_s} s:\n{log()}")
+        time.sleep(0.02)
+    return json.loads(path.read_text())
 
 
 def stream_until_end(endpoint: str, batch_fn, max_batches: int = 100000, timeout: float = 20,
