@@ -211,6 +211,32 @@ def build_consumers(prefix: Path, tmp: Path) -> dict[str, Path]:
     return exes
 
 
+def test_readme_pkg_config_lines(prefix, tmp_path):
+    """The README's pkg-config lines, run as written (PREFIX the installed prefix, loader.c the
+    C example producer, train.c examples/train_synthetic.c): every program finds its libraries with no
+    LD_LIBRARY_PATH (the shared ones through the line's rpath), and the trainer trains."""
+    root = HERE.parent.parent
+    lines = re.findall(r"^(cc (loader|train)\.c \$\(pkg-config [^#]*?)\s+#",
+                       (root / "README.md").read_text(), re.M)
+    assert [k for _, k in lines] == ["loader", "loader", "train", "train"], lines
+    link = tmp_path / "prefix"  # no blank: the shell splits $(pkg-config ...) on blanks
+    link.symlink_to(prefix)
+    env = dict(no_ld_path(), PKG_CONFIG_PATH=str(link / "lib/pkgconfig"))
+    src = {"loader": root / "examples/c_producer.c",
+           "train": root / "examples/train_synthetic.c"}
+    for i, (line, kind) in enumerate(lines):
+        exe = tmp_path / f"{kind}{i}"
+        cmd = line.replace("PREFIX", shlex.quote(str(link))).replace(
+            f"cc {kind}.c", shlex.join([CC, *SAN_FLAGS, "-o", str(exe), str(src[kind])]), 1)
+        run(["bash", "-c", cmd], env=env)
+        ldd = run(["ldd", exe], env=no_ld_path()).stdout
+        assert "not found" not in ldd, f"{line}\n{ldd}"
+        if kind == "train":
+            r = run([exe, "--steps", "20", "--replicas", "1", "--iterations-per-loop", "5"],
+                    env=no_ld_path(), timeout=120)
+            assert '"event":"end"' in r.stdout.replace(" ", ""), f"{line}\n{r.stdout[-2000:]}"
+
+
 def test_consumers_against_installed_daemon(prefix, tmp_path):
     seed = int(os.environ.get("IFD_TEST_SEED", random.randrange(1 << 31)))
     print(f"seed {seed} (IFD_TEST_SEED={seed} repeats this run)")
