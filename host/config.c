@@ -112,6 +112,11 @@ const config_opt config_opts[] = {
     {"epsilon", K_F32, OFF(run.optimizer.epsilon), "EPS", "adam: epsilon", NULL, NULL},
     {"loss_reduction", K_ENUM, OFF(run.loss_reduction), "R",
      "mean (loss scaled by 1/replicas) or sum", "mean or sum", parse_reduction},
+    {"max_skipped_steps", K_I64, OFF(run.max_skipped_steps), "N",
+     "train, eval: a step whose gradients or loss are not finite is skipped on every replica "
+     "and host (no update) and counted; this many skipped in a row end the run (exit 1; 0: "
+     "never)",
+     NULL, NULL},
     {"summary_every", K_I64, OFF(run.summary_every), "N",
      "steps between train summaries (0: only at the end)", NULL, NULL},
     {"seed", K_U64, OFF(run.seed), "S", "seed of the parameter initialisation", NULL, NULL},
@@ -156,6 +161,12 @@ const config_opt config_opts[] = {
      "cpu backend: threads each replica's large products and its update run on, its own and "
      "N - 1 helpers (0: auto, the CPUs this process may use / replicas, 1 to 8; 1 when "
      "OPENBLAS_NUM_THREADS is set)",
+     NULL, NULL},
+    {"blas_kernel", K_STR, OFF(run.blas_kernel), "NAME",
+     "cpu backend: the OpenBLAS kernel; auto replaces a generic fallback below what the CPU "
+     "runs (as OpenBLAS 0.3.21 picks Prescott on CPUs newer than itself), keep leaves the "
+     "library's pick, or a kernel name: SkylakeX, Haswell, Zen, Sandybridge, ... "
+     "(OPENBLAS_CORETYPE, when set, is obeyed under auto)",
      NULL, NULL},
     {"cuda_graphs", K_BOOL, OFF(cuda_graphs), "on|off",
      "cuda backend: capture each step in a CUDA Graph", NULL, NULL},

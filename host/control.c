@@ -3,6 +3,7 @@
 #include "core/log.h"
 #include "core/thread.h"
 #include "core/wire.h"
+#include "device/cpu/blas.h"
 #include "infeed/checkpoint.h"
 #include "infeed/infeed_internal.h"
 
@@ -100,6 +101,17 @@ static json_t *status_json(ifd_ingest *g)
     json_object_set_new(j, "program", json_string(g->program->cls->name));
     json_object_set_new(j, "backend", json_string(g->cfg->run.backend));
     json_object_set_new(j, "replicas", json_integer(g->cfg->run.replicas));
+    if (strcmp(g->cfg->run.backend, "cpu") == 0) {
+        ifd_blas_info b;
+        char line[256];
+        ifd_blas_info_get(&b);
+        json_object_set_new(j, "blas",
+                            json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "library", b.library,
+                                      "kernel", b.kernel, "picked", b.picked, "how", b.how,
+                                      "cpu_isa", ifd_isa_name(b.cpu_isa), "kernel_isa",
+                                      ifd_isa_name(b.kernel_isa), "text",
+                                      ifd_blas_describe(&b, line, sizeof line)));
+    }
     json_object_set_new(j, "global_step", json_integer(ifd_session_global_step(g->session)));
     json_object_set_new(j, "loop", json_integer(ifd_session_loop_index(g->session)));
     const ifd_config *run = &g->cfg->run;

@@ -325,6 +325,9 @@ static void print_status(const ctl_options *o, json_t *s)
     if (json_is_integer(last))
         printf(" / %lld", (long long)json_integer_value(last));
     printf(" (loop %lld)\n", (long long)num_or(s, "loop", 0));
+    json_t *blas = json_object_get(s, "blas");
+    if (json_is_object(blas))
+        printf("  BLAS          %s\n", str_or(blas, "text", "?"));
     printf("  rates         %.1f steps/s, %.0f examples/s\n", num_or(s, "steps_per_sec", 0),
            num_or(s, "examples_per_sec", 0));
     printf("  input         %s, batch queue %lld of %lld, %s\n", str_or(s, "input_mode", "?"),

@@ -1109,9 +1109,8 @@ static void trainer_init_h(trainer *t, const char *name, int64_t d, int64_t h, i
     memset(t, 0, sizeof *t);
     make_program_h(&t->p, name, d, h, k);
     ifd_cpu_ops_init(&t->ops, NULL);
+    ifd_cpu_step_ops_init(&t->sops);
     t->sops.allreduce_sum = fake_allreduce;
-    t->sops.optimizer_apply = ifd_cpu_optimizer_apply;
-    t->sops.finish_step = ifd_cpu_finish_step;
     int64_t n = t->p.nparam_floats;
     t->st.params = falloc(n);
     t->st.grads = falloc(n);

@@ -88,3 +88,16 @@ class Collector(threading.Thread):
         self._halt.set()
         self.join(5)
         return self.got
+
+
+class FakeDataset:
+    """Something with as_numpy_iterator, as a tf.data.Dataset has."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def as_numpy_iterator(self):
+        return iter(self.items)
+
+    def __iter__(self):  # a tf.data.Dataset iterates tensors; the adapter must not use this
+        raise AssertionError("iterated as tensors")
