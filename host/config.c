@@ -65,6 +65,11 @@ const config_opt config_opts[] = {
     {"predictions", K_STR, OFF(predictions), "PATH",
      "predict mode: also write every prediction, a row a line, to this JSON Lines file", NULL,
      NULL},
+    {"ready_file", K_STR, OFF(ready_file), "PATH",
+     "once every socket is bound and served, write {\"listen\", \"publish\", \"control\", "
+     "\"pid\"} to PATH (the endpoints bound, a port chosen for tcp://127.0.0.1:* resolved; "
+     "written to a temporary file and renamed); removed when infeedd exits",
+     NULL, NULL},
     {"backend", K_STR, OFF(run.backend), "NAME", "device backend: cpu or cuda", NULL, NULL},
     {"replicas", K_INT, OFF(run.replicas), "N", "replicas (cpu: threads; cuda: GPUs)", NULL, NULL},
     {"program", K_STR, OFF(run.program), "NAME",
@@ -350,12 +355,17 @@ void ifd_daemon_config_usage(FILE *out)
             "never overwrites a file. Without --curve-secret-key only loopback, ipc:// and\n"
             "inproc:// endpoints are bound unless --insecure is given.\n"
             "\n"
+            "Endpoints: the port * (tcp://127.0.0.1:*) binds a port the system chooses; the log,\n"
+            "status and --ready-file say which. The missing folders of an ipc:// endpoint are\n"
+            "created (mode 0700).\n"
+            "\n"
             "Several hosts (docs/multihost.md): started by an MPI launcher (mpirun -np H\n"
             "infeedd ..., or srun), H daemons train one model; --batch-size is the global batch,\n"
             "each host takes batch_size / H rows a step from its own producers. {rank} in\n"
-            "--listen, --publish, --control, --summaries, --predictions, --checkpoint-dir and\n"
-            "--checkpoint is replaced by the host's rank (ipc:///run/infeed/in-{rank}); without\n"
-            "it, summaries, PUB and checkpoints are rank 0's only. A checkpoint holds every\n"
+            "--listen, --publish, --control, --summaries, --predictions, --ready-file,\n"
+            "--checkpoint-dir and --checkpoint is replaced by the host's rank\n"
+            "(ipc:///run/infeed/in-{rank}); without it, summaries, PUB, the ready file and\n"
+            "checkpoints are rank 0's only. A checkpoint holds every\n"
             "host's producer positions; --resume needs as many hosts as wrote it.\n"
             "\n"
             "Signals: SIGINT or SIGTERM stops at the end of the current loop, flushes the\n"

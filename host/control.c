@@ -79,10 +79,23 @@ void ingest_request_stop(ifd_ingest *g, const char *why)
     }
 }
 
+json_t *ifd_ingest_endpoints_json(const ifd_ingest *g)
+{
+    const char *pub = g->pub ? ifd_publisher_endpoint(g->pub) : "";
+    const char *eps[] = {g->bound_listen, pub, g->bound_control};
+    const char *keys[] = {"listen", "publish", "control"};
+    json_t *j = json_object();
+    for (int i = 0; i < 3; i++)
+        json_object_set_new(j, keys[i], eps[i][0] ? json_string(eps[i]) : json_null());
+    return j;
+}
+
 static json_t *status_json(ifd_ingest *g)
 {
     json_t *j = json_object();
     json_object_set_new(j, "ok", json_true());
+    json_object_set_new(j, "pid", json_integer(getpid()));
+    json_object_set_new(j, "endpoints", ifd_ingest_endpoints_json(g));
     json_object_set_new(j, "state", json_string(g->stop_ns ? "stopping" : "running"));
     json_object_set_new(j, "mode", json_string(ifd_mode_name(g->cfg->run.mode)));
     json_object_set_new(j, "program", json_string(g->program->cls->name));

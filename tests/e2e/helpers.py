@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -40,6 +42,20 @@ def teacher_data(seed: int, steps: int, batch: int, features: int, classes: int)
     x = r.uniform(-1, 1, (steps * batch, features)).astype(np.float32)
     t = r.uniform(-1, 1, (features, classes))
     return x, np.argmax(x.astype(np.float64) @ t, axis=1).astype(np.int32)
+
+
+def wait_ready_file(path: Path, proc: subprocess.Popen, deadline_s: float = 15,
+                    log=lambda: "") -> dict:
+    """The JSON of infeedd's --ready-file once it is written (proc must not exit first)."""
+    deadline = time.monotonic() + deadline_s
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"infeedd exited with {proc.returncode} before writing "
+                                 f"{path}:\n{log()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"infeedd wrote no {path} within {deadline_s} s:\n{log()}")
+        time.sleep(0.02)
+    return json.loads(path.read_text())
 
 
 def stream_until_end(endpoint: str, batch_fn, max_batches: int = 100000, timeout: float = 20,
