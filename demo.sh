@@ -24,15 +24,10 @@ fi
 OUT=${DEMO_OUT:-build}
 mkdir -p "$OUT"
 
-# Free loopback ports for the ingest, summaries and control sockets.
-read -r LISTEN PUBLISH CONTROL < <(python3 - <<'PY'
-import socket
-socks = [socket.socket() for _ in range(3)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(*[f"tcp://127.0.0.1:{s.getsockname()[1]}" for s in socks])
-PY
-)
+# Each infeedd binds loopback ports the system chooses and names them in its ready file
+# (scripts/infeedd-ready.sh): no port is picked here that another program could take first.
+source scripts/infeedd-ready.sh
+READY=$OUT/demo-infeedd.ready.json
 
 SUMMARIES=$OUT/demo-summaries.jsonl
 CHECKPOINTS=$OUT/demo-checkpoints
@@ -53,18 +48,28 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-ENDPOINTS=(--listen "$LISTEN" --publish "$PUBLISH" --control "$CONTROL" --log-level warn)
+ENDPOINTS=(--listen 'tcp://127.0.0.1:*' --publish 'tcp://127.0.0.1:*' --control 'tcp://127.0.0.1:*'
+  --ready-file "$READY" --log-level warn)
 export PYTHONPATH=clients/python
 
-# Runs infeedd in the background with the given flags and the producer command after "--",
-# then waits for both; returns the daemon's exit status. When the daemon exits first with an
-# error, the producer is stopped at once (it would wait for a daemon that is gone).
+# Runs infeedd in the background with the given flags, waits until it is ready (LISTEN, PUBLISH
+# and CONTROL name its endpoints then), runs the producer command after "--" (a function that
+# reads them), then waits for both; returns the daemon's exit status. When the daemon exits
+# first with an error, the producer is stopped at once (it would wait for a daemon that is gone).
 phase() {
   local args=() status=0
   while [ "$1" != "--" ]; do args+=("$1"); shift; done
   shift
   "$INFEEDD" "${MODEL[@]}" "${ENDPOINTS[@]}" --summaries "$SUMMARIES" "${args[@]}" &
   local daemon=$!
+  trap 'kill "$daemon" 2>/dev/null || true' EXIT
+  if ! infeedd_ready "$READY" "$daemon"; then
+    wait "$daemon" || status=$?
+    echo "demo: infeedd exited with status $status before the producer could start" >&2
+    trap - EXIT
+    [ "$status" != 0 ] || status=1
+    return "$status"
+  fi
   "$@" &
   local producer=$!
   trap 'kill "$daemon" "$producer" 2>/dev/null || true' EXIT
@@ -95,23 +100,29 @@ phase() {
   return "$status"
 }
 
+# The producers, run by phase once LISTEN and PUBLISH name the daemon's endpoints.
+train_digits() {
+  python3 examples/digits/train_digits.py --endpoint "$LISTEN" --publish "$PUBLISH" \
+    --holdout "$HOLDOUT"
+}
+score_digits() { # eval | predict
+  python3 examples/digits/score_digits.py --mode "$1" --endpoint "$LISTEN" \
+    --publish "$PUBLISH" --holdout "$HOLDOUT"
+}
+
 echo "== train: ${MODEL[*]} on the cpu backend, digits (64 features, 10 classes), 600 steps," \
   "a checkpoint every 200"
 phase --iterations-per-loop 20 --steps 600 --summary-every 50 --learning-rate 0.5 \
   --checkpoint-dir "$CHECKPOINTS" --checkpoint-every 200 ${TRAIN[@]+"${TRAIN[@]}"} -- \
-  python3 examples/digits/train_digits.py --endpoint "$LISTEN" --publish "$PUBLISH" \
-  --holdout "$HOLDOUT"
+  train_digits
 echo "== checkpoints: $(ls "$CHECKPOINTS" | tr '\n' ' ')"
 
 echo "== eval: the last checkpoint on the $HOLDOUT held-out rows (4 full batches)"
-phase --mode eval --steps 4 --checkpoint-dir "$CHECKPOINTS" -- \
-  python3 examples/digits/score_digits.py --mode eval --endpoint "$LISTEN" \
-  --publish "$PUBLISH" --holdout "$HOLDOUT"
+phase --mode eval --steps 4 --checkpoint-dir "$CHECKPOINTS" -- score_digits eval
 
 echo "== predict: the held-out rows' classes (the last batch partial, padded by the daemon)"
 phase --mode predict --checkpoint-dir "$CHECKPOINTS" --predictions "$PREDICTIONS" -- \
-  python3 examples/digits/score_digits.py --mode predict --endpoint "$LISTEN" \
-  --holdout "$HOLDOUT"
+  score_digits predict
 PLOT=$OUT/demo-run.png
 python3 -m infeed.plot "$SUMMARIES" -o "$PLOT" --title "demo: ${MODEL[*]}" >/dev/null
 echo "== plot: loss, accuracy, examples/s and infeed wait against the step: $PLOT"

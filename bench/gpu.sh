@@ -1,65 +1,314 @@
 #!/usr/bin/env bash
-# The GPU benchmark and tests, for a machine with an NVIDIA GPU: builds a Release tree of its
-# own (build-gpu-bench/), runs the GPU test suite (test_gpu, test_cuda_errors), then bench_gpu:
-#   - infeed host-to-device GB/s through the backend vs plain pinned cudaMemcpyAsync, by size;
-#   - steps/s with CUDA Graphs off and on, and the fraction of each loop the GPU sat idle
-#     waiting for infeed;
-#   - the NCCL all-reduce time per step;
-# and, with MPI and 2 GPUs or more, training over 2 ranks (one GPU each, one NCCL communicator)
-# against 1 rank with 2 GPUs; otherwise it prints why that case was skipped.
+# The GPU check, for a machine with an NVIDIA GPU and the CUDA toolkit (nvcc, cuBLAS, NCCL), CMake,
+# a C compiler and Python 3 with numpy and pytest, and nothing else of infeed's: no libzmq,
+# Jansson, OpenBLAS, Check, zlib headers, pkg-config or pyzmq, and no package registry. Those come
+# from the folder bench/gpu-prep.sh filled on the development machine (.gpu-deps/, carried
+# along), unpacked under a private prefix in the build folder (bench/gpu_deps.py; never into /).
 #
-#   bench/gpu.sh            build, test, bench
-#   bench/gpu.sh --no-test  build, bench
+#   bash bench/gpu.sh              build, then the GPU tests, cuda against cpu through infeedd,
+#                                  and bench_gpu
+#   bash bench/gpu.sh --no-test    build, then bench_gpu
+#   bash bench/gpu.sh --rehearse   without a GPU (the development machine): the same unpacking,
+#                                  build and dependency check, then a smoke test that ends at
+#                                  the first CUDA call (bench/gpu-rehearse.sh runs it with the
+#                                  system's copies of those packages hidden)
+#
+# Steps:
+#   1. unpack .gpu-deps into build-gpu-bench/gpu-deps; pyzmq into its site/ (PYTHONPATH);
+#   2. a Release build in build-gpu-bench/ with the cuda backend (IFD_CUDA=ON) and without MPI
+#      (IFD_MPI=OFF: Open MPI is not carried, and the several-hosts case needs 2 GPUs; with 2
+#      GPUs and an installed mpirun, IFD_MPI=AUTO finds that machine's MPI), finding
+#      the libraries in the prefix only (CMAKE_PREFIX_PATH, the carried pkgconf on the prefix's
+#      .pc files), every program and library linked with the prefix's library folders as RPATH
+#      (so nothing needs LD_LIBRARY_PATH); NCCL from the toolkit, else from Python's
+#      nvidia-nccl package;
+#   3. every carried library must resolve inside the prefix (ldd), and pyzmq from it;
+#   4. the GPU tests (test_gpu: cuda against cpu on the same runs, 20 and 400 steps, eval and
+#      predict; test_cuda_errors), where a skip is a failure;
+#   5. tests/e2e/test_cuda.py: infeedd --backend cuda against --backend cpu through the Python
+#      client, every step's loss (a skip is a failure);
+#   6. several hosts on cuda (tests/e2e/test_multihost.py), where MPI and 2 GPUs are present
+#      (hosts.log); otherwise it says why not;
+#   7. bench_gpu (bench/gpu_bench.c): host-to-device GB/s through the backend against plain
+#      pinned cudaMemcpyAsync by shard size, steps/s with CUDA Graphs off and on with the GPU's
+#      idle fraction, and the NCCL all-reduce time.
+# Every step runs under a time limit (all together about 9 minutes at most; a run on one H100
+# should take a few) and the later steps run after a failed one; the exit status is 1 when any
+# failed. Results: $OUT if set (the device tool's folder), else
+# build-gpu-bench/results: gpu.log (all this script printed, ending with one line a step),
+# build.log, tests.log, e2e.log, bench_gpu.txt, deps.txt.
+#
+# Environment: OUT (results), IFD_GPU_DEPS (default .gpu-deps), IFD_GPU_BUILD (default
+# build-gpu-bench), IFD_GPU_NO_DPKG=1 (unpack with Python even where dpkg-deb exists).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
-  echo "bench/gpu.sh: no NVIDIA GPU here (nvidia-smi is missing or sees no device); nothing to do" >&2
-  exit 1
-fi
-if ! command -v nvcc >/dev/null 2>&1 && [ ! -x /usr/local/cuda/bin/nvcc ]; then
-  echo "bench/gpu.sh: the CUDA toolkit (nvcc) is not installed; the cuda backend cannot be built" >&2
-  exit 1
+mode=gpu
+tests=1
+for a in "$@"; do
+  case "$a" in
+    --rehearse) mode=rehearse ;;
+    --no-test) tests=0 ;;
+    -h | --help)
+      sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+      exit 0
+      ;;
+    *)
+      echo "bench/gpu.sh: unknown argument '$a': expected --rehearse, --no-test or --help" >&2
+      exit 2
+      ;;
+  esac
+done
+
+deps=${IFD_GPU_DEPS:-.gpu-deps}
+dir=${IFD_GPU_BUILD:-build-gpu-bench}
+mkdir -p "$dir"
+dir=$(cd "$dir" && pwd)
+out=${OUT:-$dir/results}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+exec > >(tee "$out/gpu.log") 2>&1
+tee_pid=$!
+t0=$(date +%s)
+results=()
+failed=0
+record() { # step, ok|FAILED|skipped, detail
+  results+=("$(printf '%-10s %-7s %s' "$1" "$2" "$3")")
+  if [ "$2" = FAILED ]; then failed=1; fi
+  echo "bench/gpu.sh: $1: $2${3:+: $3}"
+}
+finish() {
+  echo
+  echo "== bench/gpu.sh ($mode) after $(($(date +%s) - t0)) s; results in $out"
+  printf '%s\n' "${results[@]}"
+  if [ "$failed" = 1 ]; then echo "bench/gpu.sh: FAILED"; else echo "bench/gpu.sh: ok"; fi
+  exec >&- 2>&-
+  wait "$tee_pid" 2>/dev/null || true # tee has written all of it before this script ends
+  exit "$failed"
+}
+die() { # step, detail: a step the rest cannot do without
+  record "$1" FAILED "$2"
+  finish
+}
+
+# ---- 0. what is here
+echo "== bench/gpu.sh $mode on $(uname -m), $(ldd --version 2>/dev/null | head -1 || echo 'glibc ?')"
+if [ "$mode" = gpu ]; then
+  if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "bench/gpu.sh: no NVIDIA GPU here (nvidia-smi is missing or sees no device); on a" \
+         "machine without one, run bash bench/gpu.sh --rehearse" >&2
+    exit 1
+  fi
+  nvidia-smi -L
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 fi
 export PATH="$PATH:/usr/local/cuda/bin"
-nvidia-smi -L
+for tool in nvcc cmake python3 cc; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    die setup "$tool is not installed; the GPU check needs the CUDA toolkit, CMake, a C compiler and python3"
+  fi
+done
+echo "nvcc: $(nvcc --version | tail -1); cmake: $(cmake --version | head -1);" \
+     "cc: $(cc --version | head -1); python3: $(python3 --version 2>&1) at $(command -v python3)"
+if ! python3 -c 'import numpy, pytest' 2>/dev/null; then
+  echo "bench/gpu.sh: python3 lacks numpy or pytest: the e2e step will fail"
+fi
+if [ ! -d "$deps/debs" ]; then
+  die setup "$deps/debs is missing: run bench/gpu-prep.sh on the development machine and carry $deps"
+fi
 
-dir=build-gpu-bench
-jobs=$(nproc 2>/dev/null || echo 2)
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DIFD_CUDA=ON
-cmake --build "$dir" -j "$jobs"
+# ---- 1. the private prefix
+prefix=$dir/gpu-deps
+unpack=(python3 bench/gpu_deps.py unpack --deps "$deps" --prefix "$prefix")
+if [ "${IFD_GPU_NO_DPKG:-0}" = 1 ]; then unpack+=(--no-dpkg); fi
+if ! "${unpack[@]}"; then die unpack "bench/gpu_deps.py failed (above)"; fi
+# shellcheck source=/dev/null
+. "$prefix/env.sh"
+record unpack ok "$(find "$deps/debs" -name '*.deb' | wc -l) packages into $prefix"
 
-if [ "${1:-}" != "--no-test" ]; then
-  echo "== GPU tests"
-  (cd "$dir" && ctest --output-on-failure -R 'test_gpu|test_cuda_errors') | tee "$dir/gpu-tests.log"
-  # ctest counts a skipped test as not failed: with a GPU here a skip is an error.
-  if grep -q "Skipped" "$dir/gpu-tests.log"; then
-    echo "bench/gpu.sh: test_gpu skipped although nvidia-smi sees a GPU" >&2
-    exit 1
+# ---- 2. build
+ninja=$(command -v ninja || true)
+if [ -z "$ninja" ] || ! "$ninja" --version >/dev/null 2>&1; then ninja=$prefix/usr/bin/ninja; fi
+if ! "$ninja" --version >/dev/null 2>&1; then ninja=""; fi
+gen=()
+if [ -n "$ninja" ]; then gen=(-G Ninja "-DCMAKE_MAKE_PROGRAM=$ninja"); fi
+
+# NCCL: the toolkit's (as CMake finds it), else Python's nvidia-nccl wheel (PyTorch's images)
+cuda_root=$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")
+nccl=()
+toolkit_nccl=""
+for f in "$cuda_root"/lib*/libnccl.so "$cuda_root"/targets/*/lib/libnccl.so \
+         /usr/lib/x86_64-linux-gnu/libnccl.so; do
+  if [ -s "$f" ]; then toolkit_nccl=$f; break; fi
+done
+if [ -z "$toolkit_nccl" ]; then
+  wheel=$(python3 -c 'import importlib.util as u; s = u.find_spec("nvidia.nccl"); print(list(s.submodule_search_locations)[0] if s else "")' 2>/dev/null || true)
+  lib=$(compgen -G "$wheel/lib/libnccl.so*" | head -1 || true)
+  if [ -n "$wheel" ] && [ -n "$lib" ] && [ -f "$wheel/include/nccl.h" ]; then
+    echo "bench/gpu.sh: NCCL from Python's nvidia-nccl: $lib"
+    nccl=("-DIFD_NCCL_LIBRARY=$lib" "-DIFD_NCCL_INCLUDE_DIR=$wheel/include")
+  else
+    echo "bench/gpu.sh: no libnccl.so in $cuda_root nor a Python nvidia-nccl package; CMake will say"
   fi
 fi
 
-# Several hosts on the cuda backend (docs/multihost.md): 2 ranks under mpirun, one GPU each, one
-# NCCL communicator over both, against 1 rank with both GPUs (tests/e2e/test_multihost.py).
-echo "== several hosts (cuda)"
-ngpu=$(nvidia-smi -L | grep -c '^GPU' || true)
-if ! command -v mpirun >/dev/null 2>&1; then
-  echo "bench/gpu.sh: several hosts: skipped: mpirun is not installed (scripts/deps.sh installs" \
-       "openmpi-bin libopenmpi-dev)"
+# MPI: only where the several-hosts case can run (2 GPUs and mpirun here, with its own MPI);
+# Open MPI is not carried, so on the one-GPU machine the build has none.
+ngpu=0
+if [ "$mode" = gpu ]; then ngpu=$(nvidia-smi -L | grep -c '^GPU' || true); fi
+mpi=OFF
+if [ "$ngpu" -ge 2 ] && command -v mpirun >/dev/null 2>&1; then mpi=AUTO; fi
+
+ldflags="-Wl,--disable-new-dtags -Wl,-rpath,$IFD_DEPS_LIBDIRS -Wl,-rpath-link,$IFD_DEPS_LIBDIRS"
+jobs=$(nproc 2>/dev/null || echo 2)
+echo "== configure and build ($jobs jobs; log: $out/build.log)"
+if ! cmake -S . -B "$dir" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DIFD_CUDA=ON "-DIFD_MPI=$mpi" \
+     "-DCMAKE_PREFIX_PATH=$prefix/usr" "-DPKG_CONFIG_EXECUTABLE=$IFD_DEPS_PKG_CONFIG" \
+     "-DPython3_EXECUTABLE=$(command -v python3)" "${nccl[@]}" \
+     "-DCMAKE_EXE_LINKER_FLAGS=$ldflags" "-DCMAKE_SHARED_LINKER_FLAGS=$ldflags" \
+     "-DCMAKE_MODULE_LINKER_FLAGS=$ldflags" >"$out/build.log" 2>&1; then
+  tail -40 "$out/build.log"
+  die configure "cmake failed (the end of build.log above)"
+fi
+grep -E '^-- (infeed|Found|Checking for module)|jansson|openblas|libzmq|check' "$out/build.log" | sort -u || true
+bt0=$(date +%s)
+if ! cmake --build "$dir" -j "$jobs" >>"$out/build.log" 2>&1; then
+  grep -E 'error|Error' "$out/build.log" | head -30
+  tail -20 "$out/build.log"
+  die build "the build failed (build.log)"
+fi
+record build ok "$(($(date +%s) - bt0)) s"
+
+# ---- 3. every carried library from the prefix
+{
+  echo "# ldd of the programs and libraries the GPU check runs; * = carried in $deps"
+  carried=$(for d in ${IFD_DEPS_LIBDIRS//:/ }; do ls "$d"; done | grep '\.so' | sort -u)
+  bad=0
+  for f in "$dir/host/infeedd" "$dir/libinfeed.so" "$dir/tests/gpu/test_gpu" \
+           "$dir/tests/gpu/test_cuda_errors" "$dir/device/cuda/bench_gpu" \
+           "$dir/tests/plugins/ifd_mlp2.so"; do
+    echo "== ${f#"$dir"/}"
+    while read -r name arrow path _; do
+      [ "$arrow" = "=>" ] || continue
+      mark=" "
+      if grep -qxF "$name" <<<"$carried"; then
+        mark="*"
+        case "$path" in "$prefix"/*) ;; *) mark="!"; bad=1 ;; esac
+      fi
+      if [ "$path" = not ]; then mark="!"; bad=1; fi
+      echo "$mark $name => $path"
+    done < <(ldd "$f")
+  done
+  echo "bad=$bad"
+} >"$out/deps.txt" 2>&1
+site_zmq=$(PYTHONPATH="$IFD_DEPS_SITE" python3 -c 'import zmq; print(zmq.__file__, zmq.zmq_version())' 2>&1 || true)
+echo "pyzmq: $site_zmq" >>"$out/deps.txt"
+if grep -q '^bad=0$' "$out/deps.txt" && [[ "$site_zmq" == "$IFD_DEPS_SITE"/* ]]; then
+  record deps ok "every carried library resolves in $prefix (deps.txt); pyzmq ${site_zmq##* }"
+else
+  grep -E '^(==|!)|pyzmq' "$out/deps.txt"
+  record deps FAILED "a library outside the prefix or not found (! in deps.txt), or pyzmq: $site_zmq"
+fi
+
+e2e_env=(env "INFEEDD=$dir/host/infeedd" "INFEEDCTL=$dir/tools/infeedctl"
+         "PYTHONPATH=$IFD_DEPS_SITE:$root/clients/python" PYTHONDONTWRITEBYTECODE=1)
+
+# ---- rehearsal: the smoke test, up to the first CUDA call
+if [ "$mode" = rehearse ]; then
+  echo "== smoke test (no GPU)"
+  if v=$(timeout 20 "$dir/host/infeedd" --version 2>&1); then record infeedd ok "$v"
+  else record infeedd FAILED "$v"; fi
+  set +e
+  timeout 60 "$dir/tests/gpu/test_cuda_errors" >"$out/tests.log" 2>&1
+  rc=$?
+  timeout 60 "$dir/tests/gpu/test_gpu" >>"$out/tests.log" 2>&1
+  rc_gpu=$?
+  set -e
+  cat "$out/tests.log"
+  if [ "$rc" = 0 ]; then record cuda_errors ok "the no-GPU error path (test_cuda_errors)"
+  else record cuda_errors FAILED "test_cuda_errors exit $rc"; fi
+  why=$(grep -o 'no usable GPU (.*)' "$out/tests.log" | head -1)
+  if [ "$rc_gpu" = 77 ]; then record first_cuda ok "test_gpu stops at the first CUDA call: $why"
+  else record first_cuda FAILED "test_gpu exit $rc_gpu, expected 77 (no GPU: skipped)"; fi
+  # the Python client (carried pyzmq) against infeedd on cpu, and the cuda flag without a GPU
+  if timeout 240 "${e2e_env[@]}" python3 -m pytest -q -rs -p no:cacheprovider \
+       tests/e2e/test_training.py tests/e2e/test_cuda.py \
+       "tests/e2e/test_cli.py::test_cuda_backend_without_gpu" >"$out/e2e.log" 2>&1; then
+    record e2e ok "$(tail -1 "$out/e2e.log")"
+  else
+    tail -30 "$out/e2e.log"
+    record e2e FAILED "$(tail -1 "$out/e2e.log")"
+  fi
+  finish
+fi
+
+# ---- 4. the GPU tests
+if [ "$tests" = 1 ]; then
+  echo "== GPU tests (log: $out/tests.log)"
+  set +e
+  (cd "$dir" && timeout 250 ctest -V --timeout 240 -R '^(test_gpu|test_cuda_errors)$') \
+    >"$out/tests.log" 2>&1
+  rc=$?
+  set -e
+  grep -E '^[0-9]+/[0-9]+ Test|tests passed|:[FE]:|test_gpu: ' "$out/tests.log" || true
+  if [ "$rc" != 0 ]; then
+    grep -E ':[FE]:' "$out/tests.log" | head -20
+    record gpu_tests FAILED "ctest exit $rc (tests.log)"
+  elif grep -q "Skipped\|Not Run" "$out/tests.log"; then
+    # ctest counts a skipped test as not failed: with a GPU here a skip is an error
+    record gpu_tests FAILED "test_gpu skipped although nvidia-smi sees a GPU"
+  else
+    record gpu_tests ok "$(grep -E 'tests passed' "$out/tests.log")"
+  fi
+
+  echo "== cuda against cpu through infeedd (log: $out/e2e.log)"
+  set +e
+  timeout 150 "${e2e_env[@]}" python3 -m pytest -v -rs -p no:cacheprovider \
+    -o faulthandler_timeout=120 tests/e2e/test_cuda.py >"$out/e2e.log" 2>&1
+  rc=$?
+  set -e
+  tail -5 "$out/e2e.log"
+  if [ "$rc" != 0 ]; then
+    record e2e_cuda FAILED "pytest exit $rc (e2e.log)"
+  elif grep -qi "skipped" "$out/e2e.log"; then
+    record e2e_cuda FAILED "tests/e2e/test_cuda.py skipped although nvidia-smi sees a GPU"
+  else
+    record e2e_cuda ok "$(tail -1 "$out/e2e.log")"
+  fi
+fi
+
+# ---- 6. several hosts on cuda (docs/multihost.md): 2 ranks under mpirun, one GPU each, one NCCL
+# communicator over both, against 1 rank with both GPUs (tests/e2e/test_multihost.py)
+if [ "$tests" = 0 ]; then
+  record hosts skipped "--no-test"
 elif [ "$ngpu" -lt 2 ]; then
-  echo "bench/gpu.sh: several hosts: skipped: $ngpu GPU here; the 2-rank case needs 2 (one a rank)"
+  record hosts skipped "$ngpu GPU here; the 2-rank case needs 2 (one a rank)"
+elif [ "$mpi" = OFF ]; then
+  record hosts skipped "mpirun is not installed (scripts/deps.sh installs openmpi-bin libopenmpi-dev)"
 elif ! OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
        mpirun -np 2 "$dir/host/infeedd" --version >/dev/null 2>&1; then
-  echo "bench/gpu.sh: several hosts: skipped: infeedd was built without MPI (libopenmpi-dev missing)"
+  record hosts skipped "infeedd was built without MPI (its -dev package is missing)"
 else
-  IFD_TEST_CUDA_HOSTS=1 INFEEDD="$dir/host/infeedd" PYTHONPATH=clients/python \
-    python3 -m pytest -q -rs -p no:cacheprovider tests/e2e/test_multihost.py -k cuda \
-    | tee "$dir/gpu-hosts.log"
-  if grep -qi "skipped" "$dir/gpu-hosts.log"; then
-    echo "bench/gpu.sh: the 2-rank cuda case skipped although MPI and $ngpu GPUs are here" >&2
-    exit 1
-  fi
+  set +e
+  timeout 300 "${e2e_env[@]}" IFD_TEST_CUDA_HOSTS=1 python3 -m pytest -q -rs -p no:cacheprovider \
+    tests/e2e/test_multihost.py -k cuda >"$out/hosts.log" 2>&1
+  rc=$?
+  set -e
+  tail -5 "$out/hosts.log"
+  if [ "$rc" != 0 ]; then record hosts FAILED "pytest exit $rc (hosts.log)"
+  elif grep -qi "skipped" "$out/hosts.log"; then
+    record hosts FAILED "the 2-rank cuda case skipped although MPI and $ngpu GPUs are here"
+  else record hosts ok "$(tail -1 "$out/hosts.log")"; fi
 fi
 
-echo "== bench_gpu"
-"$dir/device/cuda/bench_gpu"
+# ---- 7. bench_gpu
+echo "== bench_gpu (table: $out/bench_gpu.txt)"
+set +e
+timeout 120 "$dir/device/cuda/bench_gpu" >"$out/bench_gpu.txt" 2>&1
+rc=$?
+set -e
+cat "$out/bench_gpu.txt"
+if [ "$rc" = 0 ]; then record bench_gpu ok "bench_gpu.txt"
+else record bench_gpu FAILED "exit $rc"; fi
+finish

@@ -119,7 +119,9 @@ static double compute_step_seconds(int64_t steps)
     ifd_replica_state st = {params, grads, s0, s1, ws, &step, &opt_step};
     ifd_ops ops;
     ifd_cpu_ops_init(&ops, NULL);
-    ifd_step_ops sops = {noop_allreduce, ifd_cpu_optimizer_apply, ifd_cpu_finish_step};
+    ifd_step_ops sops;
+    ifd_cpu_step_ops_init(&sops);
+    sops.allreduce_sum = noop_allreduce;
     static_source src;
     source_init(&src, 1);
     ifd_step_out out;

@@ -24,12 +24,16 @@ each trained for the same number of steps
     installed with pip into a virtual environment of their own (bench/.venv-peers, ignored by
     git; --venv DIR to choose another), the first time only. Not part of CI.
 
-It prints a table, each infeedd row's ratio to Keras/JAX and Keras/TensorFlow, and the issue 12
-targets (softmax32 >= 5x Keras/JAX, mlp32 >= 1.5x, mlp1024 >= 1.3x) met or not. Run from the
-repository root with a Release build:
+It prints a table, each infeedd row's ratio to Keras/JAX and Keras/TensorFlow and the BLAS
+kernel the daemon ran (its log's "cpu backend: BLAS" line), the issue 18 targets (softmax32 >= 5x
+Keras/JAX, mlp32 >= 1.5x, mlp1024 >= 1.1x) met or not, and for the MLP jobs the matrix-product
+rate each peer achieved (2 (2 D H + 3 H K) floating-point operations an example) as a fraction of
+the machine's: bench_blas's single-thread sgemm rate of the daemon's kernel on a 1024x784x128
+product, times the CPUs this process may use. Run from the repository root with a Release
+build:
 
     cmake -S . -B build-rel -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DIFD_CUDA=OFF
-    cmake --build build-rel -j --target infeedd
+    cmake --build build-rel -j --target infeedd bench_blas
     python3 bench/peers.py [--infeedd build-rel/host/infeedd] [--steps N] [--jobs mlp32,...]
                            [--replicas 1,2] [--transports tcp,ipc,shm] [--no-keras] [--json F]
 """
@@ -58,7 +62,7 @@ JOBS = {
     "mlp32": dict(program="mlp", features=784, classes=10, hidden=128, batch=32, steps=6000),
     "mlp1024": dict(program="mlp", features=784, classes=10, hidden=128, batch=1024, steps=400),
 }
-TARGETS = {"softmax32": 5.0, "mlp32": 1.5, "mlp1024": 1.3}  # x Keras/JAX
+TARGETS = {"softmax32": 5.0, "mlp32": 1.5, "mlp1024": 1.1}  # x Keras/JAX (issue 18)
 LR = 0.01
 MSG_BYTES = 8 << 20  # the most bytes one infeedd message carries here
 IPL = 100
@@ -125,11 +129,12 @@ def run_infeedd(exe: str, job: dict, replicas: int, transport: str, steps: int, 
             str(summaries), "--program", job["program"], "--features", str(job["features"]),
             "--classes", str(job["classes"]), "--batch-size", str(b), "--replicas", str(replicas),
             "--steps", str(steps), "--iterations-per-loop", str(IPL), "--summary-every", "0",
-            "--optimizer", "sgd", "--learning-rate", str(LR), "--log-level", "warn",
+            "--optimizer", "sgd", "--learning-rate", str(LR), "--log-level", "info",
             "--max-steps-per-message", str(per_msg)]
     if job["hidden"]:
         argv += ["--hidden", str(job["hidden"])]
-    log = open(tmp / "daemon.log", "ab")
+    log_path = tmp / f"daemon-{job['program']}-{b}-{replicas}-{transport}-{per_msg}.log"
+    log = open(log_path, "wb")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     # (a client with shm asks for a pool on a local endpoint by itself: the socket rows say no)
     kw = {"shm": transport == "shm"} if "shm" in transports_of_client() else {}
@@ -139,7 +144,7 @@ def run_infeedd(exe: str, job: dict, replicas: int, transport: str, steps: int, 
         time.sleep(0.2)
         if proc.poll() is not None:
             raise RuntimeError(f"infeedd exited {proc.returncode} at start: "
-                               f"{(tmp / 'daemon.log').read_text()[-2000:]}")
+                               f"{log_path.read_text()[-2000:]}")
         p = infeed.Producer(listen, name="bench", timeout=60, **kw)
         sent = 0
         t0 = time.perf_counter()
@@ -158,11 +163,48 @@ def run_infeedd(exe: str, job: dict, replicas: int, transport: str, steps: int, 
             proc.kill()
             proc.wait()
     if rc != 0:
-        raise RuntimeError(f"infeedd exited {rc}: see {tmp}/daemon.log")
+        raise RuntimeError(f"infeedd exited {rc}: {log_path.read_text()[-2000:]}")
     lines = [json.loads(line) for line in open(summaries)]
     train = [s for s in lines if s.get("event") == "train"]  # --summary-every 0: the run's one
     wait = train[-1].get("infeed_wait_fraction") if train else None
-    return {"examples_per_sec": steps * b / dt, "wait": wait}
+    return {"examples_per_sec": steps * b / dt, "wait": wait, "blas": blas_of(log_path)}
+
+
+def blas_of(log_path: Path) -> str:
+    """The daemon's BLAS line ("OpenBLAS 0.3.21, kernel SkylakeX (...)"), from its log."""
+    for line in log_path.read_text(errors="replace").splitlines():
+        if "cpu backend: BLAS " in line:
+            return line.split("cpu backend: BLAS ", 1)[1]
+    return "?"
+
+
+def kernel_of(blas: str) -> str:
+    return blas.split("kernel ", 1)[1].split(" ", 1)[0] if "kernel " in blas else "?"
+
+
+def flops_per_example(job: dict) -> float | None:
+    """Forward and backward products of an MLP example: 2 (2 D H + 3 H K)."""
+    if not job["hidden"]:
+        return None
+    d, h, k = job["features"], job["hidden"], job["classes"]
+    return 2.0 * (2 * d * h + 3 * h * k)
+
+
+def sgemm_rate(exe: str) -> dict | None:
+    """bench_blas's single-thread sgemm GFLOP/s of the kernel infeedd runs (--blas-kernel auto) on
+    the 1024x784x128 product, and the CPUs this process may use."""
+    bench = Path(exe).resolve().parent.parent / "bench" / "bench_blas"
+    if not bench.exists():
+        print(f"(no {bench}: build the bench_blas target for the matrix-product fraction)")
+        return None
+    out = subprocess.run([str(bench), "--kernels", "auto", "--reps", "3", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        print(f"bench_blas failed: {out.stderr[-500:]}")
+        return None
+    cell = json.loads(out.stdout.strip().splitlines()[-1])[0]
+    return {"label": cell["label"], "gflops_1thread": cell["ref 1024x784x128"],
+            "cpus": len(os.sched_getaffinity(0))}
 
 
 def keras_python(venv: Path) -> Path:
@@ -214,6 +256,7 @@ def main() -> int:
     offered = transports_of_client()
     py = None if a.no_keras else keras_python(Path(a.venv))
     results = []
+    blas_lines: set[str] = set()
     with tempfile.TemporaryDirectory(prefix="infeed-peers-") as tmp:
         for name in jobs:
             job = JOBS[name]
@@ -235,14 +278,29 @@ def main() -> int:
                         row["infeedd"][key] = run_infeedd(exe, job, r, t, steps, x, y,
                                                           Path(tmp), k)
                         print(f"{name} infeedd {key}: {row['infeedd'][key]}", flush=True)
+                        blas_lines.add(row["infeedd"][key]["blas"])
             if py:
                 for backend in ("jax", "tensorflow"):
                     row["keras"][backend] = run_keras(py, backend, job, steps, rows)
                     print(f"{name} keras/{backend}: {row['keras'][backend]}", flush=True)
             results.append(row)
 
+    rate = sgemm_rate(exe) if any(flops_per_example(JOBS[j]) for j in jobs) else None
     print()
-    print(f"{'job':<10} {'peer':<22} {'examples/s':>12} {'wait':>6} {'x jax':>7} {'x tf':>7}")
+    for line in sorted(blas_lines):
+        print(f"infeedd's BLAS: {line}")
+    if rate:
+        peak = rate["gflops_1thread"] * rate["cpus"]
+        print(f"measured sgemm rate: {rate['gflops_1thread']:.1f} GFLOP/s a thread "
+              f"({rate['label']}), x {rate['cpus']} CPUs = {peak:.1f} GFLOP/s")
+    print(f"{'job':<10} {'peer':<22} {'examples/s':>12} {'wait':>6} {'x jax':>7} {'x tf':>7} "
+          f"{'kernel':>10} {'of sgemm':>8}")
+
+    def fraction(job: str, eps: float) -> str:
+        f = flops_per_example(JOBS[job])
+        if not f or not rate:
+            return "-"
+        return f"{eps * f * 1e-9 / (rate['gflops_1thread'] * rate['cpus']):.0%}"
     ok = True
     for row in results:
         jax = row["keras"].get("jax", {}).get("examples_per_sec")
@@ -257,16 +315,20 @@ def main() -> int:
             w = f"{res['wait']:.0%}" if isinstance(res["wait"], (int, float)) else "-"
             rj = f"{eps / jax:.2f}" if jax else "-"
             rt = f"{eps / tf:.2f}" if tf else "-"
-            print(f"{row['job']:<10} {'infeedd ' + key:<22} {eps:>12,.0f} {w:>6} {rj:>7} {rt:>7}")
+            print(f"{row['job']:<10} {'infeedd ' + key:<22} {eps:>12,.0f} {w:>6} {rj:>7} {rt:>7} "
+                  f"{kernel_of(res['blas']):>10} {fraction(row['job'], eps):>8}")
         for backend, res in row["keras"].items():
-            print(f"{row['job']:<10} {'keras/' + backend:<22} {res['examples_per_sec']:>12,.0f}")
+            eps = res["examples_per_sec"]
+            print(f"{row['job']:<10} {'keras/' + backend:<22} {eps:>12,.0f} {'':>6} {'':>7} "
+                  f"{'':>7} {'':>10} {fraction(row['job'], eps):>8}")
         if jax:
             met = best / jax >= TARGETS[row["job"]]
             ok &= met
             print(f"{row['job']:<10} target: best infeedd >= {TARGETS[row['job']]}x keras/jax: "
                   f"{best / jax:.2f}x {'met' if met else 'NOT met'}")
     if a.json:
-        Path(a.json).write_text(json.dumps(results, indent=1))
+        Path(a.json).write_text(json.dumps({"results": results, "blas": sorted(blas_lines),
+                                            "sgemm": rate}, indent=1))
     return 0 if ok else 1
 
 

@@ -11,6 +11,8 @@
 typedef struct ifd_mutex {
     pthread_mutex_t m;
 } ifd_mutex;
+/* A mutex with static storage, ready without ifd_mutex_init. */
+#define IFD_MUTEX_INITIALIZER {PTHREAD_MUTEX_INITIALIZER}
 
 typedef struct ifd_cond {
     pthread_cond_t c;

@@ -1,5 +1,6 @@
 #include "device/device.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,4 +56,10 @@ void ifd_device_destroy(ifd_device *dev)
         return;
     dev->be->close(dev);
     free(dev);
+}
+
+void ifd_batch_tag_set(ifd_batch_tag *t, const ifd_batch *b)
+{
+    snprintf(t->producer, sizeof t->producer, "%s", b->producer ? b->producer : "");
+    t->seq = b->seq;
 }

@@ -47,12 +47,22 @@ typedef struct ifd_shard {
     int64_t rows;
 } ifd_shard;
 
+/* Which batch a shard came from, kept with the step's record so that a skipped step can name the
+ * batch whose loss was not finite (the batch itself is released before that). */
+typedef struct ifd_batch_tag {
+    char producer[48]; /* "" when the source names none */
+    int64_t seq;
+} ifd_batch_tag;
+
+void ifd_batch_tag_set(ifd_batch_tag *t, const ifd_batch *b);
+
 /* One step's outfeed from one replica, copied to the host, with the host-side timing of the
  * step (monotonic ns, ifd_clock_ns), so that rates are computed from when steps ran rather than
  * from when the outfeed thread got to them. */
 typedef struct ifd_outfeed_rec {
     int64_t step; /* the global step after this step (eval, predict: the global step) */
     ifd_step_out out;
+    ifd_batch_tag from; /* train: the shard's batch */
     /* predict mode: the shard's batch, with a reference the outfeed thread drops after it has
      * delivered the predictions; rows [row0, row0 + rows) of it; and the step's predictions,
      * [rows, predict_cols] floats in host memory owned by the backend (valid until the next
@@ -112,6 +122,8 @@ typedef struct ifd_device_config {
      * step's (empty) collective tells every host that one's input ended; predict mode runs per
      * host. NULL: one. */
     const struct ifd_hosts *hosts;
+    /* cpu: ifd_config.blas_kernel (device/cpu/blas.h). */
+    const char *blas_kernel;
     void (*on_error)(void *arg, const char *source, const ifd_error *err);
     void *on_error_arg;
 } ifd_device_config;

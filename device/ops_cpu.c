@@ -6,8 +6,10 @@
 #include "device/step.h"
 
 #include <cblas.h>
+#include <math.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <string.h>
 
 static void sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                   int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
@@ -263,9 +265,67 @@ void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_o
     (void)ctx;
     if (step)
         *step += 1;
-    if (opt_step)
+    if (opt_step && out->skipped == 0.0f)
         *opt_step += 1;
     out->count = (float)rows;
+}
+
+void ifd_cpu_guard_loss(void *ctx, ifd_step_out *out, float *grads)
+{
+    (void)ctx;
+    int bad = !isfinite(out->loss);
+    out->loss_nonfinite = bad ? 1.0f : 0.0f;
+    if (bad)
+        grads[0] = NAN;
+}
+
+/* x * 0 is 0 for a finite x and NaN for NaN and infinity, so the sum of them all is 0 exactly
+ * when every element is finite; two vectors of 8 accumulators (GCC's vector extension, which
+ * compiles to what the target has) keep the loop free of a serial dependency. */
+typedef float ifd_v8f __attribute__((vector_size(32)));
+
+static int all_finite(const float *x, int64_t n)
+{
+    ifd_v8f acc0 = {0}, acc1 = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        ifd_v8f a, b;
+        memcpy(&a, x + i, sizeof a);
+        memcpy(&b, x + i + 8, sizeof b);
+        acc0 += a * 0.0f;
+        acc1 += b * 0.0f;
+    }
+    float s = 0.0f;
+    for (; i < n; i++)
+        s += x[i] * 0.0f;
+    acc0 += acc1;
+    for (int j = 0; j < 8; j++)
+        s += acc0[j];
+    return s == 0.0f;
+}
+
+typedef struct finite_split {
+    const float *x;
+    int64_t n;
+    int bad; /* atomic */
+} finite_split;
+
+static void finite_block(void *arg, int64_t i)
+{
+    finite_split *f = arg;
+    int64_t lo = i * IFD_TEAM_UPDATE_BLOCK;
+    int64_t len = f->n - lo < IFD_TEAM_UPDATE_BLOCK ? f->n - lo : IFD_TEAM_UPDATE_BLOCK;
+    if (!all_finite(f->x + lo, len))
+        __atomic_store_n(&f->bad, 1, __ATOMIC_RELAXED);
+}
+
+int ifd_cpu_all_finite_on(void *team, const float *x, int64_t n)
+{
+    if (ifd_team_threads(team) == 1 || n <= 2 * IFD_TEAM_UPDATE_BLOCK)
+        return all_finite(x, n);
+    finite_split f = {x, n, 0};
+    ifd_team_run(team, (n + IFD_TEAM_UPDATE_BLOCK - 1) / IFD_TEAM_UPDATE_BLOCK, finite_block, &f);
+    return !__atomic_load_n(&f.bad, __ATOMIC_RELAXED);
 }
 
 int ifd_cpu_replica_threads(int replicas)
@@ -283,4 +343,26 @@ int ifd_cpu_replica_threads(int replicas)
             n = IFD_TEAM_AUTO_MAX;
     }
     return n < 1 ? 1 : n;
+}
+
+static void plain_check_grads(void *ctx, const float *grads, int64_t n, ifd_step_out *out)
+{
+    (void)ctx;
+    out->skipped = all_finite(grads, n) ? 0.0f : 1.0f;
+}
+
+static void plain_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
+                                  int64_t n, float *params, const float *grads, float *slot0,
+                                  float *slot1, const float *skip)
+{
+    if (skip == NULL || *skip == 0.0f)
+        ifd_cpu_optimizer_apply(ctx, opt, opt_step, n, params, grads, slot0, slot1);
+}
+
+void ifd_cpu_step_ops_init(ifd_step_ops *sops)
+{
+    sops->guard_loss = ifd_cpu_guard_loss;
+    sops->check_grads = plain_check_grads;
+    sops->optimizer_apply = plain_optimizer_apply;
+    sops->finish_step = ifd_cpu_finish_step;
 }

@@ -49,11 +49,15 @@ int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops 
     int rc = program_rc(p, p->cls->train_step(p, ops, &a, err), err);
     if (rc)
         return rc;
+    /* A step whose loss or gradients are not finite is skipped on every replica and host
+     * (docs/design.md, "Non-finite steps"): the loss's verdict rides in the all-reduce. */
+    sops->guard_loss(sctx, out, st->grads);
     rc = sops->allreduce_sum(sctx, st->grads, p->nparam_floats, err);
     if (rc)
         return rc;
+    sops->check_grads(sctx, st->grads, p->nparam_floats, out);
     sops->optimizer_apply(sctx, opt, st->opt_step, p->nparam_floats, st->params, st->grads,
-                          st->slot0, st->slot1);
+                          st->slot0, st->slot1, &out->skipped);
     sops->finish_step(sctx, st->step, st->opt_step, out, rows);
     return IFD_OK;
 }

@@ -21,14 +21,23 @@ typedef struct ifd_step_ops {
      * IFD_EEOF (a peer's input ended), or another error with err filled (IFD_EINTERNAL on cpu for
      * a vector other than the gradients it was set up with). */
     int (*allreduce_sum)(void *ctx, float *buf, int64_t n, ifd_error *err);
-    /* One optimizer update over n elements. *opt_step (device memory) counts the updates this
-     * mirror's slots have seen, so Adam's t is *opt_step + 1 (the optimizer's own count, as
-     * TensorFlow's beta-power accumulators, not the global step: a run resumed at step 1000 with
-     * fresh slots starts at t = 1). Read only. */
+    /* Before the all-reduce (device memory): when out->loss is not finite, out->loss_nonfinite =
+     * 1 and grads[0] = NaN, so that the all-reduced gradients of every replica (and host) are
+     * not finite and every one skips the step; else out->loss_nonfinite = 0. */
+    void (*guard_loss)(void *ctx, ifd_step_out *out, float *grads);
+    /* After the all-reduce: out->skipped = 1 when an element of grads[0..n) is not finite, else
+     * 0 (device memory). Every mirror holds the same sum, so every one decides alike. */
+    void (*check_grads)(void *ctx, const float *grads, int64_t n, ifd_step_out *out);
+    /* One optimizer update over n elements, unless *skip (device memory; NULL: never) is
+     * nonzero: then params, slots and everything else are left alone. *opt_step (device memory)
+     * counts the updates this mirror's slots have seen, so Adam's t is *opt_step + 1 (the
+     * optimizer's own count, as TensorFlow's beta-power accumulators, not the global step: a run
+     * resumed at step 1000 with fresh slots starts at t = 1). Read only. */
     void (*optimizer_apply)(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step, int64_t n,
-                            float *params, const float *grads, float *slot0, float *slot1);
-    /* *step += 1, *opt_step += 1 and out->count = rows (device memory). step and opt_step are
-     * NULL in eval and predict steps: out->count = rows only. */
+                            float *params, const float *grads, float *slot0, float *slot1,
+                            const float *skip);
+    /* *step += 1, *opt_step += 1 unless out->skipped, and out->count = rows (device memory).
+     * step and opt_step are NULL in eval and predict steps: out->count = rows only. */
     void (*finish_step)(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
                         int64_t rows);
 } ifd_step_ops;
@@ -107,5 +116,13 @@ void ifd_cpu_optimizer_apply_on(void *team, const ifd_optimizer *opt, const int6
                                 float *slot1);
 void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
                          int64_t rows);
+/* The cpu's guard_loss (ctx unused). */
+void ifd_cpu_guard_loss(void *ctx, ifd_step_out *out, float *grads);
+/* guard_loss, check_grads, optimizer_apply and finish_step on the caller's thread (no team);
+ * allreduce_sum is the caller's to set. For tests that run a step directly. */
+void ifd_cpu_step_ops_init(ifd_step_ops *sops);
+/* Whether every element of x[0..n) is finite, over a team (NULL: on the caller), in ranges of
+ * IFD_TEAM_UPDATE_BLOCK floats. */
+int ifd_cpu_all_finite_on(void *team, const float *x, int64_t n);
 
 #endif

@@ -12,6 +12,12 @@
  * Against a daemon with CURVE (--curve-secret-key): --server-key-file names the daemon's .pub and
  * --key-file this producer's .key (both written by infeedd keygen).
  *
+ * --connect-timeout MS (10000) bounds the wait for a WELCOME: when no daemon answers at the
+ * endpoint it ends with the client's sentence ("no daemon answered at ... within 10 s
+ * (connect_timeout_ms); is infeedd running with --listen ...?").
+ *
+ * The build puts it at build/clients/c/infeed-producer-example.
+ *
  * On the daemon's host the batches go through a shared-memory pool (--shm auto, the default, for
  * an ipc:// or loopback tcp:// endpoint; on: required; off: never; it prints the transport).
  * --steps-per-message K sends K steps a message (infeedd --max-steps-per-message K); --in-place on
@@ -61,7 +67,8 @@ static int usage(const char *why)
             "usage: infeed-producer-example [--endpoint tcp://127.0.0.1:5555] [--name NAME]\n"
             "       [--features D (16)] [--classes K (4)] [--batches N (100)] [--seed S (1)]\n"
             "       [--server-key-file DAEMON.pub --key-file PRODUCER.key]\n"
-            "       [--shm auto|on|off] [--steps-per-message K (1)] [--in-place on|off]\n",
+            "       [--shm auto|on|off] [--steps-per-message K (1)] [--in-place on|off]\n"
+            "       [--connect-timeout MS (10000)]\n",
             why);
     return 2;
 }
@@ -69,6 +76,7 @@ static int usage(const char *why)
 static int parse(int argc, char **argv, options *o)
 {
     *o = (options){"tcp://127.0.0.1:5555", "c-producer", 16, 4, 100, 1, 1, 0, {0}};
+    o->curve.connect_timeout_ms = IFD_CONNECT_TIMEOUT_MS;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (strcmp(f, "--help") == 0 || strcmp(f, "-h") == 0)
@@ -101,6 +109,8 @@ static int parse(int argc, char **argv, options *o)
                 return usage("--shm: expected auto, on or off");
         } else if (strcmp(f, "--steps-per-message") == 0)
             o->steps_per_message = strtoll(v, &end, 10);
+        else if (strcmp(f, "--connect-timeout") == 0)
+            o->curve.connect_timeout_ms = (int)strtol(v, &end, 10);
         else if (strcmp(f, "--in-place") == 0) {
             o->in_place = strcmp(v, "on") == 0;
             if (strcmp(v, "on") && strcmp(v, "off"))
@@ -110,9 +120,10 @@ static int parse(int argc, char **argv, options *o)
         if (end && (*end != '\0' || end == v))
             return usage("a numeric flag with a value that is not a number");
     }
-    if (o->features < 1 || o->classes < 2 || o->batches < 0 || o->steps_per_message < 1)
+    if (o->features < 1 || o->classes < 2 || o->batches < 0 || o->steps_per_message < 1 ||
+        o->curve.connect_timeout_ms < 1)
         return usage("expected --features >= 1, --classes >= 2, --batches >= 0, "
-                     "--steps-per-message >= 1");
+                     "--steps-per-message >= 1, --connect-timeout >= 1");
     return 0;
 }
 
@@ -154,7 +165,7 @@ int main(int argc, char **argv)
     if (ifd_producer_create_opts(&p, o.endpoint, o.name, &o.curve, &err))
         goto fail;
     ifd_input_spec schema[2] = {{"x", IFD_F32, 1, {o.features}}, {"y", IFD_I32, 0, {0}}};
-    if (ifd_producer_hello(p, schema, 2, 0, 10000, &err))
+    if (ifd_producer_hello(p, schema, 2, 0, o.curve.connect_timeout_ms, &err))
         goto fail;
     int64_t rows = ifd_producer_batch_size(p);
     printf("welcomed by %s: batch_size %lld, credit %lld, next_seq %lld, replicas %d, mode %s\n",

@@ -157,14 +157,30 @@ static int ck_after_run(void *arg, ifd_run_context *ctx, ifd_error *err)
     return IFD_OK;
 }
 
+/* Where the last checkpoint is, for the warnings of an end that writes none: the one this run
+ * wrote last, else the newest in the folder (a run resumed from it), else that there is none. */
+static const char *last_checkpoint(const ckpt_hook *h, char *buf, size_t len)
+{
+    int64_t step = h->saved_step;
+    ifd_error e;
+    ifd_error_clear(&e);
+    if (step < 0 && ifd_checkpoint_latest_step(h->dir, &step, &e) != IFD_OK)
+        step = -1;
+    if (step >= 0)
+        snprintf(buf, len, "the last checkpoint in %s is at step %lld", h->dir, (long long)step);
+    else
+        snprintf(buf, len, "%s holds no checkpoint", h->dir);
+    return buf;
+}
+
 static int ck_end(void *arg, ifd_run_context *ctx, ifd_error *err)
 {
     ckpt_hook *h = arg;
     int64_t gs = ifd_run_context_global_step(ctx);
+    char last[4200];
     if (ifd_run_context_failed(ctx)) {
-        IFD_LOG_WARN("checkpoint: none at the end: the run failed at global step %lld (the last "
-                     "one is at step %lld)",
-                     (long long)gs, (long long)h->saved_step);
+        IFD_LOG_WARN("checkpoint: none at the end: the run failed at global step %lld (%s)",
+                     (long long)gs, last_checkpoint(h, last, sizeof last));
         return IFD_OK;
     }
     if (gs == h->saved_step || gs == h->start_step)
@@ -182,9 +198,8 @@ static int ck_end(void *arg, ifd_run_context *ctx, ifd_error *err)
         /* the source counted those batches as handed out: positions now would skip them */
         IFD_LOG_WARN("checkpoint: none at the end: the input ended with batches taken from "
                      "the producers and not trained on (%lld, inside a step or, with several "
-                     "hosts, queued for the next steps), which its positions would skip (the "
-                     "last checkpoint is at step %lld)",
-                     (long long)dropped, (long long)h->saved_step);
+                     "hosts, queued for the next steps), which its positions would skip (%s)",
+                     (long long)dropped, last_checkpoint(h, last, sizeof last));
         return IFD_OK;
     }
     return save(h, ctx, err);

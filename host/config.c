@@ -65,6 +65,11 @@ const config_opt config_opts[] = {
     {"predictions", K_STR, OFF(predictions), "PATH",
      "predict mode: also write every prediction, a row a line, to this JSON Lines file", NULL,
      NULL},
+    {"ready_file", K_STR, OFF(ready_file), "PATH",
+     "once every socket is bound and served, write {\"listen\", \"publish\", \"control\", "
+     "\"pid\"} to PATH (the endpoints bound, a port chosen for tcp://127.0.0.1:* resolved; "
+     "written to a temporary file and renamed); removed when infeedd exits",
+     NULL, NULL},
     {"backend", K_STR, OFF(run.backend), "NAME", "device backend: cpu or cuda", NULL, NULL},
     {"replicas", K_INT, OFF(run.replicas), "N", "replicas (cpu: threads; cuda: GPUs)", NULL, NULL},
     {"program", K_STR, OFF(run.program), "NAME",
@@ -114,6 +119,11 @@ const config_opt config_opts[] = {
     {"epsilon", K_F32, OFF(run.optimizer.epsilon), "EPS", "adam: epsilon", NULL, NULL},
     {"loss_reduction", K_ENUM, OFF(run.loss_reduction), "R",
      "mean (loss scaled by 1/replicas) or sum", "mean or sum", parse_reduction},
+    {"max_skipped_steps", K_I64, OFF(run.max_skipped_steps), "N",
+     "train, eval: a step whose gradients or loss are not finite is skipped on every replica "
+     "and host (no update) and counted; this many skipped in a row end the run (exit 1; 0: "
+     "never)",
+     NULL, NULL},
     {"summary_every", K_I64, OFF(run.summary_every), "N",
      "steps between train summaries (0: only at the end)", NULL, NULL},
     {"seed", K_U64, OFF(run.seed), "S", "seed of the parameter initialisation", NULL, NULL},
@@ -158,6 +168,12 @@ const config_opt config_opts[] = {
      "cpu backend: threads each replica's large products and its update run on, its own and "
      "N - 1 helpers (0: auto, the CPUs this process may use / replicas, 1 to 8; 1 when "
      "OPENBLAS_NUM_THREADS is set)",
+     NULL, NULL},
+    {"blas_kernel", K_STR, OFF(run.blas_kernel), "NAME",
+     "cpu backend: the OpenBLAS kernel; auto replaces a generic fallback below what the CPU "
+     "runs (as OpenBLAS 0.3.21 picks Prescott on CPUs newer than itself), keep leaves the "
+     "library's pick, or a kernel name: SkylakeX, Haswell, Zen, Sandybridge, ... "
+     "(OPENBLAS_CORETYPE, when set, is obeyed under auto)",
      NULL, NULL},
     {"cuda_graphs", K_BOOL, OFF(cuda_graphs), "on|off",
      "cuda backend: capture each step in a CUDA Graph", NULL, NULL},
@@ -354,12 +370,17 @@ void ifd_daemon_config_usage(FILE *out)
             "never overwrites a file. Without --curve-secret-key only loopback, ipc:// and\n"
             "inproc:// endpoints are bound unless --insecure is given.\n"
             "\n"
+            "Endpoints: the port * (tcp://127.0.0.1:*) binds a port the system chooses; the log,\n"
+            "status and --ready-file say which. The missing folders of an ipc:// endpoint are\n"
+            "created (mode 0700).\n"
+            "\n"
             "Several hosts (docs/multihost.md): started by an MPI launcher (mpirun -np H\n"
             "infeedd ..., or srun), H daemons train one model; --batch-size is the global batch,\n"
             "each host takes batch_size / H rows a step from its own producers. {rank} in\n"
-            "--listen, --publish, --control, --summaries, --predictions, --checkpoint-dir and\n"
-            "--checkpoint is replaced by the host's rank (ipc:///run/infeed/in-{rank}); without\n"
-            "it, summaries, PUB and checkpoints are rank 0's only. A checkpoint holds every\n"
+            "--listen, --publish, --control, --summaries, --predictions, --ready-file,\n"
+            "--checkpoint-dir and --checkpoint is replaced by the host's rank\n"
+            "(ipc:///run/infeed/in-{rank}); without it, summaries, PUB, the ready file and\n"
+            "checkpoints are rank 0's only. A checkpoint holds every\n"
             "host's producer positions; --resume needs as many hosts as wrote it.\n"
             "\n"
             "Signals: SIGINT or SIGTERM stops at the end of the current loop, flushes the\n"

@@ -23,6 +23,7 @@ typedef struct ifd_daemon_config {
     const char *control;       /* control REP endpoint; "" disables it */
     const char *summaries;     /* JSON Lines path; NULL: none */
     const char *predictions;   /* predict mode: JSON Lines path; NULL: none */
+    const char *ready_file;    /* the bound endpoints and the pid, once bound; NULL or "": none */
     int credit;                /* batches a producer may have in flight */
     int max_steps_per_message; /* train, eval: a BATCH may carry up to this many steps' rows */
     int max_producers;

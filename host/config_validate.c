@@ -93,6 +93,22 @@ static int validate_security(const ifd_daemon_config *c, ifd_error *err)
     return IFD_OK;
 }
 
+/* A program calls a setting of 0 "not set" (include/infeed/program.h); when the user gave that
+ * 0 (--hidden 0), the sentence says what arrived instead. */
+#define NOT_SET ", and it is not set"
+static void given_zero(const ifd_daemon_config *c, ifd_error *err)
+{
+    size_t len = strlen(err->msg), tail = strlen(NOT_SET);
+    const char *at = strstr(err->msg, "setting '");
+    if (at == NULL || len < tail || strcmp(err->msg + len - tail, NOT_SET) != 0)
+        return;
+    at += 9;
+    const char *end = strchr(at, '\'');
+    const config_opt *o = end ? config_find_key(at, (size_t)(end - at)) : NULL;
+    if (o && c->key_source[o - config_opts] != IFD_KEY_DEFAULT)
+        snprintf(err->msg + len - tail, sizeof err->msg - (len - tail), ", got 0");
+}
+
 /* An unknown program when no plugin is loaded: say how a program of one's own is loaded. */
 static void hint_program_lib(const ifd_daemon_config *c, ifd_error *err)
 {
@@ -142,6 +158,7 @@ static int validate_keys(const ifd_daemon_config *c, ifd_error *err)
     ifd_program p;
     if (ifd_program_init(&p, r.program, &r.settings, err)) {
         hint_program_lib(c, err);
+        given_zero(c, err);
         return IFD_EINVAL;
     }
     /* A full batch's tensor frame must have a size that the daemon's byte counts (rows x row

@@ -3,6 +3,7 @@
 #include "core/log.h"
 #include "core/thread.h"
 #include "core/wire.h"
+#include "device/cpu/blas.h"
 #include "infeed/checkpoint.h"
 #include "infeed/infeed_internal.h"
 
@@ -78,15 +79,39 @@ void ingest_request_stop(ifd_ingest *g, const char *why)
     }
 }
 
+json_t *ifd_ingest_endpoints_json(const ifd_ingest *g)
+{
+    const char *pub = g->pub ? ifd_publisher_endpoint(g->pub) : "";
+    const char *eps[] = {g->bound_listen, pub, g->bound_control};
+    const char *keys[] = {"listen", "publish", "control"};
+    json_t *j = json_object();
+    for (int i = 0; i < 3; i++)
+        json_object_set_new(j, keys[i], eps[i][0] ? json_string(eps[i]) : json_null());
+    return j;
+}
+
 static json_t *status_json(ifd_ingest *g)
 {
     json_t *j = json_object();
     json_object_set_new(j, "ok", json_true());
+    json_object_set_new(j, "pid", json_integer(getpid()));
+    json_object_set_new(j, "endpoints", ifd_ingest_endpoints_json(g));
     json_object_set_new(j, "state", json_string(g->stop_ns ? "stopping" : "running"));
     json_object_set_new(j, "mode", json_string(ifd_mode_name(g->cfg->run.mode)));
     json_object_set_new(j, "program", json_string(g->program->cls->name));
     json_object_set_new(j, "backend", json_string(g->cfg->run.backend));
     json_object_set_new(j, "replicas", json_integer(g->cfg->run.replicas));
+    if (strcmp(g->cfg->run.backend, "cpu") == 0) {
+        ifd_blas_info b;
+        char line[256];
+        ifd_blas_info_get(&b);
+        json_object_set_new(j, "blas",
+                            json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "library", b.library,
+                                      "kernel", b.kernel, "picked", b.picked, "how", b.how,
+                                      "cpu_isa", ifd_isa_name(b.cpu_isa), "kernel_isa",
+                                      ifd_isa_name(b.kernel_isa), "text",
+                                      ifd_blas_describe(&b, line, sizeof line)));
+    }
     json_object_set_new(j, "global_step", json_integer(ifd_session_global_step(g->session)));
     json_object_set_new(j, "loop", json_integer(ifd_session_loop_index(g->session)));
     const ifd_config *run = &g->cfg->run;

@@ -93,10 +93,13 @@ void ingest_retry_busy_hellos(ifd_ingest *g)
 }
 
 /* Checks the HELLO's schema against the program; the code and sentence of the first
- * difference. */
+ * difference. No schema (no key, or null) is the program's own: the producer reads it from
+ * WELCOME and converts its batches to it. */
 static int check_schema(ifd_ingest *g, json_t *schema, ifd_error *err)
 {
     const ifd_program *p = g->program;
+    if (schema == NULL || json_is_null(schema))
+        return IFD_OK;
     char want[256] = "";
     for (int i = 0; i < g->nin; i++) {
         char shape[96];
@@ -442,6 +445,7 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     json_object_set_new(w, "global_batch_size", json_integer(g->cfg->run.batch_size));
     json_object_set_new(w, "max_steps_per_message", json_integer(g->max_steps));
     json_object_set_new(w, "replicas", json_integer(g->cfg->run.replicas));
+    json_object_set_new(w, "expect_producers", json_integer(g->cfg->expect_producers));
     json_object_set_new(w, "replica", replica >= 0 ? json_integer(replica) : json_null());
     json_object_set_new(w, "program", json_string(g->program->cls->name));
     json_object_set_new(w, "settings", settings_json(&g->program->settings));

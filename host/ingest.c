@@ -1,4 +1,5 @@
 #include "host/ingest_internal.h"
+#include "host/endpoint.h"
 #include "host/security.h"
 #include "host/limits.h"
 
@@ -26,12 +27,6 @@ void ifd_ingest_wake(ifd_ingest *g)
     uint64_t one = 1;
     ssize_t n = write(g->efd, &one, sizeof one);
     (void)n; /* EAGAIN: the counter is already non-zero, the thread will wake */
-}
-
-static int zerr(ifd_error *err, const char *what, const char *endpoint)
-{
-    return ifd_error_set(err, IFD_EIO, "%s: cannot bind '%s': %s", what, endpoint,
-                         zmq_strerror(zmq_errno()));
 }
 
 void ingest_send_failed(ifd_ingest *g, const producer_rid *to, const char *what, int type)
@@ -249,10 +244,9 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     if ((rc = ifd_security_apply(c->security, g->router, IFD_SOCK_INGEST, err)) != IFD_OK ||
         (rc = ifd_monitor_watch(g->monitor, g->router, "ingest", err)))
         goto fail;
-    if (zmq_bind(g->router, c->listen) != 0) {
-        rc = zerr(err, "listen", c->listen);
+    if ((rc = ifd_endpoint_bind(g->router, "listen", c->listen, g->bound_listen,
+                                sizeof g->bound_listen, err)) != IFD_OK)
         goto fail;
-    }
     if (c->publish && c->publish[0] &&
         (rc = ifd_publisher_create(&g->pub, g->zctx, c->publish, c->security, g->monitor, err)))
         goto fail;
@@ -268,10 +262,9 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
         if ((rc = ifd_security_apply(c->security, g->rep, IFD_SOCK_CONTROL, err)) != IFD_OK ||
             (rc = ifd_monitor_watch(g->monitor, g->rep, "control", err)))
             goto fail;
-        if (zmq_bind(g->rep, c->control) != 0) {
-            rc = zerr(err, "control", c->control);
+        if ((rc = ifd_endpoint_bind(g->rep, "control", c->control, g->bound_control,
+                                    sizeof g->bound_control, err)) != IFD_OK)
             goto fail;
-        }
     }
     if ((rc = ifd_monitor_start(g->monitor, err)))
         goto fail;

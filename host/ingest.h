@@ -27,6 +27,10 @@ typedef struct ifd_ingest ifd_ingest;
  * signals, when not NULL, is the count of SIGINT/SIGTERM the process received (incremented
  * atomically by a signal handler, which also calls ifd_ingest_wake). */
 int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals, ifd_error *err);
+/* The endpoints the sockets are bound to, as JSON: {"listen", "publish", "control"}, each the
+ * bound endpoint (host/endpoint.h: a port or path chosen for '*' resolved) or null for a socket
+ * that is off. A new reference. Any thread, once ifd_ingest_create returned. */
+struct json_t *ifd_ingest_endpoints_json(const ifd_ingest *g);
 /* The batch source to give the session. */
 ifd_batch_source ifd_ingest_source(ifd_ingest *g);
 /* A sink publishing each summary on the PUB socket (owned by g; NULL when --publish is ""). */

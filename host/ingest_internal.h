@@ -17,6 +17,7 @@
 #ifndef IFD_HOST_INGEST_INTERNAL_H
 #define IFD_HOST_INGEST_INTERNAL_H
 
+#include "host/endpoint.h"
 #include "host/ingest.h"
 #include "host/monitor.h"
 #include "host/publisher.h"
@@ -160,6 +161,8 @@ struct ifd_ingest {
     void *zctx;
     void *router, *rep;
     ifd_publisher *pub; /* NULL when --publish is "" */
+    /* the endpoints the router and rep are bound to ("": none; host/endpoint.h) */
+    char bound_listen[IFD_ENDPOINT_MAX], bound_control[IFD_ENDPOINT_MAX];
     ifd_monitor *monitor;
     int efd;
     ifd_session *session;

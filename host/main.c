@@ -16,6 +16,8 @@
 #include "host/security.h"
 #include "infeed/checkpoint.h"
 
+#include <errno.h>
+#include <jansson.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <signal.h>
@@ -23,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 /* Read by the I/O thread, so a lock-free atomic rather than a volatile sig_atomic_t (which is
  * only safe between a handler and the thread it interrupts). */
@@ -83,7 +86,13 @@ static void fit_descriptors(ifd_daemon_config *c)
                  c->max_connections < c->max_producers ? ", below --max-producers" : "");
 }
 
-static void describe(const ifd_daemon_config *c, const ifd_program *p)
+/* The bound endpoint of key in the ingest's endpoints (NULL: the socket is off). */
+static const char *bound_endpoint(json_t *endpoints, const char *key)
+{
+    return json_string_value(json_object_get(endpoints, key));
+}
+
+static void describe(const ifd_daemon_config *c, const ifd_program *p, json_t *endpoints)
 {
     char inputs[256] = "";
     for (int i = 0; i < p->ninputs; i++) {
@@ -108,10 +117,39 @@ static void describe(const ifd_daemon_config *c, const ifd_program *p)
     IFD_LOG_INFO("program %s (%s) on %d %s replica%s, batch size %lld, %s", p->cls->name, inputs,
                  c->run.replicas, c->run.backend, c->run.replicas == 1 ? "" : "s",
                  (long long)c->run.batch_size, loops);
-    IFD_LOG_INFO("ingest on %s, summaries on %s%s%s, control on %s", c->listen,
-                 c->publish && c->publish[0] ? c->publish : "(none)", c->summaries ? " and " : "",
-                 c->summaries ? c->summaries : "",
-                 c->control && c->control[0] ? c->control : "(none)");
+    const char *pub = bound_endpoint(endpoints, "publish"),
+               *ctl = bound_endpoint(endpoints, "control");
+    IFD_LOG_INFO("ingest on %s, summaries on %s%s%s, control on %s",
+                 bound_endpoint(endpoints, "listen"), pub ? pub : "(none)",
+                 c->summaries ? " and " : "", c->summaries ? c->summaries : "",
+                 ctl ? ctl : "(none)");
+}
+
+/* --ready-file: the bound endpoints and the pid, written to PATH.tmp.PID and renamed, so that
+ * whoever waits for PATH reads it whole. */
+static int write_ready_file(const char *path, json_t *endpoints, ifd_error *err)
+{
+    char tmp[4096 + 32];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+    json_t *j = json_deep_copy(endpoints);
+    json_object_set_new(j, "pid", json_integer(getpid()));
+    FILE *f = fopen(tmp, "w");
+    int ok = f && json_dumpf(j, f, JSON_COMPACT | JSON_SORT_KEYS) == 0 && fputc('\n', f) != EOF;
+    int e = errno;
+    if (f && fclose(f) != 0 && ok) {
+        ok = 0;
+        e = errno;
+    }
+    json_decref(j);
+    if (ok && rename(tmp, path) != 0) {
+        ok = 0;
+        e = errno;
+    }
+    if (!ok) {
+        unlink(tmp);
+        return ifd_error_set(err, IFD_EIO, "ready_file: cannot write '%s': %s", path, strerror(e));
+    }
+    return IFD_OK;
 }
 
 /* --resume or --checkpoint (eval and predict: or the latest in --checkpoint-dir): the
@@ -179,8 +217,8 @@ static int check_dir(const ifd_daemon_config *c, const ifd_checkpoint *start, if
  * PUB socket, checkpoints). An error is a config error. */
 static int apply_hosts(ifd_daemon_config *c, ifd_hosts *h, ifd_error *err)
 {
-    const char **fields[] = {&c->listen,      &c->publish,        &c->control,   &c->summaries,
-                             &c->predictions, &c->checkpoint_dir, &c->checkpoint};
+    const char **fields[] = {&c->listen,      &c->publish,        &c->control,    &c->summaries,
+                             &c->predictions, &c->checkpoint_dir, &c->checkpoint, &c->ready_file};
     int had_rank[sizeof fields / sizeof fields[0]];
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         char *v = ifd_daemon_hosts_subst(*fields[i], h->rank);
@@ -209,6 +247,8 @@ static int apply_hosts(ifd_daemon_config *c, ifd_hosts *h, ifd_error *err)
             c->publish = "";
         if (!had_rank[3])
             c->summaries = NULL;
+        if (!had_rank[7])
+            c->ready_file = NULL;
     }
     /* A shared folder is rank 0's to write; every host gathers its positions into it. */
     if (h->rank != 0 && !had_rank[5])
@@ -392,6 +432,9 @@ static int run(int argc, char **argv, ifd_hosts *hosts)
     ifd_session *s = NULL;
     ifd_sink *jsonl = NULL;
     ifd_predictions_file *pfile = NULL;
+    int ready = cfg.ready_file && cfg.ready_file[0], ready_written = 0;
+    if (ready)
+        unlink(cfg.ready_file); /* a stale one would name another run's endpoints */
     install_signals();
     int rc = ifd_ingest_create(&g, &cfg, &signals_seen, &err);
     if (rc)
@@ -445,7 +488,13 @@ static int run(int argc, char **argv, ifd_hosts *hosts)
     rc = ifd_ingest_start(g, s, &err);
     if (rc)
         goto out;
-    describe(&cfg, ifd_session_program(s));
+    json_t *endpoints = ifd_ingest_endpoints_json(g);
+    describe(&cfg, ifd_session_program(s), endpoints);
+    if (ready && (rc = write_ready_file(cfg.ready_file, endpoints, &err)) == IFD_OK)
+        ready_written = 1;
+    json_decref(endpoints);
+    if (rc)
+        goto out;
     IFD_LOG_INFO("waiting for producers");
 
     ifd_error run_err;
@@ -475,6 +524,8 @@ out:
     pthread_sigmask(SIG_BLOCK, &block, NULL);
     __atomic_store_n(&signal_target, NULL, __ATOMIC_RELEASE);
     ifd_ingest_destroy(g);
+    if (ready_written)
+        unlink(cfg.ready_file);
     ifd_security_destroy(sec);
     ifd_sink_destroy(jsonl);
     if (ifd_predictions_file_close(pfile, &err)) {

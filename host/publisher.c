@@ -1,4 +1,5 @@
 #include "host/publisher.h"
+#include "host/endpoint.h"
 #include "host/security.h"
 
 #include "core/log.h"
@@ -32,6 +33,7 @@ struct ifd_publisher {
     size_t len;          /* under mu */
     int64_t dropped;     /* under mu */
     int stopping;        /* under mu */
+    char bound[IFD_ENDPOINT_MAX];
 };
 
 static void wake(ifd_publisher *p)
@@ -118,11 +120,9 @@ int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, 
         goto fail;
     if (mon && (rc = ifd_monitor_watch(mon, p->pub, "publish", err)) != IFD_OK)
         goto fail;
-    if (zmq_bind(p->pub, endpoint) != 0) {
-        rc = ifd_error_set(err, IFD_EIO, "publish: cannot bind '%s': %s", endpoint,
-                           zmq_strerror(zmq_errno()));
+    if ((rc = ifd_endpoint_bind(p->pub, "publish", endpoint, p->bound, sizeof p->bound, err)) !=
+        IFD_OK)
         goto fail;
-    }
     rc = ifd_sink_create(&p->sink, &pub_ops, p);
     if (rc) {
         ifd_error_set(err, rc, "publish: sink");
@@ -133,6 +133,11 @@ int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, 
 fail:
     ifd_publisher_destroy(p);
     return rc;
+}
+
+const char *ifd_publisher_endpoint(const ifd_publisher *p)
+{
+    return p->bound;
 }
 
 ifd_sink *ifd_publisher_sink(ifd_publisher *p)

@@ -18,6 +18,8 @@ typedef struct ifd_publisher ifd_publisher;
  * connections. */
 int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, ifd_security *sec,
                          ifd_monitor *mon, ifd_error *err);
+/* The endpoint it is bound to (host/endpoint.h: a port chosen for '*' resolved). */
+const char *ifd_publisher_endpoint(const ifd_publisher *p);
 /* Its sink (owned by p). */
 ifd_sink *ifd_publisher_sink(ifd_publisher *p);
 int ifd_publisher_start(ifd_publisher *p, ifd_error *err);

@@ -1,6 +1,8 @@
 #include "infeed/infeed.h"
 #include "infeed/hosts.h"
 
+#include "device/cpu/blas.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -8,6 +10,8 @@ void ifd_config_defaults(ifd_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->backend = "cpu";
+    cfg->blas_kernel = "auto";
+    cfg->max_skipped_steps = 100;
     cfg->replicas = 1;
     cfg->program = "softmax";
     cfg->mode = IFD_MODE_TRAIN;
@@ -100,6 +104,12 @@ int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
     if (cfg->backend == NULL || (strcmp(cfg->backend, "cpu") && strcmp(cfg->backend, "cuda")))
         return ifd_error_set(err, IFD_EINVAL, "backend: expected cpu or cuda, got '%s'",
                              cfg->backend ? cfg->backend : "(none)");
+    if (strcmp(cfg->backend, "cpu") == 0 && ifd_blas_check(cfg->blas_kernel, err))
+        return IFD_EINVAL;
+    if (cfg->max_skipped_steps < 0)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "max_skipped_steps: expected 0 (never end the run) or more, got %lld",
+                             (long long)cfg->max_skipped_steps);
     if (cfg->replicas < 1 || cfg->replicas > MAX_REPLICAS)
         return ifd_error_set(err, IFD_EINVAL, "replicas: expected 1 to %d, got %d", MAX_REPLICAS,
                              cfg->replicas);

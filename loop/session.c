@@ -170,6 +170,7 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
         .infeed_depth = cfg->infeed_depth,
         .outfeed_depth = cfg->outfeed_depth,
         .hosts = ifd_hosts_many(cfg->hosts) ? cfg->hosts : NULL,
+        .blas_kernel = cfg->blas_kernel,
         .on_error = on_device_error,
         .on_error_arg = s,
     };
@@ -324,6 +325,8 @@ static void emit_end(ifd_session *s, int code, const ifd_error *cause)
         json_object_set_new(j, "message", json_string(s->message));
     }
     json_object_set_new(j, "steps", json_integer(steps_run(s)));
+    if (s->cfg.mode != IFD_MODE_PREDICT)
+        json_object_set_new(j, "skipped_steps", json_integer(ifd_outfeed_skipped(s->outfeed)));
     json_object_set_new(j, "time", json_real(wall_seconds()));
     ifd_error e;
     if (ifd_summary_emit(&s->writer, j, &e) || ifd_summary_flush(&s->writer, &e))
@@ -579,6 +582,7 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
             .pred_sinks = s->pred_sinks,
             .npred_sinks = s->npred_sinks,
             .hosts = ifd_hosts_many(s->cfg.hosts) ? s->cfg.hosts : NULL,
+            .max_skipped_steps = s->cfg.max_skipped_steps,
         };
         ifd_infeed *f = NULL;
         int rc = ifd_infeed_start(&f, &ic);

@@ -4,10 +4,31 @@
 #include "infeed/hosts.h"
 #include "outfeed/outfeed_internal.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define SOURCE "outfeed"
+
+/* The batches of skipped steps that a summary names (the rest are counted), and that the
+ * sentence ending a run for too many skipped steps in a row names. */
+#define SKIP_NOTES 16
+#define SKIP_RUN_NOTES 4
+
+/* A skipped step's batch whose loss was not finite. */
+typedef struct skip_note {
+    int64_t step;
+    int replica;
+    ifd_batch_tag from;
+} skip_note;
+
+typedef struct skip_notes {
+    skip_note v[SKIP_NOTES];
+    int n, cap;
+    int64_t more; /* noted beyond cap */
+} skip_notes;
 
 /* Timing of a summary window, from the records' own timestamps: the rates say when the steps
  * ran, not when the outfeed thread got to them. Windows are back to back. */
@@ -32,6 +53,13 @@ struct ifd_outfeed {
     int64_t steps_done;       /* steps this run */
     int64_t loop_n;           /* the length of the loop whose records come now */
     int64_t window_loop_n;    /* the length of the loop of the window's last step */
+    /* Skipped steps (docs/design.md, "Non-finite steps"): this run's, those in a row so far
+     * (from global step run_first), the batches named in the window's summary and in the run
+     * of skips, and the log's rate limit. */
+    int64_t skipped_total;
+    int64_t skip_run, skip_run_first;
+    skip_notes win_notes, run_notes;
+    ifd_log_limit skip_log;
 };
 
 /* part / whole, clamped to [0, 1]. */
@@ -75,8 +103,10 @@ static int rendezvous_stopping(void *arg)
 static int reduce_hosts(ifd_outfeed *o, ifd_metrics *m, ifd_error *err)
 {
     const ifd_hosts *h = o->cfg.hosts;
-    double mine[5] = {(double)m->steps, m->loss_sum, m->loss_weighted, m->correct, m->count};
-    double *all = calloc((size_t)h->size * 5, sizeof(double));
+    enum { N = 7 };
+    double mine[N] = {(double)m->steps, m->loss_sum,        m->loss_weighted, m->correct,
+                      m->count,         (double)m->skipped, m->skipped_rows};
+    double *all = calloc((size_t)h->size * N, sizeof(double));
     if (all == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "summaries of %d hosts", h->size);
     int rc = h->ops->allgather(h->ctx, IFD_HOSTS_OUTFEED, mine, all, sizeof mine,
@@ -84,17 +114,126 @@ static int reduce_hosts(ifd_outfeed *o, ifd_metrics *m, ifd_error *err)
     if (rc == IFD_OK) {
         *m = (ifd_metrics){0};
         for (int k = 0; k < h->size; k++) {
-            const double *v = all + (size_t)k * 5;
+            const double *v = all + (size_t)k * N;
             if ((int64_t)v[0] > m->steps)
                 m->steps = (int64_t)v[0];
             m->loss_sum += v[1];
             m->loss_weighted += v[2];
             m->correct += v[3];
             m->count += v[4];
+            if ((int64_t)v[5] > m->skipped) /* every host skips the same steps */
+                m->skipped = (int64_t)v[5];
+            m->skipped_rows += v[6];
         }
     }
     free(all);
     return rc;
+}
+
+static json_t *notes_json(const skip_notes *ns)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < ns->n; i++) {
+        const skip_note *k = &ns->v[i];
+        json_array_append_new(a, json_pack("{s:I, s:i, s:s, s:I}", "global_step",
+                                           (json_int_t)k->step, "replica", k->replica, "producer",
+                                           k->from.producer, "seq", (json_int_t)k->from.seq));
+    }
+    if (ns->more > 0)
+        json_array_append_new(a, json_pack("{s:I}", "more", (json_int_t)ns->more));
+    return a;
+}
+
+static void note_add(skip_notes *ns, const skip_note *k)
+{
+    for (int i = 0; i < ns->n; i++) /* broadcast: every replica had the same batch */
+        if (ns->v[i].step == k->step && ns->v[i].from.seq == k->from.seq &&
+            strcmp(ns->v[i].from.producer, k->from.producer) == 0)
+            return;
+    if (ns->n < ns->cap)
+        ns->v[ns->n++] = *k;
+    else
+        ns->more++;
+}
+
+/* "producer 'a' batch 12 (step 40), ..." for the sentence that ends the run. */
+static void notes_text(const skip_notes *ns, char *buf, size_t len)
+{
+    size_t off = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < ns->n && off < len; i++) {
+        char name[64];
+        off += (size_t)snprintf(buf + off, len - off, "%sproducer '%s' batch %lld (step %lld)",
+                                i ? ", " : "",
+                                ifd_log_escape(ns->v[i].from.producer, name, sizeof name),
+                                (long long)ns->v[i].from.seq, (long long)ns->v[i].step);
+    }
+    if (ns->more > 0 && off < len)
+        snprintf(buf + off, len - off, " and %lld more", (long long)ns->more);
+}
+
+/* A step whose gradients (train) or loss (eval) were not finite: no replica applied it (train:
+ * device/step.c). It counts as a step; its loss and rows are left out of the metrics. The
+ * batches whose loss was not finite are named; too many skips in a row end the run. */
+static int skip_step(ifd_outfeed *o, int n, ifd_error *err)
+{
+    int train = o->cfg.mode == IFD_MODE_TRAIN;
+    int64_t step = train ? o->recs[0].step : o->steps_done + 1; /* eval: its own count */
+    ifd_metrics *m = &o->window;
+    m->steps++;
+    m->skipped++;
+    o->skipped_total++;
+    for (int r = 0; r < n; r++)
+        m->skipped_rows += o->recs[r].out.count;
+    if (o->skip_run++ == 0) {
+        o->skip_run_first = step;
+        o->run_notes.n = 0;
+        o->run_notes.more = 0;
+    }
+    int named = 0;
+    for (int r = 0; r < o->replicas; r++) {
+        const ifd_outfeed_rec *rec = &o->recs[r];
+        int bad = train ? rec->out.loss_nonfinite != 0.0f : !isfinite(rec->out.loss);
+        if (!bad)
+            continue;
+        skip_note k = {step, r, rec->from};
+        note_add(&o->win_notes, &k);
+        note_add(&o->run_notes, &k);
+        named = 1;
+        char name[64];
+        IFD_LOG_LIMITED(&o->skip_log, IFD_LOG_WARN,
+                        "%s step %lld skipped: replica %d's loss is %g, on batch %lld of "
+                        "producer '%s'%s",
+                        ifd_mode_name(o->cfg.mode), (long long)step, r, (double)rec->out.loss,
+                        (long long)rec->from.seq,
+                        ifd_log_escape(rec->from.producer, name, sizeof name),
+                        train ? "; no parameter changed" : "; left out of the metrics");
+    }
+    if (!named)
+        IFD_LOG_LIMITED(&o->skip_log, IFD_LOG_WARN,
+                        "step %lld skipped: the all-reduced gradients are not finite (%s); no "
+                        "parameter changed",
+                        (long long)step,
+                        o->cfg.hosts ? "every loss on this host was finite"
+                                     : "every replica's loss was finite");
+    if (o->cfg.max_skipped_steps > 0 && o->skip_run >= o->cfg.max_skipped_steps) {
+        char names[600];
+        notes_text(&o->run_notes, names, sizeof names);
+        return ifd_error_set(err, IFD_ENUMERIC,
+                             "%lld steps in a row (%s steps %lld to %lld) were skipped because "
+                             "their gradients or losses were not finite (max_skipped_steps %lld); "
+                             "%s%s: the model diverged or the input holds extreme values (lower "
+                             "the learning rate, bound the input with max_abs_input, or resume "
+                             "from the last checkpoint)",
+                             (long long)o->skip_run, train ? "global" : "eval",
+                             (long long)o->skip_run_first, (long long)step,
+                             (long long)o->cfg.max_skipped_steps,
+                             names[0] ? "batches with a non-finite loss: "
+                                      : "no batch had a "
+                                        "non-finite loss",
+                             names);
+    }
+    return IFD_OK;
 }
 
 /* Emits the window's summary and starts the next window where this one ended. */
@@ -117,15 +256,28 @@ static int emit_window(ifd_outfeed *o, ifd_error *err)
     json_object_set_new(j, "steps", json_integer(m->steps));
     json_object_set_new(j, "iterations_per_loop", json_integer(o->window_loop_n));
     /* train: the mean over steps of the global batch's loss; eval: summed over replicas and
-     * steps, weighted by rows, divided once; predict: no loss */
+     * steps, weighted by rows, divided once; predict: no loss. Skipped steps are left out (null
+     * when every step was skipped). */
+    int64_t kept = m->steps - m->skipped;
     if (o->cfg.mode == IFD_MODE_TRAIN)
-        json_object_set_new(j, "loss", json_real(m->loss_sum / (double)m->steps));
+        json_object_set_new(j, "loss",
+                            kept > 0 ? json_real(m->loss_sum / (double)kept) : json_null());
     else if (o->cfg.mode == IFD_MODE_EVAL)
-        json_object_set_new(j, "loss", json_real(m->count > 0 ? m->loss_weighted / m->count : 0.0));
+        json_object_set_new(j, "loss",
+                            m->count > 0 ? json_real(m->loss_weighted / m->count) : json_null());
     if (o->cfg.program->classifier && o->cfg.mode != IFD_MODE_PREDICT)
-        json_object_set_new(j, "accuracy", json_real(m->count > 0 ? m->correct / m->count : 0.0));
-    json_object_set_new(j, "examples", json_integer((json_int_t)m->count));
-    json_object_set_new(j, "examples_per_sec", json_real(secs > 0 ? m->count / secs : 0.0));
+        json_object_set_new(j, "accuracy",
+                            m->count > 0 || kept > 0
+                                ? json_real(m->count > 0 ? m->correct / m->count : 0.0)
+                                : json_null());
+    double examples = m->count + m->skipped_rows;
+    json_object_set_new(j, "examples", json_integer((json_int_t)examples));
+    if (o->cfg.mode != IFD_MODE_PREDICT) {
+        json_object_set_new(j, "skipped_steps", json_integer(m->skipped));
+        if (o->win_notes.n > 0)
+            json_object_set_new(j, "skipped_batches", notes_json(&o->win_notes));
+    }
+    json_object_set_new(j, "examples_per_sec", json_real(secs > 0 ? examples / secs : 0.0));
     json_object_set_new(j, "steps_per_sec", json_real(secs > 0 ? (double)m->steps / secs : 0.0));
     json_object_set_new(j, "infeed_wait_fraction",
                         json_real(fraction(w->infeed_wait_ns, w->step_ns)));
@@ -134,6 +286,8 @@ static int emit_window(ifd_outfeed *o, ifd_error *err)
     json_object_set_new(j, "time", json_real(wall_seconds()));
     int rc = ifd_summary_emit(o->cfg.writer, j, err);
     o->window = (ifd_metrics){0};
+    o->win_notes.n = 0;
+    o->win_notes.more = 0;
     o->time = (window_time){.start_ns = w->end_ns, .end_ns = w->end_ns};
     return rc;
 }
@@ -165,10 +319,21 @@ static int outfeed_step(ifd_outfeed *o, ifd_error *err)
         /* broadcast: every replica trained on the same rows; replica 0's copy is the step's
          * (each row counted once), its loss times R being the replicas' sum */
         int n = o->cfg.input_mode == IFD_INPUT_BROADCAST ? 1 : o->replicas;
-        ifd_outfeed_concat(o->recs, n, o->cat, t);
-        if (n < o->replicas && o->cfg.mode == IFD_MODE_TRAIN)
-            o->cat[IFD_OUT_LOSS] *= (float)o->replicas;
-        rc = ifd_metrics_host_call(&o->window, t, err);
+        int skipped = 0;
+        for (int r = 0; r < o->replicas; r++)
+            skipped |= o->cfg.mode == IFD_MODE_TRAIN ? o->recs[r].out.skipped != 0.0f
+                                                     : !isfinite(o->recs[r].out.loss);
+        if (skipped) {
+            rc = skip_step(o, n, err);
+            if (rc)
+                return rc; /* a sentence of its own, not a host call's */
+        } else {
+            o->skip_run = 0;
+            ifd_outfeed_concat(o->recs, n, o->cat, t);
+            if (n < o->replicas && o->cfg.mode == IFD_MODE_TRAIN)
+                o->cat[IFD_OUT_LOSS] *= (float)o->replicas;
+            rc = ifd_metrics_host_call(&o->window, t, err);
+        }
         o->steps_done++;
     }
     if (rc)
@@ -218,6 +383,9 @@ int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg)
     if (o == NULL)
         return IFD_ENOMEM;
     o->cfg = *cfg;
+    o->win_notes.cap = SKIP_NOTES;
+    o->run_notes.cap = SKIP_RUN_NOTES;
+    o->skip_log = (ifd_log_limit)IFD_LOG_LIMIT_INIT(5, 10 * 1000000000LL);
     o->replicas = ifd_device_replicas(cfg->dev);
     o->last_step = ifd_device_global_step(cfg->dev);
     o->recs = calloc((size_t)o->replicas, sizeof *o->recs);
@@ -262,6 +430,11 @@ void ifd_outfeed_stop(ifd_outfeed *o)
 int ifd_outfeed_flush(ifd_outfeed *o, ifd_error *err)
 {
     return emit_window(o, err);
+}
+
+int64_t ifd_outfeed_skipped(const ifd_outfeed *o)
+{
+    return o ? o->skipped_total : 0;
 }
 
 void ifd_outfeed_destroy(ifd_outfeed *o)

@@ -50,6 +50,10 @@ typedef struct ifd_metrics {
     double loss_weighted;
     double correct;
     double count;
+    /* Steps skipped for non-finite gradients or losses (counted in steps, left out of loss,
+     * correct and count) and their rows. */
+    int64_t skipped;
+    double skipped_rows;
 } ifd_metrics;
 
 /* The metrics host call: adds one step's concatenated tensors. */
@@ -102,6 +106,8 @@ typedef struct ifd_outfeed_config {
      * describes the global step. Hosts emit at the same global steps, and the last window is
      * reduced by every host's ifd_outfeed_flush, empty or not. */
     const struct ifd_hosts *hosts;
+    /* Train, eval: this many skipped steps in a row end the run with IFD_ENUMERIC (0: never). */
+    int64_t max_skipped_steps;
 } ifd_outfeed_config;
 
 int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg);
@@ -109,6 +115,8 @@ int ifd_outfeed_signal(ifd_outfeed *o, int64_t n);
 void ifd_outfeed_stop(ifd_outfeed *o);
 /* After stop: emits the summary of the steps since the last one, if any. */
 int ifd_outfeed_flush(ifd_outfeed *o, ifd_error *err);
+/* Steps this run skipped (after stop). */
+int64_t ifd_outfeed_skipped(const ifd_outfeed *o);
 void ifd_outfeed_destroy(ifd_outfeed *o);
 
 #endif

@@ -12,6 +12,7 @@
  * 1 no daemon answered, the daemon refused the request or the run ended with an error, 2 a
  * usage error.
  */
+#include "clients/c/wire.h"
 #include "core/keyfile.h"
 #include "infeed/client.h"
 #include "infeed/error.h"
@@ -183,7 +184,29 @@ static int curve_setup(void *sock, const ctl_options *o, ifd_error *err)
     return rc;
 }
 
-/* Sends one request and waits o->timeout for the JSON answer (*reply, the caller decrefs). */
+/* The client library's sentence for a connect timeout (clients/c/wire.c) in infeedctl's words:
+ * its --timeout and its key flags rather than the C API's fields. */
+static void reword(char *msg, size_t cap, const char *from, const char *to)
+{
+    char *at = strstr(msg, from);
+    size_t n = strlen(from), m = strlen(to), tail;
+    if (at == NULL || strlen(msg) - n + m >= cap)
+        return;
+    tail = strlen(at + n) + 1;
+    memmove(at + m, at + n, tail);
+    memcpy(at, to, m);
+}
+
+static void reword_client(char *msg, size_t cap)
+{
+    reword(msg, cap, "(connect_timeout_ms)", "(--timeout)");
+    reword(msg, cap, "set server_key_file and key_file", "pass --server-key and --key-file");
+}
+
+/* Sends one request and waits o->timeout for the JSON answer (*reply, the caller decrefs). The
+ * sentence when none comes says whether a daemon answered the connection at all, refused this
+ * client's CURVE key, or failed the handshake (one that requires CURVE, asked without
+ * --server-key). */
 static int control_request(const ctl_options *o, const char *request, json_t **reply,
                            ifd_error *err)
 {
@@ -192,14 +215,21 @@ static int control_request(const ctl_options *o, const char *request, json_t **r
     if (ctx == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "zmq_ctx_new: %s", zmq_strerror(errno));
     void *req = zmq_socket(ctx, ZMQ_REQ);
-    int rc = IFD_OK, zero = 0;
+    int rc = IFD_OK, zero = 0, timeout_ms = (int)(o->timeout * 1000 + 0.5);
+    ifd_client_options co = {.server_key_file = o->server_key,
+                             .key_file = o->key_file,
+                             .connect_timeout_ms = timeout_ms};
+    ifdw_watch w;
+    memset(&w, 0, sizeof w);
     if (req == NULL) {
         rc = ifd_error_set(err, IFD_EIO, "zmq_socket: %s", zmq_strerror(errno));
         goto out_ctx;
     }
     zmq_setsockopt(req, ZMQ_LINGER, &zero, sizeof zero);
-    if ((rc = curve_setup(req, o, err)) != IFD_OK)
+    if ((rc = curve_setup(req, o, err)) != IFD_OK ||
+        (rc = ifdw_watch_start(&w, ctx, req, &co, "infeedctl", "--control", err)) != IFD_OK)
         goto out_sock;
+    w.keys = "pass --server-key and --key-file";
     if (zmq_connect(req, o->control) != 0) {
         rc = ifd_error_set(err, IFD_EINVAL, "--control: cannot connect to '%s': %s", o->control,
                            zmq_strerror(errno));
@@ -210,17 +240,30 @@ static int control_request(const ctl_options *o, const char *request, json_t **r
         goto out_sock;
     }
     zmq_pollitem_t it = {req, 0, ZMQ_POLLIN, 0};
-    int r;
-    do
-        r = zmq_poll(&it, 1, (long)(o->timeout * 1000));
-    while (r < 0 && errno == EINTR);
+    int64_t deadline = ifdw_deadline(timeout_ms);
+    int r = 0;
+    for (;;) {
+        long left = ifdw_left_ms(deadline), wait = ifdw_watch_poll(&w) || left < 50 ? left : 50;
+        if (left == 0)
+            break;
+        r = zmq_poll(&it, 1, wait);
+        if (r > 0 || (r < 0 && errno != EINTR))
+            break;
+    }
     if (r <= 0) {
-        rc = ifd_error_set(err, IFD_ETIMEDOUT,
-                           "no daemon answered at %s within %g s: is infeedd running with "
-                           "--control %s%s?",
-                           o->control, o->timeout, o->control,
-                           o->server_key ? ", and is this client's public key in its --admin-keys"
-                                         : "");
+        char why[400], secs[32];
+        ifdw_seconds(timeout_ms, secs, sizeof secs);
+        if (ifdw_watch_poll(&w)) /* connected (and admitted), but no answer */
+            rc = ifd_error_set(err, IFD_ETIMEDOUT,
+                               "the daemon at %s took the connection but did not answer within "
+                               "%s (--timeout)",
+                               o->control, secs);
+        else {
+            ifdw_watch_why(&w, o->control, why, sizeof why);
+            rc = ifd_error_set(
+                err, IFD_ETIMEDOUT, "no daemon answered at %s within %s%s%s", o->control, secs, why,
+                w.refused == 1 ? " (is its public key in the daemon's --admin-keys?)" : "");
+        }
         goto out_sock;
     }
     zmq_msg_t m;
@@ -240,6 +283,7 @@ static int control_request(const ctl_options *o, const char *request, json_t **r
     }
     zmq_msg_close(&m);
 out_sock:
+    ifdw_watch_stop(&w);
     zmq_close(req);
 out_ctx:
     zmq_ctx_term(ctx);
@@ -281,6 +325,9 @@ static void print_status(const ctl_options *o, json_t *s)
     if (json_is_integer(last))
         printf(" / %lld", (long long)json_integer_value(last));
     printf(" (loop %lld)\n", (long long)num_or(s, "loop", 0));
+    json_t *blas = json_object_get(s, "blas");
+    if (json_is_object(blas))
+        printf("  BLAS          %s\n", str_or(blas, "text", "?"));
     printf("  rates         %.1f steps/s, %.0f examples/s\n", num_or(s, "steps_per_sec", 0),
            num_or(s, "examples_per_sec", 0));
     printf("  input         %s, batch queue %lld of %lld, %s\n", str_or(s, "input_mode", "?"),
@@ -424,6 +471,16 @@ static int cmd_watch(const ctl_options *o)
 {
     ifd_error err;
     ifd_error_clear(&err);
+    /* The subscriber first: it connects while the status request below waits, so that with no
+     * daemon the two waits of --timeout overlap instead of adding up. */
+    ifd_client_options co = {.server_key_file = o->server_key,
+                             .key_file = o->key_file,
+                             .connect_timeout_ms = (int)(o->timeout * 1000 + 0.5)};
+    ifd_subscriber *sub;
+    if (ifd_subscriber_create_opts(&sub, o->publish, &co, &err) != IFD_OK) {
+        fprintf(stderr, "infeedctl watch: %s\n", err.msg);
+        return 1;
+    }
     /* The last step and the run's kind from status, when the control socket answers. */
     long long last_step = 0;
     int have_control = 0;
@@ -444,14 +501,6 @@ static int cmd_watch(const ctl_options *o)
     }
     json_decref(st);
 
-    ifd_client_options co = {.server_key_file = o->server_key,
-                             .key_file = o->key_file,
-                             .connect_timeout_ms = (int)(o->timeout * 1000)};
-    ifd_subscriber *sub;
-    if (ifd_subscriber_create_opts(&sub, o->publish, &co, &err) != IFD_OK) {
-        fprintf(stderr, "infeedctl watch: %s\n", err.msg);
-        return 1;
-    }
     int tty = isatty(STDOUT_FILENO), rc = 1, quiet_ms = 0;
     char line[512];
     for (;;) {
@@ -481,6 +530,7 @@ static int cmd_watch(const ctl_options *o)
         if (r != IFD_OK) {
             if (tty)
                 printf("\n");
+            reword_client(err.msg, sizeof err.msg);
             fprintf(stderr, "infeedctl watch: %s\n", err.msg);
             break;
         }

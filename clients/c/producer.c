@@ -248,14 +248,18 @@ static int hello_once(ifd_producer *p, const ifd_input_spec *schema, int n, int6
     p->hello_waiting = 1;
     p->hello_answered = 0;
     while (!p->hello_answered && p->bye_json == NULL) {
+        /* the connect timeout first: when it ends with hello's own (the same bound), the
+         * sentence says that no daemon answered, not that no WELCOME came */
         long left = ifdw_left_ms(deadline);
-        if (left == 0) {
-            rc = ifd_error_set(err, IFD_ETIMEDOUT, "hello: no WELCOME from %s within %d ms",
-                               p->endpoint, timeout_ms);
-            goto out_waiting;
-        }
         if ((rc = ifdw_watch_check(&p->watch, p->endpoint, &left, err)) != IFD_OK)
             goto out_waiting;
+        if (left == 0) {
+            rc = ifd_error_set(err, IFD_ETIMEDOUT, "hello: no WELCOME from %s within %d ms%s",
+                               p->endpoint, timeout_ms,
+                               ifdw_watch_poll(&p->watch) ? ""
+                                                          : " (no daemon has answered there yet)");
+            goto out_waiting;
+        }
         rc = ifdp_recv_one(p, left, err);
         if (rc == IFD_ETIMEDOUT)
             rc = IFD_OK;

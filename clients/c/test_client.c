@@ -568,6 +568,85 @@ START_TEST(test_connect_timeout)
 }
 END_TEST
 
+/* hello's own timeout equal to the connect timeout (as examples/c_producer.c has them): with no
+ * daemon the sentence is the connect timeout's, not "no WELCOME". */
+START_TEST(test_connect_timeout_equal_to_hellos)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    char ep[256];
+    dead_endpoint(ep, sizeof ep);
+    for (int i = 0; i < 3; i++) {
+        ifd_client_options o = {.connect_timeout_ms = (int)rand_between(&rng, 50, 250)};
+        ifd_producer *p;
+        ifd_error err;
+        RC_OK(ifd_producer_create_opts(&p, ep, "loader-0", &o, &err), err);
+        int rc = ifd_producer_hello(p, ONE_U8, 1, 0, o.connect_timeout_ms, &err);
+        char within[64];
+        snprintf(within, sizeof within, "within %g s (connect_timeout_ms)",
+                 o.connect_timeout_ms / 1000.0);
+        RASSERT(rc == IFD_ETIMEDOUT && strstr(err.msg, "no daemon answered at") &&
+                    strstr(err.msg, within) && !strstr(err.msg, "WELCOME"),
+                "timeouts of %d ms: %s: %s", o.connect_timeout_ms, ifd_errname(rc), err.msg);
+        ifd_producer_destroy(p);
+    }
+}
+END_TEST
+
+/* Why no daemon answered, as far as the client can tell: a CURVE client that hears nothing may
+ * be refused (a refusal is not always reported); a client without CURVE whose handshake fails
+ * may face a daemon that requires it. */
+START_TEST(test_connect_timeout_says_curve)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    char spub[41], ssec[41], cpub[41], csec[41];
+    ck_assert(zmq_curve_keypair(spub, ssec) == 0);
+    ck_assert(zmq_curve_keypair(cpub, csec) == 0);
+    char ep[256];
+    dead_endpoint(ep, sizeof ep);
+    ifd_client_options curve = {.server_key = spub,
+                                .public_key = cpub,
+                                .secret_key = csec,
+                                .connect_timeout_ms = (int)rand_between(&rng, 50, 200)};
+    ifd_client_options plain = {.connect_timeout_ms = curve.connect_timeout_ms};
+    const ifd_client_options *opts[] = {&curve, &plain};
+    for (int i = 0; i < 2; i++) {
+        ifd_producer *p;
+        ifd_error err;
+        RC_OK(ifd_producer_create_opts(&p, ep, "loader-0", opts[i], &err), err);
+        int rc = ifd_producer_hello(p, ONE_U8, 1, 0, -1, &err);
+        int says = strstr(err.msg, "or does it refuse this client's key (CURVE)?") != NULL;
+        RASSERT(rc == IFD_ETIMEDOUT && strstr(err.msg, "is infeedd running with --listen") &&
+                    says == (i == 0),
+                "%s client, nothing answers: %s", i == 0 ? "a CURVE" : "a plain", err.msg);
+        ifd_producer_destroy(p);
+    }
+    /* a CURVE server, a client without keys: the handshake fails */
+    void *ctx = zmq_ctx_new(), *srv = zmq_socket(ctx, ZMQ_ROUTER);
+    int zero = 0, one = 1;
+    zmq_setsockopt(srv, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(srv, ZMQ_CURVE_SERVER, &one, sizeof one);
+    zmq_setsockopt(srv, ZMQ_CURVE_SECRETKEY, ssec, 40);
+    ck_assert(zmq_bind(srv, "tcp://127.0.0.1:*") == 0);
+    size_t len = sizeof ep;
+    zmq_getsockopt(srv, ZMQ_LAST_ENDPOINT, ep, &len);
+    plain.connect_timeout_ms = (int)rand_between(&rng, 300, 600);
+    ifd_subscriber *s;
+    ifd_error err;
+    RC_OK(ifd_subscriber_create_opts(&s, ep, &plain, &err), err);
+    char *json = NULL;
+    int rc = ifd_subscriber_recv(s, &json, -1, &err);
+    RASSERT(rc == IFD_ETIMEDOUT &&
+                strstr(err.msg, "the handshake failed: it may require CURVE (set "
+                                "server_key_file and key_file)"),
+            "a plain subscriber of a CURVE server: %s: %s", ifd_errname(rc), err.msg);
+    ifd_subscriber_destroy(s);
+    zmq_close(srv);
+    zmq_ctx_term(ctx);
+}
+END_TEST
+
 /* ---- BATCH bytes, ACKs, END and BYE ------------------------------------------------------- */
 
 #define MAXB 40
@@ -1736,6 +1815,8 @@ int main(void)
     tcase_add_test(tc, test_hello_welcome);
     tcase_add_test(tc, test_hello_timeout);
     tcase_add_test(tc, test_connect_timeout);
+    tcase_add_test(tc, test_connect_timeout_equal_to_hellos);
+    tcase_add_test(tc, test_connect_timeout_says_curve);
     tcase_add_test(tc, test_batches_end_bye);
     tcase_add_test(tc, test_end_bye_first);
     tcase_add_test(tc, test_end_timeout);

@@ -128,6 +128,8 @@ int ifdw_watch_start(ifdw_watch *w, void *ctx, void *sock, const ifd_client_opti
     memset(w, 0, sizeof *w);
     w->who = who;
     w->flag = flag;
+    w->keys = "set server_key_file and key_file";
+    w->curve = opts && (opts->server_key || opts->server_key_file);
     w->timeout_ms =
         opts && opts->connect_timeout_ms ? opts->connect_timeout_ms : IFD_CONNECT_TIMEOUT_MS;
     if (w->timeout_ms < 0)
@@ -183,23 +185,40 @@ int ifdw_watch_poll(ifdw_watch *w)
     return 1;
 }
 
+void ifdw_watch_why(const ifdw_watch *w, const char *endpoint, char *buf, size_t len)
+{
+    if (w->refused == 1)
+        snprintf(buf, len, ": it refused this client's CURVE key");
+    else if (w->refused == 2 && w->curve)
+        snprintf(buf, len,
+                 ": the handshake failed (a CURVE setting that does not match the daemon's, or "
+                 "not an infeedd socket)");
+    else if (w->refused == 2)
+        snprintf(buf, len,
+                 ": the handshake failed: it may require CURVE (%s), or it is not an "
+                 "infeedd socket",
+                 w->keys);
+    else
+        snprintf(buf, len, "; is infeedd running with %s %.250s%s?", w->flag, endpoint,
+                 w->curve ? ", or does it refuse this client's key (CURVE)" : "");
+}
+
+const char *ifdw_seconds(int ms, char *buf, size_t len)
+{
+    snprintf(buf, len, "%g s", (double)ms / 1000.0);
+    return buf;
+}
+
 int ifdw_watch_check(ifdw_watch *w, const char *endpoint, long *wait_ms, ifd_error *err)
 {
     if (ifdw_watch_poll(w))
         return IFD_OK;
     if (ifdw_left_ms(w->deadline) == 0) {
-        char why[320];
-        if (w->refused == 1)
-            snprintf(why, sizeof why, ": it refused this client's CURVE key");
-        else if (w->refused == 2)
-            snprintf(why, sizeof why,
-                     ": the handshake failed (a CURVE setting that does not match the daemon's, "
-                     "or not an infeedd socket)");
-        else
-            snprintf(why, sizeof why, "; is infeedd running with %s %.250s?", w->flag, endpoint);
+        char why[400], secs[32];
+        ifdw_watch_why(w, endpoint, why, sizeof why);
         return ifd_error_set(err, IFD_ETIMEDOUT,
-                             "%s: no daemon answered at %s within %d ms (connect_timeout_ms)%s",
-                             w->who, endpoint, w->timeout_ms, why);
+                             "%s: no daemon answered at %s within %s (connect_timeout_ms)%s",
+                             w->who, endpoint, ifdw_seconds(w->timeout_ms, secs, sizeof secs), why);
     }
     if (*wait_ms < 0 || *wait_ms > 50)
         *wait_ms = 50;

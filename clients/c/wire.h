@@ -37,11 +37,21 @@ typedef struct ifdw_watch {
     int timeout_ms; /* the bound */
     int64_t deadline;
     int refused;      /* a handshake failed: 1 CURVE refused the key, 2 another failure */
+    int curve;        /* this client is a CURVE client */
     const char *who;  /* "producer" */
     const char *flag; /* the daemon's flag of the endpoint: "--listen" */
+    const char *keys; /* how this client is given CURVE keys: "set server_key_file and ..." */
 } ifdw_watch;
 int ifdw_watch_start(ifdw_watch *w, void *ctx, void *sock, const ifd_client_options *opts,
                      const char *who, const char *flag, ifd_error *err);
+/* Why the watched socket has not connected, the end of a sentence ("no daemon answered at EP
+ * within T s" + this): ": it refused this client's CURVE key"; ": the handshake failed ..."
+ * (for a client without CURVE: the daemon may require it, w->keys says how); or, when nothing
+ * answered at all, "; is infeedd running with FLAG EP?", which for a CURVE client adds that the
+ * daemon may refuse its key (a refusal is not always reported to the client). */
+void ifdw_watch_why(const ifdw_watch *w, const char *endpoint, char *buf, size_t len);
+/* "10 s", "0.25 s": a timeout in milliseconds as the sentences say it. */
+const char *ifdw_seconds(int ms, char *buf, size_t len);
 /* Takes the monitor's events; 1 once the daemon answered (or when not watching). */
 int ifdw_watch_poll(ifdw_watch *w);
 /* While not connected: IFD_ETIMEDOUT with the sentence once the bound has passed, else IFD_OK

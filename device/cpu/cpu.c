@@ -7,6 +7,7 @@
 #include "core/queue.h"
 #include "core/thread.h"
 #include "device/cpu/allreduce.h"
+#include "device/cpu/blas.h"
 #include "device/cpu/team.h"
 #include "device/device.h"
 #include "device/replicas.h"
@@ -75,13 +76,20 @@ static int cpu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err)
     return rc;
 }
 
-/* The update on the replica's team. */
-static void cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
-                                int64_t n, float *params, const float *grads, float *slot0,
-                                float *slot1)
+/* The check and the update on the replica's team. */
+static void cpu_check_grads(void *ctx, const float *grads, int64_t n, ifd_step_out *out)
 {
     cpu_replica *rep = ctx;
-    ifd_cpu_optimizer_apply_on(rep->team, opt, opt_step, n, params, grads, slot0, slot1);
+    out->skipped = ifd_cpu_all_finite_on(rep->team, grads, n) ? 0.0f : 1.0f;
+}
+
+static void cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
+                                int64_t n, float *params, const float *grads, float *slot0,
+                                float *slot1, const float *skip)
+{
+    cpu_replica *rep = ctx;
+    if (skip == NULL || *skip == 0.0f)
+        ifd_cpu_optimizer_apply_on(rep->team, opt, opt_step, n, params, grads, slot0, slot1);
 }
 
 /* Floats of one step's predictions (predict mode; else 0). */
@@ -152,6 +160,7 @@ static int cpu_step(ifd_replica *base, int64_t nth)
         return rc;
     }
     slot->batch = NULL;
+    ifd_batch_tag_set(&slot->from, sh.batch);
     switch (cfg->mode) {
     case IFD_MODE_TRAIN:
         rc = ifd_step_train(p, &rep->ops, &cd->sops, rep, &rep->st, &cfg->optimizer,
@@ -345,14 +354,22 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
     cd->dev = dev;
     cd->replicas = cfg->replicas;
     cd->sops.allreduce_sum = cpu_allreduce_sum;
+    cd->sops.guard_loss = ifd_cpu_guard_loss;
+    cd->sops.check_grads = cpu_check_grads;
     cd->sops.optimizer_apply = cpu_optimizer_apply;
     cd->sops.finish_step = ifd_cpu_finish_step;
+    int rc = ifd_blas_select(cfg->blas_kernel, err);
+    if (rc)
+        return rc;
+    ifd_blas_info blas;
+    char line[256];
+    ifd_blas_info_get(&blas);
+    IFD_LOG_INFO("cpu backend: BLAS %s", ifd_blas_describe(&blas, line, sizeof line));
     cd->threads = ifd_cpu_replica_threads(cfg->replicas);
     IFD_LOG_DEBUG("cpu backend: each replica runs its large products on %d thread%s%s", cd->threads,
                   cd->threads == 1 ? "" : "s",
                   getenv("OPENBLAS_NUM_THREADS") ? " (OPENBLAS_NUM_THREADS is set)" : "");
 
-    int rc = IFD_OK;
     float *init = malloc(sizeof(float) * (size_t)(p->nparam_floats + 1));
     cd->reps = calloc((size_t)cd->replicas, sizeof *cd->reps);
     int ar_ok = 0;

@@ -488,6 +488,8 @@ int ifd_cu_open(ifd_device *dev, ifd_error *err)
     cd->graph_rows = cfg->max_shard_rows % cfg->replicas == 0 ? cfg->max_shard_rows / cfg->replicas
                                                               : -1; /* the per-host shard */
     cd->sops.allreduce_sum = ifd_cu_allreduce_sum;
+    cd->sops.guard_loss = ifd_cu_guard_loss;
+    cd->sops.check_grads = ifd_cu_check_grads;
     cd->sops.optimizer_apply = ifd_cu_optimizer_apply;
     cd->sops.finish_step = ifd_cu_finish_step;
 

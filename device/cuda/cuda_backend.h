@@ -58,7 +58,8 @@ typedef struct cu_inslot {
     float *dpred;     /* the step's predictions, [max_shard_rows, predict_cols] on the device */
     ifd_batch *batch; /* the shard's batch, referenced until its record reaches the outfeed */
     int64_t row0;
-    int stop; /* the stopping signal: the loop ends here, no step reads the slot */
+    int stop;           /* the stopping signal: the loop ends here, no step reads the slot */
+    ifd_batch_tag from; /* the shard's batch, for the record */
 } cu_inslot;
 
 /* One outfeed slot. The step's record is copied into host; the events time the step. */
@@ -77,6 +78,7 @@ typedef struct cu_outslot {
     float *hpred;
     ifd_batch *batch;
     int64_t row0, rows;
+    ifd_batch_tag from; /* the shard's batch (its input slot's) */
 } cu_outslot;
 
 typedef struct cu_replica {
@@ -172,8 +174,11 @@ void ifd_cu_squared_error(void *ctx, int64_t rows, int64_t k, const float *pred,
                           float scale, float *dpred, ifd_step_out *out);
 /* The replication ops (device/step.h). */
 int ifd_cu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err);
+void ifd_cu_guard_loss(void *ctx, ifd_step_out *out, float *grads);
+void ifd_cu_check_grads(void *ctx, const float *grads, int64_t n, ifd_step_out *out);
 void ifd_cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step, int64_t n,
-                            float *params, const float *grads, float *slot0, float *slot1);
+                            float *params, const float *grads, float *slot0, float *slot1,
+                            const float *skip);
 void ifd_cu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
                         int64_t rows);
 /* The input layout. */

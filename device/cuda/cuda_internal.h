@@ -46,11 +46,16 @@ cudaError_t ifd_cuda_softmax(cudaStream_t s, int64_t rows, int64_t k, const floa
                              float *probs);
 cudaError_t ifd_cuda_squared_error(cudaStream_t s, int64_t rows, int64_t k, const float *pred,
                                    const float *y, float scale, float *dpred, ifd_step_out *out);
-/* One optimizer update; Adam reads its t from *opt_step (device memory) inside the kernel. */
+/* One optimizer update; Adam reads its t from *opt_step (device memory) inside the kernel, and
+ * nothing changes when *skip (device memory, NULL: never) is nonzero. */
 cudaError_t ifd_cuda_optimizer_apply(cudaStream_t s, const ifd_optimizer *opt,
                                      const int64_t *opt_step, int64_t n, float *params,
-                                     const float *grads, float *slot0, float *slot1);
-/* *step += 1, *opt_step += 1 (each when not NULL), out->count = rows. */
+                                     const float *grads, float *slot0, float *slot1,
+                                     const float *skip);
+/* device/step.h's guard_loss and check_grads (out->skipped is cleared by guard_loss). */
+cudaError_t ifd_cuda_guard_loss(cudaStream_t s, ifd_step_out *out, float *grads);
+cudaError_t ifd_cuda_check_grads(cudaStream_t s, const float *grads, int64_t n, ifd_step_out *out);
+/* *step += 1, *opt_step += 1 unless out->skipped (each when not NULL), out->count = rows. */
 cudaError_t ifd_cuda_finish_step(cudaStream_t s, int64_t *step, int64_t *opt_step,
                                  ifd_step_out *out, int64_t rows);
 

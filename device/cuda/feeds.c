@@ -75,6 +75,7 @@ static int cu_infeed_enqueue(ifd_device *dev, int replica, const ifd_shard *shar
             memcpy(s->host + offs[j], src, (size_t)shard->rows * rb);
     }
     s->rows = shard->rows;
+    ifd_batch_tag_set(&s->from, shard->batch);
     if (!direct && dev->cfg.mode != IFD_MODE_PREDICT) {
         ifd_batch_unref(shard->batch); /* the device reads the staging copy, never the batch */
         held = 0;
@@ -183,6 +184,7 @@ static int cu_outfeed_dequeue(ifd_device *dev, int replica, ifd_outfeed_rec *rec
         goto fail;
     rec->step = o->step;
     rec->out = *o->host;
+    rec->from = o->from;
     rec->batch = o->batch; /* predict: the reference goes to the outfeed thread */
     rec->row0 = o->row0;
     rec->rows = o->rows;

@@ -160,8 +160,11 @@ __global__ void l2_loss_kernel(int64_t n, float decay, float scale, const float 
 }
 
 __global__ void optimizer_kernel(ifd_optimizer opt, const int64_t *opt_step, int64_t n,
-                                 float *params, const float *grads, float *slot0, float *slot1)
+                                 float *params, const float *grads, float *slot0, float *slot1,
+                                 const float *skip)
 {
+    if (skip != NULL && *skip != 0.0f)
+        return; /* a skipped step (guard_loss_kernel, check_grads_kernel) */
     float lr = opt.learning_rate;
     switch (opt.kind) {
     case IFD_OPT_SGD:
@@ -201,9 +204,33 @@ __global__ void finish_step_kernel(int64_t *step, int64_t *opt_step, ifd_step_ou
 {
     if (step)
         *step += 1;
-    if (opt_step)
+    if (opt_step && out->skipped == 0.0f)
         *opt_step += 1;
     out->count = (float)rows;
+}
+
+/* Before the all-reduce: a replica whose loss is not finite poisons its gradients, so that
+ * every replica's sum is not finite and every one skips the step. */
+__global__ void guard_loss_kernel(ifd_step_out *out, float *grads)
+{
+    int bad = !isfinite(out->loss);
+    out->loss_nonfinite = bad ? 1.0f : 0.0f;
+    if (bad)
+        grads[0] = __int_as_float(0x7fc00000); /* NaN */
+    out->skipped = 0.0f; /* check_grads_kernel sets it */
+}
+
+/* After the all-reduce: out->skipped = 1 when an element is not finite (every thread that
+ * finds one writes the same 1; guard_loss_kernel cleared it earlier in the stream). */
+__global__ void check_grads_kernel(const float *grads, int64_t n, ifd_step_out *out)
+{
+    GRID_STRIDE(i, n)
+    {
+        if (!isfinite(grads[i])) {
+            out->skipped = 1.0f;
+            return;
+        }
+    }
 }
 
 extern "C" cudaError_t ifd_cuda_bias_add(cudaStream_t s, int64_t rows, int64_t cols,
@@ -298,12 +325,29 @@ extern "C" cudaError_t ifd_cuda_squared_error(cudaStream_t s, int64_t rows, int6
 
 extern "C" cudaError_t ifd_cuda_optimizer_apply(cudaStream_t s, const ifd_optimizer *opt,
                                                 const int64_t *opt_step, int64_t n, float *params,
-                                                const float *grads, float *slot0, float *slot1)
+                                                const float *grads, float *slot0, float *slot1,
+                                                const float *skip)
 {
     clear_stale_error();
     if (n > 0)
         optimizer_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(*opt, opt_step, n, params, grads,
-                                                                  slot0, slot1);
+                                                                  slot0, slot1, skip);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_guard_loss(cudaStream_t s, ifd_step_out *out, float *grads)
+{
+    clear_stale_error();
+    guard_loss_kernel<<<1, 1, 0, s>>>(out, grads);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_check_grads(cudaStream_t s, const float *grads, int64_t n,
+                                            ifd_step_out *out)
+{
+    clear_stale_error();
+    if (n > 0)
+        check_grads_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(grads, n, out);
     return cudaGetLastError();
 }
 

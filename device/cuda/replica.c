@@ -141,14 +141,30 @@ int ifd_cu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err)
     return IFD_OK;
 }
 
-void ifd_cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step, int64_t n,
-                            float *params, const float *grads, float *slot0, float *slot1)
+void ifd_cu_guard_loss(void *ctx, ifd_step_out *out, float *grads)
 {
     cu_replica *rep = ctx;
     if (rep->op_rc == IFD_OK)
-        op_check(rep,
-                 ifd_cuda_optimizer_apply(rep->cs, opt, opt_step, n, params, grads, slot0, slot1),
-                 "optimizer kernel");
+        op_check(rep, ifd_cuda_guard_loss(rep->cs, out, grads), "guard_loss kernel");
+}
+
+void ifd_cu_check_grads(void *ctx, const float *grads, int64_t n, ifd_step_out *out)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_check_grads(rep->cs, grads, n, out), "check_grads kernel");
+}
+
+void ifd_cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step, int64_t n,
+                            float *params, const float *grads, float *slot0, float *slot1,
+                            const float *skip)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(
+            rep,
+            ifd_cuda_optimizer_apply(rep->cs, opt, opt_step, n, params, grads, slot0, slot1, skip),
+            "optimizer kernel");
 }
 
 void ifd_cu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
@@ -314,6 +330,7 @@ static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
         return rc;
     cu_inslot *s = &rep->in[idx];
     o->first = first;
+    o->from = s->from;
     o->loop_ns = loop_ns;
     o->begin_ns = ifd_clock_ns();
     o->out_wait_ns = o->begin_ns - t0;

@@ -11,10 +11,15 @@
 
 #define IFD_PROGRAM_MAX_DIM (1 << 20)
 
-/* A setting that must lie in [min, max]. */
+/* A setting that must lie in [min, max]; 0 is a setting not set (include/infeed/program.h). */
 static inline int ifd_program_need(const ifd_program *p, const char *key, int64_t v, int64_t min,
                                    int64_t max, ifd_error *err)
 {
+    if (v == 0 && min > 0)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "program '%s': setting '%s' must be between %" PRId64 " and %" PRId64
+                             ", and it is not set",
+                             p->cls->name, key, min, max);
     if (v < min || v > max)
         return ifd_error_set(err, IFD_EINVAL,
                              "program '%s': setting '%s' must be between %" PRId64 " and %" PRId64

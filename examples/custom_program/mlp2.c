@@ -23,8 +23,14 @@
 
 enum { W1, B1, W2, B2, W3, B3 };
 
+/* A setting in [min, MLP2_MAX_DIM]; 0 is a setting the daemon was not given. */
 static int need(const char *key, int64_t v, int64_t min, ifd_error *err)
 {
+    if (v == 0)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "program 'mlp2': setting '%s' must be between %lld and %lld, and it "
+                             "is not set",
+                             key, (long long)min, (long long)MLP2_MAX_DIM);
     if (v < min || v > MLP2_MAX_DIM)
         return ifd_error_set(err, IFD_EINVAL,
                              "program 'mlp2': setting '%s' must be between %lld and %lld, got %lld",

@@ -28,14 +28,9 @@ fi
 INFEEDD=${INFEEDD:-$PREFIX/bin/infeedd}
 [ -x "$INFEEDD" ] || INFEEDD=build/host/infeedd
 
-read -r LISTEN PUBLISH CONTROL < <(python3 - <<'PY'
-import socket
-socks = [socket.socket() for _ in range(3)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(*[f"tcp://127.0.0.1:{s.getsockname()[1]}" for s in socks])
-PY
-)
+# infeedd binds loopback ports the system chooses and names them in its ready file.
+source scripts/infeedd-ready.sh
+READY=build/custom-program-infeedd.ready.json
 SUMMARIES=build/custom-program-summaries.jsonl
 rm -f "$SUMMARIES"
 export PYTHONPATH=clients/python
@@ -43,13 +38,16 @@ export PYTHONPATH=clients/python
 echo "== train: mlp2 from $MLP2 on 2 cpu replicas, digits (64 features, 10 classes, hidden 32)"
 "$INFEEDD" --program-lib "$MLP2" --program mlp2 --features 64 --classes 10 --hidden 32 \
   --replicas 2 --batch-size 64 --iterations-per-loop 20 --steps 600 --summary-every 50 \
-  --learning-rate 0.1 --listen "$LISTEN" --publish "$PUBLISH" --control "$CONTROL" \
-  --log-level warn --summaries "$SUMMARIES" "$@" &
+  --learning-rate 0.1 --listen 'tcp://127.0.0.1:*' --publish 'tcp://127.0.0.1:*' \
+  --control 'tcp://127.0.0.1:*' --ready-file "$READY" --log-level warn \
+  --summaries "$SUMMARIES" "$@" &
 daemon=$!
 trap 'kill "$daemon" 2>/dev/null || true' EXIT
 status=0
-python3 examples/digits/train_digits.py --endpoint "$LISTEN" --publish "$PUBLISH" \
-  --program mlp2 --hidden 32 || status=$?
+if infeedd_ready "$READY" "$daemon"; then
+  python3 examples/digits/train_digits.py --endpoint "$LISTEN" --publish "$PUBLISH" \
+    --program mlp2 --hidden 32 || status=$?
+fi
 wait "$daemon" || status=$?
 trap - EXIT
 echo "== done (exit $status): every summary is in $SUMMARIES"

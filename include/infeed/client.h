@@ -51,7 +51,11 @@ extern "C" {
  *
  * A daemon that refuses the key sends nothing: hello then ends with IFD_ETIMEDOUT (after the
  * connect timeout, naming the refused key), and a subscriber receives nothing. A HELLO with a name
- * bound to another key is answered IFD_EPERM.
+ * bound to another key is answered IFD_EPERM. The connect timeout's sentence says why as far as
+ * the client can tell: the daemon refused this client's CURVE key; a client without keys failed
+ * the handshake (the daemon may require CURVE); or nothing answered ("is infeedd running with
+ * --listen ENDPOINT?", and for a client with keys "or does it refuse this client's key
+ * (CURVE)?").
  */
 typedef struct ifd_client_options {
     const char *server_key;      /* the daemon's public key, Z85 */

@@ -116,6 +116,16 @@ typedef struct ifd_config {
      * replicas, hosts agree on each loop's length and on stopping, and summaries carry the
      * global step's metrics and "host". */
     const struct ifd_hosts *hosts;
+    /* cpu: the OpenBLAS kernel, process-wide and chosen when the first cpu backend of the
+     * process opens (docs/design.md, "The BLAS kernel"): NULL or "auto" replaces a generic
+     * fallback below what the CPU runs (OPENBLAS_CORETYPE, when set, is obeyed instead); "keep"
+     * leaves the library's pick; a kernel name ("SkylakeX", "Haswell", ...) asks for that one. */
+    const char *blas_kernel;
+    /* Train, eval: a step whose all-reduced gradients (train) or a replica's loss is not finite
+     * is skipped on every replica and host: no parameter or optimizer slot changes, and the
+     * summaries count it (skipped_steps) and name the batches whose loss was not finite. This
+     * many skipped steps in a row end the run with IFD_ENUMERIC (0: never). */
+    int64_t max_skipped_steps;
 } ifd_config;
 
 /* Fills every field with its default (see docs/config.md). */

@@ -52,6 +52,12 @@ typedef struct ifd_step_out {
     float correct; /* correct predictions, classifiers only */
     float count;   /* rows in the shard */
     float reserved;
+    /* The runtime's, in train steps, after the program's step (programs leave them alone):
+     * loss_nonfinite is 1 when this replica's loss was not finite, skipped is 1 when the step
+     * was skipped because the all-reduced gradients were not finite (every replica and host
+     * skips the same steps: no parameter, optimizer slot or update count changed). */
+    float loss_nonfinite;
+    float skipped;
 } ifd_step_out;
 
 /*

@@ -332,8 +332,8 @@ START_TEST(test_mlp2_setup_errors)
     ifd_program_settings s = {.features = 4, .classes = 3, .hidden = 0};
     ifd_error_clear(&err);
     ck_assert_int_eq(ifd_program_init(&p, "mlp2", &s, &err), IFD_EINVAL);
-    ck_assert_str_eq(err.msg,
-                     "program 'mlp2': setting 'hidden' must be between 1 and 1048576, got 0");
+    ck_assert_str_eq(err.msg, "program 'mlp2': setting 'hidden' must be between 1 and 1048576, "
+                              "and it is not set");
     s = (ifd_program_settings){.features = 4, .classes = 1, .hidden = 5};
     ck_assert_int_eq(ifd_program_init(&p, "mlp2", &s, &err), IFD_EINVAL);
     ck_assert_msg(strstr(err.msg, "'classes' must be between 2") != NULL, "%s", err.msg);

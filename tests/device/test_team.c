@@ -345,6 +345,36 @@ START_TEST(test_replica_threads)
 }
 END_TEST
 
+/* The finite check of a step's gradients (device/ops_cpu.c), alone and on a team: every
+ * finite vector passes, and one NaN or infinity anywhere (the tail after the last full
+ * vector of accumulators included) fails it. */
+START_TEST(test_all_finite)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_team *team;
+    ck_assert_int_eq(ifd_team_create(&team, (int)rand_between(&rng, 2, 4), "ifd-test"), IFD_OK);
+    static const float bad[] = {NAN, INFINITY, -INFINITY};
+    for (int trial = 0; trial < 40; trial++) {
+        int64_t n = trial % 2 ? rand_between(&rng, 1, 40)
+                              : rand_between(&rng, 1, 6 * IFD_TEAM_UPDATE_BLOCK);
+        float *x = frand(&rng, n);
+        x[rand_between(&rng, 0, n - 1)] = trial % 3 ? 3.0e38f : -3.0e38f; /* large is finite */
+        ck_assert(ifd_cpu_all_finite_on(NULL, x, n));
+        ck_assert(ifd_cpu_all_finite_on(team, x, n));
+        int64_t at = trial % 4 == 0 ? n - 1 : rand_between(&rng, 0, n - 1);
+        x[at] = bad[rand_between(&rng, 0, 2)];
+        RASSERT(!ifd_cpu_all_finite_on(NULL, x, n), "%g at %lld of %lld passed", (double)x[at],
+                (long long)at, (long long)n);
+        RASSERT(!ifd_cpu_all_finite_on(team, x, n), "team: %g at %lld of %lld passed",
+                (double)x[at], (long long)at, (long long)n);
+        free(x);
+    }
+    ck_assert(ifd_cpu_all_finite_on(team, NULL, 0));
+    ifd_team_destroy(team);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("team");
@@ -357,6 +387,7 @@ int main(void)
     tcase_add_test(tc, test_gemm_split);
     tcase_add_test(tc, test_update_split_same_bits);
     tcase_add_test(tc, test_replica_threads);
+    tcase_add_test(tc, test_all_finite);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

@@ -1,10 +1,10 @@
-"""Fixtures of the end-to-end suite: a real infeedd on free loopback ports.
+"""Fixtures of the end-to-end suite: a real infeedd on loopback ports it chooses.
 
 The daemon binary is $INFEEDD (CTest sets it to the built target); without it, the tests that
 need the daemon are skipped. Each test gets a ``daemon`` factory: ``daemon(flag=value, ...)``
 starts one (flags are written --flag-name value; True alone for a bare flag; preexec_fn=f runs f
-in the child before exec), waits until it
-answers ``status`` on its control socket, and the fixture always kills it at teardown.
+in the child before exec), waits until its --ready-file names the endpoints it bound (it serves
+them then), and the fixture always kills it at teardown.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 if os.environ.get("PYTHONPATH") is None:
     sys.path.insert(0, str(ROOT / "clients" / "python"))
+from helpers import wait_ready_file  # noqa: E402
 
 
 def infeedd_path() -> Optional[str]:
@@ -56,6 +57,10 @@ def run_infeedd(*args: str, timeout: float = 10) -> subprocess.CompletedProcess:
 
 
 class Daemon:
+    """infeedd with the given flags. Unless a test names them, its three sockets bind ports the
+    system chooses (tcp://127.0.0.1:*), which it reports in its --ready-file: no port is picked
+    here and released before the daemon binds it."""
+
     def __init__(self, tmp: Path, flags: dict, wait_ready: bool = True):
         exe = infeedd_path()
         if exe is None:
@@ -66,47 +71,33 @@ class Daemon:
         n = len(list(tmp.glob("infeedd*.log")))
         self.summaries_path = Path(self.flags.setdefault("summaries",
                                                          str(tmp / f"summaries{n}.jsonl")))
-        for attempt in range(3):
-            lp, pp, cp = free_ports(3)
-            self.listen = self.flags.get("listen") or f"tcp://127.0.0.1:{lp}"
-            self.publish = f"tcp://127.0.0.1:{pp}"
-            self.control_endpoint = f"tcp://127.0.0.1:{cp}"
-            f = dict(self.flags, listen=self.listen, publish=self.publish,
-                     control=self.control_endpoint)
-            self.argv = [exe]
-            for k, v in f.items():
-                if v is None or v is False:
-                    continue
-                self.argv.append("--" + k.replace("_", "-"))
-                if v is not True:
-                    self.argv.append(str(v))
-            self.log_path = tmp / f"infeedd{n}.{attempt}.log"
-            self._log = open(self.log_path, "wb")
-            print("starting:", " ".join(self.argv))
-            self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                         preexec_fn=preexec)
-            self.started = time.monotonic()
-            if not wait_ready or self._wait_ready():
-                return
-            # a port was taken between free_ports and the bind: try others
-            self.kill()
-        pytest.fail(f"infeedd did not start:\n{self.log()}")
+        self.ready_path = Path(self.flags.setdefault("ready_file", str(tmp / f"ready{n}.json")))
+        for key in ("listen", "publish", "control"):
+            self.flags[key] = self.flags.get(key) or "tcp://127.0.0.1:*"
+        self.listen, self.publish, self.control_endpoint = \
+            self.flags["listen"], self.flags["publish"], self.flags["control"]
+        self.argv = [exe]
+        for k, v in self.flags.items():
+            if v is None or v is False:
+                continue
+            self.argv.append("--" + k.replace("_", "-"))
+            if v is not True:
+                self.argv.append(str(v))
+        self.log_path = tmp / f"infeedd{n}.log"
+        self._log = open(self.log_path, "wb")
+        print("starting:", " ".join(self.argv))
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                     preexec_fn=preexec)
+        self.started = time.monotonic()
+        if wait_ready:
+            self._wait_ready()
 
-    def _wait_ready(self, deadline_s: float = 15) -> bool:
-        deadline = time.monotonic() + deadline_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                if "ddress already in use" in self.log():
-                    return False
-                pytest.fail(f"infeedd exited with {self.proc.returncode} at start:\n{self.log()}")
-            try:
-                r = self.control({"cmd": "status"}, timeout=0.3)
-                if isinstance(r, dict):
-                    return True
-            except TimeoutError:
-                pass
-        pytest.fail(f"infeedd did not answer on its control socket within {deadline_s} s:\n"
-                    f"{self.log()}")
+    def _wait_ready(self, deadline_s: float = 15) -> None:
+        """Until the ready file names the bound endpoints (the daemon serves them then)."""
+        self.ready = wait_ready_file(self.ready_path, self.proc, deadline_s, self.log)
+        self.listen = self.ready["listen"]
+        self.publish = self.ready["publish"]
+        self.control_endpoint = self.ready["control"]
 
     def control(self, request, timeout: float = 5.0):
         """One request on the control REP socket: a dict is sent as JSON, bytes as they are."""
@@ -122,10 +113,13 @@ class Daemon:
         finally:
             s.close(0)
 
-    def log(self) -> str:
+    def log(self, tail: int | None = None) -> str:
+        """The daemon's log, whole (a test looks for lines in it), or its last `tail`
+        characters."""
         try:
             self._log.flush()
-            return self.log_path.read_text(errors="replace")[-6000:]
+            text = self.log_path.read_text(errors="replace")
+            return text if tail is None else text[-tail:]
         except OSError:
             return ""
 

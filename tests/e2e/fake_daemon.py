@@ -1,8 +1,9 @@
 """A small fake of infeedd's ROUTER side, to test the Python client without the daemon.
 
 It runs in a thread, speaks just enough of docs/protocol.md, and records what it received.
-Behaviour knobs: ``credit``, ``batch_size``, ``schema``, ``ack_delay`` (seconds before ACKing a
-batch), ``reject`` (a function (seq, frames) -> error dict or None), ``last_step`` (after that
+Behaviour knobs: ``credit``, ``batch_size``, ``schema`` (a HELLO without one is welcomed with
+it), ``max_steps`` and ``expect_producers`` (said in WELCOME), ``bye_status`` (``"error"``: the
+BYEs say the run failed), ``ack_delay`` (seconds before ACKing a batch), ``reject`` (a function (seq, frames) -> error dict or None), ``last_step`` (after that
 many accepted batches the fake ends the run: BYE to everyone, ECLOSED afterwards), ``shm``
 (None: WELCOME says nothing of shared memory; a function (hello) -> (desc or None, refused
 sentence or None) that may build on ``make_pool``: a HELLO with ``"shm": true`` gets that pool,
@@ -28,8 +29,12 @@ SOFTMAX_SCHEMA = [P.schema_entry("x", "float32", [4]), P.schema_entry("y", "int3
 class FakeDaemon:
     def __init__(self, schema=None, credit=4, batch_size=8, ack_delay=0.0,
                  reject: Optional[Callable] = None, last_step: Optional[int] = None,
-                 silent: bool = False, shm: Optional[Callable] = None):
+                 silent: bool = False, shm: Optional[Callable] = None, max_steps: int = 1,
+                 expect_producers: int = 0, bye_status: str = "ok"):
         self.schema = schema or SOFTMAX_SCHEMA
+        self.max_steps = max_steps
+        self.expect_producers = expect_producers
+        self.bye_status = bye_status
         self.credit = credit
         self.batch_size = batch_size
         self.ack_delay = ack_delay
@@ -69,9 +74,12 @@ class FakeDaemon:
         self._ended = True
         for ident in self._welcomed:
             self._send(ident, [P.pack_header(P.BYE),
-                               P.pack_json({"status": "ok", "reason": "last_step",
-                                            "global_step": len(self.batches), "acked_seq": -1,
-                                            "message": ""})])
+                               P.pack_json({"status": self.bye_status,
+                                            "reason": "last_step" if self.bye_status == "ok"
+                                            else "error", "global_step": len(self.batches),
+                                            "acked_seq": -1,
+                                            "message": "" if self.bye_status == "ok" else
+                                            "outfeed: replica 0's loss is nan"})])
 
     def _on(self, ident: bytes, frames: list) -> None:
         try:
@@ -83,14 +91,16 @@ class FakeDaemon:
             self.hellos.append(hello)
             if self._ended:
                 return self._error(ident, P.ECLOSED, "the input has ended")
-            if hello["schema"] != self.schema:
+            if hello.get("schema") is not None and hello["schema"] != self.schema:
                 return self._error(ident, P.ESHAPE, f"schema: expected {self.schema}")
             self._welcomed.add(ident)
             self._in_flight[ident] = 0
             body = {"protocol": 1, "name": hello.get("name") or "producer-1",
                     "credit": self.credit, "next_seq": hello.get("first_seq", 0), "mode": "train",
                     "input_mode": "per-host", "batch_size": self.batch_size, "replicas": 1,
-                    "program": "softmax", "schema": self.schema}
+                    "program": "softmax", "schema": self.schema,
+                    "max_steps_per_message": self.max_steps,
+                    "expect_producers": self.expect_producers}
             self._pool_of[ident] = None
             if hello.get("shm") and self.shm is not None:
                 pool, refused = self.shm(hello)
@@ -111,17 +121,21 @@ class FakeDaemon:
                 frames = [frames[0], *read_slot(pool, n, rows)]
             if self._ended:
                 return self._error(ident, P.ECLOSED, "the run is ending", seq, 1)
-            self._in_flight[ident] += 1
+            # a message of k x batch_size rows is k steps (k credits, ACKed as seq + k - 1)
+            k = rows // self.batch_size if rows > self.batch_size else 1
+            if k > self.max_steps or (k > 1 and rows % self.batch_size):
+                return self._error(ident, P.ESHAPE, f"{rows} rows", seq, 1)
+            self._in_flight[ident] += k
             if self._in_flight[ident] > self.credit:
-                self._in_flight[ident] -= 1
-                return self._error(ident, P.EPROTO, "batch without credit", seq, 1)
+                self._in_flight[ident] -= k
+                return self._error(ident, P.EPROTO, "batch without credit", seq, k)
             self.in_flight_max = max(self.in_flight_max, self._in_flight[ident])
             err = self.reject(seq, frames[1:]) if self.reject else None
             if err:
-                self._in_flight[ident] -= 1
-                return self._error(ident, err[0], err[1], seq, 1)
+                self._in_flight[ident] -= k
+                return self._error(ident, err[0], err[1], seq, k)
             self.batches.append((seq, rows, [bytes(f) for f in frames[1:]]))
-            self._pending_acks.append((time.monotonic() + self.ack_delay, ident, seq))
+            self._pending_acks.append((time.monotonic() + self.ack_delay, ident, seq, k))
         elif t == P.END:
             self.ends += 1
             self._end_after_acks = ident
@@ -141,9 +155,9 @@ class FakeDaemon:
                         self._on(ident, frames)
             now = time.monotonic()
             while self._pending_acks and self._pending_acks[0][0] <= now:
-                _, ident, seq = self._pending_acks.pop(0)
-                self._in_flight[ident] -= 1
-                self._send(ident, [P.pack_ack(seq, 1)])
+                _, ident, seq, k = self._pending_acks.pop(0)
+                self._in_flight[ident] -= k
+                self._send(ident, [P.pack_ack(seq + k - 1, k)])
                 if self.last_step is not None and len(self.batches) >= self.last_step \
                         and not self._pending_acks and not self._ended:
                     self._bye_all()

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -23,6 +27,35 @@ def separable(rng: np.random.Generator, rows: int, features: int, classes: int,
     y = rng.integers(0, classes, rows, dtype=np.int32)
     x = (centers[y] + noise * rng.standard_normal((rows, features))).astype(np.float32)
     return x, y
+
+
+def gpu_visible() -> bool:
+    """Whether nvidia-smi is here and lists a GPU."""
+    return shutil.which("nvidia-smi") is not None and subprocess.run(
+        ["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def teacher_data(seed: int, steps: int, batch: int, features: int, classes: int):
+    """As steps_data, with each row's label from a random linear teacher (argmax of x @ T): data
+    that training learns, as tests/util's tu_batches_teacher."""
+    r = np.random.default_rng(seed)
+    x = r.uniform(-1, 1, (steps * batch, features)).astype(np.float32)
+    t = r.uniform(-1, 1, (features, classes))
+    return x, np.argmax(x.astype(np.float64) @ t, axis=1).astype(np.int32)
+
+
+def wait_ready_file(path: Path, proc: subprocess.Popen, deadline_s: float = 15,
+                    log=lambda: "") -> dict:
+    """The JSON of infeedd's --ready-file once it is written (proc must not exit first)."""
+    deadline = time.monotonic() + deadline_s
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"infeedd exited with {proc.returncode} before writing "
+                                 f"{path}:\n{log()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"infeedd wrote no {path} within {deadline_s} s:\n{log()}")
+        time.sleep(0.02)
+    return json.loads(path.read_text())
 
 
 def stream_until_end(endpoint: str, batch_fn, max_batches: int = 100000, timeout: float = 20,
@@ -71,3 +104,16 @@ class Collector(threading.Thread):
         self._halt.set()
         self.join(5)
         return self.got
+
+
+class FakeDataset:
+    """Something with as_numpy_iterator, as a tf.data.Dataset has."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def as_numpy_iterator(self):
+        return iter(self.items)
+
+    def __iter__(self):  # a tf.data.Dataset iterates tensors; the adapter must not use this
+        raise AssertionError("iterated as tensors")

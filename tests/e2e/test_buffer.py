@@ -68,8 +68,16 @@ def test_buffer_misuse(daemon, rng, shm):
     batch = rng.randint(1, 4)
     d = daemon(replicas=1, batch_size=batch, features=D, classes=K, steps=100000,
                summary_every=0, max_steps_per_message=most)
-    with pytest.raises(ValueError, match="no schema yet"):
-        infeed.Producer(d.listen, name="noschema", timeout=20).buffer()
+    # no schema= and nothing sent: buffer() says HELLO and lays the arrays out by the WELCOME's
+    q = infeed.Producer(d.listen, name="noschema", timeout=20, shm=shm)
+    got = q.buffer()
+    assert q.schema == SCHEMA and list(got) == ["x", "y"], (q.schema, list(got))
+    assert got["x"].shape == (batch, D) and got["x"].dtype == np.float32, got["x"]
+    assert got["y"].shape == (batch,) and got["y"].dtype == np.int32, got["y"]
+    got["x"][:] = 1
+    got["y"][:] = K - 1
+    assert q.commit() == 0 and q.wait() == 0
+    q.close()
     p = infeed.Producer(d.listen, name="p", schema=SCHEMA, timeout=20, shm=shm)
     assert p.transport == ("shm" if shm else "socket")
     with pytest.raises(ValueError, match="no buffer to commit"):

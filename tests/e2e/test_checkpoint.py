@@ -3,6 +3,7 @@ producer replaying from WELCOME's next_seq, ends with the state of a run that wa
 interrupted; a checkpoint written by another program (tests/e2e/ckpt.py) starts a run; one that
 cannot start the run is a one-line config error."""
 
+import re
 import signal
 import time
 
@@ -197,3 +198,40 @@ def test_a_checkpoint_that_cannot_start_the_run(tmp_path, damage, words):
     for w in words:
         assert w in line, f"{w!r} not in: {line}"
     assert str(path) in line or "checkpoint" in line, line
+
+
+def test_a_failed_run_says_where_the_last_checkpoint_is(daemon, tmp_path, rng):
+    """A run that fails writes no end checkpoint and says where the last one is: that the folder
+    holds none (it said "the last one is at step -1"), or the one it resumed from."""
+    folder = tmp_path / "ck"
+
+    def fail_after(d, good: int):  # good batches, then one holding NaN: the run ends (1 skip)
+        # raised by a send, or by the end of the with block when every send came first
+        with pytest.raises(infeed.RunFailed):
+            with infeed.Producer(d.listen, name="loader-0", timeout=20) as p:
+                for i in range(good):
+                    p.send(batch(i))
+                bad = batch(good)
+                bad["x"][rng.randrange(BATCH), rng.randrange(FEATURES)] = np.nan
+                p.send(bad)
+                for i in range(100):
+                    p.send(batch(good + 1 + i))
+        assert d.wait() == 1, d.log()
+        return d.log()
+
+    def said(log: str) -> str:  # the warning's parenthesis
+        m = re.search(r"checkpoint: none at the end: the run failed at global step \d+ \((.*)\)$",
+                      log, re.M)
+        assert m, log
+        return m.group(1)
+
+    off = dict(check_finite="off", max_skipped_steps=1, iterations_per_loop=1,
+               checkpoint_every=1000, steps=100)
+    log = fail_after(daemon(**flags(folder, **off)), rng.randint(0, 4))
+    assert said(log) == f"{folder} holds no checkpoint" and "step -1" not in log, log
+    last = rng.randint(1, 4)
+    d = daemon(**flags(folder, steps=last, checkpoint_every=1000))
+    stream(d.listen, last)
+    assert d.wait() == 0, d.log()
+    log = fail_after(daemon(**flags(folder, **off, resume=True)), 0)
+    assert said(log) == f"the last checkpoint in {folder} is at step {last}", log

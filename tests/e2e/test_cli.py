@@ -10,6 +10,7 @@ import pytest
 
 import infeed
 from conftest import ROOT, run_infeedd
+from helpers import gpu_visible
 
 ISSUE_FLAGS = """--config --listen --publish --control --summaries --backend --replicas --program
 --features --classes --mode --input-mode --batch-size --iterations-per-loop --steps --last-step
@@ -38,6 +39,49 @@ def config_md_flags() -> set:
             k = k.split(".")[-1]
         flags.add("--" + k.replace("_", "-"))
     return flags
+
+
+def test_summaries_md_lists_every_error_source():
+    """Every source the runtime records a run's error under (the `<source>: ` of the end
+    summary's `error`) is listed in docs/summaries.md (`abort` was not)."""
+    row = next(ln for ln in (ROOT / "docs" / "summaries.md").read_text().splitlines()
+               if ln.startswith("| `error` |"))
+    listed = set(re.findall(r"`([^`]+)`", row))
+    found = set()
+    for d in ("loop", "infeed", "outfeed", "hooks", "device"):
+        for f in (ROOT / d).rglob("*.c*"):
+            text = f.read_text()
+            found |= set(re.findall(r'ifd_rendezvous_(?:record_)?error\([^,]+, "([^"]+)"', text))
+            found |= set(re.findall(r'#define SOURCE "([^"]+)"', text))
+            found |= set(re.findall(r'ifd_replicas_fail\([^,]+, "([^"]+)"', text))
+    # the two sources made with snprintf
+    assert '"replica %d"' in (ROOT / "device/replicas.c").read_text()
+    assert '"hook %s"' in (ROOT / "loop/session.c").read_text()
+    found |= {"replica N", "hook NAME"}
+    assert {"abort", "session", "infeed"} <= found, found  # the scan still finds them
+    assert not found - listed, f"docs/summaries.md lacks the sources {sorted(found - listed)}"
+
+
+def test_a_setting_not_set_says_so(tmp_path, rng):
+    """A program setting left out is "not set" (it said "got 0"); one given as 0 or below says
+    what arrived, from a flag or from the file."""
+    base = {"mlp": ["--program", "mlp", "--features", "4", "--classes", "3", "--hidden", "8"],
+            "softmax": ["--program", "softmax", "--features", "4", "--classes", "3"]}
+    program = rng.choice(sorted(base))
+    key = rng.choice(["features", "classes"] + (["hidden"] if program == "mlp" else []))
+    low = 2 if key == "classes" else 1
+    i = base[program].index(f"--{key}")
+    without = base[program][:i] + base[program][i + 2:]
+    r = run_infeedd(*without, "--steps", "1")
+    want = f"infeedd: program '{program}': --{key} must be between {low} and 1048576"
+    assert r.returncode == 2 and r.stderr.strip() == want + ", and it is not set", r.stderr
+    for v in (0, -rng.randint(1, 9)):
+        r = run_infeedd(*without, "--steps", "1", f"--{key}", str(v))
+        assert r.returncode == 2 and r.stderr.strip() == f"{want}, got {v}", r.stderr
+    cfg = write(tmp_path, json.dumps({key: 0}))
+    r = run_infeedd("--config", cfg, *without, "--steps", "1")
+    assert r.returncode == 2 and r.stderr.strip().endswith(
+        f"setting '{key}' must be between {low} and 1048576, got 0"), r.stderr
 
 
 def usage_error(*args, key):
@@ -209,11 +253,7 @@ def test_replica_threads_form_teams_that_train_the_same_bits(daemon, rng):
 def test_cuda_backend_without_gpu(tmp_path):
     """--backend cuda where there is no usable GPU (or the backend is not built): exit 1 with one
     clear line naming the cuda backend and why, never a crash; the summaries file gets nothing."""
-    import shutil
-    import subprocess
-
-    if shutil.which("nvidia-smi") and subprocess.run(["nvidia-smi", "-L"],
-                                                      capture_output=True).returncode == 0:
+    if gpu_visible():
         pytest.skip("this machine has a GPU: the error path is not reachable")
     from conftest import free_ports
 

@@ -81,8 +81,8 @@ def test_before_hello(d, rng):
     check(p.error(), "EINVAL", "replica")
     p.send(hello(SCHEMA, name="x" * 64))
     check(p.error(), "EINVAL", "name", word(63))
-    p.send([P.pack_header(P.HELLO), P.pack_json({"name": "n"})])
-    check(p.error(), "EINVAL", "schema", codes=("EINVAL", "ESHAPE"))
+    p.send([P.pack_header(P.HELLO), P.pack_json({"name": "n", "schema": "x"})])
+    check(p.error(), "EINVAL", "schema", "array")
     # the schema against the program's inputs
     p.send(hello([P.schema_entry("features", "float32", [D]), SCHEMA[1]]))
     check(p.error(), "ESHAPE", "schema", "'features'", "'x'")
@@ -116,6 +116,27 @@ def test_before_hello(d, rng):
     assert d.wait() == 0, d.log()
     end = d.end_summary()
     assert end["reason"] == "input_ended" and end["global_step"] == 1, end
+    p.close()
+
+
+@pytest.mark.parametrize("how", ["no key", "null"])
+def test_hello_without_a_schema_takes_the_programs(daemon, rng, how):
+    """A HELLO with no schema (no key, or null) is welcomed with the program's, which its batches
+    then follow; WELCOME says expect_producers."""
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    want = rng.randint(0, 3)
+    d = daemon(replicas=1, batch_size=B, features=D, classes=K, steps=1, summary_every=0,
+               expect_producers=want)
+    p = RawPeer(d.listen)
+    p.send([P.pack_header(P.HELLO),
+            P.pack_json({"name": "n"} if how == "no key" else {"name": "n", "schema": None})])
+    w = p.welcome()
+    assert w["schema"] == SCHEMA and w["expect_producers"] == want, w
+    p.send(batch_frames(0, good(nrng)))
+    p.ack(0)
+    p.until(lambda: p.byes, "BYE")
+    assert p.byes[0]["status"] == "ok" and p.byes[0]["global_step"] == 1, p.byes
+    assert d.wait() == 0, d.log()
     p.close()
 
 

@@ -132,6 +132,24 @@ def test_c_producer_until_last_step(daemon):
     assert train[-1]["loss"] < train[0]["loss"], train  # a learnable task
 
 
+def test_c_producer_no_daemon_says_the_readme_sentence():
+    """With no daemon at the endpoint the C example ends (exit 1) with the sentence the README
+    quotes for the C client, at its default timeouts (hello's equals the connect timeout, 10 s:
+    it said "no WELCOME ... within 10000 ms"); the README names where the build puts it."""
+    exe = c_producer()
+    text = ROOT.joinpath("README.md").read_text()
+    assert "`build/clients/c/infeed-producer-example`" in text
+    assert exe.endswith("clients/c/infeed-producer-example"), exe
+    m = re.search(r'IFD_ETIMEDOUT`\s+with the same sentence \("(.*?)"\)', text, re.S)
+    assert m, "the README no longer quotes the C client's sentence"
+    sentence = " ".join(m.group(1).split())
+    from conftest import free_ports
+    endpoint = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    r = run([exe, "--endpoint", endpoint, "--features", "4", "--classes", "2"], timeout=60)
+    assert r.returncode == 1, r.stderr
+    assert sentence.replace("tcp://127.0.0.1:5555", endpoint) in r.stderr, (sentence, r.stderr)
+
+
 def test_c_and_python_producers_together(daemon):
     exe = c_producer()
     d = daemon(replicas=2, program="softmax", features=16, classes=4, batch_size=32,

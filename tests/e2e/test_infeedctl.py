@@ -151,14 +151,48 @@ def test_watch_notices_a_daemon_that_vanishes(daemon, rng):
 
 
 def test_no_daemon_one_sentence_and_exit_1(rng):
+    """One sentence naming the endpoint, its flag and --timeout, after about --timeout: watch,
+    which asks the control socket and subscribes, waits for both at once (it waited twice)."""
     lp, pp = free_ports(2)
     for cmd in ("status", "stop", "watch"):
+        t = round(rng.uniform(2, 3), 2)
+        t0 = time.monotonic()
         r = ctl(cmd, "--control", f"tcp://127.0.0.1:{lp}", "--publish", f"tcp://127.0.0.1:{pp}",
-                "--timeout", f"{rng.uniform(0.2, 0.6):.2f}")
+                "--timeout", str(t))
+        took = time.monotonic() - t0
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 1 and len(lines) == 1, (cmd, r.stderr)
         assert "no daemon answered at tcp://127.0.0.1:" in lines[0], lines[0]
+        assert f"within {t:g} s" in lines[0], (t, lines[0])
         assert "--control" in lines[0] or "--publish" in lines[0], lines[0]
+        assert took < 1.5 * t + 1, f"{cmd} took {took:.1f} s with --timeout {t}"
+
+
+def test_curve_refusals_say_why(curve_daemon, keys, rng):
+    """Against a CURVE daemon: no --server-key is told that the daemon may require CURVE, a key
+    not in --admin-keys that it was refused, and a CURVE client that hears nothing at all that
+    the daemon may refuse its key."""
+    d = curve_daemon(steps=1000)
+    t = str(round(rng.uniform(0.5, 1.0), 2))
+    server = ["--server-key", str(keys["dir"] / "daemon.pub")]
+    need = ": the handshake failed: it may require CURVE (pass --server-key and --key-file)"
+    refused = (": it refused this client's CURVE key (is its public key in the daemon's "
+               "--admin-keys?)")
+    dead = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    for args, words in [
+            (["status", *endpoints(d)], need),
+            (["stop", *endpoints(d)], need),
+            (["watch", *endpoints(d)], need),
+            (["status", *endpoints(d), *server, "--key-file", str(keys["dir"] / "a.key")],
+             refused),
+            (["status", "--control", dead, *server, "--key-file", str(keys["dir"] / "admin.key")],
+             f"; is infeedd running with --control {dead}, or does it refuse this client's key "
+             f"(CURVE)?")]:
+        r = ctl(*args, "--timeout", t)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1, (args, r.stderr)
+        assert "no daemon answered at " in lines[0] and words in lines[0], (args, lines[0])
+    assert d.proc.poll() is None, "a refused stop stopped the daemon"
 
 
 @pytest.mark.parametrize("args,want", [

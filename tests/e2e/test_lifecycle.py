@@ -9,6 +9,7 @@ import numpy as np
 import zmq
 
 import infeed
+from conftest import ROOT
 from helpers import Collector
 
 D, K, B = 4, 3, 4
@@ -84,8 +85,14 @@ def test_second_signal_aborts(daemon, rng):
     d.signal(signal.SIGTERM)
     d.signal(signal.SIGINT)
     rc = d.wait(10)
-    assert rc != 0, f"a second signal should abort (exit non-zero), got {rc}:\n{d.log()}"
+    assert rc == 1, f"a second signal should abort (exit 1), got {rc}:\n{d.log()}"
     assert time.monotonic() - t0 < 5
+    # the end event as docs/config.md says it, its source as docs/summaries.md lists it
+    end = d.end_summary()
+    assert (end["status"], end["code"]) == ("error", "IFD_ECANCELED"), end
+    assert end["error"].startswith("abort: "), end
+    assert "`code: IFD_ECANCELED`" in (ROOT / "docs" / "config.md").read_text()
+    assert "`abort`" in (ROOT / "docs" / "summaries.md").read_text()
 
 
 def test_control_status_and_stop(daemon, rng):

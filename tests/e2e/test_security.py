@@ -342,6 +342,52 @@ def test_c_producer_with_curve(curve_daemon, keys):
     assert d.end_summary()["global_step"] == 30
 
 
+def test_refused_clients_hear_why(curve_daemon, keys, rng, tmp_path):
+    """When the connect timeout ends, a client the daemon refuses is told so, one without the
+    CURVE the daemon requires is told that it may require it, and a CURVE client that hears
+    nothing at all that the daemon may refuse its key: never only "is infeedd running there?".
+    The Python client and the C example (its hello timeout and its connect timeout alike)."""
+    d = curve_daemon(steps=1000)
+    limit = rng.uniform(0.5, 1.0)
+    dead = f"tcp://127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
+    cases = [  # (who, endpoint, words the sentence must have)
+        ("stranger", d.listen, ": it refused this client's CURVE key"),
+        (None, d.listen, ": the handshake failed: it may require CURVE (give server_key_file= "
+                         "and key_file=)"),
+        ("a", dead, f"; is infeedd running with --listen {dead}, or does it refuse this "
+                    "client's key (CURVE)?"),
+    ]
+    for who, endpoint, words in cases:
+        kw = {} if who is None else dict(server_key=keys["server"], keypair=keys[who])
+        with pytest.raises(TimeoutError) as e:
+            infeed.Producer(endpoint, name="x", timeout=30, schema=SCHEMA, connect_timeout=limit,
+                            **kw)
+        assert f"no daemon answered at {endpoint} within {limit:g} s (connect_timeout)" \
+            f"{words}" in str(e.value), (who, str(e.value))
+    s = infeed.Subscriber(d.publish, connect_timeout=limit, server_key=keys["server"],
+                          keypair=keys["stranger"])
+    with pytest.raises(TimeoutError, match="it refused this client's CURVE key"):
+        s.recv()
+    s.close()
+    # the C example: a key file of the stranger's key pair
+    stranger = tmp_path / "stranger.key"
+    stranger.write_text(f"public-key {keys['stranger'][0]}\nsecret-key {keys['stranger'][1]}\n")
+    ms = int(limit * 1000)
+    base = [c_producer(), "--features", str(FEATURES), "--classes", str(CLASSES),
+            "--connect-timeout", str(ms)]
+    curve = ["--server-key-file", str(keys["dir"] / "daemon.pub")]
+    for args, endpoint, words in [
+            (curve + ["--key-file", str(stranger)], d.listen, cases[0][2]),
+            ([], d.listen, ": the handshake failed: it may require CURVE (set server_key_file "
+                           "and key_file)"),
+            (curve + ["--key-file", str(keys["dir"] / "a.key")], dead, cases[2][2])]:
+        r = subprocess.run(base + args + ["--endpoint", endpoint], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 1, r.stderr
+        assert f"producer: no daemon answered at {endpoint} within {ms / 1000:g} s " \
+            f"(connect_timeout_ms){words}" in r.stderr, (args, r.stderr)
+
+
 # ---- config errors --------------------------------------------------------------------------
 
 def one_sentence(r, *fragments):

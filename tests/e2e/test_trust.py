@@ -64,11 +64,12 @@ def test_non_finite_inputs_are_rejected_and_the_run_goes_on(daemon, rng):
 
 
 def test_check_finite_off_lets_nan_through_and_the_model_diverges(daemon, rng):
-    """The documented behaviour of a diverging model: a NaN loss ends the run with ENUMERIC."""
+    """The documented behaviour of a diverging model: a NaN loss skips its step, and
+    --max-skipped-steps of them in a row (here 1) end the run with ENUMERIC."""
     nrng = np.random.default_rng(rng.randrange(1 << 30))
     d = int(nrng.integers(1, 20))
     dm = daemon(replicas=1, batch_size=B, features=d, classes=K, steps=100,
-                iterations_per_loop=1, summary_every=1, check_finite="off")
+                iterations_per_loop=1, summary_every=1, check_finite="off", max_skipped_steps=1)
     p = RawPeer(dm.listen)
     p.send(hello(schema(d), name="loader"))
     p.welcome()

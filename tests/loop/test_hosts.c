@@ -9,6 +9,7 @@
 #include "tests/util/testutil.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -530,6 +531,57 @@ START_TEST(stop_reaches_hosts_whose_loop_waits_for_input)
 }
 END_TEST
 
+/* Random global batches with NaN in rows that belong to one host: every host skips those steps
+ * (the verdict rides in the all-reduce), every host ends with the bits of one host with H x R
+ * replicas on the same batches, and each host's summaries count the skipped steps. */
+START_TEST(a_nonfinite_step_is_skipped_on_every_host)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int H = (int)rand_between(&rng, 2, 3), R = (int)rand_between(&rng, 1, 2);
+    ifd_config cfg;
+    tu_config_train(&cfg, programs[rand_between(&rng, 0, 1)],
+                    (ifd_optimizer_kind)rand_between(&rng, 0, 2), rand_between(&rng, 1, 6),
+                    rand_between(&rng, 2, 4), H * R * rand_between(&rng, 1, 3),
+                    rand_between(&rng, 1, 5), ifd_rng_next(&rng));
+    int64_t n = cfg.num_steps, bad = 0;
+    cfg.max_skipped_steps = 0;
+    tu_batch **batches = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
+    int64_t rows = cfg.batch_size / H, cols = cfg.settings.features;
+    for (int64_t i = 0; i < n; i++)
+        if (rand_between(&rng, 0, 3) == 0) {
+            int64_t row = rand_between(&rng, 0, H - 1) * rows + rand_between(&rng, 0, rows - 1);
+            ((float *)batches[i]->data[0])[row * cols] = NAN;
+            bad++;
+        }
+    ifd_config one = cfg;
+    one.replicas = H * R;
+    tu_result ref;
+    tu_run(&one, batches, n, &ref);
+    RASSERT(ref.rc == IFD_OK, "one host: %s", ifd_error_text(&ref.err));
+    cfg.replicas = R;
+    host_run hr[MAX_HOSTS];
+    int64_t nper[MAX_HOSTS] = {n, n, n, n};
+    run_hosts(&cfg, H, batches, nper, -1, hr);
+    for (int h = 0; h < H; h++) {
+        tu_result *r = &hr[h].res;
+        RASSERT(r->rc == IFD_OK && r->global_step == n, "host %d: step %lld: %s", h,
+                (long long)r->global_step, ifd_error_text(&r->err));
+        RASSERT(memcmp(r->params, ref.params, sizeof(float) * (size_t)ref.nparams) == 0,
+                "host %d's parameters differ from one host's, %lld of %lld steps poisoned", h,
+                (long long)bad, (long long)n);
+        json_t *end = json_loads(r->summaries[r->nsummaries - 1], 0, NULL);
+        RASSERT(json_integer_value(json_object_get(end, "skipped_steps")) == bad,
+                "host %d: %s, expected %lld skipped", h, r->summaries[r->nsummaries - 1],
+                (long long)bad);
+        json_decref(end);
+        tu_result_free(r);
+    }
+    tu_result_free(&ref);
+    tu_batches_free(batches, n);
+}
+END_TEST
+
 static int fake_broadcast(void *ctx, int channel, void *buf, size_t bytes, int root,
                           ifd_hosts_stop_fn stop, void *stop_arg, ifd_error *err)
 {
@@ -576,6 +628,7 @@ int main(void)
     tcase_add_loop_test(tc, stop_reaches_hosts_whose_loop_waits_for_input, 0, 6);
     tcase_add_loop_test(tc, hosts_agree_on_automatic_lengths, 0, 8);
     tcase_add_loop_test(tc, cuda_needs_the_broadcast, 0, 4);
+    tcase_add_loop_test(tc, a_nonfinite_step_is_skipped_on_every_host, 0, 6);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

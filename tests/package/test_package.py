@@ -2,14 +2,17 @@
 "Using infeed from your project").
 
 Installs the build ($IFD_BUILD_DIR) to a temporary prefix and moves the prefix (everything must be
-relative to it: the RPATHs, the CMake package, the .pc files). Starts the installed infeedd with
+relative to it: the RPATHs, the CMake package, the .pc files; the systemd units name the prefix
+the install was given, and are hardened). Starts the installed infeedd with
 the installed example config (a few flags override its paths and endpoints) and JOURNAL_STREAM
 naming its stderr. Builds tests/package/consumer four times, out of tree: find_package(infeed)
 with the shared and with the static targets, pkg-config with infeed-client + infeed and with
 infeed-client-static + infeed-static; runs each against the daemon (WELCOME, every batch
-ACKed). The daemon's log lines carry journald priority prefixes.
-Builds examples/custom_program (the mlp2 program plugin) out of tree with find_package(infeed),
-as its README says, and trains it with the installed infeedd --program-lib.
+ACKed), and the installed infeedctl asks it for its status. The daemon's log lines carry journald
+priority prefixes. Builds examples/custom_program (the mlp2 program plugin) out of tree with find_package(infeed),
+as its README says, and trains it with the installed infeedd --program-lib, under
+MemoryDenyWriteExecute's rule (prctl PR_SET_MDWE) where the kernel has it, as the units of a
+build without cuda run it.
 
 $IFD_SANITIZE (the build's sanitizer) is passed to the consumers' compiles and links.
 """
@@ -23,19 +26,18 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-import zmq
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent / "clients/python"))
+sys.path.insert(0, str(HERE.parent / "e2e"))
 import infeed  # noqa: E402
+from helpers import wait_ready_file  # noqa: E402
 BUILD = Path(os.environ.get("IFD_BUILD_DIR", HERE.parent.parent / "build"))
 CMAKE = os.environ.get("CMAKE_COMMAND", "cmake")
 CC = os.environ.get("CC", "cc")
@@ -50,36 +52,14 @@ def run(cmd, **kw) -> subprocess.CompletedProcess:
     return r
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def needed(exe: Path) -> list[str]:
     out = run(["readelf", "-d", exe]).stdout
     return re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", out)
 
 
-def control(endpoint: str, request: str) -> str:
-    ctx = zmq.Context.instance()
-    s = ctx.socket(zmq.REQ)
-    s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.RCVTIMEO, 2000)
-    s.connect(endpoint)
-    try:
-        s.send_string(request)
-        return s.recv_string()
-    finally:
-        s.close()
-
-
 @pytest.fixture(scope="module")
-def prefix(tmp_path_factory) -> Path:
+def installed(tmp_path_factory) -> tuple[Path, Path]:
+    """(the prefix given to cmake --install, where that prefix was moved)"""
     if not (BUILD / "CMakeCache.txt").is_file():
         pytest.skip(f"no build in {BUILD} (set IFD_BUILD_DIR)")
     tmp = tmp_path_factory.mktemp("pkg")
@@ -87,7 +67,21 @@ def prefix(tmp_path_factory) -> Path:
     run([CMAKE, "--install", BUILD, "--prefix", staged])
     moved = tmp / "moved prefix"  # a blank in the path too
     staged.rename(moved)
-    return moved
+    return staged, moved
+
+
+@pytest.fixture(scope="module")
+def prefix(installed) -> Path:
+    return installed[1]
+
+
+def no_ld_path() -> dict:
+    return {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+
+
+def cache_value(name: str) -> str:
+    m = re.search(rf"^{name}:[A-Z]+=(.*)$", (BUILD / "CMakeCache.txt").read_text(), re.M)
+    return m.group(1) if m else ""
 
 
 def test_installed_files(prefix):
@@ -100,19 +94,68 @@ def test_installed_files(prefix):
         assert (prefix / f).is_file(), f"{f} is not installed"
     libs = {p.name for p in (prefix / "lib").iterdir()}
     assert {"libinfeed.so.0", "libinfeed-client.so.0"} <= libs, libs
-    # infeedd finds the prefix's libinfeed through its RPATH, with no LD_LIBRARY_PATH.
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    assert "libinfeed.so.0" in needed(prefix / "bin/infeedd")
-    ldd = run(["ldd", prefix / "bin/infeedd"], env=env).stdout
-    line = next(ln for ln in ldd.splitlines() if "libinfeed.so.0" in ln)
-    assert str(prefix / "lib/libinfeed.so.0") in line or "moved prefix/bin/../lib" in line, ldd
-    unit = (prefix / "lib/systemd/system/infeedd@.service").read_text()
-    assert re.search(r"^ExecStart=/\S*/infeedd --config /\S*/infeed/%i\.json$", unit, re.M), unit
+    # infeedd and infeedctl find the prefix's libraries through their RPATH, with no
+    # LD_LIBRARY_PATH, and start
+    for exe, lib in [("infeedd", "libinfeed.so.0"), ("infeedctl", "libinfeed-client.so.0")]:
+        assert lib in needed(prefix / "bin" / exe), exe
+        ldd = run(["ldd", prefix / "bin" / exe], env=no_ld_path()).stdout
+        line = next(ln for ln in ldd.splitlines() if lib in ln)
+        assert str(prefix / "lib" / lib) in line or "moved prefix/bin/../lib" in line, ldd
+        r = subprocess.run([prefix / "bin" / exe, "--version"], capture_output=True, text=True,
+                           env=no_ld_path(), timeout=30)
+        assert r.returncode == 0 and r.stdout.startswith(f"{exe} "), (exe, r.stdout, r.stderr)
+
+
+def test_systemd_units_name_the_install_prefix(installed):
+    """The units name the prefix cmake --install was given, not the one the build was
+    configured with."""
+    staged, moved = installed
+    assert str(staged) != cache_value("CMAKE_INSTALL_PREFIX")
+    for unit, config in [("infeedd.service", "infeedd"), ("infeedd@.service", "%i")]:
+        text = (moved / "lib/systemd/system" / unit).read_text()
+        execs = re.findall(r"^ExecStart=(.*)$", text, re.M)
+        assert execs == [f"{staged}/bin/infeedd --config {staged}/etc/infeed/{config}.json"], \
+            (unit, execs)
+        assert f"file://{staged}/share/infeed/infeedd.example.json" in text, unit
+
+
+# What the units must say, whatever the build (docs/design.md, "systemd units").
+HARDENING = {
+    "Restart": "on-failure", "RestartPreventExitStatus": "2", "DynamicUser": "yes",
+    "NoNewPrivileges": "yes", "ProtectSystem": "strict", "ProtectHome": "yes",
+    "PrivateTmp": "yes", "PrivateUsers": "yes", "PrivateMounts": "yes", "ProtectClock": "yes",
+    "ProtectHostname": "yes", "ProtectKernelTunables": "yes", "ProtectKernelModules": "yes",
+    "ProtectKernelLogs": "yes", "ProtectControlGroups": "yes", "ProtectProc": "invisible",
+    "RestrictAddressFamilies": "AF_UNIX AF_INET AF_INET6 AF_NETLINK", "RestrictNamespaces": "yes",
+    "RestrictRealtime": "yes", "RestrictSUIDSGID": "yes", "LockPersonality": "yes",
+    "SystemCallArchitectures": "native", "CapabilityBoundingSet": "", "UMask": "0077",
+}
+
+
+def unit_keys(text: str) -> dict[str, list[str]]:
+    keys: dict[str, list[str]] = {}
+    for m in re.finditer(r"^([A-Za-z]+)=(.*)$", text, re.M):
+        keys.setdefault(m.group(1), []).append(m.group(2))
+    return keys
+
+
+def test_systemd_units_hardened(prefix):
+    """Every hardening key is set; a build without cuda also denies devices and writable
+    executable memory (the cuda driver needs both)."""
+    cuda = cache_value("IFD_CUDA_BACKEND").upper() in ("ON", "1", "TRUE")
+    devices = "no" if cuda else "yes"
+    for unit in ["infeedd.service", "infeedd@.service"]:
+        keys = unit_keys((prefix / "lib/systemd/system" / unit).read_text())
+        for k, v in dict(HARDENING, PrivateDevices=devices,
+                         MemoryDenyWriteExecute=devices).items():
+            assert keys.get(k) == [v], f"{unit}: {k}={keys.get(k)}, expected [{v!r}]"
+        assert keys.get("SystemCallFilter") == ["@system-service", "~@privileged"], unit
 
 
 def test_systemd_units_verify(prefix, tmp_path):
     """systemd-analyze verify finds nothing wrong in the units (their ExecStart pointed at the
-    installed infeedd, since they name the configured prefix)."""
+    installed infeedd, since they name the prefix before it moved), and systemd-analyze
+    security rates them OK (2.0 or less; the units before hardening were 8.4, EXPOSED)."""
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         pytest.skip("no systemd-analyze")
@@ -126,6 +169,14 @@ def test_systemd_units_verify(prefix, tmp_path):
                            text=True, timeout=60)
         assert r.returncode == 0 and not r.stdout.strip() and not r.stderr.strip(), \
             f"systemd-analyze verify {instance}: {r.returncode}\n{r.stdout}\n{r.stderr}"
+        r = subprocess.run([analyze, "security", "--offline=true", "--no-pager",
+                            tmp_path / instance], capture_output=True, text=True, timeout=60)
+        m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", r.stdout + r.stderr)
+        if m is None and "--offline" in r.stderr:
+            continue  # a systemd before 250 rates only loaded units
+        assert m, f"systemd-analyze security {instance}: {r.returncode}\n{r.stdout}\n{r.stderr}"
+        print(f"systemd-analyze security {instance}: {m.group(1)}")
+        assert float(m.group(1)) <= 2.0, f"{instance} is rated {m.group(1)}:\n{r.stdout}"
 
 
 def test_pkg_config_static_resolves(prefix):
@@ -160,6 +211,32 @@ def build_consumers(prefix: Path, tmp: Path) -> dict[str, Path]:
     return exes
 
 
+def test_readme_pkg_config_lines(prefix, tmp_path):
+    """The README's pkg-config lines, run as written (PREFIX the installed prefix, loader.c the
+    C example producer, train.c examples/train_synthetic.c): every program finds its libraries with no
+    LD_LIBRARY_PATH (the shared ones through the line's rpath), and the trainer trains."""
+    root = HERE.parent.parent
+    lines = re.findall(r"^(cc (loader|train)\.c \$\(pkg-config [^#]*?)\s+#",
+                       (root / "README.md").read_text(), re.M)
+    assert [k for _, k in lines] == ["loader", "loader", "train", "train"], lines
+    link = tmp_path / "prefix"  # no blank: the shell splits $(pkg-config ...) on blanks
+    link.symlink_to(prefix)
+    env = dict(no_ld_path(), PKG_CONFIG_PATH=str(link / "lib/pkgconfig"))
+    src = {"loader": root / "examples/c_producer.c",
+           "train": root / "examples/train_synthetic.c"}
+    for i, (line, kind) in enumerate(lines):
+        exe = tmp_path / f"{kind}{i}"
+        cmd = line.replace("PREFIX", shlex.quote(str(link))).replace(
+            f"cc {kind}.c", shlex.join([CC, *SAN_FLAGS, "-o", str(exe), str(src[kind])]), 1)
+        run(["bash", "-c", cmd], env=env)
+        ldd = run(["ldd", exe], env=no_ld_path()).stdout
+        assert "not found" not in ldd, f"{line}\n{ldd}"
+        if kind == "train":
+            r = run([exe, "--steps", "20", "--replicas", "1", "--iterations-per-loop", "5"],
+                    env=no_ld_path(), timeout=120)
+            assert '"event":"end"' in r.stdout.replace(" ", ""), f"{line}\n{r.stdout[-2000:]}"
+
+
 def test_consumers_against_installed_daemon(prefix, tmp_path):
     seed = int(os.environ.get("IFD_TEST_SEED", random.randrange(1 << 31)))
     print(f"seed {seed} (IFD_TEST_SEED={seed} repeats this run)")
@@ -173,27 +250,20 @@ def test_consumers_against_installed_daemon(prefix, tmp_path):
             assert not any(lib.startswith("libinfeed") for lib in libs), \
                 f"{name} links a shared infeed library: {libs}"
 
-    lp, cp = free_ports(2)
-    listen, ctl = f"tcp://127.0.0.1:{lp}", f"tcp://127.0.0.1:{cp}"
     log_path = tmp_path / "infeedd.log"
     log = open(log_path, "wb")
     st = os.fstat(log.fileno())
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    env = no_ld_path()
     env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
     daemon = subprocess.Popen(
         [prefix / "bin/infeedd", "--config", prefix / "share/infeed/infeedd.example.json",
-         "--listen", listen, "--publish", "", "--control", ctl,
+         "--listen", "tcp://127.0.0.1:*", "--publish", "", "--control", "tcp://127.0.0.1:*",
+         "--ready-file", tmp_path / "ready.json",
          "--summaries", tmp_path / "summaries.jsonl", "--checkpoint-dir", tmp_path / "ckpt",
          "--steps", "100000"], stdout=log, stderr=log, env=env)
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            assert daemon.poll() is None, f"infeedd exited: {log_path.read_text()}"
-            try:
-                control(ctl, "status")
-                break
-            except zmq.Again:
-                assert time.monotonic() < deadline, f"infeedd did not answer: {log_path.read_text()}"
+        ready = wait_ready_file(tmp_path / "ready.json", daemon, 15, log_path.read_text)
+        listen, ctl = ready["listen"], ready["control"]
         for name, exe in exes.items():
             batches = rng.randint(1, 6)
             r = subprocess.run([exe, listen, name, "64", "10", str(batches),
@@ -202,6 +272,13 @@ def test_consumers_against_installed_daemon(prefix, tmp_path):
             assert r.returncode == 0, f"{name}: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
             assert "welcome batch_size=64 " in r.stdout, f"{name}: {r.stdout}"
             assert f"acked {batches}\n" in r.stdout, f"{name}: {r.stdout}"
+        # the installed infeedctl (its RPATH) talks to the installed daemon
+        r = subprocess.run([prefix / "bin/infeedctl", "--control", ctl, "status", "--json"],
+                           capture_output=True, text=True, timeout=60, env=no_ld_path())
+        assert r.returncode == 0, f"infeedctl: exit {r.returncode}\n{r.stdout}\n{r.stderr}"
+        st = json.loads(r.stdout)
+        assert st["ok"] and st["program"] == "softmax", st
+        assert sorted(p["name"] for p in st["producers"]) == sorted(exes), st["producers"]
     finally:
         daemon.send_signal(signal.SIGTERM)
         try:
@@ -217,6 +294,17 @@ def test_consumers_against_installed_daemon(prefix, tmp_path):
         assert re.match(r"<[3467]>infeed (error|warn |info |debug) \[", ln), \
             f"a line without the journald priority prefix: {ln!r}\n{text}"
     assert any(ln.startswith("<6>infeed info ") for ln in lines), text
+
+
+def deny_write_execute() -> None:
+    """In the child before exec: the rule of systemd's MemoryDenyWriteExecute=yes (no mapping
+    both writable and executable, none made executable later), which execve keeps; nothing on a
+    kernel before 6.3 (no PR_SET_MDWE) or in a sanitizer build (its runtime may need it)."""
+    if SANITIZE:
+        return
+    import ctypes
+    PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN = 65, 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0)
 
 
 def test_custom_program_plugin_out_of_tree(prefix, tmp_path):
@@ -236,17 +324,18 @@ def test_custom_program_plugin_out_of_tree(prefix, tmp_path):
     assert plugin.is_file(), list(b.iterdir())
     features, classes, hidden = rng.randint(3, 12), rng.randint(2, 5), rng.randint(4, 16)
     batch, steps = rng.choice([8, 16, 32]), 300
-    (lp,) = free_ports(1)
-    listen = f"tcp://127.0.0.1:{lp}"
     summaries = tmp_path / "s.jsonl"
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
     daemon = subprocess.Popen(
         [prefix / "bin/infeedd", "--program-lib", plugin, "--program", "mlp2", "--features",
          str(features), "--classes", str(classes), "--hidden", str(hidden), "--batch-size",
          str(batch), "--steps", str(steps), "--iterations-per-loop", "10", "--summary-every",
-         "50", "--learning-rate", "0.1", "--listen", listen, "--publish", "", "--control", "",
-         "--summaries", summaries], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+         "50", "--learning-rate", "0.1", "--listen", "tcp://127.0.0.1:*", "--publish", "",
+         "--control", "", "--ready-file", tmp_path / "ready.json", "--summaries", summaries], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=no_ld_path(), preexec_fn=deny_write_execute)
     try:
+        listen = wait_ready_file(tmp_path / "ready.json", daemon, 15,
+                                 lambda: daemon.stdout.read().decode(errors="replace")
+                                 if daemon.poll() is not None else "")["listen"]
         nrng = np.random.default_rng(seed)
         w = nrng.standard_normal((features, classes))
         p = infeed.Producer(listen, name="plugin-test", timeout=30)

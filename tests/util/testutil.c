@@ -152,6 +152,39 @@ tu_batch **tu_batches_random(const ifd_config *cfg, int64_t n, uint64_t seed)
     return bs;
 }
 
+tu_batch **tu_batches_teacher(const ifd_config *cfg, int64_t n, uint64_t seed)
+{
+    tu_batch **bs = tu_batches_random(cfg, n, seed);
+    int64_t d = cfg->settings.features, k = cfg->settings.classes;
+    ifd_rng rng;
+    ifd_rng_seed(&rng, seed ^ 0x7eac4e7ULL);
+    float *t = malloc(sizeof(float) * (size_t)(d * k));
+    ck_assert_ptr_nonnull(t);
+    for (int64_t i = 0; i < d * k; i++)
+        t[i] = (float)(2.0 * ifd_rng_uniform(&rng) - 1.0);
+    for (int64_t b = 0; b < n; b++) {
+        ck_assert_int_eq(bs[b]->b.ntensors, 2);
+        ck_assert_int_eq(bs[b]->b.tensors[0].dtype, IFD_F32);
+        ck_assert_int_eq(bs[b]->b.tensors[1].dtype, IFD_I32);
+        const float *x = bs[b]->data[0];
+        int32_t *y = bs[b]->data[1];
+        for (int64_t r = 0; r < bs[b]->b.rows; r++) {
+            double best = -INFINITY;
+            for (int64_t c = 0; c < k; c++) {
+                double v = 0.0;
+                for (int64_t j = 0; j < d; j++)
+                    v += (double)x[r * d + j] * t[j * k + c];
+                if (v > best) {
+                    best = v;
+                    y[r] = (int32_t)c;
+                }
+            }
+        }
+    }
+    free(t);
+    return bs;
+}
+
 void tu_batches_free(tu_batch **bs, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)

@@ -41,6 +41,11 @@ void tu_config_train(ifd_config *cfg, const char *program, ifd_optimizer_kind op
                      int64_t k, int64_t b, int64_t ipl, uint64_t seed);
 /* n random batches of cfg->batch_size rows for cfg's program, the same for the same seed. */
 tu_batch **tu_batches_random(const ifd_config *cfg, int64_t n, uint64_t seed);
+/* As tu_batches_random, for a program whose inputs are x float32 [D] and y int32 (softmax, mlp),
+ * with each row's label from a random linear teacher (argmax over k of x . T[:, k], T from
+ * seed): data that training learns, so the loss falls and runs that differ by rounding stay
+ * close instead of drifting apart as they do on labels that are noise. */
+tu_batch **tu_batches_teacher(const ifd_config *cfg, int64_t n, uint64_t seed);
 void tu_batches_free(tu_batch **bs, int64_t n);
 
 /* Runs a whole session over clones of batches[0..n) and returns its result. */

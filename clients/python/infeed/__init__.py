@@ -1,18 +1,26 @@
 """infeed: the Python client of the infeedd daemon.
 
+- :func:`feed` streams the batches of any loader (an iterable of dicts or tuples, a PyTorch
+  ``DataLoader``, a ``tf.data.Dataset``) to the daemon: resume, several steps a message, the
+  shared-memory pool, the last partial batch. :class:`Worker` and :func:`feed_workers` split the
+  data between several loader workers (:mod:`infeed.workers`).
 - :class:`Producer` streams batches of numpy arrays to the daemon (ingest protocol version 1,
-  ``docs/protocol.md``).
+  ``docs/protocol.md``); :mod:`infeed.convert` says how tensors are converted.
 - :class:`Subscriber` receives the JSON summaries the daemon publishes (``docs/summaries.md``).
 - :mod:`infeed.protocol` holds the wire constants and pack/unpack helpers.
 - :mod:`infeed.keys` reads the CURVE key files of ``infeedd keygen`` (both classes take
   ``server_key=``/``server_key_file=`` and ``keypair=``/``key_file=``).
 """
 
-from . import keys, protocol
-from .errors import InfeedError, RunEnded, ShmError
+from . import adapters, convert, keys, protocol
+from .errors import InfeedError, RunEnded, RunFailed, ShmError
+from .feed import FeedResult, feed
 from .producer import Producer
 from .subscriber import Subscriber, format_summary
+from .workers import Worker, feed_workers, workers
 
 __version__ = "0.1.0"
 
-__all__ = ["Producer", "Subscriber", "format_summary", "InfeedError", "RunEnded", "ShmError", "keys", "protocol", "__version__"]
+__all__ = ["Producer", "Subscriber", "format_summary", "feed", "FeedResult", "Worker", "workers",
+           "feed_workers", "InfeedError", "RunEnded", "RunFailed", "ShmError", "adapters",
+           "convert", "keys", "protocol", "__version__"]

@@ -76,8 +76,15 @@ class ConnectWatch:
         """Raises TimeoutError when the connect timeout has passed without a connection."""
         left = self.left()
         if left is not None and left <= 0:
-            why = f": {self.refused}" if self.refused else \
-                f"; is infeedd running with {self.flag} {self.endpoint}?"
+            curve = self._sock.getsockopt(zmq.MECHANISM) == zmq.CURVE
+            if self.refused and curve:
+                why = f": {self.refused}"
+            elif self.refused:  # a client without CURVE
+                why = ": the handshake failed: it may require CURVE (give server_key_file= " \
+                      "and key_file=), or it is not an infeedd socket"
+            else:  # a refusal is not always reported to the client
+                why = f"; is infeedd running with {self.flag} {self.endpoint}" + \
+                    (", or does it refuse this client's key (CURVE)?" if curve else "?")
             raise TimeoutError(f"{self.who}: no daemon answered at {self.endpoint} within "
                                f"{self.timeout:g} s (connect_timeout){why}")
 

@@ -3,118 +3,40 @@ batches of numpy arrays to infeedd, within the credit the daemon grants."""
 
 from __future__ import annotations
 
-import itertools
-import time
 import warnings
 from collections import OrderedDict, deque
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
-import numpy as np
 import zmq
 
 from . import keys as K
 from . import protocol as P
 from . import shm as S
 from ._connect import DEFAULT_CONNECT_TIMEOUT, ConnectWatch, check_timeout
+from ._inplace import InPlace
+from ._replies import Replies
+from .convert import encode, item_rows, normalize_schema
 from .errors import InfeedError, RunEnded, ShmError
 
 _DEFAULT_TIMEOUT = 60.0
 
 
-def _dtype_name(dt: np.dtype) -> Optional[str]:
-    """The protocol name of a numpy dtype (byte order aside), or None."""
-    for name, spec in P.DTYPES.items():
-        want = np.dtype(spec)
-        if dt.kind == want.kind and dt.itemsize == want.itemsize:
-            return name
-    return None
-
-
-def _normalize_schema(schema: Iterable[Any]) -> list[dict]:
-    """Accepts dicts ``{"name", "dtype", "shape"}`` or tuples ``(name, dtype, shape)``; a dtype may
-    be a protocol name or anything ``np.dtype`` takes."""
-    out = []
-    for entry in schema:
-        if isinstance(entry, Mapping):
-            name, dtype, shape = entry["name"], entry["dtype"], entry.get("shape", [])
-        else:
-            name, dtype, shape = entry
-        if dtype not in P.DTYPES:
-            dn = _dtype_name(np.dtype(dtype))
-            if dn is None:
-                raise TypeError(f"schema: tensor '{name}': dtype {np.dtype(dtype)} is not one of "
-                                f"{', '.join(P.DTYPES)}")
-            dtype = dn
-        out.append(P.schema_entry(str(name), dtype, tuple(shape)))
-    if not out:
-        raise ValueError("schema: at least one tensor is needed")
-    return out
-
-
-def _derive_schema(arrays: Mapping[str, Any]) -> list[dict]:
-    """A schema from the first batch: the arrays' dtypes and per-row shapes, in argument order."""
-    out = []
-    for name, value in arrays.items():
-        a = value if isinstance(value, np.ndarray) else np.asarray(value)
-        dn = _dtype_name(a.dtype)
-        if dn is None:
-            raise TypeError(f"tensor '{name}': dtype {a.dtype} is not one of "
-                            f"{', '.join(P.DTYPES)}; convert it (e.g. .astype(np.float32)) or "
-                            f"pass schema= to Producer")
-        if a.ndim < 1:
-            raise ValueError(f"tensor '{name}': a batch needs a leading batch dimension, got a "
-                             f"scalar")
-        out.append(P.schema_entry(name, dn, a.shape[1:]))
-    if not out:
-        raise ValueError("send: no tensors given")
-    return out
-
-
-def _rows_of(item: Any) -> Optional[int]:
-    """The rows of a batch given as a mapping of arrays (its first array's length), else None."""
-    if isinstance(item, Mapping) and item:
-        first = next(iter(item.values()))
-        if hasattr(first, "__len__"):
-            return len(first)
-    return None
-
-
-def _convert(name: str, value: Any, entry: dict) -> np.ndarray:
-    """The C-contiguous little-endian array of the declared dtype for one tensor.
-
-    A numpy array must already have the declared dtype (its byte order and memory layout are
-    fixed here, as ``np.ascontiguousarray`` does); a numpy array of another dtype is a TypeError,
-    so that float64 data is never rounded to float32, or int64 labels truncated, behind the
-    caller's back. Other values (lists, scalars) are converted when the conversion keeps every
-    value (Python floats into float32 round to the nearest float32, as a float32 literal would).
-    """
-    want = np.dtype(P.DTYPES[entry["dtype"]])
-    if isinstance(value, np.ndarray):
-        if value.dtype.kind != want.kind or value.dtype.itemsize != want.itemsize:
-            raise TypeError(f"tensor '{name}': expected dtype {entry['dtype']}, got {value.dtype} "
-                            f"(convert it explicitly, e.g. .astype(np.{entry['dtype']}))")
-        return np.ascontiguousarray(value, dtype=want)
-    raw = np.asarray(value)
-    if raw.dtype.kind not in "biuf":
-        raise TypeError(f"tensor '{name}': expected dtype {entry['dtype']}, got {raw.dtype}")
-    conv = np.ascontiguousarray(raw, dtype=want) if raw.dtype == want else raw.astype(want)
-    if not (raw.dtype.kind == "f" and want.kind == "f") and not np.array_equal(conv, raw):
-        raise TypeError(f"tensor '{name}': the values do not fit dtype {entry['dtype']} exactly "
-                        f"(got {raw.dtype} values); convert them explicitly")
-    return np.ascontiguousarray(conv)
-
-
-class Producer:
+class Producer(Replies, InPlace):
     """Streams batches to infeedd over a ZeroMQ DEALER socket (ingest protocol version 1).
 
-    ``Producer(endpoint, name=None, schema=None, first_seq=0, timeout=60.0, replica=None)``
+    ``Producer(endpoint, name=None, schema=None, first_seq=0, timeout=60.0, replica=None,
+    shm="auto", round_floats=False)``
 
     - ``endpoint``: the daemon's ``--listen`` address, e.g. ``"tcp://127.0.0.1:5555"``.
     - ``name``: the producer's name (the daemon makes one up when it is None).
-    - ``schema``: the tensors, in frame order, as ``[{"name", "dtype", "shape"}]`` or
-      ``[(name, dtype, shape)]``. When given, ``HELLO`` is sent now and the constructor waits for
-      ``WELCOME``; when None, the schema is derived from the first :meth:`send`'s arrays (their
-      dtypes and per-row shapes, in argument order) and ``HELLO`` is sent then.
+    - ``schema``: None (the default): ``HELLO`` carries no schema and the producer takes the
+      program's from ``WELCOME`` (:attr:`schema`): batches are matched to it by name, whatever
+      the keyword order, and converted to its dtypes (:mod:`infeed.convert`); ``HELLO`` is sent
+      by the first :meth:`send`, :meth:`buffer` or :meth:`hello`. Given, as
+      ``[{"name", "dtype", "shape"}]`` or ``[(name, dtype, shape)]``, it is sent in ``HELLO`` now
+      (the constructor waits for ``WELCOME``) and the daemon checks it against its program.
+    - ``round_floats``: converting a batch may round floats (``float64`` into ``float32``) only
+      when True; otherwise such a batch is a :class:`TypeError` that says so.
     - ``first_seq``: the sequence number of the first batch.
     - ``timeout``: seconds any blocking call may go without hearing from the daemon (a WELCOME, an
       ACK, a CREDIT...) before it raises :class:`TimeoutError`; None waits forever. It is a limit
@@ -151,7 +73,9 @@ class Producer:
     ``ERROR`` answers raise :class:`InfeedError` (``code``, ``seq``, ``message``): from the call
     that caused them for ``HELLO``, and for a rejected batch from the next :meth:`send`,
     :meth:`wait` or :meth:`end` (the batch passed to that call is then not sent). Once the daemon
-    takes no more batches (``BYE``, or ``ECLOSED``) :meth:`send` raises :class:`RunEnded`.
+    takes no more batches (``BYE``, or ``ECLOSED``) :meth:`send` raises :class:`RunEnded`, or,
+    once a BYE says the run ended with an error, :class:`RunFailed` (not a RunEnded), which
+    :meth:`end` raises too.
 
     Over the socket, arrays are sent without a copy and kept referenced until their ``ACK``: do
     not modify an array in place until then (pass a copy, or ``send(..., copy=True)``). Over
@@ -169,7 +93,7 @@ class Producer:
                  replica: Optional[int] = None, server_key: Any = None,
                  server_key_file: Any = None, keypair: Any = None, key_file: Any = None,
                  connect_timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT,
-                 shm: Any = "auto"):
+                 shm: Any = "auto", round_floats: bool = False):
         if first_seq < 0:
             raise ValueError(f"first_seq: expected >= 0, got {first_seq}")
         if replica is not None and (isinstance(replica, bool) or not isinstance(replica, int)
@@ -182,7 +106,9 @@ class Producer:
         self.timeout = timeout
         self.on_ack = on_ack
         self._first_seq = int(first_seq)
-        self._schema = _normalize_schema(schema) if schema is not None else None
+        self._schema = normalize_schema(schema) if schema is not None else None
+        self.round_floats = bool(round_floats)
+        self._transport: Optional[str] = None  # what the last WELCOME set up; kept after close
         connect_timeout = check_timeout(connect_timeout)
         curve = K.client_keys(server_key, server_key_file, keypair, key_file)
         self._ctx = context or zmq.Context.instance()
@@ -261,27 +187,19 @@ class Producer:
         sequence number ``first_seq + i`` (each item sent once, in order, by :meth:`send`; an
         item of k x batch_size rows, k steps in one message, takes k sequence numbers, and one
         whose first steps were consumed is sent again whole: the daemon skips those).
-        Sends ``HELLO`` first when it has not been sent (the schema is then derived from the
-        first item, a mapping of arrays)::
+        Sends ``HELLO`` first when it has not been sent. The items are what :meth:`send` takes
+        (a mapping of tensors, or a tuple of them in schema order)::
 
             with Producer(endpoint, name="loader-0") as p:
                 for batch in p.skip_consumed(make_batches()):
                     p.send(batch)
         """
-        it = iter(batches)
-        head: list = []
         if self.welcome is None:
-            try:
-                head.append(next(it))
-            except StopIteration:
-                return
-            if self._schema is None:
-                self._schema = _derive_schema(head[0])
             self.hello()
         assert self._resume_seq is not None
         seq = self._first_seq
-        for item in itertools.chain(head, it):
-            rows = _rows_of(item)
+        for item in batches:
+            rows = item_rows(item)
             k = 1 if rows is None else self._steps_of(rows)
             if seq + k - 1 >= self._resume_seq:
                 if seq < self._resume_seq:
@@ -298,6 +216,8 @@ class Producer:
 
     @property
     def schema(self) -> Optional[list[dict]]:
+        """The tensors of every batch, in frame order: the program's, from WELCOME (or the
+        ``schema=`` given, before WELCOME); None before both."""
         return self._schema
 
     @property
@@ -312,133 +232,16 @@ class Producer:
     @property
     def transport(self) -> Optional[str]:
         """How batches travel: ``"shm"`` (written into the shared-memory pool, a ``BATCH_SHM``
-        descriptor on the socket) or ``"socket"`` (``BATCH`` frames); None before WELCOME."""
-        if self.welcome is None:
-            return None
-        return "shm" if self._shm is not None else "socket"
+        descriptor on the socket) or ``"socket"`` (``BATCH`` frames); None before WELCOME. It
+        keeps saying what the last WELCOME set up after :meth:`end` and :meth:`close` (and so
+        after a ``with`` block), although the pool is unmapped then."""
+        return self._transport
 
     @property
     def shm_refused(self) -> Optional[str]:
         """Why batches go over the socket although a pool was asked for (the daemon's
         ``shm_refused``, or why its pool could not be mapped here); None otherwise."""
-        return self._shm_why if self._shm is None else None
-
-    # -- receiving -------------------------------------------------------------------------
-
-    def _handle(self, frames: list) -> P.Message:
-        msg = P.unpack_message(frames)
-        if msg.type == P.ACK:
-            # Cumulative: every unacknowledged batch up to msg.seq was consumed (batches are
-            # consumed in order); msg.credit is how many this ACK covers. A message of k steps
-            # is the batches seq .. seq + k - 1.
-            steps = self._steps
-            if self._shm is not None:
-                self._shm.ack(msg.seq)
-            done = [s for s in self._unacked if s + steps.get(s, 1) - 1 <= msg.seq]
-            for s in done:
-                del self._unacked[s]
-                if steps:
-                    steps.pop(s, None)
-                if self._lent:
-                    self._give_back(s)
-            self._credit += msg.credit
-            if msg.seq > self._acked_seq:
-                self._acked_seq = msg.seq
-            if self.on_ack is not None:
-                # (an ACK of the first steps of a message of several steps completes none)
-                partial = not done and bool(steps) and next(iter(self._unacked)) <= msg.seq
-                for s in done if done or partial else [msg.seq]:
-                    self.on_ack(s)
-        elif msg.type == P.CREDIT:
-            self._credit += msg.credit
-        elif msg.type == P.ERROR:
-            self._credit += msg.credit
-            if msg.seq is not None:
-                if self._shm is not None:
-                    self._shm.release(msg.seq)
-                self._unacked.pop(msg.seq, None)
-                self._steps.pop(msg.seq, None)
-                self._give_back(msg.seq)
-            err = self._error(msg.body)
-            if err.code == P.ECLOSED:
-                self._eclosed = err
-            self._errors.append(err)
-        elif msg.type == P.PREDICTION:
-            self._predictions.append((msg.seq, msg.arrays))
-        elif msg.type == P.BYE:
-            self.bye = msg.body
-        elif msg.type == P.WELCOME:
-            self._welcome(msg.body)
-            self._welcomes += 1
-        return msg
-
-    def _error(self, body: dict) -> InfeedError:
-        code = str(body.get("code", "EPROTO"))
-        if code.startswith("IFD_"):  # the runtime's enum name for a protocol code name
-            code = code[4:]
-        cls = RunEnded if code == P.ECLOSED else InfeedError
-        err = cls(code, str(body.get("message", "")), body.get("seq"), body)
-        return err
-
-    def _drain(self) -> list[P.Message]:
-        """Handles every message that has arrived, without blocking."""
-        out = []
-        # ZMQ_EVENTS first: a recv that finds nothing raises zmq.Again, which costs more than
-        # the rest of a send
-        while self._sock.get(zmq.EVENTS) & zmq.POLLIN:
-            try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-            out.append(self._handle(frames))
-        return out
-
-    def _pump(self, done, what: str, timeout: Any = ...) -> None:
-        """Receives until ``done()`` is true; raises TimeoutError after ``timeout`` seconds
-        without a message."""
-        if timeout is ...:
-            timeout = self.timeout
-        self._drain()
-        last = time.monotonic()
-        while not done():
-            if timeout is None:
-                wait_ms = 1000
-            else:
-                left = last + timeout - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(
-                        f"infeed producer{' ' + repr(self.name) if self.name else ''}: {what}: "
-                        f"nothing from the daemon at "
-                        f"{self.endpoint} for {timeout:g} s ({len(self._unacked)} batches "
-                        f"unacknowledged, credit {self._credit}, next seq {self._next_seq}, "
-                        f"acknowledged up to {self._acked_seq}); is infeedd running there?")
-                wait_ms = max(1, min(1000, int(left * 1000) + 1))
-            if not self._watch.connected:
-                self._watch.check()
-                wait_ms = min(wait_ms, 50)
-            if self._sock.poll(wait_ms, zmq.POLLIN):
-                if self._drain():
-                    last = time.monotonic()
-
-    def _raise_pending(self, skip_eclosed: bool = False) -> None:
-        while self._errors:
-            err = self._errors.popleft()
-            if skip_eclosed and err.code == P.ECLOSED:
-                continue
-            if isinstance(err, RunEnded):
-                err.bye = self.bye
-            raise err
-
-    def _run_ended(self) -> RunEnded:
-        if self.bye is not None:
-            b = self.bye
-            msg = (f"the run has ended ({b.get('status')}, {b.get('reason')}) at global step "
-                   f"{b.get('global_step')}")
-            if b.get("message"):
-                msg += f": {b['message']}"
-            return RunEnded(P.ECLOSED, msg, None, None, bye=b)
-        e = self._eclosed
-        return RunEnded(P.ECLOSED, e.message, e.seq, e.body, bye=None)
+        return self._shm_why if self._transport != "shm" else None
 
     def _check_open(self) -> None:
         if self._closed:
@@ -447,13 +250,13 @@ class Producer:
     # -- the protocol ----------------------------------------------------------------------
 
     def hello(self, schema: Optional[Sequence[Any]] = None) -> dict:
-        """Sends HELLO and waits for WELCOME (returned, and kept as :attr:`welcome`). Raises
-        :class:`InfeedError` with the daemon's code and sentence if it answers ERROR."""
+        """Sends HELLO and waits for WELCOME (returned, and kept as :attr:`welcome`). The HELLO
+        carries ``schema`` (or the one given before) when there is one, else none, and the
+        program's schema comes in the WELCOME (:attr:`schema`). Raises :class:`InfeedError` with
+        the daemon's code and sentence if it answers ERROR."""
         self._check_open()
         if schema is not None:
-            self._schema = _normalize_schema(schema)
-        if self._schema is None:
-            raise ValueError("hello: no schema (pass schema= or send a batch)")
+            self._schema = normalize_schema(schema)
         extra: dict[str, Any] = {} if self.replica is None else {"replica": self.replica}
         ask = self._shm_mode is True or (self._shm_mode == "auto" and self._shm_broken is None
                                          and S.is_local(self.endpoint))
@@ -490,6 +293,7 @@ class Producer:
             self._shm.close()
             self._shm = None
         self._shm_why = None
+        self._transport = "socket"
         if not asked:
             return
         assert self.welcome is not None and self._schema is not None
@@ -504,6 +308,7 @@ class Producer:
             return
         try:
             self._shm = S.Pool(desc, self._schema, int(self.welcome["batch_size"]))
+            self._transport = "shm"
         except S.ShmMapError as e:
             self._shm_why = str(e)
             if self._shm_mode is True:
@@ -523,46 +328,17 @@ class Producer:
         if body.get("name"):
             self.name = body["name"]
         if body.get("schema"):
-            self._schema = _normalize_schema(body["schema"])
+            self._schema = normalize_schema(body["schema"])
         self._next_seq = int(body.get("next_seq", self._next_seq))
         # (the daemon's credit less this producer's steps in flight, which docs/protocol.md
         # says WELCOME's credit is already: their ACKs return those)
         self._credit = int(body.get("credit", 0))
         self._eclosed = None
 
-    def _encode(self, arrays: Mapping[str, Any], copy: bool) -> tuple[list, int]:
+    def _encode(self, batch: Any, copy: bool) -> tuple[list, int]:
         assert self._schema is not None
-        names = [e["name"] for e in self._schema]
-        missing = [n for n in names if n not in arrays]
-        extra = [n for n in arrays if n not in names]
-        if missing or extra:
-            parts = []
-            if missing:
-                parts.append("missing " + ", ".join(repr(n) for n in missing))
-            if extra:
-                parts.append("unknown " + ", ".join(repr(n) for n in extra))
-            raise ValueError(f"send: tensors {'; '.join(parts)} (the schema has "
-                             f"{', '.join(repr(n) for n in names)})")
-        frames = []
-        rows = None
-        for entry in self._schema:
-            name = entry["name"]
-            a = _convert(name, arrays[name], entry)
-            if copy:
-                a = a.copy()
-            shape = tuple(entry["shape"])
-            if a.ndim != 1 + len(shape) or a.shape[1:] != shape:
-                want = "(rows" + "".join(f", {d}" for d in shape) + ")"
-                raise ValueError(f"tensor '{name}': expected shape {want} (per-row shape "
-                                 f"{list(shape)}), got {a.shape}")
-            if rows is None:
-                rows = a.shape[0]
-            elif a.shape[0] != rows:
-                raise ValueError(f"tensor '{name}': {a.shape[0]} rows, but "
-                                 f"'{self._schema[0]['name']}' has {rows}")
-            frames.append(a)
-        assert rows is not None
-        return frames, rows
+        frames, rows = encode(batch, self._schema, self.round_floats)
+        return ([a.copy() for a in frames] if copy else frames), rows
 
     def _steps_of(self, rows: int) -> int:
         """The steps a batch of ``rows`` carries (train, eval: rows = k x batch_size, k up to
@@ -579,23 +355,27 @@ class Producer:
         raise ValueError(f"send: {rows} rows, the daemon's batch_size is {bs}{more} "
                          f"({w.get('mode', 'train')} mode takes full batches only)")
 
-    def send(self, mapping: Optional[Mapping[str, Any]] = None, /, *, copy: bool = False,
-             **arrays: Any) -> int:
-        """Sends one batch: ``send(x=..., y=...)`` or ``send({"x": ..., "y": ...})``. Blocks while
+    def send(self, batch: Any = None, /, *, copy: bool = False, **arrays: Any) -> int:
+        """Sends one batch: ``send(x=..., y=...)``, ``send({"x": ..., "y": ...})`` (by name, in
+        any order) or ``send((x, y))`` (a tuple or list: the tensors in schema order). Tensors
+        are converted to the schema's dtypes by the rules of :mod:`infeed.convert`. Blocks while
         there is no credit. Returns the batch's sequence number."""
         self._check_open()
         if self._ended:
             raise ValueError("infeed producer: send after end()")
-        tensors: dict[str, Any] = dict(mapping) if mapping is not None else {}
-        tensors.update(arrays)
+        if batch is not None and arrays:
+            if not isinstance(batch, Mapping):
+                raise ValueError("send: a tuple of tensors and tensors by keyword at once")
+            batch = {**batch, **arrays}
+        elif batch is None:
+            batch = arrays
         self._drain()
         self._raise_pending()
         if self.bye is not None or self._eclosed is not None:
             raise self._run_ended()
         if self.welcome is None:
-            if self._schema is None:
-                self._schema = _derive_schema(tensors)
             self.hello()
+        tensors = batch
         pool = self._shm
         frames, rows = self._encode(tensors, copy and pool is None)
         k = self._steps_of(rows)
@@ -654,120 +434,6 @@ class Producer:
         pool.take(s, k, seq)
         return self._sent(k, [])
 
-    # -- writing in place ----------------------------------------------------------------------
-
-    def buffer(self, steps: int = 1) -> dict[str, np.ndarray]:
-        """Arrays to fill in place for the next batch, one per schema tensor, of
-        ``steps x batch_size`` rows (train and eval: ``steps`` up to WELCOME's
-        ``max_steps_per_message``; predict: 1), then :meth:`commit` sends them without a copy.
-        The arrays come from a pool: once their batch is acknowledged, a later ``buffer()`` of
-        the same size hands them out again, so a loader that fills them allocates nothing after
-        the first few batches. Do not touch them after ``commit()`` (they are sent from where
-        they are) until ``buffer()`` returns them again. Sends ``HELLO`` first when needed (the
-        schema must be known: ``Producer(schema=...)``).
-
-        Over shared memory (:attr:`transport` ``"shm"``) the arrays are the pool's free slots
-        themselves (waiting, as :meth:`send` waits for credit, until ``steps`` slots in a row are
-        free): what is written there is what the daemon reads, and ``commit()`` sends only the
-        descriptor."""
-        self._check_open()
-        if self._pending is not None:
-            raise ValueError("buffer: the previous buffer is not committed yet (commit() it, or "
-                             "drop it with commit(rows=0))")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(f"buffer: steps: expected an int >= 1, got {steps!r}")
-        if self.welcome is None:
-            if self._schema is None:
-                raise ValueError("buffer: no schema yet: pass schema= to Producer (or send a "
-                                 "batch first)")
-            self.hello()
-        bs = int(self.batch_size or 0)
-        rows = steps * bs
-        if steps > 1:
-            self._steps_of(rows)  # ValueError naming max_steps_per_message when too many
-        key = (steps, rows)
-        pool = self._shm
-        if pool is not None:
-            if steps > 1 and self.welcome is not None and self.welcome.get("mode") == "predict":
-                raise ValueError(f"buffer: steps: predict mode takes one batch a message, got "
-                                 f"{steps}")
-            if pool.find(steps) is None:
-                self._drain()
-                self._pump(lambda: pool.find(steps) is not None or bool(self._errors)
-                           or self.bye is not None or not pool.inflight,
-                           "waiting for free slots of the shared-memory pool")
-            self._raise_pending()
-            if self.bye is not None:
-                raise self._run_ended()
-            s = pool.find(steps)
-            if s is None:
-                raise ValueError(f"buffer: the shared-memory pool has no {steps} free slots in "
-                                 f"a row and no batch in flight")
-            pool.reserve(s, steps)
-            arrays = pool.arrays(s, steps)
-            self._pending = (key, arrays, (pool, s))
-            return arrays
-        free = self._pool.get(key)
-        if free:
-            arrays = free.pop()
-        else:
-            assert self._schema is not None
-            arrays = {e["name"]: np.empty((rows, *e["shape"]), dtype=P.DTYPES[e["dtype"]])
-                      for e in self._schema}
-        self._pending = (key, arrays, None)
-        return arrays
-
-    def commit(self, rows: Optional[int] = None) -> Optional[int]:
-        """Sends the arrays of the last :meth:`buffer` (all their rows, or the first ``rows``:
-        predict mode's partial batch) as :meth:`send` would, without a copy, and returns the
-        batch's sequence number; ``rows=0`` sends nothing and puts the buffer back (None)."""
-        if self._pending is None:
-            raise ValueError("commit: no buffer to commit: call buffer() first")
-        key, arrays, where = self._pending
-        if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int)
-                                 or not 0 <= rows <= key[1]):
-            raise ValueError(f"commit: rows: expected 0 to {key[1]}, got {rows!r}")
-        if rows == 0:
-            self._pending = None
-            if where is not None:
-                where[0].unreserve()
-            else:
-                self._pool.setdefault(key, []).append(arrays)
-            return None
-        out = arrays if rows is None or rows == key[1] else {n: a[:rows] for n, a in
-                                                             arrays.items()}
-        if where is not None:
-            pool, s = where
-            if pool is self._shm:
-                seq = self._commit_shm(pool, s, key[1] if rows is None else rows)
-            else:  # a HELLO since buffer() replaced the pool: copied, as send() does
-                seq = self.send(out)
-            self._pending = None
-            return seq
-        seq = self.send(out)  # raises before sending: the buffer stays pending
-        self._pending = None
-        self._lent[seq] = (key, arrays)
-        return seq
-
-    def _commit_shm(self, pool: S.Pool, s: int, rows: int) -> int:
-        """Sends the descriptor of the slots buffer() reserved (k steps from slot s)."""
-        if self._ended:
-            raise ValueError("infeed producer: send after end()")
-        self._drain()
-        self._raise_pending()
-        if self.bye is not None or self._eclosed is not None:
-            raise self._run_ended()
-        k = self._steps_of(rows)  # (commit(rows=n): n must be whole steps in train and eval)
-        self._await(k, None)  # (its slots are reserved already)
-        seq = self._sent_shm(pool, s, k, rows)
-        pool.unreserve()  # the slots of the steps left out
-        return seq
-
-    def _give_back(self, seq: int) -> None:
-        lent = self._lent.pop(seq, None)
-        if lent is not None:
-            self._pool.setdefault(lent[0], []).append(lent[1])
-
     def poll(self) -> None:
         """Handles what has arrived (ACKs, CREDITs, ERRORs, BYE) without blocking, and raises a
         pending ERROR."""
@@ -812,7 +478,9 @@ class Producer:
         until the daemon's BYE; returns the BYE JSON (also :attr:`bye`), or None when it has not
         come. With several producers the run (and so BYE) ends only when all have sent END: pass
         ``wait_bye=False`` there. ``ECLOSED`` rejections are not raised here (the run ended);
-        other pending errors are, and calling end() again goes on waiting."""
+        other pending errors are, and calling end() again goes on waiting. A BYE whose status is
+        ``"error"`` raises :class:`RunFailed` (each call), so that a run that failed is never
+        taken for one that ended well (the exit of a ``with`` block calls end())."""
         self._check_open()
         if not self._ended:
             self._ended = True
@@ -825,6 +493,8 @@ class Producer:
             self._pump(lambda: self.bye is not None or bool(self._errors)
                        or (not wait_bye and not self._unacked), what, timeout)
             self._raise_pending(skip_eclosed=True)
+            if self._failed():
+                raise self._run_ended()
             if self.bye is not None or (not wait_bye and not self._unacked):
                 return self.bye
 

@@ -269,13 +269,15 @@ def unpack_prediction(frames: Sequence[bytes]) -> Message:
     return Message(PREDICTION, seq=seq, body={"rows": rows, "tensors": desc}, arrays=arrays)
 
 
-def hello_frames(schema: list, name: Optional[str] = None, first_seq: Optional[int] = None,
-                 **extra: Any) -> list[bytes]:
-    """The frames of a HELLO message (``extra`` keys are passed as they are, for tests)."""
+def hello_frames(schema: Optional[list], name: Optional[str] = None,
+                 first_seq: Optional[int] = None, **extra: Any) -> list[bytes]:
+    """The frames of a HELLO message (``extra`` keys are passed as they are, for tests); no
+    ``schema`` key when it is None (the producer takes the program's from WELCOME)."""
     obj: dict[str, Any] = {}
     if name is not None:
         obj["name"] = name
-    obj["schema"] = schema
+    if schema is not None:
+        obj["schema"] = schema
     if first_seq is not None:
         obj["first_seq"] = first_seq
     obj.update(extra)
