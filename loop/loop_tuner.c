@@ -13,9 +13,10 @@ void ifd_loop_tuner_init(ifd_loop_tuner *t, ifd_loop_kind kind, double secs, dou
     t->max_ns = max_secs * 1e9;
 }
 
-/* v[0..n) sorted into w. */
-static void sorted(const double *v, int n, double *w)
+/* Of v[0..n), sorted: the median, or the second largest (n > 0). */
+static double order_stat(const double *v, int n, int second_largest)
 {
+    double w[IFD_TUNER_WINDOW];
     memcpy(w, v, sizeof(double) * (size_t)n);
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && w[j - 1] > w[j]; j--) {
@@ -23,26 +24,19 @@ static void sorted(const double *v, int n, double *w)
             w[j] = w[j - 1];
             w[j - 1] = x;
         }
+    if (second_largest)
+        return w[n >= 2 ? n - 2 : 0];
+    return n % 2 ? w[n / 2] : 0.5 * (w[n / 2 - 1] + w[n / 2]);
 }
 
 double ifd_loop_tuner_step_ns(const ifd_loop_tuner *t)
 {
-    double w[IFD_TUNER_WINDOW];
-    int n = t->ns;
-    if (n == 0)
-        return 0.0;
-    sorted(t->s, n, w);
-    return n % 2 ? w[n / 2] : 0.5 * (w[n / 2 - 1] + w[n / 2]);
+    return t->ns ? order_stat(t->s, t->ns, 0) : 0.0;
 }
 
 double ifd_loop_tuner_boundary_ns(const ifd_loop_tuner *t)
 {
-    double w[IFD_TUNER_WINDOW];
-    int n = t->nc;
-    if (n == 0)
-        return 0.0;
-    sorted(t->c, n, w);
-    return w[n >= 2 ? n - 2 : 0];
+    return t->nc ? order_stat(t->c, t->nc, 1) : 0.0;
 }
 
 static void push(double *ring, int *count, int *at, double v)

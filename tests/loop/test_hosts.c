@@ -293,6 +293,16 @@ static void run_hosts(const ifd_config *cfg, int H, tu_batch **batches, const in
     run_hosts_with(cfg, H, batches, nper, &o, hr);
 }
 
+/* The reference: cfg on one host with `replicas` replicas over the same global batches. */
+static void run_one_host(const ifd_config *cfg, int replicas, tu_batch **batches, int64_t n,
+                         tu_result *ref)
+{
+    ifd_config one = *cfg;
+    one.replicas = replicas;
+    tu_run(&one, batches, n, ref);
+    RASSERT(ref->rc == IFD_OK, "one host: %s", ifd_error_text(&ref->err));
+}
+
 /* The "loss" of every train summary, in order. */
 static int train_losses(const tu_result *r, double *out, int max)
 {
@@ -336,11 +346,8 @@ START_TEST(hosts_match_one_host)
     int64_t steps = cfg.num_steps, n = steps + 2;
     tu_batch **batches = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
 
-    ifd_config one = cfg;
-    one.replicas = H * R;
     tu_result ref;
-    tu_run(&one, batches, n, &ref);
-    RASSERT(ref.rc == IFD_OK, "one host: %s", ifd_error_text(&ref.err));
+    run_one_host(&cfg, H * R, batches, n, &ref);
 
     cfg.replicas = R;
     host_run hr[MAX_HOSTS];
@@ -458,11 +465,8 @@ START_TEST(hosts_agree_on_automatic_lengths)
     int64_t steps = rand_between(&rng, 1, 600);
     cfg.num_steps = steps;
     tu_batch **batches = tu_batches_random(&cfg, steps, ifd_rng_next(&rng));
-    ifd_config one = cfg;
-    one.replicas = H * R;
     tu_result ref;
-    tu_run(&one, batches, steps, &ref);
-    RASSERT(ref.rc == IFD_OK, "one host: %s", ifd_error_text(&ref.err));
+    run_one_host(&cfg, H * R, batches, steps, &ref);
 
     cfg.replicas = R;
     tu_loops *loops = calloc((size_t)H, sizeof *loops);
@@ -554,11 +558,8 @@ START_TEST(a_nonfinite_step_is_skipped_on_every_host)
             ((float *)batches[i]->data[0])[row * cols] = NAN;
             bad++;
         }
-    ifd_config one = cfg;
-    one.replicas = H * R;
     tu_result ref;
-    tu_run(&one, batches, n, &ref);
-    RASSERT(ref.rc == IFD_OK, "one host: %s", ifd_error_text(&ref.err));
+    run_one_host(&cfg, H * R, batches, n, &ref);
     cfg.replicas = R;
     host_run hr[MAX_HOSTS];
     int64_t nper[MAX_HOSTS] = {n, n, n, n};

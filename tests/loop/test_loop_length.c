@@ -50,18 +50,25 @@ static int64_t model_loop(ifd_loop_tuner *t, machine *m, int64_t cap)
     return n;
 }
 
-/* A step of 100 ns to 10 ms and a boundary of 1 us to 5 ms, log-uniform. */
+/* Log-uniform in [lo, hi). */
 static double log_uniform(ifd_rng *rng, double lo, double hi)
 {
     double u = (double)ifd_rng_below(rng, 1u << 20) / (double)(1u << 20);
     return lo * pow(hi / lo, u);
 }
 
+/* Steps of 100 ns to 10 ms, boundaries of 1 us to 5 ms, 1 % noise on a step, 10 % on a
+ * boundary. */
+static machine random_machine(ifd_rng *rng)
+{
+    return (machine){log_uniform(rng, 100, 1e7), log_uniform(rng, 1e3, 5e6), 0.01, 0.1, rng};
+}
+
 START_TEST(auto_keeps_the_boundary_under_one_percent_within_the_bound)
 {
     ifd_rng rng;
     seed_rng(&rng);
-    machine m = {log_uniform(&rng, 100, 1e7), log_uniform(&rng, 1e3, 5e6), 0.01, 0.1, &rng};
+    machine m = random_machine(&rng);
     double max_secs = log_uniform(&rng, 0.01, 2.0);
     ifd_loop_tuner t;
     ifd_loop_tuner_init(&t, IFD_LOOP_AUTO, 0, max_secs);
@@ -100,7 +107,7 @@ START_TEST(seconds_loops_last_about_the_duration)
 {
     ifd_rng rng;
     seed_rng(&rng);
-    machine m = {log_uniform(&rng, 100, 1e7), log_uniform(&rng, 1e3, 5e6), 0.01, 0.1, &rng};
+    machine m = random_machine(&rng);
     double secs = log_uniform(&rng, 0.001, 3.0);
     ifd_loop_tuner t;
     ifd_loop_tuner_init(&t, IFD_LOOP_SECONDS, secs, 0.5);
