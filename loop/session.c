@@ -422,6 +422,11 @@ static void observe_loop(ifd_session *s, int64_t n)
     }
     ifd_loop_tuner_observe(&s->tuner, n, longest, first, s->last_end_ns ? now - s->last_end_ns : 0);
     s->last_end_ns = now;
+    int64_t next = ifd_loop_tuner_next(&s->tuner);
+    if (next != n)
+        IFD_LOG_DEBUG("loop length: a step %.2f us, a loop boundary %.1f us: %lld steps next",
+                      ifd_loop_tuner_step_ns(&s->tuner) * 1e-3,
+                      ifd_loop_tuner_boundary_ns(&s->tuner) * 1e-3, (long long)next);
 }
 
 /* Runs device loops until a hook, a stop request, the input or an error ends the run. */
