@@ -121,6 +121,8 @@ static inline int64_t rand_between(ifd_rng *rng, int64_t lo, int64_t hi)
 
 #define MS (INT64_C(1000000))
 
+/* A test case named name with a timeout of timeout_s seconds, added to s. */
+TCase *tu_tcase(Suite *s, const char *name, int timeout_s);
 /* Standard main: runs the suite in fork mode. */
 int tu_run_suite(Suite *s);
 
