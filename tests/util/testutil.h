@@ -110,6 +110,14 @@ void seed_rng(ifd_rng *rng);
         }                                                                                          \
     } while (0)
 
+/* Fails (naming the seed) unless call returns IFD_OK; the message has err's sentence. */
+#define RC_OK(call, err)                                                                           \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        RASSERT(rc_ == IFD_OK, "%s returned %s: %s", #call, ifd_errname(rc_),                      \
+                ifd_error_text(&(err)));                                                           \
+    } while (0)
+
 /* Random integer in [lo, hi] (any lo <= hi, INT64_MIN and INT64_MAX included: the span is
  * computed in unsigned arithmetic). */
 static inline int64_t rand_between(ifd_rng *rng, int64_t lo, int64_t hi)

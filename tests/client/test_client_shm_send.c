@@ -8,7 +8,7 @@
  */
 #include "infeed/client.h"
 
-#include "clients/c/test_shm.h"
+#include "tests/util/fake_pool.h"
 #include "core/wire.h"
 #include "tests/util/testutil.h"
 
@@ -35,7 +35,7 @@ typedef struct shm_case {
     char endpoint[128];
     unsigned char id[256];
     size_t id_len;
-    pool_file pool;
+    fake_pool pool;
     int64_t slot_step[1024]; /* per slot: the step in flight there, -1 none */
     int64_t slot_msg[1024];
     int64_t accepted, refused, batches; /* BATCH_SHM accepted, refused; plain BATCH */
@@ -408,7 +408,7 @@ static void run_case(shm_case *c, ifd_rng *rng)
     c->credit = rand_between(rng, c->max_steps, 16); /* infeedd's credit is at least that */
     c->messages = rand_between(rng, 20, 200);
     ifd_rng_seed(&c->rng, ifd_rng_next(rng));
-    pool_make(&c->pool, rng, c->n, c->row_bytes, c->batch_size, c->credit + c->max_steps - 1);
+    fake_pool_make(&c->pool, rng, c->n, c->row_bytes, c->batch_size, c->credit + c->max_steps - 1);
     c->ctx = zmq_ctx_new();
     c->router = zmq_socket(c->ctx, ZMQ_ROUTER);
     int zero = 0;
@@ -452,7 +452,7 @@ static void run_case(shm_case *c, ifd_rng *rng)
     ifd_producer_destroy(p);
     zmq_close(c->router);
     zmq_ctx_term(c->ctx);
-    pool_free(&c->pool);
+    fake_pool_free(&c->pool);
     RASSERT(c->fail[0] == '\0', "%s", c->fail);
     if (c->scenario == SC_SEND)
         RASSERT(c->batches == 0 && c->accepted > 0, "%" PRId64 " BATCH, %" PRId64 " BATCH_SHM",
@@ -494,12 +494,11 @@ START_TEST(test_shm_fallbacks)
 }
 END_TEST
 
-Suite *shm_send_suite(void)
+int main(void)
 {
-    Suite *s = suite_create("shm_send");
-    TCase *tc = tcase_create("fake daemon");
+    Suite *s = suite_create("client_shm_send");
+    TCase *tc = tu_tcase(s, "fake daemon", 60);
     tcase_add_loop_test(tc, test_shm_send, 0, 2);
     tcase_add_loop_test(tc, test_shm_fallbacks, 0, 5);
-    suite_add_tcase(s, tc);
-    return s;
+    return tu_run_suite(s);
 }
