@@ -227,6 +227,7 @@ static void *counter_consumer_main(void *arg)
     return NULL;
 }
 
+/* Starts a consumer on the empty queue q and waits until it is blocked there. */
 static void counter_consumer_start(counter_consumer *c, ifd_queue *q)
 {
     memset(c, 0, sizeof *c);
@@ -235,6 +236,14 @@ static void counter_consumer_start(counter_consumer *c, ifd_queue *q)
     atomic_init(&c->tid, 0);
     atomic_init(&c->done, 0);
     ck_assert_int_eq(pthread_create(&c->t, NULL, counter_consumer_main, c), 0);
+    tu_wait_blocked(&c->tid, &c->done, "consumer on an empty queue");
+}
+
+/* Waits (10 s at most) for the consumer to end after close or abort, and joins it. */
+static void counter_consumer_join(counter_consumer *c, const char *what)
+{
+    RASSERT(tu_wait_flag(&c->done, 10000 * MS), "%s", what);
+    pthread_join(c->t, NULL);
 }
 
 /* Waits up to timeout_ns for the consumer to have at least n items. */
@@ -257,7 +266,6 @@ START_TEST(test_wake_len_batches_consumer)
     ifd_queue_set_wake(q, wake_len, 1);
     counter_consumer c;
     counter_consumer_start(&c, q);
-    tu_wait_blocked(&c.tid, &c.done, "consumer on an empty queue");
     for (size_t i = 0; i + 1 < wake_len; i++) {
         tu_queue_fill(q, i, 1);
         tu_wait_blocked(&c.tid, &c.done, "consumer below wake_len");
@@ -272,8 +280,7 @@ START_TEST(test_wake_len_batches_consumer)
             "drains what is there",
             got, wake_len, cap);
     ifd_queue_close(q);
-    RASSERT(tu_wait_flag(&c.done, 10000 * MS), "consumer did not end at close");
-    pthread_join(c.t, NULL);
+    counter_consumer_join(&c, "consumer did not end at close");
     ck_assert_int_eq(c.last_rc, IFD_ECLOSED);
     for (size_t i = 0; i < wake_len; i++)
         RASSERT(c.tags[i] == i, "item %zu: tag %" PRIu64, i, c.tags[i]);
@@ -293,7 +300,6 @@ START_TEST(test_kick_and_close_hand_over_below_wake_len)
     ifd_queue_set_wake(q, wake_len, 1);
     counter_consumer c;
     counter_consumer_start(&c, q);
-    tu_wait_blocked(&c.tid, &c.done, "consumer on an empty queue");
 
     ifd_queue_kick(q); /* empty: nothing to hand over, and no lasting effect */
     size_t k = (size_t)rand_between(&rng, 1, (int64_t)wake_len - 1);
@@ -312,8 +318,7 @@ START_TEST(test_kick_and_close_hand_over_below_wake_len)
     RASSERT(atomic_load(&c.n) == (int)k, "a kick lasted past the queue emptying (wake_len %zu)",
             wake_len);
     ifd_queue_close(q);
-    RASSERT(tu_wait_flag(&c.done, 10000 * MS), "consumer did not end at close");
-    pthread_join(c.t, NULL);
+    counter_consumer_join(&c, "consumer did not end at close");
     RASSERT(atomic_load(&c.n) == (int)k + 1, "close handed over %d items, expected %zu",
             atomic_load(&c.n), k + 1);
     ck_assert_int_eq(c.last_rc, IFD_ECLOSED);
@@ -344,13 +349,11 @@ START_TEST(test_wake_len_does_not_delay_ready_pops)
 
     counter_consumer c;
     counter_consumer_start(&c, q);
-    tu_wait_blocked(&c.tid, &c.done, "consumer on an empty queue");
     tu_queue_fill(q, 2, 1); /* one item, below wake_len (cap >= 2) */
     tu_wait_blocked(&c.tid, &c.done, "consumer below wake_len");
     RASSERT(atomic_load(&c.n) == 0, "consumer woken below wake_len %zu", cap);
     ifd_queue_abort(q);
-    RASSERT(tu_wait_flag(&c.done, 10000 * MS), "abort did not wake a consumer below wake_len");
-    pthread_join(c.t, NULL);
+    counter_consumer_join(&c, "abort did not wake a consumer below wake_len");
     ck_assert_int_eq(c.last_rc, IFD_ESTOPPED);
     ifd_queue_destroy(q);
 }
@@ -425,13 +428,11 @@ START_TEST(test_set_wake_clamps)
     ifd_queue_set_wake(q, 1000, 1000);
     counter_consumer c;
     counter_consumer_start(&c, q);
-    tu_wait_blocked(&c.tid, &c.done, "consumer on an empty queue");
     tu_queue_fill(q, 0, cap);
     RASSERT(wait_count(&c, (int)cap, 10000 * MS) == (int)cap,
             "wake_len 1000 was not clamped to capacity %zu", cap);
     ifd_queue_close(q);
-    RASSERT(tu_wait_flag(&c.done, 10000 * MS), "consumer did not end");
-    pthread_join(c.t, NULL);
+    counter_consumer_join(&c, "consumer did not end");
     ifd_queue_destroy(q);
 
     q = tu_queue_make(cap);
@@ -449,12 +450,10 @@ START_TEST(test_set_wake_clamps)
     q = tu_queue_make(cap);
     ifd_queue_set_wake(q, 0, 0);
     counter_consumer_start(&c, q);
-    tu_wait_blocked(&c.tid, &c.done, "consumer on an empty queue");
     tu_queue_fill(q, 0, 1);
     RASSERT(wait_count(&c, 1, 10000 * MS) == 1, "wake_len 0 was not clamped to 1");
     ifd_queue_close(q);
-    RASSERT(tu_wait_flag(&c.done, 10000 * MS), "consumer did not end");
-    pthread_join(c.t, NULL);
+    counter_consumer_join(&c, "consumer did not end");
     ifd_queue_destroy(q);
 }
 END_TEST
