@@ -9,12 +9,11 @@
  */
 #include "infeed/client.h"
 
+#include "clients/c/producer_impl.h" /* ifdp_recv_one */
 #include "core/rng.h"
 #include "core/thread.h"
 #include "tests/util/fake_daemon.h"
 #include "tests/util/testutil.h"
-
-#include "clients/c/producer_impl.h"
 
 #include <check.h>
 #include <inttypes.h>

@@ -21,7 +21,7 @@
 
 extern const ifd_program_class ifd_program_linear;
 
-/* ---- 3. check_batch ------------------------------------------------------------------------ */
+/* ---- check_batch ----------------------------------------------------------------------------- */
 
 /* softmax and mlp: every label in [0, K), else IFD_ERANGE naming the row and the label. */
 START_TEST(test_softmax_check_batch)
@@ -85,7 +85,7 @@ START_TEST(test_softmax_check_batch)
 }
 END_TEST
 
-/* ---- 4. setup ------------------------------------------------------------------------------ */
+/* ---- setup ----------------------------------------------------------------------------------- */
 
 typedef struct setup_case {
     const char *program;

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- 1. gradients against finite differences ---------------------------------------------- */
+/* ---- gradients against finite differences ---------------------------------------------------- */
 
 static void check_gradients(const char *name, int tag, int i)
 {
@@ -157,7 +157,7 @@ START_TEST(test_grad_mlp)
 }
 END_TEST
 
-/* ---- 2. loss values and the correct count -------------------------------------------------- */
+/* ---- loss values and the correct count ------------------------------------------------------- */
 
 static void check_loss(const char *name, int tag, int i)
 {

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- 5. learning through ifd_step_train ---------------------------------------------------- */
+/* ---- learning through ifd_step_train --------------------------------------------------------- */
 
 /* A random linear teacher: regression targets x W + b, or labels argmax(x W + b) for rows whose
  * top two logits are at least `margin` apart. */
@@ -497,7 +497,7 @@ START_TEST(test_step_train_one_step)
 }
 END_TEST
 
-/* ---- 6. optimizer update formulas ---------------------------------------------------------- */
+/* ---- optimizer update formulas --------------------------------------------------------------- */
 
 START_TEST(test_optimizer_formulas)
 {
