@@ -175,10 +175,7 @@ START_TEST(test_many_blocked_consumers_woken)
     int n = (int)rand_between(&rng, 2, 6);
     ifd_queue *q = tu_queue_make((size_t)rand_between(&rng, 1, 8));
     tu_op c[6];
-    for (int i = 0; i < n; i++)
-        tu_op_start(&c[i], q, 0, 0, -1);
-    for (int i = 0; i < n; i++)
-        tu_op_wait_blocked(&c[i], "pop on an empty queue");
+    tu_ops_start_blocked(c, n, q, 0, 0);
     for (int i = 0; i < n; i++) {
         tu_item it = tu_item_make(100 + (uint64_t)i);
         ck_assert_int_eq(ifd_queue_push(q, &it), IFD_OK);
@@ -200,25 +197,40 @@ END_TEST
 
 /* ---- close -------------------------------------------------------------------------------- */
 
-START_TEST(test_close_wakes_blocked_pop)
+/* How a queue is ended while pops wait on it, and what the pops then return. */
+typedef struct queue_end {
+    const char *name;
+    void (*end)(ifd_queue *q);
+    int rc;
+} queue_end;
+
+static const queue_end k_close = {"close", ifd_queue_close, IFD_ECLOSED};
+static const queue_end k_abort = {"abort", ifd_queue_abort, IFD_ESTOPPED};
+
+/* Random pops blocked on an empty queue all return e->rc when e ends the queue. */
+static void check_end_wakes_blocked_pops(const queue_end *e)
 {
     ifd_rng rng;
     seed_rng(&rng);
     ifd_queue *q = tu_queue_make((size_t)rand_between(&rng, 1, 8));
     int n = (int)rand_between(&rng, 1, 6);
     tu_op c[6];
-    for (int i = 0; i < n; i++)
-        tu_op_start(&c[i], q, 0, 0, -1);
-    for (int i = 0; i < n; i++)
-        tu_op_wait_blocked(&c[i], "pop on an empty queue");
-    ifd_queue_close(q);
+    tu_ops_start_blocked(c, n, q, 0, 0);
+    e->end(q);
     for (int i = 0; i < n; i++) {
-        tu_op_join_woken(&c[i], "pop after close");
-        RASSERT(c[i].rc == IFD_ECLOSED, "blocked pop %d after close gave %s", i,
+        char what[32];
+        snprintf(what, sizeof what, "pop after %s", e->name);
+        tu_op_join_woken(&c[i], what);
+        RASSERT(c[i].rc == e->rc, "blocked pop %d after %s gave %s", i, e->name,
                 ifd_errname(c[i].rc));
     }
     ck_assert_int_eq(ifd_queue_is_closed(q), 1);
     ifd_queue_destroy(q);
+}
+
+START_TEST(test_close_wakes_blocked_pop)
+{
+    check_end_wakes_blocked_pops(&k_close);
 }
 END_TEST
 
@@ -330,23 +342,7 @@ END_TEST
 
 START_TEST(test_abort_wakes_blocked_pop)
 {
-    ifd_rng rng;
-    seed_rng(&rng);
-    ifd_queue *q = tu_queue_make((size_t)rand_between(&rng, 1, 8));
-    int n = (int)rand_between(&rng, 1, 6);
-    tu_op c[6];
-    for (int i = 0; i < n; i++)
-        tu_op_start(&c[i], q, 0, 0, -1);
-    for (int i = 0; i < n; i++)
-        tu_op_wait_blocked(&c[i], "pop on an empty queue");
-    ifd_queue_abort(q);
-    for (int i = 0; i < n; i++) {
-        tu_op_join_woken(&c[i], "pop after abort");
-        RASSERT(c[i].rc == IFD_ESTOPPED, "blocked pop %d after abort gave %s", i,
-                ifd_errname(c[i].rc));
-    }
-    ck_assert_int_eq(ifd_queue_is_closed(q), 1);
-    ifd_queue_destroy(q);
+    check_end_wakes_blocked_pops(&k_abort);
 }
 END_TEST
 
@@ -368,10 +364,7 @@ START_TEST(test_abort_wakes_blocked_push_and_drain)
     tu_queue_fill(q, 50, cap);
     int n = (int)rand_between(&rng, 1, 4);
     tu_op p[4];
-    for (int i = 0; i < n; i++)
-        tu_op_start(&p[i], q, 1, 1000 + (uint64_t)i, -1);
-    for (int i = 0; i < n; i++)
-        tu_op_wait_blocked(&p[i], "push on a full queue");
+    tu_ops_start_blocked(p, n, q, 1, 1000);
     ifd_queue_abort(q);
     for (int i = 0; i < n; i++) {
         tu_op_join_woken(&p[i], "push after abort");

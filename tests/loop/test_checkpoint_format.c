@@ -200,6 +200,29 @@ static uint8_t *with_header(const sample *s, json_t *h, size_t *len)
     return b;
 }
 
+/* The sample with h as its header is refused (expect_bad). */
+static void expect_bad_header(const sample *s, json_t *h, const char *what, const char *frag1,
+                              const char *frag2)
+{
+    size_t len;
+    uint8_t *bytes = with_header(s, h, &len);
+    expect_bad(s, bytes, len, what, frag1, frag2);
+    free(bytes);
+}
+
+/* The sample with h as its header, loaded (or the test fails, naming what). */
+static ifd_checkpoint *load_with_header(const sample *s, json_t *h, const char *what)
+{
+    size_t len;
+    uint8_t *bytes = with_header(s, h, &len);
+    tu_spit(s->path, bytes, len);
+    free(bytes);
+    ifd_checkpoint *ck = NULL;
+    ifd_error err;
+    RASSERT(ifd_checkpoint_load(s->path, &ck, &err) == IFD_OK, "%s: %s", what, err.msg);
+    return ck;
+}
+
 /* Found while writing fuzz_checkpoint (fuzz/README.md): each dimension was checked against
  * 2^40 alone, and their product overflowed int64 (undefined behaviour) before the count was
  * compared. */
@@ -221,27 +244,17 @@ START_TEST(shape_of_too_many_floats)
     for (int i = 0; i < 2; i++) {
         json_object_set_new(
             p0, "shape", json_pack("[I, I]", (json_int_t)shapes[i][0], (json_int_t)shapes[i][1]));
-        size_t len;
-        uint8_t *bytes = with_header(&s, h, &len);
         char what[96], frag[96];
         snprintf(what, sizeof what, "shape [%lld, %lld]", (long long)shapes[i][0],
                  (long long)shapes[i][1]);
         snprintf(frag, sizeof frag, "got dimension 1 of %lld after %lld floats",
                  (long long)shapes[i][1], (long long)shapes[i][0]);
-        expect_bad(&s, bytes, len, what, "'params[0].shape': expected at most 2^40 floats", frag);
-        free(bytes);
+        expect_bad_header(&s, h, what, "'params[0].shape': expected at most 2^40 floats", frag);
     }
     /* The same header with the original shape still loads. */
     json_decref(h);
     h = json_loadb((const char *)s.bytes + 16, s.hlen, 0, NULL);
-    size_t len;
-    uint8_t *bytes = with_header(&s, h, &len);
-    tu_spit(s.path, bytes, len);
-    ifd_checkpoint *ck = NULL;
-    ifd_error err;
-    RASSERT(ifd_checkpoint_load(s.path, &ck, &err) == IFD_OK, "the rewritten header: %s", err.msg);
-    ifd_checkpoint_free(ck);
-    free(bytes);
+    ifd_checkpoint_free(load_with_header(&s, h, "the rewritten header"));
     json_decref(h);
     sample_free(&s);
 }
@@ -264,45 +277,31 @@ START_TEST(bad_host_tables)
     for (int i = 0; i < hosts; i++)
         json_array_append_new(tables,
                               json_pack("{s:I}", "p", (json_int_t)rand_between(&rng, 0, 99)));
-    size_t len;
-    uint8_t *bytes = with_header(&s, h, &len);
-    expect_bad(&s, bytes, len, "no host_producers", "'host_producers': expected an array", NULL);
-    free(bytes);
+    expect_bad_header(&s, h, "no host_producers", "'host_producers': expected an array", NULL);
     json_t *shorter = json_deep_copy(tables);
     json_array_remove(shorter, 0);
     json_object_set_new(h, "host_producers", shorter);
-    bytes = with_header(&s, h, &len);
     char frag[64];
     snprintf(frag, sizeof frag, "expected %d objects", hosts);
-    expect_bad(&s, bytes, len, "one table short", frag, NULL);
-    free(bytes);
+    expect_bad_header(&s, h, "one table short", frag, NULL);
     int at = (int)rand_between(&rng, 0, hosts - 1);
     json_t *bad = json_deep_copy(tables);
     json_array_set_new(bad, (size_t)at, json_string("x"));
     json_object_set_new(h, "host_producers", bad);
-    bytes = with_header(&s, h, &len);
     snprintf(frag, sizeof frag, "'host_producers[%d]': expected an object", at);
-    expect_bad(&s, bytes, len, "a table that is not a map", frag, NULL);
-    free(bytes);
+    expect_bad_header(&s, h, "a table that is not a map", frag, NULL);
     bad = json_deep_copy(tables);
     json_object_set_new(json_array_get(bad, (size_t)at), "q", json_integer(-1));
     json_object_set_new(h, "host_producers", bad);
-    bytes = with_header(&s, h, &len);
     snprintf(frag, sizeof frag, "host_producers[%d]", at);
-    expect_bad(&s, bytes, len, "a negative seq", frag, "expected >= 0");
-    free(bytes);
+    expect_bad_header(&s, h, "a negative seq", frag, "expected >= 0");
     json_object_set_new(h, "hosts", json_integer(0));
-    bytes = with_header(&s, h, &len);
-    expect_bad(&s, bytes, len, "0 hosts", "'hosts'", NULL);
-    free(bytes);
+    expect_bad_header(&s, h, "0 hosts", "'hosts'", NULL);
     /* the right tables load, each host's own */
     json_object_set_new(h, "hosts", json_integer(hosts));
     json_object_set(h, "host_producers", tables);
-    bytes = with_header(&s, h, &len);
-    tu_spit(s.path, bytes, len);
-    ifd_checkpoint *ck = NULL;
+    ifd_checkpoint *ck = load_with_header(&s, h, "good tables");
     ifd_error err;
-    RASSERT(ifd_checkpoint_load(s.path, &ck, &err) == IFD_OK, "good tables: %s", err.msg);
     ck_assert_int_eq(ifd_checkpoint_hosts(ck), hosts);
     for (int i = 0; i < hosts; i++) {
         ck_assert_int_eq(ifd_checkpoint_select_host(ck, i, &err), IFD_OK);
@@ -312,7 +311,6 @@ START_TEST(bad_host_tables)
             seq, json_integer_value(json_object_get(json_array_get(tables, (size_t)i), "p")));
     }
     ifd_checkpoint_free(ck);
-    free(bytes);
     json_decref(tables);
     json_decref(h);
     sample_free(&s);

@@ -84,6 +84,14 @@ void tu_op_start_blocked(tu_op *o, ifd_queue *q, int push, uint64_t tag)
     tu_op_wait_blocked(o, push ? "push" : "pop");
 }
 
+void tu_ops_start_blocked(tu_op *ops, int n, ifd_queue *q, int push, uint64_t first_tag)
+{
+    for (int i = 0; i < n; i++)
+        tu_op_start(&ops[i], q, push, first_tag + (uint64_t)i, -1);
+    for (int i = 0; i < n; i++)
+        tu_op_wait_blocked(&ops[i], push ? "push on a full queue" : "pop on an empty queue");
+}
+
 void tu_op_join_woken(tu_op *o, const char *what)
 {
     RASSERT(tu_wait_flag(&o->done, 10000 * MS), "%s: blocked thread was not woken within 10 s",

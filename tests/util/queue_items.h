@@ -39,6 +39,8 @@ void tu_op_start(tu_op *o, ifd_queue *q, int push, uint64_t tag, int64_t deadlin
 void tu_op_wait_blocked(tu_op *o, const char *what);
 /* Starts a blocking push or pop that must block. */
 void tu_op_start_blocked(tu_op *o, ifd_queue *q, int push, uint64_t tag);
+/* Starts n pushes (of tags first_tag, first_tag + 1, ...) or n pops that must all block. */
+void tu_ops_start_blocked(tu_op *ops, int n, ifd_queue *q, int push, uint64_t first_tag);
 /* Waits (10 s at most) for the thread to finish after it was woken, then joins it. */
 void tu_op_join_woken(tu_op *o, const char *what);
 
