@@ -150,6 +150,35 @@ static void batch_case_random(batch_case *c, ifd_rng *rng)
     atomic_init(&c->acks_going, 0);
 }
 
+/* A producer that streams a batch_case's batches to a fake daemon playing script_batches. */
+typedef struct stream {
+    fake f;
+    ifd_producer *p;
+    atomic_int zc_freed;
+    int zc_frames;
+} stream;
+
+static void stream_start(stream *s, batch_case *c, ifd_rng *rng, const char *name)
+{
+    ifd_error err;
+    atomic_init(&s->zc_freed, 0);
+    s->zc_frames = 0;
+    fake_start(&s->f, script_batches, c);
+    RC_OK(ifd_producer_create(&s->p, s->f.endpoint, name, &err), err);
+    RC_OK(ifd_producer_hello(s->p, FAKE_ONE_U8, 1, 0, 10000, &err), err);
+    send_batches(s->p, c, rng, &s->zc_freed, &s->zc_frames);
+}
+
+/* Joins the fake and destroys the producer: every zero-copy frame was released once. */
+static void stream_finish(stream *s)
+{
+    fake_join(&s->f);
+    ifd_producer_destroy(s->p);
+    RASSERT(atomic_load(&s->zc_freed) == s->zc_frames, "%d zero-copy frames released, expected %d",
+            atomic_load(&s->zc_freed), s->zc_frames);
+    zc_bufs_free();
+}
+
 START_TEST(test_batches_end_bye)
 {
     ifd_rng rng;
@@ -157,15 +186,10 @@ START_TEST(test_batches_end_bye)
     batch_case c;
     batch_case_random(&c, &rng);
     c.ack_before_end = (int)rand_between(&rng, 0, 1);
-    fake f;
-    fake_start(&f, script_batches, &c);
-    ifd_producer *p;
+    stream st;
+    stream_start(&st, &c, &rng, "b");
+    ifd_producer *p = st.p;
     ifd_error err;
-    atomic_int zc_freed = 0;
-    int zc_frames = 0;
-    RC_OK(ifd_producer_create(&p, f.endpoint, "b", &err), err);
-    RC_OK(ifd_producer_hello(p, FAKE_ONE_U8, 1, 0, 10000, &err), err);
-    send_batches(p, &c, &rng, &zc_freed, &zc_frames);
     RASSERT(ifd_producer_sent(p) == c.nb, "sent %" PRId64 ", expected %d", ifd_producer_sent(p),
             c.nb);
     RC_OK(ifd_producer_end(p, 10000, &err), err);
@@ -184,11 +208,7 @@ START_TEST(test_batches_end_bye)
     RASSERT(strstr(bye, "\"status\": \"ok\"") != NULL, "BYE JSON: %s", bye);
     ifd_frame fr = {"abcd", 4};
     RASSERT(ifd_producer_send(p, 1, &fr, 1, 0, &err) == IFD_ECLOSED, "send after END");
-    fake_join(&f);
-    ifd_producer_destroy(p);
-    RASSERT(atomic_load(&zc_freed) == zc_frames, "%d zero-copy frames released, expected %d",
-            atomic_load(&zc_freed), zc_frames);
-    zc_bufs_free();
+    stream_finish(&st);
 }
 END_TEST
 
@@ -204,15 +224,10 @@ START_TEST(test_end_bye_first)
         while (c.nb < 2);
         c.bye_after = (int)rand_between(&rng, 0, c.nb - 1);
         c.bye_status = round == 0 ? "ok" : "error";
-        fake f;
-        fake_start(&f, script_batches, &c);
-        ifd_producer *p;
+        stream st;
+        stream_start(&st, &c, &rng, NULL);
+        ifd_producer *p = st.p;
         ifd_error err;
-        atomic_int zc_freed = 0;
-        int zc_frames = 0;
-        RC_OK(ifd_producer_create(&p, f.endpoint, NULL, &err), err);
-        RC_OK(ifd_producer_hello(p, FAKE_ONE_U8, 1, 0, 10000, &err), err);
-        send_batches(p, &c, &rng, &zc_freed, &zc_frames);
         int rc = ifd_producer_end(p, 10000, &err);
         if (round == 0)
             RASSERT(rc == IFD_OK, "end after BYE ok returned %s: %s", ifd_errname(rc), err.msg);
@@ -224,11 +239,7 @@ START_TEST(test_end_bye_first)
                 ifd_producer_acked(p), c.bye_after);
         RASSERT(ifd_producer_in_flight(p) == c.nb - c.bye_after, "in flight %" PRId64,
                 ifd_producer_in_flight(p));
-        fake_join(&f);
-        ifd_producer_destroy(p);
-        RASSERT(atomic_load(&zc_freed) == zc_frames, "%d zero-copy frames released, expected %d",
-                atomic_load(&zc_freed), zc_frames);
-        zc_bufs_free();
+        stream_finish(&st);
     }
 }
 END_TEST

@@ -88,6 +88,53 @@ static int64_t ar_make_rounds(ifd_rng *rng, int R, int rounds, int64_t n, float 
     return order_matters;
 }
 
+/* R replicas' workers, each with its buffer bound to one all-reduce, over `rounds` rounds of
+ * random inputs and their sums in replica order (ar_make_rounds). */
+typedef struct ar_case {
+    int R, rounds;
+    float **inputs, **sums;
+    ifd_cpu_allreduce ar;
+    ar_worker *w;
+} ar_case;
+
+/* Returns ar_make_rounds's count of sums that the order changes. */
+static int64_t ar_case_make(ar_case *c, ifd_rng *rng, int R, int rounds, int64_t n)
+{
+    c->R = R;
+    c->rounds = rounds;
+    c->inputs = calloc((size_t)(rounds * R), sizeof(float *));
+    c->sums = calloc((size_t)rounds, sizeof(float *));
+    int64_t order_matters = ar_make_rounds(rng, R, rounds, n, c->inputs, c->sums);
+    ck_assert_int_eq(ifd_cpu_allreduce_init(&c->ar, R, n), IFD_OK);
+    c->w = calloc((size_t)R, sizeof *c->w);
+    for (int r = 0; r < R; r++) {
+        c->w[r] = (ar_worker){.ar = &c->ar,
+                              .r = r,
+                              .replicas = R,
+                              .rounds = rounds,
+                              .n = n,
+                              .buf = tu_falloc(n),
+                              .inputs = c->inputs,
+                              .sums = c->sums};
+        ifd_cpu_allreduce_bind(&c->ar, r, c->w[r].buf);
+    }
+    return order_matters;
+}
+
+static void ar_case_free(ar_case *c)
+{
+    ifd_cpu_allreduce_fini(&c->ar);
+    for (int r = 0; r < c->R; r++)
+        free(c->w[r].buf);
+    free(c->w);
+    for (int i = 0; i < c->rounds * c->R; i++)
+        free(c->inputs[i]);
+    for (int i = 0; i < c->rounds; i++)
+        free(c->sums[i]);
+    free(c->inputs);
+    free(c->sums);
+}
+
 START_TEST(test_allreduce_sum)
 {
     uint64_t seed = tu_test_seed(20, _i);
@@ -101,27 +148,13 @@ START_TEST(test_allreduce_sum)
         n = rand_between(&rng, 1, R - 1); /* some replicas own an empty chunk */
     else
         n = rand_between(&rng, 1, 3000);
-    float **inputs = calloc((size_t)(rounds * R), sizeof(float *));
-    float **sums = calloc((size_t)rounds, sizeof(float *));
-    int64_t order_matters = ar_make_rounds(&rng, R, rounds, n, inputs, sums);
+    ar_case c;
+    int64_t order_matters = ar_case_make(&c, &rng, R, rounds, n);
     if (n >= 200 && R >= 3)
         ck_assert_msg(order_matters > 0, "seed %llu: test data cannot tell summation orders apart",
                       (unsigned long long)seed);
-
-    ifd_cpu_allreduce ar;
-    ck_assert_int_eq(ifd_cpu_allreduce_init(&ar, R, n), IFD_OK);
-    ar_worker *w = calloc((size_t)R, sizeof *w);
-    for (int r = 0; r < R; r++) {
-        w[r] = (ar_worker){.ar = &ar,
-                           .r = r,
-                           .replicas = R,
-                           .rounds = rounds,
-                           .n = n,
-                           .buf = tu_falloc(n),
-                           .inputs = inputs,
-                           .sums = sums};
-        ifd_cpu_allreduce_bind(&ar, r, w[r].buf);
-    }
+    ar_worker *w = c.w;
+    float **sums = c.sums;
     for (int r = 0; r < R; r++)
         ck_assert_int_eq(pthread_create(&w[r].tid, NULL, ar_worker_main, &w[r]), 0);
     for (int r = 0; r < R; r++)
@@ -138,16 +171,7 @@ START_TEST(test_allreduce_sum)
                       w[r].bad_index >= 0 ? (double)w[r].buf[w[r].bad_index] : 0.0,
                       w[r].bad_index >= 0 ? (double)sums[w[r].bad_round][w[r].bad_index] : 0.0);
     }
-    ifd_cpu_allreduce_fini(&ar);
-    for (int r = 0; r < R; r++)
-        free(w[r].buf);
-    free(w);
-    for (int i = 0; i < rounds * R; i++)
-        free(inputs[i]);
-    for (int i = 0; i < rounds; i++)
-        free(sums[i]);
-    free(inputs);
-    free(sums);
+    ar_case_free(&c);
 }
 END_TEST
 
@@ -198,31 +222,20 @@ START_TEST(test_allreduce_abort_leave)
     int leave = _i % 2;
     int R = (int)rand_between(&rng, 2, 6), absent = (int)rand_between(&rng, 0, R - 1);
     int64_t n = rand_between(&rng, 1, 500);
-    float **inputs = calloc((size_t)(2 * R), sizeof(float *));
-    float **sums = calloc(2, sizeof(float *));
-    ar_make_rounds(&rng, R, 2, n, inputs, sums);
-    ifd_cpu_allreduce ar;
-    ck_assert_int_eq(ifd_cpu_allreduce_init(&ar, R, n), IFD_OK);
-    ar_worker *w = calloc((size_t)R, sizeof *w);
-    for (int r = 0; r < R; r++) {
-        w[r] = (ar_worker){.ar = &ar,
-                           .r = r,
-                           .replicas = R,
-                           .rounds = 1,
-                           .n = n,
-                           .buf = tu_falloc(n),
-                           .inputs = inputs,
-                           .sums = sums};
-        ifd_cpu_allreduce_bind(&ar, r, w[r].buf);
-    }
+    ar_case c;
+    ar_case_make(&c, &rng, R, 2, n);
+    ar_worker *w = c.w;
+    ifd_cpu_allreduce *ar = &c.ar;
+    for (int r = 0; r < R; r++)
+        w[r].rounds = 1; /* the round that one replica never joins */
     for (int r = 0; r < R; r++)
         if (r != absent)
             ck_assert_int_eq(pthread_create(&w[r].tid, NULL, ar_worker_main, &w[r]), 0);
-    int all_waiting = ar_wait_arrived(&ar, R - 1);
+    int all_waiting = ar_wait_arrived(ar, R - 1);
     if (leave)
-        ifd_cpu_allreduce_leave(&ar);
+        ifd_cpu_allreduce_leave(ar);
     else
-        ifd_cpu_allreduce_abort(&ar);
+        ifd_cpu_allreduce_abort(ar);
     for (int r = 0; r < R; r++)
         if (r != absent)
             pthread_join(w[r].tid, NULL);
@@ -235,25 +248,16 @@ START_TEST(test_allreduce_abort_leave)
                           (unsigned long long)seed, R, absent, leave ? "leave" : "abort", r,
                           ifd_errname(w[r].rc));
     /* Later calls get the same answer without blocking. */
-    ck_assert_int_eq(ifd_cpu_allreduce_run(&ar, absent), want);
+    ck_assert_int_eq(ifd_cpu_allreduce_run(ar, absent), want);
 
     /* Both are final: a leave stays a leave until an abort overrides it, and an abort stays. */
-    ck_assert_int_eq(ifd_cpu_allreduce_run(&ar, 0), want);
-    ifd_cpu_allreduce_leave(&ar);
-    ifd_cpu_allreduce_abort(&ar);
-    ck_assert_int_eq(ifd_cpu_allreduce_run(&ar, 0), IFD_ESTOPPED);
-    ifd_cpu_allreduce_leave(&ar);
-    ck_assert_int_eq(ifd_cpu_allreduce_run(&ar, 0), IFD_ESTOPPED);
-    ifd_cpu_allreduce_fini(&ar);
-    for (int r = 0; r < R; r++)
-        free(w[r].buf);
-    free(w);
-    for (int i = 0; i < 2 * R; i++)
-        free(inputs[i]);
-    for (int i = 0; i < 2; i++)
-        free(sums[i]);
-    free(inputs);
-    free(sums);
+    ck_assert_int_eq(ifd_cpu_allreduce_run(ar, 0), want);
+    ifd_cpu_allreduce_leave(ar);
+    ifd_cpu_allreduce_abort(ar);
+    ck_assert_int_eq(ifd_cpu_allreduce_run(ar, 0), IFD_ESTOPPED);
+    ifd_cpu_allreduce_leave(ar);
+    ck_assert_int_eq(ifd_cpu_allreduce_run(ar, 0), IFD_ESTOPPED);
+    ar_case_free(&c);
 }
 END_TEST
 

@@ -200,6 +200,14 @@ static uint8_t *with_header(const sample *s, json_t *h, size_t *len)
     return b;
 }
 
+/* The sample's JSON header, parsed. */
+static json_t *sample_header(const sample *s)
+{
+    json_t *h = json_loadb((const char *)s->bytes + 16, s->hlen, 0, NULL);
+    ck_assert_ptr_nonnull(h);
+    return h;
+}
+
 /* The sample with h as its header is refused (expect_bad). */
 static void expect_bad_header(const sample *s, json_t *h, const char *what, const char *frag1,
                               const char *frag2)
@@ -232,8 +240,7 @@ START_TEST(shape_of_too_many_floats)
     seed_rng(&rng);
     sample s;
     sample_make(&s, &rng);
-    json_t *h = json_loadb((const char *)s.bytes + 16, s.hlen, 0, NULL);
-    ck_assert_ptr_nonnull(h);
+    json_t *h = sample_header(&s);
     json_t *p0 = json_array_get(json_object_get(h, "params"), 0);
     ck_assert_ptr_nonnull(p0);
     /* a product beyond 2^63, and one just beyond 2^40 */
@@ -253,7 +260,7 @@ START_TEST(shape_of_too_many_floats)
     }
     /* The same header with the original shape still loads. */
     json_decref(h);
-    h = json_loadb((const char *)s.bytes + 16, s.hlen, 0, NULL);
+    h = sample_header(&s);
     ifd_checkpoint_free(load_with_header(&s, h, "the rewritten header"));
     json_decref(h);
     sample_free(&s);
@@ -267,8 +274,7 @@ START_TEST(bad_host_tables)
     seed_rng(&rng);
     sample s;
     sample_make(&s, &rng);
-    json_t *h = json_loadb((const char *)s.bytes + 16, s.hlen, 0, NULL);
-    ck_assert_ptr_nonnull(h);
+    json_t *h = sample_header(&s);
     int hosts = (int)rand_between(&rng, 2, 6);
     json_object_set_new(h, "hosts", json_integer(hosts));
     json_object_del(h, "host_producers"); /* the sample may be of several hosts */
