@@ -375,6 +375,14 @@ void seed_rng(ifd_rng *rng)
     ifd_rng_seed(rng, g_seed);
 }
 
+TCase *tu_tcase(Suite *s, const char *name, int timeout_s)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, timeout_s);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
 int tu_run_suite(Suite *s)
 {
     SRunner *sr = srunner_create(s);
