@@ -5,6 +5,7 @@
 #include "core/rng.h"
 #include "device/step.h"
 #include "infeed/program.h"
+#include "tests/util/numbers.h"
 #include "tests/util/testutil.h"
 
 #include <check.h>
@@ -14,18 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static float *falloc(int64_t n)
-{
-    float *p = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-    ck_assert_ptr_nonnull(p);
-    return p;
-}
-
-static double urand(ifd_rng *r, double lo, double hi)
-{
-    return lo + (hi - lo) * ifd_rng_uniform(r);
-}
-
 START_TEST(test_tanh)
 {
     ifd_rng rng;
@@ -34,11 +23,11 @@ START_TEST(test_tanh)
     ifd_cpu_ops_init(&ops, NULL);
     for (int trial = 0; trial < 20; trial++) {
         int64_t n = rand_between(&rng, 0, 3000);
-        double span = urand(&rng, 0.1, 12.0);
-        float *x = falloc(n), *y = falloc(n), *dy = falloc(n), *dx = falloc(n);
+        double span = tu_urand(&rng, 0.1, 12.0);
+        float *x = tu_falloc(n), *y = tu_falloc(n), *dy = tu_falloc(n), *dx = tu_falloc(n);
         for (int64_t i = 0; i < n; i++) {
-            x[i] = (float)urand(&rng, -span, span);
-            dy[i] = (float)urand(&rng, -2, 2);
+            x[i] = (float)tu_urand(&rng, -span, span);
+            dy[i] = (float)tu_urand(&rng, -2, 2);
         }
         ops.tanh(ops.ctx, n, x, y);
         ops.tanh_grad(ops.ctx, n, y, dy, dx);
@@ -79,12 +68,12 @@ START_TEST(test_l2_decay)
     ifd_cpu_ops_init(&ops, NULL);
     for (int trial = 0; trial < 20; trial++) {
         int64_t n = rand_between(&rng, 0, 2000);
-        float decay = (float)urand(&rng, 1e-4, 0.5), scale = (float)urand(&rng, 0.1, 2.0);
-        float before = (float)urand(&rng, 0, 3);
-        float *w = falloc(n), *g = falloc(n), *g0 = falloc(n);
+        float decay = (float)tu_urand(&rng, 1e-4, 0.5), scale = (float)tu_urand(&rng, 0.1, 2.0);
+        float before = (float)tu_urand(&rng, 0, 3);
+        float *w = tu_falloc(n), *g = tu_falloc(n), *g0 = tu_falloc(n);
         for (int64_t i = 0; i < n; i++) {
-            w[i] = (float)urand(&rng, -3, 3);
-            g0[i] = g[i] = (float)urand(&rng, -1, 1);
+            w[i] = (float)tu_urand(&rng, -3, 3);
+            g0[i] = g[i] = (float)tu_urand(&rng, -1, 1);
         }
         ifd_step_out out = {.loss = before};
         ops.l2_decay(ops.ctx, n, decay, scale, w, g, &out);

@@ -6,6 +6,7 @@
 #include "core/rng.h"
 #include "device/step.h"
 #include "infeed/program.h"
+#include "tests/util/program_ref.h"
 #include "tests/util/testutil.h"
 
 #include <check.h>
@@ -189,31 +190,6 @@ static void ref_run(const ifd_program *p, const float *x, const int32_t *y, int6
     free(z);
 }
 
-static void step(const ifd_program *p, const ifd_tensor *in, int64_t rows, const float *params,
-                 float *grads, float scale, ifd_step_out *out, float *pred)
-{
-    ifd_ops ops;
-    ifd_cpu_ops_init(&ops, NULL);
-    int64_t ws = p->cls->workspace_floats(p, rows);
-    float *work = malloc(sizeof(float) * (size_t)ws);
-    for (int64_t i = 0; i < ws; i++)
-        work[i] = NAN;
-    memset(out, 0, sizeof *out);
-    ifd_step_args a = {.inputs = in,
-                       .rows = rows,
-                       .params = params,
-                       .grads = grads,
-                       .workspace = work,
-                       .scale = scale,
-                       .out = out,
-                       .predictions = pred};
-    ifd_error err;
-    ifd_error_clear(&err);
-    int rc = pred ? p->cls->predict_step(p, &ops, &a, &err) : p->cls->train_step(p, &ops, &a, &err);
-    ck_assert_msg(rc == IFD_OK, "%s", ifd_error_text(&err));
-    free(work);
-}
-
 START_TEST(test_mlp2_gradients)
 {
     load_ok(MLP2_PATH);
@@ -252,7 +228,7 @@ START_TEST(test_mlp2_gradients)
         for (int64_t j = 0; j < np; j++)
             grads[j] = NAN;
         ifd_step_out out;
-        step(&p, in, rows, params, grads, 1.0f, &out, NULL);
+        tu_run_any_step(&p, in, rows, params, grads, 1.0f, &out, NULL);
         ref_run(&p, x, y, rows, params, &r0);
         RASSERT(fabs((double)out.loss - r0.loss) <= 1e-5 * fabs(r0.loss) + 1e-6,
                 "%s: loss %.9g, reference %.9g", what, (double)out.loss, r0.loss);
@@ -290,12 +266,12 @@ START_TEST(test_mlp2_gradients)
 
         /* Eval: the same loss, no gradient written. */
         ifd_step_out ev;
-        step(&p, in, rows, params, NULL, 1.0f, &ev, NULL);
+        tu_run_any_step(&p, in, rows, params, NULL, 1.0f, &ev, NULL);
         RASSERT(ev.loss == out.loss, "%s: eval loss %.9g, train loss %.9g", what, (double)ev.loss,
                 (double)out.loss);
         /* The scale multiplies the loss (decay included) and every gradient. */
         ifd_step_out so;
-        step(&p, in, rows, params, g2, 0.25f, &so, NULL);
+        tu_run_any_step(&p, in, rows, params, g2, 0.25f, &so, NULL);
         RASSERT(fabs((double)so.loss - 0.25 * out.loss) <= 1e-6 * fabs(out.loss),
                 "%s: scale 0.25: loss %.9g, want %.9g", what, (double)so.loss,
                 0.25 * (double)out.loss);
@@ -306,7 +282,7 @@ START_TEST(test_mlp2_gradients)
         /* Predict: the reference's probabilities. */
         float *pred = malloc(sizeof(float) * (size_t)(rows * k));
         RASSERT(p.predict_cols == k, "%s: predict_cols %" PRId64, what, p.predict_cols);
-        step(&p, in, rows, params, NULL, 1.0f, &so, pred);
+        tu_run_any_step(&p, in, rows, params, NULL, 1.0f, &so, pred);
         for (int64_t i = 0; i < rows * k; i++)
             RASSERT(fabs((double)pred[i] - r0.probs[i]) <= 1e-5,
                     "%s: probability %" PRId64 ": %.7g, reference %.7g", what, i, (double)pred[i],

@@ -6,6 +6,7 @@
 #include "core/thread.h"
 #include "device/cpu/team.h"
 #include "device/step.h"
+#include "tests/util/numbers.h"
 #include "tests/util/testutil.h"
 
 #include <cblas.h>
@@ -180,15 +181,6 @@ START_TEST(test_helpers_take_chunks_after_sleeping)
 }
 END_TEST
 
-static float *frand(ifd_rng *rng, int64_t n)
-{
-    float *p = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
-    ck_assert_ptr_nonnull(p);
-    for (int64_t i = 0; i < n; i++)
-        p[i] = (float)(2.0 * ifd_rng_uniform(rng) - 1.0);
-    return p;
-}
-
 /* The op set's gemm on a team agrees with one sgemm on the caller and with a double reference,
  * for random shapes above and below the split threshold (split by rows and by columns, ragged
  * last blocks), transposes, alpha and beta; and gives the same bits when run again (a run is
@@ -222,7 +214,7 @@ START_TEST(test_gemm_split)
         float alpha = (float)(ifd_rng_uniform(&rng) * 2 - 1);
         float beta = trial % 2 ? 0.0f : (float)ifd_rng_uniform(&rng);
         size_t cb = sizeof(float) * (size_t)(m * n);
-        float *a = frand(&rng, m * k), *b = frand(&rng, k * n), *c0 = frand(&rng, m * n);
+        float *a = tu_frand(&rng, m * k), *b = tu_frand(&rng, k * n), *c0 = tu_frand(&rng, m * n);
         float *c1 = malloc(cb), *c2 = malloc(cb), *c3 = malloc(cb);
         memcpy(c1, c0, cb);
         memcpy(c2, c0, cb);
@@ -281,10 +273,10 @@ START_TEST(test_update_split_same_bits)
                               : rand_between(&rng, IFD_TEAM_UPDATE_BLOCK + 1, 100000);
         int64_t step = rand_between(&rng, 0, 1000);
         size_t nb = sizeof(float) * (size_t)(n > 0 ? n : 1);
-        float *g = frand(&rng, n), *p[2], *m[2], *v[2];
-        p[0] = frand(&rng, n);
-        m[0] = frand(&rng, n);
-        v[0] = frand(&rng, n);
+        float *g = tu_frand(&rng, n), *p[2], *m[2], *v[2];
+        p[0] = tu_frand(&rng, n);
+        m[0] = tu_frand(&rng, n);
+        v[0] = tu_frand(&rng, n);
         for (int64_t i = 0; i < n; i++)
             v[0][i] = v[0][i] * v[0][i]; /* a second moment is not negative */
         p[1] = malloc(nb);
@@ -358,7 +350,7 @@ START_TEST(test_all_finite)
     for (int trial = 0; trial < 40; trial++) {
         int64_t n = trial % 2 ? rand_between(&rng, 1, 40)
                               : rand_between(&rng, 1, 6 * IFD_TEAM_UPDATE_BLOCK);
-        float *x = frand(&rng, n);
+        float *x = tu_frand(&rng, n);
         x[rand_between(&rng, 0, n - 1)] = trial % 3 ? 3.0e38f : -3.0e38f; /* large is finite */
         ck_assert(ifd_cpu_all_finite_on(NULL, x, n));
         ck_assert(ifd_cpu_all_finite_on(team, x, n));

@@ -13,6 +13,8 @@
  */
 #include "infeed/checkpoint.h"
 #include "loop/loop_tuner.h"
+#include "tests/util/checkpoints.h"
+#include "tests/util/files.h"
 #include "tests/util/testutil.h"
 
 #include <jansson.h>
@@ -266,7 +268,7 @@ START_TEST(automatic_lengths_checkpoint_on_exact_multiples)
     int64_t every = rand_between(&rng, 1, 60), steps = rand_between(&rng, 1, 800);
     cfg.num_steps = steps;
     tu_batch **b = tu_batches_random(&cfg, steps, ifd_rng_next(&rng));
-    char *dir = tu_tmp_dir();
+    char *dir = tu_tmp_dir("ifd-loop-test");
     ifd_checkpoint_options o = {.dir = dir, .every = every, .keep = 100000};
     tu_loops l;
     ifd_hook hooks[2];
@@ -278,7 +280,7 @@ START_TEST(automatic_lengths_checkpoint_on_exact_multiples)
     RASSERT(r.rc == IFD_OK && r.global_step == steps, "%s", ifd_error_text(&r.err));
     assert_tiled(&l, 0, steps);
     int64_t got[1000];
-    int n = tu_checkpoint_steps(dir, got, 1000), k = 0;
+    int n = tu_ckpt_steps(dir, got, 1000), k = 0;
     for (int64_t m = every; m <= steps; m += every, k++)
         RASSERT(k < n && got[k] == m, "checkpoint %d: at step %lld, expected %lld (every %lld)", k,
                 k < n ? (long long)got[k] : -1LL, (long long)m, (long long)every);

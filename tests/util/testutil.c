@@ -3,7 +3,6 @@
 #include "device/step.h"
 
 #include "core/thread.h"
-#include "infeed/checkpoint.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -376,6 +375,14 @@ void seed_rng(ifd_rng *rng)
     ifd_rng_seed(rng, g_seed);
 }
 
+TCase *tu_tcase(Suite *s, const char *name, int timeout_s)
+{
+    TCase *tc = tcase_create(name);
+    tcase_set_timeout(tc, timeout_s);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
 int tu_run_suite(Suite *s)
 {
     SRunner *sr = srunner_create(s);
@@ -384,56 +391,6 @@ int tu_run_suite(Suite *s)
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed == 0 ? 0 : 1;
-}
-
-char *tu_tmp_dir(void)
-{
-    char *d = strdup("/tmp/ifd-test-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(d));
-    return d;
-}
-
-void tu_rm_dir(char *dir)
-{
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        while ((e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-                continue;
-            char p[512];
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
-    free(dir);
-}
-
-int tu_checkpoint_steps(const char *dir, int64_t *steps, int max)
-{
-    int n = 0;
-    DIR *d = opendir(dir);
-    ck_assert_ptr_nonnull(d);
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        long long s;
-        char tail[32];
-        if (sscanf(e->d_name, "ckpt-%lld%31s", &s, tail) == 2 &&
-            strcmp(tail, IFD_CHECKPOINT_SUFFIX) == 0) {
-            ck_assert_int_lt(n, max);
-            steps[n++] = s;
-        }
-    }
-    closedir(d);
-    for (int i = 1; i < n; i++) /* insertion sort */
-        for (int j = i; j > 0 && steps[j - 1] > steps[j]; j--) {
-            int64_t t = steps[j];
-            steps[j] = steps[j - 1];
-            steps[j - 1] = t;
-        }
-    return n;
 }
 
 /* Drops the label tensors (the last inputs of the dense programs): a predict-mode batch. */

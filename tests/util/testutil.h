@@ -105,13 +105,6 @@ typedef struct tu_loops {
 /* Clears l and returns the hook that fills it. */
 ifd_hook tu_loops_hook(tu_loops *l);
 
-/* A new folder under /tmp (malloc'd name); tu_rm_dir removes it with the files in it and frees
- * the name. */
-char *tu_tmp_dir(void);
-void tu_rm_dir(char *dir);
-/* The steps of the checkpoint files in dir (at most max), ascending; returns how many. */
-int tu_checkpoint_steps(const char *dir, int64_t *steps, int max);
-
 /* Random seeds that a failure names: IFD_TEST_SEED when set, else the clock. Each test runs in
  * its own forked process, so one global seed per process is enough. */
 extern uint64_t g_seed;
@@ -128,6 +121,14 @@ void seed_rng(ifd_rng *rng);
         }                                                                                          \
     } while (0)
 
+/* Fails (naming the seed) unless call returns IFD_OK; the message has err's sentence. */
+#define RC_OK(call, err)                                                                           \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        RASSERT(rc_ == IFD_OK, "%s returned %s: %s", #call, ifd_errname(rc_),                      \
+                ifd_error_text(&(err)));                                                           \
+    } while (0)
+
 /* Random integer in [lo, hi] (any lo <= hi, INT64_MIN and INT64_MAX included: the span is
  * computed in unsigned arithmetic). */
 static inline int64_t rand_between(ifd_rng *rng, int64_t lo, int64_t hi)
@@ -139,6 +140,8 @@ static inline int64_t rand_between(ifd_rng *rng, int64_t lo, int64_t hi)
 
 #define MS (INT64_C(1000000))
 
+/* A test case named name with a timeout of timeout_s seconds, added to s. */
+TCase *tu_tcase(Suite *s, const char *name, int timeout_s);
 /* Standard main: runs the suite in fork mode. */
 int tu_run_suite(Suite *s);
 

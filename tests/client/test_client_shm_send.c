@@ -8,17 +8,16 @@
  */
 #include "infeed/client.h"
 
-#include "clients/c/test_shm.h"
+#include "tests/util/fake_daemon.h"
+#include "tests/util/fake_pool.h"
 #include "core/wire.h"
 #include "tests/util/testutil.h"
 
 #include <inttypes.h>
 #include <jansson.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zmq.h>
 
 enum { SC_SEND, SC_BAD_TOKEN, SC_REFUSED, SC_UNKNOWN_KEY, SC_OFF };
 
@@ -31,83 +30,42 @@ typedef struct shm_case {
     int64_t batch_size, credit, max_steps, messages;
     ifd_rng rng; /* the fake's */
     /* the fake's view */
-    void *ctx, *router;
-    char endpoint[128];
-    unsigned char id[256];
-    size_t id_len;
-    pool_file pool;
+    fake f; /* its socket and thread (tests/util/fake_daemon.c) */
+    fake_pool pool;
     int64_t slot_step[1024]; /* per slot: the step in flight there, -1 none */
     int64_t slot_msg[1024];
     int64_t accepted, refused, batches; /* BATCH_SHM accepted, refused; plain BATCH */
-    char fail[1024];
 } shm_case;
 
 /* The byte at offset j of tensor i of message seq. */
 static unsigned char pattern(int64_t seq, int i, size_t j)
 {
-    uint64_t z = (uint64_t)seq * 0x9E3779B97F4A7C15ull ^ (uint64_t)(i + 1) * 0xBF58476D1CE4E5B9ull ^
-                 (uint64_t)j * 0x94D049BB133111EBull;
-    return (unsigned char)(z >> 56 ^ z >> 17);
-}
-
-#define FCHECK(c, cond, ...)                                                                       \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            if ((c)->fail[0] == '\0') {                                                            \
-                int off_ = snprintf((c)->fail, sizeof(c)->fail, "fake, line %d: ", __LINE__);      \
-                snprintf((c)->fail + off_, sizeof(c)->fail - (size_t)off_, __VA_ARGS__);           \
-            }                                                                                      \
-            fake_send(c, IFD_MSG_BYE, NULL, 0, "{\"status\": \"error\", \"reason\": \"fake\"}");   \
-            return;                                                                                \
-        }                                                                                          \
-    } while (0)
-
-static void fake_send(shm_case *c, int type, const unsigned char *fields, size_t nf,
-                      const char *json)
-{
-    unsigned char h[64];
-    ifd_proto_header(h, type);
-    if (nf)
-        memcpy(h + 8, fields, nf);
-    zmq_send(c->router, c->id, c->id_len, ZMQ_SNDMORE);
-    zmq_send(c->router, h, 8 + nf, json ? ZMQ_SNDMORE : 0);
-    if (json)
-        zmq_send(c->router, json, strlen(json), 0);
+    return fake_pattern(seq, i + 1, j);
 }
 
 /* One message: frame 0 into h (its size returned), frame 1 (JSON) into json; the frame count. */
-static int fake_recv(shm_case *c, unsigned char *h, size_t *hlen, char *json, size_t jcap,
-                     int timeout_ms)
+static int shm_recv(shm_case *c, unsigned char *h, size_t *hlen, char *json, size_t jcap,
+                    int timeout_ms)
 {
-    zmq_pollitem_t it = {c->router, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, timeout_ms) <= 0)
-        return 0;
-    int n = 0, more = 1;
+    fmsg m;
     json[0] = '\0';
-    while (more) {
-        zmq_msg_t m;
-        zmq_msg_init(&m);
-        zmq_msg_recv(&m, c->router, 0);
-        more = zmq_msg_more(&m);
-        size_t sz = zmq_msg_size(&m);
-        if (n == 0) {
-            c->id_len = sz < sizeof c->id ? sz : sizeof c->id;
-            memcpy(c->id, zmq_msg_data(&m), c->id_len);
-        } else if (n == 1) {
-            *hlen = sz < 64 ? sz : 64;
-            memcpy(h, zmq_msg_data(&m), *hlen);
-        } else if (n == 2) {
-            size_t k = sz < jcap - 1 ? sz : jcap - 1;
-            memcpy(json, zmq_msg_data(&m), k);
-            json[k] = '\0';
-        }
-        zmq_msg_close(&m);
-        n++;
+    if (!fake_recv(&c->f, &m, timeout_ms))
+        return 0;
+    if (m.n > 0) {
+        *hlen = m.size[0] < 64 ? m.size[0] : 64;
+        memcpy(h, m.data[0], *hlen);
     }
-    return n - 1;
+    if (m.n > 1) {
+        size_t k = m.size[1] < jcap - 1 ? m.size[1] : jcap - 1;
+        memcpy(json, m.data[1], k);
+        json[k] = '\0';
+    }
+    int n = m.n;
+    fmsg_free(&m);
+    return n;
 }
 
-static void fake_welcome(shm_case *c, const char *shm, const char *refused)
+static void shm_welcome(shm_case *c, const char *shm, const char *refused)
 {
     char json[2048], extra[600] = "";
     if (refused)
@@ -118,7 +76,7 @@ static void fake_welcome(shm_case *c, const char *shm, const char *refused)
              ", \"replicas\": 1, \"shm\": %s%s}",
              c->credit, c->predict ? "predict" : "train", c->batch_size, c->max_steps,
              shm ? shm : "null", extra);
-    fake_send(c, IFD_MSG_WELCOME, NULL, 0, json);
+    fake_send(&c->f, IFD_MSG_WELCOME, NULL, 0, json);
 }
 
 static void pool_json(shm_case *c, char *out, size_t cap, int bad_token)
@@ -148,11 +106,11 @@ static void ack_upto(shm_case *c, int64_t seq, uint32_t count)
     unsigned char b[16] = {0};
     ifd_put_u64(b, (uint64_t)seq);
     ifd_put_u32(b + 8, count);
-    fake_send(c, IFD_MSG_ACK, b, 16, NULL);
+    fake_send(&c->f, IFD_MSG_ACK, b, 16, NULL);
 }
 
 /* ACKs every step in flight up to seq (cumulative), freeing their slots. */
-static void fake_ack(shm_case *c, int64_t seq)
+static void shm_ack(shm_case *c, int64_t seq)
 {
     uint32_t count = 0;
     for (int s = 0; s < c->pool.desc.slots; s++)
@@ -168,30 +126,32 @@ static void fake_ack(shm_case *c, int64_t seq)
 static void on_batch_shm(shm_case *c, const unsigned char *h, size_t hl, int frames,
                          int64_t *next_seq)
 {
-    FCHECK(c, hl == IFD_PROTO_BATCH_HDR && frames == 1, "BATCH_SHM: %zu header bytes, %d frames",
-           hl, frames);
+    FCHECK(&c->f, hl == IFD_PROTO_BATCH_HDR && frames == 1,
+           "BATCH_SHM: %zu header bytes, %d frames", hl, frames);
     ifd_proto_batch b;
     ifd_proto_parse_batch(h, &b);
     uint32_t slot = b.ntensors;
     int64_t bs = c->batch_size;
-    FCHECK(c, b.seq == *next_seq, "BATCH_SHM seq %" PRId64 ", expected %" PRId64, b.seq, *next_seq);
-    FCHECK(c, b.flags == 0, "flags %u", b.flags);
+    FCHECK(&c->f, b.seq == *next_seq, "BATCH_SHM seq %" PRId64 ", expected %" PRId64, b.seq,
+           *next_seq);
+    FCHECK(&c->f, b.flags == 0, "flags %u", b.flags);
     int64_t k = c->predict ? 1 : b.rows / bs;
-    FCHECK(c,
+    FCHECK(&c->f,
            c->predict ? b.rows >= 1 && b.rows <= bs
                       : b.rows % bs == 0 && k >= 1 && k <= c->max_steps,
            "rows %" PRId64 " (batch_size %" PRId64 ")", b.rows, bs);
-    FCHECK(c, (int64_t)slot + k <= c->pool.desc.slots, "slot %u + %" PRId64 " > %" PRId64, slot, k,
-           c->pool.desc.slots);
+    FCHECK(&c->f, (int64_t)slot + k <= c->pool.desc.slots, "slot %u + %" PRId64 " > %" PRId64, slot,
+           k, c->pool.desc.slots);
     for (int64_t j = 0; j < k; j++)
-        FCHECK(c, c->slot_step[slot + j] < 0, "slot %" PRId64 " holds step %" PRId64 " in flight",
-               slot + j, c->slot_step[slot + j]);
+        FCHECK(&c->f, c->slot_step[slot + j] < 0,
+               "slot %" PRId64 " holds step %" PRId64 " in flight", slot + j,
+               c->slot_step[slot + j]);
     for (int i = 0; i < c->n; i++) {
         const unsigned char *at =
             c->pool.base + c->pool.desc.offsets[i] + (size_t)slot * c->pool.desc.step_bytes[i];
         size_t bytes = (size_t)b.rows * c->row_bytes[i];
         for (size_t j = 0; j < bytes; j++)
-            FCHECK(c, at[j] == pattern(b.seq, i, j),
+            FCHECK(&c->f, at[j] == pattern(b.seq, i, j),
                    "batch %" PRId64 " tensor %d byte %zu: 0x%02x, expected 0x%02x", b.seq, i, j,
                    at[j], pattern(b.seq, i, j));
     }
@@ -202,7 +162,7 @@ static void on_batch_shm(shm_case *c, const unsigned char *h, size_t hl, int fra
                  "{\"code\": \"ERANGE\", \"seq\": %" PRId64 ", \"credit\": %" PRId64
                  ", \"message\": \"batch %" PRId64 ": refused by the fake\"}",
                  b.seq, k, b.seq);
-        fake_send(c, IFD_MSG_ERROR, NULL, 0, json);
+        fake_send(&c->f, IFD_MSG_ERROR, NULL, 0, json);
         c->refused++;
         return;
     }
@@ -212,60 +172,62 @@ static void on_batch_shm(shm_case *c, const unsigned char *h, size_t hl, int fra
     }
     c->accepted++;
     if (rand_between(&c->rng, 0, 2) == 0) /* ACK up to a random step in flight */
-        fake_ack(c, b.seq + rand_between(&c->rng, -3, k - 1));
+        shm_ack(c, b.seq + rand_between(&c->rng, -3, k - 1));
 }
 
-static void fake_hello(shm_case *c, int want_shm)
+static void shm_hello(shm_case *c, int want_shm)
 {
     unsigned char h[64];
     size_t hl = 0;
     char json[4096];
-    int n = fake_recv(c, h, &hl, json, sizeof json, 10000);
-    FCHECK(c, n == 2 && ifd_get_u16(h + 6) == IFD_MSG_HELLO, "expected HELLO, got %d frames", n);
+    int n = shm_recv(c, h, &hl, json, sizeof json, 10000);
+    FCHECK(&c->f, n == 2 && ifd_get_u16(h + 6) == IFD_MSG_HELLO, "expected HELLO, got %d frames",
+           n);
     json_t *o = json_loads(json, 0, NULL);
     int has = json_is_true(json_object_get(o, "shm"));
     int present = json_object_get(o, "shm") != NULL;
     json_decref(o);
-    FCHECK(c, has == want_shm && (want_shm || !present), "HELLO shm: expected %s, got %.900s",
+    FCHECK(&c->f, has == want_shm && (want_shm || !present), "HELLO shm: expected %s, got %.900s",
            want_shm ? "true" : "no key", json); /* the HELLO cut to fit the failure's sentence */
 }
 
-static void fake_run(shm_case *c)
+static void shm_script(fake *f)
 {
+    shm_case *c = f->arg;
     for (int s = 0; s < 1024; s++)
         c->slot_step[s] = -1;
     char shm[1024];
     switch (c->scenario) {
     case SC_SEND:
-        fake_hello(c, 1);
+        shm_hello(c, 1);
         pool_json(c, shm, sizeof shm, 0);
-        fake_welcome(c, shm, NULL);
+        shm_welcome(c, shm, NULL);
         break;
     case SC_BAD_TOKEN:
-        fake_hello(c, 1);
+        shm_hello(c, 1);
         pool_json(c, shm, sizeof shm, 1);
-        fake_welcome(c, shm, NULL);
-        fake_hello(c, 0); /* the producer gives the pool back */
-        fake_welcome(c, NULL, NULL);
+        shm_welcome(c, shm, NULL);
+        shm_hello(c, 0); /* the producer gives the pool back */
+        shm_welcome(c, NULL, NULL);
         break;
     case SC_REFUSED:
-        fake_hello(c, 1);
-        fake_welcome(c, NULL, "infeedd runs with --shm off");
+        shm_hello(c, 1);
+        shm_welcome(c, NULL, "infeedd runs with --shm off");
         break;
     case SC_UNKNOWN_KEY:
-        fake_hello(c, 1);
-        fake_send(c, IFD_MSG_ERROR, NULL, 0,
+        shm_hello(c, 1);
+        fake_send(&c->f, IFD_MSG_ERROR, NULL, 0,
                   "{\"code\": \"EINVAL\", \"seq\": null, \"credit\": 0, \"message\": \"HELLO: "
                   "unknown key 'shm' (expected name, schema, first_seq, replica)\"}");
-        fake_hello(c, 0);
-        fake_welcome(c, NULL, NULL);
+        shm_hello(c, 0);
+        shm_welcome(c, NULL, NULL);
         break;
     case SC_OFF:
-        fake_hello(c, 0);
-        fake_welcome(c, NULL, NULL);
+        shm_hello(c, 0);
+        shm_welcome(c, NULL, NULL);
         break;
     }
-    if (c->fail[0] || (c->scenario == SC_REFUSED && c->shm_mode == IFD_SHM_ON))
+    if (c->f.fail[0] || (c->scenario == SC_REFUSED && c->shm_mode == IFD_SHM_ON))
         return;
     int64_t next_seq = 0;
     int idle = 0;
@@ -273,18 +235,18 @@ static void fake_run(shm_case *c)
         unsigned char h[64];
         size_t hl = 0;
         char json[256];
-        int n = fake_recv(c, h, &hl, json, sizeof json, 20);
+        int n = shm_recv(c, h, &hl, json, sizeof json, 20);
         if (n == 0) { /* the producer waits for credit (or slots): everything is consumed */
-            FCHECK(c, ++idle < 500, "nothing from the producer for 10 s");
-            fake_ack(c, INT64_MAX - 1);
+            FCHECK(&c->f, ++idle < 500, "nothing from the producer for 10 s");
+            shm_ack(c, INT64_MAX - 1);
             continue;
         }
         idle = 0;
         int type = ifd_get_u16(h + 6);
         if (type == IFD_MSG_BATCH_SHM) {
-            FCHECK(c, c->scenario == SC_SEND, "BATCH_SHM without a pool");
+            FCHECK(&c->f, c->scenario == SC_SEND, "BATCH_SHM without a pool");
             on_batch_shm(c, h, hl, n, &next_seq);
-            if (c->fail[0])
+            if (c->f.fail[0])
                 return;
         } else if (type == IFD_MSG_BATCH) {
             ifd_proto_batch b;
@@ -293,18 +255,13 @@ static void fake_run(shm_case *c)
             c->batches++;
             ack_upto(c, next_seq - 1, (uint32_t)(c->predict ? 1 : b.rows / c->batch_size));
         } else if (type == IFD_MSG_END) {
-            fake_ack(c, INT64_MAX - 1);
-            fake_send(c, IFD_MSG_BYE, NULL, 0, "{\"status\": \"ok\", \"reason\": \"input_ended\"}");
+            shm_ack(c, INT64_MAX - 1);
+            fake_send(&c->f, IFD_MSG_BYE, NULL, 0,
+                      "{\"status\": \"ok\", \"reason\": \"input_ended\"}");
             return;
         } else
-            FCHECK(c, 0, "unexpected message type %d", type);
+            FCHECK(&c->f, 0, "unexpected message type %d", type);
     }
-}
-
-static void *fake_main(void *arg)
-{
-    fake_run(arg);
-    return NULL;
 }
 
 /* The producer: `messages` messages of random steps (predict: random rows), each by send, send_zc
@@ -408,21 +365,13 @@ static void run_case(shm_case *c, ifd_rng *rng)
     c->credit = rand_between(rng, c->max_steps, 16); /* infeedd's credit is at least that */
     c->messages = rand_between(rng, 20, 200);
     ifd_rng_seed(&c->rng, ifd_rng_next(rng));
-    pool_make(&c->pool, rng, c->n, c->row_bytes, c->batch_size, c->credit + c->max_steps - 1);
-    c->ctx = zmq_ctx_new();
-    c->router = zmq_socket(c->ctx, ZMQ_ROUTER);
-    int zero = 0;
-    zmq_setsockopt(c->router, ZMQ_LINGER, &zero, sizeof zero);
-    ck_assert(zmq_bind(c->router, "tcp://127.0.0.1:*") == 0);
-    size_t len = sizeof c->endpoint;
-    zmq_getsockopt(c->router, ZMQ_LAST_ENDPOINT, c->endpoint, &len);
-    pthread_t t;
-    ck_assert(pthread_create(&t, NULL, fake_main, c) == 0);
+    fake_pool_make(&c->pool, rng, c->n, c->row_bytes, c->batch_size, c->credit + c->max_steps - 1);
+    fake_start(&c->f, shm_script, c);
 
     ifd_producer *p;
     ifd_error err;
     ifd_client_options o = {.shm = c->shm_mode};
-    RC_OK(ifd_producer_create_opts(&p, c->endpoint, "p", &o, &err), err);
+    RC_OK(ifd_producer_create_opts(&p, c->f.endpoint, "p", &o, &err), err);
     int rc = ifd_producer_hello(p, schema, c->n, 0, 10000, &err);
     const char *why = ifd_producer_shm_refused(p);
     if (c->scenario == SC_REFUSED && c->shm_mode == IFD_SHM_ON) {
@@ -448,12 +397,9 @@ static void run_case(shm_case *c, ifd_rng *rng)
             misuse(c, p);
         produce(c, p, rng);
     }
-    pthread_join(t, NULL);
+    fake_join(&c->f); /* fails the test with the fake's first failed check */
     ifd_producer_destroy(p);
-    zmq_close(c->router);
-    zmq_ctx_term(c->ctx);
-    pool_free(&c->pool);
-    RASSERT(c->fail[0] == '\0', "%s", c->fail);
+    fake_pool_free(&c->pool);
     if (c->scenario == SC_SEND)
         RASSERT(c->batches == 0 && c->accepted > 0, "%" PRId64 " BATCH, %" PRId64 " BATCH_SHM",
                 c->batches, c->accepted);
@@ -494,12 +440,11 @@ START_TEST(test_shm_fallbacks)
 }
 END_TEST
 
-Suite *shm_send_suite(void)
+int main(void)
 {
-    Suite *s = suite_create("shm_send");
-    TCase *tc = tcase_create("fake daemon");
+    Suite *s = suite_create("client_shm_send");
+    TCase *tc = tu_tcase(s, "fake daemon", 60);
     tcase_add_loop_test(tc, test_shm_send, 0, 2);
     tcase_add_loop_test(tc, test_shm_fallbacks, 0, 5);
-    suite_add_tcase(s, tc);
-    return s;
+    return tu_run_suite(s);
 }

@@ -1,8 +1,8 @@
 /*
- * The C producer's shared-memory transport (clients/c/shm.c, send_shm.c): the slot allocator on
- * random sequences, the pool's checks on fake pools (memfd), and a fake daemon in a thread that
- * makes a pool as infeedd does and checks every BATCH_SHM against it: the slots are free, the
- * bytes are the batch's.
+ * The C producer's shared-memory pool (clients/c/shm.c): the slot allocator on random sequences
+ * against a model, the pool's checks on fake pools (tests/util/fake_pool.c: memfds made as
+ * infeedd makes them), and WELCOME's shm object through the reply decoder. The producer sending
+ * through a pool is tests/client/test_client_shm_send.c.
  */
 #include "infeed/client.h"
 
@@ -10,7 +10,7 @@
 #include "clients/c/shm.h"
 #include "core/rng.h"
 #include "core/wire.h"
-#include "clients/c/test_shm.h"
+#include "tests/util/fake_pool.h"
 #include "tests/util/testutil.h"
 
 #include <check.h>
@@ -169,45 +169,7 @@ START_TEST(test_slots_wrap)
 }
 END_TEST
 
-/* ---- fake pools --------------------------------------------------------------------------- */
-
-/* A pool as infeedd makes it: a memfd of `slots` x step_bytes per tensor after the header, each
- * region at a multiple of 64, the magic and a random token first. */
-void pool_make(pool_file *pf, ifd_rng *rng, int n, const size_t *row_bytes, int64_t batch_size,
-               int64_t slots)
-{
-    memset(pf, 0, sizeof *pf);
-    ifdp_shm_desc *d = &pf->desc;
-    d->given = 1;
-    d->n = n;
-    d->slots = slots;
-    uint64_t off = IFD_SHM_HEADER;
-    for (int i = 0; i < n; i++) {
-        d->offsets[i] = off;
-        d->step_bytes[i] = (uint64_t)batch_size * row_bytes[i];
-        off += d->step_bytes[i] * (uint64_t)slots;
-        off = (off + IFD_SHM_ALIGN - 1) / IFD_SHM_ALIGN * IFD_SHM_ALIGN;
-    }
-    d->size = off;
-    pf->size = (size_t)off;
-    pf->fd = memfd_create("ifd-test-pool", MFD_CLOEXEC);
-    ck_assert(pf->fd >= 0 && ftruncate(pf->fd, (off_t)off) == 0);
-    pf->base = mmap(NULL, pf->size, PROT_READ | PROT_WRITE, MAP_SHARED, pf->fd, 0);
-    ck_assert(pf->base != MAP_FAILED);
-    memcpy(pf->base, IFD_SHM_MAGIC, IFD_SHM_MAGIC_LEN);
-    for (int i = 0; i < IFD_SHM_TOKEN_LEN; i++) {
-        d->token[i] = (unsigned char)ifd_rng_next(rng);
-        snprintf(pf->token_hex + 2 * i, 3, "%02x", d->token[i]);
-    }
-    memcpy(pf->base + IFD_SHM_MAGIC_LEN, d->token, IFD_SHM_TOKEN_LEN);
-    snprintf(d->path, sizeof d->path, "/proc/%d/fd/%d", (int)getpid(), pf->fd);
-}
-
-void pool_free(pool_file *pf)
-{
-    munmap(pf->base, pf->size);
-    close(pf->fd);
-}
+/* ---- fake pools (tests/util/fake_pool.c) --------------------------------------------------- */
 
 /* Maps d and expects the code and every string of `want` in the sentence. */
 static void expect_map(const ifdp_shm_desc *d, const size_t *rb, int n, int64_t bs, int code,
@@ -236,8 +198,8 @@ START_TEST(test_pool_checks)
         for (int i = 0; i < n; i++)
             rb[i] = (size_t)rand_between(&rng, 1, 40) * (i == 0 ? 4 : 1);
         int64_t bs = rand_between(&rng, 1, 100), slots = rand_between(&rng, 1, 20);
-        pool_file pf;
-        pool_make(&pf, &rng, n, rb, bs, slots);
+        fake_pool pf;
+        fake_pool_make(&pf, &rng, n, rb, bs, slots);
         ifdp_shm_desc d = pf.desc;
 
         /* The right pool maps, and its slots are where WELCOME says. */
@@ -289,7 +251,7 @@ START_TEST(test_pool_checks)
         d = pf.desc;
         snprintf(d.why, sizeof d.why, "token: expected 32 hex digits, got 3 characters");
         expect_map(&d, rb, n, bs, IFD_EPROTO, "WELCOME: shm: token", NULL);
-        pool_free(&pf);
+        fake_pool_free(&pf);
     }
 }
 END_TEST
@@ -333,28 +295,14 @@ START_TEST(test_welcome_shm_parse)
 }
 END_TEST
 
-Suite *shm_suite(void);
-Suite *shm_send_suite(void);
-
-Suite *shm_suite(void)
+int main(void)
 {
-    Suite *s = suite_create("shm");
-    TCase *tc = tcase_create("pool");
+    Suite *s = suite_create("client_shm_pool");
+    TCase *tc = tu_tcase(s, "pool", 60);
     tcase_add_test(tc, test_slots_in_order);
     tcase_add_test(tc, test_slots_out_of_order);
     tcase_add_test(tc, test_slots_wrap);
     tcase_add_test(tc, test_pool_checks);
     tcase_add_test(tc, test_welcome_shm_parse);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
-int main(void)
-{
-    SRunner *sr = srunner_create(shm_suite());
-    srunner_add_suite(sr, shm_send_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return tu_run_suite(s);
 }
