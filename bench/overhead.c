@@ -1,11 +1,16 @@
 /*
- * bench_overhead: the host overhead per step of the runtime on the cpu backend.
+ * bench_overhead: the host overhead per step of the runtime on the cpu backend, and the loop
+ * length the session chooses itself against a sweep of fixed ones.
  *
  * A tiny program (linear, D = K = 1, one row per replica) runs num_steps steps at
- * iterations_per_loop 1, 10 and 100 with R = 1 and 2. The batch source hands out one prebuilt
- * batch, so no producer or allocation is measured. The compute of one replica's step (the same
- * program step and optimizer, called directly in a loop) is measured in the same run; the
- * overhead per step is the session's wall time per step minus that compute time.
+ * iterations_per_loop 1, 10, 100, 1000 and 10000 and at auto (loop_kind IFD_LOOP_AUTO, the
+ * default bound of 0.5 s) with R = 1 and 2, the runs of one repeat side by side (each repeat
+ * runs every length once, in turn). The batch source hands out one prebuilt batch, so no producer
+ * or allocation is measured. The compute of one replica's step (the same program step and
+ * optimizer, called directly in a loop) is measured in the same run; the overhead per step is the
+ * session's wall time per step minus that compute time. Each row gives the median run and the
+ * fastest (on a shared machine, the least disturbed); a line after auto's row gives its mean loop
+ * length and its steps/s over the best fixed length's, by either measure.
  *
  *   bench_overhead [--steps N] [--repeat N]
  */
@@ -51,6 +56,7 @@ static void source_init(static_source *s, int rows)
     s->batch.refs = 1; /* owned here: never released */
 }
 
+/* ipl 0: auto */
 static void config_for(ifd_config *cfg, int replicas, int64_t ipl, int64_t steps)
 {
     ifd_config_defaults(cfg);
@@ -59,14 +65,15 @@ static void config_for(ifd_config *cfg, int replicas, int64_t ipl, int64_t steps
     cfg->settings.classes = 1;
     cfg->replicas = replicas;
     cfg->batch_size = replicas;
-    cfg->iterations_per_loop = ipl;
+    cfg->iterations_per_loop = ipl > 0 ? ipl : 1;
+    cfg->loop_kind = ipl > 0 ? IFD_LOOP_STEPS : IFD_LOOP_AUTO;
     cfg->num_steps = steps;
     cfg->optimizer.learning_rate = 0.01f;
     cfg->summary_every = 0;
 }
 
-/* Seconds per step of a whole session. */
-static double session_step_seconds(int replicas, int64_t ipl, int64_t steps)
+/* Seconds per step of a whole session; *loops (when not NULL): the loops it ran. */
+static double session_step_seconds(int replicas, int64_t ipl, int64_t steps, int64_t *loops)
 {
     ifd_config cfg;
     config_for(&cfg, replicas, ipl, steps);
@@ -85,6 +92,8 @@ static double session_step_seconds(int replicas, int64_t ipl, int64_t steps)
         fprintf(stderr, "bench_overhead: run failed: %s\n", ifd_error_text(&err));
         exit(1);
     }
+    if (loops)
+        *loops = ifd_session_loop_index(s) + 1; /* the index of the last loop, from 0 */
     ifd_session_destroy(s);
     return (double)(t1 - t0) * 1e-9 / (double)steps;
 }
@@ -155,22 +164,48 @@ int main(int argc, char **argv)
         samples[k] = compute_step_seconds(steps);
     double compute = median(samples, repeat);
     printf("compute of one replica's step (tiny linear program): %.3f us\n", compute * 1e6);
-    printf("%-9s %-4s %12s %12s %14s %10s\n", "ipl", "R", "steps/s", "us/step", "overhead_us",
-           "vs_ipl1");
-    const int64_t ipls[] = {1, 10, 100};
+    printf("%-9s %-4s %12s %12s %12s %14s %10s\n", "ipl", "R", "steps/s", "best_steps/s", "us/step",
+           "overhead_us", "vs_ipl1");
+    enum { NFIXED = 5, NRUNS = NFIXED + 1 };
+    const int64_t ipls[NRUNS] = {1, 10, 100, 1000, 10000, 0}; /* 0: auto */
     for (int r = 1; r <= 2; r++) {
-        double base = 0;
-        for (int i = 0; i < 3; i++) {
-            /* ipl 1 pays a loop round trip per step; fewer steps keep it short. */
-            int64_t n = ipls[i] == 1 ? steps / 10 : steps;
-            for (int k = 0; k < repeat; k++)
-                samples[k] = session_step_seconds(r, ipls[i], n);
-            double per = median(samples, repeat);
-            if (i == 0)
-                base = per;
-            printf("%-9lld %-4d %12.0f %12.3f %14.3f %9.1fx\n", (long long)ipls[i], r, 1.0 / per,
-                   per * 1e6, (per - compute) * 1e6, base / per);
+        double per[NRUNS][64];
+        int64_t loops[64];
+        for (int k = 0; k < repeat; k++)
+            for (int i = 0; i < NRUNS; i++) {
+                /* ipl 1 pays a loop round trip per step; fewer steps keep it short. */
+                int64_t n = ipls[i] == 1 ? steps / 10 : steps;
+                per[i][k] = session_step_seconds(r, ipls[i], n, ipls[i] ? NULL : &loops[k]);
+            }
+        /* [0]: the median run, [1]: the fastest (the least disturbed on a shared machine) */
+        double med[NRUNS], fast[NRUNS], best[2] = {0, 0};
+        int64_t best_ipl[2] = {0, 0};
+        for (int i = 0; i < NRUNS; i++) {
+            med[i] = median(per[i], repeat);
+            fast[i] = per[i][0]; /* median() sorted the runs */
+            for (int m = 0; m < 2 && i < NFIXED; m++) {
+                double v = m ? fast[i] : med[i];
+                if (best[m] == 0 || v < best[m]) {
+                    best[m] = v;
+                    best_ipl[m] = ipls[i];
+                }
+            }
+            char name[32];
+            if (ipls[i])
+                snprintf(name, sizeof name, "%lld", (long long)ipls[i]);
+            else
+                snprintf(name, sizeof name, "auto");
+            printf("%-9s %-4d %12.0f %12.0f %12.3f %14.3f %9.1fx\n", name, r, 1.0 / med[i],
+                   1.0 / fast[i], med[i] * 1e6, (med[i] - compute) * 1e6, med[0] / med[i]);
         }
+        double mean_loops = 0;
+        for (int k = 0; k < repeat; k++)
+            mean_loops += (double)loops[k] / repeat;
+        printf("R %d: auto ran %.0f steps a loop on average (%.0f loops); auto / best fixed: "
+               "%.3f of its steps/s (median runs, best ipl %lld), %.3f (fastest runs, best ipl "
+               "%lld)\n",
+               r, (double)steps / mean_loops, mean_loops, best[0] / med[NFIXED],
+               (long long)best_ipl[0], best[1] / fast[NFIXED], (long long)best_ipl[1]);
     }
     return 0;
 }

@@ -82,7 +82,13 @@ typedef struct ifd_device_stats {
     int64_t loop_ns;         /* time inside device loops */
     int64_t infeed_wait_ns;  /* of which waiting for a shard */
     int64_t outfeed_wait_ns; /* of which waiting for a free outfeed slot */
-    int in_loop;             /* the replica has a loop to run and has not finished it */
+    /* The replica thread's own clock of its loops (both backends, counted as each loop ends):
+     * loop_run_ns from taking each loop's command to finishing it (cuda: its last step done on
+     * the GPU), and of that loop_first_ns until the loop's first step returned (waking up,
+     * waiting for the loop's first shard). What is not in loop_first_ns is the loop's steady
+     * steps: the session's loop-length tuner reads both. */
+    int64_t loop_run_ns, loop_first_ns;
+    int in_loop; /* the replica has a loop to run and has not finished it */
     /* Shards staged for the replica and not yet taken by a step (0: a step waits for input),
      * and the ring's size. */
     int64_t infeed_len, infeed_cap;

@@ -89,6 +89,8 @@ void ifd_replicas_stats(ifd_device *dev, int r, ifd_device_stats *out)
     out->loop_ns = __atomic_load_n(&s->loop_ns, __ATOMIC_RELAXED);
     out->infeed_wait_ns = __atomic_load_n(&s->infeed_wait_ns, __ATOMIC_RELAXED);
     out->outfeed_wait_ns = __atomic_load_n(&s->outfeed_wait_ns, __ATOMIC_RELAXED);
+    out->loop_run_ns = __atomic_load_n(&s->loop_run_ns, __ATOMIC_RELAXED);
+    out->loop_first_ns = __atomic_load_n(&s->loop_first_ns, __ATOMIC_RELAXED);
     out->in_loop = __atomic_load_n(&ifd_replicas_at(dev->priv, r)->in_loop, __ATOMIC_RELAXED);
     out->infeed_len = out->infeed_cap = out->outfeed_len = out->outfeed_cap = 0;
 }
@@ -127,6 +129,14 @@ static int64_t next_loop(ifd_replicas *set, int64_t *seen)
     return n;
 }
 
+/* The replica's loop clock (ifd_device_stats.loop_run_ns, loop_first_ns); its thread only. */
+static void loop_clock_add(ifd_replica *rep, int64_t run_ns, int64_t first_ns)
+{
+    ifd_device_stats *s = &rep->stats;
+    __atomic_store_n(&s->loop_run_ns, s->loop_run_ns + run_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->loop_first_ns, s->loop_first_ns + first_ns, __ATOMIC_RELAXED);
+}
+
 static void *replica_main(void *arg)
 {
     ifd_replica *rep = arg;
@@ -138,7 +148,7 @@ static void *replica_main(void *arg)
     int64_t seen = 0, n;
     while ((n = next_loop(set, &seen)) >= 0) {
         __atomic_store_n(&rep->in_loop, 1, __ATOMIC_RELAXED);
-        int64_t start = ifd_clock_ns(), done = 0;
+        int64_t start = ifd_clock_ns(), done = 0, first_ns = 0;
         int rc = init_rc;
         ifd_error_clear(&rep->err);
         if (rc)
@@ -147,10 +157,11 @@ static void *replica_main(void *arg)
             ops->loop_begin(rep, start);
         while (rc == IFD_OK && done < n) {
             rc = ops->step(rep, done);
-            if (rc == IFD_OK)
-                done++;
+            if (rc == IFD_OK && done++ == 0)
+                first_ns = ifd_clock_ns() - start;
         }
         rc = ops->loop_end(rep, rc, done);
+        loop_clock_add(rep, ifd_clock_ns() - start, first_ns);
         if (rc == IFD_EEOF)
             ops->input_ended(rep);
         else if (rc && !ifd_error_is_secondary(rc))

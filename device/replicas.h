@@ -30,7 +30,8 @@ typedef struct ifd_replica {
     ifd_thread thread;
     /* The current loop's error: the step writes it, the replica thread reports it. */
     ifd_error err;
-    /* Cumulative counters (ifd_device_stats): one writer, ifd_replica_stats_add; any reader. */
+    /* Cumulative counters (ifd_device_stats): one writer each (ifd_replica_stats_add; the loop
+     * clock: the replica thread); any reader. */
     ifd_device_stats stats;
     int in_loop; /* atomic: between taking a loop command and reporting its result */
     /* The result of the last loop, guarded by set->mu. */

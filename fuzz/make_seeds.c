@@ -66,6 +66,10 @@ static void config_seeds(void)
                 "\"control\": \"\", \"watchdog\": 2.5, \"initial_infeed_sleep\": 0.25}",
                 (const char *const[]){"--config", "x", "--expect-producers", "2", "--max-producers",
                                       "3", "--loss-reduction", "sum", NULL});
+    config_seed("loop-lengths", "{\"iterations_per_loop\": \"auto\", \"max_loop_seconds\": 0.25}",
+                (const char *const[]){"--iterations-per-loop", "1.5s",
+                                      "--iterations-per-loop=500ms", "--max-loop-seconds", "2",
+                                      NULL});
     config_seed("bad-key", "{\"replicas\": 2, \"bogus_key\": 1}", NULL);
     config_seed("bad-type", "{\"replicas\": \"two\", \"momentum\": [1]}", NULL);
     config_seed("bad-json", "{\"replicas\": 2,\n  \"steps\": }\n", NULL);

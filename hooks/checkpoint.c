@@ -128,11 +128,21 @@ static int ck_begin(void *arg, ifd_run_context *ctx, ifd_error *err)
     return ifd_checkpoint_prune(h->dir, h->o.keep, err);
 }
 
+/* Loops the session sizes itself end at the next multiple of every, so checkpoints fall on
+ * exact multiples (loops of a fixed length ignore it). */
+static void end_loop_at_next_multiple(const ckpt_hook *h, ifd_run_context *ctx)
+{
+    if (h->o.every > 0)
+        ifd_run_context_end_next_loop_by(ctx, (ifd_run_context_global_step(ctx) / h->o.every + 1) *
+                                                  h->o.every);
+}
+
 static int ck_after_create_session(void *arg, ifd_run_context *ctx, ifd_error *err)
 {
     (void)err;
     ckpt_hook *h = arg;
     h->start_step = h->prev_step = ifd_run_context_global_step(ctx);
+    end_loop_at_next_multiple(h, ctx);
     return IFD_OK;
 }
 
@@ -141,6 +151,7 @@ static int ck_after_run(void *arg, ifd_run_context *ctx, ifd_error *err)
     ckpt_hook *h = arg;
     int64_t gs = ifd_run_context_global_step(ctx), prev = h->prev_step;
     h->prev_step = gs;
+    end_loop_at_next_multiple(h, ctx);
     if (h->o.every > 0 && gs / h->o.every > prev / h->o.every)
         return save(h, ctx, err);
     return IFD_OK;

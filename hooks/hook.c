@@ -23,6 +23,12 @@ void ifd_run_context_set_next_loop_length(ifd_run_context *ctx, int64_t n)
     ctx->next_loop_length = n;
 }
 
+void ifd_run_context_end_next_loop_by(ifd_run_context *ctx, int64_t step)
+{
+    if (step > ctx->global_step && (ctx->next_loop_end == 0 || step < ctx->next_loop_end))
+        ctx->next_loop_end = step;
+}
+
 void ifd_run_context_request_stop(ifd_run_context *ctx, const char *reason)
 {
     if (!ctx->stop_requested)

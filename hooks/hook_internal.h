@@ -10,6 +10,7 @@ struct ifd_run_context {
     int64_t loop_length;
     int64_t loop_index;
     int64_t next_loop_length; /* 0: not set by any hook */
+    int64_t next_loop_end;    /* 0: not set; else the global step the next loop ends by */
     int stop_requested;
     char stop_reason[200];
     int failed;      /* set before end: the run ends with an error or an abort */

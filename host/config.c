@@ -95,8 +95,15 @@ const config_opt config_opts[] = {
      "per-host, per-host-v2, per-core or broadcast", parse_input_mode},
     {"batch_size", K_I64, OFF(run.batch_size), "ROWS",
      "global batch size: rows in every batch, divisible by replicas", NULL, NULL},
-    {"iterations_per_loop", K_I64, OFF(run.iterations_per_loop), "N",
-     "steps per device loop without a host round trip", NULL, NULL},
+    {"iterations_per_loop", K_LOOP, OFF(run.iterations_per_loop), "N|auto|TIME",
+     "steps per device loop without a host round trip; auto: the daemon measures the step and "
+     "the loop boundary and picks loops whose boundary costs under 1% of their time, at most "
+     "--max-loop-seconds long; a duration (2s, 1.5s, 500ms): loops of about that long",
+     NULL, NULL},
+    {"max_loop_seconds", K_F64, OFF(run.max_loop_secs), "SECONDS",
+     "with --iterations-per-loop auto: the longest a loop may take, so that a stop, a "
+     "checkpoint and a summary come within it",
+     NULL, NULL},
     {"steps", K_I64, OFF(run.num_steps), "N",
      "steps to run (train: exactly one of steps and last_step; eval: required)", NULL, NULL},
     {"last_step", K_I64, OFF(run.last_step), "N", "the global step to stop at", NULL, NULL},
@@ -273,6 +280,14 @@ static void format_default(const config_opt *o, const ifd_daemon_config *d, char
     switch (o->kind) {
     case K_LIBS:
         snprintf(buf, len, "none");
+        return;
+    case K_LOOP:
+        if (d->run.loop_kind == IFD_LOOP_AUTO)
+            snprintf(buf, len, "auto");
+        else if (d->run.loop_kind == IFD_LOOP_SECONDS)
+            snprintf(buf, len, "%gs", d->run.loop_secs);
+        else
+            snprintf(buf, len, "%" PRId64, d->run.iterations_per_loop);
         return;
     case K_STR: {
         const char *s = *(const char *const *)field;

@@ -14,7 +14,8 @@
 #include <stddef.h>
 
 /* K_SWITCH: a K_BOOL whose flag takes no value (--resume; --resume=off); K_LIBS: program_lib,
- * a repeatable flag and a string or an array of strings in the file */
+ * a repeatable flag and a string or an array of strings in the file; K_LOOP:
+ * iterations_per_loop, a count of steps, auto or a duration (run.loop_kind, loop_secs) */
 typedef enum {
     K_STR,
     K_INT,
@@ -26,7 +27,8 @@ typedef enum {
     K_BOOL,
     K_SWITCH,
     K_LOG,
-    K_LIBS
+    K_LIBS,
+    K_LOOP
 } opt_kind;
 
 typedef struct config_opt {

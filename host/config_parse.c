@@ -19,6 +19,60 @@ static int parse_i64(const char *s, int64_t *out)
     return IFD_OK;
 }
 
+#define MAX_LOOP_SECS 86400.0
+
+/* iterations_per_loop: a count of steps (checked by the validation pass), auto, or a duration:
+ * a decimal number followed by s or ms. */
+static int set_loop(ifd_config *r, const char *val, const char *where, ifd_error *err)
+{
+    int64_t steps;
+    if (parse_i64(val, &steps) == IFD_OK) {
+        r->loop_kind = IFD_LOOP_STEPS;
+        r->iterations_per_loop = steps;
+        return IFD_OK;
+    }
+    if (strcmp(val, "auto") == 0) {
+        r->loop_kind = IFD_LOOP_AUTO;
+        return IFD_OK;
+    }
+    size_t len = strlen(val), unit = 0;
+    double scale = 0.0;
+    if (len > 2 && strcmp(val + len - 2, "ms") == 0) {
+        unit = 2;
+        scale = 1e-3;
+    } else if (len > 1 && val[len - 1] == 's') {
+        unit = 1;
+        scale = 1.0;
+    }
+    char num[64];
+    if (unit && len - unit < sizeof num &&
+        ((val[0] >= '0' && val[0] <= '9') || (val[0] == '.' && val[1] >= '0' && val[1] <= '9'))) {
+        memcpy(num, val, len - unit);
+        num[len - unit] = '\0';
+        char *end;
+        errno = 0;
+        double secs = strtod(num, &end) * scale;
+        if (errno == 0 && *end == '\0' && isfinite(secs)) {
+            if (!(secs > 0.0))
+                return ifd_error_set(err, IFD_EINVAL,
+                                     "%s: expected a positive integer (steps), auto, or a duration "
+                                     "above 0 such as 2s or 500ms, got '%s'",
+                                     where, val);
+            if (secs > MAX_LOOP_SECS)
+                return ifd_error_set(err, IFD_EINVAL,
+                                     "%s: expected a duration of at most %g s, got '%s'", where,
+                                     MAX_LOOP_SECS, val);
+            r->loop_kind = IFD_LOOP_SECONDS;
+            r->loop_secs = secs;
+            return IFD_OK;
+        }
+    }
+    return ifd_error_set(err, IFD_EINVAL,
+                         "%s: expected a positive integer (steps), auto, or a duration such as 2s, "
+                         "1.5s or 500ms, got '%s'",
+                         where, val);
+}
+
 /* Sets o from its text form. where: "flag --x" or "config file f: key 'x'". */
 static int set_value(ifd_daemon_config *c, const config_opt *o, const char *val, const char *where,
                      ifd_error *err)
@@ -49,6 +103,8 @@ static int set_value(ifd_daemon_config *c, const config_opt *o, const char *val,
         *(const char **)field = copy;
         return IFD_OK;
     }
+    case K_LOOP:
+        return set_loop(&c->run, val, where, err);
     case K_INT:
         if (parse_i64(val, &i64) || i64 < INT32_MIN || i64 > INT32_MAX)
             return ifd_error_set(err, IFD_EINVAL, "%s: expected an integer, got '%s'", where, val);
@@ -228,6 +284,16 @@ int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const c
                 val = buf;
             } else {
                 want = "an integer";
+            }
+            break;
+        case K_LOOP:
+            if (json_is_integer(v)) {
+                snprintf(buf, sizeof buf, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+                val = buf;
+            } else if (json_is_string(v)) {
+                val = json_string_value(v);
+            } else {
+                want = "an integer or a string (auto, or a duration such as 2s or 500ms)";
             }
             break;
         case K_F32:

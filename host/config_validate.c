@@ -122,6 +122,15 @@ static void hint_program_lib(const ifd_daemon_config *c, ifd_error *err)
 
 static int validate_keys(const ifd_daemon_config *c, ifd_error *err)
 {
+    if (c->run.loop_kind == IFD_LOOP_STEPS && c->run.iterations_per_loop < 1)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "iterations_per_loop: expected a positive integer (steps), auto, or a "
+                             "duration such as 2s or 500ms, got %" PRId64,
+                             c->run.iterations_per_loop);
+    if (!(c->run.max_loop_secs > 0.0 && c->run.max_loop_secs <= 86400.0))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "max_loop_seconds: expected seconds above 0, at most 86400, got %g",
+                             c->run.max_loop_secs);
     /* The runtime names the key num_steps, the daemon steps: check that pair here, and the rest
      * with the runtime's pass in the order it uses. */
     ifd_config r = c->run;

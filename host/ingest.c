@@ -514,6 +514,13 @@ static void *io_main(void *arg)
             }
             g->handled_signals = sigs;
         }
+        int asker;
+        if (g->stop_ns == 0 && ifd_session_stop_requested(g->session, &asker)) {
+            /* another host was asked (the session's stop relay): the same grace as here */
+            char why[64];
+            snprintf(why, sizeof why, "stop requested on host %d", asker);
+            ingest_request_stop(g, why);
+        }
         if (g->stop_ns && !g->input_closed && ifd_clock_ns() - g->stop_ns > STOP_GRACE_NS)
             ingest_close_input(g, "stopping, and the current loop still waits for input");
 

@@ -103,10 +103,20 @@ static void describe(const ifd_daemon_config *c, const ifd_program *p, json_t *e
         snprintf(inputs + n, sizeof inputs - n, "%s%s %s %s", i ? ", " : "", p->inputs[i].name,
                  ifd_dtype_name(p->inputs[i].dtype), ifd_shape_format(&s, shape, sizeof shape));
     }
-    IFD_LOG_INFO("program %s (%s) on %d %s replica%s, batch size %lld, %lld steps per loop",
-                 p->cls->name, inputs, c->run.replicas, c->run.backend,
-                 c->run.replicas == 1 ? "" : "s", (long long)c->run.batch_size,
-                 (long long)c->run.iterations_per_loop);
+    char loops[96];
+    if (c->run.mode == IFD_MODE_EVAL)
+        snprintf(loops, sizeof loops, "one loop of %lld steps", (long long)c->run.num_steps);
+    else if (c->run.loop_kind == IFD_LOOP_AUTO)
+        snprintf(loops, sizeof loops,
+                 "loop lengths chosen as it runs (boundaries under 1%%, loops of at most %g s)",
+                 c->run.max_loop_secs);
+    else if (c->run.loop_kind == IFD_LOOP_SECONDS)
+        snprintf(loops, sizeof loops, "loops of about %g s", c->run.loop_secs);
+    else
+        snprintf(loops, sizeof loops, "%lld steps per loop", (long long)c->run.iterations_per_loop);
+    IFD_LOG_INFO("program %s (%s) on %d %s replica%s, batch size %lld, %s", p->cls->name, inputs,
+                 c->run.replicas, c->run.backend, c->run.replicas == 1 ? "" : "s",
+                 (long long)c->run.batch_size, loops);
     const char *pub = bound_endpoint(endpoints, "publish"),
                *ctl = bound_endpoint(endpoints, "control");
     IFD_LOG_INFO("ingest on %s, summaries on %s%s%s, control on %s",

@@ -18,6 +18,8 @@ void ifd_config_defaults(ifd_config *cfg)
     cfg->input_mode = IFD_INPUT_PER_HOST;
     cfg->batch_size = 32;
     cfg->iterations_per_loop = 100;
+    cfg->loop_kind = IFD_LOOP_STEPS;
+    cfg->max_loop_secs = 0.5;
     cfg->num_steps = 0;
     cfg->last_step = 0;
     cfg->initial_global_step = 0;
@@ -134,10 +136,24 @@ int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
             "batch_size: %lld is not divisible by replicas %d (each replica's step "
             "takes batch_size / replicas rows)",
             (long long)cfg->batch_size, cfg->replicas);
-    if (cfg->iterations_per_loop < 1)
+    if ((int)cfg->loop_kind < IFD_LOOP_STEPS || cfg->loop_kind > IFD_LOOP_SECONDS)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "loop_kind: expected IFD_LOOP_STEPS, IFD_LOOP_AUTO or "
+                             "IFD_LOOP_SECONDS, got %d",
+                             (int)cfg->loop_kind);
+    if (cfg->loop_kind == IFD_LOOP_STEPS && cfg->iterations_per_loop < 1)
         return ifd_error_set(err, IFD_EINVAL,
                              "iterations_per_loop: expected a positive integer, got %lld",
                              (long long)cfg->iterations_per_loop);
+    if (cfg->loop_kind == IFD_LOOP_SECONDS && !(cfg->loop_secs > 0.0 && cfg->loop_secs <= MAX_SECS))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "loop_secs: expected seconds above 0, at most %g, got %g", MAX_SECS,
+                             cfg->loop_secs);
+    if (cfg->loop_kind == IFD_LOOP_AUTO &&
+        !(cfg->max_loop_secs > 0.0 && cfg->max_loop_secs <= MAX_SECS))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "max_loop_secs: expected seconds above 0, at most %g, got %g",
+                             MAX_SECS, cfg->max_loop_secs);
     if (cfg->num_steps < 0)
         return ifd_error_set(err, IFD_EINVAL,
                              "num_steps: expected a positive integer (0: unset), got %lld",

@@ -9,6 +9,8 @@
 #include "hooks/hook_internal.h"
 #include "infeed/infeed_internal.h"
 #include "loop/checkpoint_internal.h"
+#include "loop/loop_tuner.h"
+#include "loop/stop_relay.h"
 #include "loop/watchdog.h"
 #include "infeed/hosts.h"
 #include "outfeed/outfeed_internal.h"
@@ -34,7 +36,15 @@ struct ifd_session {
     ifd_prediction_sink pred_sinks[IFD_MAX_PREDICTION_SINKS];
     int npred_sinks;
     ifd_run_context ctx;
-    int stop_requested; /* atomic */
+    int stop_host; /* atomic: -1, or the host whose stop was asked (this one's rank: 0 alone) */
+    ifd_stop_relay relay;
+    int ended_by_eof; /* the last loop ended because the input ended (or was closed) */
+    /* Loop lengths chosen by the session (cfg.loop_kind auto or seconds; not in eval, which runs
+     * one loop): the tuner, and each replica's loop clock at the last loop's end. */
+    int tuned;
+    ifd_loop_tuner tuner;
+    int64_t *clock_run, *clock_first;
+    int64_t last_end_ns; /* when the last loop returned; 0 before the first */
     int ran;
     ifd_end_reason reason;
     char message[256];
@@ -127,6 +137,7 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
     if (ck)
         s->cfg.initial_global_step = ck->global_step;
     s->src = src;
+    s->stop_host = -1;
     rc = ifd_program_init(&s->program, cfg->program, &cfg->settings, err);
     if (rc)
         goto fail_program;
@@ -135,11 +146,12 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
         ifd_error_set(err, rc, "session: rendezvous");
         goto fail_program;
     }
+    ifd_stop_relay_init(&s->relay, cfg->hosts, s->rv, &s->stop_host);
     if (cfg->mode == IFD_MODE_PREDICT && s->program.cls->predict_step == NULL) {
         rc = ifd_error_set(err, IFD_EINVAL,
                            "mode: predict needs a program with a predict step; '%s' has none",
                            cfg->program);
-        goto fail_program;
+        goto fail_device;
     }
     ifd_device_config dc = {
         .replicas = cfg->replicas,
@@ -169,8 +181,10 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
     ifd_rendezvous_on_stop(s->rv, stop_source, s);
     if (cfg->mode == IFD_MODE_TRAIN) {
         ifd_hook h;
-        rc = ifd_hook_stop_at_step(&h, cfg->iterations_per_loop, cfg->num_steps, cfg->last_step,
-                                   err);
+        /* with automatic lengths the hook gives the distance to the last step, the most the
+         * next loop may run */
+        int64_t ipl = cfg->loop_kind == IFD_LOOP_STEPS ? cfg->iterations_per_loop : INT64_MAX;
+        rc = ifd_hook_stop_at_step(&h, ipl, cfg->num_steps, cfg->last_step, err);
         if (rc)
             goto fail_hook;
         s->hooks[s->nhooks++] = h;
@@ -180,6 +194,17 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
         if (rc)
             goto fail_hook;
         s->hooks[s->nhooks++] = h;
+    }
+    s->tuned = cfg->loop_kind != IFD_LOOP_STEPS && cfg->mode != IFD_MODE_EVAL;
+    if (s->tuned) {
+        ifd_loop_tuner_init(&s->tuner, cfg->loop_kind, cfg->loop_secs, cfg->max_loop_secs);
+        s->clock_run = calloc((size_t)cfg->replicas, sizeof *s->clock_run);
+        s->clock_first = calloc((size_t)cfg->replicas, sizeof *s->clock_first);
+        if (s->clock_run == NULL || s->clock_first == NULL) {
+            rc = ifd_error_set(err, IFD_ENOMEM, "session: the loop clocks of %d replicas",
+                               cfg->replicas);
+            goto fail_clocks;
+        }
     }
     if (ifd_hosts_many(cfg->hosts)) {
         s->writer.hosts = cfg->hosts->size;
@@ -194,9 +219,16 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
     *out = s;
     return IFD_OK;
 
+fail_clocks:
+    free(s->clock_run);
+    free(s->clock_first);
 fail_hook:
+    for (int i = 0; i < s->nhooks; i++)
+        if (s->hooks[i].destroy)
+            s->hooks[i].destroy(s->hooks[i].arg);
     ifd_device_destroy(s->dev);
 fail_device:
+    ifd_stop_relay_fini(&s->relay);
     ifd_rendezvous_destroy(s->rv);
 fail_program:
     free(s);
@@ -316,7 +348,8 @@ static int rendezvous_stopping(void *arg)
 static int hosts_agree(ifd_session *s, int64_t *n)
 {
     const ifd_hosts *h = s->cfg.hosts;
-    int64_t v[2] = {*n, __atomic_load_n(&s->stop_requested, __ATOMIC_ACQUIRE) ? h->rank + 1 : 0};
+    int asked = __atomic_load_n(&s->stop_host, __ATOMIC_ACQUIRE);
+    int64_t v[2] = {*n, asked >= 0 ? asked + 1 : 0};
     int64_t lo[1] = {v[0]};
     ifd_error e;
     ifd_error_clear(&e);
@@ -341,12 +374,59 @@ static int hosts_agree(ifd_session *s, int64_t *n)
     return IFD_OK;
 }
 
+/* The host whose stop was asked (this host's rank, or another's that the relay brought), or -1. */
+static int stop_asked(ifd_session *s)
+{
+    return __atomic_load_n(&s->stop_host, __ATOMIC_ACQUIRE);
+}
+
 /* Whether the hosts agree before each loop: train and eval. Predict runs per host: each host
  * ends on its own stopping signal, after as many loops as its own input takes, so a stop request
  * there stops its own host only (docs/multihost.md). */
 static int agree_with_hosts(const ifd_session *s)
 {
     return ifd_hosts_many(s->cfg.hosts) && s->cfg.mode != IFD_MODE_PREDICT;
+}
+
+/* The next loop's length, before the hosts agree on it: the hooks' (stop at step: the distance to
+ * the last step; eval: its steps), else iterations_per_loop; with automatic lengths the tuner's,
+ * which the hooks' length and the step a hook wants a loop to end by cap. */
+static int64_t next_length(ifd_session *s)
+{
+    const ifd_run_context *ctx = &s->ctx;
+    if (!s->tuned)
+        return ctx->next_loop_length > 0 ? ctx->next_loop_length : s->cfg.iterations_per_loop;
+    int64_t n = ifd_loop_tuner_next(&s->tuner);
+    if (ctx->next_loop_length > 0 && ctx->next_loop_length < n)
+        n = ctx->next_loop_length;
+    if (ctx->next_loop_end > ctx->global_step && ctx->next_loop_end - ctx->global_step < n)
+        n = ctx->next_loop_end - ctx->global_step;
+    return n;
+}
+
+/* A loop of n steps ran: its sample for the tuner, from the replica whose loop took longest (its
+ * loop and its first step) and the time since the last loop ended. */
+static void observe_loop(ifd_session *s, int64_t n)
+{
+    int64_t now = ifd_clock_ns(), first = 0, longest = -1;
+    for (int r = 0; r < s->cfg.replicas; r++) {
+        ifd_device_stats st;
+        ifd_device_stats_get(s->dev, r, &st);
+        int64_t run = st.loop_run_ns - s->clock_run[r];
+        if (run > longest) {
+            longest = run;
+            first = st.loop_first_ns - s->clock_first[r];
+        }
+        s->clock_run[r] = st.loop_run_ns;
+        s->clock_first[r] = st.loop_first_ns;
+    }
+    ifd_loop_tuner_observe(&s->tuner, n, longest, first, s->last_end_ns ? now - s->last_end_ns : 0);
+    s->last_end_ns = now;
+    int64_t next = ifd_loop_tuner_next(&s->tuner);
+    if (next != n)
+        IFD_LOG_DEBUG("loop length: a step %.2f us, a loop boundary %.1f us: %lld steps next",
+                      ifd_loop_tuner_step_ns(&s->tuner) * 1e-3,
+                      ifd_loop_tuner_boundary_ns(&s->tuner) * 1e-3, (long long)next);
 }
 
 /* Runs device loops until a hook, a stop request, the input or an error ends the run. */
@@ -363,7 +443,7 @@ static void run_loops(ifd_session *s)
             }
             return;
         }
-        if (!agree_with_hosts(s) && __atomic_load_n(&s->stop_requested, __ATOMIC_ACQUIRE)) {
+        if (!agree_with_hosts(s) && stop_asked(s) >= 0) {
             s->reason = IFD_END_STOPPED;
             snprintf(s->message, sizeof s->message, "stop requested at global step %lld",
                      (long long)ctx->global_step);
@@ -371,8 +451,9 @@ static void run_loops(ifd_session *s)
         }
         if (ifd_rendezvous_stopping(s->rv))
             return;
-        int64_t n = ctx->next_loop_length > 0 ? ctx->next_loop_length : s->cfg.iterations_per_loop;
+        int64_t n = next_length(s);
         ctx->next_loop_length = 0;
+        ctx->next_loop_end = 0;
         if (agree_with_hosts(s) && hosts_agree(s, &n))
             return;
         ctx->loop_length = n;
@@ -394,11 +475,20 @@ static void run_loops(ifd_session *s)
         int64_t done = 0;
         rc = ifd_device_run_loop(s->dev, n, &done, &e);
         ctx->global_step = ifd_device_global_step(s->dev);
-        if (rc == IFD_EEOF && __atomic_load_n(&s->stop_requested, __ATOMIC_ACQUIRE)) {
+        if (s->tuned && rc == IFD_OK)
+            observe_loop(s, n);
+        s->ended_by_eof = rc == IFD_EEOF;
+        if (rc == IFD_EEOF && stop_asked(s) >= 0) {
             s->reason = IFD_END_STOPPED;
-            snprintf(s->message, sizeof s->message,
-                     "stop requested; the input was closed after global step %lld",
-                     (long long)ctx->global_step);
+            if (ifd_hosts_many(s->cfg.hosts))
+                snprintf(s->message, sizeof s->message,
+                         "stop requested on host %d; the input was closed, and every host stopped "
+                         "after global step %lld",
+                         stop_asked(s), (long long)ctx->global_step);
+            else
+                snprintf(s->message, sizeof s->message,
+                         "stop requested; the input was closed after global step %lld",
+                         (long long)ctx->global_step);
             return;
         }
         if (rc == IFD_EEOF && s->cfg.mode == IFD_MODE_PREDICT) {
@@ -452,6 +542,20 @@ static void run_loops_watched(ifd_session *s)
     ifd_watchdog_stop(w);
 }
 
+/* run_loops_watched, with the stop relay beside it on several hosts (train and eval): started
+ * before the first loop, finished after the last (it ends once every host's loops are over). */
+static void run_loops_relayed(ifd_session *s)
+{
+    int relay = agree_with_hosts(s);
+    if (relay && ifd_stop_relay_start(&s->relay)) {
+        ifd_rendezvous_error(s->rv, "session", IFD_ENOMEM, "cannot start the stop relay thread");
+        return;
+    }
+    run_loops_watched(s);
+    if (relay)
+        ifd_stop_relay_finish(&s->relay);
+}
+
 int ifd_session_run(ifd_session *s, ifd_error *err)
 {
     if (s->ran)
@@ -493,7 +597,7 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
         if (rc)
             ifd_rendezvous_error(s->rv, "session", rc, "cannot start the controller threads");
         else if (call_hooks(s, CB_AFTER_CREATE) == IFD_OK)
-            run_loops_watched(s);
+            run_loops_relayed(s);
     }
 
     /* end: STOP and join both controllers, then the hooks, then the last summaries. */
@@ -502,9 +606,10 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
     s->ctx.global_step = ifd_device_global_step(s->dev);
     s->ctx.failed = ifd_rendezvous_cause(s->rv, NULL) != IFD_OK || ifd_rendezvous_stopping(s->rv);
     s->ctx.dropped = ifd_infeed_dropped(s->infeed);
-    /* Several hosts whose input ended on one: the others' infeed threads had taken batches for
-     * steps that never ran (the loop's next ones), so their positions are ahead of the state. */
-    if (ifd_hosts_many(s->cfg.hosts) && s->reason == IFD_END_INPUT_ENDED && s->ctx.dropped == 0)
+    /* Several hosts whose input ended (or was closed) on one: the others' infeed threads had
+     * taken batches for steps that never ran (the loop's next ones), so their positions are ahead
+     * of the state. */
+    if (ifd_hosts_many(s->cfg.hosts) && s->ended_by_eof && s->ctx.dropped == 0)
         s->ctx.dropped = 1;
     call_hooks(s, CB_END);
     if (s->outfeed) {
@@ -530,7 +635,19 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
 
 void ifd_session_request_stop(ifd_session *s)
 {
-    __atomic_store_n(&s->stop_requested, 1, __ATOMIC_RELEASE);
+    int none = -1;
+    int me = ifd_hosts_many(s->cfg.hosts) ? s->cfg.hosts->rank : 0;
+    if (__atomic_compare_exchange_n(&s->stop_host, &none, me, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE))
+        ifd_stop_relay_poke(&s->relay);
+}
+
+int ifd_session_stop_requested(ifd_session *s, int *host)
+{
+    int h = stop_asked(s);
+    if (host)
+        *host = h;
+    return h >= 0;
 }
 
 void ifd_session_abort(ifd_session *s, const char *why)
@@ -611,6 +728,9 @@ void ifd_session_destroy(ifd_session *s)
     for (int i = 0; i < s->nhooks; i++)
         if (s->hooks[i].destroy)
             s->hooks[i].destroy(s->hooks[i].arg);
+    ifd_stop_relay_fini(&s->relay);
     ifd_rendezvous_destroy(s->rv);
+    free(s->clock_run);
+    free(s->clock_first);
     free(s);
 }

@@ -51,6 +51,8 @@ struct ifd_outfeed {
     int64_t last_step;
     ifd_prediction_call pred; /* predict mode */
     int64_t steps_done;       /* steps this run */
+    int64_t loop_n;           /* the length of the loop whose records come now */
+    int64_t window_loop_n;    /* the length of the loop of the window's last step */
     /* Skipped steps (docs/design.md, "Non-finite steps"): this run's, those in a row so far
      * (from global step run_first), the batches named in the window's summary and in the run
      * of skips, and the log's rate limit. */
@@ -252,6 +254,7 @@ static int emit_window(ifd_outfeed *o, ifd_error *err)
     json_object_set_new(j, "mode", json_string(ifd_mode_name(o->cfg.mode)));
     json_object_set_new(j, "global_step", json_integer(o->last_step));
     json_object_set_new(j, "steps", json_integer(m->steps));
+    json_object_set_new(j, "iterations_per_loop", json_integer(o->window_loop_n));
     /* train: the mean over steps of the global batch's loss; eval: summed over replicas and
      * steps, weighted by rows, divided once; predict: no loss. Skipped steps are left out (null
      * when every step was skipped). */
@@ -337,6 +340,7 @@ static int outfeed_step(ifd_outfeed *o, ifd_error *err)
         return ifd_error_prefix(err, "host call at step %lld", (long long)o->recs[0].step);
     time_add(&o->time, o->recs, o->replicas, first);
     o->last_step = o->recs[0].step;
+    o->window_loop_n = o->loop_n;
     /* train and predict: a summary every summary_every steps (train: global steps); eval: one at
      * the end, over every step */
     if (o->cfg.summary_every > 0 && o->cfg.mode != IFD_MODE_EVAL &&
@@ -357,6 +361,7 @@ static void outfeed_main(ifd_opq *q, void *arg)
          * here after the replicas ran many steps, and a window must not end at "now". */
         if (o->time.start_ns == 0)
             o->time.start_ns = ifd_clock_ns();
+        o->loop_n = n;
         for (int64_t i = 0; i < n; i++) {
             int rc = outfeed_step(o, &err);
             if (rc == IFD_EEOF) {

@@ -131,8 +131,9 @@ int64_t ifd_run_context_dropped(const ifd_run_context *ctx);
 
 typedef struct ifd_checkpoint_options {
     const char *dir; /* created when missing (its parent must exist) */
-    int64_t every;   /* steps: a checkpoint at the first loop end at or past each multiple; 0:
-                        only at the end of the run */
+    int64_t every;   /* steps: a checkpoint at the first loop end at or past each multiple
+                        (loops the session sizes itself, loop_kind auto or seconds, end at each
+                        multiple: ifd_run_context_end_next_loop_by); 0: only at the end */
     int keep;        /* checkpoints kept in dir, >= 1 */
     /* Optional: adds each producer's highest consumed seq to c (ifd_checkpoint_set_producer).
      * Called on the session's thread between loops, where every batch the batch source handed

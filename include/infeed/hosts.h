@@ -14,6 +14,10 @@
  *                      and before the first: the checkpoint hook's positions, the cuda backend's
  *                      ncclUniqueId (broadcast) at open
  *   IFD_HOSTS_OUTFEED  the outfeed thread, then the session's thread at the end: summaries
+ *   IFD_HOSTS_STOP     train and eval: the session's stop relay thread, one small all-reduce
+ *                      every few tens of milliseconds while the run goes, so that a stop asked
+ *                      on one host reaches the others even while their loops wait for input.
+ *                      Not latency-critical: an implementation may poll it slowly (MPI: 1 ms)
  *
  * A collective waits for every host. stop(stop_arg) (optional, called while it waits, must not
  * block) returning non-zero gives up the wait with IFD_ESTOPPED: the collective is then left
@@ -31,7 +35,7 @@
 extern "C" {
 #endif
 
-enum { IFD_HOSTS_STEP = 0, IFD_HOSTS_LOOP, IFD_HOSTS_OUTFEED, IFD_HOSTS_NCHANNELS };
+enum { IFD_HOSTS_STEP = 0, IFD_HOSTS_LOOP, IFD_HOSTS_OUTFEED, IFD_HOSTS_STOP, IFD_HOSTS_NCHANNELS };
 
 typedef enum { IFD_HOSTS_MIN = 0, IFD_HOSTS_MAX, IFD_HOSTS_SUM } ifd_hosts_op;
 

@@ -51,6 +51,13 @@ typedef enum {
 } ifd_input_mode;
 typedef enum { IFD_REDUCE_MEAN = 0, IFD_REDUCE_SUM } ifd_loss_reduction;
 typedef enum { IFD_OPT_SGD = 0, IFD_OPT_MOMENTUM, IFD_OPT_ADAM } ifd_optimizer_kind;
+/* How the session picks each device loop's length (docs/design.md, "Loop lengths"). */
+typedef enum {
+    IFD_LOOP_STEPS = 0, /* iterations_per_loop steps */
+    IFD_LOOP_AUTO,      /* measured: a loop boundary costs under 1 % of a loop, which lasts at most
+                           max_loop_secs */
+    IFD_LOOP_SECONDS    /* measured: loops of about loop_secs */
+} ifd_loop_kind;
 
 typedef struct ifd_optimizer {
     ifd_optimizer_kind kind;
@@ -71,9 +78,17 @@ typedef struct ifd_config {
     ifd_program_settings settings;
     ifd_mode mode;
     ifd_input_mode input_mode;
-    int64_t batch_size; /* rows per host batch (several hosts: this host's share) */
-    int64_t iterations_per_loop;
-    int64_t num_steps; /* exactly one of num_steps and last_step is > 0 in train mode */
+    int64_t batch_size;          /* rows per host batch (several hosts: this host's share) */
+    int64_t iterations_per_loop; /* loop_kind IFD_LOOP_STEPS: steps per loop */
+    /* IFD_LOOP_STEPS (the default): every loop runs iterations_per_loop steps (the stop-at-step
+     * hook shortens the last). IFD_LOOP_AUTO, IFD_LOOP_SECONDS: the session measures the step
+     * time and the cost of a loop boundary and picks each loop's length itself; stop at step,
+     * checkpoints (which then fall on exact multiples of their interval), eval's one loop and the
+     * lengths several hosts agree on keep their meaning. Summaries say the length in use. */
+    ifd_loop_kind loop_kind;
+    double loop_secs;     /* IFD_LOOP_SECONDS: how long a loop should take, (0, 86400] s */
+    double max_loop_secs; /* IFD_LOOP_AUTO: the longest a loop may take, (0, 86400] s; 0.5 */
+    int64_t num_steps;    /* exactly one of num_steps and last_step is > 0 in train mode */
     int64_t last_step;
     int64_t initial_global_step;
     ifd_optimizer optimizer;
@@ -283,6 +298,13 @@ int64_t ifd_run_context_loop_length(const ifd_run_context *ctx);
 /* 0-based index of the current loop. */
 int64_t ifd_run_context_loop_index(const ifd_run_context *ctx);
 void ifd_run_context_set_next_loop_length(ifd_run_context *ctx, int64_t n);
+/* Asks that the next loop end at global step `step` at the latest, when the session picks loop
+ * lengths itself (loop_kind IFD_LOOP_AUTO or IFD_LOOP_SECONDS): the checkpoint hook asks for
+ * its next multiple, so that checkpoints fall on exact multiples. Loops of a fixed length
+ * (IFD_LOOP_STEPS) keep it. The earliest step asked for the next loop wins; a step at or before
+ * the global step is ignored. With automatic lengths a length set_next_loop_length gives is
+ * likewise the most the next loop runs (the stop-at-step hook's distance to the last step). */
+void ifd_run_context_end_next_loop_by(ifd_run_context *ctx, int64_t step);
 /* Ends the run after the current loop. The end summary says reason "last_step" when reason is
  * "last_step" (the stop-at-step hook), else reason "stopped" with this reason as its message. */
 void ifd_run_context_request_stop(ifd_run_context *ctx, const char *reason);
@@ -342,6 +364,12 @@ int ifd_session_run(ifd_session *s, ifd_error *err);
 /* Any thread: end the run at the end of the current loop. When the loop then ends early because
  * the input ended, the end reason is still "stopped". */
 void ifd_session_request_stop(ifd_session *s);
+/* Any thread: whether a stop was asked, here (ifd_session_request_stop) or, in train and eval on
+ * several hosts, on another host (the stop relay brings it within tens of milliseconds, even
+ * while this host's loop waits for input: docs/multihost.md). *host (when not NULL) is the rank
+ * of the host that asked (0 on one host), -1 when none did. A program that closes its input when
+ * a stop waits too long for it (infeedd: a second) should do so for either. */
+int ifd_session_stop_requested(ifd_session *s, int *host);
 /* Any thread: end the run now, as an error (IFD_ECANCELED, source "abort", with why as its
  * sentence) unless a real error came first. Every thread wakes; ifd_session_run returns soon. */
 void ifd_session_abort(ifd_session *s, const char *why);

@@ -19,7 +19,9 @@ ISSUE_FLAGS = """--config --listen --publish --control --summaries --backend --r
 
 # docs/config.md keys whose flag is not the key's last component with '_' -> '-'
 RENAMED = {"num_steps": "steps", "optimizer.kind": "optimizer",
-           "initial_infeed_sleep_secs": "initial_infeed_sleep", "watchdog_secs": "watchdog"}
+           "initial_infeed_sleep_secs": "initial_infeed_sleep", "watchdog_secs": "watchdog",
+           "loop_kind": "iterations_per_loop", "loop_secs": "iterations_per_loop",
+           "max_loop_secs": "max_loop_seconds"}
 
 
 def config_md_flags() -> set:

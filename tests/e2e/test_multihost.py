@@ -3,7 +3,8 @@
 2 hosts x 1 replica and 2 x 2 against 1 x 2 and 1 x 4 on the same global batches (each host's
 producer sends its rows of every global batch): the same per-step losses and parameters, the
 same bits on every host; the input ending on one host ends all at the same step; SIGTERM to one
-rank stops all at the same loop boundary; SIGKILL of one rank ends the job, naming it; one
+rank stops all at the same loop boundary, and a stop sent to one host while another's loop waits
+for input ends every host at the same step; SIGKILL of one rank ends the job, naming it; one
 checkpoint holds both hosts' producer positions, a killed 2-host run resumes from it on 2 hosts
 with the losses of an uninterrupted one, and resuming on 1 or 3 hosts is refused; eval and
 predict over 2 hosts equal 1 host, and eval's input ending on one host ends all at the same
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zmq
 
 import ckpt
 import infeed
@@ -224,6 +226,42 @@ def test_same_losses_and_params_as_one_host(tmp_path, rng, hosts, replicas):
         assert np.array_equal(c["slots"], ref["slots"])
 
 
+def test_automatic_loop_lengths_agree_over_hosts(tmp_path, rng):
+    """--iterations-per-loop auto or a duration on 2 hosts: each host measures its own loops, the
+    hosts run the least length any proposes, so every summary step says the same length on both
+    hosts; the losses are one host's, checkpoints fall on exact multiples, the run ends at its
+    last step."""
+    form = rng.choice(["auto", f"{rng.randint(1, 20)}ms"])
+    features, classes, batch = rng.randint(1, 6), rng.randint(2, 4), 2 * rng.randint(1, 3)
+    steps, every = rng.randint(20, 400), rng.randint(2, 40)
+    print(f"{form}: {steps} steps, a checkpoint every {every}, batch {batch}")
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    batches = [(nrng.standard_normal((batch, features)).astype(np.float32),
+                nrng.integers(0, classes, batch, dtype=np.int32)) for _ in range(steps)]
+    common = dict(program="softmax", features=features, classes=classes, batch_size=batch,
+                  steps=steps, iterations_per_loop=form, summary_every=1, checkpoint_every=every,
+                  keep_checkpoints=100000)
+    runs = {}
+    for H in (2, 1):
+        d = tmp_path / f"h{H}"
+        job = Job(d, H, checkpoint_dir=f"{d}/ck", **common)
+        ts, errors = feed(job, batches)
+        assert job.wait() == 0, job.log()
+        for t in ts:
+            t.join(10)
+        assert not errors, errors
+        runs[H] = job
+    lengths = [{s["global_step"]: s["iterations_per_loop"] for s in runs[2].summaries(h)
+                if s["event"] == "train"} for h in range(2)]
+    assert sorted(lengths[0]) == list(range(1, steps + 1)), sorted(lengths[0])
+    assert lengths[0] == lengths[1], "the hosts ran loops of other lengths"
+    np.testing.assert_allclose(train_losses(runs[2], 1), train_losses(runs[1]), rtol=1e-5)
+    for h in range(2):
+        assert runs[2].summaries(h)[-1]["global_step"] == steps
+    got = [int(p.stem[5:]) for p in ckpt.files(tmp_path / "h2" / "ck")]
+    assert got == list(range(every, steps + 1, every)) + ([steps] if steps % every else []), got
+
+
 def test_input_ending_on_one_host_ends_all_at_the_same_step(tmp_path, rng):
     ended_at = rng.randint(2, 12)
     batch = 4
@@ -247,6 +285,33 @@ def test_input_ending_on_one_host_ends_all_at_the_same_step(tmp_path, rng):
         assert end["global_step"] == ended_at, (h, end, job.log())
 
 
+def control(endpoint: str, request: dict, timeout: float = 5.0) -> dict:
+    """One request on a host's control REP socket."""
+    s = zmq.Context.instance().socket(zmq.REQ)
+    s.setsockopt(zmq.LINGER, 0)
+    try:
+        s.connect(endpoint)
+        s.send(json.dumps(request).encode())
+        assert s.poll(int(timeout * 1000)), f"control {endpoint}: no answer to {request}"
+        return json.loads(s.recv())
+    finally:
+        s.close(0)
+
+
+def wait_training(job: Job, timeout: float = 60) -> None:
+    """Until every host answers status on its control socket with a step done."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if all(control(f"ipc://{job.tmp}/ctl-{h}", {"cmd": "status"}, 1.0)["global_step"] > 0
+                   for h in range(job.hosts)):
+                return
+        except AssertionError:  # not answering yet
+            pass
+        time.sleep(0.05)
+    pytest.fail(f"the hosts did not start training within {timeout} s:\n{job.log()}")
+
+
 def test_sigterm_to_one_rank_stops_all_at_one_loop_boundary(tmp_path, rng):
     ipl = rng.randint(2, 6)
     nrng = np.random.default_rng(rng.randrange(1 << 30))
@@ -257,7 +322,7 @@ def test_sigterm_to_one_rank_stops_all_at_one_loop_boundary(tmp_path, rng):
     ts, errors = feed(job, batches)
     pids = job.rank_pids()
     target = rng.choice([0, 1])
-    time.sleep(1.0)
+    wait_training(job)  # (the handlers are in place once the control socket answers)
     os.kill(pids[target], signal.SIGTERM)
     rc = job.wait(30)
     assert rc == 0, job.log()
@@ -269,6 +334,64 @@ def test_sigterm_to_one_rank_stops_all_at_one_loop_boundary(tmp_path, rng):
     assert ends[0]["global_step"] == ends[1]["global_step"] > 0, ends
 
 
+@pytest.mark.parametrize("how", ["sigterm", "control"])
+def test_stop_on_one_host_while_another_has_no_input(tmp_path, rng, how):
+    """A stop sent to one host (SIGTERM, or the control socket's stop) while another host's
+    producer is connected and sends nothing: that host's replica waits for a batch inside a
+    loop, and the asking host's waits for it in the step's collective, so neither reaches the
+    loop boundary where stops agree. The stop reaches every host all the same (the stop relay,
+    docs/multihost.md); each closes its input after the daemon's grace, and every host ends at
+    the same step, exit 0, its end summary naming the host that asked."""
+    asker = rng.choice([0, 1])
+    idle = 1 - asker
+    given = rng.randint(0, 5)  # batches the idle host's producer sends before it goes quiet
+    ipl = rng.randint(given + 1, given + 8)  # the stall is inside a loop, not at its boundary
+    print(f"stop sent to host {asker} by {how}; host {idle} got {given} batches; ipl {ipl}")
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    batches = [(nrng.standard_normal((4, 3)).astype(np.float32),
+                nrng.integers(0, 2, 4, dtype=np.int32)) for _ in range(400)]
+    job = Job(tmp_path, 2, program="softmax", features=3, classes=2, batch_size=4,
+              steps=10 ** 9, iterations_per_loop=ipl, checkpoint_dir=f"{tmp_path}/ck")
+    hold = threading.Event()
+    n = [400, 400]
+    n[idle] = given
+    ts, errors = feed(job, batches, host_batches=n, hold=hold)
+    pids = job.rank_pids()
+    ctl = [f"ipc://{job.tmp}/ctl-{h}" for h in range(2)]
+    # the event: both hosts have run the idle host's batches and its infeed waits for more
+    deadline = time.monotonic() + 30
+    st = None
+    while time.monotonic() < deadline:
+        try:
+            st = [control(c, {"cmd": "status"}, 1.0) for c in ctl]
+        except AssertionError:  # not answering yet
+            st = None
+        if st and st[idle]["infeed_waiting"] and all(s["global_step"] == given for s in st):
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the hosts never stalled at step {given}: {st}\n{job.log()}")
+    if how == "sigterm":
+        os.kill(pids[asker], signal.SIGTERM)
+    else:
+        assert control(ctl[asker], {"cmd": "stop"}) == {"ok": True}
+    try:
+        rc = job.wait(30)
+    finally:
+        hold.set()
+    for t in ts:
+        t.join(10)
+    assert rc == 0, job.log()
+    for h in range(2):
+        end = job.summaries(h)[-1]
+        assert end["event"] == "end" and end["status"] == "ok", (h, end)
+        assert end["reason"] == "stopped", (h, end)
+        assert end["global_step"] == given, (h, end, job.log())
+        assert f"stop requested on host {asker}" in end["message"], (h, end)
+    # the asking host had taken batches for steps that never ran: no end checkpoint
+    assert ckpt.files(tmp_path / "ck") == [], job.log()
+
+
 def test_sigkill_of_one_rank_ends_the_job_naming_it(tmp_path, rng):
     nrng = np.random.default_rng(rng.randrange(1 << 30))
     batches = [(nrng.standard_normal((4, 3)).astype(np.float32),
@@ -278,7 +401,7 @@ def test_sigkill_of_one_rank_ends_the_job_naming_it(tmp_path, rng):
     ts, errors = feed(job, batches, timeout=5)
     pids = job.rank_pids()
     victim = rng.choice([0, 1])
-    time.sleep(1.0)
+    wait_training(job)
     t0 = time.monotonic()
     os.kill(pids[victim], signal.SIGKILL)
     rc = job.wait(20)

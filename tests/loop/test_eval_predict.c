@@ -177,19 +177,6 @@ static int collect(void *ctx, const ifd_batch *b, const ifd_predictions *p, ifd_
     return IFD_OK;
 }
 
-/* Drops the label tensors (the last inputs of the dense programs): a predict-mode batch. */
-static void strip_labels(const ifd_program *p, tu_batch *tb)
-{
-    int keep = 0;
-    for (int i = 0; i < p->ninputs; i++)
-        keep += !(p->labels & (1u << i));
-    for (int i = keep; i < IFD_MAX_INPUTS; i++) {
-        free(tb->data[i]);
-        tb->data[i] = NULL;
-    }
-    tb->b.ntensors = keep;
-}
-
 /* `total` rows in batches of batch rows (the last one partial), R replicas: exactly total
  * predictions, batch by batch in order, equal to the host reference, with the padding and the
  * stopping-signal batch dropped. */
@@ -211,7 +198,7 @@ static void check_predict(const char *prog, int replicas, int64_t batch, int64_t
     for (int64_t i = 0; i < nb; i++) {
         int64_t rows = i == nb - 1 ? total - batch * (nb - 1) : batch;
         bs[i] = tu_batch_random(&p, rows, i, rng);
-        strip_labels(&p, bs[i]);
+        tu_strip_labels(&p, bs[i]);
     }
     collector c = {.got = calloc((size_t)nb + 4, sizeof(got_batch)), .cap = nb + 4, .cols = k};
     ifd_prediction_sink sink = {.write = collect, .ctx = &c};

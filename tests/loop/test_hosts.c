@@ -151,17 +151,64 @@ typedef struct host_run {
     tu_batch **batches; /* this host's, owned until pushed */
     int64_t n;
     int stopper; /* ifd_session_request_stop once the run is past its first step */
-    ifd_session *s;
+    /* stopper with stall_at >= 0: once the hosts in idle[] all wait for input at global step
+     * stall_at instead (their sessions, atomically set, in sessions[]) */
+    int64_t stall_at;
+    struct host_run *all;
+    int H;
+    int keep_open;     /* the input stays open after the host's batches */
+    int close_on_stop; /* the embedding program's part (infeedd's, after its grace): the input
+                          is closed once the session says a stop was asked, here or elsewhere */
+    int stop_seen;     /* close_on_stop: the host ifd_session_stop_requested named */
+    tu_loops *loops;   /* when not NULL, every loop of the host's run is recorded here */
+    ifd_session *s;    /* atomic */
+    int done;          /* atomic: the run returned */
     tu_result res;
 } host_run;
+
+static ifd_session *session_of(host_run *hr)
+{
+    return __atomic_load_n(&hr->s, __ATOMIC_ACQUIRE);
+}
+
+/* Whether every host but the stopper waits for input at global step hr->stall_at. */
+static int stalled(host_run *hr)
+{
+    for (int h = 0; h < hr->H; h++) {
+        ifd_session *s = session_of(&hr->all[h]);
+        if (s == NULL || ifd_session_global_step(s) != hr->stall_at)
+            return 0;
+        if (&hr->all[h] != hr && !ifd_session_infeed_waiting(s, NULL, NULL))
+            return 0;
+    }
+    return 1;
+}
 
 static void *stopper_main(void *arg)
 {
     host_run *hr = arg;
     struct timespec ms = {0, 1000000L};
-    while (ifd_session_global_step(hr->s) < 1)
+    while (hr->stall_at < 0 ? ifd_session_global_step(hr->s) < 1 : !stalled(hr))
         nanosleep(&ms, NULL);
     ifd_session_request_stop(hr->s);
+    return NULL;
+}
+
+typedef struct closer {
+    host_run *hr;
+    ifd_batch_queue *q;
+} closer;
+
+static void *closer_main(void *arg)
+{
+    closer *c = arg;
+    struct timespec ms = {0, 1000000L};
+    int who = -1;
+    while (!__atomic_load_n(&c->hr->done, __ATOMIC_ACQUIRE) &&
+           !ifd_session_stop_requested(c->hr->s, &who))
+        nanosleep(&ms, NULL);
+    c->hr->stop_seen = who;
+    ifd_batch_queue_close(c->q);
     return NULL;
 }
 
@@ -171,16 +218,25 @@ static void *host_main(void *arg)
     ifd_batch_queue *q;
     ck_assert_int_eq(ifd_batch_queue_create(&q, 4), IFD_OK);
     ifd_sink *sink;
-    ifd_session *s =
-        tu_session_create(&hr->cfg, ifd_batch_queue_source(q), NULL, NULL, 0, &sink, &hr->res);
-    tu_producer *p = tu_producer_start(q, hr->batches, hr->n, 0);
-    hr->s = s;
-    pthread_t st;
+    ifd_hook rec;
+    if (hr->loops)
+        rec = tu_loops_hook(hr->loops);
+    ifd_session *s = tu_session_create(&hr->cfg, ifd_batch_queue_source(q), NULL, &rec,
+                                       hr->loops ? 1 : 0, &sink, &hr->res);
+    tu_producer *p = tu_producer_start(q, hr->batches, hr->n, hr->keep_open);
+    __atomic_store_n(&hr->s, s, __ATOMIC_RELEASE);
+    pthread_t st, ct;
+    closer c = {hr, q};
     if (hr->stopper)
         ck_assert_int_eq(pthread_create(&st, NULL, stopper_main, hr), 0);
+    if (hr->close_on_stop)
+        ck_assert_int_eq(pthread_create(&ct, NULL, closer_main, &c), 0);
     hr->res.rc = ifd_session_run(s, &hr->res.err);
+    __atomic_store_n(&hr->done, 1, __ATOMIC_RELEASE);
     if (hr->stopper)
         pthread_join(st, NULL);
+    if (hr->close_on_stop)
+        pthread_join(ct, NULL);
     ifd_batch_queue_close(q);
     tu_producer_join(p);
     tu_result_collect(&hr->res, s, hr->cfg.replicas, sink);
@@ -188,16 +244,30 @@ static void *host_main(void *arg)
     return NULL;
 }
 
+/* The rest of run_hosts' options: input left open, closed on a stop; the stopper's stall. */
+typedef struct hosts_opts {
+    int stopper;      /* the host whose session is asked to stop, -1: none */
+    int64_t stall_at; /* see host_run; -1: once past the first step */
+    int keep_open, close_on_stop;
+    tu_loops *loops; /* NULL, or one a host: their loops */
+} hosts_opts;
+
 /* Runs cfg (the global batch, R replicas a host) on H hosts, host h fed its rows of
  * batches[0..nper[h]). hr[h].res holds each host's result. */
-static void run_hosts(const ifd_config *cfg, int H, tu_batch **batches, const int64_t *nper,
-                      int stopper, host_run *hr)
+static void run_hosts_with(const ifd_config *cfg, int H, tu_batch **batches, const int64_t *nper,
+                           const hosts_opts *o, host_run *hr)
 {
     fake_job job;
     fake_job_init(&job, H);
     int64_t rows = cfg->batch_size / H;
     for (int h = 0; h < H; h++) {
         memset(&hr[h], 0, sizeof hr[h]);
+        hr[h].all = hr;
+        hr[h].H = H;
+        hr[h].stall_at = o->stall_at;
+        hr[h].keep_open = o->keep_open;
+        hr[h].close_on_stop = o->close_on_stop;
+        hr[h].loops = o->loops ? &o->loops[h] : NULL;
         hr[h].cfg = *cfg;
         hr[h].cfg.batch_size = rows;
         hr[h].cfg.hosts = &job.hosts[h];
@@ -205,7 +275,7 @@ static void run_hosts(const ifd_config *cfg, int H, tu_batch **batches, const in
         hr[h].batches = calloc((size_t)nper[h] + 1, sizeof(tu_batch *));
         for (int64_t i = 0; i < nper[h]; i++)
             hr[h].batches[i] = host_rows(batches[i], h, rows);
-        hr[h].stopper = h == stopper;
+        hr[h].stopper = h == o->stopper;
     }
     for (int h = 0; h < H; h++)
         ck_assert_int_eq(pthread_create(&hr[h].t, NULL, host_main, &hr[h]), 0);
@@ -214,6 +284,23 @@ static void run_hosts(const ifd_config *cfg, int H, tu_batch **batches, const in
         free(hr[h].batches);
     }
     fake_job_fini(&job);
+}
+
+static void run_hosts(const ifd_config *cfg, int H, tu_batch **batches, const int64_t *nper,
+                      int stopper, host_run *hr)
+{
+    hosts_opts o = {.stopper = stopper, .stall_at = -1};
+    run_hosts_with(cfg, H, batches, nper, &o, hr);
+}
+
+/* The reference: cfg on one host with `replicas` replicas over the same global batches. */
+static void run_one_host(const ifd_config *cfg, int replicas, tu_batch **batches, int64_t n,
+                         tu_result *ref)
+{
+    ifd_config one = *cfg;
+    one.replicas = replicas;
+    tu_run(&one, batches, n, ref);
+    RASSERT(ref->rc == IFD_OK, "one host: %s", ifd_error_text(&ref->err));
 }
 
 /* The "loss" of every train summary, in order. */
@@ -259,11 +346,8 @@ START_TEST(hosts_match_one_host)
     int64_t steps = cfg.num_steps, n = steps + 2;
     tu_batch **batches = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
 
-    ifd_config one = cfg;
-    one.replicas = H * R;
     tu_result ref;
-    tu_run(&one, batches, n, &ref);
-    RASSERT(ref.rc == IFD_OK, "one host: %s", ifd_error_text(&ref.err));
+    run_one_host(&cfg, H * R, batches, n, &ref);
 
     cfg.replicas = R;
     host_run hr[MAX_HOSTS];
@@ -361,6 +445,96 @@ START_TEST(stop_on_one_host_stops_all_at_a_loop_boundary)
 }
 END_TEST
 
+/* Loop lengths the session picks (loop_kind auto, seconds): each host measures its own loops, and
+ * the hosts run the least length any proposes (the loop collective's MIN), so every host runs the
+ * same loops, to the last step, with the parameters of one host over the same global batches. */
+START_TEST(hosts_agree_on_automatic_lengths)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int H = (int)rand_between(&rng, 2, 3), R = (int)rand_between(&rng, 1, 2);
+    ifd_config cfg;
+    tu_config_train(&cfg, "softmax", (ifd_optimizer_kind)rand_between(&rng, 0, 2),
+                    rand_between(&rng, 1, 6), rand_between(&rng, 2, 4), H * R, 1,
+                    ifd_rng_next(&rng));
+    int secs = (int)rand_between(&rng, 0, 1);
+    cfg.loop_kind = secs ? IFD_LOOP_SECONDS : IFD_LOOP_AUTO;
+    cfg.loop_secs = (double)rand_between(&rng, 1, 10) / 1000.0;
+    cfg.max_loop_secs = (double)rand_between(&rng, 1, 100) / 1000.0;
+    cfg.summary_every = 0;
+    int64_t steps = rand_between(&rng, 1, 600);
+    cfg.num_steps = steps;
+    tu_batch **batches = tu_batches_random(&cfg, steps, ifd_rng_next(&rng));
+    tu_result ref;
+    run_one_host(&cfg, H * R, batches, steps, &ref);
+
+    cfg.replicas = R;
+    tu_loops *loops = calloc((size_t)H, sizeof *loops);
+    hosts_opts o = {.stopper = -1, .stall_at = -1, .loops = loops};
+    int64_t nper[MAX_HOSTS] = {steps, steps, steps, steps};
+    host_run hr[MAX_HOSTS];
+    run_hosts_with(&cfg, H, batches, nper, &o, hr);
+    for (int h = 0; h < H; h++) {
+        tu_result *r = &hr[h].res;
+        RASSERT(r->rc == IFD_OK && r->global_step == steps && r->reason == IFD_END_LAST_STEP,
+                "host %d: %s (step %lld)", h, ifd_error_text(&r->err), (long long)r->global_step);
+        RASSERT(loops[h].n == loops[0].n, "host %d ran %d loops, host 0 %d", h, loops[h].n,
+                loops[0].n);
+        for (int i = 0; i < loops[h].n; i++)
+            RASSERT(loops[h].start[i] == loops[0].start[i] && loops[h].len[i] == loops[0].len[i],
+                    "%s: loop %d: host %d ran %lld steps from %lld, host 0 %lld from %lld",
+                    secs ? "seconds" : "auto", i, h, (long long)loops[h].len[i],
+                    (long long)loops[h].start[i], (long long)loops[0].len[i],
+                    (long long)loops[0].start[i]);
+        RASSERT(memcmp(r->params, ref.params, sizeof(float) * (size_t)ref.nparams) == 0,
+                "host %d's parameters differ from one host's", h);
+        tu_result_free(r);
+    }
+    free(loops);
+    tu_result_free(&ref);
+    tu_batches_free(batches, steps);
+}
+END_TEST
+
+/* The stop relay (loop/stop_relay.h): a stop asked on one host while the others' loops wait for
+ * input inside a loop (their input open and empty: a producer gone quiet) reaches them, and the
+ * embedding program (here a thread standing for infeedd's grace) closes their input: every host
+ * then ends at the same step, "stopped", knowing which host asked. Without the relay the idle
+ * hosts never learn of the stop and the run never ends. */
+START_TEST(stop_reaches_hosts_whose_loop_waits_for_input)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int H = (int)rand_between(&rng, 2, 3), R = (int)rand_between(&rng, 1, 2);
+    int64_t given = rand_between(&rng, 0, 5), ipl = rand_between(&rng, given + 1, given + 6);
+    ifd_config cfg;
+    tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 2, H * R * 2, ipl, ifd_rng_next(&rng));
+    cfg.num_steps = 1000000;
+    cfg.replicas = R;
+    int64_t n = 200;
+    tu_batch **batches = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
+    int stopper = (int)rand_between(&rng, 0, H - 1);
+    int64_t nper[MAX_HOSTS];
+    for (int h = 0; h < H; h++)
+        nper[h] = h == stopper ? n : given; /* the others go quiet after `given` batches */
+    hosts_opts o = {.stopper = stopper, .stall_at = given, .keep_open = 1, .close_on_stop = 1};
+    host_run hr[MAX_HOSTS];
+    run_hosts_with(&cfg, H, batches, nper, &o, hr);
+    for (int h = 0; h < H; h++) {
+        tu_result *r = &hr[h].res;
+        RASSERT(r->rc == IFD_OK, "host %d: %s", h, ifd_error_text(&r->err));
+        RASSERT(r->reason == IFD_END_STOPPED && r->global_step == given,
+                "host %d of %d: reason %d at step %lld; host %d was asked to stop while the "
+                "others waited for input at step %lld",
+                h, H, (int)r->reason, (long long)r->global_step, stopper, (long long)given);
+        RASSERT(hr[h].stop_seen == stopper, "host %d: the stop was asked on host %d, it says %d", h,
+                stopper, hr[h].stop_seen);
+        tu_result_free(r);
+    }
+    tu_batches_free(batches, n);
+}
+END_TEST
+
 /* Random global batches with NaN in rows that belong to one host: every host skips those steps
  * (the verdict rides in the all-reduce), every host ends with the bits of one host with H x R
  * replicas on the same batches, and each host's summaries count the skipped steps. */
@@ -384,11 +558,8 @@ START_TEST(a_nonfinite_step_is_skipped_on_every_host)
             ((float *)batches[i]->data[0])[row * cols] = NAN;
             bad++;
         }
-    ifd_config one = cfg;
-    one.replicas = H * R;
     tu_result ref;
-    tu_run(&one, batches, n, &ref);
-    RASSERT(ref.rc == IFD_OK, "one host: %s", ifd_error_text(&ref.err));
+    run_one_host(&cfg, H * R, batches, n, &ref);
     cfg.replicas = R;
     host_run hr[MAX_HOSTS];
     int64_t nper[MAX_HOSTS] = {n, n, n, n};
@@ -455,6 +626,8 @@ int main(void)
     tcase_add_loop_test(tc, hosts_match_one_host, 0, 16);
     tcase_add_loop_test(tc, input_ending_on_one_host_stops_all, 0, 8);
     tcase_add_loop_test(tc, stop_on_one_host_stops_all_at_a_loop_boundary, 0, 4);
+    tcase_add_loop_test(tc, stop_reaches_hosts_whose_loop_waits_for_input, 0, 6);
+    tcase_add_loop_test(tc, hosts_agree_on_automatic_lengths, 0, 8);
     tcase_add_loop_test(tc, cuda_needs_the_broadcast, 0, 4);
     tcase_add_loop_test(tc, a_nonfinite_step_is_skipped_on_every_host, 0, 6);
     suite_add_tcase(s, tc);

@@ -392,3 +392,41 @@ int tu_run_suite(Suite *s)
     srunner_free(sr);
     return failed == 0 ? 0 : 1;
 }
+
+/* Drops the label tensors (the last inputs of the dense programs): a predict-mode batch. */
+void tu_strip_labels(const ifd_program *p, tu_batch *tb)
+{
+    int keep = 0;
+    for (int i = 0; i < p->ninputs; i++)
+        keep += !(p->labels & (1u << i));
+    for (int i = keep; i < IFD_MAX_INPUTS; i++) {
+        free(tb->data[i]);
+        tb->data[i] = NULL;
+    }
+    tb->b.ntensors = keep;
+}
+
+static int loops_before(void *arg, ifd_run_context *ctx, ifd_error *err)
+{
+    (void)err;
+    tu_loops *l = arg;
+    ck_assert_int_lt(l->n, TU_MAX_LOOPS);
+    l->start[l->n] = ifd_run_context_global_step(ctx);
+    l->len[l->n] = ifd_run_context_loop_length(ctx);
+    return IFD_OK;
+}
+
+static int loops_after(void *arg, ifd_run_context *ctx, ifd_error *err)
+{
+    (void)err;
+    tu_loops *l = arg;
+    l->end[l->n++] = ifd_run_context_global_step(ctx);
+    return IFD_OK;
+}
+
+ifd_hook tu_loops_hook(tu_loops *l)
+{
+    memset(l, 0, sizeof *l);
+    return (ifd_hook){
+        .name = "loops", .before_run = loops_before, .after_run = loops_after, .arg = l};
+}

@@ -23,6 +23,8 @@ tu_batch *tu_batch_random(const ifd_program *p, int64_t rows, int64_t seq, ifd_r
 /* A deep copy (same values), so several runs can consume the same data. */
 tu_batch *tu_batch_clone(const tu_batch *src);
 void tu_batch_free(tu_batch *tb);
+/* Drops the label tensors (the last inputs of the dense programs): a predict-mode batch. */
+void tu_strip_labels(const ifd_program *p, tu_batch *tb);
 
 /* A producer thread that pushes batches[0..n) into a batch queue, then closes it (unless
  * keep_open). Takes ownership of the batches it pushes. */
@@ -93,6 +95,15 @@ typedef int (*tu_step_fn)(const ifd_program *p, const ifd_ops *ops, const ifd_st
 int tu_register_softmax_like(const char *name, tu_step_fn step);
 int tu_softmax_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
                     ifd_error *err);
+
+/* A hook that records every loop of a session: where it starts, its length, where it ends. */
+#define TU_MAX_LOOPS 4096
+typedef struct tu_loops {
+    int n;
+    int64_t start[TU_MAX_LOOPS], len[TU_MAX_LOOPS], end[TU_MAX_LOOPS];
+} tu_loops;
+/* Clears l and returns the hook that fills it. */
+ifd_hook tu_loops_hook(tu_loops *l);
 
 /* Random seeds that a failure names: IFD_TEST_SEED when set, else the clock. Each test runs in
  * its own forked process, so one global seed per process is enough. */
