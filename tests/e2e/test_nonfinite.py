@@ -57,7 +57,9 @@ def test_a_batch_of_3e38_skips_its_step_and_the_run_goes_on(daemon, rng):
     assert sum(s["skipped_steps"] for s in trains) == len(bad)
     assert sorted(skipped_batches(d)) == sorted(("loader-0", i, i + 1) for i in bad), d.summaries()
     assert all(s["loss"] is None or np.isfinite(s["loss"]) for s in trains), trains
-    assert np.isfinite(trains[-1]["loss"]) and trains[-1]["loss"] < trains[0]["loss"] + 1, trains
+    # (a window of skipped steps only has no loss)
+    losses = [s["loss"] for s in trains if s["loss"] is not None]
+    assert losses and losses[-1] < losses[0] + 1, trains
     assert "skipped" in d.log() and "loader-0" in d.log()
 
 
