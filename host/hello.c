@@ -457,7 +457,7 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
                         "producer '%s' asked for shared memory and got none: %s",
                         ifd_log_escape(p->name, n, sizeof n), refused);
     }
-    ingest_send_json(g, from, IFD_MSG_WELCOME, w);
+    ingest_send_json(g, from, IFD_MSG_WELCOME, w, 1);
     json_decref(j);
     ingest_count_producers(g);
     return;

@@ -29,95 +29,6 @@ void ifd_ingest_wake(ifd_ingest *g)
     (void)n; /* EAGAIN: the counter is already non-zero, the thread will wake */
 }
 
-void ingest_send_failed(ifd_ingest *g, const producer_rid *to, const char *what, int type)
-{
-    int e = zmq_errno();
-    if (e == EHOSTUNREACH) { /* the connection is closed or its heartbeats timed out */
-        IFD_LOG_DEBUG("ingest: %s (type %d) was not sent: the peer is gone", what, type);
-        ingest_note_gone(g, to);
-        return;
-    }
-    IFD_LOG_LIMITED(&g->lim_reject, IFD_LOG_WARN, "ingest: %s (type %d) was not sent: %s", what,
-                    type, zmq_strerror(e));
-}
-
-void ingest_send_parts(ifd_ingest *g, const producer_rid *to, const void *hdr, size_t hlen,
-                       const char *json)
-{
-    int rc = zmq_send(g->router, to->rid, to->len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    if (rc >= 0)
-        rc = zmq_send(g->router, hdr, hlen, (json ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
-    if (rc >= 0 && json)
-        rc = zmq_send(g->router, json, strlen(json), ZMQ_DONTWAIT);
-    if (rc < 0)
-        ingest_send_failed(g, to, "a reply", ((const uint8_t *)hdr)[6]);
-}
-
-void ingest_send_json(ifd_ingest *g, const producer_rid *to, int type, json_t *j)
-{
-    uint8_t hdr[IFD_PROTO_HDR];
-    ifd_proto_header(hdr, type);
-    char *text = json_dumps(j, JSON_COMPACT);
-    json_decref(j);
-    if (text) {
-        ingest_send_parts(g, to, hdr, sizeof hdr, text);
-        free(text);
-    }
-}
-
-/* Printable ASCII kept, every other byte written as \xHH, always terminated. */
-void ingest_ascii_escape(const char *in, char *out, size_t len)
-{
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)in; *p && o + 5 < len; p++) {
-        if (*p >= 0x20 && *p < 0x7f)
-            out[o++] = (char)*p;
-        else
-            o += (size_t)snprintf(out + o, len - o, "\\x%02x", *p);
-    }
-    out[o] = '\0';
-}
-
-/* ERROR: code, seq (< 0: null), credit returned, and the sentence. */
-void ingest_send_error(ifd_ingest *g, const producer_rid *to, int code, int64_t seq, int credit,
-                       const char *fmt, ...)
-{
-    char msg[IFD_ERROR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (IFD_LOG_INFO <= ifd_log_level_) { /* every rejection, escaped, rate-limited */
-        char safe[4 * IFD_ERROR_MSG_MAX + 1];
-        IFD_LOG_LIMITED(&g->lim_reject, IFD_LOG_INFO, "rejected (%s): %s", ifd_errname(code),
-                        ifd_log_escape(msg, safe, sizeof safe));
-    }
-    json_t *j = json_object();
-    const char *name = ifd_errname(code);
-    if (strncmp(name, "IFD_", 4) == 0) /* the wire names are ESHAPE, EPROTO, ... */
-        name += 4;
-    json_object_set_new(j, "code", json_string(name));
-    json_object_set_new(j, "seq", seq != NO_SEQ ? json_integer(seq) : json_null());
-    json_object_set_new(j, "credit", json_integer(credit));
-    json_t *text = json_string(msg);
-    if (text == NULL) { /* not UTF-8: bytes a peer sent, quoted back; escape them */
-        char safe[IFD_ERROR_MSG_MAX * 2];
-        ingest_ascii_escape(msg, safe, sizeof safe);
-        text = json_string(safe);
-    }
-    json_object_set_new(j, "message", text);
-    ingest_send_json(g, to, IFD_MSG_ERROR, j);
-}
-
-void ingest_send_credit_msg(ifd_ingest *g, const producer_rid *to, int type, int64_t seq,
-                            int credit)
-{
-    uint8_t hdr[IFD_PROTO_ACK_HDR];
-    size_t len = type == IFD_MSG_ACK ? ifd_proto_ack(hdr, seq, (uint32_t)credit)
-                                     : ifd_proto_credit(hdr, (uint32_t)credit);
-    ingest_send_parts(g, to, hdr, len, NULL);
-}
-
 const char *ingest_dims_format(int rank, const int64_t *dims, char *buf, size_t len)
 {
     ifd_shape s = {.rank = rank};
@@ -311,6 +222,8 @@ void ifd_ingest_destroy(ifd_ingest *g)
     }
     free(g->producers);
     ingest_producers_free(g);
+    ingest_replies_free(g);
+    ingest_ended_conns_free(g);
     /* libzmq waits on a monitor event nobody reads: stop the monitoring before the monitor */
     ifd_monitor_unwatch(g->router);
     ifd_monitor_unwatch(g->rep);
@@ -416,10 +329,10 @@ static int recv_message(ifd_ingest *g, zmq_msg_t *parts, int *nparts, int *total
 
 /*
  * After the BYEs: read and drop what producers still send (at most their credit) until the
- * socket has been quiet for DRAIN_QUIET_NS, for at most DRAIN_MAX_NS. Closing a TCP socket with
- * unread data makes the kernel answer with a reset, and a reset can destroy the last ACKs and
- * the BYE before the producer has read them (seen under load: a producer waiting for a BYE that
- * the daemon had sent).
+ * socket has been quiet for DRAIN_QUIET_NS and every kept reply is sent (or its connection
+ * gone), for at most DRAIN_MAX_NS. Closing a TCP socket with unread data makes the kernel answer
+ * with a reset, and a reset can destroy the last ACKs and the BYE before the producer has read
+ * them (seen under load: a producer waiting for a BYE that the daemon had sent).
  */
 #define DRAIN_QUIET_NS 50000000LL
 #define DRAIN_MAX_NS 2000000000LL
@@ -427,9 +340,11 @@ static void drain_router(ifd_ingest *g)
 {
     int64_t start = ifd_clock_ns(), quiet_since = start;
     zmq_msg_t parts[MAX_PARTS + 1];
-    while (ifd_clock_ns() - start < DRAIN_MAX_NS && ifd_clock_ns() - quiet_since < DRAIN_QUIET_NS) {
+    while (ifd_clock_ns() - start < DRAIN_MAX_NS &&
+           (ifd_clock_ns() - quiet_since < DRAIN_QUIET_NS || ingest_replies_waiting(g))) {
+        ingest_replies_flush(g);
         zmq_pollitem_t it = {.socket = g->router, .events = ZMQ_POLLIN};
-        if (zmq_poll(&it, 1, 10) <= 0)
+        if (zmq_poll(&it, 1, ingest_replies_waiting(g) ? 2 : 10) <= 0)
             continue;
         int np, total;
         while (recv_message(g, parts, &np, &total) == 0) {
@@ -443,21 +358,24 @@ static void drain_router(ifd_ingest *g)
 static void finish(ifd_ingest *g)
 {
     ingest_send_acks(g);
+    json_t *bye = json_object();
+    json_object_set_new(bye, "status", json_string(g->fin_code ? "error" : "ok"));
+    json_object_set_new(bye, "reason", json_string(g->fin_reason));
+    json_object_set_new(bye, "global_step", json_integer(ifd_session_global_step(g->session)));
+    if (g->fin_message[0])
+        json_object_set_new(bye, "message", json_string(g->fin_message));
     for (int i = 0; i < g->cfg->max_producers; i++) {
         producer *p = &g->producers[i];
         if (!p->used || !p->welcomed || p->rid_len == 0)
             continue;
-        json_t *b = json_object();
-        json_object_set_new(b, "status", json_string(g->fin_code ? "error" : "ok"));
-        json_object_set_new(b, "reason", json_string(g->fin_reason));
-        json_object_set_new(b, "global_step", json_integer(ifd_session_global_step(g->session)));
+        json_t *b = json_copy(bye);
         json_object_set_new(b, "acked_seq", json_integer(p->acked_seq));
-        if (g->fin_message[0])
-            json_object_set_new(b, "message", json_string(g->fin_message));
         producer_rid r = ingest_rid_of(p);
-        ingest_send_json(g, &r, IFD_MSG_BYE, b);
+        ingest_send_json(g, &r, IFD_MSG_BYE, b, 1);
         IFD_LOG_DEBUG("BYE to producer '%s' (acked up to %" PRId64 ")", p->name, p->acked_seq);
     }
+    ingest_bye_ended_conns(g, bye);
+    json_decref(bye);
     drain_router(g);
 }
 
@@ -474,7 +392,7 @@ static void *io_main(void *arg)
         items[n++] = (zmq_pollitem_t){.socket = g->rep, .events = ZMQ_POLLIN};
     zmq_msg_t parts[MAX_PARTS + 1];
     for (;;) {
-        int rc = zmq_poll(items, n, g->nbusy ? 5 : 100);
+        int rc = zmq_poll(items, n, g->nbusy || ingest_replies_waiting(g) ? 5 : 100);
         if (rc < 0 && zmq_errno() != EINTR) {
             IFD_LOG_ERROR("ingest: zmq_poll: %s", zmq_strerror(zmq_errno()));
             ifd_sleep_ns(10000000);
@@ -497,6 +415,7 @@ static void *io_main(void *arg)
         }
         if (i_rep >= 0 && rc > 0 && (items[i_rep].revents & ZMQ_POLLIN))
             ingest_handle_control(g);
+        ingest_replies_flush(g);
         ingest_send_acks(g);
         ingest_sample_rates(g);
         ingest_watch_infeed(g);

@@ -33,7 +33,8 @@ def memory_bound(max_producers, credit, conns_ingest, conns_publish, conns_contr
     """docs/protocol.md's formula, for the softmax program (x float32 [D], y int32)."""
     tensors = [batch_rows * D * 4, batch_rows * 4]
     batch_bytes, max_frame = sum(tensors), max(max(tensors), HELLO_MAX)
-    ingest = ROUTER_RCVHWM * (len(tensors) + 2) * max_frame + (2 * credit + 16) * 512 + CONN_COST
+    replies = (2 * credit + 16) * 3  # queued in libzmq, and twice that in the outbox
+    ingest = ROUTER_RCVHWM * (len(tensors) + 2) * max_frame + replies * 512 + CONN_COST
     control = CONTROL_HWM * CONTROL_MAXMSG + CONN_COST
     publish = PUB_RCVHWM * PUB_MAXMSG + CONN_COST
     return (BASE + max_producers * credit * 2 * batch_bytes + conns_ingest * ingest
