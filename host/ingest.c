@@ -84,6 +84,7 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     g->cfg = c;
     g->signals = signals;
     g->efd = -1;
+    g->msg_fd = -1;
     ifd_mutex_init(&g->qmu);
     ifd_cond_init(&g->qcv);
     ifd_mutex_init(&g->omu);
@@ -129,9 +130,10 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     if (c->run.input_mode == IFD_INPUT_PER_HOST_V2 && g->credit < c->run.replicas)
         g->credit = c->run.replicas;
     int conns = ifd_daemon_max_connections(c);
-    ifd_memory_terms mt = {c->max_producers, g->credit, batch_bytes, g->max_frame,
-                           tensors,          conns,     conns,       conns};
-    if ((rc = ifd_monitor_create(&g->monitor, g->zctx, conns, ifd_memory_bound(&mt), err)))
+    /* the ingest's: its connections and the refused ones held for their answer */
+    ifd_memory_terms mt = {c->max_producers,       g->credit, batch_bytes, g->max_frame, tensors,
+                           conns + IFD_CONNS_HELD, conns,     conns};
+    if ((rc = ifd_monitor_create(&g->monitor, conns, ifd_memory_bound(&mt), err)))
         goto fail;
     if (c->shm)
         IFD_LOG_INFO("shared-memory pools (--shm on): at most %zu MiB besides the heap "
@@ -152,14 +154,22 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     zmq_setsockopt(g->router, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
     zmq_setsockopt(g->router, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
     zmq_setsockopt(g->router, ZMQ_HANDSHAKE_IVL, &hs, sizeof hs);
+    /* A connection over the limit takes the place of one without a producer for as long as a
+     * handshake may take; else it is told why in an ERROR (host/conns.h). */
+    ifd_conns_rules in_rules = {.max = conns,
+                                .idle_ns = IFD_HANDSHAKE_IVL_MS * 1000000LL,
+                                .idle = "no producer on it",
+                                .hold = 1};
     if ((rc = ifd_security_apply(c->security, g->router, IFD_SOCK_INGEST, err)) != IFD_OK ||
-        (rc = ifd_monitor_watch(g->monitor, g->router, "ingest", err)))
+        (rc =
+             ifd_conns_create(&g->conns, g->monitor, g->zctx, g->router, "ingest", &in_rules, err)))
         goto fail;
-    if ((rc = ifd_endpoint_bind(g->router, "listen", c->listen, g->bound_listen,
+    if ((rc = ifd_endpoint_bind(g->router, "listen", c->listen, 0, g->bound_listen,
                                 sizeof g->bound_listen, err)) != IFD_OK)
         goto fail;
     if (c->publish && c->publish[0] &&
-        (rc = ifd_publisher_create(&g->pub, g->zctx, c->publish, c->security, g->monitor, err)))
+        (rc = ifd_publisher_create(&g->pub, g->zctx, c->publish, c->security, g->monitor, conns,
+                                   err)))
         goto fail;
     if (c->control && c->control[0]) {
         g->rep = zmq_socket(g->zctx, ZMQ_REP);
@@ -170,11 +180,14 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
         zmq_setsockopt(g->rep, ZMQ_RCVHWM, &hwm, sizeof hwm);
         zmq_setsockopt(g->rep, ZMQ_SNDHWM, &hwm, sizeof hwm);
         zmq_setsockopt(g->rep, ZMQ_HANDSHAKE_IVL, &hs, sizeof hs);
+        /* control always answers: a new connection takes the place of the oldest */
+        ifd_conns_rules ctl_rules = {.max = conns, .idle_ns = 0, .idle = "the oldest"};
         if ((rc = ifd_security_apply(c->security, g->rep, IFD_SOCK_CONTROL, err)) != IFD_OK ||
-            (rc = ifd_monitor_watch(g->monitor, g->rep, "control", err)))
+            (rc = ifd_conns_create(&g->ctl_conns, g->monitor, g->zctx, g->rep, "control",
+                                   &ctl_rules, err)))
             goto fail;
-        if ((rc = ifd_endpoint_bind(g->rep, "control", c->control, g->bound_control,
-                                    sizeof g->bound_control, err)) != IFD_OK)
+        if ((rc = ifd_endpoint_bind(g->rep, "control", c->control, c->control == c->default_control,
+                                    g->bound_control, sizeof g->bound_control, err)) != IFD_OK)
             goto fail;
     }
     if ((rc = ifd_monitor_start(g->monitor, err)))
@@ -224,9 +237,9 @@ void ifd_ingest_destroy(ifd_ingest *g)
     ingest_producers_free(g);
     ingest_replies_free(g);
     ingest_ended_conns_free(g);
-    /* libzmq waits on a monitor event nobody reads: stop the monitoring before the monitor */
-    ifd_monitor_unwatch(g->router);
-    ifd_monitor_unwatch(g->rep);
+    /* libzmq waits on a monitor event nobody reads: stop the monitoring first */
+    ifd_conns_destroy(g->conns);
+    ifd_conns_destroy(g->ctl_conns);
     ifd_publisher_destroy(g->pub);
     ifd_monitor_destroy(g->monitor);
     if (g->router)
@@ -248,6 +261,34 @@ void ifd_ingest_destroy(ifd_ingest *g)
 
 /* ---- the I/O thread --------------------------------------------------------------------- */
 
+/* Whether a message from a connection that is no producer's is handled: one over
+ * --max-connections is answered why, once, and closed (host/conns.h), and one being closed is
+ * ignored. */
+static int admitted(ifd_ingest *g, const producer_rid *from)
+{
+    int v = ifd_conns_verdict(g->conns, g->msg_fd);
+    if (v == IFD_CONN_REFUSED)
+        ingest_send_error(g, from, IFD_EBUSY, NO_SEQ, 0,
+                          "connection refused: the daemon is at its limit of %d connections "
+                          "(--max-connections), every one with a producer or new; this "
+                          "connection is closed: try again later",
+                          ifd_daemon_max_connections(g->cfg));
+    return v == IFD_CONN_ADMITTED;
+}
+
+#define HOARDERS_EVERY_NS 200000000LL /* the heap check's period (host/monitor.c) */
+#define HOARDER_MIN_NS 100000000LL    /* a connection this young is spared (its HELLO comes) */
+void ingest_close_hoarders(ifd_ingest *g)
+{
+    int64_t now = ifd_clock_ns();
+    if (!ifd_monitor_heap_over(g->monitor) || now - g->hoarders_ns < HOARDERS_EVERY_NS)
+        return;
+    g->hoarders_ns = now;
+    ifd_conns_close_idle(g->conns, HOARDER_MIN_NS,
+                         "the heap is above its bound and they have no producer (libzmq keeps "
+                         "the frames of an unfinished message without limit)");
+}
+
 void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int total)
 {
     (void)nparts; /* frames beyond MAX_PARTS were dropped: every type's frame count check fails */
@@ -264,6 +305,9 @@ void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int tota
                           "message: expected a header frame, got none");
         return;
     }
+    g->msg_fd = known ? known->fd : zmq_msg_get(&parts[1], ZMQ_SRCFD);
+    if (known == NULL && !admitted(g, &from))
+        return;
     ifd_proto_header_info h;
     char why[200];
     if (ifd_proto_parse_header(zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]), &h, why,
@@ -382,7 +426,7 @@ static void finish(ifd_ingest *g)
 static void *io_main(void *arg)
 {
     ifd_ingest *g = arg;
-    zmq_pollitem_t items[3];
+    zmq_pollitem_t items[5];
     int n = 0;
     items[n++] = (zmq_pollitem_t){.fd = g->efd, .events = ZMQ_POLLIN};
     int i_router = n;
@@ -390,6 +434,11 @@ static void *io_main(void *arg)
     int i_rep = g->rep ? n : -1;
     if (g->rep)
         items[n++] = (zmq_pollitem_t){.socket = g->rep, .events = ZMQ_POLLIN};
+    /* the connection events wake the thread too (their queue is bounded) */
+    items[n++] = (zmq_pollitem_t){.socket = ifd_conns_pollable(g->conns), .events = ZMQ_POLLIN};
+    if (g->ctl_conns)
+        items[n++] =
+            (zmq_pollitem_t){.socket = ifd_conns_pollable(g->ctl_conns), .events = ZMQ_POLLIN};
     zmq_msg_t parts[MAX_PARTS + 1];
     for (;;) {
         int rc = zmq_poll(items, n, g->nbusy || ingest_replies_waiting(g) ? 5 : 100);
@@ -413,8 +462,11 @@ static void *io_main(void *arg)
             }
             ingest_src_flush(g);
         }
+        ifd_conns_update(g->ctl_conns); /* before its request: a place is made for it */
         if (i_rep >= 0 && rc > 0 && (items[i_rep].revents & ZMQ_POLLIN))
             ingest_handle_control(g);
+        ifd_conns_update(g->conns);
+        ingest_close_hoarders(g);
         ingest_replies_flush(g);
         ingest_send_acks(g);
         ingest_sample_rates(g);
@@ -458,7 +510,7 @@ int ifd_ingest_restore(ifd_ingest *g, const ifd_checkpoint *c, ifd_error *err)
         int64_t seq = ifd_checkpoint_producer_seq(c, i);
         if (strlen(name) > IFD_PROTO_NAME_MAX)
             return ifd_error_set(err, IFD_EINVAL, "checkpoint: producer '%s': name too long", name);
-        int pos = ingest_position_index(g, name, &seq);
+        int pos = ingest_position_index(g, name, NULL, &seq);
         if (pos < 0)
             return ifd_error_set(err, IFD_ENOMEM, "checkpoint: producer '%s'", name);
         /* Known, not connected: a HELLO under this name is told next_seq = seq + 1. An ended

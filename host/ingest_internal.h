@@ -18,11 +18,13 @@
 #ifndef IFD_HOST_INGEST_INTERNAL_H
 #define IFD_HOST_INGEST_INTERNAL_H
 
+#include "host/conns.h"
 #include "host/endpoint.h"
 #include "host/ingest.h"
 #include "host/monitor.h"
 #include "host/publisher.h"
 
+#include "core/keyfile.h"
 #include "core/log.h"
 #include "core/thread.h"
 #include "core/wire.h"
@@ -114,6 +116,8 @@ typedef struct producer {
     int gone;                /* a send found its connection closed (EHOSTUNREACH) */
     int64_t gone_ns;         /* since when */
     int timed_out;           /* producer_timeout: counted as ended, its credit taken back */
+    int fd;                  /* while bound: its connection's descriptor (-1: not known) */
+    uint64_t conn_mark;      /* and its mark in the ingest's connections (host/conns.h) */
     shm_pool *pool;          /* its shared-memory pool (HELLO "shm"), else NULL */
     int pools;               /* atomic: its pools alive (pool, and old ones steps keep) */
 } producer;
@@ -134,6 +138,7 @@ typedef struct prediction_msg {
 typedef struct position {
     char name[IFD_PROTO_NAME_MAX + 1];
     int64_t seq;
+    char key[IFD_KEY_Z85_LEN + 1]; /* CURVE: the key whose HELLO made it ("": none) */
 } position;
 
 /* A BATCH message's tensor frames, shared by the steps it carries (a message of k x batch
@@ -178,6 +183,9 @@ struct ifd_ingest {
     /* the endpoints the router and rep are bound to ("": none; host/endpoint.h) */
     char bound_listen[IFD_ENDPOINT_MAX], bound_control[IFD_ENDPOINT_MAX];
     ifd_monitor *monitor;
+    ifd_conns *conns, *ctl_conns; /* the ingest's and the control socket's connections */
+    int msg_fd;                   /* the descriptor of the message handled (-1: not known) */
+    int64_t hoarders_ns;          /* the last pass of ingest_close_hoarders */
     int efd;
     ifd_session *session;
     const ifd_program *program;
@@ -247,6 +255,10 @@ struct ifd_ingest {
     char fin_message[512];
 };
 
+/* ingest.c: while the heap is above its bound, the connections without a producer are closed
+ * (they may hold frames of messages they never finish, which libzmq keeps without limit). */
+void ingest_close_hoarders(ifd_ingest *g);
+
 /* ingest.c: the message handler (HELLO, BATCH, END; parts[0] is the routing id) and the
  * program the schema comes from (ifd_ingest_start sets it; the fuzz harness calls both). */
 void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int total);
@@ -284,7 +296,12 @@ producer_rid ingest_rid_of(const producer *p);
 int ingest_rid_cmp(const void *a, const void *b); /* producer_rid, for tsearch */
 producer *ingest_find_by_rid(ifd_ingest *g, const producer_rid *r);
 producer *ingest_find_by_name(ifd_ingest *g, const char *name);
-int ingest_position_index(ifd_ingest *g, const char *name, int64_t *seq);
+/* name's entry in the position table, made when missing (by key: a CURVE key, or NULL); -1
+ * no memory, -2 the table is full. Whether name has one; how many names key holds (with a
+ * position or a producer). */
+int ingest_position_index(ifd_ingest *g, const char *name, const char *key, int64_t *seq);
+int ingest_position_known(ifd_ingest *g, const char *name);
+int ingest_key_names(ifd_ingest *g, const char *key);
 producer *ingest_new_slot(ifd_ingest *g);
 /* The slot's connection: forget it, bind it to r (IFD_ENOMEM when the index cannot grow), or
  * forget everything (its pool let go); probe_alive: whether its connection still exists. */

@@ -66,9 +66,13 @@ static void forget_ended_conn(ifd_ingest *g, const producer_rid *r);
 /* p forgets its connection. */
 void ingest_slot_unbind(ifd_ingest *g, producer *p)
 {
-    if (p->rid_len)
+    if (p->rid_len) {
         tdelete(&p->key, &g->by_rid, ingest_rid_cmp);
+        ifd_conns_unmark(g->conns, p->fd, p->conn_mark);
+    }
     p->rid_len = 0;
+    p->fd = -1;
+    p->conn_mark = 0;
     p->key = (producer_rid){0};
 }
 
@@ -87,6 +91,8 @@ int ingest_slot_bind(ifd_ingest *g, producer *p, const producer_rid *r)
         p->rid_len = 0;
         return IFD_ENOMEM;
     }
+    p->fd = g->msg_fd; /* a producer's connection is never closed to make room */
+    p->conn_mark = ifd_conns_mark(g->conns, p->fd);
     return IFD_OK;
 }
 
@@ -109,10 +115,31 @@ static int position_in_use(ifd_ingest *g, int i)
 /* The index of name's position entry, added (seq -1, or seq when given >= 0) when missing; -1
  * when out of memory, -2 when the table holds max_pos names already, each with a position or a
  * producer. Locks qmu: the infeed thread updates the table in src_pop. */
-int ingest_position_index(ifd_ingest *g, const char *name, int64_t *seq)
+int ingest_position_known(ifd_ingest *g, const char *name)
 {
     position key;
     snprintf(key.name, sizeof key.name, "%s", name);
+    ifd_mutex_lock(&g->qmu);
+    int known = tfind(&key, &g->pos_index, pos_cmp) != NULL;
+    ifd_mutex_unlock(&g->qmu);
+    return known;
+}
+
+int ingest_key_names(ifd_ingest *g, const char *key)
+{
+    int n = 0;
+    ifd_mutex_lock(&g->qmu);
+    for (int i = 0; i < g->npos; i++)
+        n += strcmp(g->pos[i]->key, key) == 0 && (g->pos[i]->seq >= 0 || position_in_use(g, i));
+    ifd_mutex_unlock(&g->qmu);
+    return n;
+}
+
+int ingest_position_index(ifd_ingest *g, const char *name, const char *owner, int64_t *seq)
+{
+    position key = {.key = ""};
+    snprintf(key.name, sizeof key.name, "%s", name);
+    snprintf(key.key, sizeof key.key, "%s", owner ? owner : "");
     ifd_mutex_lock(&g->qmu);
     int i;
     void *node = tfind(&key, &g->pos_index, pos_cmp);
