@@ -149,12 +149,13 @@ static conn *entry_make(ifd_conns *c, int fd)
     return &c->tab[fd];
 }
 
-/* The connection is closed: libzmq reads EOF and drops it (DISCONNECTED follows). Linux still
- * delivers what arrives after shutdown(SHUT_RD), and gives EOF only once the receive queue is
- * empty, so a peer that keeps sending would keep its connection, and libzmq applying what it
- * sends: with abort, a TCP connection is reset instead (connect to AF_UNSPEC: Linux drops what
- * was queued, answers the peer with a reset and reports an error to libzmq at once). */
-static void close_conn(ifd_conns *c, int fd, int abort)
+/* The connection is closed, and libzmq drops it (DISCONNECTED follows). A TCP connection is
+ * reset (connect to AF_UNSPEC: Linux drops what was queued either way, answers the peer with a
+ * reset and reports an error to libzmq at once): after shutdown(SHUT_RD) Linux still delivers
+ * what arrives and gives EOF only once the receive queue is empty, so a peer that kept sending
+ * would keep its connection, its descriptor and what libzmq makes of its data, while its place
+ * went to another. Other transports are shut down. */
+static void close_conn(ifd_conns *c, int fd)
 {
     conn *e = &c->tab[fd];
     if (e->state == C_OPEN)
@@ -165,7 +166,7 @@ static void close_conn(ifd_conns *c, int fd, int abort)
     if (!accepted_here(c, fd))
         return;
     struct sockaddr none = {.sa_family = AF_UNSPEC};
-    if (!abort || c->laddr.ss_family == AF_UNIX || connect(fd, &none, sizeof none) != 0)
+    if (c->laddr.ss_family == AF_UNIX || connect(fd, &none, sizeof none) != 0)
         shutdown(fd, SHUT_RDWR);
 }
 
@@ -198,7 +199,7 @@ static void on_accepted(ifd_conns *c, int fd, int64_t now)
         return;
     int idle = c->rules.idle_ns >= 0 ? oldest_idle(c, fd, now, c->rules.idle_ns) : -1;
     if (idle >= 0) {
-        close_conn(c, idle, 0);
+        close_conn(c, idle);
         c->evicted++;
         return;
     }
@@ -210,7 +211,7 @@ static void on_accepted(ifd_conns *c, int fd, int64_t now)
         e->until_ns = now + IFD_CONNS_HOLD_NS;
         return;
     }
-    close_conn(c, fd, 0);
+    close_conn(c, fd);
 }
 
 /* No descriptor left to accept with: close the connections waiting in the listener's backlog,
@@ -362,7 +363,7 @@ void ifd_conns_update(ifd_conns *c)
     drain(c, now);
     for (int fd = 0; c->held && fd < c->cap; fd++)
         if (c->tab[fd].state == C_HELD && now >= c->tab[fd].until_ns)
-            close_conn(c, fd, 0); /* its answer goes out first */
+            close_conn(c, fd); /* its answer left ANSWERED_NS ago */
     log_conns(c, now);
 }
 
@@ -418,7 +419,7 @@ void ifd_conns_close(ifd_conns *c, int fd, const char *why)
     conn *e = c ? entry(c, fd) : NULL;
     if (e == NULL || (e->state != C_OPEN && e->state != C_HELD))
         return;
-    close_conn(c, fd, 1);
+    close_conn(c, fd);
     c->closed++;
     snprintf(c->close_why, sizeof c->close_why, "%s", why);
 }
@@ -432,7 +433,7 @@ int ifd_conns_close_idle(ifd_conns *c, int64_t older_ns, const char *why)
     for (int fd = 0; fd < c->cap; fd++) {
         conn *e = &c->tab[fd];
         if (e->state == C_OPEN && e->busy == 0 && now - e->since_ns >= older_ns) {
-            close_conn(c, fd, 1);
+            close_conn(c, fd);
             n++;
         }
     }

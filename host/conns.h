@@ -16,10 +16,9 @@
  *   stops the spin; connections already open are kept. Logged, rate-limited.
  * - Handshakes that fail or time out (ZMQ_HANDSHAKE_IVL) are counted and logged, rate-limited.
  *
- * A connection is closed with shutdown(2) on its descriptor, once checked to still be one that
- * the socket's listener accepted; libzmq then reads EOF and drops it (DISCONNECTED follows).
- * ifd_conns_close and ifd_conns_close_idle reset a TCP connection instead, so that what its
- * peer keeps sending is not read any more.
+ * A connection is closed through its descriptor, once checked to still be one that the
+ * socket's listener accepted: a TCP connection is reset (what its peer keeps sending is not read
+ * any more), another shut down; libzmq then drops it (DISCONNECTED follows).
  * Only the owner's thread calls these functions (create and destroy: before and after it runs).
  */
 #ifndef IFD_HOST_CONNS_H

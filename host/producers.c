@@ -91,7 +91,8 @@ int ingest_slot_bind(ifd_ingest *g, producer *p, const producer_rid *r)
         p->rid_len = 0;
         return IFD_ENOMEM;
     }
-    p->fd = g->msg_fd; /* a producer's connection is never closed to make room */
+    p->probe_ns = p->probe_ivl_ns = 0; /* a new connection: probed afresh */
+    p->fd = g->msg_fd;                 /* a producer's connection is never closed to make room */
     p->conn_mark = ifd_conns_mark(g->conns, p->fd);
     return IFD_OK;
 }
