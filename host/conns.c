@@ -163,11 +163,17 @@ static void close_conn(ifd_conns *c, int fd)
     else if (e->state == C_HELD)
         c->held--;
     e->state = C_CLOSING;
-    if (!accepted_here(c, fd))
-        return;
+    /* libzmq owns the descriptor and may close it (and the number be reused) at any time: a
+     * duplicate is checked and acted on, so that what is reset is what was checked (with no
+     * descriptor left for one, the descriptor itself) */
+    int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    int use = own >= 0 ? own : fd;
     struct sockaddr none = {.sa_family = AF_UNSPEC};
-    if (c->laddr.ss_family == AF_UNIX || connect(fd, &none, sizeof none) != 0)
-        shutdown(fd, SHUT_RDWR);
+    if (accepted_here(c, use) &&
+        (c->laddr.ss_family == AF_UNIX || connect(use, &none, sizeof none) != 0))
+        shutdown(use, SHUT_RDWR);
+    if (own >= 0)
+        close(own);
 }
 
 /* The oldest connection idle for the rules' time (not fd), or -1. */
@@ -416,7 +422,7 @@ int ifd_conns_count(ifd_conns *c, int fd, int delta)
 
 void ifd_conns_close(ifd_conns *c, int fd, const char *why)
 {
-    conn *e = c ? entry(c, fd) : NULL;
+    conn *e = known(c, fd);
     if (e == NULL || (e->state != C_OPEN && e->state != C_HELD))
         return;
     close_conn(c, fd);
