@@ -280,8 +280,10 @@ static int admitted(ifd_ingest *g, const producer_rid *from)
 #define HOARDER_MIN_NS 100000000LL    /* a connection this young is spared (its HELLO comes) */
 void ingest_close_hoarders(ifd_ingest *g)
 {
+    if (!ifd_monitor_heap_over(g->monitor))
+        return;
     int64_t now = ifd_clock_ns();
-    if (!ifd_monitor_heap_over(g->monitor) || now - g->hoarders_ns < HOARDERS_EVERY_NS)
+    if (now - g->hoarders_ns < HOARDERS_EVERY_NS)
         return;
     g->hoarders_ns = now;
     ifd_conns_close_idle(g->conns, HOARDER_MIN_NS,
@@ -423,10 +425,11 @@ static void finish(ifd_ingest *g)
     drain_router(g);
 }
 
+#define CONNS_EVERY_NS 10000000LL
 static void *io_main(void *arg)
 {
     ifd_ingest *g = arg;
-    zmq_pollitem_t items[5];
+    zmq_pollitem_t items[3];
     int n = 0;
     items[n++] = (zmq_pollitem_t){.fd = g->efd, .events = ZMQ_POLLIN};
     int i_router = n;
@@ -434,11 +437,10 @@ static void *io_main(void *arg)
     int i_rep = g->rep ? n : -1;
     if (g->rep)
         items[n++] = (zmq_pollitem_t){.socket = g->rep, .events = ZMQ_POLLIN};
-    /* the connection events wake the thread too (their queue is bounded) */
-    items[n++] = (zmq_pollitem_t){.socket = ifd_conns_pollable(g->conns), .events = ZMQ_POLLIN};
-    if (g->ctl_conns)
-        items[n++] =
-            (zmq_pollitem_t){.socket = ifd_conns_pollable(g->ctl_conns), .events = ZMQ_POLLIN};
+    /* The connection events are read every CONNS_EVERY_NS (and at least every poll timeout),
+     * and before a message from a connection not yet known (host/conns.h): polling their
+     * sockets too would cost each pass a system call or two. */
+    int64_t conns_ns = 0;
     zmq_msg_t parts[MAX_PARTS + 1];
     for (;;) {
         int rc = zmq_poll(items, n, g->nbusy || ingest_replies_waiting(g) ? 5 : 100);
@@ -462,10 +464,13 @@ static void *io_main(void *arg)
             }
             ingest_src_flush(g);
         }
-        ifd_conns_update(g->ctl_conns); /* before its request: a place is made for it */
         if (i_rep >= 0 && rc > 0 && (items[i_rep].revents & ZMQ_POLLIN))
             ingest_handle_control(g);
-        ifd_conns_update(g->conns);
+        if (ifd_clock_ns() - conns_ns >= CONNS_EVERY_NS) {
+            ifd_conns_update(g->conns);
+            ifd_conns_update(g->ctl_conns);
+            conns_ns = ifd_clock_ns();
+        }
         ingest_close_hoarders(g);
         ingest_replies_flush(g);
         ingest_send_acks(g);
