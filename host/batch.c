@@ -298,8 +298,10 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
     if (bh.seq <= p->last_seq) {
         if (last <= p->last_seq) { /* a resent batch: drop it, give the credit back */
             p->credit += k;
-            ingest_send_credit_msg(g, from, last <= p->acked_seq ? IFD_MSG_ACK : IFD_MSG_CREDIT,
-                                   last, k);
+            if (last <= p->acked_seq)
+                ingest_reply_ack(g, from, last, (uint32_t)k);
+            else
+                ingest_reply_credit(g, from, (uint32_t)k);
             IFD_LOG_DEBUG("producer '%s': dropped duplicate batch %" PRId64, p->name, bh.seq);
             return;
         }
@@ -378,7 +380,7 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
     fr->refs = n;
     if (skip) { /* the steps taken before cost no credit now */
         p->credit += skip;
-        ingest_send_credit_msg(g, from, IFD_MSG_CREDIT, 0, skip);
+        ingest_reply_credit(g, from, (uint32_t)skip);
     }
     p->last_seq = last;
     p->in_flight += n;
@@ -400,22 +402,6 @@ void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
 }
 
 /* ---- ACKs, summaries, control --------------------------------------------------------------- */
-
-/* PREDICTION: header, the tensors' description, one raw frame per tensor. */
-static void send_prediction(ifd_ingest *g, producer *p, const prediction_msg *m)
-{
-    producer_rid r = ingest_rid_of(p);
-    int rc = zmq_send(g->router, r.rid, r.len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    if (rc >= 0)
-        rc = zmq_send(g->router, m->hdr, sizeof m->hdr, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    if (rc >= 0)
-        rc = zmq_send(g->router, m->json, strlen(m->json), ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    for (int i = 0; rc >= 0 && i < m->ntensors; i++)
-        rc = zmq_send(g->router, m->data[i], m->len[i],
-                      (i + 1 < m->ntensors ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
-    if (rc < 0)
-        ingest_send_failed(g, &r, "a PREDICTION", IFD_MSG_PREDICTION);
-}
 
 /* The prediction sink (outfeed thread): the message is built here and attached to the batch;
  * the I/O thread sends it just before the ACK that covers the batch. */
@@ -480,15 +466,17 @@ void ingest_send_acks(ifd_ingest *g)
             p->in_flight--;
             p->acked_seq = hb->b.seq;
             n++;
-            if (hb->pred && p->rid_len)
-                send_prediction(g, p, hb->pred);
+            if (hb->pred && p->rid_len) { /* the reply's now */
+                producer_rid r = ingest_rid_of(p);
+                ingest_reply_prediction(g, &r, hb->pred);
+                hb->pred = NULL;
+            }
             ingest_host_batch_free(hb);
         }
         if (n && p->rid_len) {
             producer_rid r = ingest_rid_of(p);
             p->credit += (int)n;
-            uint8_t hdr[IFD_PROTO_ACK_HDR];
-            ingest_send_parts(g, &r, hdr, ifd_proto_ack(hdr, p->acked_seq, n), NULL);
+            ingest_reply_ack(g, &r, p->acked_seq, n);
         }
     }
 }

@@ -1,4 +1,5 @@
 #include "host/config_internal.h"
+#include "core/userdir.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -58,8 +59,10 @@ const config_opt config_opts[] = {
     {"publish", K_STR, OFF(publish), "ENDPOINT", "summaries PUB endpoint (\"\" disables it)", NULL,
      NULL},
     {"control", K_STR, OFF(control), "ENDPOINT",
-     "control REP endpoint: {\"cmd\":\"status\"} or {\"cmd\":\"stop\"} (\"\" disables it)", NULL,
-     NULL},
+     "control REP endpoint: {\"cmd\":\"status\"} or {\"cmd\":\"stop\"} (\"\" disables it); "
+     "the default is an ipc socket in a folder only this user may enter ($XDG_RUNTIME_DIR/infeed, "
+     "else /tmp/infeed-UID), which infeedctl finds by itself",
+     NULL, NULL},
     {"summaries", K_STR, OFF(summaries), "PATH",
      "also append every summary to this JSON Lines file", NULL, NULL},
     {"predictions", K_STR, OFF(predictions), "PATH",
@@ -217,7 +220,8 @@ void ifd_daemon_config_defaults(ifd_daemon_config *c)
     ifd_config_defaults(&c->run);
     c->listen = "tcp://127.0.0.1:5555";
     c->publish = "tcp://127.0.0.1:5556";
-    c->control = "tcp://127.0.0.1:5557";
+    ifd_default_control(c->default_control, sizeof c->default_control);
+    c->control = c->default_control;
     c->summaries = NULL;
     c->credit = 0; /* auto: ifd_proto_auto_credit */
     c->max_producers = 64;

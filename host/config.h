@@ -58,6 +58,9 @@ typedef struct ifd_daemon_config {
      * in one that touches no file). */
     int (*load_program_lib)(const char *path, ifd_error *err);
     char *strings[64]; /* owned copies of string values */
+    /* the default control endpoint (core/userdir.h), which control points at unless set: its
+     * folder must be this user's alone (ifd_endpoint_bind's private) */
+    char default_control[4200];
     int nstrings;
     /* not keys: where each key's value came from (IFD_KEY_FROM_*, by the key's place in the
      * option table) and whether a --config file was read, so that errors name the flag the

@@ -20,14 +20,17 @@
 
 #define IFD_ENDPOINT_MAX 1024
 
-/* ipc://PATH: creates PATH's missing folders (mode 0700). Nothing for other transports, for the
- * path `*` (libzmq picks one) and for abstract sockets (ipc://@name). key names the endpoint in
- * the sentence ("listen: cannot create the folder '/run/x' of 'ipc:///run/x/in': ..."). */
-int ifd_endpoint_prepare(const char *key, const char *endpoint, ifd_error *err);
+/* ipc://PATH: creates PATH's missing folders (mode 0700), and refuses a PATH that another
+ * process serves (libzmq would unlink its socket and bind over it, silently); with private_dir,
+ * PATH's folder must be this user's with no access for anyone else. Nothing for other
+ * transports, for the path `*` (libzmq picks one) and for abstract sockets (ipc://@name). key
+ * names the endpoint in the sentence ("listen: cannot create the folder '/run/x' of
+ * 'ipc:///run/x/in': ..."). */
+int ifd_endpoint_prepare(const char *key, const char *endpoint, int private_dir, ifd_error *err);
 
 /* ifd_endpoint_prepare, zmq_bind, then the bound endpoint into bound[len]. The error names key,
  * the endpoint and libzmq's reason. */
-int ifd_endpoint_bind(void *sock, const char *key, const char *endpoint, char *bound, size_t len,
-                      ifd_error *err);
+int ifd_endpoint_bind(void *sock, const char *key, const char *endpoint, int private_dir,
+                      char *bound, size_t len, ifd_error *err);
 
 #endif

@@ -1,4 +1,5 @@
 #include "host/ingest_internal.h"
+#include "host/limits.h"
 #include "host/security.h"
 
 #include "core/log.h"
@@ -85,6 +86,7 @@ void ingest_retry_busy_hellos(ifd_ingest *g)
         zmq_msg_init(&body);
         zmq_msg_move(&body, &b->body);
         g->hello_since_ns = b->since_ns;
+        g->msg_fd = zmq_msg_get(&body, ZMQ_SRCFD);
         busy_free(g, b);
         ingest_handle_hello(g, &from, &body);
         g->hello_since_ns = 0;
@@ -197,6 +199,34 @@ static json_t *schema_json(const ifd_ingest *g)
                                            ifd_dtype_name(in->dtype), "shape", shape));
     }
     return a;
+}
+
+/* Every name with a batch keeps a place in the position table for the rest of the run (its
+ * checkpoint position), so new names are rationed: IFD_NAMES_PER_CONN a connection, and with
+ * CURVE max_producers a key (names bound to a key in authorized_keys are its own list). Whether
+ * name, new in this run, may be started; else the sentence in e. */
+static int name_quota_allows(ifd_ingest *g, const char *uid, const char *name, ifd_error *e)
+{
+    int started = ifd_conns_count(g->conns, g->msg_fd, 0);
+    if (started >= IFD_NAMES_PER_CONN) {
+        ifd_error_set(e, IFD_EINVAL,
+                      "HELLO: name '%s' is new, and this connection has started %d producer "
+                      "names already: expected at most %d a connection (every name that sends a "
+                      "batch keeps a place in the position table for the rest of the run)",
+                      name, started, IFD_NAMES_PER_CONN);
+        return 0;
+    }
+    int held =
+        uid && ifd_security_key_names(g->cfg->security, uid) == 0 ? ingest_key_names(g, uid) : 0;
+    if (held >= g->cfg->max_producers) {
+        ifd_error_set(e, IFD_EPERM,
+                      "HELLO: name '%s' is new, and key %.8s... holds %d producer names already: "
+                      "expected at most %d a key (max_producers; every name that sends a batch "
+                      "keeps a place in the position table for the rest of the run)",
+                      name, uid, held, g->cfg->max_producers);
+        return 0;
+    }
+    return 1;
 }
 
 void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_t *body)
@@ -343,6 +373,9 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
         json_decref(j);
         return;
     }
+    int new_name = named == NULL && !ingest_position_known(g, name);
+    if (new_name && !name_quota_allows(g, uid, name, &e))
+        goto reply;
     producer *old = p && p != named ? p : NULL;
     p = named;
     int fresh = p == NULL;
@@ -376,7 +409,7 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
     /* A name whose slot was reused, or that a resumed checkpoint knows: its stream goes on after
      * what was consumed. (A known name has its entry: only a fresh one can fail.) */
     int64_t consumed = -1;
-    int pos = ingest_position_index(g, p->name, &consumed);
+    int pos = ingest_position_index(g, p->name, uid, &consumed);
     if (pos < 0) {
         if (fresh)
             ingest_slot_reset(g, p);
@@ -392,6 +425,8 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
         goto reply;
     }
     p->pos = pos;
+    if (new_name)
+        ifd_conns_count(g->conns, g->msg_fd, 1);
     if (consumed > p->last_seq)
         p->last_seq = consumed;
     if (consumed > p->acked_seq)
@@ -457,7 +492,7 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_
                         "producer '%s' asked for shared memory and got none: %s",
                         ifd_log_escape(p->name, n, sizeof n), refused);
     }
-    ingest_send_json(g, from, IFD_MSG_WELCOME, w);
+    ingest_send_json(g, from, IFD_MSG_WELCOME, w, 1);
     json_decref(j);
     ingest_count_producers(g);
     return;

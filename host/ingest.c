@@ -29,95 +29,6 @@ void ifd_ingest_wake(ifd_ingest *g)
     (void)n; /* EAGAIN: the counter is already non-zero, the thread will wake */
 }
 
-void ingest_send_failed(ifd_ingest *g, const producer_rid *to, const char *what, int type)
-{
-    int e = zmq_errno();
-    if (e == EHOSTUNREACH) { /* the connection is closed or its heartbeats timed out */
-        IFD_LOG_DEBUG("ingest: %s (type %d) was not sent: the peer is gone", what, type);
-        ingest_note_gone(g, to);
-        return;
-    }
-    IFD_LOG_LIMITED(&g->lim_reject, IFD_LOG_WARN, "ingest: %s (type %d) was not sent: %s", what,
-                    type, zmq_strerror(e));
-}
-
-void ingest_send_parts(ifd_ingest *g, const producer_rid *to, const void *hdr, size_t hlen,
-                       const char *json)
-{
-    int rc = zmq_send(g->router, to->rid, to->len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-    if (rc >= 0)
-        rc = zmq_send(g->router, hdr, hlen, (json ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
-    if (rc >= 0 && json)
-        rc = zmq_send(g->router, json, strlen(json), ZMQ_DONTWAIT);
-    if (rc < 0)
-        ingest_send_failed(g, to, "a reply", ((const uint8_t *)hdr)[6]);
-}
-
-void ingest_send_json(ifd_ingest *g, const producer_rid *to, int type, json_t *j)
-{
-    uint8_t hdr[IFD_PROTO_HDR];
-    ifd_proto_header(hdr, type);
-    char *text = json_dumps(j, JSON_COMPACT);
-    json_decref(j);
-    if (text) {
-        ingest_send_parts(g, to, hdr, sizeof hdr, text);
-        free(text);
-    }
-}
-
-/* Printable ASCII kept, every other byte written as \xHH, always terminated. */
-void ingest_ascii_escape(const char *in, char *out, size_t len)
-{
-    size_t o = 0;
-    for (const unsigned char *p = (const unsigned char *)in; *p && o + 5 < len; p++) {
-        if (*p >= 0x20 && *p < 0x7f)
-            out[o++] = (char)*p;
-        else
-            o += (size_t)snprintf(out + o, len - o, "\\x%02x", *p);
-    }
-    out[o] = '\0';
-}
-
-/* ERROR: code, seq (< 0: null), credit returned, and the sentence. */
-void ingest_send_error(ifd_ingest *g, const producer_rid *to, int code, int64_t seq, int credit,
-                       const char *fmt, ...)
-{
-    char msg[IFD_ERROR_MSG_MAX];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (IFD_LOG_INFO <= ifd_log_level_) { /* every rejection, escaped, rate-limited */
-        char safe[4 * IFD_ERROR_MSG_MAX + 1];
-        IFD_LOG_LIMITED(&g->lim_reject, IFD_LOG_INFO, "rejected (%s): %s", ifd_errname(code),
-                        ifd_log_escape(msg, safe, sizeof safe));
-    }
-    json_t *j = json_object();
-    const char *name = ifd_errname(code);
-    if (strncmp(name, "IFD_", 4) == 0) /* the wire names are ESHAPE, EPROTO, ... */
-        name += 4;
-    json_object_set_new(j, "code", json_string(name));
-    json_object_set_new(j, "seq", seq != NO_SEQ ? json_integer(seq) : json_null());
-    json_object_set_new(j, "credit", json_integer(credit));
-    json_t *text = json_string(msg);
-    if (text == NULL) { /* not UTF-8: bytes a peer sent, quoted back; escape them */
-        char safe[IFD_ERROR_MSG_MAX * 2];
-        ingest_ascii_escape(msg, safe, sizeof safe);
-        text = json_string(safe);
-    }
-    json_object_set_new(j, "message", text);
-    ingest_send_json(g, to, IFD_MSG_ERROR, j);
-}
-
-void ingest_send_credit_msg(ifd_ingest *g, const producer_rid *to, int type, int64_t seq,
-                            int credit)
-{
-    uint8_t hdr[IFD_PROTO_ACK_HDR];
-    size_t len = type == IFD_MSG_ACK ? ifd_proto_ack(hdr, seq, (uint32_t)credit)
-                                     : ifd_proto_credit(hdr, (uint32_t)credit);
-    ingest_send_parts(g, to, hdr, len, NULL);
-}
-
 const char *ingest_dims_format(int rank, const int64_t *dims, char *buf, size_t len)
 {
     ifd_shape s = {.rank = rank};
@@ -173,6 +84,7 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     g->cfg = c;
     g->signals = signals;
     g->efd = -1;
+    g->msg_fd = -1;
     ifd_mutex_init(&g->qmu);
     ifd_cond_init(&g->qcv);
     ifd_mutex_init(&g->omu);
@@ -218,9 +130,10 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     if (c->run.input_mode == IFD_INPUT_PER_HOST_V2 && g->credit < c->run.replicas)
         g->credit = c->run.replicas;
     int conns = ifd_daemon_max_connections(c);
-    ifd_memory_terms mt = {c->max_producers, g->credit, batch_bytes, g->max_frame,
-                           tensors,          conns,     conns,       conns};
-    if ((rc = ifd_monitor_create(&g->monitor, g->zctx, conns, ifd_memory_bound(&mt), err)))
+    /* the ingest's: its connections and the refused ones held for their answer */
+    ifd_memory_terms mt = {c->max_producers,       g->credit, batch_bytes, g->max_frame, tensors,
+                           conns + IFD_CONNS_HELD, conns,     conns};
+    if ((rc = ifd_monitor_create(&g->monitor, conns, ifd_memory_bound(&mt), err)))
         goto fail;
     if (c->shm)
         IFD_LOG_INFO("shared-memory pools (--shm on): at most %zu MiB besides the heap "
@@ -241,14 +154,22 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     zmq_setsockopt(g->router, ZMQ_RCVHWM, &rcvhwm, sizeof rcvhwm);
     zmq_setsockopt(g->router, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
     zmq_setsockopt(g->router, ZMQ_HANDSHAKE_IVL, &hs, sizeof hs);
+    /* A connection over the limit takes the place of one without a producer for as long as a
+     * handshake may take; else it is told why in an ERROR (host/conns.h). */
+    ifd_conns_rules in_rules = {.max = conns,
+                                .idle_ns = IFD_HANDSHAKE_IVL_MS * 1000000LL,
+                                .idle = "no producer on it",
+                                .hold = 1};
     if ((rc = ifd_security_apply(c->security, g->router, IFD_SOCK_INGEST, err)) != IFD_OK ||
-        (rc = ifd_monitor_watch(g->monitor, g->router, "ingest", err)))
+        (rc =
+             ifd_conns_create(&g->conns, g->monitor, g->zctx, g->router, "ingest", &in_rules, err)))
         goto fail;
-    if ((rc = ifd_endpoint_bind(g->router, "listen", c->listen, g->bound_listen,
+    if ((rc = ifd_endpoint_bind(g->router, "listen", c->listen, 0, g->bound_listen,
                                 sizeof g->bound_listen, err)) != IFD_OK)
         goto fail;
     if (c->publish && c->publish[0] &&
-        (rc = ifd_publisher_create(&g->pub, g->zctx, c->publish, c->security, g->monitor, err)))
+        (rc = ifd_publisher_create(&g->pub, g->zctx, c->publish, c->security, g->monitor, conns,
+                                   err)))
         goto fail;
     if (c->control && c->control[0]) {
         g->rep = zmq_socket(g->zctx, ZMQ_REP);
@@ -259,11 +180,14 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
         zmq_setsockopt(g->rep, ZMQ_RCVHWM, &hwm, sizeof hwm);
         zmq_setsockopt(g->rep, ZMQ_SNDHWM, &hwm, sizeof hwm);
         zmq_setsockopt(g->rep, ZMQ_HANDSHAKE_IVL, &hs, sizeof hs);
+        /* control always answers: a new connection takes the place of the oldest */
+        ifd_conns_rules ctl_rules = {.max = conns, .idle_ns = 0, .idle = "the oldest"};
         if ((rc = ifd_security_apply(c->security, g->rep, IFD_SOCK_CONTROL, err)) != IFD_OK ||
-            (rc = ifd_monitor_watch(g->monitor, g->rep, "control", err)))
+            (rc = ifd_conns_create(&g->ctl_conns, g->monitor, g->zctx, g->rep, "control",
+                                   &ctl_rules, err)))
             goto fail;
-        if ((rc = ifd_endpoint_bind(g->rep, "control", c->control, g->bound_control,
-                                    sizeof g->bound_control, err)) != IFD_OK)
+        if ((rc = ifd_endpoint_bind(g->rep, "control", c->control, c->control == c->default_control,
+                                    g->bound_control, sizeof g->bound_control, err)) != IFD_OK)
             goto fail;
     }
     if ((rc = ifd_monitor_start(g->monitor, err)))
@@ -311,9 +235,11 @@ void ifd_ingest_destroy(ifd_ingest *g)
     }
     free(g->producers);
     ingest_producers_free(g);
-    /* libzmq waits on a monitor event nobody reads: stop the monitoring before the monitor */
-    ifd_monitor_unwatch(g->router);
-    ifd_monitor_unwatch(g->rep);
+    ingest_replies_free(g);
+    ingest_ended_conns_free(g);
+    /* libzmq waits on a monitor event nobody reads: stop the monitoring first */
+    ifd_conns_destroy(g->conns);
+    ifd_conns_destroy(g->ctl_conns);
     ifd_publisher_destroy(g->pub);
     ifd_monitor_destroy(g->monitor);
     if (g->router)
@@ -335,6 +261,36 @@ void ifd_ingest_destroy(ifd_ingest *g)
 
 /* ---- the I/O thread --------------------------------------------------------------------- */
 
+/* Whether a message from a connection that is no producer's is handled: one over
+ * --max-connections is answered why, once, and closed (host/conns.h), and one being closed is
+ * ignored. */
+static int admitted(ifd_ingest *g, const producer_rid *from)
+{
+    int v = ifd_conns_verdict(g->conns, g->msg_fd);
+    if (v == IFD_CONN_REFUSED)
+        ingest_send_error(g, from, IFD_EBUSY, NO_SEQ, 0,
+                          "connection refused: the daemon is at its limit of %d connections "
+                          "(--max-connections), every one with a producer or new; this "
+                          "connection is closed: try again later",
+                          ifd_daemon_max_connections(g->cfg));
+    return v == IFD_CONN_ADMITTED;
+}
+
+#define HOARDERS_EVERY_NS 200000000LL /* the heap check's period (host/monitor.c) */
+#define HOARDER_MIN_NS 100000000LL    /* a connection this young is spared (its HELLO comes) */
+void ingest_close_hoarders(ifd_ingest *g)
+{
+    if (!ifd_monitor_heap_over(g->monitor))
+        return;
+    int64_t now = ifd_clock_ns();
+    if (now - g->hoarders_ns < HOARDERS_EVERY_NS)
+        return;
+    g->hoarders_ns = now;
+    ifd_conns_close_idle(g->conns, HOARDER_MIN_NS,
+                         "the heap is above its bound and they have no producer (libzmq keeps "
+                         "the frames of an unfinished message without limit)");
+}
+
 void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int total)
 {
     (void)nparts; /* frames beyond MAX_PARTS were dropped: every type's frame count check fails */
@@ -351,6 +307,9 @@ void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int tota
                           "message: expected a header frame, got none");
         return;
     }
+    g->msg_fd = known ? known->fd : zmq_msg_get(&parts[1], ZMQ_SRCFD);
+    if (known == NULL && !admitted(g, &from))
+        return;
     ifd_proto_header_info h;
     char why[200];
     if (ifd_proto_parse_header(zmq_msg_data(&parts[1]), zmq_msg_size(&parts[1]), &h, why,
@@ -416,10 +375,10 @@ static int recv_message(ifd_ingest *g, zmq_msg_t *parts, int *nparts, int *total
 
 /*
  * After the BYEs: read and drop what producers still send (at most their credit) until the
- * socket has been quiet for DRAIN_QUIET_NS, for at most DRAIN_MAX_NS. Closing a TCP socket with
- * unread data makes the kernel answer with a reset, and a reset can destroy the last ACKs and
- * the BYE before the producer has read them (seen under load: a producer waiting for a BYE that
- * the daemon had sent).
+ * socket has been quiet for DRAIN_QUIET_NS and every kept reply is sent (or its connection
+ * gone), for at most DRAIN_MAX_NS. Closing a TCP socket with unread data makes the kernel answer
+ * with a reset, and a reset can destroy the last ACKs and the BYE before the producer has read
+ * them (seen under load: a producer waiting for a BYE that the daemon had sent).
  */
 #define DRAIN_QUIET_NS 50000000LL
 #define DRAIN_MAX_NS 2000000000LL
@@ -427,9 +386,11 @@ static void drain_router(ifd_ingest *g)
 {
     int64_t start = ifd_clock_ns(), quiet_since = start;
     zmq_msg_t parts[MAX_PARTS + 1];
-    while (ifd_clock_ns() - start < DRAIN_MAX_NS && ifd_clock_ns() - quiet_since < DRAIN_QUIET_NS) {
+    while (ifd_clock_ns() - start < DRAIN_MAX_NS &&
+           (ifd_clock_ns() - quiet_since < DRAIN_QUIET_NS || ingest_replies_waiting(g))) {
+        ingest_replies_flush(g);
         zmq_pollitem_t it = {.socket = g->router, .events = ZMQ_POLLIN};
-        if (zmq_poll(&it, 1, 10) <= 0)
+        if (zmq_poll(&it, 1, ingest_replies_waiting(g) ? 2 : 10) <= 0)
             continue;
         int np, total;
         while (recv_message(g, parts, &np, &total) == 0) {
@@ -443,24 +404,28 @@ static void drain_router(ifd_ingest *g)
 static void finish(ifd_ingest *g)
 {
     ingest_send_acks(g);
+    json_t *bye = json_object();
+    json_object_set_new(bye, "status", json_string(g->fin_code ? "error" : "ok"));
+    json_object_set_new(bye, "reason", json_string(g->fin_reason));
+    json_object_set_new(bye, "global_step", json_integer(ifd_session_global_step(g->session)));
+    if (g->fin_message[0])
+        json_object_set_new(bye, "message", json_string(g->fin_message));
     for (int i = 0; i < g->cfg->max_producers; i++) {
         producer *p = &g->producers[i];
         if (!p->used || !p->welcomed || p->rid_len == 0)
             continue;
-        json_t *b = json_object();
-        json_object_set_new(b, "status", json_string(g->fin_code ? "error" : "ok"));
-        json_object_set_new(b, "reason", json_string(g->fin_reason));
-        json_object_set_new(b, "global_step", json_integer(ifd_session_global_step(g->session)));
+        json_t *b = json_copy(bye);
         json_object_set_new(b, "acked_seq", json_integer(p->acked_seq));
-        if (g->fin_message[0])
-            json_object_set_new(b, "message", json_string(g->fin_message));
         producer_rid r = ingest_rid_of(p);
-        ingest_send_json(g, &r, IFD_MSG_BYE, b);
+        ingest_send_json(g, &r, IFD_MSG_BYE, b, 1);
         IFD_LOG_DEBUG("BYE to producer '%s' (acked up to %" PRId64 ")", p->name, p->acked_seq);
     }
+    ingest_bye_ended_conns(g, bye);
+    json_decref(bye);
     drain_router(g);
 }
 
+#define CONNS_EVERY_NS 10000000LL
 static void *io_main(void *arg)
 {
     ifd_ingest *g = arg;
@@ -472,9 +437,13 @@ static void *io_main(void *arg)
     int i_rep = g->rep ? n : -1;
     if (g->rep)
         items[n++] = (zmq_pollitem_t){.socket = g->rep, .events = ZMQ_POLLIN};
+    /* The connection events are read every CONNS_EVERY_NS (and at least every poll timeout),
+     * and before a message from a connection not yet known (host/conns.h): polling their
+     * sockets too would cost each pass a system call or two. */
+    int64_t conns_ns = 0;
     zmq_msg_t parts[MAX_PARTS + 1];
     for (;;) {
-        int rc = zmq_poll(items, n, g->nbusy ? 5 : 100);
+        int rc = zmq_poll(items, n, g->nbusy || ingest_replies_waiting(g) ? 5 : 100);
         if (rc < 0 && zmq_errno() != EINTR) {
             IFD_LOG_ERROR("ingest: zmq_poll: %s", zmq_strerror(zmq_errno()));
             ifd_sleep_ns(10000000);
@@ -497,6 +466,13 @@ static void *io_main(void *arg)
         }
         if (i_rep >= 0 && rc > 0 && (items[i_rep].revents & ZMQ_POLLIN))
             ingest_handle_control(g);
+        if (ifd_clock_ns() - conns_ns >= CONNS_EVERY_NS) {
+            ifd_conns_update(g->conns);
+            ifd_conns_update(g->ctl_conns);
+            conns_ns = ifd_clock_ns();
+        }
+        ingest_close_hoarders(g);
+        ingest_replies_flush(g);
         ingest_send_acks(g);
         ingest_sample_rates(g);
         ingest_watch_infeed(g);
@@ -546,7 +522,7 @@ int ifd_ingest_restore(ifd_ingest *g, const ifd_checkpoint *c, ifd_error *err)
         int64_t seq = ifd_checkpoint_producer_seq(c, i);
         if (strlen(name) > IFD_PROTO_NAME_MAX)
             return ifd_error_set(err, IFD_EINVAL, "checkpoint: producer '%s': name too long", name);
-        int pos = ingest_position_index(g, name, &seq);
+        int pos = ingest_position_index(g, name, NULL, &seq);
         if (pos < 0)
             return ifd_error_set(err, IFD_ENOMEM, "checkpoint: producer '%s'", name);
         /* Known, not connected: a HELLO under this name is told next_seq = seq + 1. An ended

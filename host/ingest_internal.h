@@ -1,7 +1,8 @@
 /*
  * The ingest's parts, shared by the files of host/ that make it up (one I/O thread runs them all):
  *
- *   ingest.c     sockets, create/destroy, the I/O thread's loop, replies, the end (BYE)
+ *   ingest.c     sockets, create/destroy, the I/O thread's loop, the end (BYE)
+ *   reply.c      replies, and the outboxes that keep those carrying state until they are sent
  *   producers.c  the producer table and positions, liveness, END
  *   hello.c      HELLO (schema check, WELCOME) and the HELLOs parked for a busy name
  *   shm.c        the shared-memory pools of local producers (docs/protocol.md, "Shared memory")
@@ -17,11 +18,13 @@
 #ifndef IFD_HOST_INGEST_INTERNAL_H
 #define IFD_HOST_INGEST_INTERNAL_H
 
+#include "host/conns.h"
 #include "host/endpoint.h"
 #include "host/ingest.h"
 #include "host/monitor.h"
 #include "host/publisher.h"
 
+#include "core/keyfile.h"
 #include "core/log.h"
 #include "core/thread.h"
 #include "core/wire.h"
@@ -43,6 +46,7 @@
 #define BUSY_HELLO_MAX 8
 
 typedef struct host_batch host_batch;
+typedef struct outbox outbox; /* reply.c */
 
 /* A producer's shared-memory pool (shm.c): a sealed memfd, mapped read-only here, `slots` step
  * batches of every tensor (tensor i's slot s at base + offsets[i] + s x step_bytes[i]). busy[s]
@@ -71,6 +75,16 @@ typedef struct producer_rid {
     size_t len;
 } producer_rid;
 
+/* The connection of a producer that ended (END, or timed out) and whose slot went to another
+ * producer: it may still wait for its BYE, which finish sends with the others. */
+typedef struct ended_conn {
+    struct ended_conn *next;
+    uint8_t rid[RID_MAX];
+    size_t rid_len;
+    char name[IFD_PROTO_NAME_MAX + 1];
+    int64_t acked_seq;
+} ended_conn;
+
 /* A parked HELLO (see BUSY_HELLO_NS): its connection, its JSON frame, since when it waits. */
 typedef struct busy_hello {
     int used;
@@ -97,9 +111,13 @@ typedef struct producer {
     host_batch *head, *tail; /* accepted, in order, until acknowledged */
     producer_rid key;        /* its connection in the by_rid index (points at rid) */
     int64_t heard_ns;        /* its last message */
+    int64_t probe_ns;        /* its last liveness probe (ingest_probe_alive) */
+    int64_t probe_ivl_ns;    /* the least time from that probe to the next */
     int gone;                /* a send found its connection closed (EHOSTUNREACH) */
     int64_t gone_ns;         /* since when */
     int timed_out;           /* producer_timeout: counted as ended, its credit taken back */
+    int fd;                  /* while bound: its connection's descriptor (-1: not known) */
+    uint64_t conn_mark;      /* and its mark in the ingest's connections (host/conns.h) */
     shm_pool *pool;          /* its shared-memory pool (HELLO "shm"), else NULL */
     int pools;               /* atomic: its pools alive (pool, and old ones steps keep) */
 } producer;
@@ -120,6 +138,7 @@ typedef struct prediction_msg {
 typedef struct position {
     char name[IFD_PROTO_NAME_MAX + 1];
     int64_t seq;
+    char key[IFD_KEY_Z85_LEN + 1]; /* CURVE: the key whose HELLO made it ("": none) */
 } position;
 
 /* A BATCH message's tensor frames, shared by the steps it carries (a message of k x batch
@@ -164,6 +183,9 @@ struct ifd_ingest {
     /* the endpoints the router and rep are bound to ("": none; host/endpoint.h) */
     char bound_listen[IFD_ENDPOINT_MAX], bound_control[IFD_ENDPOINT_MAX];
     ifd_monitor *monitor;
+    ifd_conns *conns, *ctl_conns; /* the ingest's and the control socket's connections */
+    int msg_fd;                   /* the descriptor of the message handled (-1: not known) */
+    int64_t hoarders_ns;          /* the last pass of ingest_close_hoarders */
     int efd;
     ifd_session *session;
     const ifd_program *program;
@@ -205,6 +227,13 @@ struct ifd_ingest {
     int max_pos;     /* names the table holds at most (4 x max_producers, at least 1024) */
     void *pos_index; /* tsearch tree of the entries by name, under qmu */
     void *by_rid;    /* tsearch tree of the producers by connection (I/O thread) */
+    /* replies waiting for their connections' queues (reply.c): a list, and a tree by routing id */
+    outbox *boxes;
+    void *box_index;
+    int nboxes;
+    /* connections of producers that ended and whose slots went to others: their BYE is due */
+    ended_conn *ended_conns;
+    int nended_conns;
     /* log lines peers can cause, each rate-limited */
     ifd_log_limit lim_hello, lim_reject, lim_gone;
     int64_t liveness_ns; /* the last pass of ingest_check_liveness */
@@ -226,34 +255,53 @@ struct ifd_ingest {
     char fin_message[512];
 };
 
+/* ingest.c: while the heap is above its bound, the connections without a producer are closed
+ * (they may hold frames of messages they never finish, which libzmq keeps without limit). */
+void ingest_close_hoarders(ifd_ingest *g);
+
 /* ingest.c: the message handler (HELLO, BATCH, END; parts[0] is the routing id) and the
  * program the schema comes from (ifd_ingest_start sets it; the fuzz harness calls both). */
 void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int total);
 void ingest_attach_program(ifd_ingest *g, const ifd_program *program);
 
-/* ingest.c: replies */
+/* reply.c: replies. Those that carry state (ACK, CREDIT, WELCOME, BYE, PREDICTION, an ERROR
+ * returning credit) are kept (keep = 1) until the connection's queue takes them; the others are
+ * dropped when it is full. */
 #define NO_SEQ INT64_MIN /* an ERROR about no batch: its seq is null */
-void ingest_send_parts(ifd_ingest *g, const producer_rid *to, const void *hdr, size_t hlen,
-                       const char *json);
-void ingest_send_json(ifd_ingest *g, const producer_rid *to, int type, json_t *j);
-/* After a send to `to` failed: a closed connection marks its producer gone; other failures (a
- * full pipe) are logged, rate-limited. */
-void ingest_send_failed(ifd_ingest *g, const producer_rid *to, const char *what, int type);
+void ingest_send_json(ifd_ingest *g, const producer_rid *to, int type, json_t *j, int keep);
 /* Printable ASCII kept, every other byte written as \xHH, always terminated. */
 void ingest_ascii_escape(const char *in, char *out, size_t len);
-/* ERROR: code, seq (NO_SEQ: null), credit returned, and the sentence. */
+/* ERROR: code, seq (NO_SEQ: null), credit returned, and the sentence (kept when credit > 0). */
 void ingest_send_error(ifd_ingest *g, const producer_rid *to, int code, int64_t seq, int credit,
                        const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-/* ACK (up to seq) or CREDIT, giving `credit` credits back. */
-void ingest_send_credit_msg(ifd_ingest *g, const producer_rid *to, int type, int64_t seq,
-                            int credit);
+/* ACK (up to seq, n batches), CREDIT (n), PREDICTION (m is the reply's now): kept. */
+void ingest_reply_ack(ifd_ingest *g, const producer_rid *to, int64_t seq, uint32_t n);
+void ingest_reply_credit(ifd_ingest *g, const producer_rid *to, uint32_t n);
+void ingest_reply_prediction(ifd_ingest *g, const producer_rid *to, prediction_msg *m);
+/* A CREDIT of 0 (a liveness probe, never kept): 0 sent, EAGAIN its queue is full, another errno
+ * when it was not sent (EHOSTUNREACH: the connection is gone, and marked so). */
+int ingest_send_probe(ifd_ingest *g, const producer_rid *to);
+/* The outboxes: sends what their queues take now (every pass of the I/O thread); how many
+ * connections have replies waiting; whether `to` has; `to`'s dropped (its connection is gone);
+ * all freed (destroy). */
+void ingest_replies_flush(ifd_ingest *g);
+int ingest_replies_waiting(const ifd_ingest *g);
+int ingest_replies_held(ifd_ingest *g, const producer_rid *to);
+void ingest_replies_drop(ifd_ingest *g, const producer_rid *to);
+void ingest_replies_free(ifd_ingest *g);
 const char *ingest_dims_format(int rank, const int64_t *dims, char *buf, size_t len);
 
 /* producers.c */
 producer_rid ingest_rid_of(const producer *p);
+int ingest_rid_cmp(const void *a, const void *b); /* producer_rid, for tsearch */
 producer *ingest_find_by_rid(ifd_ingest *g, const producer_rid *r);
 producer *ingest_find_by_name(ifd_ingest *g, const char *name);
-int ingest_position_index(ifd_ingest *g, const char *name, int64_t *seq);
+/* name's entry in the position table, made when missing (by key: a CURVE key, or NULL); -1
+ * no memory, -2 the table is full. Whether name has one; how many names key holds (with a
+ * position or a producer). */
+int ingest_position_index(ifd_ingest *g, const char *name, const char *key, int64_t *seq);
+int ingest_position_known(ifd_ingest *g, const char *name);
+int ingest_key_names(ifd_ingest *g, const char *key);
 producer *ingest_new_slot(ifd_ingest *g);
 /* The slot's connection: forget it, bind it to r (IFD_ENOMEM when the index cannot grow), or
  * forget everything (its pool let go); probe_alive: whether its connection still exists. */
@@ -266,8 +314,12 @@ void ingest_handle_end(ifd_ingest *g, const producer_rid *from);
 void ingest_count_producers(ifd_ingest *g);
 void ingest_check_input_end(ifd_ingest *g);
 void ingest_watchdog_context(void *arg, char *buf, size_t len);
-/* A reply to `to` found its connection closed: its producer (if any) is marked gone. */
+/* A reply to `to` found its connection closed: its producer (if any) is marked gone, its
+ * outbox dropped. */
 void ingest_note_gone(ifd_ingest *g, const producer_rid *to);
+/* finish: a BYE to every connection of a producer that ended and gave its slot away; freed. */
+void ingest_bye_ended_conns(ifd_ingest *g, json_t *bye);
+void ingest_ended_conns_free(ifd_ingest *g);
 /* Once in a while: producers gone or silent with credit for producer_timeout are timed out. */
 void ingest_check_liveness(ifd_ingest *g);
 /* Frees the position table and the indexes (destroy). */

@@ -14,18 +14,30 @@
 #define IFD_CONTROL_MAXMSGSIZE (16 << 10) /* a control request's frame */
 #define IFD_CONTROL_HWM 4                 /* requests (replies) queued per control connection */
 #define IFD_PUB_MAXMSGSIZE 1024 /* a subscription, and CURVE's handshake (INITIATE: ~300 bytes) */
-#define IFD_PUB_RCVHWM 16       /* subscriptions queued per subscriber */
-#define IFD_PUB_SNDHWM 256      /* summaries queued per subscriber */
-#define IFD_OUTBOX_MAX 4096     /* summaries waiting for the publisher thread */
+#define IFD_PUB_RCVHWM 4        /* subscriptions queued per subscriber */
+#define IFD_PUB_SUBS_MAX 8      /* subscriptions a subscriber may hold (a reader needs one) */
+#define IFD_PUB_RCVBUF 4096     /* a subscriber's kernel receive buffer (SO_RCVBUF; doubled) */
+/* What a subscriber's subscriptions can cost before it is closed, and while libzmq still reads
+ * what it had sent: IFD_PUB_SUBS_MAX, the queue, and the kernel's and libzmq's buffers (2 x
+ * IFD_PUB_RCVBUF and an 8 KiB read) of 1 KiB subscriptions, each costing libzmq's trie up to
+ * IFD_SUB_COST (measured: 24 KiB for a subscription of 1000 distinct bytes). */
+#define IFD_PUB_SUBS_HELD (IFD_PUB_SUBS_MAX + IFD_PUB_RCVHWM + (2 * IFD_PUB_RCVBUF + 8192) / 1024)
+#define IFD_SUB_COST ((size_t)24 << 10)
+#define IFD_PUB_SNDHWM 256                 /* summaries queued per subscriber */
+#define IFD_OUTBOX_MAX 4096                /* summaries waiting for the publisher thread */
 #define IFD_SUMMARY_MAX ((size_t)4 << 10)  /* the largest summary, assumed */
 #define IFD_CONN_COST ((size_t)96 << 10)   /* libzmq's own cost of a connection, measured */
 #define IFD_BASE_MEMORY ((size_t)64 << 20) /* code, threads, libzmq, a small model */
+#define IFD_NAMES_PER_CONN 8 /* producer names new in the run that one connection may start */
 
 /* The ingest ROUTER's ZMQ_MAXMSGSIZE: the largest frame a valid message has (a full batch's
  * largest tensor, or a HELLO). */
 size_t ifd_router_max_frame(size_t largest_tensor_bytes);
 /* Its send HWM: the replies queued for one producer (an ACK and a PREDICTION a batch, ERRORs). */
 int ifd_router_sndhwm(int credit);
+/* The replies a connection's outbox holds at most once its queue is full (host/reply.c): twice
+ * the queue (a producer within its credit never comes near). */
+int ifd_outbox_max(int credit);
 
 typedef struct ifd_memory_terms {
     int max_producers, credit;

@@ -10,6 +10,7 @@
  */
 #include "core/log.h"
 #include "host/config.h"
+#include "host/conns.h"
 #include "host/hosts.h"
 #include "host/ingest.h"
 #include "host/predictions.h"
@@ -56,11 +57,12 @@ static void install_signals(void)
 }
 
 /* Each connection costs a descriptor: take every one the hard limit allows (as Redis does), and
- * lower the connection limit to what the descriptors left cover (three sockets, with --shm on a
- * pool's memfd a producer until it maps it, and DESC_RESERVE for everything else), so that a
- * flood meets the limit, which closes connections at once, and not EMFILE, which makes libzmq
- * retry its accept in a loop. */
-#define DESC_RESERVE 64
+ * lower the connection limit to what the descriptors left cover (three sockets, the refused
+ * ingest connections held for their answer, with --shm on a pool's memfd a producer until it
+ * maps it, and DESC_RESERVE for everything else), so that a flood meets the limit, which closes
+ * connections at once, and not EMFILE, which makes libzmq retry its accept in a loop; and so
+ * that control, which makes room for a new connection by closing its oldest, always answers. */
+#define DESC_RESERVE (64 + IFD_CONNS_HELD)
 static void fit_descriptors(ifd_daemon_config *c)
 {
     struct rlimit rl;
@@ -234,6 +236,10 @@ static int apply_hosts(ifd_daemon_config *c, ifd_hosts *h, ifd_error *err)
     }
     if (h->size == 1)
         return IFD_OK;
+    if (c->control == c->default_control) { /* one a host, as hosts may share a machine */
+        size_t n = strlen(c->default_control);
+        snprintf(c->default_control + n, sizeof c->default_control - n, "-%d", h->rank);
+    }
     int64_t b = c->run.batch_size, per = (int64_t)h->size * c->run.replicas;
     if (b % per != 0)
         return ifd_error_set(err, IFD_EINVAL,

@@ -1,18 +1,14 @@
 /*
- * The connection monitor: one thread reading libzmq's socket monitor events (zmq_socket_monitor)
- * of the daemon's three sockets, so that floods of connections are bounded and logged:
+ * The monitor: what the daemon's sockets share about their connections (each socket's own are in
+ * host/conns.h, read by the socket's owner), and a thread that watches the heap:
  *
- * - Each socket has at most max_connections connections at once: beyond it a newly accepted
- *   connection is shut down (libzmq then drops it), and the refusals are logged, rate-limited.
- * - Descriptor exhaustion: libzmq retries a failed accept (EMFILE) at once, spinning its I/O
- *   thread, and logs nothing. The monitor logs it (rate-limited) and closes the connections
- *   waiting in the listener's backlog with a spare descriptor it keeps for that (the libuv and
- *   nginx remedy), which stops the spin; connections already open are kept.
- * - Handshakes that fail or time out (ZMQ_HANDSHAKE_IVL) are counted and logged, rate-limited.
- * - The heap: once a second, glibc's free heap above FREE_TRIM bytes is given back to the OS
- *   (malloc_trim), and heap in use above the bound (docs/protocol.md) is logged.
- *
- * Only the monitor thread uses its PAIR sockets. The watched sockets stay their owners'.
+ * - the spare descriptor that is given up to accept (and close) the connections waiting in a
+ *   listener's backlog when no descriptor is left (host/conns.c);
+ * - once every HEAP_EVERY_NS, glibc's free heap above FREE_TRIM bytes is given back to the OS
+ *   (malloc_trim), and heap in use above the bound (docs/protocol.md) is logged, rate-limited,
+ *   and flagged (ifd_monitor_heap_over): the ingest then closes the connections that hold
+ *   memory without being a producer (libzmq keeps every frame of a message whose last frame has
+ *   not come, without limit).
  */
 #ifndef IFD_HOST_MONITOR_H
 #define IFD_HOST_MONITOR_H
@@ -24,16 +20,16 @@
 typedef struct ifd_monitor ifd_monitor;
 
 /* heap_bound: the memory bound of docs/protocol.md in bytes (0: not checked). */
-int ifd_monitor_create(ifd_monitor **out, void *zctx, int max_connections, size_t heap_bound,
-                       ifd_error *err);
-/* Before socket is bound: watch its connections; name is for the log ("ingest", "publish",
- * "control"). Called by the socket's owner, before the monitor starts. */
-int ifd_monitor_watch(ifd_monitor *m, void *socket, const char *name, ifd_error *err);
+int ifd_monitor_create(ifd_monitor **out, int max_connections, size_t heap_bound, ifd_error *err);
 int ifd_monitor_start(ifd_monitor *m, ifd_error *err);
-/* Stops the thread and closes its sockets. The watched sockets must have stopped being monitored
- * first (ifd_monitor_unwatch): libzmq blocks on a monitor event nobody reads. */
+/* Stops the thread. The sockets' connection tables (host/conns.h) go first. */
 void ifd_monitor_destroy(ifd_monitor *m);
-/* By the watched socket's owner (or once it has none): no more events from it. */
-void ifd_monitor_unwatch(void *socket);
+/* Any thread: whether the last heap check found more in use than the bound. */
+int ifd_monitor_heap_over(ifd_monitor *m);
+/* Any thread: the spare descriptor is closed, so that one accept can take its number; 0 when
+ * there was none. ifd_monitor_restore_spare opens it again (it stays closed while none is
+ * free, and the thread retries). */
+int ifd_monitor_release_spare(ifd_monitor *m);
+void ifd_monitor_restore_spare(ifd_monitor *m);
 
 #endif

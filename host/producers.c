@@ -25,7 +25,7 @@
  * (a HELLO) by a scan of the max_producers slots; positions by name through a tree of their
  * own. POSIX tsearch is the libc's balanced tree: no hand-written index. */
 
-static int rid_cmp(const void *a, const void *b)
+int ingest_rid_cmp(const void *a, const void *b)
 {
     const producer_rid *x = a, *y = b;
     if (x->len != y->len)
@@ -46,7 +46,7 @@ producer_rid ingest_rid_of(const producer *p)
 
 producer *ingest_find_by_rid(ifd_ingest *g, const producer_rid *r)
 {
-    void *node = tfind(r, &g->by_rid, rid_cmp);
+    void *node = tfind(r, &g->by_rid, ingest_rid_cmp);
     if (node == NULL)
         return NULL;
     const producer_rid *key = *(producer_rid *const *)node;
@@ -61,12 +61,18 @@ producer *ingest_find_by_name(ifd_ingest *g, const char *name)
     return NULL;
 }
 
+static void forget_ended_conn(ifd_ingest *g, const producer_rid *r);
+
 /* p forgets its connection. */
 void ingest_slot_unbind(ifd_ingest *g, producer *p)
 {
-    if (p->rid_len)
-        tdelete(&p->key, &g->by_rid, rid_cmp);
+    if (p->rid_len) {
+        tdelete(&p->key, &g->by_rid, ingest_rid_cmp);
+        ifd_conns_unmark(g->conns, p->fd, p->conn_mark);
+    }
     p->rid_len = 0;
+    p->fd = -1;
+    p->conn_mark = 0;
     p->key = (producer_rid){0};
 }
 
@@ -75,14 +81,19 @@ void ingest_slot_unbind(ifd_ingest *g, producer *p)
 int ingest_slot_bind(ifd_ingest *g, producer *p, const producer_rid *r)
 {
     ingest_slot_unbind(g, p);
+    if (g->nended_conns)
+        forget_ended_conn(g, r);
     memcpy(p->rid, r->rid, r->len);
     p->rid_len = r->len;
     p->key = (producer_rid){.rid = p->rid, .len = p->rid_len};
     p->gone = 0;
-    if (tsearch(&p->key, &g->by_rid, rid_cmp) == NULL) {
+    if (tsearch(&p->key, &g->by_rid, ingest_rid_cmp) == NULL) {
         p->rid_len = 0;
         return IFD_ENOMEM;
     }
+    p->probe_ns = p->probe_ivl_ns = 0; /* a new connection: probed afresh */
+    p->fd = g->msg_fd;                 /* a producer's connection is never closed to make room */
+    p->conn_mark = ifd_conns_mark(g->conns, p->fd);
     return IFD_OK;
 }
 
@@ -105,10 +116,31 @@ static int position_in_use(ifd_ingest *g, int i)
 /* The index of name's position entry, added (seq -1, or seq when given >= 0) when missing; -1
  * when out of memory, -2 when the table holds max_pos names already, each with a position or a
  * producer. Locks qmu: the infeed thread updates the table in src_pop. */
-int ingest_position_index(ifd_ingest *g, const char *name, int64_t *seq)
+int ingest_position_known(ifd_ingest *g, const char *name)
 {
     position key;
     snprintf(key.name, sizeof key.name, "%s", name);
+    ifd_mutex_lock(&g->qmu);
+    int known = tfind(&key, &g->pos_index, pos_cmp) != NULL;
+    ifd_mutex_unlock(&g->qmu);
+    return known;
+}
+
+int ingest_key_names(ifd_ingest *g, const char *key)
+{
+    int n = 0;
+    ifd_mutex_lock(&g->qmu);
+    for (int i = 0; i < g->npos; i++)
+        n += strcmp(g->pos[i]->key, key) == 0 && (g->pos[i]->seq >= 0 || position_in_use(g, i));
+    ifd_mutex_unlock(&g->qmu);
+    return n;
+}
+
+int ingest_position_index(ifd_ingest *g, const char *name, const char *owner, int64_t *seq)
+{
+    position key = {.key = ""};
+    snprintf(key.name, sizeof key.name, "%s", name);
+    snprintf(key.key, sizeof key.key, "%s", owner ? owner : "");
     ifd_mutex_lock(&g->qmu);
     int i;
     void *node = tfind(&key, &g->pos_index, pos_cmp);
@@ -183,17 +215,115 @@ void ingest_producers_free(ifd_ingest *g)
     g->pos = NULL;
 }
 
-/* Whether p's connection still exists: a CREDIT of 0 (a no-op every client ignores) is sent to
+/*
+ * Whether p's connection still exists: a CREDIT of 0 (a no-op every client ignores) is sent to
  * it; libzmq's ROUTER (ZMQ_ROUTER_MANDATORY) refuses a connection that is closed or whose
- * heartbeats went unanswered. */
+ * heartbeats went unanswered. Probes cost the producer a place in its queue, and anyone can
+ * cause them (a HELLO naming it, a full producer table), so a producer is probed at most once
+ * per interval: PROBE_MIN_NS after a message from it, doubling to PROBE_MAX_NS while it stays
+ * silent (a connection just closed is found within the waits of a parked HELLO). Between probes,
+ * and while its replies wait in an outbox (its queue was full: the connection is there), the
+ * answer is the last one: alive unless a send found it gone.
+ */
+#define PROBE_MIN_NS 5000000LL
+#define PROBE_MAX_NS 1000000000LL
 int ingest_probe_alive(ifd_ingest *g, producer *p)
 {
     if (p->rid_len == 0 || p->gone)
         return 0;
-    uint8_t hdr[IFD_PROTO_CREDIT_HDR];
     producer_rid r = ingest_rid_of(p);
-    ingest_send_parts(g, &r, hdr, ifd_proto_credit(hdr, 0), NULL);
+    int64_t now = ifd_clock_ns();
+    if (p->probe_ns && now - p->probe_ns < p->probe_ivl_ns)
+        return 1;
+    if (ingest_replies_held(g, &r))
+        return 1;
+    if (p->heard_ns >= p->probe_ns || p->probe_ivl_ns < PROBE_MIN_NS)
+        p->probe_ivl_ns = PROBE_MIN_NS;
+    else if (p->probe_ivl_ns < PROBE_MAX_NS)
+        p->probe_ivl_ns = 2 * p->probe_ivl_ns < PROBE_MAX_NS ? 2 * p->probe_ivl_ns : PROBE_MAX_NS;
+    p->probe_ns = now;
+    ingest_send_probe(g, &r); /* EHOSTUNREACH marks it gone; EAGAIN: full, so there */
     return !p->gone;
+}
+
+/* ---- ended producers whose slots were given away ------------------------------------------ */
+
+/* At most this many such connections wait for their BYE (there are never more connections). */
+static int ended_conns_max(const ifd_ingest *g)
+{
+    return ifd_daemon_max_connections(g->cfg);
+}
+
+static void ended_conn_unlink(ifd_ingest *g, ended_conn **at)
+{
+    ended_conn *e = *at;
+    *at = e->next;
+    free(e);
+    g->nended_conns--;
+}
+
+/* r's entry, if it has one, is removed (its connection said HELLO again: the BYE will be its
+ * producer's). */
+static void forget_ended_conn(ifd_ingest *g, const producer_rid *r)
+{
+    for (ended_conn **at = &g->ended_conns; *at; at = &(*at)->next)
+        if ((*at)->rid_len == r->len && memcmp((*at)->rid, r->rid, r->len) == 0) {
+            ended_conn_unlink(g, at);
+            return;
+        }
+}
+
+/* p ended and its slot goes to another producer: its connection, if it is still there, keeps
+ * its BYE. When the list is full, entries whose connections are gone are removed (a probe
+ * each), then the oldest. */
+static void keep_ended_conn(ifd_ingest *g, const producer *p)
+{
+    if (p->rid_len == 0 || p->gone)
+        return;
+    if (g->nended_conns >= ended_conns_max(g)) {
+        ended_conn **oldest = NULL;
+        for (ended_conn **at = &g->ended_conns; *at;) {
+            producer_rid r = {.rid = (*at)->rid, .len = (*at)->rid_len};
+            int e = ingest_replies_held(g, &r) ? EAGAIN : ingest_send_probe(g, &r);
+            if (e != 0 && e != EAGAIN) {
+                ended_conn_unlink(g, at);
+                continue;
+            }
+            oldest = at; /* entries are added at the front: the last is the oldest */
+            at = &(*at)->next;
+        }
+        if (g->nended_conns >= ended_conns_max(g) && oldest)
+            ended_conn_unlink(g, oldest);
+    }
+    ended_conn *e = malloc(sizeof *e);
+    if (e == NULL)
+        return;
+    memcpy(e->rid, p->rid, p->rid_len);
+    e->rid_len = p->rid_len;
+    memcpy(e->name, p->name, sizeof e->name);
+    e->acked_seq = p->acked_seq;
+    e->next = g->ended_conns;
+    g->ended_conns = e;
+    g->nended_conns++;
+}
+
+void ingest_bye_ended_conns(ifd_ingest *g, json_t *bye)
+{
+    while (g->ended_conns) {
+        ended_conn *e = g->ended_conns;
+        json_t *b = json_copy(bye);
+        json_object_set_new(b, "acked_seq", json_integer(e->acked_seq));
+        producer_rid r = {.rid = e->rid, .len = e->rid_len};
+        ingest_send_json(g, &r, IFD_MSG_BYE, b, 1);
+        IFD_LOG_DEBUG("BYE to producer '%s', ended, its slot given away", e->name);
+        ended_conn_unlink(g, &g->ended_conns);
+    }
+}
+
+void ingest_ended_conns_free(ifd_ingest *g)
+{
+    while (g->ended_conns)
+        ended_conn_unlink(g, &g->ended_conns);
 }
 
 /* A free slot, reusing one whose producer ended (sent END or timed out) with nothing in flight,
@@ -208,6 +338,8 @@ producer *ingest_new_slot(ifd_ingest *g)
         for (int i = 0; i < g->cfg->max_producers; i++) {
             producer *p = &g->producers[i];
             if (p->in_flight == 0 && (pass == 0 ? p->ended : !ingest_probe_alive(g, p))) {
+                if (pass == 0)
+                    keep_ended_conn(g, p);
                 if (pass == 1) {
                     char n[4 * IFD_PROTO_NAME_MAX + 1];
                     IFD_LOG_LIMITED(&g->lim_gone, IFD_LOG_INFO,
@@ -228,6 +360,7 @@ producer *ingest_new_slot(ifd_ingest *g)
 
 void ingest_note_gone(ifd_ingest *g, const producer_rid *to)
 {
+    ingest_replies_drop(g, to);
     producer *p = ingest_find_by_rid(g, to);
     if (p == NULL || p->gone)
         return;

@@ -1,4 +1,5 @@
 #include "host/publisher.h"
+#include "host/conns.h"
 #include "host/endpoint.h"
 #include "host/security.h"
 
@@ -24,6 +25,7 @@ typedef struct outmsg {
 
 struct ifd_publisher {
     void *pub;
+    ifd_conns *conns; /* its connections and their subscriptions (this thread's) */
     int efd;
     ifd_sink *sink;
     ifd_thread thread;
@@ -90,7 +92,7 @@ static const ifd_sink_ops pub_ops = {
     .write = pub_write, .flush = pub_flush, .destroy = pub_destroy};
 
 int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, ifd_security *sec,
-                         ifd_monitor *mon, ifd_error *err)
+                         ifd_monitor *mon, int max_connections, ifd_error *err)
 {
     *out = NULL;
     ifd_publisher *p = calloc(1, sizeof *p);
@@ -104,12 +106,19 @@ int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, 
         rc = ifd_error_set(err, IFD_EIO, "publish: eventfd: %s", strerror(errno));
         goto fail;
     }
-    p->pub = zmq_socket(zctx, ZMQ_PUB);
+    p->pub = zmq_socket(zctx, ZMQ_XPUB);
     if (p->pub == NULL) {
         rc = ifd_error_set(err, IFD_EIO, "publish: %s", zmq_strerror(zmq_errno()));
         goto fail;
     }
-    int linger = 1000, sndhwm = IFD_PUB_SNDHWM, rcvhwm = IFD_PUB_RCVHWM, hs = IFD_HANDSHAKE_IVL_MS;
+    /* XPUB, verbose: every subscription and unsubscription is read here, with its connection's
+     * descriptor, so that each connection's are counted (IFD_PUB_SUBS_MAX) */
+    int linger = 1000, sndhwm = IFD_PUB_SNDHWM, rcvhwm = IFD_PUB_RCVHWM, hs = IFD_HANDSHAKE_IVL_MS,
+        verboser = 1, rcvbuf = IFD_PUB_RCVBUF;
+    /* a subscriber sends little; a small kernel buffer bounds what it has sent and libzmq will
+     * still read once its connection is closed for too many subscriptions */
+    zmq_setsockopt(p->pub, ZMQ_RCVBUF, &rcvbuf, sizeof rcvbuf);
+    zmq_setsockopt(p->pub, ZMQ_XPUB_VERBOSER, &verboser, sizeof verboser);
     int64_t maxmsg = IFD_PUB_MAXMSGSIZE; /* a subscription: 1 byte and the prefix */
     zmq_setsockopt(p->pub, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(p->pub, ZMQ_SNDHWM, &sndhwm, sizeof sndhwm);
@@ -118,9 +127,13 @@ int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, 
     zmq_setsockopt(p->pub, ZMQ_HANDSHAKE_IVL, &hs, sizeof hs);
     if ((rc = ifd_security_apply(sec, p->pub, IFD_SOCK_PUBLISH, err)) != IFD_OK)
         goto fail;
-    if (mon && (rc = ifd_monitor_watch(mon, p->pub, "publish", err)) != IFD_OK)
+    /* a subscriber over the limit takes the place of a connection without a subscription */
+    ifd_conns_rules rules = {.max = max_connections,
+                             .idle_ns = IFD_HANDSHAKE_IVL_MS * 1000000LL,
+                             .idle = "no subscription on it"};
+    if ((rc = ifd_conns_create(&p->conns, mon, zctx, p->pub, "publish", &rules, err)))
         goto fail;
-    if ((rc = ifd_endpoint_bind(p->pub, "publish", endpoint, p->bound, sizeof p->bound, err)) !=
+    if ((rc = ifd_endpoint_bind(p->pub, "publish", endpoint, 0, p->bound, sizeof p->bound, err)) !=
         IFD_OK)
         goto fail;
     rc = ifd_sink_create(&p->sink, &pub_ops, p);
@@ -163,21 +176,56 @@ static int publish(ifd_publisher *p)
     return stopping;
 }
 
+/* Reads what subscribers sent (libzmq has applied each subscription already): each
+ * connection's subscriptions are counted, and one that goes beyond IFD_PUB_SUBS_MAX is closed,
+ * which drops them all (a subscription of 1 KiB costs libzmq's trie about 48 KiB). Anything
+ * else (an XSUB peer's messages) is dropped. */
+static void read_subscriptions(ifd_publisher *p)
+{
+    for (int k = 0; k < 4096; k++) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, p->pub, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return;
+        }
+        const uint8_t *d = zmq_msg_data(&m);
+        int fd = zmq_msg_get(&m, ZMQ_SRCFD);
+        if (zmq_msg_size(&m) >= 1 && d[0] == 1) {
+            if (ifd_conns_marks(p->conns, fd) >= IFD_PUB_SUBS_MAX) {
+                char why[128];
+                snprintf(why, sizeof why,
+                         "a subscriber made more than %d subscriptions (each costs the daemon "
+                         "memory until it leaves)",
+                         IFD_PUB_SUBS_MAX);
+                ifd_conns_close(p->conns, fd, why);
+            } else {
+                ifd_conns_mark(p->conns, fd);
+            }
+        } else if (zmq_msg_size(&m) >= 1 && d[0] == 0) {
+            ifd_conns_unmark(p->conns, fd, IFD_CONNS_NOW);
+        }
+        zmq_msg_close(&m);
+    }
+}
+
 static void *publisher_main(void *arg)
 {
     ifd_publisher *p = arg;
-    /* Polling the PUB socket makes libzmq process its commands: new subscribers and their
+    /* Polling the socket makes libzmq process its commands: new subscribers and their
      * subscriptions are taken while no summary is sent. */
-    zmq_pollitem_t items[2] = {{.fd = p->efd, .events = ZMQ_POLLIN},
-                               {.socket = p->pub, .events = ZMQ_POLLOUT}};
+    zmq_pollitem_t items[3] = {{.fd = p->efd, .events = ZMQ_POLLIN},
+                               {.socket = p->pub, .events = ZMQ_POLLIN},
+                               {.socket = ifd_conns_pollable(p->conns), .events = ZMQ_POLLIN}};
     for (;;) {
-        int rc = zmq_poll(items, 1, 100);
-        if (rc > 0) {
+        int rc = zmq_poll(items, 3, 100);
+        if (rc > 0 && (items[0].revents & ZMQ_POLLIN)) {
             uint64_t v;
             ssize_t r = read(p->efd, &v, sizeof v);
             (void)r;
         }
-        zmq_poll(&items[1], 1, 0);
+        ifd_conns_update(p->conns); /* before the subscriptions: their connections are known */
+        read_subscriptions(p);
         if (publish(p))
             return NULL;
     }
@@ -219,10 +267,9 @@ void ifd_publisher_destroy(ifd_publisher *p)
         p->head = m->next;
         free(m);
     }
-    if (p->pub) {
-        ifd_monitor_unwatch(p->pub);
+    ifd_conns_destroy(p->conns); /* libzmq waits on a monitor event nobody reads */
+    if (p->pub)
         zmq_close(p->pub);
-    }
     if (p->efd >= 0)
         close(p->efd);
     ifd_mutex_fini(&p->mu);

@@ -3,7 +3,9 @@
  * written to its sink (the outfeed thread) wait in a bounded outbox (OUTBOX_MAX, the oldest
  * dropped) and are sent without blocking: a slow subscriber loses messages. Nothing a subscriber
  * does (a huge or endless subscription, a stalled connection) reaches the ingest's I/O thread,
- * so it never delays a producer's ACKs.
+ * so it never delays a producer's ACKs. The socket is an XPUB, so that the thread reads every
+ * subscription with its connection: a connection that makes more than IFD_PUB_SUBS_MAX is
+ * closed.
  */
 #ifndef IFD_HOST_PUBLISHER_H
 #define IFD_HOST_PUBLISHER_H
@@ -14,10 +16,10 @@
 
 typedef struct ifd_publisher ifd_publisher;
 
-/* Binds endpoint (the error names it and libzmq's reason); mon, when not NULL, watches its
- * connections. */
+/* Binds endpoint (the error names it and libzmq's reason). Its connections are bounded
+ * (host/conns.h): at most max_connections, and at most IFD_PUB_SUBS_MAX subscriptions each. */
 int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, ifd_security *sec,
-                         ifd_monitor *mon, ifd_error *err);
+                         ifd_monitor *mon, int max_connections, ifd_error *err);
 /* The endpoint it is bound to (host/endpoint.h: a port chosen for '*' resolved). */
 const char *ifd_publisher_endpoint(const ifd_publisher *p);
 /* Its sink (owned by p). */

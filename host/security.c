@@ -592,6 +592,12 @@ static void list_names(const key_entry *e, char *buf, size_t len)
         memcpy(buf + len - 4, "...", 4);
 }
 
+int ifd_security_key_names(const ifd_security *s, const char *user_id)
+{
+    const key_entry *e = s && user_id ? key_find_z85(&s->authorized, user_id) : NULL;
+    return e ? e->nnames : 0;
+}
+
 int ifd_security_name_allowed(const ifd_security *s, const char *user_id, const char *name,
                               char *why, size_t len)
 {

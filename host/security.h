@@ -57,6 +57,10 @@ int ifd_security_apply(ifd_security *s, void *zsock, ifd_sock_role role, ifd_err
 int ifd_security_name_allowed(const ifd_security *s, const char *user_id, const char *name,
                               char *why, size_t len);
 
+/* The names the producer key user_id is bound to in authorized_keys (0: any free name, or not
+ * a key of the list). */
+int ifd_security_key_names(const ifd_security *s, const char *user_id);
+
 /* Stops and joins the ZAP handler (logging the refusals not yet logged). Call it after every
  * socket that uses CURVE is closed, before zmq_ctx_term. NULL or never started: a no-op. */
 void ifd_security_stop(ifd_security *s);

@@ -4,7 +4,9 @@
  * memory cannot hold is refused now, never a SIGBUS later) and sealed against resizing, so a peer
  * can neither cut the memory from under the daemon nor grow it; the daemon maps it read-only and
  * writes only its header (with pwrite, before mapping). The producer opens it through
- * /proc/<pid>/fd/<fd>, which only processes of the daemon's user can.
+ * /proc/<pid>/fd/<fd>, which only processes of the daemon's user can. It is not sealed against
+ * hole punching: the seals that forbid that (F_SEAL_WRITE, F_SEAL_FUTURE_WRITE) forbid the
+ * producer's writable mapping too; a punched page reads as zeros (docs/protocol.md).
  */
 /* memfd_create and F_ADD_SEALS need _GNU_SOURCE, which the build defines */
 #include "host/ingest_internal.h"

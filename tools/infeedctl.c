@@ -14,6 +14,7 @@
  */
 #include "clients/c/wire.h"
 #include "core/keyfile.h"
+#include "core/userdir.h"
 #include "infeed/client.h"
 #include "infeed/error.h"
 #include "infeed/infeed.h" /* IFD_VERSION_STRING */
@@ -42,6 +43,8 @@ typedef struct ctl_options {
 
 static void usage(FILE *out)
 {
+    char control[4200];
+    ifd_default_control(control, sizeof control);
     fprintf(
         out,
         "Usage: infeedctl [options] status [--json]\n"
@@ -61,7 +64,9 @@ static void usage(FILE *out)
         "                summary (exit 0 when the run ended well, 1 when with an error)\n"
         "\n"
         "Options:\n"
-        "  --control ENDPOINT   the daemon's --control (default: tcp://127.0.0.1:5557)\n"
+        "  --control ENDPOINT   the daemon's --control (default: the daemon's own default,\n"
+        "                       %s: an ipc socket in a folder only this\n"
+        "                       user may enter)\n"
         "  --publish ENDPOINT   the daemon's --publish, for watch (default: "
         "tcp://127.0.0.1:5556)\n"
         "  --server-key FILE    CURVE: the daemon's public key file (infeedd keygen's .pub)\n"
@@ -74,7 +79,8 @@ static void usage(FILE *out)
         "  --version            the version\n"
         "\n"
         "Exit status: 0 done; 1 no daemon answered, it refused the request, or (watch) the\n"
-        "run ended with an error; 2 a usage error.\n");
+        "run ended with an error; 2 a usage error.\n",
+        control);
 }
 
 static int usage_error(const char *fmt, const char *arg)
@@ -574,8 +580,9 @@ static int cmd_watch(const ctl_options *o)
 
 int main(int argc, char **argv)
 {
-    ctl_options o = {
-        .control = "tcp://127.0.0.1:5557", .publish = "tcp://127.0.0.1:5556", .timeout = 5};
+    char control[4200];
+    ifd_default_control(control, sizeof control); /* the daemon's default (core/userdir.h) */
+    ctl_options o = {.control = control, .publish = "tcp://127.0.0.1:5556", .timeout = 5};
     int rc = parse_args(argc, argv, &o);
     if (rc)
         return rc;

@@ -2,8 +2,8 @@
 
 The daemon binary is $INFEEDD (CTest sets it to the built target); without it, the tests that
 need the daemon are skipped. Each test gets a ``daemon`` factory: ``daemon(flag=value, ...)``
-starts one (flags are written --flag-name value; True alone for a bare flag; preexec_fn=f runs f
-in the child before exec), waits until its --ready-file names the endpoints it bound (it serves
+starts one (flags are written --flag-name value; True alone for a bare flag; "default" for
+listen, publish or control leaves the flag out; preexec_fn=f runs f in the child before exec), waits until its --ready-file names the endpoints it bound (it serves
 them then), and the fixture always kills it at teardown.
 """
 
@@ -73,9 +73,12 @@ class Daemon:
                                                          str(tmp / f"summaries{n}.jsonl")))
         self.ready_path = Path(self.flags.setdefault("ready_file", str(tmp / f"ready{n}.json")))
         for key in ("listen", "publish", "control"):
-            self.flags[key] = self.flags.get(key) or "tcp://127.0.0.1:*"
+            if self.flags.get(key) == "default":  # the daemon's own default: no flag
+                del self.flags[key]
+            else:
+                self.flags[key] = self.flags.get(key) or "tcp://127.0.0.1:*"
         self.listen, self.publish, self.control_endpoint = \
-            self.flags["listen"], self.flags["publish"], self.flags["control"]
+            (self.flags.get(k) for k in ("listen", "publish", "control"))
         self.argv = [exe]
         for k, v in self.flags.items():
             if v is None or v is False:

@@ -97,6 +97,16 @@ class Collector(threading.Thread):
         finally:
             self.sub.close()
 
+    def halt_after(self, event: str, timeout: float = 10) -> None:
+        """Waits until a summary of this event arrived (AssertionError after timeout), then
+        stops reading."""
+        deadline = time.monotonic() + timeout
+        while not any(s.get("event") == event for s in self.got):
+            assert time.monotonic() < deadline, f"no {event} summary reached the subscriber"
+            time.sleep(0.1)
+        self._halt.set()
+        self.join(5)
+
     def stop(self, timeout: float = 10):
         deadline = time.monotonic() + timeout
         while self.is_alive() and not self.sub.ended and time.monotonic() < deadline:

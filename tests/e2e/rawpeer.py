@@ -11,9 +11,14 @@ from infeed import protocol as P
 
 
 class RawPeer:
-    def __init__(self, endpoint: str):
+    def __init__(self, endpoint: str, slow_reader: bool = False):
+        """slow_reader: a peer whose socket holds one message and a small kernel buffer, so that
+        while it does not read, the daemon's queue to it fills after a few replies."""
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if slow_reader:
+            self.sock.setsockopt(zmq.RCVHWM, 1)
+            self.sock.setsockopt(zmq.RCVBUF, 4096)
         self.sock.connect(endpoint)
         self.acks: list[int] = []  # one entry per acknowledged batch (ACKs are cumulative)
         self.pending: list[int] = []  # seqs of the batches sent and not yet answered
@@ -23,6 +28,7 @@ class RawPeer:
         self.byes: list[dict] = []
         self.other: list[P.Message] = []
         self.probes = 0
+        self.received: list[tuple] = []  # (type, seq, credit) of every message, in order
 
     def send(self, frames) -> None:
         h = bytes(frames[0]) if frames else b""
@@ -53,6 +59,7 @@ class RawPeer:
         if not self.sock.poll(int(timeout * 1000)):
             return False
         m = P.unpack_message(self.sock.recv_multipart())
+        self.received.append((m.type, m.seq, m.credit))
         {P.ACK: lambda: self._on_ack(m), P.CREDIT: lambda: self._on_credit(m.credit),
          P.ERROR: lambda: self._on_error(m.body), P.WELCOME: lambda: self.welcomes.append(m.body),
          P.BYE: lambda: self.byes.append(m.body)}.get(m.type, lambda: self.other.append(m))()
@@ -63,9 +70,15 @@ class RawPeer:
         while not cond():
             left = deadline - time.monotonic()
             if left <= 0:
-                raise AssertionError(f"timed out waiting for {what}; errors {self.errors}, acks "
-                                     f"{self.acks}, welcomes {self.welcomes}, byes {self.byes}")
+                raise AssertionError(f"timed out waiting for {what}; errors {self.errors[-5:]}, "
+                                     f"{len(self.acks)} batches acked (the last "
+                                     f"{self.acks[-10:]}), welcomes {self.welcomes}, byes "
+                                     f"{self.byes}")
             self._recv(min(left, 0.2))
+
+    def credit_returned(self) -> int:
+        """The credits every ACK, CREDIT and ERROR received so far returned."""
+        return sum(c or 0 for t, _, c in self.received if t in (P.ACK, P.CREDIT, P.ERROR))
 
     def error(self, timeout: float = 5.0) -> dict:
         """The next ERROR (ACKs and CREDITs arriving meanwhile are recorded)."""

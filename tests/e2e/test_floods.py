@@ -22,9 +22,11 @@ MiB = 1 << 20
 
 # docs/protocol.md and host/limits.h
 HANDSHAKE_S = 5.0
+HOLD_S, HELD = 1.0, 16  # refused ingest connections wait for their answer (host/conns.h)
 HELLO_MAX = 64 << 10
 ROUTER_RCVHWM, CONTROL_MAXMSG, CONTROL_HWM = 32, 16 << 10, 4
-PUB_MAXMSG, PUB_RCVHWM, PUB_SNDHWM, OUTBOX = 1024, 16, 256, 4096
+PUB_MAXMSG, PUB_RCVHWM, PUB_SNDHWM, OUTBOX = 1024, 4, 256, 4096
+PUB_SUBS_MAX, PUB_RCVBUF, SUB_COST = 8, 4096, 24 << 10  # a subscription costs libzmq's trie
 SUMMARY_MAX, CONN_COST, BASE = 4 << 10, 96 << 10, 64 * MiB
 
 
@@ -33,10 +35,11 @@ def memory_bound(max_producers, credit, conns_ingest, conns_publish, conns_contr
     """docs/protocol.md's formula, for the softmax program (x float32 [D], y int32)."""
     tensors = [batch_rows * D * 4, batch_rows * 4]
     batch_bytes, max_frame = sum(tensors), max(max(tensors), HELLO_MAX)
-    ingest = ROUTER_RCVHWM * (len(tensors) + 2) * max_frame + (2 * credit + 16) * 512 + CONN_COST
+    replies = (2 * credit + 16) * 3  # queued in libzmq, and twice that in the outbox
+    ingest = ROUTER_RCVHWM * (len(tensors) + 2) * max_frame + replies * 512 + CONN_COST
     control = CONTROL_HWM * CONTROL_MAXMSG + CONN_COST
-    publish = PUB_RCVHWM * PUB_MAXMSG + CONN_COST
-    return (BASE + max_producers * credit * 2 * batch_bytes + conns_ingest * ingest
+    publish = (PUB_SUBS_MAX + PUB_RCVHWM + (2 * PUB_RCVBUF + 8192) // 1024) * SUB_COST + CONN_COST
+    return (BASE + max_producers * credit * 2 * batch_bytes + (conns_ingest + HELD) * ingest
             + conns_control * control + conns_publish * publish
             + (OUTBOX + PUB_SNDHWM) * SUMMARY_MAX)
 
@@ -87,18 +90,19 @@ def train(d, batches: int, nrng, timeout: float = 20) -> None:
 
 
 def train_retry(d, batches: int, nrng, within: float) -> int:
-    """train(), again while the daemon is still refusing: a connection beyond the limit is cut
-    as soon as the monitor sees it, which can be after its HELLO (the client sees EPROTO or no
-    answer). Returns the attempts it took."""
+    """train(), again while the daemon is still refusing: a connection beyond the limit is told
+    so (EBUSY) until an idle one can make room. Returns the attempts it took."""
     deadline = time.monotonic() + within
-    for attempt in range(1, 100):
+    attempt = 0
+    while True:
+        attempt += 1
         try:
             train(d, batches, nrng, timeout=3)
             return attempt
         except (infeed.InfeedError, TimeoutError) as e:
             assert time.monotonic() < deadline, f"no producer got in within {within} s: {e!r}"
             print(f"attempt {attempt}: {e!r}")
-    raise AssertionError("no producer got in")
+            time.sleep(0.1)
 
 
 def wait_log(d, text: str, timeout: float = 10) -> None:
@@ -109,10 +113,10 @@ def wait_log(d, text: str, timeout: float = 10) -> None:
 
 
 def test_incomplete_and_oversized_messages(daemon, rng):
-    """Peers send most frames of a message and hold back the last: libzmq buffers them (without
-    limit: docs/protocol.md says so), the daemon warns once the heap passes the bound, keeps
-    serving, and gives the memory back once they are gone. A frame over ZMQ_MAXMSGSIZE closes
-    its connection before it is buffered."""
+    """Peers send frames of a message and hold back the last: libzmq buffers them (without
+    limit), so once the heap passes the bound the daemon closes the connections that are not
+    producers (these), says so, keeps serving and gives the memory back. A frame over
+    ZMQ_MAXMSGSIZE closes its connection before it is buffered."""
     credit, hoarders = 8, 2
     d = daemon(features=D, classes=K, batch_size=BATCH, steps=100000, iterations_per_loop=5,
                credit=credit, max_producers=3, expect_producers=3,
@@ -125,26 +129,34 @@ def test_incomplete_and_oversized_messages(daemon, rng):
     big.send(long_frame_header(HELLO_MAX + rng.randint(1, 1 << 20), more=True))
     big.send(b"\0" * 65536)
     peers = [RawZmtp(host, lp, "DEALER") for _ in range(hoarders)]
-    per_peer = bound // hoarders + rng.randint(10, 60) * MiB  # together above the bound
+    # each alone goes above the bound, and is closed then (a sanitizer's heap is not glibc's:
+    # there the two together go above it and stop)
+    limit = bound // hoarders + rng.randint(10, 60) * MiB if sanitized() else 4 * bound
     size = rng.randint(16 << 10, HELLO_MAX)
     chunk = frame(bytes(size), more=True)
     for p in peers:
         sent = 0
-        while sent < per_peer:
-            p.send(chunk * 16)
-            sent += 16 * len(chunk)
-    print(f"bound {bound >> 20} MiB, {hoarders} peers held back {per_peer >> 20} MiB each in "
-          f"frames of {size} bytes")
+        try:
+            while sent < limit:
+                p.send(chunk * 16)
+                sent += 16 * len(chunk)
+        except OSError:
+            pass  # closed by the daemon
+        print(f"bound {bound >> 20} MiB: a peer held back {sent >> 20} MiB in frames of {size} "
+              f"bytes")
     assert big.closed(5.0), "a frame over ZMQ_MAXMSGSIZE: the connection stays open"
     assert d.control({"cmd": "status"})["ok"]
     train(d, rng.randint(5, 30), nrng)
     if sanitized():
-        print("a sanitizer build: heap warning and RSS not checked")
+        print("a sanitizer build: heap warning, closing and RSS not checked")
         for p in peers:
             p.close()
         train(d, rng.randint(5, 30), nrng)
         return
+    for p in peers:
+        assert p.closed(10.0), "a peer holding frames above the bound stays connected"
     wait_log(d, "holding back the last frames of messages")
+    wait_log(d, "the heap is above its bound and they have no producer")
     for p in peers:
         p.close()
     deadline = time.monotonic() + 10
@@ -158,8 +170,8 @@ def test_incomplete_and_oversized_messages(daemon, rng):
 
 def test_pub_and_control_floods(daemon, rng):
     """An 8 MiB subscription, 1 GiB frames to PUB and control, many subscriptions: connections
-    closed, RSS under the bound, summaries still published, status still answered, producers'
-    ACKs not held up."""
+    closed (the one with many subscriptions too), RSS under the bound, summaries still
+    published, status still answered, producers' ACKs not held up."""
     d = daemon(features=D, classes=K, batch_size=BATCH, steps=100000, iterations_per_loop=2,
                summary_every=1, credit=8, max_producers=4, expect_producers=2)
     note_baseline(d)
@@ -193,16 +205,12 @@ def test_pub_and_control_floods(daemon, rng):
     took = time.monotonic() - t0
     for f in floods[:3]:
         assert f.closed(5.0), "an oversized frame: the connection stays open"
+    assert many.closed(5.0), f"{nsubs} subscriptions: the subscriber stays connected"
     st = d.control({"cmd": "status"})
     assert st["ok"] and st["batches_accepted"] > 0, st
-    bound = memory_bound(4, 8, 1, 4, 2) + nsubs * 1024  # what libzmq keeps of subscriptions
+    bound = memory_bound(4, 8, 1, 4, 2)  # subscriptions included: a ninth closes the connection
     assert sanitized() or rss(d) < bound, f"RSS {rss(d) >> 20} MiB, bound {bound >> 20} MiB"
-    deadline = time.monotonic() + 10
-    while not any(s.get("event") == "train" for s in col.got):
-        assert time.monotonic() < deadline, "no summary reached the subscriber"
-        time.sleep(0.1)
-    col._halt.set()
-    col.join(5)
+    col.halt_after("train")
     print(f"trained in {took:.2f} s during the floods, {len(col.got)} summaries received")
     for f in floods:
         f.close()
@@ -251,7 +259,7 @@ def test_connection_flood(daemon, rng):
     ports = [port(d.listen), port(d.publish), port(d.control_endpoint)]
     n = 3 * limit + rng.randint(10, 60)
     conns = flood(host, ports, n, handshake=rng.randint(0, limit))
-    alive = open_count(conns, 1.0)
+    alive = open_count(conns, 1.0 + HOLD_S)  # refused ones wait for their answer that long
     # the refused are closed; the control socket keeps one slot per status call here
     assert alive <= 3 * limit, f"{alive} of {len(conns)} connections open, limit {limit} each"
     wait_log(d, f"at its limit of {limit} connections")

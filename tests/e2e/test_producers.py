@@ -182,3 +182,52 @@ def test_expect_producers_keeps_the_input_open(daemon, rng):
         assert d.wait() == 0, d.log()
         a.close()
         c.close()
+
+
+def test_bye_reaches_ended_producers_whose_slots_were_reused(daemon, rng):
+    """Producers that sent END and wait for their BYE give their slots to newcomers once
+    --max-producers are taken (one producer keeps streaming, so the input stays open); each
+    still gets its BYE when the run ends (its end() returned only on a timeout before)."""
+    schema = [P.schema_entry("x", "float32", [D]), P.schema_entry("y", "int32", [])]
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    slots = rng.randint(2, 3)
+    d = daemon(replicas=1, batch_size=2, features=D, classes=K, steps=100000,
+               iterations_per_loop=rng.randint(1, 3), summary_every=0, max_producers=slots)
+
+    def b(seq):
+        return batch_frames(seq, [nrng.random((2, D), dtype=np.float32),
+                                  nrng.integers(0, K, 2, dtype=np.int32)])
+
+    def stream(p, n):
+        for s in range(n):
+            p.send(b(s))
+        p.ack(n - 1)
+        p.send(P.end_frames())  # and it stays connected, waiting for its BYE
+
+    keeper = RawPeer(d.listen)
+    keeper.send(hello(schema, name="keeper"))
+    keeper.welcome()
+    peers, counts = [], []
+    for i in range(rng.randint(slots, 2 * slots + 2)):
+        p = RawPeer(d.listen)
+        p.send(hello(schema, name=f"p{i}"))
+        p.welcome()  # the slot of an ended producer once all are taken
+        counts.append(rng.randint(1, 4))
+        stream(p, counts[-1])
+        peers.append(p)
+        deadline = time.monotonic() + 10  # the next HELLO may take this slot once it ended
+        while not any(q["name"] == f"p{i}" and q["ended"]
+                      for q in d.control({"cmd": "status"})["producers"]):
+            assert time.monotonic() < deadline, "the END was not handled"
+            time.sleep(0.02)
+    peers.append(keeper)
+    counts.append(rng.randint(1, 4))
+    stream(keeper, counts[-1])
+    for i, p in enumerate(peers):
+        p.until(lambda: p.byes, f"producer {i}'s BYE", timeout=20)
+        bye = p.byes[0]
+        assert bye["reason"] == "input_ended" and bye["acked_seq"] == counts[i] - 1, (i, bye)
+        assert bye["global_step"] == sum(counts), (i, bye)
+    assert d.wait() == 0, d.log()
+    for p in peers:
+        p.close()

@@ -4,6 +4,7 @@ The clients' side (Producer(shm=...), buffer/commit) is in test_shm.py."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import mmap
 import os
@@ -282,18 +283,20 @@ def test_rehello_in_a_loop_holds_at_most_two_pools(daemon, rng):
 @pytest.mark.parametrize("shm", ["on", "off"])
 def test_pool_descriptors_count_in_the_descriptor_budget(daemon, rng, shm):
     """A pool's memfd stays open until its producer maps it: with --shm on, max_producers of
-    them count in the descriptors the connection limit must leave (3 x N + 64 + P)."""
+    them count in the descriptors the connection limit must leave (3 x N + 80 + P: 64 besides, and
+    16 refused ingest connections held for their answer)."""
     import resource
 
     producers, conns = rng.randint(2, 20), rng.randint(40, 80)
-    nofile = 3 * conns + 64  # enough for the sockets alone, not for the pools besides
+    reserve = 64 + 16  # host/main.c DESC_RESERVE
+    nofile = 3 * conns + reserve  # enough for the sockets alone, not for the pools besides
 
     def low_nofile():
         resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
     d = daemon(features=4, classes=3, batch_size=4, steps=100, max_producers=producers,
                max_connections=conns, shm=shm, preexec_fn=low_nofile)
-    fit = (nofile - 64 - producers) // 3
+    fit = (nofile - reserve - producers) // 3
     said = f"the descriptor limit ({nofile}, ulimit -n) covers {fit} connections"
     deadline = time.monotonic() + 5
     while shm == "on" and said not in d.log() and time.monotonic() < deadline:
@@ -470,3 +473,54 @@ def test_a_third_pool_waits_for_the_old_steps(daemon, rng):
             acked = struct.unpack("<q", fr[0][8:16])[0]
     r.close()
     d.kill()
+
+
+def test_a_hole_punched_in_the_pool_reads_as_zeros(daemon, rng):
+    """No memfd seal forbids fallocate(PUNCH_HOLE) without forbidding the producer's own writes
+    (F_SEAL_WRITE and F_SEAL_FUTURE_WRITE forbid both, and the producer writes its slots), so a
+    producer may punch holes in its pool: the daemon then reads zeros there (docs/protocol.md,
+    "What the daemon reads, and when"). Predict mode shows what it read: the step whose slot was
+    punched is predicted exactly as a BATCH of zeros, the run goes on and ends well."""
+    f, b, k = rng.randint(2, 8), rng.randint(1, 8), 3
+    d = daemon(mode="predict", features=f, classes=k, batch_size=b, credit=2)
+    r = Raw(d.listen)
+    _, w = r.hello([{"name": "x", "dtype": "float32", "shape": [f]}], name="holes", shm=True)
+    shm = w["shm"]
+    fd = os.open(shm["path"], os.O_RDWR)
+    m = mmap.mmap(fd, shm["size"])
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    step = shm["step_bytes"][0]
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long, ctypes.c_long]
+
+    def predicted(seq):
+        while True:
+            t, frames = r.recv()
+            if t == 8 and struct.unpack("<q", frames[0][8:16])[0] == seq:  # PREDICTION
+                return np.frombuffer(frames[2], np.float32).reshape(b, k)
+
+    def write(slot):
+        x = nrng.standard_normal((b, f)).astype(np.float32)
+        m[shm["offsets"][0] + slot * step:shm["offsets"][0] + (slot + 1) * step] = x.tobytes()
+
+    write(0)
+    r.send(batch_shm(0, b, 0))
+    real = predicted(0)
+    write(1)
+    at = shm["offsets"][0] + step
+    assert libc.fallocate(fd, 0x01 | 0x02, at, step) == 0, ctypes.get_errno()  # KEEP_SIZE|PUNCH
+    assert m[at:at + step] == bytes(step)  # the producer's own view reads zeros too
+    r.send(batch_shm(1, b, 1))
+    punched = predicted(1)
+    r.send(hdr(BATCH) + struct.pack("<qqII", 2, b, 0, 1), bytes(b * f * 4))
+    zeros = predicted(2)
+    assert np.array_equal(punched, zeros), (punched, zeros)
+    assert not np.array_equal(real, zeros), "a batch of random rows predicted as zeros"
+    r.send(hdr(END))
+    t, _ = r.recv()
+    while t != 9:  # BYE
+        t, _ = r.recv()
+    assert d.wait() == 0, d.log()
+    m.close()
+    os.close(fd)
+    r.close()

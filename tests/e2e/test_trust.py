@@ -13,6 +13,7 @@ from rawpeer import RawPeer, batch_frames, hello
 
 K = 4
 B = 4
+NAMES_PER_CONN = 8  # new names a connection may start (host/limits.h, IFD_NAMES_PER_CONN)
 
 
 def schema(d):
@@ -385,7 +386,7 @@ def test_names_are_escaped_and_hello_lines_rate_limited(daemon, rng):
     assert 1 <= len(rejected) < nbad // 2, len(rejected)
     n = 300
     for k in range(n):  # one connection renaming itself: a HELLO line each, unthrottled before
-        p.send(hello(schema(d), name=f"n{k}"))
+        p.send(hello(schema(d), name=f"n{k % (NAMES_PER_CONN - 1)}"))  # and "evil...": 8
     p.until(lambda: len(p.welcomes) > n, "the WELCOMEs", timeout=20)
     log = dm.log()
     assert "evil\\x0ainfeed error [forged] line\\x5c" in log, log
@@ -400,30 +401,51 @@ def test_names_are_escaped_and_hello_lines_rate_limited(daemon, rng):
 
 
 def test_names_ever_seen_are_bounded(daemon, rng):
-    """A connection that renames itself for every batch fills the position table (every name
-    with a consumed batch must stay for checkpoints): past 4 x max_producers names, at least
-    1024, a new name is refused with a sentence; known names still work."""
+    """Connections that rename themselves for every batch fill the position table (every name
+    with a consumed batch must stay for checkpoints): a connection may start at most 8 new names
+    (the next is refused with a sentence, a known one is welcomed), and past 4 x max_producers
+    names, at least 1024, a new name is refused with a sentence; known names still work."""
     nrng = np.random.default_rng(rng.randrange(1 << 30))
     d = 1
     dm = daemon(replicas=1, batch_size=1, features=d, classes=K, steps=1000000,
                 iterations_per_loop=1, summary_every=0, max_producers=2, credit=8,
                 log_level="warn")
-    p = RawPeer(dm.listen)
     cap = 1024
     x = nrng.random((1, d), dtype=np.float32)
     y = np.zeros(1, dtype=np.int32)
-    for k in range(cap):  # each name's batch consumed before the next name
+    keeper = RawPeer(dm.listen)  # holds the input open while the others END
+    keeper.send(hello(schema(d), name="keeper"))
+    keeper.welcome()
+    p = None
+    for k in range(cap - 1):  # each name's batch consumed before the next name
+        if k % NAMES_PER_CONN == 0:
+            if p is not None:
+                p.send(hello(schema(d), name=f"over-{k}"))  # a ninth new name
+                e = p.error()
+                assert e["code"] == "EINVAL" and f"at most {NAMES_PER_CONN} a connection" in \
+                    e["message"], e
+                p.send(hello(schema(d), name=f"r{k - rng.randint(1, NAMES_PER_CONN)}"))
+                p.welcome()  # a name it started is welcomed again
+                p.send(P.end_frames())  # so that it does not hold the input open
+                p.close()
+            p = RawPeer(dm.listen)
         p.send(hello(schema(d), name=f"r{k}"))
         p.send(batch_frames(0, [x, y]))
-        p.until(lambda: len(p.acks) + len(p.errors) > k, f"the ACK of r{k}'s batch")
+        p.until(lambda: len(p.acks) + len(p.errors) > k % NAMES_PER_CONN,
+                f"the ACK of r{k}'s batch")
         assert not p.errors, p.errors[:3]
+    p.send(P.end_frames())
+    p.close()
+    p = RawPeer(dm.listen)
     p.send(hello(schema(d), name="one-too-many"))
     e = p.error()
     assert e["code"] == "EINVAL" and "too many producer names" in e["message"], e
     assert str(cap) in e["message"], e
     p.send(hello(schema(d), name="r7"))  # a known name is welcomed
     assert p.welcome()["next_seq"] == 1
-    p.send(P.end_frames())
+    for q in (p, keeper):
+        q.send(P.end_frames())
     p.until(lambda: p.byes, "BYE", timeout=20)
     assert dm.wait() == 0, dm.log()
     p.close()
+    keeper.close()

@@ -2,6 +2,7 @@
 no daemon answers, the README's examples, and the demo stopping when a daemon exits early."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -175,7 +176,16 @@ def readme_defaults():
     return out
 
 
+def user_dir() -> str:
+    """The folder of the daemon's default control socket (core/userdir.c)."""
+    run, xdg = os.environ.get("RUNTIME_DIRECTORY", ""), os.environ.get("XDG_RUNTIME_DIR", "")
+    if run.startswith("/") and ":" not in run:
+        return run
+    return f"{xdg}/infeed" if xdg.startswith("/") else f"/tmp/infeed-{os.geteuid()}"
+
+
 def same_default(readme, helped):
+    readme = readme.replace("DIR", user_dir())  # the README's word for the user's folder
     if helped is None:
         return readme == ""
     if helped in ("unset", "none"):
