@@ -31,12 +31,15 @@
 #      (hosts.log); otherwise it says why not;
 #   7. bench_gpu (bench/gpu_bench.c): host-to-device GB/s through the backend against plain
 #      pinned cudaMemcpyAsync by shard size, steps/s with CUDA Graphs off and on with the GPU's
-#      idle fraction, and the NCCL all-reduce time.
+#      idle fraction, and the NCCL all-reduce time;
+#   8. bench_blas (bench/blas.c): this machine's CPU, its OpenBLAS kernel as shipped and as
+#      corrected, beside every other kernel it runs (a second CPU model for docs/design.md's
+#      BLAS table).
 # Every step runs under a time limit (all together about 9 minutes at most; a run on one H100
 # should take a few) and the later steps run after a failed one; the exit status is 1 when any
 # failed. Results: $OUT if set (the device tool's folder), else
 # build-gpu-bench/results: gpu.log (all this script printed, ending with one line a step),
-# build.log, tests.log, e2e.log, bench_gpu.txt, deps.txt.
+# build.log, tests.log, e2e.log, bench_gpu.txt, bench_blas.txt, deps.txt.
 #
 # Environment: OUT (results), IFD_GPU_DEPS (default .gpu-deps), IFD_GPU_BUILD (default
 # build-gpu-bench), IFD_GPU_NO_DPKG=1 (unpack with Python even where dpkg-deb exists).
@@ -240,6 +243,14 @@ if [ "$mode" = rehearse ]; then
     tail -30 "$out/e2e.log"
     record e2e FAILED "$(tail -1 "$out/e2e.log")"
   fi
+  # step 8's program, briefly: it runs on the carried OpenBLAS
+  if timeout 60 "$dir/bench/bench_blas" --kernels keep,auto --reps 1 --seconds 0.05 \
+       >"$out/bench_blas.txt" 2>&1; then
+    record bench_blas ok "$(grep -c GFLOP "$out/bench_blas.txt") products (bench_blas.txt)"
+  else
+    tail -5 "$out/bench_blas.txt"
+    record bench_blas FAILED "bench_blas.txt"
+  fi
   finish
 fi
 
@@ -311,4 +322,15 @@ set -e
 cat "$out/bench_gpu.txt"
 if [ "$rc" = 0 ]; then record bench_gpu ok "bench_gpu.txt"
 else record bench_gpu FAILED "exit $rc"; fi
+
+# ---- 8. bench_blas: the CPU's kernels (one thread; about half a minute)
+echo "== bench_blas (table: $out/bench_blas.txt)"
+set +e
+lscpu | grep -E '^(Model name|CPU family|Model|Flags):' | cut -c1-200 >"$out/bench_blas.txt"
+timeout 120 "$dir/bench/bench_blas" >>"$out/bench_blas.txt" 2>&1
+rc=$?
+set -e
+cat "$out/bench_blas.txt"
+if [ "$rc" = 0 ]; then record bench_blas ok "bench_blas.txt"
+else record bench_blas FAILED "exit $rc"; fi
 finish
