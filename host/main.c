@@ -170,8 +170,12 @@ static int load_start(const ifd_daemon_config *c, ifd_checkpoint **out, ifd_erro
         rc = ifd_checkpoint_load_latest(c->checkpoint_dir,
                                         c->run.mode == IFD_MODE_TRAIN && c->checkpoint_writer, out,
                                         path, sizeof path, err);
-        if (rc)
-            return ifd_error_prefix(err, "%s", c->resume ? "--resume" : "checkpoint_dir");
+        if (rc && c->resume)
+            return ifd_error_prefix(err, "--resume");
+        if (rc) {
+            ifd_error_prefix(err, "checkpoint_dir");
+            return ifd_error_mark_key(err, "checkpoint_dir", 0, 14);
+        }
     }
     if (rc == IFD_OK && (rc = ifd_checkpoint_check(*out, &c->run, err)) != IFD_OK)
         ifd_error_prefix(err, "%s", path);
@@ -206,11 +210,11 @@ static int check_dir(const ifd_daemon_config *c, const ifd_checkpoint *start, if
     if (rc)
         return rc;
     if (latest > from)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "checkpoint_dir: '%s' holds a checkpoint at global step %lld, ahead "
-                             "of this run's start at %lld: pass --resume to continue from it, or "
-                             "use another folder",
-                             c->checkpoint_dir, (long long)latest, (long long)from);
+        return ifd_error_set_key(err, IFD_EINVAL, "checkpoint_dir",
+                                 "'%s' holds a checkpoint at global step %lld, ahead of this run's "
+                                 "start at %lld: pass --resume to continue from it, or use another "
+                                 "folder",
+                                 c->checkpoint_dir, (long long)latest, (long long)from);
     return IFD_OK;
 }
 
@@ -242,10 +246,10 @@ static int apply_hosts(ifd_daemon_config *c, ifd_hosts *h, ifd_error *err)
     }
     int64_t b = c->run.batch_size, per = (int64_t)h->size * c->run.replicas;
     if (b % per != 0)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "batch_size: %lld is not divisible by %d hosts x %d replicas (the "
-                             "global batch is split over every host's replicas)",
-                             (long long)b, h->size, c->run.replicas);
+        return ifd_error_set_key(err, IFD_EINVAL, "batch_size",
+                                 "%lld is not divisible by %d hosts x %d replicas (the global "
+                                 "batch is split over every host's replicas)",
+                                 (long long)b, h->size, c->run.replicas);
     c->run.batch_size = b / h->size;
     c->run.hosts = h;
     if (h->rank != 0) {
