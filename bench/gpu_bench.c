@@ -296,13 +296,12 @@ int main(void)
     cfg.iterations_per_loop = 100;
     cfg.summary_every = 0;
     for (int graphs = 0; graphs <= 1; graphs++) {
-        setenv("IFD_CUDA_GRAPHS", graphs ? "1" : "0", 1);
+        cfg.cuda_graphs = graphs;
         run_result r = run_session(&cfg, cfg.num_steps);
         double sps = (double)cfg.num_steps / r.secs;
         printf("%-10s %8d %12.0f %14.1f %21.1f%%\n", graphs ? "on" : "off", ngpu, sps, 1e6 / sps,
                100.0 * r.infeed_wait_fraction);
     }
-    unsetenv("IFD_CUDA_GRAPHS");
 
     /* 3. The all-reduce alone. */
     printf("\n");

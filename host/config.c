@@ -178,17 +178,16 @@ const config_opt config_opts[] = {
         RANGE(0, 3.4e38, "0 (no bound) or a positive float32 magnitude")),
     OPT("log_level", K_ENUM, log_level, "LEVEL", "error, warn, info or debug",
         .names = &log_levels),
-    OPT("replica_threads", K_INT, replica_threads, "N",
+    OPT("replica_threads", K_INT, run.replica_threads, "N",
         "cpu backend: threads each replica's large products and its update run on, its own and "
         "N - 1 helpers (0: auto, the CPUs this process may use / replicas, 1 to 8; 1 when "
-        "OPENBLAS_NUM_THREADS is set)",
-        RANGE(0, 1024, "0 (auto) to 1024")),
+        "OPENBLAS_NUM_THREADS is set; unset, IFD_REPLICA_THREADS in the environment gives it)"),
     OPT("blas_kernel", K_STR, run.blas_kernel, "NAME",
         "cpu backend: the OpenBLAS kernel; auto replaces a generic fallback below what the CPU "
         "runs (as OpenBLAS 0.3.21 picks Prescott on CPUs newer than itself), keep leaves the "
         "library's pick, or a kernel name: SkylakeX, Haswell, Zen, Sandybridge, ... "
         "(OPENBLAS_CORETYPE, when set, is obeyed under auto)"),
-    OPT("cuda_graphs", K_BOOL, cuda_graphs, "on|off",
+    OPT("cuda_graphs", K_BOOL, run.cuda_graphs, "on|off",
         "cuda backend: capture each step in a CUDA Graph"),
     OPT("checkpoint_dir", K_STR, checkpoint_dir, "DIR",
         "train: write checkpoints into this folder (docs/checkpoint.md); eval, predict: start "
@@ -241,7 +240,6 @@ void ifd_daemon_config_defaults(ifd_daemon_config *c)
     c->shm = 1;
     c->producer_timeout = 60;
     c->log_level = IFD_LOG_INFO;
-    c->cuda_graphs = 1;
     c->checkpoint_every = 1000;
     c->keep_checkpoints = 5;
     c->load_program_lib = ifd_program_load_plugin;

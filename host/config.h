@@ -34,8 +34,6 @@ typedef struct ifd_daemon_config {
     int shm;                 /* offer shared-memory pools to local producers that ask */
     double producer_timeout; /* seconds a vanished or silent producer keeps its slot; 0: ever */
     int log_level;
-    int cuda_graphs;            /* cuda backend: capture each step in a CUDA Graph */
-    int replica_threads;        /* cpu backend: threads a replica's products run on; 0: auto */
     const char *checkpoint_dir; /* NULL: no checkpoints (docs/checkpoint.md) */
     int64_t checkpoint_every;   /* steps; 0: only at the end */
     int keep_checkpoints;

@@ -428,6 +428,18 @@ static int info_flag(int argc, char **argv, FILE *out)
     return 0;
 }
 
+/* IFD_REPLICA_THREADS (bench/README.md's runs use it): the count of replica_threads when neither
+ * the file nor a flag gives one. The one variable infeedd reads for a setting; the backends read
+ * none. */
+static int apply_environment(ifd_daemon_config *c, ifd_error *err)
+{
+    const char *v = getenv("IFD_REPLICA_THREADS");
+    const config_opt *o = config_find_key("replica_threads", 15);
+    if (v == NULL || *v == '\0' || c->key_source[o - config_opts] != IFD_KEY_DEFAULT)
+        return IFD_OK;
+    return set_value(c, o, v, "environment variable IFD_REPLICA_THREADS", err);
+}
+
 /* The file first, wherever --config stands. */
 static int load_files(ifd_daemon_config *c, int argc, char **argv, ifd_config_reader read,
                       void *arg, ifd_error *err)
@@ -501,6 +513,8 @@ int ifd_daemon_config_parse_with(ifd_daemon_config *c, int argc, char **argv, FI
     int rc = load_files(c, argc, argv, read, arg, err);
     for (int i = 1; rc == IFD_OK && i < argc; i++)
         rc = apply_flag(c, argc, argv, &i, err);
+    if (rc == IFD_OK)
+        rc = apply_environment(c, err);
     if (rc == IFD_OK)
         rc = load_plugins(c, err);
     return rc ? rc : ifd_daemon_config_validate(c, err);

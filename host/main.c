@@ -385,13 +385,6 @@ static int run(int argc, char **argv, ifd_hosts *hosts)
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
     fit_descriptors(&cfg);
-    if (strcmp(cfg.run.backend, "cuda") == 0)
-        setenv("IFD_CUDA_GRAPHS", cfg.cuda_graphs ? "1" : "0", 1);
-    if (cfg.replica_threads > 0) { /* read by the cpu backend (ifd_cpu_replica_threads) */
-        char n[16];
-        snprintf(n, sizeof n, "%d", cfg.replica_threads);
-        setenv("IFD_REPLICA_THREADS", n, 1);
-    }
     /* A checkpoint that cannot start this run is a config error, like a bad flag. */
     ifd_checkpoint *ck = NULL;
     int train = cfg.run.mode == IFD_MODE_TRAIN;

@@ -39,6 +39,7 @@ void ifd_config_defaults(ifd_config *cfg)
     cfg->seed = 1;
     cfg->infeed_depth = 16;
     cfg->outfeed_depth = 64;
+    cfg->cuda_graphs = 1;
 }
 
 #define NAMES(type, fn_name, fn_parse, ...)                                                        \
@@ -160,6 +161,8 @@ static const config_range config_ranges[] = {
      "seconds from 0 to 86400", NULL},
     {"watchdog_secs", RANGE_F64, CFG(watchdog_secs), 0, MAX_SECS, 0,
      "seconds from 0 (off) to 86400", NULL},
+    {"replica_threads", RANGE_INT, CFG(replica_threads), 0, 1024, 0, "0 (auto) to 1024", NULL},
+    {"cuda_graphs", RANGE_INT, CFG(cuda_graphs), 0, 1, 0, "0 (off) or 1 (on)", NULL},
 };
 
 static int check_range(const ifd_config *cfg, const config_range *r, ifd_error *err)

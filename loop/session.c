@@ -171,6 +171,8 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
         .outfeed_depth = cfg->outfeed_depth,
         .hosts = ifd_hosts_many(cfg->hosts) ? cfg->hosts : NULL,
         .blas_kernel = cfg->blas_kernel,
+        .replica_threads = cfg->replica_threads,
+        .cuda_graphs = cfg->cuda_graphs,
         .on_error = on_device_error,
         .on_error_arg = s,
     };

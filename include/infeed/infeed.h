@@ -126,6 +126,13 @@ typedef struct ifd_config {
      * summaries count it (skipped_steps) and name the batches whose loss was not finite. This
      * many skipped steps in a row end the run with IFD_ENUMERIC (0: never). */
     int64_t max_skipped_steps;
+    /* cpu: the threads a replica's large products and its optimizer update run on, its own and
+     * replica_threads - 1 helpers, 0 to 1024; 0: the CPUs this process may use over the
+     * replicas, 1 to 8 (1 when OPENBLAS_NUM_THREADS is set). */
+    int replica_threads;
+    /* cuda: 1 (the default) captures each step in a CUDA Graph launched n times a loop; 0 runs
+     * the step's kernels one by one. */
+    int cuda_graphs;
 } ifd_config;
 
 /* Fills every field with its default (see docs/config.md). */

@@ -93,7 +93,7 @@ static void run_cuda(const ifd_config *cfg, tu_batch **bs, int64_t n, int graphs
 {
     ifd_config c = *cfg;
     c.backend = "cuda";
-    setenv("IFD_CUDA_GRAPHS", graphs ? "1" : "0", 1);
+    c.cuda_graphs = graphs;
     tu_run(&c, bs, n, res);
 }
 
@@ -400,7 +400,7 @@ START_TEST(predict_matches_cpu)
         tu_run_predict(&cfg, bs, nb, &sc, &cpu);
         ifd_config gcfg = cfg;
         gcfg.backend = "cuda";
-        setenv("IFD_CUDA_GRAPHS", _i / 2 ? "1" : "0", 1);
+        gcfg.cuda_graphs = _i / 2;
         tu_run_predict(&gcfg, bs, nb, &sg, &gpu);
         ck_assert_msg(gpu.rc == IFD_OK, "cuda predict: %s", ifd_error_text(&gpu.err));
         ck_assert_int_eq(cpu.rc, IFD_OK);

@@ -31,9 +31,10 @@ static int no_plugin(const char *path, ifd_error *err)
     return ifd_error_set(err, IFD_EINVAL, "program library '%s': not loaded by the test", path);
 }
 
-/* Parses BASE and args (a NULL-terminated list); with json, a --config file holding it comes
- * first. */
-static int parse(const char *json, const char *const *args, ifd_error *err)
+/* Parses BASE and args (a NULL-terminated list) into *c (to be freed); with json, a --config
+ * file holding it comes first. */
+static int parse_into(ifd_daemon_config *c, const char *json, const char *const *args,
+                      ifd_error *err)
 {
     char *argv[48] = {"infeedd"};
     int argc = 1;
@@ -45,15 +46,21 @@ static int parse(const char *json, const char *const *args, ifd_error *err)
         argv[argc++] = (char *)BASE[i];
     for (int i = 0; args && args[i]; i++)
         argv[argc++] = (char *)args[i];
-    ifd_daemon_config c;
-    ifd_daemon_config_defaults(&c);
-    c.load_program_lib = no_plugin;
+    ifd_daemon_config_defaults(c);
+    c->load_program_lib = no_plugin;
     int exit_now;
     FILE *devnull = fopen("/dev/null", "w");
     ifd_error_clear(err);
-    int rc = ifd_daemon_config_parse_with(&c, argc, argv, devnull, &exit_now, read_text,
+    int rc = ifd_daemon_config_parse_with(c, argc, argv, devnull, &exit_now, read_text,
                                           (void *)json, err);
     fclose(devnull);
+    return rc;
+}
+
+static int parse(const char *json, const char *const *args, ifd_error *err)
+{
+    ifd_daemon_config c;
+    int rc = parse_into(&c, json, args, err);
     ifd_daemon_config_free(&c);
     return rc;
 }
@@ -144,7 +151,7 @@ START_TEST(option_ranges_in_and_out)
             RASSERT(strcmp(err.msg, want) == 0, "'%s', want '%s'", err.msg, want);
         }
     }
-    ck_assert_int_ge(ranged, 8);
+    ck_assert_int_ge(ranged, 7);
 }
 END_TEST
 
@@ -248,6 +255,8 @@ static const struct {
     {"watchdog", "watchdog_secs", 86401, 1 << 30, "seconds from 0 (off) to 86400"},
     {"initial_infeed_sleep", "initial_infeed_sleep_secs", -99, -1, "seconds from 0 to 86400"},
     {"max_loop_seconds", "max_loop_secs", -99, 0, "seconds above 0, at most 86400"},
+    {"replica_threads", NULL, 1025, 1 << 20, "0 (auto) to 1024"},
+    {"replica_threads", NULL, -99, -1, "0 (auto) to 1024"},
 };
 
 START_TEST(runtime_errors_name_the_key_given)
@@ -360,6 +369,44 @@ START_TEST(rules_name_every_key_as_given)
 }
 END_TEST
 
+/* Backend settings reach the runtime's config (the device config carries them on), never the
+ * environment; IFD_REPLICA_THREADS is read once, here, when neither the file nor a flag gives
+ * replica_threads. */
+START_TEST(backend_settings_fill_the_config)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_error err;
+    ifd_daemon_config c;
+    unsetenv("IFD_REPLICA_THREADS");
+    RC_OK(parse_into(&c, NULL, NULL, &err), err);
+    ck_assert_int_eq(c.run.replica_threads, 0);
+    ck_assert_int_eq(c.run.cuda_graphs, 1);
+    ifd_daemon_config_free(&c);
+    int env = (int)rand_between(&rng, 1, 1024), flag = (int)rand_between(&rng, 0, 1024);
+    char envs[16], flags[16], json[256];
+    snprintf(envs, sizeof envs, "%d", env);
+    snprintf(flags, sizeof flags, "%d", flag);
+    setenv("IFD_REPLICA_THREADS", envs, 1);
+    RC_OK(parse_into(&c, NULL, NULL, &err), err);
+    ck_assert_int_eq(c.run.replica_threads, env);
+    ifd_daemon_config_free(&c);
+    const char *args[] = {"--replica-threads", flags, "--cuda-graphs", "off", NULL};
+    RC_OK(parse_into(&c, NULL, args, &err), err);
+    ck_assert_int_eq(c.run.replica_threads, flag);
+    ck_assert_int_eq(c.run.cuda_graphs, 0);
+    ifd_daemon_config_free(&c);
+    RC_OK(parse_into(&c, file_with(json, sizeof json, "replica_threads", flags), NULL, &err), err);
+    ck_assert_int_eq(c.run.replica_threads, flag);
+    ifd_daemon_config_free(&c);
+    setenv("IFD_REPLICA_THREADS", "many", 1);
+    ck_assert_int_eq(parse(NULL, NULL, &err), IFD_EINVAL);
+    ck_assert_str_eq(err.msg,
+                     "environment variable IFD_REPLICA_THREADS: expected an integer, got 'many'");
+    unsetenv("IFD_REPLICA_THREADS");
+}
+END_TEST
+
 START_TEST(help_lists_every_option_and_its_default)
 {
     char *text = NULL;
@@ -393,6 +440,7 @@ int main(void)
     tcase_add_test(tc, nonempty_options_refuse_the_empty_string);
     tcase_add_test(tc, runtime_errors_name_the_key_given);
     tcase_add_test(tc, rules_name_every_key_as_given);
+    tcase_add_test(tc, backend_settings_fill_the_config);
     tcase_add_test(tc, help_lists_every_option_and_its_default);
     return tu_run_suite(s);
 }

@@ -290,7 +290,7 @@ int tu_thread_count(void)
     /* OpenBLAS's worker pool is process-wide: set it as the first cpu backend that opens does
      * (ifd_cpu_replica_threads) before counting, so that a baseline taken before the first
      * session matches the count after it. */
-    ifd_cpu_replica_threads(1);
+    ifd_cpu_replica_threads(1, 0);
     DIR *d = opendir("/proc/self/task");
     if (d == NULL)
         return -1;
