@@ -67,7 +67,7 @@ static void config_for(ifd_config *cfg, int replicas, int64_t ipl, int64_t steps
     cfg->batch_size = replicas;
     cfg->iterations_per_loop = ipl > 0 ? ipl : 1;
     cfg->loop_kind = ipl > 0 ? IFD_LOOP_STEPS : IFD_LOOP_AUTO;
-    cfg->num_steps = steps;
+    cfg->steps = steps;
     cfg->optimizer.learning_rate = 0.01f;
     cfg->summary_every = 0;
 }

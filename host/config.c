@@ -114,13 +114,12 @@ const config_opt config_opts[] = {
         "steps per device loop without a host round trip; auto: the daemon measures the step and "
         "the loop boundary and picks loops whose boundary costs under 1% of their time, at most "
         "--max-loop-seconds long; a duration (2s, 1.5s, 500ms): loops of about that long"),
-    OPT("max_loop_seconds", K_F64, run.max_loop_secs, "SECONDS",
+    OPT("max_loop_seconds", K_F64, run.max_loop_seconds, "SECONDS",
         "with --iterations-per-loop auto: the longest a loop may take, so that a stop, a "
-        "checkpoint and a summary come within it",
-        .runtime_key = "max_loop_secs"),
-    OPT("steps", K_I64, run.num_steps, "N",
+        "checkpoint and a summary come within it"),
+    OPT("steps", K_I64, run.steps, "N",
         "steps to run (train: exactly one of steps and last_step; eval: required)",
-        .flags = OPT_UNSET, .runtime_key = "num_steps"),
+        .flags = OPT_UNSET),
     OPT("last_step", K_I64, run.last_step, "N", "the global step to stop at", .flags = OPT_UNSET),
     OPT("initial_global_step", K_I64, run.initial_global_step, "N",
         "the global step the run starts from"),
@@ -142,12 +141,10 @@ const config_opt config_opts[] = {
     OPT("seed", K_U64, run.seed, "S", "seed of the parameter initialisation"),
     OPT("infeed_depth", K_INT, run.infeed_depth, "N", "shards buffered per replica"),
     OPT("outfeed_depth", K_INT, run.outfeed_depth, "N", "step records buffered per replica"),
-    OPT("initial_infeed_sleep", K_F64, run.initial_infeed_sleep_secs, "SECONDS",
-        "the infeed waits this long before it takes the first batch",
-        .runtime_key = "initial_infeed_sleep_secs"),
-    OPT("watchdog", K_F64, run.watchdog_secs, "SECONDS",
-        "end the run (exit 1) when no step completes for this long; 0: off",
-        .runtime_key = "watchdog_secs"),
+    OPT("initial_infeed_sleep", K_F64, run.initial_infeed_sleep, "SECONDS",
+        "the infeed waits this long before it takes the first batch"),
+    OPT("watchdog", K_F64, run.watchdog, "SECONDS",
+        "end the run (exit 1) when no step completes for this long; 0: off"),
     OPT("credit", K_INT, credit, "N",
         "batches a producer may have in flight; 0: auto, 16 MiB of batches, 8 to 256",
         RANGE(0, 65536, "0 (auto) to 65536")),
@@ -277,15 +274,6 @@ const config_opt *config_find_flag(const char *flag, size_t len)
     for (size_t i = 0; i < len; i++)
         key[i] = flag[i] == '-' ? '_' : flag[i];
     return config_find_key(key, len);
-}
-
-const config_opt *config_find_any(const char *key)
-{
-    const config_opt *o = config_find_key(key, strlen(key));
-    for (int i = 0; o == NULL && i < config_nopts; i++)
-        if (config_opts[i].runtime_key && strcmp(config_opts[i].runtime_key, key) == 0)
-            o = &config_opts[i];
-    return o;
 }
 
 void config_flag_name(const config_opt *o, char *buf, size_t len)

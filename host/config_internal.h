@@ -56,8 +56,6 @@ typedef struct config_opt {
     double min, max;           /* OPT_RANGE */
     /* OPT_RANGE, OPT_NONEMPTY: what the sentence says was expected ("1 to 4096") */
     const char *expect;
-    /* the name ifd_config_validate's sentences give the key, when it is another one */
-    const char *runtime_key;
 } config_opt;
 
 /* The options, in --help's order; an option's place in it indexes key_source. */
@@ -68,8 +66,6 @@ extern const int config_nopts;
  * NULL when there is none. */
 const config_opt *config_find_key(const char *key, size_t len);
 const config_opt *config_find_flag(const char *flag, size_t len);
-/* The option whose key, or whose name in the runtime's sentences, is key. */
-const config_opt *config_find_any(const char *key);
 /* "--iterations-per-loop" */
 void config_flag_name(const config_opt *o, char *buf, size_t len);
 /* The name the user gave o: "--last-step" (a flag, or unset without a config file) or

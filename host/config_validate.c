@@ -142,22 +142,22 @@ static int check_loop(const ifd_daemon_config *c, ifd_error *err)
 /* The daemon's words for the runtime's steps rules: steps and last_step, exactly one (train). */
 static int steps_bad(const ifd_config *r)
 {
-    return r->num_steps < 0 || r->last_step < 0 ||
-           (r->mode == IFD_MODE_TRAIN && (r->num_steps > 0) == (r->last_step > 0));
+    return r->steps < 0 || r->last_step < 0 ||
+           (r->mode == IFD_MODE_TRAIN && (r->steps > 0) == (r->last_step > 0));
 }
 
 static int check_steps(const ifd_daemon_config *c, ifd_error *err)
 {
-    if (c->run.num_steps < 0)
+    if (c->run.steps < 0)
         return config_fail(c, err, "steps", "expected a positive integer, got %lld",
-                           (long long)c->run.num_steps);
+                           (long long)c->run.steps);
     if (c->run.last_step < 0)
         return config_fail(c, err, "last_step", "expected a positive integer, got %lld",
                            (long long)c->run.last_step);
     if (steps_bad(&c->run))
         return config_fail(c, err, NULL,
                            "{steps} and {last_step}: expected exactly one of them, got %s",
-                           c->run.num_steps > 0 ? "both" : "neither");
+                           c->run.steps > 0 ? "both" : "neither");
     return IFD_OK;
 }
 
@@ -167,7 +167,7 @@ static int check_runtime(const ifd_daemon_config *c, ifd_error *err)
 {
     ifd_config r = c->run;
     if (steps_bad(&r)) {
-        r.num_steps = 1;
+        r.steps = 1;
         r.last_step = 0;
     }
     if (ifd_config_validate(&r, err) == IFD_OK)
@@ -308,11 +308,11 @@ static const config_rule rules_before[] = {check_loop, check_runtime, check_step
 static const config_rule rules_after[] = {check_credit,      check_producers, check_input_bound,
                                           check_predictions, check_start,     check_security};
 
-/* The key a config error's sentence is about, named as the user gave it (its words were the
- * key of the table, or the runtime's name of it, as the sentence was made). */
+/* The key a config error's sentence is about (the daemon and the runtime give a setting one
+ * name), named as the user gave it. */
 void ifd_daemon_config_name_keys(const ifd_daemon_config *c, ifd_error *err)
 {
-    const config_opt *o = err && err->key[0] ? config_find_any(err->key) : NULL;
+    const config_opt *o = err && err->key[0] ? config_find_key(err->key, strlen(err->key)) : NULL;
     if (o == NULL)
         return;
     char name[64];

@@ -107,11 +107,11 @@ static void describe(const ifd_daemon_config *c, const ifd_program *p, json_t *e
     }
     char loops[96];
     if (c->run.mode == IFD_MODE_EVAL)
-        snprintf(loops, sizeof loops, "one loop of %lld steps", (long long)c->run.num_steps);
+        snprintf(loops, sizeof loops, "one loop of %lld steps", (long long)c->run.steps);
     else if (c->run.loop_kind == IFD_LOOP_AUTO)
         snprintf(loops, sizeof loops,
                  "loop lengths chosen as it runs (boundaries under 1%%, loops of at most %g s)",
-                 c->run.max_loop_secs);
+                 c->run.max_loop_seconds);
     else if (c->run.loop_kind == IFD_LOOP_SECONDS)
         snprintf(loops, sizeof loops, "loops of about %g s", c->run.loop_secs);
     else

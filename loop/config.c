@@ -22,8 +22,8 @@ void ifd_config_defaults(ifd_config *cfg)
     cfg->batch_size = 32;
     cfg->iterations_per_loop = 100;
     cfg->loop_kind = IFD_LOOP_STEPS;
-    cfg->max_loop_secs = 0.5;
-    cfg->num_steps = 0;
+    cfg->max_loop_seconds = 0.5;
+    cfg->steps = 0;
     cfg->last_step = 0;
     cfg->initial_global_step = 0;
     cfg->optimizer = (ifd_optimizer){
@@ -141,9 +141,9 @@ static const config_range config_ranges[] = {
      "a positive integer", loop_steps},
     {"loop_secs", RANGE_F64, CFG(loop_secs), 0, MAX_SECS, OPEN_MIN,
      "seconds above 0, at most 86400", loop_seconds},
-    {"max_loop_secs", RANGE_F64, CFG(max_loop_secs), 0, MAX_SECS, OPEN_MIN,
+    {"max_loop_seconds", RANGE_F64, CFG(max_loop_seconds), 0, MAX_SECS, OPEN_MIN,
      "seconds above 0, at most 86400", NULL},
-    {"num_steps", RANGE_I64, CFG(num_steps), 0, I64_MAX, 0, "a positive integer (0: unset)", NULL},
+    {"steps", RANGE_I64, CFG(steps), 0, I64_MAX, 0, "a positive integer (0: unset)", NULL},
     {"last_step", RANGE_I64, CFG(last_step), 0, I64_MAX, 0, "a positive integer (0: unset)", NULL},
     {"initial_global_step", RANGE_I64, CFG(initial_global_step), 0, I64_MAX, 0, "0 or more", NULL},
     {"learning_rate", RANGE_F32, CFG(optimizer.learning_rate), 0, FLT_MAX, OPEN_MIN,
@@ -157,10 +157,9 @@ static const config_range config_ranges[] = {
     {"summary_every", RANGE_I64, CFG(summary_every), 0, I64_MAX, 0, "0 or more", NULL},
     {"infeed_depth", RANGE_INT, CFG(infeed_depth), 1, MAX_DEPTH, 0, "1 to 65536", NULL},
     {"outfeed_depth", RANGE_INT, CFG(outfeed_depth), 1, MAX_DEPTH, 0, "1 to 65536", NULL},
-    {"initial_infeed_sleep_secs", RANGE_F64, CFG(initial_infeed_sleep_secs), 0, MAX_SECS, 0,
+    {"initial_infeed_sleep", RANGE_F64, CFG(initial_infeed_sleep), 0, MAX_SECS, 0,
      "seconds from 0 to 86400", NULL},
-    {"watchdog_secs", RANGE_F64, CFG(watchdog_secs), 0, MAX_SECS, 0,
-     "seconds from 0 (off) to 86400", NULL},
+    {"watchdog", RANGE_F64, CFG(watchdog), 0, MAX_SECS, 0, "seconds from 0 (off) to 86400", NULL},
     {"replica_threads", RANGE_INT, CFG(replica_threads), 0, 1024, 0, "0 (auto) to 1024", NULL},
     {"cuda_graphs", RANGE_INT, CFG(cuda_graphs), 0, 1, 0, "0 (off) or 1 (on)", NULL},
 };
@@ -244,20 +243,20 @@ static int check_batch_split(const ifd_config *cfg, ifd_error *err)
                              (long long)cfg->batch_size, cfg->replicas);
 }
 
-/* Eval runs num_steps steps; train stops after num_steps or at last_step, exactly one of them. */
+/* Eval runs steps steps; train stops after steps or at last_step, exactly one of them. */
 static int check_steps(const ifd_config *cfg, ifd_error *err)
 {
-    if (cfg->mode == IFD_MODE_EVAL && cfg->num_steps < 1)
-        return ifd_error_set_key(err, IFD_EINVAL, "num_steps",
-                                 "eval runs num_steps steps in one loop; expected a positive "
+    if (cfg->mode == IFD_MODE_EVAL && cfg->steps < 1)
+        return ifd_error_set_key(err, IFD_EINVAL, "steps",
+                                 "eval runs steps steps in one loop; expected a positive "
                                  "integer, got %lld",
-                                 (long long)cfg->num_steps);
-    if (cfg->mode == IFD_MODE_TRAIN && (cfg->num_steps > 0) == (cfg->last_step > 0)) {
+                                 (long long)cfg->steps);
+    if (cfg->mode == IFD_MODE_TRAIN && (cfg->steps > 0) == (cfg->last_step > 0)) {
         ifd_error_set(err, IFD_EINVAL,
-                      "num_steps and last_step: exactly one must be a positive integer, got "
-                      "num_steps=%lld and last_step=%lld",
-                      (long long)cfg->num_steps, (long long)cfg->last_step);
-        return ifd_error_mark_key(err, "num_steps", 0, 9);
+                      "steps and last_step: exactly one must be a positive integer, got "
+                      "steps=%lld and last_step=%lld",
+                      (long long)cfg->steps, (long long)cfg->last_step);
+        return ifd_error_mark_key(err, "steps", 0, 5);
     }
     return IFD_OK;
 }

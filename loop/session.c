@@ -186,20 +186,20 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
         /* with automatic lengths the hook gives the distance to the last step, the most the
          * next loop may run */
         int64_t ipl = cfg->loop_kind == IFD_LOOP_STEPS ? cfg->iterations_per_loop : INT64_MAX;
-        rc = ifd_hook_stop_at_step(&h, ipl, cfg->num_steps, cfg->last_step, err);
+        rc = ifd_hook_stop_at_step(&h, ipl, cfg->steps, cfg->last_step, err);
         if (rc)
             goto fail_hook;
         s->hooks[s->nhooks++] = h;
     } else if (cfg->mode == IFD_MODE_EVAL) {
         ifd_hook h;
-        rc = ifd_hook_eval_iterations(&h, cfg->num_steps, err);
+        rc = ifd_hook_eval_iterations(&h, cfg->steps, err);
         if (rc)
             goto fail_hook;
         s->hooks[s->nhooks++] = h;
     }
     s->tuned = cfg->loop_kind != IFD_LOOP_STEPS && cfg->mode != IFD_MODE_EVAL;
     if (s->tuned) {
-        ifd_loop_tuner_init(&s->tuner, cfg->loop_kind, cfg->loop_secs, cfg->max_loop_secs);
+        ifd_loop_tuner_init(&s->tuner, cfg->loop_kind, cfg->loop_secs, cfg->max_loop_seconds);
         s->clock_run = calloc((size_t)cfg->replicas, sizeof *s->clock_run);
         s->clock_first = calloc((size_t)cfg->replicas, sizeof *s->clock_first);
         if (s->clock_run == NULL || s->clock_first == NULL) {
@@ -520,17 +520,17 @@ static void run_loops(ifd_session *s)
     }
 }
 
-/* run_loops under the watchdog (cfg.watchdog_secs > 0): a thread beside the loops, started
+/* run_loops under the watchdog (cfg.watchdog > 0): a thread beside the loops, started
  * before the first and stopped after the last. */
 static void run_loops_watched(ifd_session *s)
 {
     ifd_watchdog *w = NULL;
-    if (s->cfg.watchdog_secs > 0.0) {
+    if (s->cfg.watchdog > 0.0) {
         ifd_watchdog_config wc = {
             .dev = s->dev,
             .rv = s->rv,
-            .secs = s->cfg.watchdog_secs,
-            .grace_secs = s->cfg.initial_infeed_sleep_secs,
+            .secs = s->cfg.watchdog,
+            .grace_secs = s->cfg.initial_infeed_sleep,
             .context = s->watchdog_context,
             .context_arg = s->watchdog_context_arg,
         };
@@ -575,7 +575,7 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
             .mode = s->cfg.mode,
             .batch_size = s->cfg.batch_size,
             .rv = s->rv,
-            .initial_sleep_secs = s->cfg.initial_infeed_sleep_secs,
+            .initial_sleep_secs = s->cfg.initial_infeed_sleep,
         };
         ifd_outfeed_config oc = {
             .dev = s->dev,

@@ -21,7 +21,7 @@ static void cuda_config(ifd_config *cfg, int replicas)
     cfg->settings.classes = 3;
     cfg->replicas = replicas;
     cfg->batch_size = 4 * replicas;
-    cfg->num_steps = 3;
+    cfg->steps = 3;
 }
 
 static void noop_abort(void *ctx)

@@ -407,6 +407,63 @@ START_TEST(backend_settings_fill_the_config)
 }
 END_TEST
 
+/* ifd_config's old field names (one release): the same storage as the new ones, so code that
+ * sets them runs as before; a bad value is named by the one name. */
+START_TEST(old_field_names_set_the_new_ones)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_config c;
+    ifd_config_defaults(&c);
+    int64_t steps = rand_between(&rng, 1, 1 << 30);
+    double secs[3];
+    for (int i = 0; i < 3; i++)
+        secs[i] = 0.001 + 86399.0 * uniform(&rng);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    c.num_steps = steps;
+    c.watchdog_secs = secs[0];
+    c.initial_infeed_sleep_secs = secs[1];
+    c.max_loop_secs = secs[2];
+    ck_assert_int_eq(c.steps, steps);
+    ck_assert(c.watchdog == secs[0] && c.initial_infeed_sleep == secs[1] &&
+              c.max_loop_seconds == secs[2]);
+    c.steps = steps + 1;
+    ck_assert_int_eq(c.num_steps, steps + 1);
+#pragma GCC diagnostic pop
+    ifd_error err;
+    RC_OK(ifd_config_validate(&c, &err), err);
+    c.watchdog = -secs[0];
+    ck_assert_int_eq(ifd_config_validate(&c, &err), IFD_EINVAL);
+    RASSERT(strncmp(err.msg, "watchdog: ", 10) == 0 && strcmp(err.key, "watchdog") == 0, "%s",
+            err.msg);
+}
+END_TEST
+
+/* docs/config.md's infeedd table names every option of the table (test_cli.py checks the other
+ * way: every key it documents is a flag of --help). */
+START_TEST(config_md_lists_every_option)
+{
+    FILE *f = fopen(IFD_SOURCE_DIR "/docs/config.md", "r");
+    ck_assert_ptr_nonnull(f);
+    static char text[1 << 18];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char *end = strstr(text, "## The runtime");
+    ck_assert_ptr_nonnull(end);
+    *end = '\0';
+    for (int i = 0; i < config_nopts; i++) {
+        char quoted[80];
+        snprintf(quoted, sizeof quoted, "| `%s`", config_opts[i].key);
+        const char *row = strstr(text, quoted);
+        snprintf(quoted, sizeof quoted, ", `%s`", config_opts[i].key);
+        const char *in_list = strstr(text, quoted);
+        RASSERT(row || in_list, "docs/config.md has no row for %s", config_opts[i].key);
+    }
+}
+END_TEST
+
 START_TEST(help_lists_every_option_and_its_default)
 {
     char *text = NULL;
@@ -441,6 +498,8 @@ int main(void)
     tcase_add_test(tc, runtime_errors_name_the_key_given);
     tcase_add_test(tc, rules_name_every_key_as_given);
     tcase_add_test(tc, backend_settings_fill_the_config);
+    tcase_add_test(tc, old_field_names_set_the_new_ones);
+    tcase_add_test(tc, config_md_lists_every_option);
     tcase_add_test(tc, help_lists_every_option_and_its_default);
     return tu_run_suite(s);
 }

@@ -129,7 +129,7 @@ void tu_config_train(ifd_config *cfg, const char *program, ifd_optimizer_kind op
     cfg->settings.features = d;
     cfg->settings.classes = k;
     cfg->batch_size = b;
-    cfg->num_steps = 20;
+    cfg->steps = 20;
     cfg->iterations_per_loop = ipl;
     cfg->optimizer.kind = opt;
     cfg->optimizer.learning_rate = opt == IFD_OPT_ADAM ? 0.01f : 0.1f;
