@@ -64,12 +64,12 @@ int ifd_program_check_setting(const char *program, const char *key, int64_t v, i
         return IFD_OK;
     char got[48];
     if (v == 0)
-        snprintf(got, sizeof got, "and it is not set");
+        snprintf(got, sizeof got, IFD_PROGRAM_NOT_SET);
     else
-        snprintf(got, sizeof got, "got %" PRId64, v);
+        snprintf(got, sizeof got, ", got %" PRId64, v);
     int at = snprintf(NULL, 0, "program '%s': ", program);
     ifd_error_set(err, IFD_EINVAL,
-                  "program '%s': setting '%s' must be between %" PRId64 " and %" PRId64 ", %s",
+                  "program '%s': setting '%s' must be between %" PRId64 " and %" PRId64 "%s",
                   program, key, min, max, got);
     return ifd_error_mark_key(err, key, at, (int)strlen(key) + 10);
 }

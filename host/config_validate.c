@@ -181,19 +181,25 @@ static int check_runtime(const ifd_daemon_config *c, ifd_error *err)
     return IFD_EINVAL;
 }
 
+/* A program calls a setting of 0 "not set" (ifd_program_check_setting ends its sentence with
+ * IFD_PROGRAM_NOT_SET); when the user gave that 0 (--hidden 0), the sentence says what arrived.
+ * The one sentence the daemon rewrites: the program cannot know where its 0 came from. */
+static void say_zero_given(const ifd_daemon_config *c, ifd_error *err)
+{
+    const config_opt *o = err->key[0] ? config_find_key(err->key, strlen(err->key)) : NULL;
+    size_t len = strlen(err->msg), tail = strlen(IFD_PROGRAM_NOT_SET);
+    if (o && c->key_source[o - config_opts] != IFD_KEY_DEFAULT && len >= tail &&
+        strcmp(err->msg + len - tail, IFD_PROGRAM_NOT_SET) == 0)
+        snprintf(err->msg + len - tail, sizeof err->msg - (len - tail), ", got 0");
+}
+
 /* The program's own settings, and a full batch's tensor frame of a size that the daemon's byte
  * counts (rows x row bytes, ZMQ_MAXMSGSIZE) and the replicas' buffers hold without overflow. */
 static int check_program(const ifd_daemon_config *c, ifd_error *err)
 {
     ifd_program p;
     if (ifd_program_init(&p, c->run.program, &c->run.settings, err)) {
-        const config_opt *o = err->key[0] ? config_find_key(err->key, strlen(err->key)) : NULL;
-        const char *not_set = ", and it is not set";
-        size_t len = strlen(err->msg), tail = strlen(not_set);
-        /* a program calls a setting of 0 "not set": a 0 the user gave is what arrived */
-        if (o && c->key_source[o - config_opts] != IFD_KEY_DEFAULT && len >= tail &&
-            strcmp(err->msg + len - tail, not_set) == 0)
-            snprintf(err->msg + len - tail, sizeof err->msg - (len - tail), ", got 0");
+        say_zero_given(c, err);
         ifd_daemon_config_name_keys(c, err);
         return IFD_EINVAL;
     }

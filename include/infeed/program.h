@@ -170,6 +170,8 @@ const char *ifd_program_names(char *buf, size_t len);
  * setting as its key (ifd_error_mark_key), so that infeedd names it as the user gave it. */
 int ifd_program_check_setting(const char *program, const char *key, int64_t v, int64_t min,
                               int64_t max, ifd_error *err);
+/* How ifd_program_check_setting's sentence ends for a setting of 0 (one not set). */
+#define IFD_PROGRAM_NOT_SET ", and it is not set"
 /* Finds the class and runs its setup. */
 int ifd_program_init(ifd_program *p, const char *name, const ifd_program_settings *s,
                      ifd_error *err);
