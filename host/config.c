@@ -363,7 +363,10 @@ void ifd_daemon_config_usage(FILE *out)
         snprintf(left, sizeof left, "%s%s%s", flag, config_opts[i].metavar[0] ? " " : "",
                  config_opts[i].metavar);
         format_value(&config_opts[i], &d, def, sizeof def);
-        fprintf(out, "  %-38s %s (default: %s)\n", left, config_opts[i].help, def);
+        const config_opt *o = &config_opts[i];
+        fprintf(out, "  %-38s %s%s%s%s (default: %s)\n", left, o->help,
+                o->flags & OPT_RANGE ? " [" : "", o->flags & OPT_RANGE ? o->expect : "",
+                o->flags & OPT_RANGE ? "]" : "", def);
     }
     fprintf(out,
             "  --help                                 this text\n"

@@ -482,6 +482,11 @@ START_TEST(help_lists_every_option_and_its_default)
         const char *eol = strchr(at + 1, '\n');
         const char *def = strstr(at, "(default: ");
         RASSERT(def && eol && def < eol, "--help gives %s no default", flag);
+        char range[128];
+        snprintf(range, sizeof range, " [%s] (default: ", config_opts[i].expect);
+        const char *r = strstr(at, range);
+        RASSERT(!(config_opts[i].flags & OPT_RANGE) || (r && r < eol), "--help gives %s no range",
+                flag);
     }
     RASSERT(strstr(text, "--steps N ") && strstr(text, "(default: unset)"), "%s", text);
     free(text);
