@@ -1,5 +1,6 @@
 #include "host/config_internal.h"
 #include "core/userdir.h"
+#include "loop/config_ranges.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -340,6 +341,15 @@ static void format_value(const config_opt *o, const ifd_daemon_config *d, char *
         snprintf(buf, len, "%s", s);
 }
 
+const char *config_range(const config_opt *o)
+{
+    if (o->flags & OPT_RANGE)
+        return o->expect;
+    _Static_assert(offsetof(ifd_daemon_config, run) == 0, "run comes first");
+    int number = o->kind == K_INT || o->kind == K_I64 || o->kind == K_F32 || o->kind == K_F64;
+    return number && o->off < sizeof(ifd_config) ? ifd_config_range_text(o->key) : NULL;
+}
+
 void ifd_daemon_config_usage(FILE *out)
 {
     ifd_daemon_config d;
@@ -363,10 +373,9 @@ void ifd_daemon_config_usage(FILE *out)
         snprintf(left, sizeof left, "%s%s%s", flag, config_opts[i].metavar[0] ? " " : "",
                  config_opts[i].metavar);
         format_value(&config_opts[i], &d, def, sizeof def);
-        const config_opt *o = &config_opts[i];
-        fprintf(out, "  %-38s %s%s%s%s (default: %s)\n", left, o->help,
-                o->flags & OPT_RANGE ? " [" : "", o->flags & OPT_RANGE ? o->expect : "",
-                o->flags & OPT_RANGE ? "]" : "", def);
+        const char *range = config_range(&config_opts[i]);
+        fprintf(out, "  %-38s %s%s%s%s (default: %s)\n", left, config_opts[i].help,
+                range ? " [" : "", range ? range : "", range ? "]" : "", def);
     }
     fprintf(out,
             "  --help                                 this text\n"

@@ -66,6 +66,9 @@ extern const int config_nopts;
  * NULL when there is none. */
 const config_opt *config_find_key(const char *key, size_t len);
 const config_opt *config_find_flag(const char *flag, size_t len);
+/* What the validation pass expects of o's number ("1 to 4096": the daemon's table, or the
+ * runtime's for a key of ifd_config), or NULL: --help prints it. */
+const char *config_range(const config_opt *o);
 /* "--iterations-per-loop" */
 void config_flag_name(const config_opt *o, char *buf, size_t len);
 /* The name the user gave o: "--last-step" (a flag, or unset without a config file) or

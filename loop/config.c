@@ -2,6 +2,7 @@
 #include "infeed/hosts.h"
 
 #include "device/cpu/blas.h"
+#include "loop/config_ranges.h"
 
 #include <float.h>
 #include <math.h>
@@ -163,6 +164,14 @@ static const config_range config_ranges[] = {
     {"replica_threads", RANGE_INT, CFG(replica_threads), 0, 1024, 0, "0 (auto) to 1024", NULL},
     {"cuda_graphs", RANGE_INT, CFG(cuda_graphs), 0, 1, 0, "0 (off) or 1 (on)", NULL},
 };
+
+const char *ifd_config_range_text(const char *key)
+{
+    for (size_t i = 0; key && i < sizeof config_ranges / sizeof config_ranges[0]; i++)
+        if (strcmp(config_ranges[i].key, key) == 0)
+            return config_ranges[i].expect;
+    return NULL;
+}
 
 static int check_range(const ifd_config *cfg, const config_range *r, ifd_error *err)
 {

@@ -482,13 +482,17 @@ START_TEST(help_lists_every_option_and_its_default)
         const char *eol = strchr(at + 1, '\n');
         const char *def = strstr(at, "(default: ");
         RASSERT(def && eol && def < eol, "--help gives %s no default", flag);
+        const char *want = config_range(&config_opts[i]);
         char range[128];
-        snprintf(range, sizeof range, " [%s] (default: ", config_opts[i].expect);
+        snprintf(range, sizeof range, " [%s] (default: ", want ? want : "");
         const char *r = strstr(at, range);
-        RASSERT(!(config_opts[i].flags & OPT_RANGE) || (r && r < eol), "--help gives %s no range",
-                flag);
+        RASSERT(!want || (r && r < eol), "--help gives %s no range", flag);
+        RASSERT(want || !(config_opts[i].flags & OPT_RANGE), "%s has no range", flag);
     }
     RASSERT(strstr(text, "--steps N ") && strstr(text, "(default: unset)"), "%s", text);
+    /* the runtime's ranges too */
+    RASSERT(strstr(text, "[1 to 1024] (default: 1)") && strstr(text, "[0 (auto) to 1024]"), "%s",
+            text);
     free(text);
 }
 END_TEST
