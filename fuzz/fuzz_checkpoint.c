@@ -1,5 +1,5 @@
 /*
- * fuzz_checkpoint: the checkpoint loader (loop/checkpoint_file.c, docs/checkpoint.md), from memory
+ * fuzz_checkpoint: the checkpoint loader (checkpoint/format.c, docs/checkpoint.md), from memory
  * (ifd_checkpoint_load_buffer, which ifd_checkpoint_load runs on a file's bytes).
  *
  * A CRC-32 over the whole file stops almost every mutation at the checksum, and a size implied by
@@ -18,7 +18,7 @@
 #include "core/log.h"
 #include "core/wire.h"
 #include "device/step.h"
-#include "loop/checkpoint_internal.h"
+#include "checkpoint/format.h"
 
 #include <jansson.h>
 #include <stdint.h>

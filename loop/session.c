@@ -8,7 +8,7 @@
 #include "device/device.h"
 #include "hooks/hook_internal.h"
 #include "infeed/infeed_internal.h"
-#include "loop/checkpoint_internal.h"
+#include "checkpoint/object.h"
 #include "loop/loop_tuner.h"
 #include "loop/stop_relay.h"
 #include "loop/watchdog.h"

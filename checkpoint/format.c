@@ -2,7 +2,7 @@
 #include "core/log.h"
 #include "core/wire.h"
 #include "device/step.h"
-#include "loop/checkpoint_internal.h"
+#include "checkpoint/format.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 /* The checkpoint folder (docs/checkpoint.md): checkpoints named by their step, the last few kept,
  * the newest that loads found. */
 #include "core/log.h"
-#include "loop/checkpoint_internal.h"
+#include "checkpoint/format.h"
 
 #include <dirent.h>
 #include <errno.h>
