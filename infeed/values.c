@@ -1,4 +1,4 @@
-#include "infeed/infeed_internal.h"
+#include "infeed/batch_check.h"
 
 #include <float.h>
 #include <math.h>

@@ -6,14 +6,14 @@
 #include "core/rendezvous.h"
 #include "core/thread.h"
 #include "device/device.h"
-#include "hooks/hook_internal.h"
-#include "infeed/infeed_internal.h"
+#include "hooks/run_context.h"
+#include "infeed/controller.h"
 #include "checkpoint/object.h"
 #include "loop/loop_tuner.h"
 #include "loop/stop_relay.h"
 #include "loop/watchdog.h"
 #include "infeed/hosts.h"
-#include "outfeed/outfeed_internal.h"
+#include "outfeed/controller.h"
 
 #include <stdio.h>
 #include <stdlib.h>

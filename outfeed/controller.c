@@ -2,7 +2,8 @@
 #include "core/opqueue.h"
 #include "core/thread.h"
 #include "infeed/hosts.h"
-#include "outfeed/outfeed_internal.h"
+#include "outfeed/controller.h"
+#include "outfeed/hostcall.h"
 
 #include <math.h>
 #include <stdio.h>
