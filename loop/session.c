@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define MAX_HOOKS 16
 
@@ -294,13 +293,6 @@ static int call_hooks(ifd_session *s, int which)
     return IFD_OK;
 }
 
-static double wall_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* Steps the run completed (eval and predict leave the global step as it was). */
 static int64_t steps_run(ifd_session *s)
 {
@@ -327,7 +319,7 @@ static void emit_end(ifd_session *s, int code, const ifd_error *cause)
     json_object_set_new(j, "steps", json_integer(steps_run(s)));
     if (s->cfg.mode != IFD_MODE_PREDICT)
         json_object_set_new(j, "skipped_steps", json_integer(ifd_outfeed_skipped(s->outfeed)));
-    json_object_set_new(j, "time", json_real(wall_seconds()));
+    json_object_set_new(j, "time", json_real(ifd_wall_seconds()));
     ifd_error e;
     if (ifd_summary_emit(&s->writer, j, &e) || ifd_summary_flush(&s->writer, &e))
         IFD_LOG_ERROR("cannot write the end summary: %s", ifd_error_text(&e));
@@ -339,38 +331,35 @@ static int rendezvous_stopping(void *arg)
 }
 
 /*
- * Several hosts, before each loop (one small collective on the LOOP channel): the loop's length
- * (the hooks give every host the same, from the same global step; the minimum is taken all the
- * same) and whether any host was asked to stop (a signal, the control socket): then every host
- * stops here, at the same loop boundary. Non-zero: the run ends (s->reason and s->message set,
- * or the error recorded).
+ * Several hosts, before each loop, one small collective on the LOOP channel (the MIN of two
+ * values): the loop's length (the hooks give every host the same, from the same global step; the
+ * minimum is taken all the same) and whether any host was asked to stop (a signal, the control
+ * socket), sent as -(rank + 1) so that the minimum names the highest host that asked (0: none):
+ * then every host stops here, at the same loop boundary. Non-zero: the run ends (s->reason and
+ * s->message set, or the error recorded).
  */
 static int hosts_agree(ifd_session *s, int64_t *n)
 {
     const ifd_hosts *h = s->cfg.hosts;
     int asked = __atomic_load_n(&s->stop_host, __ATOMIC_ACQUIRE);
-    int64_t v[2] = {*n, asked >= 0 ? asked + 1 : 0};
-    int64_t lo[1] = {v[0]};
+    int64_t v[2] = {*n, asked >= 0 ? -(int64_t)asked - 1 : 0};
     ifd_error e;
     ifd_error_clear(&e);
-    int rc = h->ops->allreduce_i64(h->ctx, IFD_HOSTS_LOOP, lo, 1, IFD_HOSTS_MIN,
-                                   rendezvous_stopping, s->rv, &e);
-    if (rc == IFD_OK)
-        rc = h->ops->allreduce_i64(h->ctx, IFD_HOSTS_LOOP, &v[1], 1, IFD_HOSTS_MAX,
-                                   rendezvous_stopping, s->rv, &e);
+    int rc = h->ops->allreduce_i64(h->ctx, IFD_HOSTS_LOOP, v, 2, IFD_HOSTS_MIN, rendezvous_stopping,
+                                   s->rv, &e);
     if (rc) {
         if (rc != IFD_ESTOPPED)
             ifd_rendezvous_record_error(s->rv, "hosts", &e);
         return rc;
     }
-    if (v[1] > 0) {
+    if (v[1] < 0) {
         s->reason = IFD_END_STOPPED;
         snprintf(s->message, sizeof s->message,
                  "stop requested on host %lld; every host stopped at global step %lld",
-                 (long long)(v[1] - 1), (long long)s->ctx.global_step);
+                 (long long)(-v[1] - 1), (long long)s->ctx.global_step);
         return 1;
     }
-    *n = lo[0];
+    *n = v[0];
     return IFD_OK;
 }
 
