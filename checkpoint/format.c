@@ -396,7 +396,8 @@ static int parse_producers(ifd_checkpoint *c, json_t *producers, const char *fie
     return IFD_OK;
 }
 
-static int parse_header(ifd_checkpoint *c, json_t *h, const char *path, ifd_error *err)
+/* "program" and "settings". */
+static int parse_program(ifd_checkpoint *c, json_t *h, const char *path, ifd_error *err)
 {
     json_t *prog = json_object_get(h, "program");
     if (!json_is_string(prog) || json_string_length(prog) == 0 ||
@@ -411,9 +412,13 @@ static int parse_header(ifd_checkpoint *c, json_t *h, const char *path, ifd_erro
         rc = get_int(s, "classes", 0, big, &c->settings.classes, path, err);
     if (rc == IFD_OK)
         rc = get_int(s, "hidden", 0, big, &c->settings.hidden, path, err);
-    if (rc)
-        return rc;
-    json_t *o = json_object_get(h, "optimizer"), *kind = json_object_get(o, "kind");
+    return rc;
+}
+
+/* "optimizer": its kind, the slots that kind keeps, its hyperparameters. */
+static int parse_optimizer(ifd_checkpoint *c, json_t *o, const char *path, ifd_error *err)
+{
+    json_t *kind = json_object_get(o, "kind");
     if (!json_is_string(kind) || ifd_optimizer_parse(json_string_value(kind), &c->optimizer.kind))
         return ifd_error_set(err, IFD_EPROTO,
                              "checkpoint '%s': header: 'optimizer.kind': expected sgd, momentum "
@@ -433,19 +438,19 @@ static int parse_header(ifd_checkpoint *c, json_t *h, const char *path, ifd_erro
         get_float(o, "beta2", &c->optimizer.beta2, path, err) ||
         get_float(o, "epsilon", &c->optimizer.epsilon, path, err))
         return err ? err->code : IFD_EPROTO;
-    rc = get_int(h, "global_step", 0, INT64_MAX, &c->global_step, path, err);
-    if (rc == IFD_OK)
-        rc = get_int(h, "opt_step", 0, INT64_MAX, &c->opt_step, path, err);
-    if (rc == IFD_OK)
-        rc = parse_params(c, json_object_get(h, "params"), path, err);
-    if (rc)
-        return rc;
+    return IFD_OK;
+}
+
+/* "producers", or, written by several hosts, "hosts" and each host's table in
+ * "host_producers". */
+static int parse_positions(ifd_checkpoint *c, json_t *h, const char *path, ifd_error *err)
+{
     json_t *producers = json_object_get(h, "producers");
     if (!json_is_object(producers))
         return ifd_error_set(err, IFD_EPROTO,
                              "checkpoint '%s': header: 'producers': expected an object", path);
-    /* Written by several hosts: "hosts" and each host's table in "host_producers". */
     int64_t hosts = 1;
+    int rc;
     if (json_object_get(h, "hosts") &&
         (rc = get_int(h, "hosts", 1, IFD_CHECKPOINT_MAX_HOSTS, &hosts, path, err)) != IFD_OK)
         return rc;
@@ -476,6 +481,22 @@ static int parse_header(ifd_checkpoint *c, json_t *h, const char *path, ifd_erro
     }
     c->host = 0;
     return IFD_OK;
+}
+
+static int parse_header(ifd_checkpoint *c, json_t *h, const char *path, ifd_error *err)
+{
+    int rc = parse_program(c, h, path, err);
+    if (rc == IFD_OK)
+        rc = parse_optimizer(c, json_object_get(h, "optimizer"), path, err);
+    if (rc == IFD_OK)
+        rc = get_int(h, "global_step", 0, INT64_MAX, &c->global_step, path, err);
+    if (rc == IFD_OK)
+        rc = get_int(h, "opt_step", 0, INT64_MAX, &c->opt_step, path, err);
+    if (rc == IFD_OK)
+        rc = parse_params(c, json_object_get(h, "params"), path, err);
+    if (rc == IFD_OK)
+        rc = parse_positions(c, h, path, err);
+    return rc;
 }
 
 int ifd_checkpoint_load(const char *path, ifd_checkpoint **out, ifd_error *err)
