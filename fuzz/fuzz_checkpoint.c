@@ -1,6 +1,6 @@
 /*
- * fuzz_checkpoint: the checkpoint loader (checkpoint/format.c, docs/checkpoint.md), from memory
- * (ifd_checkpoint_load_buffer, which ifd_checkpoint_load runs on a file's bytes).
+ * fuzz_checkpoint: the checkpoint loader (checkpoint/format.c and header.c, docs/checkpoint.md),
+ * from memory (ifd_checkpoint_load_buffer, which ifd_checkpoint_load runs on a file's bytes).
  *
  * A CRC-32 over the whole file stops almost every mutation at the checksum, and a size implied by
  * the header stops the rest, so each input is loaded three ways:
