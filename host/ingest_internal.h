@@ -28,7 +28,7 @@
 #include "core/log.h"
 #include "core/thread.h"
 #include "core/wire.h"
-#include "infeed/batch_check.h"
+#include "infeed/inputs.h"
 
 #include <stdint.h>
 #include <zmq.h>

@@ -2,7 +2,7 @@
 #include "core/thread.h"
 #include "core/log.h"
 #include "core/opqueue.h"
-#include "infeed/batch_check.h"
+#include "infeed/inputs.h"
 #include "infeed/controller.h"
 #include "infeed/shard.h"
 

@@ -4,7 +4,7 @@
  * when the input ends. Both are runtime-made batches that own their bytes.
  */
 #include "core/batch.h"
-#include "infeed/batch_check.h"
+#include "infeed/inputs.h"
 #include "infeed/shard.h"
 
 #include <stdlib.h>

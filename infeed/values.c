@@ -1,4 +1,4 @@
-#include "infeed/batch_check.h"
+#include "infeed/inputs.h"
 
 #include <float.h>
 #include <math.h>

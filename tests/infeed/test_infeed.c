@@ -1,6 +1,6 @@
 /* Batch checks against the program and per-host sharding. */
 #include "core/batch.h"
-#include "infeed/batch_check.h"
+#include "infeed/inputs.h"
 #include "infeed/shard.h"
 #include "tests/util/testutil.h"
 

@@ -1,9 +1,10 @@
 /*
- * infeed/'s batch checks, for the infeed thread and for whoever accepts batches before they reach
- * it (the daemon's ingest, host/): a batch against the program's inputs, and its float values.
+ * A batch's inputs, for the infeed thread and for whoever accepts batches before they reach it
+ * (the daemon's ingest, host/): the program inputs a mode carries, a batch checked against them,
+ * and its float values checked.
  */
-#ifndef IFD_INFEED_BATCH_CHECK_H
-#define IFD_INFEED_BATCH_CHECK_H
+#ifndef IFD_INFEED_INPUTS_H
+#define IFD_INFEED_INPUTS_H
 
 #include "infeed/infeed.h"
 
