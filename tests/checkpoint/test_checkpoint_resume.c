@@ -5,7 +5,7 @@
 #include "tests/util/testutil.h"
 
 #include "infeed/checkpoint.h"
-#include "loop/checkpoint_internal.h" /* tests set a checkpoint's step in place */
+#include "checkpoint/object.h" /* tests set a checkpoint's step in place */
 #include "tests/util/checkpoints.h"
 #include "tests/util/files.h"
 
@@ -127,7 +127,7 @@ START_TEST(resume_equals_uninterrupted)
     ck_assert_int_eq(ifd_checkpoint_load(path, &c, &err), IFD_OK);
     ck_assert_int_eq(ifd_checkpoint_global_step(c), cut);
 
-    /* the rest from the checkpoint, with num_steps counting from it */
+    /* the rest from the checkpoint, with steps counting from it */
     ifd_config second = cfg;
     second.last_step = 0;
     second.steps = total - cut;
