@@ -5,7 +5,6 @@ cannot start the run is a one-line config error."""
 
 import re
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ import pytest
 import ckpt
 import infeed
 from conftest import run_infeedd
+from helpers import wait_until
 
 FEATURES, CLASSES, BATCH = 5, 3, 8
 
@@ -30,14 +30,6 @@ def flags(folder, **kw) -> dict:
              checkpoint_dir=str(folder), checkpoint_every=10)
     f.update(kw)
     return f
-
-
-def wait_until(cond, what: str, d, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s\n{d.log()}")
-        time.sleep(0.02)
 
 
 def stream(endpoint: str, last: int) -> infeed.Producer:

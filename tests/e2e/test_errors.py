@@ -225,6 +225,37 @@ def test_bad_batches(d, rng):
     keeper.close()
 
 
+def test_end_with_extra_frames_and_negative_seq(daemon, rng):
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    dm = daemon(replicas=1, batch_size=B, features=D, classes=K, steps=1000000,
+                iterations_per_loop=5, summary_every=0, credit=4)
+    p = RawPeer(dm.listen)
+    keeper = RawPeer(dm.listen)
+    keeper.send(hello(SCHEMA, name="keeper"))
+    keeper.welcome()
+    p.send(hello(SCHEMA, name="loader"))
+    p.welcome()
+    extra = int(nrng.integers(1, 4))
+    p.send(P.end_frames() + [b"x"] * extra)
+    e = p.error()
+    assert e["code"] == "EPROTO" and e["seq"] is None, e
+    assert f"END: expected 1 frame (header), got {1 + extra}" in e["message"], e
+    # the stream did not end: a batch is still accepted
+    p.send(batch_frames(0, good(nrng)))
+    p.ack(0)
+    neg = -int(nrng.integers(1, 1 << 40))
+    p.send(batch_frames(neg, good(nrng)))
+    e = p.error()
+    assert e["code"] == "EINVAL" and e["seq"] == neg and e["credit"] == 1, e
+    assert str(neg) in e["message"], e
+    p.send(P.end_frames())
+    keeper.send(P.end_frames())
+    p.until(lambda: p.byes, "BYE")
+    assert dm.wait() == 0, dm.log()
+    p.close()
+    keeper.close()
+
+
 def test_no_credit_and_reconnect(daemon, rng):
     """A batch sent without credit is EPROTO and dropped. Whether the daemon consumed (and so
     freed credit for) some of the batches before the extra ones arrive is timing, so this sends

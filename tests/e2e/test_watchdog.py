@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 import infeed
+from helpers import status_until
 
 D, K, B = 4, 3, 8
 
@@ -14,15 +15,6 @@ D, K, B = 4, 3, 8
 def batch(i: int) -> dict:
     r = np.random.default_rng(i)
     return {"x": r.random((B, D), dtype=np.float32), "y": r.integers(0, K, B, dtype=np.int32)}
-
-
-def status_until(d, pred, timeout: float = 10):
-    deadline = time.monotonic() + timeout
-    while True:
-        st = d.control({"cmd": "status"})
-        if pred(st) or time.monotonic() > deadline:
-            return st
-        time.sleep(0.02)
 
 
 def test_stalled_producer_trips_the_watchdog(daemon):

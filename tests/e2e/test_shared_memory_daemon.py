@@ -1,6 +1,6 @@
 """The daemon's side of the shared-memory transport (docs/protocol.md, "Shared memory"), spoken
 raw over a DEALER: the pool WELCOME describes, its seals, when it is dropped, and the refusals.
-The clients' side (Producer(shm=...), buffer/commit) is in test_shm.py."""
+The clients' side (Producer(shm=...), buffer/commit) is in test_shared_memory_python.py."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from infeed import protocol as P
 from rawpeer import RawPeer, batch_frames, hello
-from test_floods import sanitized
+from helpers import sanitized
 
 D, K = 4, 3
 
