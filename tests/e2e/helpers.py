@@ -108,11 +108,41 @@ def wait_log(d, text: str, timeout: float = 10) -> None:
     wait_until(lambda: text in d.log(), f"the log does not say {text!r}", d, timeout)
 
 
-def wait_subscribed(d, n: int = 1, timeout: float = 10) -> dict:
-    """Until the daemon's PUB socket has n subscribers (status "subscribers"): a summary
-    published from then on reaches them (PUB drops what it sends before a subscription)."""
-    return status_until(d, lambda st: st.get("subscribers", 0) >= n, timeout,
-                        f"{n} subscriber(s) on {d.publish}")
+def subscribed(sub, timeout: float = 10):
+    """Until the ZMTP handshake of infeed.Subscriber sub with the daemon succeeded (the event
+    its connect watch takes from the socket's monitor): its subscription, queued at connect,
+    goes out right after it. Returns sub. (The daemon's status does not count subscribers, so
+    this subscriber-side event is the one a test can wait for; PUB drops what it sends before
+    the subscription arrives.)"""
+    assert sub._watch.timeout is not None, "a Subscriber without connect_timeout has no watch"
+    wait_until(lambda: sub._watch.poll(), f"the subscriber's handshake with {sub.endpoint}",
+               None, timeout)
+    return sub
+
+
+def tcp_connections(endpoint: str) -> int:
+    """Established TCP connections whose local side is endpoint's port (the daemon's side of
+    its clients' connections), from /proc/net/tcp and tcp6."""
+    want = int(endpoint.rsplit(":", 1)[1])
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] == "01" and int(f[1].rsplit(":", 1)[1], 16) == want:  # ESTABLISHED
+                n += 1
+    return n
+
+
+def wait_connected(endpoint: str, n: int = 1, timeout: float = 20) -> None:
+    """Until n clients (another process's, such as a subscriber started as a command) are
+    connected to the daemon's tcp endpoint."""
+    wait_until(lambda: tcp_connections(endpoint) >= n,
+               f"{n} connection(s) to {endpoint} ({tcp_connections(endpoint)} now)", None,
+               timeout)
 
 
 # ---- programs of this tree ----------------------------------------------------------------------
@@ -222,6 +252,14 @@ class Collector(threading.Thread):
             self.error = e
         finally:
             self.sub.close()
+
+    def subscribed(self, timeout: float = 10) -> "Collector":
+        """Until its subscriber's handshake succeeded (helpers.subscribed; the reading thread
+        takes the monitor's events, this one only looks at the flag)."""
+        wait_until(lambda: self.sub._watch.connected or self.error is not None,
+                   f"the subscriber's handshake with {self.sub.endpoint}", None, timeout)
+        assert self.error is None, self.error
+        return self
 
     def halt_after(self, event: str, timeout: float = 10) -> None:
         """Waits until a summary of this event arrived (AssertionError after timeout), then

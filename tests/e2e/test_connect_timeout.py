@@ -50,7 +50,7 @@ def test_connected_clients_are_not_cut_by_the_connect_timeout(daemon, rng):
     assert "no summary" in str(e.value), e.value
     got = []
     with infeed.Producer(d.listen, name="p", timeout=20, connect_timeout=limit) as p:
-        time.sleep(limit * 2)
+        time.sleep(limit * 2)  # past the connect timeout on purpose: it must not cut p
         try:
             for _ in range(50):
                 p.send(x=np.zeros((8, 4), np.float32), y=np.zeros(8, np.int32))

@@ -2,8 +2,9 @@
 (tcp://127.0.0.1:*) reported in the log line, in status and in the --ready-file (written whole,
 once every socket is served, removed at exit; a stale one removed at start); the missing folders
 of an ipc:// endpoint created with mode 0700; the default control socket, private to the
-daemon's user (an ipc socket in a folder of mode 0700 that infeedctl finds); and the README's multi-host example, which binds
-ipc endpoints in a folder that does not exist yet, run as written."""
+daemon's user (an ipc socket in a folder of mode 0700 that infeedctl finds); and the README's
+multi-host example, which binds ipc endpoints in a folder that does not exist yet, run as
+written."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import re
 import socket
 import stat
 import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -22,7 +22,7 @@ import pytest
 import infeed
 from conftest import ROOT, control_request, infeedd_path
 from helpers import (MPI_ENV, infeedctl_path, mpi_skip_reason, steps_data, stream_until_end,
-                     wait_ready_file)
+                     subscribed, wait_ready_file)
 
 
 def start(tmp: Path, *args: str) -> subprocess.Popen:
@@ -74,8 +74,8 @@ def test_wildcard_ports_are_reported_and_used(tmp_path, rng):
         st = control_request(r["control"], {"cmd": "status"})
         assert st["endpoints"] == {k: r[k] for k in ("listen", "publish", "control")}, st
         assert st["pid"] == proc.pid, st
-        sub = infeed.Subscriber(r["publish"], timeout=20)
-        time.sleep(0.3)  # a PUB socket drops what it sends before the subscription arrives
+        # a PUB socket drops what it sends before the subscription arrives
+        sub = subscribed(infeed.Subscriber(r["publish"], timeout=20))
         assert train_through(r["listen"], rng, features, classes, batch) >= steps
         got = list(sub)
         sub.close()

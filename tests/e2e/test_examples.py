@@ -3,14 +3,13 @@
 import re
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 import infeed
 from conftest import ROOT
-from helpers import c_producer, run_program
+from helpers import c_producer, run_program, status_until
 
 DIGITS = ROOT / "examples" / "digits" / "train_digits.py"
 
@@ -144,10 +143,9 @@ def test_c_and_python_producers_together(daemon):
         c = subprocess.Popen([exe, "--endpoint", d.listen, "--features", "16", "--classes", "4",
                               "--batches", "40", "--name", "c"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 20
-        while not any(pr.get("name") == "c" for pr in d.control({"cmd": "status"})["producers"]):
-            assert time.monotonic() < deadline and c.poll() is None, c.communicate()
-            time.sleep(0.02)
+        status_until(d, lambda st: any(pr.get("name") == "c" for pr in st["producers"])
+                     or c.poll() is not None, 20, "the C producer's HELLO")
+        assert c.poll() is None, c.communicate()
         for _ in range(25):
             p.send(x=rng.uniform(-1, 1, (32, 16)).astype(np.float32),
                    y=rng.integers(0, 4, 32, dtype=np.int32))

@@ -14,7 +14,7 @@ from conftest import free_ports
 from helpers import CURVE_BATCH as BATCH
 from helpers import CURVE_CLASSES as CLASSES
 from helpers import CURVE_FEATURES as FEATURES
-from helpers import ctl, ctl_endpoints, infeedctl_path
+from helpers import ctl, ctl_endpoints, infeedctl_path, wait_connected
 from helpers import curve_batch as batch
 from helpers import curve_producer as producer
 
@@ -76,7 +76,8 @@ def test_stop_ends_the_run(daemon, rng):
 def watch(d, *extra):
     proc = subprocess.Popen([infeedctl_path(), "watch", *ctl_endpoints(d), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)  # PUB drops what is published before the subscription is up
+    # PUB drops what is published before the subscription is up: until it is connected
+    wait_connected(d.publish)
     return proc
 
 
@@ -224,7 +225,7 @@ def test_curve_keys(curve_daemon, keys, rng):
     # watch with a subscriber key, to the end
     proc = subprocess.Popen([infeedctl_path(), "watch", *ctl_endpoints(d), *admin],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)
+    wait_connected(d.publish)
     nprng = np.random.default_rng(rng.randint(0, 2**31))
     with producer(d, keys, "a", "loader-0") as p:
         try:

@@ -277,7 +277,7 @@ def wait_training(job: Job, timeout: float = 60) -> None:
             if all(control(f"ipc://{job.tmp}/ctl-{h}", {"cmd": "status"}, 1.0)["global_step"] > 0
                    for h in range(job.hosts)):
                 return
-        except AssertionError:  # not answering yet
+        except TimeoutError:  # not answering yet (conftest.control_request)
             pass
         time.sleep(0.05)
     pytest.fail(f"the hosts did not start training within {timeout} s:\n{job.log()}")
@@ -335,7 +335,7 @@ def test_stop_on_one_host_while_another_has_no_input(tmp_path, rng, how):
     while time.monotonic() < deadline:
         try:
             st = [control(c, {"cmd": "status"}, 1.0) for c in ctl]
-        except AssertionError:  # not answering yet
+        except TimeoutError:  # not answering yet (conftest.control_request)
             st = None
         if st and st[idle]["infeed_waiting"] and all(s["global_step"] == given for s in st):
             break

@@ -58,7 +58,7 @@ def test_a_live_producers_name_cannot_be_taken(daemon, rng):
             break
         e = thief.errors.pop()
         assert e["code"] == "EBUSY" and time.monotonic() < deadline, e
-        time.sleep(0.02)
+        time.sleep(0.02)  # polls: the route is dropped a moment after the close
     w = thief.welcomes[-1]
     assert w["next_seq"] == n + 4, w
     thief.send(batch_frames(n + 4, good(nrng, d)))
@@ -81,13 +81,12 @@ def test_peers_that_hello_and_vanish_do_not_fill_the_table(daemon, rng):
     keeper.welcome()
     # HELLO, then gone without END; the next peer is connected before the close, so that its
     # HELLO follows the close at once (a slot frees only once libzmq drops the closed route)
-    nxt = RawPeer(dm.listen)
+    nxt = RawPeer(dm.listen, handshake=True).connected()
     for k in range(3 * m):
         v = nxt
         v.send(hello(schema(d), name=f"ghost-{k}"))
         v.welcome()
-        nxt = RawPeer(dm.listen)
-        time.sleep(0.02)
+        nxt = RawPeer(dm.listen, handshake=True).connected()
         v.close()
     real = nxt
     real.send(hello(schema(d), name="real"))
@@ -125,8 +124,7 @@ def test_a_full_table_takes_a_producer_as_soon_as_closed_ones_are_gone(daemon, r
         for i, p in enumerate(holders):
             p.send(hello(schema(d), name=f"holder-{trial}-{i}"))
             p.welcome()
-        newcomer = RawPeer(dm.listen)  # connected before the closes
-        time.sleep(0.02)
+        newcomer = RawPeer(dm.listen, handshake=True).connected()  # before the closes
         for p in holders:
             p.close()
         newcomer.send(hello(schema(d), name=f"newcomer-{trial}"))

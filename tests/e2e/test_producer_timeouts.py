@@ -35,7 +35,7 @@ with infeed.Producer(endpoint, name=name) as p:
     while True:
         seq = p.send(x=rng.random((b, d), dtype=np.float32), y=rng.integers(0, k, b, dtype=np.int32))
         print(seq, flush=True)
-        time.sleep(0.01)
+        time.sleep(0.01)  # paces the stream: mid-stream when the signal comes
 """
 
 
@@ -109,7 +109,7 @@ def test_a_silent_producer_holding_credit_is_timed_out_then_resumes(daemon, rng)
         keeper.send(batch_frames(kseq, good(nrng, d)))  # the keeper is not silent
         keeper.ack(kseq)
         kseq += 1
-        time.sleep(0.05)
+        time.sleep(0.05)  # the keeper's pace while the log is polled
     assert "producer 'keeper' timed out" not in dm.log(), dm.log()
     st = dm.control({"cmd": "status"})
     sleepy = [q for q in st["producers"] if q["name"] == "sleepy"][0]
@@ -143,7 +143,9 @@ def test_a_producer_waiting_without_credit_is_not_timed_out(daemon, rng):
     p.welcome()
     p.send(batch_frames(0, good(nrng, d)))
     p.send(batch_frames(1, good(nrng, d)))
-    time.sleep(2.0)  # four producer timeouts with no credit: the infeed sleeps, nothing is ACKed
+    # four producer timeouts with no credit (the infeed sleeps, nothing is ACKed): time passing
+    # is what is tested
+    time.sleep(2.0)
     assert "timed out" not in dm.log(), dm.log()
     p.ack(1, timeout=10)
     p.send(P.end_frames())

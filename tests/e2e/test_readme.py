@@ -4,13 +4,13 @@ matches infeedd --help (flags and defaults), its links exist, and its C snippets
 import os
 import re
 import subprocess
-import time
 
 import numpy as np
 import pytest
 
 import infeed
 from conftest import ROOT, run_infeedd
+from helpers import subscribed
 
 
 def readme_python_blocks():
@@ -32,8 +32,7 @@ def test_readme_producer_example_ends_cleanly(daemon, rng):
     env = {"batches": [(x, y)] * (steps * 10)}
     # the subscriber part reads until "end": run the producer part, then the subscriber's
     producer_part, subscriber_part = code.split("# a subscriber")
-    sub = infeed.Subscriber(d.publish, timeout=10)
-    time.sleep(0.3)
+    sub = subscribed(infeed.Subscriber(d.publish, timeout=10))
     exec(compile(producer_part, "README.md", "exec"), env)
     summaries = [s for s in sub]
     assert summaries[-1]["event"] == "end" and summaries[-1]["global_step"] == steps

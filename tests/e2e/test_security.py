@@ -23,7 +23,7 @@ from infeed import keys as K
 from infeed import protocol as P
 from rawpeer import RawPeer, batch_frames, hello
 from helpers import (CURVE_BATCH, CURVE_CLASSES, CURVE_FEATURES, CURVE_SCHEMA, c_producer,
-                     wait_log)
+                     subscribed, wait_log)
 from helpers import curve_batch as batch
 from helpers import curve_producer as producer
 
@@ -130,7 +130,7 @@ def test_unauthorized_key_delivers_nothing(curve_daemon, keys, rng):
                                         keypair=K.generate_keypair()))
         s.connect(d.listen)
         socks.append(s)
-    time.sleep(2.2)
+    time.sleep(2.2)  # 2 s of refused handshakes, on purpose (the log's rate limit is tested)
     for s in socks:
         s.close(0)
     wait_log(d, "suppressed")
@@ -208,7 +208,7 @@ def test_subscriber_without_an_allowed_key_gets_nothing(curve_daemon, keys):
                                    keypair=keys[who]) for who in ("admin", "stranger")}
     subs["plain"] = infeed.Subscriber(d.publish, timeout=0.05)
     try:
-        time.sleep(0.5)  # let the allowed subscriber's connection come up before the summaries
+        subscribed(subs["admin"])  # the allowed one's connection is up before the summaries
         rng = np.random.default_rng(4)
         with producer(d, keys, "b", "p") as p:
             try:
