@@ -3,7 +3,6 @@
 import json
 import os
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,16 +160,33 @@ def write(tmp_path, text):
     return str(p)
 
 
-def test_config_file_errors(tmp_path):
-    usage_error("--config", write(tmp_path, '{"replicas": 2, "bogus_key": 1}'), key="bogus_key")
-    usage_error("--config", write(tmp_path, '{"replicas": "two"}'), key="replicas")
-    usage_error("--config", write(tmp_path, '{"features": 4, "classes": 3, "optimizer": "foo"}'),
-                key="optimizer")
-    out = usage_error("--config", write(tmp_path, '{"replicas": 2,\n  "steps": }\n'),
-                      key="infeedd.json")
-    assert re.search(r"line 2\b", out) and "column" in out, out
-    usage_error("--config", str(tmp_path / "missing.json"), key="missing.json")
-    usage_error("--config", write(tmp_path, "[1, 2]"), key="object")
+@pytest.mark.parametrize("text,key", [
+    ('{"replicas": 2, "bogus_key": 1}', "bogus_key"),
+    ('{"replicas": "two"}', "replicas"),
+    ('{"features": 4, "classes": 3, "optimizer": "foo"}', "optimizer"),
+    ('{"replicas": 2,\n  "steps": }\n', "infeedd.json"),  # and where: line 2, a column
+    (None, "missing.json"),  # no file
+    ("[1, 2]", "object"),
+])
+def test_config_file_errors(tmp_path, text, key):
+    path = write(tmp_path, text) if text is not None else str(tmp_path / "missing.json")
+    out = usage_error("--config", path, key=key)
+    if key == "infeedd.json":
+        assert re.search(r"line 2\b", out) and "column" in out, out
+
+
+@pytest.mark.parametrize("args,flag,words", [
+    (["--batch-size", str(1 << 62)], "--batch-size", [str(1 << 62)]),
+    (["--seed", " -1"], "--seed", []),
+    (["--max-producers", "0", "--expect-producers", "1"], "--max-producers", []),
+])
+def test_config_edges(args, flag, words):
+    """Config values that used to overflow or be misread (found by fuzzing) get exit 2 and a
+    sentence naming the key."""
+    r = run_infeedd("--steps", "1", "--features", "4", "--classes", "3", *args)
+    assert r.returncode == 2 and flag in r.stderr, r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
 
 
 def test_config_file_then_flags(daemon, tmp_path):
