@@ -173,12 +173,14 @@ def pytest_runtest_makereport(item, call):
     setattr(item, "rep_" + rep.when, rep)
 
 
-@pytest.fixture
-def daemon(tmp_path, request):
+def started_daemons(request, make):
+    """A fixture's body: yields start(**flags), which makes a daemon with make(**flags); at
+    teardown each is killed, and, when the test failed, its state, exit status and log are
+    printed."""
     started: list[Daemon] = []
 
-    def start(wait_ready: bool = True, **flags) -> Daemon:
-        d = Daemon(tmp_path, flags, wait_ready)
+    def start(**flags) -> Daemon:
+        d = make(**flags)
         started.append(d)
         return d
 
@@ -196,6 +198,12 @@ def daemon(tmp_path, request):
                   f"{'still running' if alive else f'exited {d.proc.returncode}'}\n"
                   f"{d.log()[-4000:]}")
         d.kill()
+
+
+@pytest.fixture
+def daemon(tmp_path, request):
+    yield from started_daemons(request, lambda wait_ready=True, **flags:
+                               Daemon(tmp_path, flags, wait_ready))
 
 
 @pytest.fixture
@@ -244,19 +252,11 @@ class CurveDaemon(Daemon):
 
 @pytest.fixture
 def curve_daemon(tmp_path, keys, request):
-    started = []
-
-    def start(**flags) -> CurveDaemon:
+    """daemon for CURVE: the keys' flags, a softmax program of helpers.CURVE_*."""
+    def make(**flags) -> CurveDaemon:
         f = dict(keys["flags"], program="softmax", features=CURVE_FEATURES, classes=CURVE_CLASSES,
                  batch_size=CURVE_BATCH, iterations_per_loop=5, summary_every=5)
         f.update(flags)
-        d = CurveDaemon(tmp_path, f, keys)
-        started.append(d)
-        return d
+        return CurveDaemon(tmp_path, f, keys)
 
-    yield start
-    failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
-    for d in started:
-        if failed:
-            print(f"infeedd {' '.join(d.argv[1:])}:\n{d.log()[-4000:]}")
-        d.kill()
+    yield from started_daemons(request, make)

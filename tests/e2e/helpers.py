@@ -26,6 +26,14 @@ def steps_data(seed: int, steps: int, batch: int, features: int, classes: int):
             r.integers(0, classes, steps * batch, dtype=np.int32))
 
 
+def seeded_batch(seed: int, rows: int, features: int, classes: int) -> dict:
+    """A batch {x float32 [rows, features] normal, y int32 [rows] in [0, classes)}: the same
+    bytes whenever it is made with the same seed (a stream that replays after a restart)."""
+    r = np.random.default_rng(seed)
+    return {"x": r.standard_normal((rows, features)).astype(np.float32),
+            "y": r.integers(0, classes, rows, dtype=np.int32)}
+
+
 def separable(rng: np.random.Generator, rows: int, features: int, classes: int,
               centers: np.ndarray, noise: float = 0.3):
     """Rows around one center per class: learnable by a softmax classifier."""

@@ -32,7 +32,7 @@ import pytest
 import ckpt
 import infeed
 from conftest import run_infeedd
-from helpers import wait_until
+from helpers import seeded_batch, wait_until
 
 FEATURES, CLASSES, BATCH = 5, 3, 8
 LAST = 40      # steps of every run; one batch per step
@@ -42,9 +42,7 @@ IPL = 2        # --iterations-per-loop: checkpoints land exactly on the multiple
 
 def batch(seq: int) -> dict:
     """The stream's batch with sequence number seq: the same bytes whenever it is made."""
-    r = np.random.default_rng(5000 + seq)
-    return {"x": r.standard_normal((BATCH, FEATURES)).astype(np.float32),
-            "y": r.integers(0, CLASSES, BATCH, dtype=np.int32)}
+    return seeded_batch(5000 + seq, BATCH, FEATURES, CLASSES)
 
 
 def flags(folder, **kw) -> dict:
