@@ -128,7 +128,8 @@ class Daemon:
         """The daemon's log, whole (a test looks for lines in it), or its last `tail`
         characters."""
         try:
-            self._log.flush()
+            if not self._log.closed:  # (kill() closes it; the file stays readable)
+                self._log.flush()
             text = self.log_path.read_text(errors="replace")
             return text if tail is None else text[-tail:]
         except OSError:

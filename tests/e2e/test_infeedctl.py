@@ -74,10 +74,22 @@ def test_stop_ends_the_run(daemon, rng):
 
 
 def watch(d, *extra):
+    """infeedctl watch on d, once it is under way: its first line says the control socket
+    answered its status (a watch without that answer cannot tell a daemon that vanished), and its
+    subscriber is connected (PUB drops what it publishes before a subscription). communicate()
+    gives the whole output, that first line included."""
     proc = subprocess.Popen([infeedctl_path(), "watch", *ctl_endpoints(d), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # PUB drops what is published before the subscription is up: until it is connected
+    first = proc.stdout.readline()
+    assert first.startswith("watching infeedd at "), (first, proc.poll())
     wait_connected(d.publish)
+    rest = proc.communicate
+
+    def communicate(*args, **kw):
+        out, err = rest(*args, **kw)
+        return first + out, err
+
+    proc.communicate = communicate
     return proc
 
 
@@ -223,9 +235,7 @@ def test_curve_keys(curve_daemon, keys, rng):
             "--key-file", str(keys["dir"] / "admin.key"))
     assert r.returncode == 1 and "missing.pub" in r.stderr, r.stderr
     # watch with a subscriber key, to the end
-    proc = subprocess.Popen([infeedctl_path(), "watch", *ctl_endpoints(d), *admin],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_connected(d.publish)
+    proc = watch(d, *admin)
     nprng = np.random.default_rng(rng.randint(0, 2**31))
     with producer(d, keys, "a", "loader-0") as p:
         try:
