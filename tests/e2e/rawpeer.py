@@ -128,6 +128,18 @@ class RawPeer:
         self.sock.close(0)
 
 
+def xy_schema(features: int) -> list:
+    """HELLO's schema of the built-in programs: x float32 [features], y int32."""
+    return [P.schema_entry("x", "float32", [features]), P.schema_entry("y", "int32", [])]
+
+
+def xy_tensors(nrng, rows: int, features: int, classes: int) -> list:
+    """Random tensors of xy_schema: x uniform in [0, 1), y labels in [0, classes) (nrng: a numpy
+    Generator)."""
+    return [nrng.random((rows, features), dtype=np.float32),
+            nrng.integers(0, classes, rows, dtype=np.int32)]
+
+
 def hello(schema, name=None, **kw):
     return P.hello_frames(schema, name, **kw)
 

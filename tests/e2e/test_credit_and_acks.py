@@ -12,15 +12,14 @@ import time
 import numpy as np
 
 from infeed import protocol as P
-from rawpeer import RawPeer, batch_frames, hello
+from rawpeer import RawPeer, batch_frames, hello, xy_tensors
 from helpers import sanitized, status_until
 
 D, K = 4, 3
 
 
 def batch(nrng, seq: int, rows: int):
-    return batch_frames(seq, [nrng.random((rows, D), dtype=np.float32),
-                              nrng.integers(0, K, rows, dtype=np.int32)])
+    return batch_frames(seq, xy_tensors(nrng, rows, D, K))
 
 
 def wait_consumed(d, name: str, accepted: int, timeout: float = 20) -> dict:

@@ -1,7 +1,6 @@
 """Every bad input gets its ERROR (code, seq, credit and a sentence naming the field, what was
 expected and what arrived); the daemon keeps serving and the next good batch is accepted."""
 
-import json
 import re
 import struct
 
@@ -9,14 +8,14 @@ import numpy as np
 import pytest
 
 from infeed import protocol as P
-from rawpeer import RawPeer, batch_frames, hello
+from rawpeer import RawPeer, batch_frames, hello, xy_schema, xy_tensors
 
 D, K, B, CREDIT = 3, 5, 4, 4
-SCHEMA = [P.schema_entry("x", "float32", [D]), P.schema_entry("y", "int32", [])]
+SCHEMA = xy_schema(D)
 
 
 def good(rng, rows=B):
-    return [rng.random((rows, D), dtype=np.float32), rng.integers(0, K, rows, dtype=np.int32)]
+    return xy_tensors(rng, rows, D, K)
 
 
 def check(err, code, *substrings, seq=None, credit=0, codes=None):

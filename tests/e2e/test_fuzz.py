@@ -23,10 +23,10 @@ import numpy as np
 import zmq
 
 from infeed import protocol as P
-from rawpeer import RawPeer, batch_frames, hello
+from rawpeer import RawPeer, batch_frames, hello, xy_schema, xy_tensors
 
 D, K, B, CREDIT, REPLICAS = 3, 5, 4, 8, 2
-SCHEMA = [P.schema_entry("x", "float32", [D]), P.schema_entry("y", "int32", [])]
+SCHEMA = xy_schema(D)
 GOOD_NAME = "good-producer"
 N_FUZZ_PEERS = 6
 N_GOOD = 500
@@ -95,7 +95,7 @@ def check_error(body) -> None:
 
 
 def good_tensors(nrng, rows=B):
-    return [nrng.random((rows, D), dtype=np.float32), nrng.integers(0, K, rows, dtype=np.int32)]
+    return xy_tensors(nrng, rows, D, K)
 
 
 class Fuzzer:

@@ -13,7 +13,7 @@ import numpy as np
 import ckpt
 import infeed
 from infeed import protocol as P
-from rawpeer import RawPeer, batch_frames, hello
+from rawpeer import RawPeer, batch_frames, hello, xy_schema, xy_tensors
 from helpers import wait_until
 
 FEATURES, CLASSES, BATCH = 64, 10, 32  # the job: softmax, 64 features, batch 32
@@ -45,12 +45,11 @@ def stream(endpoint: str, n: int, bad: set, name: str = "loader-0") -> infeed.Pr
     return p
 
 
-def schema(d):
-    return [P.schema_entry("x", "float32", [d]), P.schema_entry("y", "int32", [])]
+schema = xy_schema
 
 
 def good(nrng, d, rows=B):
-    return [nrng.random((rows, d), dtype=np.float32), nrng.integers(0, K, rows, dtype=np.int32)]
+    return xy_tensors(nrng, rows, d, K)
 
 
 def skipped_batches(d) -> list:

@@ -13,18 +13,17 @@ import numpy as np
 import pytest
 
 from infeed import protocol as P
-from rawpeer import RawPeer, batch_frames, hello
+from rawpeer import RawPeer, batch_frames, hello, xy_schema, xy_tensors
 
 K = 4
 B = 4
 
 
-def schema(d):
-    return [P.schema_entry("x", "float32", [d]), P.schema_entry("y", "int32", [])]
+schema = xy_schema
 
 
 def good(nrng, d, rows=B):
-    return [nrng.random((rows, d), dtype=np.float32), nrng.integers(0, K, rows, dtype=np.int32)]
+    return xy_tensors(nrng, rows, d, K)
 
 
 PRODUCER = r"""

@@ -22,10 +22,10 @@ from infeed import protocol as P
 from infeed import shm as S
 from fake_daemon import SOFTMAX_SCHEMA, FakeDaemon, make_pool, read_slot
 from helpers import status_until, steps_data
-from rawpeer import RawPeer, hello, shm_frames
+from rawpeer import RawPeer, hello, shm_frames, xy_schema
 
 D, K = 5, 3
-SCHEMA = [P.schema_entry("x", "float32", [D]), P.schema_entry("y", "int32", [])]
+SCHEMA = xy_schema(D)
 
 
 # -- the client alone (a fake daemon) ------------------------------------------------------------
