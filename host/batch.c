@@ -4,7 +4,7 @@
 #include "core/thread.h"
 #include "core/wire.h"
 #include "infeed/checkpoint.h"
-#include "infeed/infeed_internal.h"
+#include "infeed/inputs.h"
 
 #include <errno.h>
 #include <inttypes.h>

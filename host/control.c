@@ -5,7 +5,7 @@
 #include "core/wire.h"
 #include "device/cpu/blas.h"
 #include "infeed/checkpoint.h"
-#include "infeed/infeed_internal.h"
+#include "infeed/inputs.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -28,7 +28,7 @@
 #include "core/log.h"
 #include "core/thread.h"
 #include "core/wire.h"
-#include "infeed/infeed_internal.h"
+#include "infeed/inputs.h"
 
 #include <stdint.h>
 #include <zmq.h>

@@ -2,8 +2,9 @@
 #include "core/thread.h"
 #include "core/log.h"
 #include "core/opqueue.h"
-#include "core/thread.h"
-#include "infeed/infeed_internal.h"
+#include "infeed/inputs.h"
+#include "infeed/controller.h"
+#include "infeed/shard.h"
 
 #include <stdint.h>
 #include <stdio.h>
