@@ -261,6 +261,13 @@ static int load_keys(ifd_security *s, const char *path, const char *what, int al
     return rc;
 }
 
+/* A key file's sentence starts with the key that names the file (the "what" it was read as):
+ * the config names that key as the user gave it. */
+static void about(ifd_error *err, const char *key)
+{
+    ifd_error_mark_key(err, key, 0, (int)strlen(key));
+}
+
 /* ---- lifecycle -------------------------------------------------------------------------- */
 
 int ifd_security_create_empty(ifd_security **out, ifd_error *err)
@@ -278,28 +285,30 @@ int ifd_security_create(ifd_security **out, const ifd_daemon_config *c, ifd_erro
     *out = NULL;
     if (c->curve_secret_key == NULL) {
         if (c->authorized_keys || c->admin_keys)
-            return ifd_error_set(err, IFD_EINVAL,
-                                 "%s: expected curve_secret_key, the daemon's key pair, with it "
-                                 "(CURVE is off without one), got none",
-                                 c->authorized_keys ? "authorized_keys" : "admin_keys");
+            return ifd_error_set_key(err, IFD_EINVAL,
+                                     c->authorized_keys ? "authorized_keys" : "admin_keys",
+                                     "expected curve_secret_key, the daemon's key pair, with it "
+                                     "(CURVE is off without one), got none");
         return IFD_OK;
     }
     if (!zmq_has("curve"))
-        return ifd_error_set(err, IFD_ENOTSUP,
-                             "curve_secret_key: CURVE was asked for, but this libzmq was built "
-                             "without it (zmq_has(\"curve\") is false)");
+        return ifd_error_set_key(err, IFD_ENOTSUP, "curve_secret_key",
+                                 "CURVE was asked for, but this libzmq was built without it "
+                                 "(zmq_has(\"curve\") is false)");
     if (c->authorized_keys == NULL)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "authorized_keys: CURVE (curve_secret_key) needs the producers' "
-                             "public keys: expected a file, got none");
+        return ifd_error_set_key(err, IFD_EINVAL, "authorized_keys",
+                                 "CURVE (curve_secret_key) needs the producers' public keys: "
+                                 "expected a file, got none");
     ifd_security *s;
     int rc = ifd_security_create_empty(&s, err);
     if (rc)
         return rc;
     char sec[IFD_KEY_Z85_LEN + 1];
     rc = ifd_keyfile_load_pair(c->curve_secret_key, "curve_secret_key", s->pub, sec, err);
-    if (rc)
+    if (rc) {
+        about(err, "curve_secret_key");
         goto fail;
+    }
     zmq_z85_decode(s->secret, sec);
     memset(sec, 0, sizeof sec);
     struct stat st;
@@ -308,16 +317,20 @@ int ifd_security_create(ifd_security **out, const ifd_daemon_config *c, ifd_erro
                      "reads it can act as this daemon; chmod 600 it",
                      c->curve_secret_key, (unsigned)(st.st_mode & 0777));
     rc = load_keys(s, c->authorized_keys, "authorized_keys", 1, err);
-    if (rc)
-        goto fail;
-    if (s->authorized.n == 0) {
-        rc = ifd_error_set(err, IFD_EINVAL,
-                           "authorized_keys: '%s': expected at least one producer key, got none",
-                           c->authorized_keys);
+    if (rc) {
+        about(err, "authorized_keys");
         goto fail;
     }
-    if (c->admin_keys && (rc = load_keys(s, c->admin_keys, "admin_keys", 0, err)) != IFD_OK)
+    if (s->authorized.n == 0) {
+        rc = ifd_error_set_key(err, IFD_EINVAL, "authorized_keys",
+                               "'%s': expected at least one producer key, got none",
+                               c->authorized_keys);
         goto fail;
+    }
+    if (c->admin_keys && (rc = load_keys(s, c->admin_keys, "admin_keys", 0, err)) != IFD_OK) {
+        about(err, "admin_keys");
+        goto fail;
+    }
     *out = s;
     return IFD_OK;
 fail:

@@ -22,6 +22,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,72 +92,79 @@ static int usage_error(const char *fmt, const char *arg)
     return EXIT_USAGE;
 }
 
-static int parse_args(int argc, char **argv, ctl_options *o)
+/* --help and --version print and exit (an error before them on the line ends first). */
+static void info_flag(const char *a)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            exit(0);
-        }
-        if (strcmp(a, "--version") == 0) {
-            printf("infeedctl %s (protocol %d)\n", IFD_VERSION_STRING, IFD_PROTOCOL_VERSION);
-            exit(0);
-        }
-        if (strcmp(a, "--json") == 0) {
-            o->json = 1;
-            continue;
-        }
-        if (strncmp(a, "--", 2) != 0) {
-            if (o->command)
-                return usage_error("unexpected argument '%s' after the command", a);
-            if (strcmp(a, "status") && strcmp(a, "stop") && strcmp(a, "watch"))
-                return usage_error("unknown command '%s': expected status, stop or watch", a);
-            o->command = a;
-            continue;
-        }
-        static const char *const names[] = {"--control", "--publish", "--server-key", "--key-file",
-                                            "--timeout"};
-        const char *eq = strchr(a, '=');
-        size_t len = eq ? (size_t)(eq - a) : strlen(a);
-        int which = -1;
-        for (int k = 0; k < 5; k++)
-            if (strlen(names[k]) == len && strncmp(a, names[k], len) == 0)
-                which = k;
-        if (which < 0)
-            return usage_error("unknown option '%s'", a);
-        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-        if (v == NULL || *v == '\0')
-            return usage_error("%s: expected a value", names[which]);
-        switch (which) {
-        case 0:
-            o->control = v;
-            break;
-        case 1:
-            o->publish = v;
-            break;
-        case 2:
-            o->server_key = v;
-            break;
-        case 3:
-            o->key_file = v;
-            break;
-        case 4: {
-            char *end;
-            errno = 0;
-            double t = strtod(v, &end);
-            if (errno || *end != '\0' || !(t > 0 && t <= 86400)) {
-                fprintf(stderr,
-                        "infeedctl: --timeout: expected seconds above 0 and at most 86400, got "
-                        "'%s'\n",
-                        v);
-                return EXIT_USAGE;
-            }
-            o->timeout = t;
-            break;
-        }
-        }
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        usage(stdout);
+        exit(0);
     }
+    if (strcmp(a, "--version") == 0) {
+        printf("infeedctl %s (protocol %d)\n", IFD_VERSION_STRING, IFD_PROTOCOL_VERSION);
+        exit(0);
+    }
+}
+
+/* The options that take a value: a string field, or --timeout (is_timeout). */
+static const struct {
+    const char *name;
+    size_t off;
+    int is_timeout;
+} value_options[] = {
+    {"--control", offsetof(ctl_options, control), 0},
+    {"--publish", offsetof(ctl_options, publish), 0},
+    {"--server-key", offsetof(ctl_options, server_key), 0},
+    {"--key-file", offsetof(ctl_options, key_file), 0},
+    {"--timeout", offsetof(ctl_options, timeout), 1},
+};
+
+static int set_timeout(ctl_options *o, const char *v)
+{
+    char *end;
+    errno = 0;
+    double t = strtod(v, &end);
+    if (errno || *end != '\0' || !(t > 0 && t <= 86400)) {
+        fprintf(stderr,
+                "infeedctl: --timeout: expected seconds above 0 and at most 86400, got '%s'\n", v);
+        return EXIT_USAGE;
+    }
+    o->timeout = t;
+    return 0;
+}
+
+/* The option at argv[*i] and its value ("--name=VALUE", or the next argument). */
+static int parse_option(int argc, char **argv, int *i, ctl_options *o)
+{
+    const char *a = argv[*i], *eq = strchr(a, '=');
+    size_t len = eq ? (size_t)(eq - a) : strlen(a);
+    size_t n = sizeof value_options / sizeof value_options[0], k = 0;
+    while (k < n &&
+           !(strlen(value_options[k].name) == len && strncmp(a, value_options[k].name, len) == 0))
+        k++;
+    if (k == n)
+        return usage_error("unknown option '%s'", a);
+    const char *v = eq ? eq + 1 : (*i + 1 < argc ? argv[++*i] : NULL);
+    if (v == NULL || *v == '\0')
+        return usage_error("%s: expected a value", value_options[k].name);
+    if (value_options[k].is_timeout)
+        return set_timeout(o, v);
+    *(const char **)((char *)o + value_options[k].off) = v;
+    return 0;
+}
+
+static int parse_command(const char *a, ctl_options *o)
+{
+    if (o->command)
+        return usage_error("unexpected argument '%s' after the command", a);
+    if (strcmp(a, "status") && strcmp(a, "stop") && strcmp(a, "watch"))
+        return usage_error("unknown command '%s': expected status, stop or watch", a);
+    o->command = a;
+    return 0;
+}
+
+/* What the options say together. */
+static int check_options(const ctl_options *o)
+{
     if (o->command == NULL)
         return usage_error("%sexpected a command: status, stop or watch", "");
     if (o->json && strcmp(o->command, "status") != 0)
@@ -167,6 +175,19 @@ static int parse_args(int argc, char **argv, ctl_options *o)
                            o->server_key ? "--server-key without --key-file"
                                          : "--key-file without --server-key");
     return 0;
+}
+
+static int parse_args(int argc, char **argv, ctl_options *o)
+{
+    for (int i = 1; i < argc; i++) {
+        info_flag(argv[i]);
+        int rc = strcmp(argv[i], "--json") == 0   ? (o->json = 1, 0)
+                 : strncmp(argv[i], "--", 2) != 0 ? parse_command(argv[i], o)
+                                                  : parse_option(argc, argv, &i, o);
+        if (rc)
+            return rc;
+    }
+    return check_options(o);
 }
 
 /* ---- the control socket ------------------------------------------------------------------- */
@@ -473,6 +494,86 @@ static void progress_line(json_t *s, long long last_step, char *buf, size_t len)
         buf[len - 1] = '\0';
 }
 
+/* The last step and the run's kind from status, when the control socket answers: the header
+ * line. Returns whether it answered. */
+static int watch_header(const ctl_options *o, long long *last_step, ifd_error *err)
+{
+    json_t *st = NULL;
+    int answered = control_request(o, "{\"cmd\":\"status\"}", &st, err) == IFD_OK &&
+                   json_is_true(json_object_get(st, "ok"));
+    if (answered) {
+        json_t *ls = json_object_get(st, "last_step");
+        if (json_is_integer(ls))
+            *last_step = (long long)json_integer_value(ls);
+        printf("watching infeedd at %s: %s mode, program %s, global step %lld", o->publish,
+               str_or(st, "mode", "?"), str_or(st, "program", "?"),
+               (long long)num_or(st, "global_step", 0));
+        if (*last_step > 0)
+            printf(" of %lld", *last_step);
+        printf("\n");
+        fflush(stdout);
+    }
+    json_decref(st);
+    return answered;
+}
+
+/* No summary for a while: whether the daemon still answers on its control socket (it said so
+ * when it does not). */
+static int daemon_answers(const ctl_options *o, int tty)
+{
+    json_t *ping = NULL;
+    ifd_error perr;
+    ifd_error_clear(&perr);
+    if (control_request(o, "{\"cmd\":\"status\"}", &ping, &perr) == IFD_OK) {
+        json_decref(ping);
+        return 1;
+    }
+    if (tty)
+        printf("\n");
+    fprintf(stderr,
+            "infeedctl watch: the daemon stopped answering before its end summary came: %s\n",
+            perr.msg);
+    return 0;
+}
+
+/* The end summary's line; the exit status it means. */
+static int print_end(json_t *s, int tty)
+{
+    const char *status = str_or(s, "status", "?");
+    if (tty)
+        printf("\r\033[K");
+    printf("end: %s (%s) at global step %lld after %lld steps", status, str_or(s, "reason", "?"),
+           (long long)num_or(s, "global_step", 0), (long long)num_or(s, "steps", 0));
+    const char *more = json_string_value(json_object_get(s, "error"));
+    if (more == NULL)
+        more = json_string_value(json_object_get(s, "message"));
+    if (more)
+        printf(": %s", more);
+    printf("\n");
+    return strcmp(status, "ok") == 0 ? 0 : 1;
+}
+
+/* One summary: its progress line, or the end (*done set, the exit status returned). */
+static int watch_summary(const char *text, long long last_step, int tty, int *done)
+{
+    json_t *s = json_loads(text, 0, NULL);
+    int rc = 1;
+    if (json_is_object(s) && strcmp(str_or(s, "event", ""), "end") == 0) {
+        rc = print_end(s, tty);
+        *done = 1;
+    } else if (json_is_object(s)) {
+        char line[512];
+        progress_line(s, last_step, line, sizeof line);
+        if (tty)
+            printf("\r\033[K%s", line);
+        else
+            printf("%s\n", line);
+        fflush(stdout);
+    }
+    json_decref(s);
+    return rc;
+}
+
 static int cmd_watch(const ctl_options *o)
 {
     ifd_error err;
@@ -487,49 +588,18 @@ static int cmd_watch(const ctl_options *o)
         fprintf(stderr, "infeedctl watch: %s\n", err.msg);
         return 1;
     }
-    /* The last step and the run's kind from status, when the control socket answers. */
     long long last_step = 0;
-    int have_control = 0;
-    json_t *st = NULL;
-    if (control_request(o, "{\"cmd\":\"status\"}", &st, &err) == IFD_OK &&
-        json_is_true(json_object_get(st, "ok"))) {
-        have_control = 1;
-        json_t *ls = json_object_get(st, "last_step");
-        if (json_is_integer(ls))
-            last_step = (long long)json_integer_value(ls);
-        printf("watching infeedd at %s: %s mode, program %s, global step %lld", o->publish,
-               str_or(st, "mode", "?"), str_or(st, "program", "?"),
-               (long long)num_or(st, "global_step", 0));
-        if (last_step > 0)
-            printf(" of %lld", last_step);
-        printf("\n");
-        fflush(stdout);
-    }
-    json_decref(st);
-
-    int tty = isatty(STDOUT_FILENO), rc = 1, quiet_ms = 0;
-    char line[512];
-    for (;;) {
+    int have_control = watch_header(o, &last_step, &err);
+    int tty = isatty(STDOUT_FILENO), rc = 1, quiet_ms = 0, done = 0;
+    while (!done) {
         char *text = NULL;
         int r = ifd_subscriber_recv(sub, &text, 1000, &err);
         if (r == IFD_ETIMEDOUT && strstr(err.msg, "no daemon answered") == NULL) {
-            /* No summary for a while: is the daemon still there? */
             quiet_ms += 1000;
             if (have_control && quiet_ms >= 5000) {
                 quiet_ms = 0;
-                json_t *ping = NULL;
-                ifd_error perr;
-                ifd_error_clear(&perr);
-                if (control_request(o, "{\"cmd\":\"status\"}", &ping, &perr) != IFD_OK) {
-                    if (tty)
-                        printf("\n");
-                    fprintf(stderr,
-                            "infeedctl watch: the daemon stopped answering before its end "
-                            "summary came: %s\n",
-                            perr.msg);
+                if (!daemon_answers(o, tty))
                     break;
-                }
-                json_decref(ping);
             }
             continue;
         }
@@ -541,41 +611,12 @@ static int cmd_watch(const ctl_options *o)
             break;
         }
         quiet_ms = 0;
-        json_t *s = json_loads(text, 0, NULL);
+        rc = watch_summary(text, last_step, tty, &done);
         free(text);
-        if (!json_is_object(s)) {
-            json_decref(s);
-            continue;
-        }
-        const char *event = str_or(s, "event", "");
-        if (strcmp(event, "end") == 0) {
-            const char *status = str_or(s, "status", "?");
-            if (tty)
-                printf("\r\033[K");
-            printf("end: %s (%s) at global step %lld after %lld steps", status,
-                   str_or(s, "reason", "?"), (long long)num_or(s, "global_step", 0),
-                   (long long)num_or(s, "steps", 0));
-            const char *more = json_string_value(json_object_get(s, "error"));
-            if (more == NULL)
-                more = json_string_value(json_object_get(s, "message"));
-            if (more)
-                printf(": %s", more);
-            printf("\n");
-            rc = strcmp(status, "ok") == 0 ? 0 : 1;
-            json_decref(s);
-            break;
-        }
-        progress_line(s, last_step, line, sizeof line);
-        if (tty)
-            printf("\r\033[K%s", line);
-        else
-            printf("%s\n", line);
-        fflush(stdout);
-        json_decref(s);
     }
     fflush(stdout);
     ifd_subscriber_destroy(sub);
-    return rc;
+    return done ? rc : 1;
 }
 
 int main(int argc, char **argv)

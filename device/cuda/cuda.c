@@ -432,23 +432,6 @@ void ifd_cu_close(ifd_device *dev)
     cd->reps = NULL;
 }
 
-/* IFD_CUDA_GRAPHS=0|1 (default 1). */
-static int graphs_setting(int *out, ifd_error *err)
-{
-    const char *v = getenv("IFD_CUDA_GRAPHS");
-    *out = 1;
-    if (v == NULL || *v == '\0')
-        return IFD_OK;
-    if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0) {
-        *out = v[0] == '1';
-        return IFD_OK;
-    }
-    return ifd_error_set(err, IFD_EINVAL,
-                         "cuda backend: environment variable IFD_CUDA_GRAPHS: expected 0 or 1, "
-                         "got '%s'",
-                         v);
-}
-
 int ifd_cu_open(ifd_device *dev, ifd_error *err)
 {
     cu_dev *cd = dev->priv;
@@ -457,9 +440,8 @@ int ifd_cu_open(ifd_device *dev, ifd_error *err)
     cd->dev = dev;
     cd->replicas = cfg->replicas;
     cd->eof_step = INT64_MAX;
-    int rc = graphs_setting(&cd->graphs, err);
-    if (rc)
-        return rc;
+    cd->graphs = cfg->cuda_graphs != 0;
+    int rc = IFD_OK;
 
     int visible = 0;
     cudaError_t e = cudaGetDeviceCount(&visible);

@@ -52,7 +52,7 @@ static void run_init(run *r, int replicas, int64_t steps)
     memset(r, 0, sizeof *r);
     tu_config_train(&r->cfg, "softmax", IFD_OPT_SGD, 3, 2, 4 * replicas, 2, 1);
     r->cfg.replicas = replicas;
-    r->cfg.num_steps = steps;
+    r->cfg.steps = steps;
 }
 
 static void run_start(run *r, int64_t n, int keep_open)
@@ -101,7 +101,7 @@ START_TEST(initial_sleep_delays_the_first_batch)
 {
     run r;
     run_init(&r, 1 + _i, 5);
-    r.cfg.initial_infeed_sleep_secs = 0.25 * (1 + _i);
+    r.cfg.initial_infeed_sleep = 0.25 * (1 + _i);
     run_start(&r, 5, 0);
     int64_t t0 = ifd_clock_ns();
     ifd_error err;
@@ -111,10 +111,10 @@ START_TEST(initial_sleep_delays_the_first_batch)
     int64_t first = __atomic_load_n(&r.rs.first_next_ns, __ATOMIC_ACQUIRE);
     ck_assert_msg(first > 0, "the source was never asked for a batch");
     double waited = (double)(first - t0) / 1e9;
-    ck_assert_msg(waited >= r.cfg.initial_infeed_sleep_secs,
+    ck_assert_msg(waited >= r.cfg.initial_infeed_sleep,
                   "the first batch was asked for %.3f s into the run, before the %.2f s sleep "
                   "ended",
-                  waited, r.cfg.initial_infeed_sleep_secs);
+                  waited, r.cfg.initial_infeed_sleep);
     run_finish(&r);
 }
 END_TEST
@@ -124,7 +124,7 @@ START_TEST(no_initial_sleep_by_default)
 {
     run r;
     run_init(&r, 1, 3);
-    ck_assert(r.cfg.initial_infeed_sleep_secs == 0.0);
+    ck_assert(r.cfg.initial_infeed_sleep == 0.0);
     run_start(&r, 3, 0);
     int64_t t0 = ifd_clock_ns();
     ifd_error err;
@@ -142,7 +142,7 @@ START_TEST(abort_ends_the_initial_sleep)
 {
     run r;
     run_init(&r, 1 + _i, 5);
-    r.cfg.initial_infeed_sleep_secs = 60.0;
+    r.cfg.initial_infeed_sleep = 60.0;
     run_start(&r, 5, 0);
     aborter a = {.s = r.s, .delay_ns = 100 * MS};
     int64_t t0 = ifd_clock_ns();
@@ -166,12 +166,13 @@ START_TEST(initial_sleep_is_validated)
     const double bad[] = {-0.5, 86401.0, 1.0 / 0.0, 0.0 / 0.0};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 2, 4, 2, 1);
-        cfg.initial_infeed_sleep_secs = bad[i];
+        cfg.initial_infeed_sleep = bad[i];
         ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
-        ck_assert_msg(strstr(err.msg, "initial_infeed_sleep_secs") && strstr(err.msg, "86400"),
+        ck_assert_msg(strncmp(err.msg, "initial_infeed_sleep: ", 22) == 0 &&
+                          strstr(err.msg, "86400"),
                       "%g: '%s'", bad[i], err.msg);
     }
-    cfg.initial_infeed_sleep_secs = 86400.0;
+    cfg.initial_infeed_sleep = 86400.0;
     ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_OK);
 }
 END_TEST
@@ -211,8 +212,8 @@ static int64_t empty_replicas(const char *msg)
 }
 
 /* A source that delivers k batches and then nothing (the queue stays open): the run ends with
- * IFD_ETIMEDOUT from the watchdog after watchdog_secs, at global step k, naming every replica's
- * infeed as empty and carrying the caller's context. */
+ * IFD_ETIMEDOUT from the watchdog after cfg.watchdog seconds, at global step k, naming every
+ * replica's infeed as empty and carrying the caller's context. */
 START_TEST(starving_input_ends_the_run)
 {
     ifd_rng rng;
@@ -222,7 +223,7 @@ START_TEST(starving_input_ends_the_run)
     run r;
     run_init(&r, replicas, 50);
     r.cfg.iterations_per_loop = rand_between(&rng, 1, 4);
-    r.cfg.watchdog_secs = 0.3;
+    r.cfg.watchdog = 0.3;
     run_start(&r, k, 1);
     ck_assert_int_eq(ifd_session_set_watchdog_context(r.s, test_context, "7 producers connected"),
                      IFD_OK);
@@ -281,7 +282,7 @@ START_TEST(slow_input_is_not_starving)
 {
     run r;
     run_init(&r, 2, 8);
-    r.cfg.watchdog_secs = 0.4;
+    r.cfg.watchdog = 0.4;
     run_start(&r, 0, 1); /* an empty producer that leaves the queue open: the slow one feeds it */
     slow_producer sp = {
         .q = r.q, .bs = tu_batches_random(&r.cfg, 8, 5), .n = 8, .delay_ns = 100 * MS};
@@ -341,7 +342,7 @@ START_TEST(time_between_loops_does_not_count)
     run r;
     run_init(&r, 1, 6);
     r.cfg.iterations_per_loop = 1;
-    r.cfg.watchdog_secs = 0.2;
+    r.cfg.watchdog = 0.2;
     run_start(&r, 1, 1);
     pacer p = {.q = r.q, .bs = tu_batches_random(&r.cfg, 5, 9), .n = 5};
     ifd_hook h = {.name = "slow", .after_run = slow_after_run, .arg = &p};
@@ -381,7 +382,7 @@ START_TEST(full_outfeed_is_named)
     r.cfg.iterations_per_loop = 10;
     r.cfg.outfeed_depth = 2;
     r.cfg.summary_every = 1;
-    r.cfg.watchdog_secs = 0.3;
+    r.cfg.watchdog = 0.3;
     run_start(&r, 40, 0);
     int writes = 0;
     ifd_sink *stuck;
@@ -431,10 +432,10 @@ START_TEST(watchdog_is_validated)
     const double bad[] = {-1.0, 1e6, 0.0 / 0.0};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 2, 4, 2, 1);
-        cfg.watchdog_secs = bad[i];
+        cfg.watchdog = bad[i];
         ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
-        ck_assert_msg(strstr(err.msg, "watchdog_secs") && strstr(err.msg, "0 (off)"), "%g: '%s'",
-                      bad[i], err.msg);
+        ck_assert_msg(strncmp(err.msg, "watchdog: ", 10) == 0 && strstr(err.msg, "0 (off)"),
+                      "%g: '%s'", bad[i], err.msg);
     }
 }
 END_TEST
