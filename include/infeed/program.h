@@ -185,9 +185,10 @@ int ifd_program_init(ifd_program *p, const char *name, const ifd_program_setting
  *
  * IFD_PROGRAM_ABI_VERSION changes whenever ifd_program_class, ifd_program, ifd_ops (an op added
  * too), ifd_step_args, the registry or the helpers below change in a way a built plugin would
- * notice; a plugin built for another version is refused.
+ * notice; a plugin built for another version is refused. Version 2: ifd_error carries the key its
+ * sentence is about (a plugin's own ifd_error is larger), ifd_program_check_setting.
  */
-#define IFD_PROGRAM_ABI_VERSION 1
+#define IFD_PROGRAM_ABI_VERSION 2
 
 typedef struct ifd_program_registry ifd_program_registry;
 struct ifd_program_registry {
