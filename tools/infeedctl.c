@@ -12,6 +12,7 @@
  * 1 no daemon answered, the daemon refused the request or the run ended with an error, 2 a
  * usage error.
  */
+#include "tools/infeedctl.h"
 #include "clients/c/wire.h"
 #include "core/keyfile.h"
 #include "core/userdir.h"
@@ -31,16 +32,6 @@
 #include <zmq.h>
 
 #define EXIT_USAGE 2
-
-typedef struct ctl_options {
-    const char *control;
-    const char *publish;
-    const char *server_key; /* the daemon's PREFIX.pub */
-    const char *key_file;   /* this client's PREFIX.key */
-    double timeout;         /* seconds to wait for an answer */
-    int json;
-    const char *command;
-} ctl_options;
 
 static void usage(FILE *out)
 {
@@ -224,7 +215,7 @@ static void reword(char *msg, size_t cap, const char *from, const char *to)
     memcpy(at, to, m);
 }
 
-static void reword_client(char *msg, size_t cap)
+void reword_client(char *msg, size_t cap)
 {
     reword(msg, cap, "(connect_timeout_ms)", "(--timeout)");
     reword(msg, cap, "set server_key_file and key_file", "pass --server-key and --key-file");
@@ -234,8 +225,7 @@ static void reword_client(char *msg, size_t cap)
  * sentence when none comes says whether a daemon answered the connection at all, refused this
  * client's CURVE key, or failed the handshake (one that requires CURVE, asked without
  * --server-key). */
-static int control_request(const ctl_options *o, const char *request, json_t **reply,
-                           ifd_error *err)
+int control_request(const ctl_options *o, const char *request, json_t **reply, ifd_error *err)
 {
     *reply = NULL;
     void *ctx = zmq_ctx_new();
@@ -329,13 +319,13 @@ static int check_ok(const ctl_options *o, json_t *reply, ifd_error *err)
 
 /* ---- status ------------------------------------------------------------------------------- */
 
-static const char *str_or(json_t *o, const char *key, const char *dflt)
+const char *str_or(json_t *o, const char *key, const char *dflt)
 {
     const char *s = json_string_value(json_object_get(o, key));
     return s ? s : dflt;
 }
 
-static double num_or(json_t *o, const char *key, double dflt)
+double num_or(json_t *o, const char *key, double dflt)
 {
     json_t *v = json_object_get(o, key);
     return json_is_number(v) ? json_number_value(v) : dflt;
@@ -441,182 +431,6 @@ static int cmd_stop(const ctl_options *o)
     }
     printf("infeedd at %s: stopping at the end of the current loop\n", o->control);
     return 0;
-}
-
-/* ---- watch -------------------------------------------------------------------------------- */
-
-static void format_eta(double secs, char *buf, size_t len)
-{
-    if (!(secs >= 0) || secs > 1e7) {
-        snprintf(buf, len, "?");
-        return;
-    }
-    long s = (long)(secs + 0.5);
-    if (s >= 3600)
-        snprintf(buf, len, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
-    else
-        snprintf(buf, len, "%ld:%02ld", s / 60, s % 60);
-}
-
-/* The progress line of one train/eval/predict summary. */
-static void progress_line(json_t *s, long long last_step, char *buf, size_t len)
-{
-    long long step = (long long)num_or(s, "global_step", 0);
-    const char *event = str_or(s, "event", "?");
-    size_t at = 0;
-#define APPEND(...)                                                                                \
-    do {                                                                                           \
-        int n_ = snprintf(buf + at, at < len ? len - at : 0, __VA_ARGS__);                         \
-        if (n_ > 0)                                                                                \
-            at += (size_t)n_;                                                                      \
-    } while (0)
-    if (strcmp(event, "train") != 0)
-        APPEND("%s  ", event);
-    if (last_step > 0)
-        APPEND("step %lld/%lld (%.0f%%)", step, last_step,
-               100.0 * (double)step / (double)last_step);
-    else
-        APPEND("step %lld", step);
-    APPEND("  %.0f examples/s", num_or(s, "examples_per_sec", 0));
-    if (json_is_number(json_object_get(s, "loss")))
-        APPEND("  loss %.4g", num_or(s, "loss", 0));
-    if (json_is_number(json_object_get(s, "accuracy")))
-        APPEND("  accuracy %.3f", num_or(s, "accuracy", 0));
-    APPEND("  infeed wait %.0f%%", 100.0 * num_or(s, "infeed_wait_fraction", 0));
-    double sps = num_or(s, "steps_per_sec", 0);
-    if (last_step > 0 && sps > 0) {
-        char eta[32];
-        format_eta((double)(last_step - step) / sps, eta, sizeof eta);
-        APPEND("  ETA %s", eta);
-    }
-#undef APPEND
-    if (at >= len && len > 0)
-        buf[len - 1] = '\0';
-}
-
-/* The last step and the run's kind from status, when the control socket answers: the header
- * line. Returns whether it answered. */
-static int watch_header(const ctl_options *o, long long *last_step, ifd_error *err)
-{
-    json_t *st = NULL;
-    int answered = control_request(o, "{\"cmd\":\"status\"}", &st, err) == IFD_OK &&
-                   json_is_true(json_object_get(st, "ok"));
-    if (answered) {
-        json_t *ls = json_object_get(st, "last_step");
-        if (json_is_integer(ls))
-            *last_step = (long long)json_integer_value(ls);
-        printf("watching infeedd at %s: %s mode, program %s, global step %lld", o->publish,
-               str_or(st, "mode", "?"), str_or(st, "program", "?"),
-               (long long)num_or(st, "global_step", 0));
-        if (*last_step > 0)
-            printf(" of %lld", *last_step);
-        printf("\n");
-        fflush(stdout);
-    }
-    json_decref(st);
-    return answered;
-}
-
-/* No summary for a while: whether the daemon still answers on its control socket (it said so
- * when it does not). */
-static int daemon_answers(const ctl_options *o, int tty)
-{
-    json_t *ping = NULL;
-    ifd_error perr;
-    ifd_error_clear(&perr);
-    if (control_request(o, "{\"cmd\":\"status\"}", &ping, &perr) == IFD_OK) {
-        json_decref(ping);
-        return 1;
-    }
-    if (tty)
-        printf("\n");
-    fprintf(stderr,
-            "infeedctl watch: the daemon stopped answering before its end summary came: %s\n",
-            perr.msg);
-    return 0;
-}
-
-/* The end summary's line; the exit status it means. */
-static int print_end(json_t *s, int tty)
-{
-    const char *status = str_or(s, "status", "?");
-    if (tty)
-        printf("\r\033[K");
-    printf("end: %s (%s) at global step %lld after %lld steps", status, str_or(s, "reason", "?"),
-           (long long)num_or(s, "global_step", 0), (long long)num_or(s, "steps", 0));
-    const char *more = json_string_value(json_object_get(s, "error"));
-    if (more == NULL)
-        more = json_string_value(json_object_get(s, "message"));
-    if (more)
-        printf(": %s", more);
-    printf("\n");
-    return strcmp(status, "ok") == 0 ? 0 : 1;
-}
-
-/* One summary: its progress line, or the end (*done set, the exit status returned). */
-static int watch_summary(const char *text, long long last_step, int tty, int *done)
-{
-    json_t *s = json_loads(text, 0, NULL);
-    int rc = 1;
-    if (json_is_object(s) && strcmp(str_or(s, "event", ""), "end") == 0) {
-        rc = print_end(s, tty);
-        *done = 1;
-    } else if (json_is_object(s)) {
-        char line[512];
-        progress_line(s, last_step, line, sizeof line);
-        if (tty)
-            printf("\r\033[K%s", line);
-        else
-            printf("%s\n", line);
-        fflush(stdout);
-    }
-    json_decref(s);
-    return rc;
-}
-
-static int cmd_watch(const ctl_options *o)
-{
-    ifd_error err;
-    ifd_error_clear(&err);
-    /* The subscriber first: it connects while the status request below waits, so that with no
-     * daemon the two waits of --timeout overlap instead of adding up. */
-    ifd_client_options co = {.server_key_file = o->server_key,
-                             .key_file = o->key_file,
-                             .connect_timeout_ms = (int)(o->timeout * 1000 + 0.5)};
-    ifd_subscriber *sub;
-    if (ifd_subscriber_create_opts(&sub, o->publish, &co, &err) != IFD_OK) {
-        fprintf(stderr, "infeedctl watch: %s\n", err.msg);
-        return 1;
-    }
-    long long last_step = 0;
-    int have_control = watch_header(o, &last_step, &err);
-    int tty = isatty(STDOUT_FILENO), rc = 1, quiet_ms = 0, done = 0;
-    while (!done) {
-        char *text = NULL;
-        int r = ifd_subscriber_recv(sub, &text, 1000, &err);
-        if (r == IFD_ETIMEDOUT && strstr(err.msg, "no daemon answered") == NULL) {
-            quiet_ms += 1000;
-            if (have_control && quiet_ms >= 5000) {
-                quiet_ms = 0;
-                if (!daemon_answers(o, tty))
-                    break;
-            }
-            continue;
-        }
-        if (r != IFD_OK) {
-            if (tty)
-                printf("\n");
-            reword_client(err.msg, sizeof err.msg);
-            fprintf(stderr, "infeedctl watch: %s\n", err.msg);
-            break;
-        }
-        quiet_ms = 0;
-        rc = watch_summary(text, last_step, tty, &done);
-        free(text);
-    }
-    fflush(stdout);
-    ifd_subscriber_destroy(sub);
-    return done ? rc : 1;
 }
 
 int main(int argc, char **argv)
