@@ -9,7 +9,7 @@
  * producer's writable mapping too; a punched page reads as zeros (docs/protocol.md).
  */
 /* memfd_create and F_ADD_SEALS need _GNU_SOURCE, which the build defines */
-#include "host/ingest_internal.h"
+#include "host/ingest/ingest_internal.h"
 
 #include "core/log.h"
 #include "core/thread.h"

@@ -20,7 +20,7 @@
 
 #include "host/conns.h"
 #include "host/endpoint.h"
-#include "host/ingest.h"
+#include "host/ingest/ingest.h"
 #include "host/monitor.h"
 #include "host/publisher.h"
 

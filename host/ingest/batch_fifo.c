@@ -1,4 +1,4 @@
-#include "host/ingest_internal.h"
+#include "host/ingest/ingest_internal.h"
 
 #include "core/log.h"
 #include "core/thread.h"

@@ -1,4 +1,4 @@
-#include "host/ingest_internal.h"
+#include "host/ingest/ingest_internal.h"
 #include "host/security.h"
 
 #include "core/log.h"

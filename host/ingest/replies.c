@@ -13,7 +13,7 @@
  * breaks the protocol reaches that: its later replies are dropped and logged). Replies without
  * state (an ERROR returning no credit, a probe) are dropped when the queue is full.
  */
-#include "host/ingest_internal.h"
+#include "host/ingest/ingest_internal.h"
 #include "host/limits.h"
 
 #include "core/log.h"
