@@ -84,7 +84,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char why[300];
         ingest_control_parse(data, size, why, sizeof why);
         ingest_handle_message(g, parts, nparts, total);
-        ingest_src_flush(g);
+        ingest_fifo_flush(g);
         consume();
     }
     for (int i = 0; i < nparts; i++)

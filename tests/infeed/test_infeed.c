@@ -1,5 +1,6 @@
 /* Batch checks against the program and per-host sharding. */
 #include "core/batch.h"
+#include "device/batch_check.h"
 #include "infeed/infeed_internal.h"
 #include "tests/util/testutil.h"
 
@@ -22,8 +23,8 @@ START_TEST(check_accepts_a_good_batch)
     ifd_rng_seed(&rng, 1);
     tu_batch *tb = tu_batch_random(&p, 8, 0, &rng);
     ifd_error err;
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_OK);
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 0, IFD_MODE_TRAIN, &err), IFD_OK);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_OK);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 0, IFD_MODE_TRAIN, &err), IFD_OK);
     tu_batch_free(tb);
 }
 END_TEST
@@ -66,33 +67,33 @@ START_TEST(check_names_what_is_wrong)
     ifd_error err;
     tu_batch *tb = tu_batch_random(&p, 8, 0, &rng);
 
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 16, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 16, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
     ck_assert_msg(strstr(err.msg, "8 rows") && strstr(err.msg, "16"), "%s", err.msg);
 
     tb->b.tensors[0].dtype = IFD_I32;
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_EDTYPE);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_EDTYPE);
     ck_assert_msg(strstr(err.msg, "'x'") && strstr(err.msg, "int32") && strstr(err.msg, "float32"),
                   "%s", err.msg);
     tb->b.tensors[0].dtype = IFD_F32;
 
     tb->b.tensors[0].shape.dims[1] = 5;
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
     ck_assert_msg(strstr(err.msg, "'x'") && strstr(err.msg, "[8, 5]") && strstr(err.msg, "[8, 6]"),
                   "%s", err.msg);
     tb->b.tensors[0].shape.dims[1] = 6;
 
     tb->b.tensors[1].shape.dims[0] = 7;
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
     ck_assert_msg(strstr(err.msg, "'y'") && strstr(err.msg, "[7]"), "%s", err.msg);
     tb->b.tensors[1].shape.dims[0] = 8;
 
     tb->b.ntensors = 1;
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
     ck_assert_msg(strstr(err.msg, "1 tensors") && strstr(err.msg, "takes 2"), "%s", err.msg);
     tb->b.ntensors = 2;
 
     ((int32_t *)tb->data[1])[5] = -1;
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ERANGE);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ERANGE);
     ck_assert_msg(strstr(err.msg, "row 5") && strstr(err.msg, "label -1"), "%s", err.msg);
     tu_batch_free(tb);
 }
