@@ -1,6 +1,7 @@
 /*
  * libFuzzer harness: the daemon's ingest decoders and validation (HELLO, BATCH, END and the
- * control request), driven through the real message handler of host/ingest.c with frames cut
+ * control request), driven through the real message handler of host/ingest/zmq_transport.c (and the
+ * protocol core, host/ingest/protocol.c, behind it) with frames cut
  * from the input. One ingest lives for the whole run (its ROUTER bound on inproc, replies go
  * nowhere); every accepted batch is consumed and released after each input, as the runtime
  * would, so memory stays bounded and the ACK path runs too.
