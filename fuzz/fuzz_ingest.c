@@ -10,7 +10,7 @@
  * takes what is left). The first frame is the routing id, the rest the message; the first byte
  * of the input picks the program's input mode and mode at the first call only.
  */
-#include "host/ingest/ingest_internal.h"
+#include "host/ingest/zmq_transport.h"
 
 #include "core/log.h"
 #include "infeed/program.h"

@@ -77,7 +77,10 @@ static int prepare_batch(ifd_infeed *f, ifd_batch **bp, ifd_error *err)
 {
     const ifd_infeed_config *cfg = &f->cfg;
     ifd_batch *b = *bp;
-    int rc = ifd_program_check_batch(cfg->program, b, f->rows, cfg->mode, err);
+    /* a batch is checked once: by its source (IFD_BATCH_CHECKED), else here */
+    int rc = b->flags & IFD_BATCH_CHECKED
+                 ? IFD_OK
+                 : ifd_program_check_batch(cfg->program, b, f->rows, cfg->mode, err);
     if (rc == IFD_OK && b->rows < f->rows) {
         ifd_batch *padded;
         rc = ifd_infeed_pad_batch(cfg->program, cfg->mode, b, f->rows, &padded, err);

@@ -1,20 +1,23 @@
+/*
+ * A BATCH or BATCH_SHM that its transport turned into tensors (host_frames): the producer's
+ * credit and sequence, the program's checks, the step batches handed to the FIFO; the ACKs of
+ * consumed batches and the PREDICTIONs that go with them. I/O thread, except the prediction
+ * sink (outfeed thread).
+ */
 #include "host/ingest/ingest_internal.h"
 
 #include "core/log.h"
 #include "core/thread.h"
 #include "core/wire.h"
-#include "infeed/checkpoint.h"
 #include "infeed/infeed_internal.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zmq.h>
 
 /* ---- BATCH and BATCH_SHM, whatever brought them ------------------------------------------- */
 
@@ -111,7 +114,8 @@ static host_batch *make_step(ifd_ingest *g, producer *p, const ifd_proto_batch *
     memcpy(b->name, p->name, sizeof b->name); /* both IFD_PROTO_NAME_MAX + 1, terminated */
     b->b.seq = bh->seq + step;
     b->b.rows = step_rows;
-    b->b.flags = bh->flags | (fr->pinned ? IFD_BATCH_PINNED : 0);
+    /* checked as part of its message (ingest_batch_check_values): the infeed need not again */
+    b->b.flags = bh->flags | IFD_BATCH_CHECKED | (fr->pinned ? IFD_BATCH_PINNED : 0);
     b->b.replica = p->replica >= 0 ? p->replica : 0;
     b->b.ntensors = g->pr.nin;
     b->b.producer = b->name;

@@ -4,13 +4,11 @@
 #include "core/thread.h"
 #include "core/wire.h"
 #include "device/cpu/blas.h"
-#include "infeed/checkpoint.h"
 #include "infeed/infeed_internal.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -34,13 +34,10 @@
 #include "core/wire.h"
 #include "infeed/infeed_internal.h"
 
-#include <stdint.h>
-#include <zmq.h>
 #include <jansson.h>
+#include <stdint.h>
 
-#define MAX_PARTS (IFD_MAX_INPUTS + 2) /* routing id, header, tensors */
-#define RECV_BURST 256                 /* messages handled before polling the others again */
-#define STOP_GRACE_NS 1000000000LL     /* a stop waits this long for input before closing it */
+#define STOP_GRACE_NS 1000000000LL /* a stop waits this long for input before closing it */
 #define RID_MAX 256
 #define STARVE_WARN_NS 5000000000LL /* a starving infeed is logged after waiting this long */
 /* A HELLO for a name whose old connection still answers waits this long for that connection to
@@ -89,14 +86,8 @@ typedef struct ended_conn {
     int64_t acked_seq;
 } ended_conn;
 
-/* A parked HELLO (see BUSY_HELLO_NS): its connection, its JSON frame, since when it waits. */
-typedef struct busy_hello {
-    int used;
-    uint8_t rid[RID_MAX];
-    size_t rid_len;
-    zmq_msg_t body;
-    int64_t since_ns, next_ns;
-} busy_hello;
+/* A parked HELLO (see BUSY_HELLO_NS): zmq_transport.c keeps its frame. */
+typedef struct busy_hello busy_hello;
 
 typedef struct producer {
     int used;
@@ -279,7 +270,7 @@ struct ifd_ingest {
     /* log lines peers can cause, each rate-limited */
     ifd_log_limit lim_hello, lim_reject, lim_gone;
     int64_t liveness_ns; /* the last pass of ingest_check_liveness */
-    busy_hello busy[BUSY_HELLO_MAX];
+    busy_hello *busy;    /* BUSY_HELLO_MAX of them (zmq_transport.c), made at the first park */
     int nbusy;
     int64_t hello_since_ns; /* while a parked HELLO is handled again: since when it waits */
 };
@@ -290,11 +281,8 @@ void ingest_close_hoarders(ifd_ingest *g);
 /* io_loop.c: the I/O thread (arg: the ingest). */
 void *ingest_io_main(void *arg);
 
-/* zmq_transport.c: the message handler (HELLO, BATCH, BATCH_SHM, END; parts[0] is the routing
- * id; the fuzz harness calls it), one message read (parts beyond MAX_PARTS read and dropped but
- * counted: 0, or -1 when none waits), and a burst of RECV_BURST messages handled. */
-void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int total);
-int ingest_recv_message(ifd_ingest *g, zmq_msg_t *parts, int *nparts, int *total);
+/* zmq_transport.c: a burst of at most RECV_BURST messages read and handled (zmq_transport.h
+ * has the rest). */
 void ingest_recv_burst(ifd_ingest *g);
 /* lifecycle.c: the program the schema comes from (ifd_ingest_start sets it; the fuzz harness
  * too). */
@@ -372,7 +360,7 @@ typedef struct ingest_hello_msg {
     int (*park)(struct ingest_hello_msg *m);
 } ingest_hello_msg;
 void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, ingest_hello_msg *m);
-/* zmq_transport.c: parked HELLOs */
+/* zmq_transport.c: parked HELLOs (ingest_drop_busy_hello(g, NULL) frees them all) */
 /* Parked HELLOs whose time has come are handled again (welcomed, parked again, or EBUSY); a new
  * message from a parked connection drops its parked HELLO (drop_busy_hello), and destroy frees
  * them all (from = NULL). */

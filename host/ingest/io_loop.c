@@ -3,7 +3,7 @@
  * and an eventfd other threads write to wake it, and runs the ingest's periodic work in named
  * phases; at the end it sends the BYEs and drains the ROUTER.
  */
-#include "host/ingest/ingest_internal.h"
+#include "host/ingest/zmq_transport.h"
 
 #include "core/log.h"
 

@@ -1,23 +1,25 @@
+/*
+ * The producer table (I/O thread): slots by connection and by name, the position table (under
+ * fifo.mu, which the infeed thread takes to update it), liveness probes and timeouts, END and
+ * the input's end, the connections of ended producers that still wait for their BYE.
+ */
 #include "host/ingest/ingest_internal.h"
 #include "host/security.h"
 
 #include "core/log.h"
 #include "core/thread.h"
 #include "core/wire.h"
-#include "infeed/checkpoint.h"
 #include "infeed/infeed_internal.h"
 
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <search.h>
 #include <stddef.h>
 #include <string.h>
 #include <unistd.h>
-#include <zmq.h>
 
 /* ---- the producer table -------------------------------------------------------------------- */
 

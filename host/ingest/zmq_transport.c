@@ -5,7 +5,7 @@
  * must wait (a busy name, no free slot) is parked here with its frame, to be handled again.
  * I/O thread only.
  */
-#include "host/ingest/ingest_internal.h"
+#include "host/ingest/zmq_transport.h"
 
 #include "core/log.h"
 
@@ -91,6 +91,15 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
 /* ---- HELLOs that wait -------------------------------------------------------------------------
  */
 
+/* A parked HELLO: its connection, its JSON frame, since when it waits. */
+struct busy_hello {
+    int used;
+    uint8_t rid[RID_MAX];
+    size_t rid_len;
+    zmq_msg_t body;
+    int64_t since_ns, next_ns;
+};
+
 /* A HELLO the transport can park (its frame keeps the CURVE User-Id). */
 typedef struct zmq_hello {
     ingest_hello_msg m;
@@ -108,6 +117,8 @@ static int park_hello(ingest_hello_msg *m)
     int64_t now = ifd_clock_ns();
     int64_t since = g->hello_since_ns ? g->hello_since_ns : now;
     if (now - since >= BUSY_HELLO_NS || g->nbusy >= BUSY_HELLO_MAX)
+        return 0;
+    if (g->busy == NULL && (g->busy = calloc(BUSY_HELLO_MAX, sizeof *g->busy)) == NULL)
         return 0;
     for (int i = 0; i < BUSY_HELLO_MAX; i++) {
         busy_hello *b = &g->busy[i];
@@ -157,6 +168,10 @@ void ingest_drop_busy_hello(ifd_ingest *g, const producer_rid *from)
         if (b->used && (from == NULL ||
                         (b->rid_len == from->len && memcmp(b->rid, from->rid, from->len) == 0)))
             busy_free(g, b);
+    }
+    if (from == NULL) {
+        free(g->busy);
+        g->busy = NULL;
     }
 }
 
