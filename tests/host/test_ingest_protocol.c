@@ -210,7 +210,7 @@ START_TEST(hello_json_is_one_object_of_known_keys)
 }
 END_TEST
 
-START_TEST(hello_name_is_1_to_63_bytes)
+START_TEST(hello_name_of_1_to_63_bytes_is_taken)
 {
     run r;
     run_init(&r, ANY_MODE);
@@ -225,18 +225,10 @@ START_TEST(hello_name_is_1_to_63_bytes)
     RC_OK(ingest_hello_parse(&r.pr, (ingest_span){text, strlen(text)}, &root, &h, &e), e);
     ck_assert_str_eq(h.name, name);
     json_decref(root);
-    random_name(&r.rng, name, IFD_PROTO_NAME_MAX + 1);
-    const char *bad[] = {"\"\"", "17", "null", "[\"a\"]"};
-    char value[80];
-    snprintf(value, sizeof value, "\"%s\"", name);
-    int pick = (int)rand_between(&r.rng, 0, 4);
-    snprintf(extra, sizeof extra, ", \"name\": %s", pick == 4 ? value : bad[pick]);
-    EXPECT_ERR(hello(&r, hello_text(&r, extra), &h, &e), e, IFD_EINVAL,
-               "HELLO: name: expected a string of 1 to 63 bytes, got");
 }
 END_TEST
 
-START_TEST(hello_first_seq_is_an_integer_from_0)
+START_TEST(hello_first_seq_from_0_is_taken)
 {
     run r;
     run_init(&r, ANY_MODE);
@@ -247,10 +239,36 @@ START_TEST(hello_first_seq_is_an_integer_from_0)
     snprintf(extra, sizeof extra, ", \"first_seq\": %" PRId64, seq);
     RC_OK(hello(&r, hello_text(&r, extra), &h, &e), e);
     ck_assert_int_eq(h.first_seq, seq);
-    const char *bad[] = {"-1", "1.5", "\"3\"", "true"};
-    snprintf(extra, sizeof extra, ", \"first_seq\": %s", bad[rand_between(&r.rng, 0, 3)]);
-    EXPECT_ERR(hello(&r, hello_text(&r, extra), &h, &e), e, IFD_EINVAL,
-               "HELLO: first_seq: expected an integer >= 0, got");
+}
+END_TEST
+
+/* A key of the wrong type or range: its sentence names it and what was expected. */
+typedef struct key_rule {
+    const char *key;
+    const char *bad[5];
+    const char *sentence;
+} key_rule;
+static const key_rule key_rules[] = {
+    {"name",
+     {"\"\"", "17", "null", "[\"a\"]",
+      "\"a123456789b123456789c123456789d123456789e123456789f1234567890123\""},
+     "HELLO: name: expected a string of 1 to 63 bytes, got"},
+    {"first_seq",
+     {"-1", "1.5", "\"3\"", "true", "-9223372036854775808"},
+     "HELLO: first_seq: expected an integer >= 0, got"},
+    {"shm", {"1", "\"true\"", "null", "0", "{}"}, "HELLO: shm: expected true or false, got"},
+};
+
+START_TEST(hello_key_of_the_wrong_type_is_named)
+{
+    run r;
+    run_init(&r, ANY_MODE);
+    const key_rule *k = &key_rules[_i % 3];
+    ingest_hello h;
+    ifd_error e;
+    char extra[128];
+    snprintf(extra, sizeof extra, ", \"%s\": %s", k->key, k->bad[rand_between(&r.rng, 0, 4)]);
+    EXPECT_ERR(hello(&r, hello_text(&r, extra), &h, &e), e, IFD_EINVAL, k->sentence);
 }
 END_TEST
 
@@ -282,7 +300,7 @@ START_TEST(hello_replica_is_for_per_core_only)
 }
 END_TEST
 
-START_TEST(hello_shm_is_a_boolean)
+START_TEST(hello_shm_true_asks_for_a_pool)
 {
     run r;
     run_init(&r, ANY_MODE);
@@ -291,11 +309,6 @@ START_TEST(hello_shm_is_a_boolean)
     int want = (int)rand_between(&r.rng, 0, 1);
     RC_OK(hello(&r, hello_text(&r, want ? ", \"shm\": true" : ", \"shm\": false"), &h, &e), e);
     ck_assert_int_eq(h.want_shm, want);
-    const char *bad[] = {"1", "\"true\"", "null"};
-    char extra[32];
-    snprintf(extra, sizeof extra, ", \"shm\": %s", bad[rand_between(&r.rng, 0, 2)]);
-    EXPECT_ERR(hello(&r, hello_text(&r, extra), &h, &e), e, IFD_EINVAL,
-               "HELLO: shm: expected true or false, got");
 }
 END_TEST
 
@@ -395,7 +408,8 @@ START_TEST(hello_schema_in_predict_mode_has_no_labels)
 }
 END_TEST
 
-/* ---- BATCH -------------------------------------------------------------------------------- */
+/* ---- BATCH --------------------------------------------------------------------------------
+ */
 
 /* A well-formed message of k steps (train, eval) or `rows` rows (predict): its header and
  * frames (random bytes, labels in range). */
@@ -664,10 +678,11 @@ int main(void)
     tcase_add_loop_test(tc, hello_and_end_have_their_frame_counts, 0, 20);
     tc = tu_tcase(s, "hello", 30);
     tcase_add_loop_test(tc, hello_json_is_one_object_of_known_keys, 0, 20);
-    tcase_add_loop_test(tc, hello_name_is_1_to_63_bytes, 0, 20);
-    tcase_add_loop_test(tc, hello_first_seq_is_an_integer_from_0, 0, 20);
+    tcase_add_loop_test(tc, hello_name_of_1_to_63_bytes_is_taken, 0, 20);
+    tcase_add_loop_test(tc, hello_first_seq_from_0_is_taken, 0, 20);
+    tcase_add_loop_test(tc, hello_key_of_the_wrong_type_is_named, 0, 30);
     tcase_add_loop_test(tc, hello_replica_is_for_per_core_only, 0, 30);
-    tcase_add_loop_test(tc, hello_shm_is_a_boolean, 0, 20);
+    tcase_add_loop_test(tc, hello_shm_true_asks_for_a_pool, 0, 10);
     tcase_add_loop_test(tc, hello_schema_matches_the_program_exactly, 0, 30);
     tcase_add_loop_test(tc, hello_schema_in_predict_mode_has_no_labels, 0, 10);
     tc = tu_tcase(s, "batch", 30);
