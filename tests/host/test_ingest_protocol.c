@@ -429,7 +429,7 @@ static void msg_make(run *r, msg *m, int k, int64_t rows)
     m->bh.ntensors = (uint32_t)r->pr.nin;
     for (int i = 0; i < r->pr.nin; i++) {
         size_t n = ingest_tensor_bytes(&r->pr, i, rows);
-        m->data[i] = aligned_alloc(64, n + 64);
+        m->data[i] = aligned_alloc(64, (n + 63) / 64 * 64 + 64); /* a multiple of 64 */
         if (r->pr.in[i]->dtype == IFD_F32)
             for (size_t j = 0; j < n / 4; j++)
                 ((float *)m->data[i])[j] = (float)ifd_rng_uniform(&r->rng);
