@@ -7,8 +7,7 @@
 #ifndef IFD_CORE_WIRE_H
 #define IFD_CORE_WIRE_H
 
-/* IFD_PROTOCOL_VERSION: the one definition of the version, public for clients */
-#include "infeed/client.h"
+#include "infeed/wire_version.h" /* IFD_PROTOCOL_VERSION */
 
 #include <stddef.h>
 #include <stdint.h>
