@@ -100,6 +100,14 @@ static void hello_named(t *x, const char *rid, const char *name, int64_t first_s
     fake_hello(&x->f, rid, json);
 }
 
+/* HELLO as name from rid (first_seq 0), then n one-step batches from seq 0. */
+static void stream(t *x, const char *rid, const char *name, int n)
+{
+    hello_named(x, rid, name, 0);
+    for (int i = 0; i < n; i++)
+        batch(x, rid, i, 1);
+}
+
 START_TEST(batch_or_end_before_hello_is_a_protocol_error)
 {
     t x;
@@ -171,10 +179,8 @@ START_TEST(a_batch_beyond_the_credit_is_refused_with_its_credit)
 {
     t x;
     setup(&x, IFD_INPUT_PER_HOST);
-    hello_named(&x, "c1", "p", 0);
     int credit = x.f.g->pr.credit;
-    for (int i = 0; i < credit; i++)
-        batch(&x, "c1", i, 1);
+    stream(&x, "c1", "p", credit);
     batch(&x, "c1", credit, 1);
     expect_error(&x, "c1", IFD_EPROTO, "no credit left");
     ck_assert_int_eq(fake_last(&x.f, "c1")->credit, 1);
@@ -236,10 +242,8 @@ START_TEST(a_duplicate_is_acked_when_consumed_else_credited)
     setup(&x, IFD_INPUT_PER_HOST);
     if (x.f.g->pr.credit < 2) /* a resent batch costs a credit when it is sent */
         x.f.g->pr.credit = 2;
-    hello_named(&x, "c1", "p", 0);
     int n = (int)rand_between(&x.rng, 1, x.f.g->pr.credit - 1);
-    for (int i = 0; i < n; i++)
-        batch(&x, "c1", i, 1);
+    stream(&x, "c1", "p", n);
     /* in flight: CREDIT 1 now, nothing queued twice */
     int64_t dup = rand_between(&x.rng, 0, n - 1);
     batch(&x, "c1", dup, 1);
@@ -261,10 +265,8 @@ START_TEST(hello_again_keeps_the_stream_and_its_batches_in_flight)
 {
     t x;
     setup(&x, IFD_INPUT_PER_HOST);
-    hello_named(&x, "c1", "p", 0);
     int n = (int)rand_between(&x.rng, 0, x.f.g->pr.credit);
-    for (int i = 0; i < n; i++)
-        batch(&x, "c1", i, 1);
+    stream(&x, "c1", "p", n);
     hello_named(&x, "c1", "p", 0);
     ck_assert_int_eq(welcome_int(&x, "c1", "credit"), x.f.g->pr.credit - n);
     ck_assert_int_eq(welcome_int(&x, "c1", "next_seq"), n);
@@ -326,10 +328,8 @@ START_TEST(a_live_name_is_busy_and_passes_once_its_connection_is_gone)
 {
     t x;
     setup(&x, IFD_INPUT_PER_HOST);
-    hello_named(&x, "old", "loader", 0);
     int n = (int)rand_between(&x.rng, 0, x.f.g->pr.credit);
-    for (int i = 0; i < n; i++)
-        batch(&x, "old", i, 1);
+    stream(&x, "old", "loader", n);
     hello_named(&x, "new", "loader", 0);
     expect_error(&x, "new", IFD_EBUSY, "HELLO: name 'loader' is in use by another live connection");
     fake_set_gone("old", 1);
