@@ -3,7 +3,7 @@
  * (docs/protocol.md, "Memory and connection bounds"), their CURVE keys, their connection tables
  * and their endpoints. Called once, by ifd_ingest_create, before the I/O thread starts.
  */
-#include "host/ingest/ingest_internal.h"
+#include "host/ingest/zmq_transport.h"
 #include "host/limits.h"
 #include "host/security.h"
 
@@ -22,15 +22,7 @@ static int heartbeat_timeout_ms(const ifd_daemon_config *c)
     return ms < 1000 ? 1000 : (int)ms;
 }
 
-/* One socket option; the error names it and libzmq's reason. */
-typedef struct sockopt {
-    int option;
-    const char *name;
-    int64_t value;
-    int wide; /* an int64_t option (ZMQ_MAXMSGSIZE), else an int */
-} sockopt;
-
-static int set_options(void *sock, const char *what, const sockopt *opts, int n, ifd_error *err)
+int ingest_socket_options(void *sock, const char *what, const sockopt *opts, int n, ifd_error *err)
 {
     for (int i = 0; i < n; i++) {
         int narrow = (int)opts[i].value;
@@ -44,22 +36,40 @@ static int set_options(void *sock, const char *what, const sockopt *opts, int n,
     return IFD_OK;
 }
 
-#define OPT(o, v)                                                                                  \
-    {                                                                                              \
-        o, #o, (int64_t)(v), 0                                                                     \
-    }
-#define OPT64(o, v)                                                                                \
-    {                                                                                              \
-        o, #o, (int64_t)(v), 1                                                                     \
-    }
+/* One socket: made, its options set, its CURVE keys applied, its connections tracked, bound. */
+typedef struct socket_spec {
+    int type;
+    const char *what; /* "ingest", "control": the error's and the connection table's name */
+    const sockopt *opts;
+    int nopts;
+    ifd_sock_role role;
+    const ifd_conns_rules *rules;
+    const char *key, *endpoint; /* the config key the endpoint came from, and the endpoint */
+    int private_dir;            /* an ipc endpoint's folder is made private (host/endpoint.h) */
+    char *bound;
+    size_t bound_len;
+} socket_spec;
+
+static int open_socket(ifd_ingest *g, const socket_spec *s, void **sock, ifd_conns **conns,
+                       ifd_error *err)
+{
+    *sock = zmq_socket(g->sock.zctx, s->type);
+    if (*sock == NULL)
+        return ifd_error_set(err, IFD_EIO, "%s: zmq_socket: %s", s->what,
+                             zmq_strerror(zmq_errno()));
+    int rc;
+    if ((rc = ingest_socket_options(*sock, s->what, s->opts, s->nopts, err)) != IFD_OK ||
+        (rc = ifd_security_apply(g->cfg->security, *sock, s->role, err)) != IFD_OK ||
+        (rc = ifd_conns_create(conns, g->sock.monitor, g->sock.zctx, *sock, s->what, s->rules,
+                               err)) != IFD_OK)
+        return rc;
+    return ifd_endpoint_bind(*sock, s->key, s->endpoint, s->private_dir, s->bound, s->bound_len,
+                             err);
+}
 
 static int open_router(ifd_ingest *g, int conns, ifd_error *err)
 {
     const ifd_daemon_config *c = g->cfg;
-    g->sock.router = zmq_socket(g->sock.zctx, ZMQ_ROUTER);
-    if (g->sock.router == NULL)
-        return ifd_error_set(err, IFD_EIO, "ingest: zmq_socket(ROUTER): %s",
-                             zmq_strerror(zmq_errno()));
     /* Liveness: a send to a closed connection fails (EHOSTUNREACH) instead of vanishing, and
      * ZMTP heartbeats close a connection whose peer stopped answering (a SIGSTOPped or
      * unplugged producer), so its producer is found gone (host/ingest/producers.c). */
@@ -75,28 +85,27 @@ static int open_router(ifd_ingest *g, int conns, ifd_error *err)
     };
     /* A connection over the limit takes the place of one without a producer for as long as a
      * handshake may take; else it is told why in an ERROR (host/conns.h). */
-    ifd_conns_rules in_rules = {.max = conns,
-                                .idle_ns = IFD_HANDSHAKE_IVL_MS * 1000000LL,
-                                .idle = "no producer on it",
-                                .hold = 1};
-    int rc;
-    if ((rc = set_options(g->sock.router, "ingest", opts, (int)(sizeof opts / sizeof opts[0]),
-                          err)) != IFD_OK ||
-        (rc = ifd_security_apply(c->security, g->sock.router, IFD_SOCK_INGEST, err)) != IFD_OK ||
-        (rc = ifd_conns_create(&g->sock.conns, g->sock.monitor, g->sock.zctx, g->sock.router,
-                               "ingest", &in_rules, err)) != IFD_OK)
-        return rc;
-    return ifd_endpoint_bind(g->sock.router, "listen", c->listen, 0, g->sock.bound_listen,
-                             sizeof g->sock.bound_listen, err);
+    ifd_conns_rules rules = {.max = conns,
+                             .idle_ns = IFD_HANDSHAKE_IVL_MS * 1000000LL,
+                             .idle = "no producer on it",
+                             .hold = 1};
+    socket_spec s = {ZMQ_ROUTER,
+                     "ingest",
+                     opts,
+                     (int)(sizeof opts / sizeof opts[0]),
+                     IFD_SOCK_INGEST,
+                     &rules,
+                     "listen",
+                     c->listen,
+                     0,
+                     g->sock.bound_listen,
+                     sizeof g->sock.bound_listen};
+    return open_socket(g, &s, &g->sock.router, &g->sock.conns, err);
 }
 
 static int open_control(ifd_ingest *g, int conns, ifd_error *err)
 {
     const ifd_daemon_config *c = g->cfg;
-    g->sock.rep = zmq_socket(g->sock.zctx, ZMQ_REP);
-    if (g->sock.rep == NULL)
-        return ifd_error_set(err, IFD_EIO, "control: zmq_socket(REP): %s",
-                             zmq_strerror(zmq_errno()));
     const sockopt opts[] = {
         OPT(ZMQ_LINGER, 0),
         OPT64(ZMQ_MAXMSGSIZE, IFD_CONTROL_MAXMSGSIZE), /* a request is one small JSON object */
@@ -105,16 +114,19 @@ static int open_control(ifd_ingest *g, int conns, ifd_error *err)
         OPT(ZMQ_HANDSHAKE_IVL, IFD_HANDSHAKE_IVL_MS),
     };
     /* control always answers: a new connection takes the place of the oldest */
-    ifd_conns_rules ctl_rules = {.max = conns, .idle_ns = 0, .idle = "the oldest"};
-    int rc;
-    if ((rc = set_options(g->sock.rep, "control", opts, (int)(sizeof opts / sizeof opts[0]),
-                          err)) != IFD_OK ||
-        (rc = ifd_security_apply(c->security, g->sock.rep, IFD_SOCK_CONTROL, err)) != IFD_OK ||
-        (rc = ifd_conns_create(&g->sock.ctl_conns, g->sock.monitor, g->sock.zctx, g->sock.rep,
-                               "control", &ctl_rules, err)) != IFD_OK)
-        return rc;
-    return ifd_endpoint_bind(g->sock.rep, "control", c->control, c->control == c->default_control,
-                             g->sock.bound_control, sizeof g->sock.bound_control, err);
+    ifd_conns_rules rules = {.max = conns, .idle_ns = 0, .idle = "the oldest"};
+    socket_spec s = {ZMQ_REP,
+                     "control",
+                     opts,
+                     (int)(sizeof opts / sizeof opts[0]),
+                     IFD_SOCK_CONTROL,
+                     &rules,
+                     "control",
+                     c->control,
+                     c->control == c->default_control,
+                     g->sock.bound_control,
+                     sizeof g->sock.bound_control};
+    return open_socket(g, &s, &g->sock.rep, &g->sock.ctl_conns, err);
 }
 
 int ingest_sockets_open(ifd_ingest *g, ifd_error *err)

@@ -18,4 +18,23 @@
 void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int total);
 int ingest_recv_message(ifd_ingest *g, zmq_msg_t *parts, int *nparts, int *total);
 
+/* Socket options, each set in turn: IFD_OK, or IFD_EIO with a sentence naming the socket (what),
+ * the option, its value and libzmq's reason ("ingest: zmq_setsockopt(ZMQ_SNDHWM, -1): Invalid
+ * argument"). wide: an int64_t option (ZMQ_MAXMSGSIZE), else an int. */
+typedef struct sockopt {
+    int option;
+    const char *name;
+    int64_t value;
+    int wide;
+} sockopt;
+#define OPT(o, v)                                                                                  \
+    {                                                                                              \
+        o, #o, (int64_t)(v), 0                                                                     \
+    }
+#define OPT64(o, v)                                                                                \
+    {                                                                                              \
+        o, #o, (int64_t)(v), 1                                                                     \
+    }
+int ingest_socket_options(void *sock, const char *what, const sockopt *opts, int n, ifd_error *err);
+
 #endif
