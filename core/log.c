@@ -1,4 +1,5 @@
 #include "core/log.h"
+#include "infeed/error.h"
 
 #include <errno.h>
 #include <pthread.h>

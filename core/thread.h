@@ -12,7 +12,10 @@ typedef struct ifd_mutex {
     pthread_mutex_t m;
 } ifd_mutex;
 /* A mutex with static storage, ready without ifd_mutex_init. */
-#define IFD_MUTEX_INITIALIZER {PTHREAD_MUTEX_INITIALIZER}
+#define IFD_MUTEX_INITIALIZER                                                                      \
+    {                                                                                              \
+        PTHREAD_MUTEX_INITIALIZER                                                                  \
+    }
 
 typedef struct ifd_cond {
     pthread_cond_t c;
@@ -66,6 +69,8 @@ int ifd_spin_until(int (*ready)(void *arg), void *arg, int64_t budget_ns);
 
 /* Monotonic clock in nanoseconds. */
 int64_t ifd_clock_ns(void);
+/* Wall-clock time (CLOCK_REALTIME) in seconds since the epoch: the "time" of summaries. */
+double ifd_wall_seconds(void);
 void ifd_sleep_ns(int64_t ns);
 
 #endif

@@ -96,12 +96,9 @@ void ifd_cpu_ops_init(ifd_ops *ops, void *ctx);
  * OPENBLAS_NUM_THREADS is set: OpenBLAS then does as it says and the auto count is 1, so that
  * the two do not multiply. Process-wide for OpenBLAS (it has no per-call setting).
  *
- * Why a team rather than OpenBLAS's own threads (bench/peers.py, one replica on 2 cores, side
- * by side, bench/README.md): MLP batch 32, 212k to 224k examples/s with a team of 2 against
- * 172k to 174k with 1 thread and 158k with OpenBLAS's 2 threads; batch 1024, 276k to 280k
- * against 213k and 215k to 273k. OpenBLAS splits a 32-row
- * product in ways that pack the same operand on both threads and its workers spin on
- * sched_yield between calls (15% of the machine beside a softmax of batch 32); the team splits
+ * Why a team rather than OpenBLAS's own threads (measured side by side with bench/peers.py:
+ * bench/README.md, "team of 2"): OpenBLAS splits a 32-row product in ways that pack the same
+ * operand on both threads and its workers spin on sched_yield between calls; the team splits
  * only products large enough to gain, along the side that keeps packing small, lets a helper
  * slowed by the producer on its core take fewer blocks, and sleeps when there is no work. */
 int ifd_cpu_replica_threads(int replicas);

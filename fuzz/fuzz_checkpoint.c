@@ -1,6 +1,6 @@
 /*
- * fuzz_checkpoint: the checkpoint loader (loop/checkpoint_file.c, docs/checkpoint.md), from memory
- * (ifd_checkpoint_load_buffer, which ifd_checkpoint_load runs on a file's bytes).
+ * fuzz_checkpoint: the checkpoint loader (checkpoint/format.c and header.c, docs/checkpoint.md),
+ * from memory (ifd_checkpoint_load_buffer, which ifd_checkpoint_load runs on a file's bytes).
  *
  * A CRC-32 over the whole file stops almost every mutation at the checksum, and a size implied by
  * the header stops the rest, so each input is loaded three ways:
@@ -18,7 +18,7 @@
 #include "core/log.h"
 #include "core/wire.h"
 #include "device/step.h"
-#include "loop/checkpoint_internal.h"
+#include "checkpoint/format.h"
 
 #include <jansson.h>
 #include <stdint.h>
@@ -52,7 +52,8 @@ static void check_producers(const ifd_checkpoint *c)
     }
 }
 
-static void check_loaded(const ifd_checkpoint *c)
+/* The counts, the parameter list tiling the vector, every float readable. */
+static void check_floats(const ifd_checkpoint *c)
 {
     if (c->nparams < 0 || c->nparams > IFD_MAX_PARAMS || c->nparam_floats < 0 ||
         c->global_step < 0 || c->opt_step < 0)
@@ -74,7 +75,11 @@ static void check_loaded(const ifd_checkpoint *c)
     for (int64_t i = 0; i < c->nparam_floats * (1 + c->nslots); i++)
         sink += p[i] * 0.0f;
     (void)sink;
-    /* every host's table (the harness owns c: selecting a table changes nothing else) */
+}
+
+/* Every host's table (the harness owns c: selecting a table changes nothing else). */
+static void check_tables(const ifd_checkpoint *c)
+{
     int hosts = ifd_checkpoint_hosts(c);
     if (hosts < 1 || hosts > IFD_CHECKPOINT_MAX_HOSTS)
         abort();
@@ -88,9 +93,25 @@ static void check_loaded(const ifd_checkpoint *c)
     if (ifd_checkpoint_select_host((ifd_checkpoint *)c, hosts, &e) != IFD_EINVAL ||
         ifd_checkpoint_select_host((ifd_checkpoint *)c, 0, &e) != IFD_OK)
         abort();
+}
 
-    /* The config of the checkpoint's own program: the check passes exactly when the program
-     * gives the same parameters. */
+/* Whether prog declares the parameters c holds (names, ranks, dimensions). */
+static int same_params(const ifd_program *prog, const ifd_checkpoint *c)
+{
+    int same = prog->nparams == c->nparams && prog->nparam_floats == c->nparam_floats;
+    for (int i = 0; same && i < prog->nparams; i++) {
+        const ifd_param_spec *a = &prog->params[i], *b = &c->params_spec[i];
+        same = strcmp(a->name, b->name) == 0 && a->rank == b->rank;
+        for (int d = 0; same && d < a->rank; d++)
+            same = a->dims[d] == b->dims[d];
+    }
+    return same;
+}
+
+/* ifd_checkpoint_check against the config of the checkpoint's own program (it passes exactly
+ * when the program gives the same parameters) and against another program's. */
+static void check_against_programs(const ifd_checkpoint *c)
+{
     ifd_config cfg;
     ifd_config_defaults(&cfg);
     cfg.program = ifd_checkpoint_program(c);
@@ -103,23 +124,22 @@ static void check_loaded(const ifd_checkpoint *c)
         check_failure(rc, &err);
     ifd_program prog;
     ifd_error perr;
-    if (ifd_program_init(&prog, cfg.program, &cfg.settings, &perr) == IFD_OK) {
-        int same = prog.nparams == c->nparams && prog.nparam_floats == c->nparam_floats;
-        for (int i = 0; same && i < prog.nparams; i++) {
-            const ifd_param_spec *a = &prog.params[i], *b = &c->params_spec[i];
-            same = strcmp(a->name, b->name) == 0 && a->rank == b->rank;
-            for (int d = 0; same && d < a->rank; d++)
-                same = a->dims[d] == b->dims[d];
-        }
-        if ((rc == IFD_OK) != same)
-            abort();
-    }
+    if (ifd_program_init(&prog, cfg.program, &cfg.settings, &perr) == IFD_OK &&
+        (rc == IFD_OK) != same_params(&prog, c))
+        abort();
     cfg.program = "softmax";
     cfg.settings = (ifd_program_settings){.features = 4, .classes = 3};
     ifd_error_clear(&err);
     rc = ifd_checkpoint_check(c, &cfg, &err);
     if (rc)
         check_failure(rc, &err);
+}
+
+static void check_loaded(const ifd_checkpoint *c)
+{
+    check_floats(c);
+    check_tables(c);
+    check_against_programs(c);
 }
 
 static void load(const uint8_t *data, size_t size)

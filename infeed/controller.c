@@ -2,9 +2,10 @@
 #include "core/thread.h"
 #include "core/log.h"
 #include "core/opqueue.h"
-#include "core/thread.h"
 #include "device/batch_check.h"
-#include "infeed/infeed_internal.h"
+#include "infeed/inputs.h"
+#include "infeed/controller.h"
+#include "infeed/shard.h"
 
 #include <stdint.h>
 #include <stdio.h>

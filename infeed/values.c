@@ -1,4 +1,4 @@
-#include "infeed/infeed_internal.h"
+#include "infeed/inputs.h"
 
 #include <float.h>
 #include <math.h>

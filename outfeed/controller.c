@@ -2,13 +2,13 @@
 #include "core/opqueue.h"
 #include "core/thread.h"
 #include "infeed/hosts.h"
-#include "outfeed/outfeed_internal.h"
+#include "outfeed/controller.h"
+#include "outfeed/hostcall.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define SOURCE "outfeed"
 
@@ -69,13 +69,6 @@ static double fraction(double part, double whole)
         return 0.0;
     double f = part / whole;
     return f < 0.0 ? 0.0 : f > 1.0 ? 1.0 : f;
-}
-
-static double wall_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static void time_add(window_time *w, const ifd_outfeed_rec *recs, int replicas, int first)
@@ -283,7 +276,7 @@ static int emit_window(ifd_outfeed *o, ifd_error *err)
                         json_real(fraction(w->infeed_wait_ns, w->step_ns)));
     json_object_set_new(j, "outfeed_wait_fraction",
                         json_real(fraction(w->outfeed_wait_ns, w->step_ns)));
-    json_object_set_new(j, "time", json_real(wall_seconds()));
+    json_object_set_new(j, "time", json_real(ifd_wall_seconds()));
     int rc = ifd_summary_emit(o->cfg.writer, j, err);
     o->window = (ifd_metrics){0};
     o->win_notes.n = 0;

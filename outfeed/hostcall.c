@@ -1,4 +1,4 @@
-#include "outfeed/outfeed_internal.h"
+#include "outfeed/hostcall.h"
 
 #include "core/batch.h"
 

@@ -1,4 +1,4 @@
-#include "outfeed/outfeed_internal.h"
+#include "outfeed/summary.h"
 
 #include <stdlib.h>
 #include <string.h>

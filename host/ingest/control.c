@@ -4,7 +4,8 @@
 #include "core/thread.h"
 #include "core/wire.h"
 #include "device/cpu/blas.h"
-#include "infeed/infeed_internal.h"
+#include "infeed/checkpoint.h"
+#include "infeed/inputs.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -9,7 +9,8 @@
 #include "core/log.h"
 #include "core/thread.h"
 #include "core/wire.h"
-#include "infeed/infeed_internal.h"
+#include "infeed/checkpoint.h"
+#include "infeed/inputs.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -15,7 +15,10 @@
 #ifndef IFD_INFEED_H
 #define IFD_INFEED_H
 
+#include "infeed/batches.h"
 #include "infeed/error.h"
+#include "infeed/logging.h"
+#include "infeed/modes.h"
 #include "infeed/program.h"
 #include "infeed/tensor.h"
 
@@ -28,29 +31,8 @@ extern "C" {
 
 #define IFD_VERSION_STRING "0.1.0"
 
-/* ---- logging ---------------------------------------------------------------------------- */
-
-enum { IFD_LOG_ERROR = 0, IFD_LOG_WARN = 1, IFD_LOG_INFO = 2, IFD_LOG_DEBUG = 3 };
-void ifd_log_set_level(int level);
-int ifd_log_get_level(void);
-/* "error", "warn", "info", "debug" */
-int ifd_log_level_parse(const char *name, int *out);
-const char *ifd_log_level_name(int level);
-/* Several hosts: log lines read "infeed@RANK" instead of "infeed" (rank < 0: back to "infeed").
- * Before any thread logs. */
-void ifd_log_set_host(int rank);
-
 /* ---- configuration ----------------------------------------------------------------------- */
 
-typedef enum { IFD_MODE_TRAIN = 0, IFD_MODE_EVAL, IFD_MODE_PREDICT } ifd_mode;
-typedef enum {
-    IFD_INPUT_PER_HOST = 0,
-    IFD_INPUT_PER_HOST_V2,
-    IFD_INPUT_PER_CORE,
-    IFD_INPUT_BROADCAST
-} ifd_input_mode;
-typedef enum { IFD_REDUCE_MEAN = 0, IFD_REDUCE_SUM } ifd_loss_reduction;
-typedef enum { IFD_OPT_SGD = 0, IFD_OPT_MOMENTUM, IFD_OPT_ADAM } ifd_optimizer_kind;
 /* How the session picks each device loop's length (docs/design.md, "Loop lengths"). */
 typedef enum {
     IFD_LOOP_STEPS = 0, /* iterations_per_loop steps */
@@ -132,117 +114,6 @@ typedef struct ifd_config {
 void ifd_config_defaults(ifd_config *cfg);
 /* One validation pass; the error names the field, the allowed values and what was given. */
 int ifd_config_validate(const ifd_config *cfg, ifd_error *err);
-
-const char *ifd_mode_name(ifd_mode m);
-int ifd_mode_parse(const char *s, ifd_mode *out);
-const char *ifd_input_mode_name(ifd_input_mode m);
-int ifd_input_mode_parse(const char *s, ifd_input_mode *out);
-const char *ifd_loss_reduction_name(ifd_loss_reduction r);
-int ifd_loss_reduction_parse(const char *s, ifd_loss_reduction *out);
-const char *ifd_optimizer_name(ifd_optimizer_kind k);
-int ifd_optimizer_parse(const char *s, ifd_optimizer_kind *out);
-
-/*
- * What one step takes from the batch source, per input mode (R replicas, global batch B):
- *
- *   mode         batches a step   rows a batch   replica r trains on
- *   per-host     1                B              rows [r*B/R, (r+1)*B/R) of the batch
- *   per-host-v2  R                B/R            batch r of the step's R consecutive batches
- *   per-core     R                B/R            the next batch of replica r's own stream
- *   broadcast    1                B/R            the whole batch (every replica the same rows)
- *
- * ifd_input_batches_per_step returns -1 for an unknown mode; ifd_input_batch_rows 0.
- */
-int ifd_input_batches_per_step(ifd_input_mode mode, int replicas);
-int64_t ifd_input_batch_rows(ifd_input_mode mode, int64_t batch_size, int replicas);
-
-/* ---- batches and batch sources ----------------------------------------------------------- */
-
-#define IFD_BATCH_STOP 0x1u   /* stopping signal (predict mode): the device loop ends on it */
-#define IFD_BATCH_PADDED 0x2u /* rows [valid_rows, rows) are padding (predict mode) */
-/* Its float32 tensors are in host memory registered with the session's device
- * (ifd_session_register_host_memory): the cuda backend copies them to the device directly,
- * without staging them in its own pinned buffers. */
-#define IFD_BATCH_PINNED 0x4u
-/* The source checked it with ifd_program_check_batch for the session's program, mode and rows
- * (infeedd's ingest does, before it accepts a batch): the infeed does not check it again. */
-#define IFD_BATCH_CHECKED 0x8u
-
-/*
- * A host batch: one tensor per program input, all with `rows` rows. The batch does not own the
- * tensors' bytes; release(batch, release_arg) is called exactly once, from whichever thread
- * drops the last reference, when every replica has consumed its shard (or the run dropped the
- * batch unconsumed at its end). After that the bytes may be reused.
- */
-typedef struct ifd_batch ifd_batch;
-struct ifd_batch {
-    int64_t seq;
-    int64_t rows;
-    uint32_t flags;
-    /* The padding mask, read only with IFD_BATCH_PADDED: rows [0, valid_rows) are real, the rest
-     * padding whose predictions are dropped. */
-    int64_t valid_rows;
-    /* per-core input: the replica the batch is for (the source sets it); unused otherwise. */
-    int replica;
-    /* The source's own pointer, untouched by the runtime and carried into the copy it makes of a
-     * padded batch (so a prediction sink can find the source's batch). */
-    void *user;
-    int ntensors;
-    ifd_tensor tensors[IFD_MAX_INPUTS];
-    const char *producer; /* for error sentences; may be NULL */
-    void (*release)(ifd_batch *b, void *arg);
-    void *release_arg;
-    int refs; /* managed by the runtime */
-};
-
-/* Initialises the bookkeeping fields; the caller fills seq, rows, tensors, release. */
-void ifd_batch_init(ifd_batch *b);
-
-typedef struct ifd_batch_source_ops {
-    /* Infeed thread: the next batch. Blocks. IFD_OK, IFD_EEOF at the end of the input,
-     * IFD_ESTOPPED after abort, or an error with err filled. */
-    int (*next)(void *ctx, ifd_batch **out, ifd_error *err);
-    /* Required. Any thread: make a blocked or later next() return IFD_ESTOPPED. Must not
-     * block. */
-    void (*abort)(void *ctx);
-    /* Optional: as next, but IFD_ETIMEDOUT at once when no batch is ready. The infeed uses it to
-     * hand the replicas what it has queued before it blocks on the source. */
-    int (*try_next)(void *ctx, ifd_batch **out, ifd_error *err);
-    /* per-core input: required (the session refuses a per-core source without it). As next, but
-     * the next batch of replica's own stream, in the order that stream's batches arrived;
-     * b->replica == replica. IFD_EEOF once the input ended and that stream is empty. The other
-     * modes never call it. */
-    int (*next_for)(void *ctx, int replica, ifd_batch **out, ifd_error *err);
-    /* Optional, per-core input: as next_for, but IFD_ETIMEDOUT at once when none is ready. */
-    int (*try_next_for)(void *ctx, int replica, ifd_batch **out, ifd_error *err);
-} ifd_batch_source_ops;
-
-typedef struct ifd_batch_source {
-    const ifd_batch_source_ops *ops;
-    void *ctx;
-} ifd_batch_source;
-
-/* A bounded queue as a batch source: producers push, closing ends the input. */
-typedef struct ifd_batch_queue ifd_batch_queue;
-int ifd_batch_queue_create(ifd_batch_queue **out, size_t capacity);
-/* per-core input: one FIFO per replica, each bounded by capacity, so a full replica's FIFO never
- * blocks a push for another replica. push routes a batch by b->replica (IFD_EINVAL when it is
- * not in [0, replicas)); the source has next_for and try_next_for, and its next fails with
- * IFD_EINVAL. A queue made with ifd_batch_queue_create is a one-replica queue of this kind for
- * next_for (replica 0). */
-int ifd_batch_queue_create_per_replica(ifd_batch_queue **out, size_t capacity, int replicas);
-/* Frees the queue, releasing batches still inside. */
-void ifd_batch_queue_destroy(ifd_batch_queue *q);
-/* Blocks while full. IFD_OK, IFD_ECLOSED after close, IFD_ESTOPPED after the run aborted (the
- * batch is not taken: the caller still owns it). */
-int ifd_batch_queue_push(ifd_batch_queue *q, ifd_batch *b);
-/* The end of the input: the run ends after the batches already queued. */
-void ifd_batch_queue_close(ifd_batch_queue *q);
-ifd_batch_source ifd_batch_queue_source(ifd_batch_queue *q);
-/* Batches queued, over every replica's FIFO. */
-size_t ifd_batch_queue_len(ifd_batch_queue *q);
-/* Batches queued for replica (0 for a replica out of range). */
-size_t ifd_batch_queue_len_for(ifd_batch_queue *q, int replica);
 
 /* ---- summary sinks ----------------------------------------------------------------------- */
 

@@ -18,6 +18,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct name_ctx {
     atomic_int ready;
@@ -206,6 +207,19 @@ START_TEST(test_mutex_and_clock)
     int64_t back = ifd_clock_ns();
     RASSERT(back >= until, "woke %" PRId64 " ns before the end of a sleep of %" PRId64 " ns",
             until - back, ns);
+
+    /* The wall clock (summaries' "time") is the system's: between two readings of time(),
+     * which counts whole seconds, and with a fraction of a second. */
+    double before = (double)time(NULL), wall = 0.0;
+    int fractional = 0;
+    for (int i = 0; i < 1000 && !fractional; i++) {
+        wall = ifd_wall_seconds();
+        fractional = wall != (double)(int64_t)wall;
+    }
+    double after = (double)time(NULL) + 1.0;
+    RASSERT(wall >= before && wall < after, "ifd_wall_seconds %.3f, time() from %.0f to %.0f", wall,
+            before, after);
+    ck_assert(fractional);
 }
 END_TEST
 

@@ -56,7 +56,7 @@ def test_summaries_md_lists_every_error_source():
             found |= set(re.findall(r'ifd_replicas_fail\([^,]+, "([^"]+)"', text))
     # the two sources made with snprintf
     assert '"replica %d"' in (ROOT / "device/replicas.c").read_text()
-    assert '"hook %s"' in (ROOT / "loop/session.c").read_text()
+    assert '"hook %s"' in (ROOT / "loop/session_run.c").read_text()
     found |= {"replica N", "hook NAME"}
     assert {"abort", "session", "infeed"} <= found, found  # the scan still finds them
     assert not found - listed, f"docs/summaries.md lacks the sources {sorted(found - listed)}"

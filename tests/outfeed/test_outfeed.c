@@ -1,5 +1,6 @@
 /* Host calls (concatenation in replica order, metrics) and the summary sinks. */
-#include "outfeed/outfeed_internal.h"
+#include "outfeed/controller.h"
+#include "outfeed/hostcall.h"
 #include "tests/util/testutil.h"
 
 #include <math.h>

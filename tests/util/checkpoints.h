@@ -1,4 +1,4 @@
-/* Helpers of the checkpoint suites (tests/loop/test_checkpoint_*.c): random configs and
+/* Helpers of the checkpoint suites (tests/checkpoint/test_checkpoint_*.c): random configs and
  * checkpoints, comparing two checkpoints, and the checkpoints in a folder. */
 #ifndef IFD_TEST_CHECKPOINTS_H
 #define IFD_TEST_CHECKPOINTS_H

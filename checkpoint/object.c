@@ -1,8 +1,8 @@
 /* The checkpoint object: creating it, its accessors and producer tables, and whether it fits a
- * run (ifd_checkpoint_check). The files are loop/checkpoint_file.c, the folder
- * loop/checkpoint_dir.c. */
+ * run (ifd_checkpoint_check). The files are checkpoint/format.c, the folder
+ * checkpoint/folder.c. */
 #include "device/step.h"
-#include "loop/checkpoint_internal.h"
+#include "checkpoint/object.h"
 
 #include <inttypes.h>
 #include <stdio.h>

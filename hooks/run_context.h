@@ -1,7 +1,9 @@
-/* The run context the session shares with hooks: hooks see only these fields, through the
- * accessors in infeed.h. */
-#ifndef IFD_HOOKS_HOOK_INTERNAL_H
-#define IFD_HOOKS_HOOK_INTERNAL_H
+/* hooks/'s interface for the session: the run context it hands every hook. hooks/ defines it
+ * and reads it (the accessors of infeed.h, hooks/run_context.c); the session (loop/) fills it
+ * in and backs its snapshot, so hooks reach the session through these fields only, never by
+ * calling into loop/. */
+#ifndef IFD_HOOKS_RUN_CONTEXT_H
+#define IFD_HOOKS_RUN_CONTEXT_H
 
 #include "infeed/infeed.h"
 

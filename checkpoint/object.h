@@ -1,13 +1,16 @@
 /*
- * The checkpoint object, shared by the files of loop/ that make up checkpoints and by the
- * session, which fills a new one from the device (loop/session.c):
+ * The checkpoint module's object, its fields open to the files of checkpoint/ and to the
+ * session, which fills a new one from the device and starts a run from one (loop/):
  *
- *   checkpoint.c       the object: create, free, accessors, producer tables; ifd_checkpoint_check
- *   checkpoint_file.c  a file: its format, the atomic write, the loader
- *   checkpoint_dir.c   the folder: names by step, save and prune, the latest, load_latest
+ *   object.c   the object: create, free, accessors, producer tables; ifd_checkpoint_check
+ *   format.c   a file: its format, the atomic write, the loader (checkpoint/format.h)
+ *   folder.c   the folder: names by step, save and prune, the latest, load_latest
+ *
+ * The module uses core/ and device/ only; hooks/ (the checkpoint hook), loop/ and the daemon
+ * use it through include/infeed/checkpoint.h and this header.
  */
-#ifndef IFD_LOOP_CHECKPOINT_INTERNAL_H
-#define IFD_LOOP_CHECKPOINT_INTERNAL_H
+#ifndef IFD_CHECKPOINT_OBJECT_H
+#define IFD_CHECKPOINT_OBJECT_H
 
 #include "infeed/checkpoint.h"
 
@@ -42,15 +45,5 @@ struct ifd_checkpoint {
 /* A zeroed checkpoint with room for the floats (one host's empty table), or NULL with err
  * filled (IFD_ENOMEM). */
 ifd_checkpoint *ifd_ckpt_alloc(int64_t nparam_floats, int nslots, ifd_error *err);
-
-/* A write to DIR/NAME goes through DIR/.NAME<CKPT_TMP_MARK><pid>, renamed over NAME at the end;
- * the folder code removes those that a killed writer left. */
-#define CKPT_TMP_MARK ".tmp-"
-
-/* ifd_checkpoint_load's parser and checks, on a file's bytes in memory (len of them); path only
- * names the file in error sentences. The file loader reads the file and calls this (so does
- * fuzz/fuzz_checkpoint.c). */
-int ifd_checkpoint_load_buffer(const void *data, size_t len, const char *path, ifd_checkpoint **out,
-                               ifd_error *err);
 
 #endif

@@ -1,4 +1,4 @@
-#include "hooks/hook_internal.h"
+#include "hooks/run_context.h"
 #include "infeed/checkpoint.h"
 
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* The checkpoint folder (docs/checkpoint.md): checkpoints named by their step, the last few kept,
  * the newest that loads found. */
 #include "core/log.h"
-#include "loop/checkpoint_internal.h"
+#include "checkpoint/format.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -165,6 +165,82 @@ int ifd_checkpoint_save(const ifd_checkpoint *c, const char *dir, int keep, char
                            buf, len);
     return rc;
 }
+/* The newest of the n checkpoints (steps, ascending) that loads, into *out and path; *good is
+ * its index (n: none), bad[i] the problem of each newer one (code IFD_OK: gone since the
+ * listing), *newest_bad the newest with a problem (n: none). An error other than a checkpoint's
+ * own problem (IFD_EPROTO, IFD_EIO) ends the search. */
+static int load_newest(const char *dir, const int64_t *steps, size_t n, ifd_checkpoint **out,
+                       char *path, size_t len, ifd_error *bad, size_t *good, size_t *newest_bad,
+                       ifd_error *err)
+{
+    *good = *newest_bad = n;
+    for (size_t i = n; i-- > 0;) {
+        char p[4096 + 64];
+        int rc = step_path(p, sizeof p, dir, steps[i], err);
+        if (rc)
+            return rc;
+        int lrc = ifd_checkpoint_load(p, out, &bad[i]);
+        if (lrc == IFD_OK) {
+            *good = i;
+            if (snprintf(path, len, "%s", p) >= (int)len)
+                return ifd_error_set(err, IFD_ERANGE,
+                                     "checkpoint folder '%s': the path of a checkpoint does not "
+                                     "fit in %zu bytes",
+                                     dir, len);
+            return IFD_OK;
+        }
+        if (lrc == IFD_ENOTFOUND) { /* pruned by a writer since the listing: a newer one exists */
+            bad[i].code = IFD_OK;
+            continue;
+        }
+        if (lrc != IFD_EPROTO && lrc != IFD_EIO)
+            return ifd_error_set(err, lrc, "%s", bad[i].msg);
+        if (*newest_bad == n)
+            *newest_bad = i;
+    }
+    return IFD_OK;
+}
+
+/* The error when none of the n checkpoints loaded: the newest's problem in one sentence. */
+static int none_loaded(const char *dir, size_t n, const ifd_error *newest, ifd_error *err)
+{
+    if (newest == NULL)
+        return ifd_error_set(err, IFD_ENOTFOUND,
+                             "checkpoint folder '%s': its checkpoints vanished while read", dir);
+    if (n == 1)
+        return ifd_error_set(err, IFD_EPROTO,
+                             "checkpoint folder '%s': its only checkpoint does not load: %s", dir,
+                             newest->msg);
+    return ifd_error_set(err, IFD_EPROTO,
+                         "checkpoint folder '%s': none of its %zu checkpoints loads; the "
+                         "newest: %s",
+                         dir, n, newest->msg);
+}
+
+/* Tells each damaged checkpoint newer than the one that loaded (index good), renaming it to
+ * <name>.damaged with set_aside. */
+static void skip_damaged(const char *dir, const int64_t *steps, size_t n, size_t good,
+                         const ifd_error *bad, int set_aside)
+{
+    for (size_t i = good + 1; i < n; i++) {
+        if (bad[i].code == IFD_OK)
+            continue;
+        char p[4096 + 64], q[4096 + 80];
+        if (!set_aside || step_path(p, sizeof p, dir, steps[i], NULL) != IFD_OK) {
+            IFD_LOG_WARN("checkpoint: skipped a damaged checkpoint: %s", bad[i].msg);
+            continue;
+        }
+        snprintf(q, sizeof q, "%s" IFD_CHECKPOINT_DAMAGED, p);
+        if (rename(p, q) == 0)
+            IFD_LOG_WARN("checkpoint: skipped a damaged checkpoint, renamed to '%s': %s", q,
+                         bad[i].msg);
+        else
+            IFD_LOG_WARN("checkpoint: skipped a damaged checkpoint (cannot rename it to '%s': %s): "
+                         "%s",
+                         q, strerror(errno), bad[i].msg);
+    }
+}
+
 int ifd_checkpoint_load_latest(const char *dir, int set_aside, ifd_checkpoint **out, char *path,
                                size_t len, ifd_error *err)
 {
@@ -187,61 +263,12 @@ int ifd_checkpoint_load_latest(const char *dir, int set_aside, ifd_checkpoint **
     size_t good = n, newest_bad = n;
     if (bad == NULL)
         rc = ifd_error_set(err, IFD_ENOMEM, "checkpoint folder '%s'", dir);
-    for (size_t i = n; rc == IFD_OK && i-- > 0;) {
-        char p[4096 + 64];
-        rc = step_path(p, sizeof p, dir, steps[i], err);
-        if (rc)
-            break;
-        int lrc = ifd_checkpoint_load(p, out, &bad[i]);
-        if (lrc == IFD_OK) {
-            good = i;
-            if (snprintf(path, len, "%s", p) >= (int)len)
-                rc = ifd_error_set(err, IFD_ERANGE,
-                                   "checkpoint folder '%s': the path of a checkpoint does not fit "
-                                   "in %zu bytes",
-                                   dir, len);
-            break;
-        }
-        if (lrc == IFD_ENOTFOUND) { /* pruned by a writer since the listing: a newer one exists */
-            bad[i].code = IFD_OK;
-            continue;
-        }
-        if (lrc != IFD_EPROTO && lrc != IFD_EIO) {
-            rc = ifd_error_set(err, lrc, "%s", bad[i].msg);
-            break;
-        }
-        if (newest_bad == n)
-            newest_bad = i;
-    }
-    if (rc == IFD_OK && good == n && newest_bad == n)
-        rc = ifd_error_set(err, IFD_ENOTFOUND,
-                           "checkpoint folder '%s': its checkpoints vanished while read", dir);
-    else if (rc == IFD_OK && good == n && n == 1)
-        rc = ifd_error_set(err, IFD_EPROTO,
-                           "checkpoint folder '%s': its only checkpoint does not load: %s", dir,
-                           bad[newest_bad].msg);
-    else if (rc == IFD_OK && good == n)
-        rc = ifd_error_set(err, IFD_EPROTO,
-                           "checkpoint folder '%s': none of its %zu checkpoints loads; the "
-                           "newest: %s",
-                           dir, n, bad[newest_bad].msg);
-    for (size_t i = good + 1; rc == IFD_OK && i < n; i++) {
-        if (bad[i].code == IFD_OK)
-            continue;
-        char p[4096 + 64], q[4096 + 80];
-        if (!set_aside || step_path(p, sizeof p, dir, steps[i], NULL) != IFD_OK) {
-            IFD_LOG_WARN("checkpoint: skipped a damaged checkpoint: %s", bad[i].msg);
-            continue;
-        }
-        snprintf(q, sizeof q, "%s" IFD_CHECKPOINT_DAMAGED, p);
-        if (rename(p, q) == 0)
-            IFD_LOG_WARN("checkpoint: skipped a damaged checkpoint, renamed to '%s': %s", q,
-                         bad[i].msg);
-        else
-            IFD_LOG_WARN("checkpoint: skipped a damaged checkpoint (cannot rename it to '%s': %s): "
-                         "%s",
-                         q, strerror(errno), bad[i].msg);
-    }
+    else
+        rc = load_newest(dir, steps, n, out, path, len, bad, &good, &newest_bad, err);
+    if (rc == IFD_OK && good == n)
+        rc = none_loaded(dir, n, newest_bad == n ? NULL : &bad[newest_bad], err);
+    if (rc == IFD_OK)
+        skip_damaged(dir, steps, n, good, bad, set_aside);
     if (rc) {
         ifd_checkpoint_free(*out);
         *out = NULL;

@@ -3,7 +3,7 @@
 #include "tests/util/testutil.h"
 
 #include "infeed/checkpoint.h"
-#include "loop/checkpoint_internal.h" /* tests set a checkpoint's step in place */
+#include "checkpoint/object.h" /* tests set a checkpoint's step in place */
 #include "tests/util/checkpoints.h"
 #include "tests/util/files.h"
 #include "core/thread.h"
