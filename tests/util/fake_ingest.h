@@ -36,7 +36,8 @@ typedef struct fake_ingest {
 
 /* The replies' log and the connections' answers, for the whole process (one ingest at a time). */
 extern fake_ingest *fake_current;
-/* Connections gone (a probe or a reply to them fails): rid bytes; a HELLO parked: never. */
+/* Marks connection rid gone (a liveness probe to it then fails, as libzmq's would) or back.
+ * The fake never parks a HELLO: it is answered at once. */
 void fake_set_gone(const char *rid, int gone);
 
 /* An ingest for cfg (its run's program, mode, input mode, batch, credit, max_producers...) as
@@ -50,7 +51,7 @@ void fake_batch(fake_ingest *f, const char *rid, const ifd_proto_batch *bh, inge
                 int nframes);
 void fake_end(fake_ingest *f, const char *rid);
 
-/* The last reply to rid (NULL: none), and the replies to rid since index *from (updated). */
+/* The last reply to rid (NULL: none). */
 const fake_reply *fake_last(fake_ingest *f, const char *rid);
 /* Every batch in the FIFO taken (lane -1: the single FIFO) and released, then the ACKs sent;
  * returns how many. */
