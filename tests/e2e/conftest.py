@@ -28,7 +28,8 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 if os.environ.get("PYTHONPATH") is None:
     sys.path.insert(0, str(ROOT / "clients" / "python"))
-from helpers import wait_ready_file  # noqa: E402
+from helpers import CURVE_BATCH, CURVE_CLASSES, CURVE_FEATURES, wait_ready_file  # noqa: E402
+from infeed import keys as K  # noqa: E402
 
 
 def infeedd_path() -> Optional[str]:
@@ -46,6 +47,23 @@ def free_ports(n: int) -> list[int]:
     for s in socks:
         s.close()
     return ports
+
+
+def control_request(endpoint: str, request, timeout: float = 5.0, server=None, keypair=None):
+    """One request on a control REP socket (a dict is sent as JSON, bytes as they are), as a
+    CURVE client of server with keypair when keypair is given."""
+    s = zmq.Context.instance().socket(zmq.REQ)
+    s.setsockopt(zmq.LINGER, 0)
+    try:
+        if keypair is not None:
+            K.apply_client(s, K.client_keys(server_key=server, keypair=keypair))
+        s.connect(endpoint)
+        s.send(request if isinstance(request, bytes) else json.dumps(request).encode())
+        if not s.poll(int(timeout * 1000)):
+            raise TimeoutError(f"control {endpoint}: no answer to {request!r} within {timeout} s")
+        return json.loads(s.recv())
+    finally:
+        s.close(0)
 
 
 def run_infeedd(*args: str, timeout: float = 10) -> subprocess.CompletedProcess:
@@ -104,23 +122,14 @@ class Daemon:
 
     def control(self, request, timeout: float = 5.0):
         """One request on the control REP socket: a dict is sent as JSON, bytes as they are."""
-        ctx = zmq.Context.instance()
-        s = ctx.socket(zmq.REQ)
-        s.setsockopt(zmq.LINGER, 0)
-        try:
-            s.connect(self.control_endpoint)
-            s.send(request if isinstance(request, bytes) else json.dumps(request).encode())
-            if not s.poll(int(timeout * 1000)):
-                raise TimeoutError(f"control: no answer to {request!r} within {timeout} s")
-            return json.loads(s.recv())
-        finally:
-            s.close(0)
+        return control_request(self.control_endpoint, request, timeout)
 
     def log(self, tail: int | None = None) -> str:
         """The daemon's log, whole (a test looks for lines in it), or its last `tail`
         characters."""
         try:
-            self._log.flush()
+            if not self._log.closed:  # (kill() closes it; the file stays readable)
+                self._log.flush()
             text = self.log_path.read_text(errors="replace")
             return text if tail is None else text[-tail:]
         except OSError:
@@ -165,12 +174,14 @@ def pytest_runtest_makereport(item, call):
     setattr(item, "rep_" + rep.when, rep)
 
 
-@pytest.fixture
-def daemon(tmp_path, request):
+def started_daemons(request, make):
+    """A fixture's body: yields start(**flags), which makes a daemon with make(**flags); at
+    teardown each is killed, and, when the test failed, its state, exit status and log are
+    printed."""
     started: list[Daemon] = []
 
-    def start(wait_ready: bool = True, **flags) -> Daemon:
-        d = Daemon(tmp_path, flags, wait_ready)
+    def start(**flags) -> Daemon:
+        d = make(**flags)
         started.append(d)
         return d
 
@@ -191,7 +202,62 @@ def daemon(tmp_path, request):
 
 
 @pytest.fixture
+def daemon(tmp_path, request):
+    yield from started_daemons(request, lambda wait_ready=True, **flags:
+                               Daemon(tmp_path, flags, wait_ready))
+
+
+@pytest.fixture
 def rng(request):
     seed = int(os.environ.get("INFEED_TEST_SEED", random.randrange(1 << 30)))
     print(f"{request.node.name}: seed {seed} (INFEED_TEST_SEED={seed} repeats it)")
     return random.Random(seed)
+
+
+# ---- CURVE (docs/protocol.md, "Security"): keys and a daemon that requires them ------------
+
+def keygen(prefix: Path) -> tuple:
+    r = run_infeedd("keygen", str(prefix))
+    assert r.returncode == 0, r.stderr
+    return K.load_keypair(f"{prefix}.key")
+
+
+@pytest.fixture
+def keys(tmp_path):
+    """The daemon's key pair and four clients: a (bound to loader-0, loader-1), b (any free
+    name), admin, stranger (listed nowhere); the authorized- and admin-keys files."""
+    k = {n: keygen(tmp_path / n) for n in ("daemon", "a", "b", "admin")}
+    k["stranger"] = K.generate_keypair()
+    (tmp_path / "authorized").write_text(
+        f"# producers\n{k['a'][0]}  loader-0, loader-1\n\n{k['b'][0]}\n")
+    (tmp_path / "admins").write_text(f"{k['admin'][0]}\n")
+    k["flags"] = dict(curve_secret_key=str(tmp_path / "daemon.key"),
+                      authorized_keys=str(tmp_path / "authorized"),
+                      admin_keys=str(tmp_path / "admins"))
+    k["server"] = k["daemon"][0]
+    k["dir"] = tmp_path
+    return k
+
+
+class CurveDaemon(Daemon):
+    """A Daemon whose readiness check and control requests use the admin key."""
+
+    def __init__(self, tmp, flags, keys):
+        self.keys = keys
+        super().__init__(tmp, flags)
+
+    def control(self, request, timeout: float = 5.0, keypair=...):
+        return control_request(self.control_endpoint, request, timeout, self.keys["server"],
+                               self.keys["admin"] if keypair is ... else keypair)
+
+
+@pytest.fixture
+def curve_daemon(tmp_path, keys, request):
+    """daemon for CURVE: the keys' flags, a softmax program of helpers.CURVE_*."""
+    def make(**flags) -> CurveDaemon:
+        f = dict(keys["flags"], program="softmax", features=CURVE_FEATURES, classes=CURVE_CLASSES,
+                 batch_size=CURVE_BATCH, iterations_per_loop=5, summary_every=5)
+        f.update(flags)
+        return CurveDaemon(tmp_path, f, keys)
+
+    yield from started_daemons(request, make)

@@ -6,19 +6,23 @@ import time
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from infeed import protocol as P
 
 
 class RawPeer:
-    def __init__(self, endpoint: str, slow_reader: bool = False):
+    def __init__(self, endpoint: str, slow_reader: bool = False, handshake: bool = False):
         """slow_reader: a peer whose socket holds one message and a small kernel buffer, so that
-        while it does not read, the daemon's queue to it fills after a few replies."""
+        while it does not read, the daemon's queue to it fills after a few replies. handshake:
+        its socket's monitor reports the ZMTP handshake, which connected() waits for."""
         self.sock = zmq.Context.instance().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         if slow_reader:
             self.sock.setsockopt(zmq.RCVHWM, 1)
             self.sock.setsockopt(zmq.RCVBUF, 4096)
+        self._mon = self.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED) \
+            if handshake else None
         self.sock.connect(endpoint)
         self.acks: list[int] = []  # one entry per acknowledged batch (ACKs are cumulative)
         self.pending: list[int] = []  # seqs of the batches sent and not yet answered
@@ -108,8 +112,32 @@ class RawPeer:
         self.drain(timeout)
         assert not self.errors, f"unexpected ERROR: {self.errors}"
 
+    def connected(self, timeout: float = 5.0) -> "RawPeer":
+        """Until the ZMTP handshake with the daemon succeeded (made with handshake=True)."""
+        assert self._mon is not None, "RawPeer(handshake=True) has a monitor"
+        assert self._mon.poll(int(timeout * 1000)), f"no handshake within {timeout} s"
+        assert recv_monitor_message(self._mon)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        self.sock.disable_monitor()
+        self._mon.close(0)
+        self._mon = None
+        return self
+
     def close(self) -> None:
+        if self._mon is not None:
+            self._mon.close(0)
         self.sock.close(0)
+
+
+def xy_schema(features: int) -> list:
+    """HELLO's schema of the built-in programs: x float32 [features], y int32."""
+    return [P.schema_entry("x", "float32", [features]), P.schema_entry("y", "int32", [])]
+
+
+def xy_tensors(nrng, rows: int, features: int, classes: int) -> list:
+    """Random tensors of xy_schema: x uniform in [0, 1), y labels in [0, classes) (nrng: a numpy
+    Generator)."""
+    return [nrng.random((rows, features), dtype=np.float32),
+            nrng.integers(0, classes, rows, dtype=np.int32)]
 
 
 def hello(schema, name=None, **kw):

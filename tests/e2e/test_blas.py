@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import infeedd_path
-from test_infeedctl import ctl, endpoints
+from helpers import ctl, ctl_endpoints
 
 FALLBACKS_ON_AVX2 = {"katmai", "coppermine", "northwood", "prescott", "banias", "atom", "core2",
                      "penryn", "dunnington", "nehalem", "athlon", "opteron", "opteron_sse3",
@@ -55,7 +55,7 @@ def test_the_kernel_is_no_fallback(daemon, monkeypatch):
     assert not is_fallback(b), b
     # logged at start, and in infeedctl status
     assert f"BLAS {b['text']}" in d.log(), d.log()
-    r = ctl("status", *endpoints(d))
+    r = ctl("status", *ctl_endpoints(d))
     assert r.returncode == 0, r.stderr
     assert f"BLAS          {b['text']}" in r.stdout, r.stdout
     assert b["library"].startswith("OpenBLAS"), b

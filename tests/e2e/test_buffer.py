@@ -38,7 +38,7 @@ def test_buffer_commit_trains_as_send_and_reuses_buffers(daemon, rng):
 
     d = daemon(**flags)
     # the socket's pool of buffers (over shared memory buffer() hands out the pool's slots:
-    # test_shm)
+    # test_shared_memory_python.py)
     p = infeed.Producer(d.listen, name="loader", schema=SCHEMA, timeout=20, shm=False)
     row, seen = 0, []
     for k in sizes:

@@ -5,7 +5,6 @@ cannot start the run is a one-line config error."""
 
 import re
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -13,15 +12,14 @@ import pytest
 import ckpt
 import infeed
 from conftest import run_infeedd
+from helpers import seeded_batch, wait_until
 
 FEATURES, CLASSES, BATCH = 5, 3, 8
 
 
 def batch(seq: int) -> dict:
     """The stream's batch with sequence number seq: the same bytes whenever it is made."""
-    r = np.random.default_rng(1000 + seq)
-    return {"x": r.standard_normal((BATCH, FEATURES)).astype(np.float32),
-            "y": r.integers(0, CLASSES, BATCH, dtype=np.int32)}
+    return seeded_batch(1000 + seq, BATCH, FEATURES, CLASSES)
 
 
 def flags(folder, **kw) -> dict:
@@ -30,14 +28,6 @@ def flags(folder, **kw) -> dict:
              checkpoint_dir=str(folder), checkpoint_every=10)
     f.update(kw)
     return f
-
-
-def wait_until(cond, what: str, d, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s\n{d.log()}")
-        time.sleep(0.02)
 
 
 def stream(endpoint: str, last: int) -> infeed.Producer:

@@ -3,7 +3,6 @@
 import json
 import os
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,16 +160,33 @@ def write(tmp_path, text):
     return str(p)
 
 
-def test_config_file_errors(tmp_path):
-    usage_error("--config", write(tmp_path, '{"replicas": 2, "bogus_key": 1}'), key="bogus_key")
-    usage_error("--config", write(tmp_path, '{"replicas": "two"}'), key="replicas")
-    usage_error("--config", write(tmp_path, '{"features": 4, "classes": 3, "optimizer": "foo"}'),
-                key="optimizer")
-    out = usage_error("--config", write(tmp_path, '{"replicas": 2,\n  "steps": }\n'),
-                      key="infeedd.json")
-    assert re.search(r"line 2\b", out) and "column" in out, out
-    usage_error("--config", str(tmp_path / "missing.json"), key="missing.json")
-    usage_error("--config", write(tmp_path, "[1, 2]"), key="object")
+@pytest.mark.parametrize("text,key", [
+    ('{"replicas": 2, "bogus_key": 1}', "bogus_key"),
+    ('{"replicas": "two"}', "replicas"),
+    ('{"features": 4, "classes": 3, "optimizer": "foo"}', "optimizer"),
+    ('{"replicas": 2,\n  "steps": }\n', "infeedd.json"),  # and where: line 2, a column
+    (None, "missing.json"),  # no file
+    ("[1, 2]", "object"),
+])
+def test_config_file_errors(tmp_path, text, key):
+    path = write(tmp_path, text) if text is not None else str(tmp_path / "missing.json")
+    out = usage_error("--config", path, key=key)
+    if key == "infeedd.json":
+        assert re.search(r"line 2\b", out) and "column" in out, out
+
+
+@pytest.mark.parametrize("args,flag,words", [
+    (["--batch-size", str(1 << 62)], "--batch-size", [str(1 << 62)]),
+    (["--seed", " -1"], "--seed", []),
+    (["--max-producers", "0", "--expect-producers", "1"], "--max-producers", []),
+])
+def test_config_edges(args, flag, words):
+    """Config values that used to overflow or be misread (found by fuzzing) get exit 2 and a
+    sentence naming the key."""
+    r = run_infeedd("--steps", "1", "--features", "4", "--classes", "3", *args)
+    assert r.returncode == 2 and flag in r.stderr, r.stderr
+    for w in words:
+        assert w in r.stderr, r.stderr
 
 
 def test_config_file_then_flags(daemon, tmp_path):
@@ -271,3 +287,60 @@ def test_cuda_backend_without_gpu(tmp_path):
     assert line.startswith("infeedd: ") and "cuda" in line, line
     # built: "cuda backend: no usable GPU: cudaGetDeviceCount: <reason>"; not built: says so
     assert ("no usable GPU" in line and "cudaGetDeviceCount" in line) or "not built" in line, line
+
+
+# ---- config messages name what the user typed (a flag or a file key) --------------------------
+
+
+BASE = ["--features", "4", "--classes", "3"]
+
+
+def error_line(*args):
+    r = run_infeedd(*args)
+    assert r.returncode == 2, f"{args}: exit {r.returncode}:\n{r.stdout}{r.stderr}"
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("args,want,not_want", [
+    (["--steps", "5", "--last-step", "9"], "--steps and --last-step: expected exactly one",
+     "last_step"),
+    ([], "--steps and --last-step: expected exactly one of them, got neither", "last_step"),
+    (["--steps", "5", "--batch-size", "10", "--replicas", "3"], "--batch-size: 10 is not "
+     "divisible", "batch_size"),
+    (["--steps", "5", "--max-abs-input", "2", "--check-finite", "off"],
+     "--max-abs-input: expected --check-finite on", "check_finite"),
+    (["--steps", "5", "--program", "mlp"], "program 'mlp': --hidden must be", "setting 'hidden'"),
+    (["--steps", "5", "--initial-infeed-sleep", "1e9"], "--initial-infeed-sleep:",
+     "initial_infeed_sleep"),
+])
+def test_config_messages_name_the_flags_typed(args, want, not_want):
+    line = error_line(*BASE, *args)
+    assert want in line and not_want not in line, line
+
+
+def test_config_messages_name_the_file_keys_given_there(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"features": 4, "classes": 3, "steps": 5, "last_step": 9}))
+    line = error_line("--config", str(cfg))
+    assert "steps and last_step: expected exactly one" in line and "--" not in line, line
+    # a flag over a file key: each named as the user gave it
+    line = error_line("--config", str(cfg), "--last-step", "12")
+    assert "steps and --last-step: expected exactly one" in line, line
+
+
+def test_later_config_errors_name_the_flags_too(tmp_path):
+    """Errors found after the validation pass (checkpoints, key files) follow the same rule;
+    a quoted path that holds a key's name stays as it is."""
+    missing = tmp_path / "checkpoint_dir"
+    line = error_line(*BASE, "--mode", "eval", "--steps", "2", "--checkpoint-dir", str(missing))
+    assert line.startswith("infeedd: --checkpoint-dir: ") and f"'{missing}'" in line, line
+    line = error_line(*BASE, "--steps", "2", "--curve-secret-key", str(tmp_path / "admin_keys"),
+                      "--authorized-keys", str(tmp_path / "authorized_keys"))
+    assert line.startswith("infeedd: --curve-secret-key: ") and "/admin_keys'" in line, line
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"features": 4, "classes": 3, "steps": 2, "mode": "eval",
+                               "checkpoint_dir": str(missing)}))
+    line = error_line("--config", str(cfg))
+    assert line.startswith("infeedd: checkpoint_dir: "), line

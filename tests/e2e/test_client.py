@@ -199,10 +199,10 @@ def test_run_ends_while_streaming():
 
 def test_subscriber_iterates_until_end():
     ctx = zmq.Context.instance()
-    pub = ctx.socket(zmq.PUB)
+    pub = ctx.socket(zmq.XPUB)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     sub = infeed.Subscriber(f"tcp://127.0.0.1:{port}", timeout=2)
-    time.sleep(0.2)  # the slow joiner
+    assert pub.poll(5000) and pub.recv() == b"\x01"  # its subscription: no slow joiner
     pub.send(b'{"event":"train","global_step":10,"loss":0.5,"accuracy":0.75,'
              b'"examples_per_sec":1000}')
     pub.send(b'{"event":"end","global_step":10,"status":"ok","reason":"last_step"}')

@@ -1,25 +1,28 @@
 """The endpoints infeedd binds and says it bound: ports the system chooses
 (tcp://127.0.0.1:*) reported in the log line, in status and in the --ready-file (written whole,
 once every socket is served, removed at exit; a stale one removed at start); the missing folders
-of an ipc:// endpoint created with mode 0700; and the README's multi-host example, which binds
-ipc endpoints in a folder that does not exist yet, run as written."""
+of an ipc:// endpoint created with mode 0700; the default control socket, private to the
+daemon's user (an ipc socket in a folder of mode 0700 that infeedctl finds); and the README's
+multi-host example, which binds ipc endpoints in a folder that does not exist yet, run as
+written."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import socket
 import stat
 import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 import infeed
-from conftest import ROOT, infeedd_path
-from helpers import steps_data, stream_until_end, wait_ready_file
+from conftest import ROOT, control_request, infeedd_path
+from helpers import (MPI_ENV, infeedctl_path, mpi_skip_reason, steps_data, stream_until_end,
+                     subscribed, wait_ready_file)
 
 
 def start(tmp: Path, *args: str) -> subprocess.Popen:
@@ -68,12 +71,11 @@ def test_wildcard_ports_are_reported_and_used(tmp_path, rng):
         assert [p.name for p in ready.parent.iterdir()] == ["ready.json"]
         assert f"ingest on {r['listen']}, summaries on {r['publish']}, control on " \
                f"{r['control']}" in log_of(tmp_path), log_of(tmp_path)
-        from test_security import control
-        st = control(r["control"], {"cmd": "status"}, None, None, 5)
+        st = control_request(r["control"], {"cmd": "status"})
         assert st["endpoints"] == {k: r[k] for k in ("listen", "publish", "control")}, st
         assert st["pid"] == proc.pid, st
-        sub = infeed.Subscriber(r["publish"], timeout=20)
-        time.sleep(0.3)  # a PUB socket drops what it sends before the subscription arrives
+        # a PUB socket drops what it sends before the subscription arrives
+        sub = subscribed(infeed.Subscriber(r["publish"], timeout=20))
         assert train_through(r["listen"], rng, features, classes, batch) >= steps
         got = list(sub)
         sub.close()
@@ -136,13 +138,64 @@ def test_endpoint_and_ready_file_errors(tmp_path):
         log_of(tmp_path)
 
 
+
+
+
+def test_default_control_is_private(daemon, rng, tmp_path, monkeypatch):
+    """Without --control the control socket is ipc://$XDG_RUNTIME_DIR/infeed/control, in a
+    folder of mode 0700 (no other user reaches it); infeedctl finds it by itself; a folder that
+    others may enter is refused with a sentence, and so is a second daemon on the same socket."""
+    xdg = tmp_path / "run"
+    xdg.mkdir(mode=0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
+    d = daemon(features=4, classes=3, batch_size=8, steps=100000, control="default")
+    folder = xdg / "infeed"
+    assert d.control_endpoint == f"ipc://{folder}/control", d.ready
+    st = os.stat(folder)
+    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid(), oct(st.st_mode)
+    r = subprocess.run([infeedctl_path(), "status", "--json"], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["endpoints"]["control"] == d.control_endpoint
+    if os.geteuid() == 0:  # another user cannot connect
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                s = socket.socket(socket.AF_UNIX)
+                try:
+                    s.connect(f"{folder}/control")
+                except PermissionError:
+                    code = 0
+            finally:
+                os._exit(code)
+        assert os.waitpid(pid, 0)[1] == 0, "another user reached the control socket"
+    second = daemon(features=4, classes=3, batch_size=8, steps=100000, control="default",
+                    wait_ready=False)
+    assert second.wait() == 1  # as any endpoint that cannot be bound
+    assert "another process serves that socket" in second.log(), second.log()
+    r = subprocess.run([infeedctl_path(), "stop"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert d.wait() == 0, d.log()
+    shared = tmp_path / "shared"
+    (shared / "infeed").mkdir(parents=True)
+    os.chmod(shared / "infeed", 0o755)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(shared))
+    bad = daemon(features=4, classes=3, batch_size=8, steps=10, control="default",
+                 wait_ready=False)
+    assert bad.wait() == 1
+    assert "that no one else may enter (mode 0700)" in bad.log(), bad.log()
+
+
 def test_readme_multihost_example_as_written(tmp_path, rng):
     """The README's mpirun example (its ipc folder made fresh under tmp_path, and the PUB
     socket moved off the default port so that tests run side by side), fed by a producer per
     host that ends after a few global batches: the job ends with the input, exit 0."""
-    from test_multihost import _REASON, MPI_ENV
-    if _REASON is not None:
-        pytest.skip(_REASON)
+    reason = mpi_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
     text = (ROOT / "README.md").read_text()
     m = re.search(r"^mpirun -np 2 infeedd (?:.*\\\n)*.*$", text, re.M)
     assert m, "the README's multi-host example is gone"

@@ -1,7 +1,6 @@
 """Every bad input gets its ERROR (code, seq, credit and a sentence naming the field, what was
 expected and what arrived); the daemon keeps serving and the next good batch is accepted."""
 
-import json
 import re
 import struct
 
@@ -9,14 +8,14 @@ import numpy as np
 import pytest
 
 from infeed import protocol as P
-from rawpeer import RawPeer, batch_frames, hello
+from rawpeer import RawPeer, batch_frames, hello, xy_schema, xy_tensors
 
 D, K, B, CREDIT = 3, 5, 4, 4
-SCHEMA = [P.schema_entry("x", "float32", [D]), P.schema_entry("y", "int32", [])]
+SCHEMA = xy_schema(D)
 
 
 def good(rng, rows=B):
-    return [rng.random((rows, D), dtype=np.float32), rng.integers(0, K, rows, dtype=np.int32)]
+    return xy_tensors(rng, rows, D, K)
 
 
 def check(err, code, *substrings, seq=None, credit=0, codes=None):
@@ -221,6 +220,37 @@ def test_bad_batches(d, rng):
     assert d.wait() == 0, d.log()
     end = d.end_summary()
     assert (end["status"], end["reason"], end["global_step"]) == ("ok", "input_ended", accepted)
+    p.close()
+    keeper.close()
+
+
+def test_end_with_extra_frames_and_negative_seq(daemon, rng):
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    dm = daemon(replicas=1, batch_size=B, features=D, classes=K, steps=1000000,
+                iterations_per_loop=5, summary_every=0, credit=4)
+    p = RawPeer(dm.listen)
+    keeper = RawPeer(dm.listen)
+    keeper.send(hello(SCHEMA, name="keeper"))
+    keeper.welcome()
+    p.send(hello(SCHEMA, name="loader"))
+    p.welcome()
+    extra = int(nrng.integers(1, 4))
+    p.send(P.end_frames() + [b"x"] * extra)
+    e = p.error()
+    assert e["code"] == "EPROTO" and e["seq"] is None, e
+    assert f"END: expected 1 frame (header), got {1 + extra}" in e["message"], e
+    # the stream did not end: a batch is still accepted
+    p.send(batch_frames(0, good(nrng)))
+    p.ack(0)
+    neg = -int(nrng.integers(1, 1 << 40))
+    p.send(batch_frames(neg, good(nrng)))
+    e = p.error()
+    assert e["code"] == "EINVAL" and e["seq"] == neg and e["credit"] == 1, e
+    assert str(neg) in e["message"], e
+    p.send(P.end_frames())
+    keeper.send(P.end_frames())
+    p.until(lambda: p.byes, "BYE")
+    assert dm.wait() == 0, dm.log()
     p.close()
     keeper.close()
 

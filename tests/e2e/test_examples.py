@@ -1,34 +1,24 @@
 """The examples against a real daemon: the Python digits trainer and the C producer."""
 
-import os
 import re
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 import infeed
 from conftest import ROOT
+from helpers import c_producer, run_program, status_until
 
 DIGITS = ROOT / "examples" / "digits" / "train_digits.py"
-
-
-def run(argv, timeout=60):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "clients" / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
-    print(r.stdout[-3000:], r.stderr[-3000:], sep="\n")
-    return r
 
 
 def test_digits_demo(daemon):
     pytest.importorskip("sklearn")
     d = daemon(replicas=2, program="softmax", features=64, classes=10, batch_size=64,
                iterations_per_loop=20, steps=600, summary_every=50)
-    r = run([sys.executable, str(DIGITS), "--endpoint", d.listen, "--publish", d.publish,
+    r = run_program([sys.executable, str(DIGITS), "--endpoint", d.listen, "--publish", d.publish,
              "--seed", "3"])
     assert r.returncode == 0, r.stderr
     assert d.wait() == 0, d.log()
@@ -63,7 +53,7 @@ def test_digits_mlp_beats_softmax(daemon):
                 "--seed", "3", "--program", program]
         if extra:
             argv += ["--hidden", "64"]
-        r = run(argv)
+        r = run_program(argv)
         assert r.returncode == 0, r.stderr
         assert d.wait() == 0, d.log()
         assert (program + (" (hidden 64)" if extra else "")) in r.stdout, r.stdout
@@ -80,7 +70,7 @@ def test_digits_mlp_beats_softmax(daemon):
 def test_digits_refuses_another_model(daemon):
     pytest.importorskip("sklearn")
     d = daemon(replicas=1, program="softmax", features=64, classes=10, batch_size=8, steps=10)
-    r = run([sys.executable, str(DIGITS), "--endpoint", d.listen, "--publish", d.publish,
+    r = run_program([sys.executable, str(DIGITS), "--endpoint", d.listen, "--publish", d.publish,
              "--program", "mlp", "--hidden", "32"], timeout=30)
     assert r.returncode == 1, r.stdout
     assert "program 'softmax', expected 'mlp'" in r.stderr, r.stderr
@@ -93,7 +83,7 @@ def test_digits_epochs_end_the_input(daemon):
     pytest.importorskip("sklearn")
     d = daemon(replicas=2, program="softmax", features=64, classes=10, batch_size=64,
                iterations_per_loop=20, steps=100000, summary_every=10)
-    r = run([sys.executable, str(DIGITS), "--endpoint", d.listen, "--publish", d.publish,
+    r = run_program([sys.executable, str(DIGITS), "--endpoint", d.listen, "--publish", d.publish,
              "--epochs", "2"])
     assert r.returncode == 0, r.stderr
     assert d.wait() == 0, d.log()
@@ -105,24 +95,16 @@ def test_digits_epochs_end_the_input(daemon):
 def test_digits_wrong_daemon_schema(daemon):
     pytest.importorskip("sklearn")
     d = daemon(replicas=1, program="softmax", features=10, classes=10, batch_size=8, steps=10)
-    r = run([sys.executable, str(DIGITS), "--endpoint", d.listen, "--publish", d.publish],
+    r = run_program([sys.executable, str(DIGITS), "--endpoint", d.listen, "--publish", d.publish],
             timeout=30)
     assert r.returncode == 1 and "ESHAPE" in r.stderr and "'x'" in r.stderr, r.stderr
-
-
-def c_producer():
-    p = os.environ.get("INFEED_C_PRODUCER") or str(ROOT / "build" / "clients" / "c" /
-                                                    "infeed-producer-example")
-    if not os.path.isfile(p):
-        pytest.skip(f"the C producer example is not built ({p})")
-    return p
 
 
 def test_c_producer_until_last_step(daemon):
     exe = c_producer()
     d = daemon(replicas=2, program="softmax", features=16, classes=4, batch_size=32,
                iterations_per_loop=10, steps=150, summary_every=50)
-    r = run([exe, "--endpoint", d.listen, "--features", "16", "--classes", "4", "--batches",
+    r = run_program([exe, "--endpoint", d.listen, "--features", "16", "--classes", "4", "--batches",
              "1000"])
     assert r.returncode == 0, r.stderr
     assert d.wait() == 0, d.log()
@@ -145,7 +127,7 @@ def test_c_producer_no_daemon_says_the_readme_sentence():
     sentence = " ".join(m.group(1).split())
     from conftest import free_ports
     endpoint = f"tcp://127.0.0.1:{free_ports(1)[0]}"
-    r = run([exe, "--endpoint", endpoint, "--features", "4", "--classes", "2"], timeout=60)
+    r = run_program([exe, "--endpoint", endpoint, "--features", "4", "--classes", "2"], timeout=60)
     assert r.returncode == 1, r.stderr
     assert sentence.replace("tcp://127.0.0.1:5555", endpoint) in r.stderr, (sentence, r.stderr)
 
@@ -161,10 +143,9 @@ def test_c_and_python_producers_together(daemon):
         c = subprocess.Popen([exe, "--endpoint", d.listen, "--features", "16", "--classes", "4",
                               "--batches", "40", "--name", "c"], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 20
-        while not any(pr.get("name") == "c" for pr in d.control({"cmd": "status"})["producers"]):
-            assert time.monotonic() < deadline and c.poll() is None, c.communicate()
-            time.sleep(0.02)
+        status_until(d, lambda st: any(pr.get("name") == "c" for pr in st["producers"])
+                     or c.poll() is not None, 20, "the C producer's HELLO")
+        assert c.poll() is None, c.communicate()
         for _ in range(25):
             p.send(x=rng.uniform(-1, 1, (32, 16)).astype(np.float32),
                    y=rng.integers(0, 4, 32, dtype=np.int32))
@@ -189,11 +170,11 @@ def test_digits_holdout_eval_and_predict(daemon, tmp_path):
     model = dict(replicas=2, program="softmax", features=64, classes=10, batch_size=64)
     d = daemon(**model, iterations_per_loop=20, steps=300, learning_rate=0.5,
                checkpoint_dir=ck, checkpoint_every=100)
-    r = run([sys.executable, str(DIGITS), "--endpoint", d.listen, "--publish", d.publish,
+    r = run_program([sys.executable, str(DIGITS), "--endpoint", d.listen, "--publish", d.publish,
              "--holdout", str(holdout)])
     assert r.returncode == 0 and d.wait() == 0, (r.stderr, d.log())
     d = daemon(**model, mode="eval", steps=4, checkpoint_dir=ck)
-    r = run([sys.executable, str(SCORE), "--mode", "eval", "--endpoint", d.listen,
+    r = run_program([sys.executable, str(SCORE), "--mode", "eval", "--endpoint", d.listen,
              "--publish", d.publish, "--holdout", str(holdout)])
     assert r.returncode == 0 and d.wait() == 0, (r.stderr, d.log())
     m = re.search(r"eval: global step 300, loss [0-9.]+, held-out accuracy ([0-9.]+) over 256 rows",
@@ -201,7 +182,7 @@ def test_digits_holdout_eval_and_predict(daemon, tmp_path):
     assert m, r.stdout
     eval_acc = float(m.group(1))
     d = daemon(**model, mode="predict", steps=0, checkpoint_dir=ck)
-    r = run([sys.executable, str(SCORE), "--mode", "predict", "--endpoint", d.listen,
+    r = run_program([sys.executable, str(SCORE), "--mode", "predict", "--endpoint", d.listen,
              "--holdout", str(holdout)])
     assert r.returncode == 0 and d.wait() == 0, (r.stderr, d.log())
     m = re.search(r"predict: 5 batches, 297 predictions; held-out accuracy from the predicted "

@@ -5,6 +5,7 @@ trained exactly once), the rule for workers that connect late, a run that failed
 one that ended well, and Producer.transport after the with block."""
 
 import functools
+import itertools
 import re
 import threading
 from pathlib import Path
@@ -306,7 +307,8 @@ def test_a_failed_run_is_not_hidden_by_except_run_ended(daemon, rng):
                 iterations_per_loop=1, summary_every=0, check_finite="off",
                 max_skipped_steps=1)
     with pytest.raises(infeed.RunFailed, match="diverged"):
-        infeed.feed(dm.listen, [(bad, y)] + [(x, y)] * 50, timeout=20)
+        # endless data: only the daemon's end of the run stops the stream
+        infeed.feed(dm.listen, itertools.chain([(bad, y)], itertools.repeat((x, y))), timeout=20)
     assert dm.wait() == 1, dm.log()
 
     # a clean end: RunEnded, whose BYE (when it came first) says ok
@@ -321,7 +323,7 @@ def test_a_failed_run_is_not_hidden_by_except_run_ended(daemon, rng):
             assert ended.status in (None, "ok") and ended.error is None, ended.bye
     assert (p.bye["status"], p.bye["reason"], p.bye["global_step"]) == ("ok", "last_step", steps)
     r = infeed.feed(daemon(replicas=1, batch_size=bs, features=d, classes=classes, steps=steps,
-                           summary_every=0).listen, [(x, y)] * (steps + 200), timeout=20)
+                           summary_every=0).listen, itertools.repeat((x, y)), timeout=20)
     assert r.ended and r.bye["status"] == "ok" and r.sent >= steps, r
 
 

@@ -2,37 +2,21 @@
 line until the end summary), CURVE keys, and the sentences for no daemon and bad usage."""
 
 import json
-import os
 import re
 import subprocess
-import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import infeed
-from conftest import free_ports, infeedd_path
-from test_security import BATCH, CLASSES, FEATURES, batch, curve_daemon, keys, producer  # noqa: F401
-
-
-def infeedctl_path():
-    p = os.environ.get("INFEEDCTL")
-    if not p and infeedd_path():
-        p = str(Path(infeedd_path()).parent.parent / "tools" / "infeedctl")
-    if not p or not os.access(p, os.X_OK):
-        pytest.skip("infeedctl is not built (set INFEEDCTL)")
-    return p
-
-
-def ctl(*args, timeout=30):
-    return subprocess.run([infeedctl_path(), *args], capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def endpoints(d):
-    return ["--control", d.control_endpoint, "--publish", d.publish]
+from conftest import free_ports
+from helpers import CURVE_BATCH as BATCH
+from helpers import CURVE_CLASSES as CLASSES
+from helpers import CURVE_FEATURES as FEATURES
+from helpers import ctl, ctl_endpoints, infeedctl_path, wait_connected
+from helpers import curve_batch as batch
+from helpers import curve_producer as producer
 
 
 def start(daemon, **flags):
@@ -52,13 +36,13 @@ def test_status_readable_and_json(daemon, rng):
     for i in range(sent):
         p.send(batch(nprng, i))
     p.wait()
-    r = ctl("status", "--json", *endpoints(d))
+    r = ctl("status", "--json", *ctl_endpoints(d))
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     assert s["ok"] and s["last_step"] == steps and s["mode"] == "train", s
     assert [(q["name"], q["shm"]) for q in s["producers"]] == [("loader-7", shm)], s
     assert s["global_step"] <= sent and s["batches_accepted"] == sent, s
-    r = ctl("status", *endpoints(d))
+    r = ctl("status", *ctl_endpoints(d))
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert f"global step   {s['global_step']} / {steps}" in out, out
@@ -75,7 +59,7 @@ def test_stop_ends_the_run(daemon, rng):
     p = infeed.Producer(d.listen, name="p", timeout=10)
     for i in range(rng.randint(2, 6)):
         p.send(batch(nprng, i))
-    r = ctl("stop", *endpoints(d))
+    r = ctl("stop", *ctl_endpoints(d))
     assert r.returncode == 0, r.stderr
     assert "stopping" in r.stdout, r.stdout
     try:
@@ -90,9 +74,22 @@ def test_stop_ends_the_run(daemon, rng):
 
 
 def watch(d, *extra):
-    proc = subprocess.Popen([infeedctl_path(), "watch", *endpoints(d), *extra],
+    """infeedctl watch on d, once it is under way: its first line says the control socket
+    answered its status (a watch without that answer cannot tell a daemon that vanished), and its
+    subscriber is connected (PUB drops what it publishes before a subscription). communicate()
+    gives the whole output, that first line included."""
+    proc = subprocess.Popen([infeedctl_path(), "watch", *ctl_endpoints(d), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)  # PUB drops what is published before the subscription is up
+    first = proc.stdout.readline()
+    assert first.startswith("watching infeedd at "), (first, proc.poll())
+    wait_connected(d.publish)
+    rest = proc.communicate
+
+    def communicate(*args, **kw):
+        out, err = rest(*args, **kw)
+        return first + out, err
+
+    proc.communicate = communicate
     return proc
 
 
@@ -180,10 +177,10 @@ def test_curve_refusals_say_why(curve_daemon, keys, rng):
                "--admin-keys?)")
     dead = f"tcp://127.0.0.1:{free_ports(1)[0]}"
     for args, words in [
-            (["status", *endpoints(d)], need),
-            (["stop", *endpoints(d)], need),
-            (["watch", *endpoints(d)], need),
-            (["status", *endpoints(d), *server, "--key-file", str(keys["dir"] / "a.key")],
+            (["status", *ctl_endpoints(d)], need),
+            (["stop", *ctl_endpoints(d)], need),
+            (["watch", *ctl_endpoints(d)], need),
+            (["status", *ctl_endpoints(d), *server, "--key-file", str(keys["dir"] / "a.key")],
              refused),
             (["status", "--control", dead, *server, "--key-file", str(keys["dir"] / "admin.key")],
              f"; is infeedd running with --control {dead}, or does it refuse this client's key "
@@ -226,21 +223,19 @@ def test_curve_keys(curve_daemon, keys, rng):
     d = curve_daemon(steps=20, summary_every=2, iterations_per_loop=2)
     admin = ["--server-key", str(keys["dir"] / "daemon.pub"),
              "--key-file", str(keys["dir"] / "admin.key")]
-    r = ctl("status", "--json", *endpoints(d), *admin)
+    r = ctl("status", "--json", *ctl_endpoints(d), *admin)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["last_step"] == 20
     # no keys, or a key not in --admin-keys: the daemon answers nothing
     for who in ([], ["--server-key", str(keys["dir"] / "daemon.pub"),
                      "--key-file", str(keys["dir"] / "a.key")]):
-        r = ctl("status", *endpoints(d), "--timeout", "0.5", *who)
+        r = ctl("status", *ctl_endpoints(d), "--timeout", "0.5", *who)
         assert r.returncode == 1 and "no daemon answered" in r.stderr, r.stderr
-    r = ctl("status", *endpoints(d), "--server-key", str(keys["dir"] / "missing.pub"),
+    r = ctl("status", *ctl_endpoints(d), "--server-key", str(keys["dir"] / "missing.pub"),
             "--key-file", str(keys["dir"] / "admin.key"))
     assert r.returncode == 1 and "missing.pub" in r.stderr, r.stderr
     # watch with a subscriber key, to the end
-    proc = subprocess.Popen([infeedctl_path(), "watch", *endpoints(d), *admin],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.5)
+    proc = watch(d, *admin)
     nprng = np.random.default_rng(rng.randint(0, 2**31))
     with producer(d, keys, "a", "loader-0") as p:
         try:

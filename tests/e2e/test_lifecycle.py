@@ -10,7 +10,7 @@ import zmq
 
 import infeed
 from conftest import ROOT
-from helpers import Collector
+from helpers import Collector, status_until, wait_connected
 
 D, K, B = 4, 3, 4
 
@@ -35,7 +35,7 @@ class Streamer(threading.Thread):
                     p.send(x=nrng.random((B, D), dtype=np.float32),
                            y=nrng.integers(0, K, B, dtype=np.int32))
                     self.sent += 1
-                    if self.sleep:
+                    if self.sleep:  # a slow producer on purpose
                         time.sleep(self.sleep)
             except infeed.RunEnded as e:
                 self.bye = e.bye or p.end()
@@ -47,13 +47,7 @@ class Streamer(threading.Thread):
 
 
 def wait_steps(d, n, timeout=15):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        st = d.control({"cmd": "status"})
-        if st.get("global_step", 0) >= n:
-            return st
-        time.sleep(0.05)
-    raise AssertionError(f"global step {n} not reached in {timeout} s: {st}\n{d.log()}")
+    return status_until(d, lambda st: st.get("global_step", 0) >= n, timeout, f"global step {n}")
 
 
 def test_sigterm_stops_gracefully(daemon, rng):
@@ -160,7 +154,8 @@ def test_stuck_subscriber_never_blocks(daemon):
     stuck.connect(d.publish)
     col = Collector(d.publish)  # and one that reads
     col.start()
-    time.sleep(0.3)
+    col.subscribed()
+    wait_connected(d.publish, 2)  # the stuck one too
     took = run_many_summaries(d, steps)
     print(f"{steps} steps, a summary each, a stuck subscriber: {took:.2f} s")
     assert len(d.summaries()) == steps + 1

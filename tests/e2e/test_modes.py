@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import infeed
-from helpers import stream_until_end
+from helpers import stream_until_end, wait_log
 from rawpeer import RawPeer, hello
 
 
@@ -126,10 +126,7 @@ def test_status_names_the_starving_replica(daemon, rng):
     assert {p["name"]: p["replica"] for p in status["producers"]} == \
         {f"core-{r}": r for r in others}, status
     # the watchdog says so in the log after 5 s
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and f"replica {starving} is starving" not in d.log():
-        time.sleep(0.1)
-    assert f"replica {starving} is starving" in d.log(), d.log()
+    wait_log(d, f"replica {starving} is starving")
     # the missing producer comes: the run goes to its last step
     t = threading.Thread(target=go, args=(starving,), daemon=True)
     t.start()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -23,30 +22,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import zmq
 
 import ckpt
 import infeed
+from conftest import control_request as control
 from conftest import infeedd_path
-
-MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1")
+from helpers import MPI_ENV, mpi_skip_reason
 
 
-def _mpi_skip_reason():
-    exe = infeedd_path()
-    if exe is None:
-        return "infeedd is not built (set INFEEDD)"
-    if shutil.which("mpirun") is None:
-        return "mpirun is not installed (apt-get install openmpi-bin libopenmpi-dev)"
-    r = subprocess.run(["mpirun", "-np", "2", exe, "--version"], capture_output=True, text=True,
-                       timeout=60, env=MPI_ENV)
-    if r.returncode != 0:
-        return f"infeedd cannot run under mpirun here: {(r.stderr or r.stdout)[-300:]}"
-    return None
-
-
-_REASON = _mpi_skip_reason()
+_REASON = mpi_skip_reason()
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
 
 
@@ -285,19 +269,6 @@ def test_input_ending_on_one_host_ends_all_at_the_same_step(tmp_path, rng):
         assert end["global_step"] == ended_at, (h, end, job.log())
 
 
-def control(endpoint: str, request: dict, timeout: float = 5.0) -> dict:
-    """One request on a host's control REP socket."""
-    s = zmq.Context.instance().socket(zmq.REQ)
-    s.setsockopt(zmq.LINGER, 0)
-    try:
-        s.connect(endpoint)
-        s.send(json.dumps(request).encode())
-        assert s.poll(int(timeout * 1000)), f"control {endpoint}: no answer to {request}"
-        return json.loads(s.recv())
-    finally:
-        s.close(0)
-
-
 def wait_training(job: Job, timeout: float = 60) -> None:
     """Until every host answers status on its control socket with a step done."""
     deadline = time.monotonic() + timeout
@@ -306,7 +277,7 @@ def wait_training(job: Job, timeout: float = 60) -> None:
             if all(control(f"ipc://{job.tmp}/ctl-{h}", {"cmd": "status"}, 1.0)["global_step"] > 0
                    for h in range(job.hosts)):
                 return
-        except AssertionError:  # not answering yet
+        except TimeoutError:  # not answering yet (conftest.control_request)
             pass
         time.sleep(0.05)
     pytest.fail(f"the hosts did not start training within {timeout} s:\n{job.log()}")
@@ -364,7 +335,7 @@ def test_stop_on_one_host_while_another_has_no_input(tmp_path, rng, how):
     while time.monotonic() < deadline:
         try:
             st = [control(c, {"cmd": "status"}, 1.0) for c in ctl]
-        except AssertionError:  # not answering yet
+        except TimeoutError:  # not answering yet (conftest.control_request)
             st = None
         if st and st[idle]["infeed_waiting"] and all(s["global_step"] == given for s in st):
             break

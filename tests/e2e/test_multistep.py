@@ -5,14 +5,13 @@ refused naming max_steps_per_message; a run resumed from a checkpoint written be
 of a message takes only the steps it had not consumed."""
 
 import signal
-import time
 
 import numpy as np
 
 import ckpt
 import infeed
 from infeed import protocol as P
-from helpers import steps_data
+from helpers import steps_data, wait_until
 from rawpeer import RawPeer, batch_frames, hello
 
 D, K = 5, 3
@@ -160,10 +159,7 @@ def test_resume_between_the_steps_of_a_message(daemon, tmp_path, rng):
     for m in msgs[:upto]:
         p1.send(m)
     target = cuts[upto] // 3 * 3
-    deadline = time.monotonic() + 20
-    while not (folder / f"ckpt-{target:012d}.ifdckpt").exists():
-        assert time.monotonic() < deadline, d1.log()
-        time.sleep(0.02)
+    wait_until((folder / f"ckpt-{target:012d}.ifdckpt").exists, f"checkpoint {target}", d1)
     d1.signal(signal.SIGKILL)
     d1.wait()
     p1.close()

@@ -2,7 +2,9 @@
 values (3e38, accepted by --check-finite) skips its step instead of ending the run; the
 summaries count it and name the batch; --max-skipped-steps in a row end the run with a
 sentence naming the batches; a run with skipped steps killed with SIGKILL and resumed ends with
-the bits of an uninterrupted one."""
+the bits of an uninterrupted one. Non-finite and out-of-range inputs are rejected at ingest (ERROR
+ERANGE naming the element) and the run goes on; with --check-finite off a NaN reaches the model,
+which diverges."""
 
 import signal
 
@@ -10,9 +12,13 @@ import numpy as np
 
 import ckpt
 import infeed
-from test_checkpoint import wait_until
+from infeed import protocol as P
+from rawpeer import RawPeer, batch_frames, hello, xy_schema, xy_tensors
+from helpers import wait_until
 
 FEATURES, CLASSES, BATCH = 64, 10, 32  # the issue's job: softmax, 64 features, batch 32
+K = 4  # classes and rows of the raw peers' batches
+B = 4
 
 
 def batch(seq: int, bad: set) -> dict:
@@ -37,6 +43,13 @@ def stream(endpoint: str, n: int, bad: set, name: str = "loader-0") -> infeed.Pr
     p.end()
     p.close()
     return p
+
+
+schema = xy_schema
+
+
+def good(nrng, d, rows=B):
+    return xy_tensors(nrng, rows, d, K)
 
 
 def skipped_batches(d) -> list:
@@ -112,3 +125,67 @@ def test_sigkill_and_resume_with_skipped_steps_equals_uninterrupted(daemon, tmp_
     assert got["global_step"] == last and got["opt_step"] == want["opt_step"]
     np.testing.assert_array_equal(got["params"], want["params"])
     np.testing.assert_array_equal(got["slots"], want["slots"])
+
+
+# ---- inputs checked at ingest (--check-finite, --max-abs-input) ------------------------------
+
+def test_non_finite_inputs_are_rejected_and_the_run_goes_on(daemon, rng):
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    d = int(nrng.integers(1, 40))
+    dm = daemon(replicas=2, batch_size=B, features=d, classes=K, steps=1000000,
+                iterations_per_loop=5, summary_every=1, credit=4, max_abs_input=1e6)
+    p = RawPeer(dm.listen)
+    p.send(hello(schema(d), name="loader"))
+    p.welcome()
+    seq = 0
+    trained = 0
+    for trial in range(12):
+        x, y = good(nrng, d)
+        row, col = int(nrng.integers(0, B)), int(nrng.integers(0, d))
+        value, word = [(np.nan, "NaN"), (np.inf, "inf"), (-np.inf, "-inf"),
+                       (np.float32(3e38), "3e+38"), (np.float32(-2e6), "-2e+06")][trial % 5]
+        x[row, col] = value
+        p.send(batch_frames(seq, [x, y]))
+        e = p.error()
+        assert e["code"] == "ERANGE" and e["seq"] == seq and e["credit"] == 1, e
+        want = f"tensor 'x' row {row} element {col}"
+        assert want in e["message"] and word in e["message"], (want, word, e)
+        if trial == 0:
+            assert f"rejected (IFD_ERANGE): batch {seq} from producer 'loader': {want}" \
+                in dm.log(), dm.log()
+        # the next good batch is accepted and trained on
+        x[row, col] = 0.5
+        p.send(batch_frames(seq, [x, y]))
+        p.ack(seq)
+        seq += 1
+        trained += 1
+    p.send(P.end_frames())
+    p.until(lambda: p.byes, "BYE")
+    assert dm.wait() == 0, dm.log()
+    end = dm.end_summary()
+    assert (end["status"], end["global_step"]) == ("ok", trained), end
+    losses = [s["loss"] for s in dm.summaries() if s["event"] == "train"]
+    assert losses and all(np.isfinite(losses)), losses
+    p.close()
+
+
+def test_check_finite_off_lets_nan_through_and_the_model_diverges(daemon, rng):
+    """The documented behaviour of a diverging model: a NaN loss skips its step, and
+    --max-skipped-steps of them in a row (here 1) end the run with ENUMERIC."""
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    d = int(nrng.integers(1, 20))
+    dm = daemon(replicas=1, batch_size=B, features=d, classes=K, steps=100,
+                iterations_per_loop=1, summary_every=1, check_finite="off", max_skipped_steps=1)
+    p = RawPeer(dm.listen)
+    p.send(hello(schema(d), name="loader"))
+    p.welcome()
+    x, y = good(nrng, d)
+    x[int(nrng.integers(0, B)), int(nrng.integers(0, d))] = np.nan
+    p.send(batch_frames(0, [x, y]))
+    p.until(lambda: p.byes, "BYE")
+    assert p.byes[0]["status"] == "error", p.byes
+    assert dm.wait() == 1, dm.log()
+    end = dm.end_summary()
+    assert end["status"] == "error" and end["code"] == "IFD_ENUMERIC", end
+    assert "diverged" in end["error"], end
+    p.close()

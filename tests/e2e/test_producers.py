@@ -8,6 +8,7 @@ import numpy as np
 
 import infeed
 from infeed import protocol as P
+from helpers import status_until
 from rawpeer import RawPeer, batch_frames, hello
 
 D, K = 4, 3
@@ -42,7 +43,7 @@ def test_three_producers(daemon, rng):
                     y = np.full(batch, i % K, np.int32)
                     assert p.send(x=x, y=y) == seq
                     assert p.credit >= 0
-                    if nrng.random() < 0.2:
+                    if nrng.random() < 0.2:  # producers at different paces, on purpose
                         time.sleep(float(nrng.random()) * 0.01)
             byes[i] = p.bye
         except BaseException as e:  # noqa: BLE001 - reported below
@@ -128,8 +129,8 @@ def test_immediate_reconnects_are_welcomed(daemon, rng):
         if n:
             peer.ack(seq + n - 1)
         seq += n
-        nxt = RawPeer(d.listen)  # connected before the close, so its HELLO follows it at once
-        time.sleep(0.02)
+        # connected before the close, so its HELLO follows it at once
+        nxt = RawPeer(d.listen, handshake=True).connected()
         peer.close()
         peer = nxt
         peer.send(hello(schema, name="bouncer"))
@@ -161,14 +162,14 @@ def test_expect_producers_keeps_the_input_open(daemon, rng):
             a.send(b(s))
         a.ack(n - 1)
         a.send(P.end_frames())
-        time.sleep(0.2)
         if expect == 0:
             a.until(lambda: a.byes, "BYE", timeout=10)
             assert a.byes[0]["reason"] == "input_ended" and a.byes[0]["global_step"] == n
             assert d.wait() == 0, d.log()
             a.close()
             continue
-        status = d.control({"cmd": "status"})
+        status = status_until(d, lambda st: any(q["name"] == "first" and q["ended"]
+                                                 for q in st["producers"]), what="its END handled")
         assert not status["input_closed"], status
         c = RawPeer(d.listen)
         c.send(hello(schema, name="second"))
@@ -215,11 +216,9 @@ def test_bye_reaches_ended_producers_whose_slots_were_reused(daemon, rng):
         counts.append(rng.randint(1, 4))
         stream(p, counts[-1])
         peers.append(p)
-        deadline = time.monotonic() + 10  # the next HELLO may take this slot once it ended
-        while not any(q["name"] == f"p{i}" and q["ended"]
-                      for q in d.control({"cmd": "status"})["producers"]):
-            assert time.monotonic() < deadline, "the END was not handled"
-            time.sleep(0.02)
+        # the next HELLO may take this slot once it ended
+        status_until(d, lambda st: any(q["name"] == f"p{i}" and q["ended"]
+                                       for q in st["producers"]), what="the END handled")
     peers.append(keeper)
     counts.append(rng.randint(1, 4))
     stream(keeper, counts[-1])

@@ -8,117 +8,27 @@ answer that must not come, while an allowed peer on the same daemon does get ans
 from __future__ import annotations
 
 import json
-import os
 import re
 import stat
 import subprocess
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import zmq
 
 import infeed
-from conftest import Daemon, free_ports, run_infeedd
+from conftest import free_ports, keygen, run_infeedd
 from infeed import keys as K
 from infeed import protocol as P
 from rawpeer import RawPeer, batch_frames, hello
-from test_examples import c_producer
+from helpers import (CURVE_BATCH, CURVE_CLASSES, CURVE_FEATURES, CURVE_SCHEMA, c_producer,
+                     subscribed, wait_log)
+from helpers import curve_batch as batch
+from helpers import curve_producer as producer
 
-FEATURES, CLASSES, BATCH = 8, 3, 16
-SCHEMA = [("x", "float32", (FEATURES,)), ("y", "int32", ())]
+FEATURES, CLASSES, BATCH, SCHEMA = CURVE_FEATURES, CURVE_CLASSES, CURVE_BATCH, CURVE_SCHEMA
 RAW_SCHEMA = [P.schema_entry(*e) for e in SCHEMA]
-
-
-def keygen(prefix: Path) -> tuple:
-    r = run_infeedd("keygen", str(prefix))
-    assert r.returncode == 0, r.stderr
-    return K.load_keypair(f"{prefix}.key")
-
-
-@pytest.fixture
-def keys(tmp_path):
-    """The daemon's key pair and four clients: a (bound to loader-0, loader-1), b (any free
-    name), admin, stranger (listed nowhere); the authorized- and admin-keys files."""
-    k = {n: keygen(tmp_path / n) for n in ("daemon", "a", "b", "admin")}
-    k["stranger"] = K.generate_keypair()
-    (tmp_path / "authorized").write_text(
-        f"# producers\n{k['a'][0]}  loader-0, loader-1\n\n{k['b'][0]}\n")
-    (tmp_path / "admins").write_text(f"{k['admin'][0]}\n")
-    k["flags"] = dict(curve_secret_key=str(tmp_path / "daemon.key"),
-                      authorized_keys=str(tmp_path / "authorized"),
-                      admin_keys=str(tmp_path / "admins"))
-    k["server"] = k["daemon"][0]
-    k["dir"] = tmp_path
-    return k
-
-
-class CurveDaemon(Daemon):
-    """A Daemon whose readiness check and control requests use the admin key."""
-
-    def __init__(self, tmp, flags, keys):
-        self.keys = keys
-        super().__init__(tmp, flags)
-
-    def control(self, request, timeout: float = 5.0, keypair=...):
-        return control(self.control_endpoint, request, self.keys["server"],
-                       self.keys["admin"] if keypair is ... else keypair, timeout)
-
-
-def control(endpoint, request, server, keypair, timeout: float):
-    """One request on a REQ socket, as a CURVE client with keypair (None: no CURVE)."""
-    s = zmq.Context.instance().socket(zmq.REQ)
-    s.setsockopt(zmq.LINGER, 0)
-    try:
-        if keypair is not None:
-            K.apply_client(s, K.client_keys(server_key=server, keypair=keypair))
-        s.connect(endpoint)
-        s.send(json.dumps(request).encode())
-        if not s.poll(int(timeout * 1000)):
-            raise TimeoutError(f"control: no answer to {request!r} within {timeout} s")
-        return json.loads(s.recv())
-    finally:
-        s.close(0)
-
-
-@pytest.fixture
-def curve_daemon(tmp_path, keys, request):
-    started = []
-
-    def start(**flags) -> CurveDaemon:
-        f = dict(keys["flags"], program="softmax", features=FEATURES, classes=CLASSES,
-                 batch_size=BATCH, iterations_per_loop=5, summary_every=5)
-        f.update(flags)
-        d = CurveDaemon(tmp_path, f, keys)
-        started.append(d)
-        return d
-
-    yield start
-    failed = getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed
-    for d in started:
-        if failed:
-            print(f"infeedd {' '.join(d.argv[1:])}:\n{d.log()[-4000:]}")
-        d.kill()
-
-
-def batch(rng, i=0):
-    y = rng.integers(0, CLASSES, BATCH, dtype=np.int32)
-    x = (np.eye(CLASSES, FEATURES, dtype=np.float32)[y] * 2 +
-         0.1 * rng.standard_normal((BATCH, FEATURES))).astype(np.float32)
-    return {"x": x, "y": y}
-
-
-def producer(d, keys, who, name, timeout=10, **kw):
-    return infeed.Producer(d.listen, name=name, timeout=timeout, schema=SCHEMA,
-                           server_key=keys["server"], keypair=keys[who], **kw)
-
-
-def wait_log(d, text, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while text not in d.log():
-        assert time.monotonic() < deadline, f"the log never said {text!r}:\n{d.log()}"
-        time.sleep(0.05)
 
 
 # ---- keygen ----------------------------------------------------------------------------------
@@ -220,7 +130,7 @@ def test_unauthorized_key_delivers_nothing(curve_daemon, keys, rng):
                                         keypair=K.generate_keypair()))
         s.connect(d.listen)
         socks.append(s)
-    time.sleep(2.2)
+    time.sleep(2.2)  # 2 s of refused handshakes, on purpose (the log's rate limit is tested)
     for s in socks:
         s.close(0)
     wait_log(d, "suppressed")
@@ -298,7 +208,7 @@ def test_subscriber_without_an_allowed_key_gets_nothing(curve_daemon, keys):
                                    keypair=keys[who]) for who in ("admin", "stranger")}
     subs["plain"] = infeed.Subscriber(d.publish, timeout=0.05)
     try:
-        time.sleep(0.5)  # let the allowed subscriber's connection come up before the summaries
+        subscribed(subs["admin"])  # the allowed one's connection is up before the summaries
         rng = np.random.default_rng(4)
         with producer(d, keys, "b", "p") as p:
             try:

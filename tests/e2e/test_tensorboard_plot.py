@@ -5,13 +5,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 import infeed
 from conftest import free_ports
+from helpers import wait_connected
 from infeed.runlog import SCALARS, read_summaries
 
 pytest.importorskip("tensorboardX")
@@ -93,7 +93,9 @@ def test_subscribe_follows_a_live_run(daemon, rng, tmp_path):
                              d.publish, "--logdir", str(tmp_path / "tb")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=os.environ.copy())
-    time.sleep(1.0)  # the subscription is up before the first summary
+    # the subscriber (another process: its start takes a while) is connected before the first
+    # summary: the daemon's PUB drops what it sends before that
+    wait_connected(d.publish)
     feed(d, rng)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err  # it ended by itself with the end summary

@@ -1,12 +1,11 @@
 """Runs that train: the exact global step for random schedules, summaries on both sinks, and a
 loss that goes down."""
 
-import time
 
 import numpy as np
 
 import infeed
-from helpers import Collector, separable, stream_until_end
+from helpers import Collector, separable, status_until, stream_until_end
 
 
 def expected_train_steps(steps: int, every: int) -> list[int]:
@@ -73,7 +72,7 @@ def test_summaries_on_file_and_pub(daemon, rng):
                features=4, classes=3)
     col = Collector(d.publish)
     col.start()
-    time.sleep(0.3)  # let the SUB connect before the run starts (PUB drops before that)
+    col.subscribed()  # before the run starts (PUB drops what it sends before that)
     nrng = np.random.default_rng(rng.randrange(1 << 30))
     stream_until_end(d.listen, lambda i: {"x": nrng.random((8, 4), dtype=np.float32),
                                           "y": nrng.integers(0, 3, 8, dtype=np.int32)})
@@ -130,12 +129,7 @@ def test_large_frames_are_not_copied(daemon, rng):
                    y=nrng.random((batch, 2), dtype=np.float32))
         p.wait()
         # an ACK means the replicas are done reading the batch; the step's end follows it
-        deadline = time.monotonic() + 10
-        while True:
-            status = d.control({"cmd": "status"})
-            if status["global_step"] == n or time.monotonic() > deadline:
-                break
-            time.sleep(0.01)
+        status = status_until(d, lambda st: st["global_step"] == n, what=f"global step {n}")
         assert status["batches_accepted"] == n and status["global_step"] == n, status
         # only the small y frames (batch x 2 floats) may have been left unaligned by libzmq
         assert status["bytes_copied_unaligned"] <= n * batch * 2 * 4, status

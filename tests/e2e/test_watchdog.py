@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 import infeed
+from helpers import status_until
 
 D, K, B = 4, 3, 8
 
@@ -14,15 +15,6 @@ D, K, B = 4, 3, 8
 def batch(i: int) -> dict:
     r = np.random.default_rng(i)
     return {"x": r.random((B, D), dtype=np.float32), "y": r.integers(0, K, B, dtype=np.int32)}
-
-
-def status_until(d, pred, timeout: float = 10):
-    deadline = time.monotonic() + timeout
-    while True:
-        st = d.control({"cmd": "status"})
-        if pred(st) or time.monotonic() > deadline:
-            return st
-        time.sleep(0.02)
 
 
 def test_stalled_producer_trips_the_watchdog(daemon):
@@ -73,7 +65,8 @@ def test_watchdog_off_by_default_and_a_producer_that_ends_is_not_starving(daemon
                steps=100, summary_every=0)
     p = infeed.Producer(d.listen, name="stalls", timeout=20)
     p.send(batch(0))
-    time.sleep(1.5)
+    # starving for 1.5 s by the daemon's own clock (a watchdog of 1 s would have ended it)
+    status_until(d, lambda st: st["infeed_waiting_sec"] >= 1.5, what="1.5 s of starving")
     assert d.proc.poll() is None, d.log()
     assert d.control({"cmd": "stop"}) == {"ok": True}
     assert d.wait(15) == 0, d.log()
@@ -87,8 +80,7 @@ def test_initial_infeed_sleep_holds_the_first_step(daemon):
     p = infeed.Producer(d.listen, name="early", timeout=20)
     for i in range(4):
         p.send(batch(i))
-    time.sleep(0.5)
-    st = d.control({"cmd": "status"})
+    st = status_until(d, lambda st: st["batches_accepted"] == 4, what="4 batches accepted")
     assert st["global_step"] == 0 or time.monotonic() - t0 >= 2, st
     p.end()
     assert d.wait(20) == 0, d.log()

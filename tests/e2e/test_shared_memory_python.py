@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 import warnings
 
 import numpy as np
@@ -22,11 +21,11 @@ import infeed
 from infeed import protocol as P
 from infeed import shm as S
 from fake_daemon import SOFTMAX_SCHEMA, FakeDaemon, make_pool, read_slot
-from helpers import steps_data
-from rawpeer import RawPeer, hello, shm_frames
+from helpers import status_until, steps_data
+from rawpeer import RawPeer, hello, shm_frames, xy_schema
 
 D, K = 5, 3
-SCHEMA = [P.schema_entry("x", "float32", [D]), P.schema_entry("y", "int32", [])]
+SCHEMA = xy_schema(D)
 
 
 # -- the client alone (a fake daemon) ------------------------------------------------------------
@@ -427,8 +426,9 @@ def test_labels_rewritten_in_flight_do_not_reach_the_model(daemon, rng):
     for i in range(n):
         p.send(x=x[i * batch:(i + 1) * batch], y=y[i * batch:(i + 1) * batch])
     assert len(p._shm.inflight) == n
-    time.sleep(0.3)
-    p.poll()  # accepted: no ERROR (the daemon sleeps 1 s before its first step)
+    # accepted (the daemon sleeps 1 s before its first step): no ERROR
+    status_until(d, lambda st: st["batches_accepted"] == n, what=f"{n} batches accepted")
+    p.poll()
     assert p.unacked == list(range(n))
     r = np.random.default_rng(rng.randrange(1 << 30))
     labels = p._shm.views[1]

@@ -2,16 +2,12 @@
 (ERROR EBUSY naming the flag) instead of waiting for a reply that dies with it; a new connection
 takes the place of an idle one (ingest: no producer on it for 5 s; summaries: no subscription;
 control: the oldest), so idle connections cannot lock producers or control clients out; a
-subscriber may hold at most 8 subscriptions; and the default control socket is an ipc socket in a
-folder only the daemon's user may enter."""
+subscriber may hold at most 8 subscriptions; --max-connections is checked and logged with the
+memory bound it gives."""
 
 from __future__ import annotations
 
-import json
 import os
-import socket
-import stat
-import subprocess
 import time
 
 import numpy as np
@@ -19,12 +15,12 @@ import pytest
 import zmq
 
 import infeed
-from helpers import Collector, wait_ready_file
-from test_floods import (HANDSHAKE_S, memory_bound, note_baseline, port, rss, sanitized, train,
-                         train_retry, wait_log)
+from conftest import run_infeedd
+from helpers import (FLOOD_BATCH as BATCH, FLOOD_D as D, FLOOD_K as K, HANDSHAKE_S, Collector,
+                     memory_bound, note_baseline, port, rss, sanitized, train, train_retry,
+                     wait_log)
 from zmtp import RawZmtp, frame
 
-D, K, BATCH = 4, 3, 8
 SUBS_MAX = 8  # host/limits.h, IFD_PUB_SUBS_MAX
 
 
@@ -112,55 +108,6 @@ def test_control_always_answers(daemon, rng):
         p.close()
 
 
-def test_default_control_is_private(daemon, rng, tmp_path, monkeypatch):
-    """Without --control the control socket is ipc://$XDG_RUNTIME_DIR/infeed/control, in a
-    folder of mode 0700 (no other user reaches it); infeedctl finds it by itself; a folder that
-    others may enter is refused with a sentence, and so is a second daemon on the same socket."""
-    xdg = tmp_path / "run"
-    xdg.mkdir(mode=0o700)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(xdg))
-    d = daemon(features=D, classes=K, batch_size=BATCH, steps=100000, control="default")
-    folder = xdg / "infeed"
-    assert d.control_endpoint == f"ipc://{folder}/control", d.ready
-    st = os.stat(folder)
-    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid(), oct(st.st_mode)
-    from test_infeedctl import infeedctl_path
-    r = subprocess.run([infeedctl_path(), "status", "--json"], capture_output=True, text=True,
-                       timeout=30)
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["endpoints"]["control"] == d.control_endpoint
-    if os.geteuid() == 0:  # another user cannot connect
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                os.setgid(65534)
-                os.setuid(65534)
-                s = socket.socket(socket.AF_UNIX)
-                try:
-                    s.connect(f"{folder}/control")
-                except PermissionError:
-                    code = 0
-            finally:
-                os._exit(code)
-        assert os.waitpid(pid, 0)[1] == 0, "another user reached the control socket"
-    second = daemon(features=D, classes=K, batch_size=BATCH, steps=100000, control="default",
-                    wait_ready=False)
-    assert second.wait() == 1  # as any endpoint that cannot be bound
-    assert "another process serves that socket" in second.log(), second.log()
-    r = subprocess.run([infeedctl_path(), "stop"], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 0, r.stderr
-    assert d.wait() == 0, d.log()
-    shared = tmp_path / "shared"
-    (shared / "infeed").mkdir(parents=True)
-    os.chmod(shared / "infeed", 0o755)
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(shared))
-    bad = daemon(features=D, classes=K, batch_size=BATCH, steps=10, control="default",
-                 wait_ready=False)
-    assert bad.wait() == 1
-    assert "that no one else may enter (mode 0700)" in bad.log(), bad.log()
-
-
 def test_subscriptions_are_bounded(daemon, rng):
     """A subscriber may hold 8 subscriptions (a reader needs one); one that makes more is
     closed, which drops them all. Thousands of distinct 1 KiB subscriptions from a few
@@ -201,3 +148,21 @@ def test_subscriptions_are_bounded(daemon, rng):
     col.halt_after("train")
     for p in (eight, *floods):
         p.close()
+
+
+def test_max_connections_config(daemon, rng):
+    """--max-connections below --max-producers or above 65536 is refused with a sentence; 0
+    (auto) is twice max_producers, at least 256; the daemon logs the limit and its bound."""
+    base = ["--steps", "1", "--features", "4", "--classes", "3"]
+    producers = rng.randint(2, 1000)  # 3 x 2000 connections fit the descriptors
+    for bad in (rng.randint(1, producers - 1), rng.randint(65537, 1 << 30), -rng.randint(1, 9)):
+        r = run_infeedd(*base, "--max-producers", str(producers), "--max-connections", str(bad))
+        assert r.returncode == 2, r.stderr
+        assert f"--max-connections: expected 0 (auto) or --max-producers ({producers}) to 65536, " \
+               f"got {bad}" in r.stderr, r.stderr
+    d = daemon(features=D, classes=K, batch_size=BATCH, steps=100000, credit=8,
+               max_producers=producers, max_connections=0)
+    note_baseline(d)
+    want = max(256, 2 * producers)
+    bound = memory_bound(producers, 8, want, want, want)
+    wait_log(d, f"at most {want} connections a socket; memory bound {bound >> 20} MiB")

@@ -7,11 +7,11 @@ import subprocess
 
 import pytest
 
-from test_examples import c_producer, run
+from helpers import c_producer, run_program
 
 
 def c_run(exe, d, *flags, batches):
-    return run([exe, "--endpoint", d.listen, "--features", str(d.flags["features"]),
+    return run_program([exe, "--endpoint", d.listen, "--features", str(d.flags["features"]),
                 "--classes", str(d.flags["classes"]), "--batches", str(batches), *flags])
 
 
@@ -81,10 +81,10 @@ def test_c_producer_falls_back_when_the_pool_cannot_be_opened(daemon, rng):
                summary_every=1)
     ns = ["unshare", "--pid", "--fork", "--mount-proc"]
     flags = ["--endpoint", d.listen, "--features", "8", "--classes", "3", "--batches", str(steps)]
-    r = run(ns + [exe, *flags, "--shm", "on", "--name", "on"])
+    r = run_program(ns + [exe, *flags, "--shm", "on", "--name", "on"])
     assert r.returncode == 1, r.stdout
     assert "shm on: shm pool /proc/" in r.stderr and "cannot open it" in r.stderr, r.stderr
-    r = run(ns + [exe, *flags, "--in-place", "on"])
+    r = run_program(ns + [exe, *flags, "--in-place", "on"])
     assert r.returncode == 0, r.stderr
     assert "transport: tcp (no shared memory: shm pool /proc/" in r.stdout, r.stdout
     assert d.wait() == 0, d.log()

@@ -12,27 +12,24 @@ import time
 import numpy as np
 
 from infeed import protocol as P
-from rawpeer import RawPeer, batch_frames, hello
-from test_floods import sanitized
+from rawpeer import RawPeer, batch_frames, hello, xy_tensors
+from helpers import sanitized, status_until
 
 D, K = 4, 3
 
 
 def batch(nrng, seq: int, rows: int):
-    return batch_frames(seq, [nrng.random((rows, D), dtype=np.float32),
-                              nrng.integers(0, K, rows, dtype=np.int32)])
+    return batch_frames(seq, xy_tensors(nrng, rows, D, K))
 
 
 def wait_consumed(d, name: str, accepted: int, timeout: float = 20) -> dict:
     """Until status says the producer's batches were all accepted and consumed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        st = d.control({"cmd": "status"})
-        p = next((p for p in st["producers"] if p["name"] == name), None)
-        if p and p["accepted"] == accepted and p["in_flight"] == 0:
-            return p
-        assert time.monotonic() < deadline, f"producer {name}: {p}"
-        time.sleep(0.02)
+    def mine(st):
+        return next((p for p in st["producers"] if p["name"] == name), None)
+
+    st = status_until(d, lambda st: (mine(st) or {}).get("accepted") == accepted and
+                      mine(st)["in_flight"] == 0, timeout, f"producer {name}")
+    return mine(st)
 
 
 def flood_hellos(f: RawPeer, name: str, count: int) -> None:

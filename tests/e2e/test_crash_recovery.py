@@ -32,6 +32,7 @@ import pytest
 import ckpt
 import infeed
 from conftest import run_infeedd
+from helpers import seeded_batch, wait_until
 
 FEATURES, CLASSES, BATCH = 5, 3, 8
 LAST = 40      # steps of every run; one batch per step
@@ -41,9 +42,7 @@ IPL = 2        # --iterations-per-loop: checkpoints land exactly on the multiple
 
 def batch(seq: int) -> dict:
     """The stream's batch with sequence number seq: the same bytes whenever it is made."""
-    r = np.random.default_rng(5000 + seq)
-    return {"x": r.standard_normal((BATCH, FEATURES)).astype(np.float32),
-            "y": r.integers(0, CLASSES, BATCH, dtype=np.int32)}
+    return seeded_batch(5000 + seq, BATCH, FEATURES, CLASSES)
 
 
 def flags(folder, **kw) -> dict:
@@ -89,7 +88,7 @@ def stream(endpoint: str, timeout: float = 20, pace: float = 0, sent: Optional[l
             p.send(b)
             if sent is not None:
                 sent.append(1)
-            time.sleep(pace)
+            time.sleep(pace)  # the producer's pace, on purpose
             if halt is not None and halt.is_set():
                 return p
         p.end()
@@ -186,7 +185,7 @@ def test_sigkill_at_random_moments_then_resume(daemon, tmp_path, reference, seed
         deadline = time.monotonic() + 20
         while len(st.sent) < k and st.is_alive() and time.monotonic() < deadline:
             time.sleep(0.0005)
-        time.sleep(after)
+        time.sleep(after)  # a random moment to kill it at, on purpose
         d1.signal(signal.SIGKILL)
         rc = d1.wait()
         ctx = (f"seed {seed}, trial {trial}: SIGKILL {after * 1000:.1f} ms after batch {k} "
@@ -227,11 +226,9 @@ def test_sigkill_inside_a_checkpoint_write(daemon, tmp_path, reference, seeded, 
         st = Streamer(d1.listen)
         st.start()
         tmp = folder / f".ckpt-{step:012d}.ifdckpt.tmp-{d1.proc.pid}"
-        deadline = time.monotonic() + 20
-        while "IFD_TEST_CHECKPOINT_PAUSE" not in d1.log():
-            assert time.monotonic() < deadline and d1.proc.poll() is None, \
-                f"{ctx}: the writer did not stop\n{d1.log()}"
-            time.sleep(0.01)
+        wait_until(lambda: "IFD_TEST_CHECKPOINT_PAUSE" in d1.log() or d1.proc.poll() is not None,
+                   f"{ctx}: the writer did not stop", d1)
+        assert d1.proc.poll() is None, f"{ctx}: the daemon exited\n{d1.log()}"
         assert tmp.exists(), f"{ctx}: no {tmp.name}: {sorted(os.listdir(folder))}"
         if phase == "written":  # a whole, valid checkpoint, under its temporary name
             assert ckpt.read(tmp)["global_step"] == step, ctx

@@ -1,6 +1,6 @@
 """The daemon's side of the shared-memory transport (docs/protocol.md, "Shared memory"), spoken
 raw over a DEALER: the pool WELCOME describes, its seals, when it is dropped, and the refusals.
-The clients' side (Producer(shm=...), buffer/commit) is in test_shm.py."""
+The clients' side (Producer(shm=...), buffer/commit) is in test_shared_memory_python.py."""
 
 from __future__ import annotations
 
@@ -389,7 +389,8 @@ def test_pools_survive_hellos_ends_and_timeouts_with_steps_in_flight(daemon, rng
             r.send(hdr(END))
             hello()
         elif a < 0.13 and not ECLOSED_SEEN:
-            time.sleep(1.3)  # silent with credit: timed out, its pool dropped
+            time.sleep(1.3)  # silent on purpose past producer_timeout (when it holds credit: timed
+            # out, its pool dropped)
         while st["credit"] < 1 and not st["need_hello"]:
             drain(block=True)
         if st["need_hello"]:
