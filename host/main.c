@@ -1,6 +1,6 @@
 /*
  * infeedd: the host daemon. Parses the config (host/config.h), binds the ZeroMQ endpoints
- * (host/ingest.c), creates a session over the ingest's batch source and runs it on this thread.
+ * (host/ingest/), creates a session over the ingest's batch source and runs it on this thread.
  *
  * Exit status: 0 the run ended well; 1 a runtime error (the end summary carries it); 2 a usage
  * or config error, including a checkpoint (--resume, --checkpoint) that cannot start the run and
@@ -12,7 +12,7 @@
 #include "host/config.h"
 #include "host/conns.h"
 #include "host/hosts.h"
-#include "host/ingest.h"
+#include "host/ingest/ingest.h"
 #include "host/predictions.h"
 #include "host/security.h"
 #include "host/start.h"

@@ -374,7 +374,7 @@ void ifdp_on_reply(ifd_producer *p, const ifd_frame *frames, int n)
     size_t hl = frames[0].size;
     const unsigned char *h = frames[0].data;
     if (hl < IFD_PROTO_HDR || memcmp(h, IFD_PROTO_MAGIC, 4) != 0 ||
-        ifd_get_u16(h + 4) != IFD_PROTO_VERSION) {
+        ifd_get_u16(h + 4) != IFD_PROTOCOL_VERSION) {
         ifdp_push_error(p, IFD_EPROTO, "reply from the daemon: a header that is not protocol 1");
         return;
     }
