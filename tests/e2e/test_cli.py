@@ -9,7 +9,7 @@ import pytest
 
 import infeed
 from conftest import ROOT, run_infeedd
-from helpers import gpu_visible
+from helpers import gpu_visible, wait_until
 
 ISSUE_FLAGS = """--config --listen --publish --control --summaries --backend --replicas --program
 --features --classes --mode --input-mode --batch-size --iterations-per-loop --steps --last-step
@@ -47,7 +47,7 @@ def test_summaries_md_lists_every_error_source():
                if ln.startswith("| `error` |"))
     listed = set(re.findall(r"`([^`]+)`", row))
     found = set()
-    for d in ("loop", "infeed", "outfeed", "hooks", "device"):
+    for d in ("loop", "intake", "outfeed", "hooks", "device"):
         for f in (ROOT / d).rglob("*.c*"):
             text = f.read_text()
             found |= set(re.findall(r'ifd_rendezvous_(?:record_)?error\([^,]+, "([^"]+)"', text))
@@ -245,9 +245,10 @@ def test_replica_threads_form_teams_that_train_the_same_bits(daemon, rng):
             if env_had is not None:
                 os.environ["OPENBLAS_NUM_THREADS"] = env_had
         want = auto if threads is None else threads
-        helpers = team_threads(d.proc.pid)
-        assert helpers == sorted(f"ifd-replica{r}+{i}" for r in range(replicas)
-                                 for i in range(1, want)), (threads, helpers)
+        named = sorted(f"ifd-replica{r}+{i}" for r in range(replicas) for i in range(1, want))
+        # each helper names itself once it runs: wait for the names, not for the daemon's start
+        wait_until(lambda: team_threads(d.proc.pid) == named,
+                   f"team helpers {named} (threads {threads}): {team_threads(d.proc.pid)}", d)
         p = infeed.Producer(d.listen, timeout=30)
         try:
             for s in range(flags["steps"]):
