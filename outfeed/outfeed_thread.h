@@ -14,8 +14,6 @@
 #include "device/device.h"
 #include "outfeed/summary.h"
 
-#define IFD_MAX_PREDICTION_SINKS 8
-
 typedef struct ifd_outfeed ifd_outfeed;
 
 typedef struct ifd_outfeed_config {

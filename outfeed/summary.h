@@ -5,11 +5,9 @@
 #ifndef IFD_OUTFEED_SUMMARY_H
 #define IFD_OUTFEED_SUMMARY_H
 
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #include <jansson.h>
-
-#define IFD_MAX_SINKS 8
 
 typedef struct ifd_summary_writer {
     ifd_sink *sinks[IFD_MAX_SINKS];

@@ -5,9 +5,9 @@
 #ifndef IFD_BATCHES_H
 #define IFD_BATCHES_H
 
-#include "infeed/error.h"
-#include "infeed/program.h" /* IFD_MAX_INPUTS */
-#include "infeed/tensor.h"
+#include <infeed/error.h>
+#include <infeed/program.h> /* IFD_MAX_INPUTS */
+#include <infeed/tensor.h>
 
 #include <stddef.h>
 #include <stdint.h>

@@ -14,7 +14,7 @@
 #ifndef IFD_CHECKPOINT_H
 #define IFD_CHECKPOINT_H
 
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #ifdef __cplusplus
 extern "C" {

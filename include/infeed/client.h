@@ -22,10 +22,10 @@
 #ifndef IFD_CLIENT_H
 #define IFD_CLIENT_H
 
-#include "infeed/error.h"
-#include "infeed/program.h"
-#include "infeed/tensor.h"
-#include "infeed/wire_version.h" /* IFD_PROTOCOL_VERSION */
+#include <infeed/error.h>
+#include <infeed/program.h>
+#include <infeed/tensor.h>
+#include <infeed/wire_version.h> /* IFD_PROTOCOL_VERSION */
 
 #include <stddef.h>
 #include <stdint.h>

@@ -2,7 +2,7 @@
  * Several hosts training one model: the runtime's view of the other hosts (docs/multihost.md).
  *
  * libinfeed never starts or joins a job itself: the program that embeds it (infeedd, with MPI in
- * host/hosts_mpi.c) fills an ifd_hosts and hands it over in ifd_config.hosts. NULL there, or a
+ * host/mpi_hosts.c) fills an ifd_hosts and hands it over in ifd_config.hosts. NULL there, or a
  * size of 1, is one host: no collective is ever called.
  *
  * Every collective is called by every host, in the same order on each channel. Channels are
@@ -26,7 +26,7 @@
 #ifndef IFD_HOSTS_H
 #define IFD_HOSTS_H
 
-#include "infeed/error.h"
+#include <infeed/error.h>
 
 #include <stddef.h>
 #include <stdint.h>

@@ -12,7 +12,7 @@
 #ifndef IFD_PROGRAM_H
 #define IFD_PROGRAM_H
 
-#include "infeed/tensor.h"
+#include <infeed/tensor.h>
 
 #include <stdint.h>
 

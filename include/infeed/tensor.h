@@ -5,7 +5,7 @@
 #ifndef IFD_TENSOR_H
 #define IFD_TENSOR_H
 
-#include "infeed/error.h"
+#include <infeed/error.h>
 
 #include <stddef.h>
 #include <stdint.h>
