@@ -10,7 +10,7 @@
  * Built only with the cuda backend; bench/gpu.sh builds and runs it. Exits 2 without a GPU.
  */
 #include "core/thread.h"
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #include <cuda_runtime_api.h>
 #include <jansson.h>

@@ -34,7 +34,7 @@
  *   bench_ingest [--infeedd PATH] [--seconds S] [--credit C] [--repeat R] [--raw-only]
  */
 #include "core/wire.h"
-#include "infeed/client.h"
+#include <infeed/client.h>
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -12,7 +12,7 @@
 #ifndef IFD_CHECKPOINT_OBJECT_H
 #define IFD_CHECKPOINT_OBJECT_H
 
-#include "infeed/checkpoint.h"
+#include <infeed/checkpoint.h>
 
 typedef struct ifd_ckpt_producer {
     char name[IFD_CHECKPOINT_NAME_MAX + 1];

@@ -5,7 +5,7 @@
 #ifndef IFD_CORE_BATCH_H
 #define IFD_CORE_BATCH_H
 
-#include "infeed/batches.h"
+#include <infeed/batches.h>
 
 /* Adds n references. */
 void ifd_batch_ref(ifd_batch *b, int n);

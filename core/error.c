@@ -1,4 +1,4 @@
-#include "infeed/error.h"
+#include <infeed/error.h>
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -15,7 +15,7 @@
 #ifndef IFD_CORE_KEYFILE_H
 #define IFD_CORE_KEYFILE_H
 
-#include "infeed/error.h"
+#include <infeed/error.h>
 
 #include <stddef.h>
 

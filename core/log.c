@@ -1,5 +1,5 @@
 #include "core/log.h"
-#include "infeed/error.h"
+#include <infeed/error.h>
 
 #include <errno.h>
 #include <pthread.h>

@@ -5,7 +5,7 @@
 #ifndef IFD_CORE_LOG_H
 #define IFD_CORE_LOG_H
 
-#include "infeed/logging.h"
+#include <infeed/logging.h>
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,7 +1,7 @@
 /* The run and input modes' names and the input modes' row arithmetic (infeed/modes.h): the
  * infeed, the outfeed, the device and the checkpoints need them, so they live in core/. */
-#include "infeed/modes.h"
-#include "infeed/error.h"
+#include <infeed/modes.h>
+#include <infeed/error.h>
 
 #include <string.h>
 

@@ -3,7 +3,7 @@
 #include "core/log.h"
 #include "core/queue.h"
 #include "core/thread.h"
-#include "infeed/error.h"
+#include <infeed/error.h>
 
 #include <stdio.h>
 #include <stdlib.h>

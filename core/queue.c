@@ -1,7 +1,7 @@
 #include "core/queue.h"
 
 #include "core/thread.h"
-#include "infeed/error.h"
+#include <infeed/error.h>
 
 #include <stdlib.h>
 #include <string.h>

@@ -11,7 +11,7 @@
 #ifndef IFD_CORE_RENDEZVOUS_H
 #define IFD_CORE_RENDEZVOUS_H
 
-#include "infeed/error.h"
+#include <infeed/error.h>
 
 #include <stddef.h>
 

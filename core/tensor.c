@@ -1,4 +1,4 @@
-#include "infeed/tensor.h"
+#include <infeed/tensor.h>
 
 #include <inttypes.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 #include "core/thread.h"
 
-#include "infeed/error.h"
+#include <infeed/error.h>
 
 #include <errno.h>
 #include <stdio.h>

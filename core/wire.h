@@ -7,7 +7,7 @@
 #ifndef IFD_CORE_WIRE_H
 #define IFD_CORE_WIRE_H
 
-#include "infeed/wire_version.h" /* IFD_PROTOCOL_VERSION */
+#include <infeed/wire_version.h> /* IFD_PROTOCOL_VERSION */
 
 #include <stddef.h>
 #include <stdint.h>

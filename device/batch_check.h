@@ -5,8 +5,8 @@
 #ifndef IFD_DEVICE_BATCH_CHECK_H
 #define IFD_DEVICE_BATCH_CHECK_H
 
-#include "infeed/infeed.h"
-#include "infeed/program.h"
+#include <infeed/infeed.h>
+#include <infeed/program.h>
 
 /* Checks a batch against the program's inputs for mode (ifd_step_inputs): tensor count,
  * dtypes, per-row shapes, the same row count everywhere and, when batch_size > 0, rows ==

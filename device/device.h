@@ -36,7 +36,7 @@
 
 #include "core/batch.h"
 #include "device/step.h"
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 typedef struct ifd_device ifd_device;
 

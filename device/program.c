@@ -1,5 +1,5 @@
 #include "core/rng.h"
-#include "infeed/program.h"
+#include <infeed/program.h>
 
 #include <dlfcn.h>
 #include <inttypes.h>

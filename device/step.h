@@ -13,7 +13,7 @@
 #ifndef IFD_DEVICE_STEP_H
 #define IFD_DEVICE_STEP_H
 
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 typedef struct ifd_step_ops {
     /* In place: buf = sum over replicas of buf, in replica order, so every mirror gets the same

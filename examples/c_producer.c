@@ -27,7 +27,7 @@
  * Exit status: 0 when the daemon acknowledged every batch or ended the run normally (BYE status
  * ok, e.g. at its last step), 1 on an error (its sentence on stderr), 2 for bad flags.
  */
-#include "infeed/client.h"
+#include <infeed/client.h>
 
 #include <stdint.h>
 #include <stdio.h>

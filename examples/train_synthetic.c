@@ -7,7 +7,7 @@
  */
 #define _POSIX_C_SOURCE 200809L /* rand_r */
 
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #include <pthread.h>
 #include <stdio.h>

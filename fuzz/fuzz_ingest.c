@@ -13,7 +13,7 @@
 #include "host/ingest/zmq_transport.h"
 
 #include "core/log.h"
-#include "infeed/program.h"
+#include <infeed/program.h>
 
 #include <stdint.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
  * files and flags of docs/config.md and tests/e2e/test_cli.py in fuzz_config's format.
  */
 #include "core/wire.h"
-#include "infeed/checkpoint.h"
+#include <infeed/checkpoint.h>
 
 #include <stdint.h>
 #include <stdio.h>

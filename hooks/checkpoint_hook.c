@@ -1,8 +1,8 @@
 /* The checkpoint hook: the seed's CheckpointSaverHook, at loop boundaries. */
 #include "core/log.h"
 #include "core/thread.h"
-#include "infeed/checkpoint.h"
-#include "infeed/hosts.h"
+#include <infeed/checkpoint.h>
+#include <infeed/hosts.h>
 
 #include <errno.h>
 #include <stdio.h>

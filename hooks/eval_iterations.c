@@ -1,5 +1,5 @@
 /* The seed's _SetEvalIterationsHook: eval runs all its steps in one device loop. */
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #include <stdint.h>
 

@@ -1,5 +1,5 @@
 #include "hooks/run_context.h"
-#include "infeed/checkpoint.h"
+#include <infeed/checkpoint.h>
 
 #include <stdio.h>
 

@@ -5,7 +5,7 @@
 #ifndef IFD_HOOKS_RUN_CONTEXT_H
 #define IFD_HOOKS_RUN_CONTEXT_H
 
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 struct ifd_run_context {
     int64_t global_step;

@@ -1,5 +1,5 @@
 /* The seed's _TPUStopAtStepHook. */
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #include <stdlib.h>
 

@@ -10,7 +10,7 @@
 #ifndef IFD_HOST_CONFIG_H
 #define IFD_HOST_CONFIG_H
 
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #include <stdio.h>
 

@@ -14,7 +14,7 @@
 #ifndef IFD_HOST_ENDPOINT_H
 #define IFD_HOST_ENDPOINT_H
 
-#include "infeed/error.h"
+#include <infeed/error.h>
 
 #include <stddef.h>
 

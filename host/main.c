@@ -11,12 +11,12 @@
 #include "core/log.h"
 #include "host/config.h"
 #include "host/conns.h"
-#include "host/hosts.h"
+#include "host/mpi_hosts.h"
 #include "host/ingest/ingest.h"
 #include "host/predictions.h"
 #include "host/security.h"
 #include "host/start.h"
-#include "infeed/checkpoint.h"
+#include <infeed/checkpoint.h>
 
 #include <errno.h>
 #include <jansson.h>

@@ -13,7 +13,7 @@
 #ifndef IFD_HOST_MONITOR_H
 #define IFD_HOST_MONITOR_H
 
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #include <stddef.h>
 

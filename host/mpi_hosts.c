@@ -1,4 +1,4 @@
-#include "host/hosts.h"
+#include "host/mpi_hosts.h"
 
 #include "core/log.h"
 

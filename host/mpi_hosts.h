@@ -10,7 +10,7 @@
 #ifndef IFD_HOST_HOSTS_H
 #define IFD_HOST_HOSTS_H
 
-#include "infeed/hosts.h"
+#include <infeed/hosts.h>
 
 /* Fills *out (rank, size and, with several hosts, the MPI collectives). IFD_OK, or an error for
  * an MPI that cannot start or lacks thread support. */

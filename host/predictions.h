@@ -5,7 +5,7 @@
 #ifndef IFD_HOST_PREDICTIONS_H
 #define IFD_HOST_PREDICTIONS_H
 
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 typedef struct ifd_predictions_file ifd_predictions_file;
 

@@ -12,7 +12,7 @@
 
 #include "host/monitor.h"
 #include "host/security.h"
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 typedef struct ifd_publisher ifd_publisher;
 

@@ -1,8 +1,8 @@
 /* What a run of infeedd starts from (host/start.h): the checkpoint, the folder it writes, and on
  * several hosts this host's part of the config. */
 #include "host/start.h"
-#include "host/hosts.h"
-#include "infeed/checkpoint.h"
+#include "host/mpi_hosts.h"
+#include <infeed/checkpoint.h>
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -6,7 +6,7 @@
 #define IFD_HOST_START_H
 
 #include "host/config.h"
-#include "infeed/hosts.h"
+#include <infeed/hosts.h>
 
 /* --resume or --checkpoint (eval and predict: or the latest in --checkpoint-dir): the checkpoint
  * to start from, checked against the config, into *out (NULL on an error). */

@@ -3,9 +3,9 @@
 #include "core/log.h"
 #include "core/opqueue.h"
 #include "device/batch_check.h"
-#include "infeed/inputs.h"
-#include "infeed/controller.h"
-#include "infeed/shard.h"
+#include "intake/inputs.h"
+#include "intake/infeed_thread.h"
+#include "intake/shard.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -6,7 +6,7 @@
 #ifndef IFD_INFEED_INPUTS_H
 #define IFD_INFEED_INPUTS_H
 
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 /* The program inputs a batch carries in mode: all of them, or in predict mode those that are not
  * labels. Writes their indices into p->inputs to idx, in spec order; returns how many. */

@@ -4,8 +4,8 @@
  * when the input ends. Both are runtime-made batches that own their bytes.
  */
 #include "core/batch.h"
-#include "infeed/inputs.h"
-#include "infeed/shard.h"
+#include "intake/inputs.h"
+#include "intake/shard.h"
 
 #include <stdlib.h>
 #include <string.h>

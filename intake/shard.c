@@ -1,6 +1,6 @@
 /* One step's shards per input mode (the seed's per-host, per-host v2, per-core and broadcast
  * enqueue_ops_fn). Shards are row views into the batches: nothing is copied. */
-#include "infeed/shard.h"
+#include "intake/shard.h"
 
 static int shard_per_host(ifd_batch *b, int replicas, ifd_shard *out, ifd_error *err)
 {

@@ -1,6 +1,6 @@
 /*
  * Private to infeed/: how the infeed thread turns a step's batches into the replicas' shards
- * (infeed/shard.c) and pads predict mode's batches (infeed/pad.c).
+ * (intake/shard.c) and pads predict mode's batches (intake/pad.c).
  */
 #ifndef IFD_INFEED_SHARD_H
 #define IFD_INFEED_SHARD_H

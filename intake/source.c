@@ -2,7 +2,7 @@
  * input. */
 #include "core/batch.h"
 #include "core/queue.h"
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #include <stdlib.h>
 

@@ -1,4 +1,4 @@
-#include "infeed/inputs.h"
+#include "intake/inputs.h"
 
 #include <float.h>
 #include <math.h>

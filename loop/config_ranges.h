@@ -1,5 +1,5 @@
 /*
- * The runtime's range table (loop/config.c), for the daemon's --help: what ifd_config_validate
+ * The runtime's range table (loop/run_config.c), for the daemon's --help: what ifd_config_validate
  * expects of a numeric key, in its sentence's words ("1 to 1024"), or NULL for a key without a
  * range (or with a rule the table cannot say).
  */

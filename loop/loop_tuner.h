@@ -36,7 +36,7 @@
 #ifndef IFD_LOOP_LOOP_TUNER_H
 #define IFD_LOOP_LOOP_TUNER_H
 
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #define IFD_TUNER_WINDOW 5
 #define IFD_TUNER_COST 0.005

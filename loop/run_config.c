@@ -1,5 +1,5 @@
-#include "infeed/infeed.h"
-#include "infeed/hosts.h"
+#include <infeed/infeed.h>
+#include <infeed/hosts.h>
 
 #include "device/cpu/blas.h"
 #include "loop/config_ranges.h"

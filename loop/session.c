@@ -5,7 +5,7 @@
  */
 #include "checkpoint/object.h"
 #include "core/log.h"
-#include "infeed/hosts.h"
+#include <infeed/hosts.h>
 #include "loop/session_state.h"
 
 #include <stdio.h>

@@ -5,7 +5,7 @@
  */
 #include "core/log.h"
 #include "core/thread.h"
-#include "infeed/hosts.h"
+#include <infeed/hosts.h>
 #include "loop/session_state.h"
 #include "loop/watchdog.h"
 

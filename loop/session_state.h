@@ -9,10 +9,10 @@
 #include "core/rendezvous.h"
 #include "device/device.h"
 #include "hooks/run_context.h"
-#include "infeed/controller.h"
+#include "intake/infeed_thread.h"
 #include "loop/loop_tuner.h"
 #include "loop/stop_relay.h"
-#include "outfeed/controller.h"
+#include "outfeed/outfeed_thread.h"
 
 #define MAX_HOOKS 16
 

@@ -21,7 +21,7 @@
 
 #include "core/rendezvous.h"
 #include "core/thread.h"
-#include "infeed/hosts.h"
+#include <infeed/hosts.h>
 
 /* Between rounds: a stop asked elsewhere reaches this host within about one period. */
 #define IFD_STOP_RELAY_PERIOD_NS (20 * 1000000LL)

@@ -5,7 +5,7 @@
 #ifndef IFD_OUTFEED_HOSTCALL_H
 #define IFD_OUTFEED_HOSTCALL_H
 
-#include "outfeed/controller.h"
+#include "outfeed/outfeed_thread.h"
 
 /* ---- the built-in metrics ---- */
 

@@ -1,8 +1,8 @@
 #include "core/log.h"
 #include "core/opqueue.h"
 #include "core/thread.h"
-#include "infeed/hosts.h"
-#include "outfeed/controller.h"
+#include <infeed/hosts.h>
+#include "outfeed/outfeed_thread.h"
 #include "outfeed/hostcall.h"
 
 #include <math.h>

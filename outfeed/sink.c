@@ -1,6 +1,6 @@
 /* Summary sinks: the interface, a JSON Lines file and an in-memory list. */
 #include "core/thread.h"
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #include <errno.h>
 #include <stdio.h>

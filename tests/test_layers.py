@@ -10,6 +10,9 @@ checks that the code does what the map says.
   folders that may use anything: tests, fuzzers).
 - No circle: no file includes itself through other files (two files that include each other are
   the smallest circle).
+- Names: the public API is included with angle brackets (`#include <infeed/x.h>`), a module's
+  header in quotes with its folder; no module folder is named infeed/; no two files of the map's
+  folders share a base name, except a public header and the .c file that implements it.
 - Symbol arrows: a library object that calls a function defined in another folder's object is an
   arrow too (a public header can hide one: hooks/ calling loop/ through infeed.h's
   declarations). With IFD_LAYERS_OBJECTS (folders of object files, separated by ':', as CTest
@@ -32,7 +35,8 @@ MAP_HEADING = "## The map"
 PUBLIC = "include/infeed/"
 RUNTIME_HEADER = "include/infeed/infeed.h"
 SOURCE_SUFFIXES = (".c", ".h", ".cu")
-INCLUDE_RE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+INCLUDE_RE = re.compile(r'^\s*#\s*include\s+(?:"([^"]+)"|<(infeed/[^>]+)>)', re.M)
+QUOTED_PUBLIC_RE = re.compile(r'^\s*#\s*include\s+"(infeed/[^"]+)"', re.M)
 FOLDER_RE = re.compile(r"`([a-z_/]+/)`")
 
 
@@ -87,7 +91,8 @@ def includes(root, files):
     for rel in files:
         here = (root / rel).parent
         found = []
-        for name in INCLUDE_RE.findall((root / rel).read_text(errors="replace")):
+        for quoted, angled in INCLUDE_RE.findall((root / rel).read_text(errors="replace")):
+            name = quoted or angled
             for cand in (here / name, root / "include" / name, root / name):
                 if cand.is_file():
                     found.append(cand.resolve().relative_to(root.resolve()).as_posix())
@@ -134,6 +139,30 @@ def include_arrows(root, allowed):
                 problems.append(f"{src} includes {dst}: {a} may use "
                                 f"{', '.join(sorted(allowed[a])) or 'no other folder'}, not {b}")
     return arrows, problems, graph
+
+
+def name_problems(root, files):
+    """Include lines that do not say what they include, and base names two things share."""
+    problems = []
+    if any((root / "infeed").glob("*.[ch]")):
+        problems.append("infeed/ is a module folder: \"infeed/...\" would mean the public API or it")
+    for rel in files:
+        for name in QUOTED_PUBLIC_RE.findall((root / rel).read_text(errors="replace")):
+            problems.append(f"{rel} includes \"{name}\" in quotes: the public API is <{name}>")
+    by_base = collections.defaultdict(list)
+    for rel in files:
+        by_base[Path(rel).stem].append(rel)
+    for base, rels in sorted(by_base.items()):
+        folders = {str(Path(r).parent) for r in rels}
+        if len(folders) < 2:
+            continue
+        public = [r for r in rels if r.startswith(PUBLIC)]
+        others = [r for r in rels if not r.startswith(PUBLIC)]
+        # a public header and the one .c file that implements it are one thing
+        if len(public) == 1 and len(others) == 1 and others[0].endswith((".c", ".cu")):
+            continue
+        problems.append(f"base name '{base}' is shared by {', '.join(sorted(rels))}")
+    return problems
 
 
 def circles(graph):
@@ -233,6 +262,8 @@ def check(root, objects_dirs=()):
     arrows, problems, graph = include_arrows(root, allowed)
     for c in circles(graph):
         problems.append("include circle: " + " -> ".join(c + [c[0]]))
+    problems += name_problems(root, [f for f in graph if not f.startswith(("tests/", "fuzz/",
+                                                                           "bench/", "examples/"))])
     sym_arrows = {}
     if objects_dirs:
         sym_arrows, sym_problems = symbol_arrows(object_files(root, objects_dirs), allowed)
@@ -288,11 +319,11 @@ def small_tree(tmp_path, files):
 
 GOOD = {
     "include/infeed/error.h": "",
-    "include/infeed/infeed.h": '#include "infeed/error.h"\n',
-    "core/a.h": '#include "infeed/error.h"\n',
+    "include/infeed/infeed.h": '#include <infeed/error.h>\n',
+    "core/a.h": '#include <infeed/error.h>\n',
     "low/b.c": '#include "core/a.h"\n#include "b.h"\n',
     "low/b.h": "",
-    "high/c.c": '#include "low/b.h"\n#include "infeed/infeed.h"\n',
+    "high/c.c": '#include "low/b.h"\n#include <infeed/infeed.h>\n',
     "tests/t.c": '#include "high/c.c"\n',
 }
 
@@ -311,7 +342,7 @@ def test_an_upward_include_fails(tmp_path):
 
 
 def test_core_reaching_the_runtime_header_fails(tmp_path):
-    files = dict(GOOD, **{"core/a.h": '#include "infeed/infeed.h"\n'})
+    files = dict(GOOD, **{"core/a.h": '#include <infeed/infeed.h>\n'})
     _, _, problems = check(small_tree(tmp_path, files))
     assert len(problems) == 1 and "runtime header" in problems[0], problems
 
@@ -321,6 +352,26 @@ def test_another_modules_internal_header_fails(tmp_path):
                           "tests/t.c": '#include "low/b_internal.h"\n'})
     _, _, problems = check(small_tree(tmp_path, files))
     assert len(problems) == 1 and "high/c.c includes low/b_internal.h" in problems[0], problems
+
+
+def test_the_public_api_in_quotes_fails(tmp_path):
+    files = dict(GOOD, **{"high/c.c": '#include "low/b.h"\n#include "infeed/infeed.h"\n'})
+    _, _, problems = check(small_tree(tmp_path, files))
+    assert problems == ['high/c.c includes "infeed/infeed.h" in quotes: the public API is '
+                        '<infeed/infeed.h>'], problems
+
+
+def test_a_module_folder_named_infeed_fails(tmp_path):
+    files = dict(GOOD, **{"infeed/x.c": ""})
+    _, _, problems = check(small_tree(tmp_path, files))
+    assert any("infeed/ is a module folder" in p for p in problems), problems
+
+
+def test_two_things_with_one_base_name_fail(tmp_path):
+    # two headers named b.h in two folders; a public header and its .c stay allowed
+    files = dict(GOOD, **{"high/b.h": "", "core/error.c": '#include <infeed/error.h>\n'})
+    _, _, problems = check(small_tree(tmp_path, files))
+    assert problems == ["base name 'b' is shared by high/b.h, low/b.c, low/b.h"], problems
 
 
 def test_two_files_that_include_each_other_fail(tmp_path):

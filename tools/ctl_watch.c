@@ -3,7 +3,7 @@
  * summary; while no summary comes, whether the daemon still answers on its control socket.
  */
 #include "tools/infeedctl.h"
-#include "infeed/client.h"
+#include <infeed/client.h>
 
 #include <stdio.h>
 #include <stdlib.h>

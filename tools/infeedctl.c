@@ -13,12 +13,12 @@
  * usage error.
  */
 #include "tools/infeedctl.h"
-#include "clients/c/wire.h"
+#include "clients/c/connection.h"
 #include "core/keyfile.h"
 #include "core/userdir.h"
-#include "infeed/client.h"
-#include "infeed/error.h"
-#include "infeed/infeed.h" /* IFD_VERSION_STRING */
+#include <infeed/client.h>
+#include <infeed/error.h>
+#include <infeed/infeed.h> /* IFD_VERSION_STRING */
 
 #include <errno.h>
 #include <jansson.h>
@@ -202,8 +202,8 @@ static int curve_setup(void *sock, const ctl_options *o, ifd_error *err)
     return rc;
 }
 
-/* The client library's sentence for a connect timeout (clients/c/wire.c) in infeedctl's words:
- * its --timeout and its key flags rather than the C API's fields. */
+/* The client library's sentence for a connect timeout (clients/c/connection.c) in infeedctl's
+ * words: its --timeout and its key flags rather than the C API's fields. */
 static void reword(char *msg, size_t cap, const char *from, const char *to)
 {
     char *at = strstr(msg, from);

@@ -5,7 +5,7 @@
 #ifndef IFD_TOOLS_INFEEDCTL_H
 #define IFD_TOOLS_INFEEDCTL_H
 
-#include "infeed/error.h"
+#include <infeed/error.h>
 
 #include <jansson.h>
 

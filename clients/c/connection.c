@@ -1,4 +1,4 @@
-#include "clients/c/wire.h"
+#include "clients/c/connection.h"
 
 #include "core/keyfile.h"
 

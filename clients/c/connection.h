@@ -6,8 +6,8 @@
 #define IFD_CLIENT_WIRE_H
 
 #include "core/wire.h"
-#include "infeed/client.h"
-#include "infeed/error.h"
+#include <infeed/client.h>
+#include <infeed/error.h>
 
 #include <stddef.h>
 #include <stdint.h>

@@ -4,7 +4,7 @@
  * every send (send.c), so the credit count stays current. This file: create, destroy, HELLO and
  * the accessors.
  */
-#include "infeed/client.h"
+#include <infeed/client.h>
 
 #include "clients/c/producer_impl.h"
 

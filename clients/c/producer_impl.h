@@ -6,11 +6,11 @@
 #ifndef IFD_CLIENT_PRODUCER_IMPL_H
 #define IFD_CLIENT_PRODUCER_IMPL_H
 
-#include "infeed/client.h"
+#include <infeed/client.h>
 
 #include "clients/c/producer_internal.h"
 #include "clients/c/shm.h"
-#include "clients/c/wire.h"
+#include "clients/c/connection.h"
 
 #include <stdint.h>
 

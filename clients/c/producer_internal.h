@@ -6,7 +6,7 @@
 #ifndef IFD_CLIENT_PRODUCER_INTERNAL_H
 #define IFD_CLIENT_PRODUCER_INTERNAL_H
 
-#include "infeed/client.h"
+#include <infeed/client.h>
 
 /* A producer with no context and no socket (ifd_producer_destroy frees it); the checks of
  * ifd_producer_create on endpoint and name. Only the accessors and the functions below work on

@@ -2,7 +2,7 @@
  * The producer's replies: WELCOME, ACK, CREDIT, ERROR, BYE and PREDICTION are decoded here and
  * update the producer's state. ERROR replies are queued and each is returned once.
  */
-#include "infeed/client.h"
+#include <infeed/client.h>
 
 #include "clients/c/producer_impl.h"
 

@@ -2,7 +2,7 @@
  * Sending: BATCH with credit, and the calls that wait for ACKs, END and BYE. Replies are drained
  * without waiting after every send, so the credit count stays current.
  */
-#include "infeed/client.h"
+#include <infeed/client.h>
 
 #include "clients/c/producer_impl.h"
 

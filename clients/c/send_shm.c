@@ -3,7 +3,7 @@
  * in HELLO, mapping it after WELCOME, BATCH_SHM instead of BATCH for batches it can hold, and
  * ifd_producer_buffer / ifd_producer_commit, which let the caller write a batch in place.
  */
-#include "infeed/client.h"
+#include <infeed/client.h>
 
 #include "clients/c/producer_impl.h"
 

@@ -5,8 +5,8 @@
 #ifndef IFD_CLIENT_SHM_H
 #define IFD_CLIENT_SHM_H
 
-#include "infeed/error.h"
-#include "infeed/program.h"
+#include <infeed/error.h>
+#include <infeed/program.h>
 
 #include <stddef.h>
 #include <stdint.h>

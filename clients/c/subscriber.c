@@ -1,6 +1,6 @@
-#include "infeed/client.h"
+#include <infeed/client.h>
 
-#include "clients/c/wire.h"
+#include "clients/c/connection.h"
 
 #include <errno.h>
 #include <stdio.h>

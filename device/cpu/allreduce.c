@@ -1,7 +1,7 @@
 #include "device/cpu/allreduce.h"
 
 #include "core/log.h"
-#include "infeed/error.h"
+#include <infeed/error.h>
 
 #include <stdlib.h>
 #include <string.h>

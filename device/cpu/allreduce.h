@@ -26,7 +26,7 @@
 #define IFD_DEVICE_CPU_ALLREDUCE_H
 
 #include "core/thread.h"
-#include "infeed/hosts.h"
+#include <infeed/hosts.h>
 
 #include <stdint.h>
 

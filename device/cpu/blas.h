@@ -22,7 +22,7 @@
 #ifndef IFD_DEVICE_CPU_BLAS_H
 #define IFD_DEVICE_CPU_BLAS_H
 
-#include "infeed/error.h"
+#include <infeed/error.h>
 
 /* Instruction set levels that decide which kernels can run. */
 typedef enum ifd_isa {

@@ -2,7 +2,7 @@
 #include "device/cpu/team.h"
 
 #include "core/thread.h"
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #include <sched.h>
 #include <stdio.h>

@@ -6,7 +6,7 @@
 #include "core/log.h"
 #include "core/thread.h"
 #include "device/cuda/cuda_backend.h"
-#include "infeed/hosts.h"
+#include <infeed/hosts.h>
 
 #include <stdio.h>
 #include <stdlib.h>

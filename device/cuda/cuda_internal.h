@@ -11,7 +11,7 @@
 #ifndef IFD_DEVICE_CUDA_INTERNAL_H
 #define IFD_DEVICE_CUDA_INTERNAL_H
 
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #include <cuda_runtime_api.h>
 #include <stdint.h>

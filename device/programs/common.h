@@ -4,7 +4,7 @@
 #ifndef IFD_DEVICE_PROGRAMS_COMMON_H
 #define IFD_DEVICE_PROGRAMS_COMMON_H
 
-#include "infeed/program.h"
+#include <infeed/program.h>
 
 #include <inttypes.h>
 #include <string.h>

@@ -9,7 +9,7 @@
 #include "core/log.h"
 #include "core/thread.h"
 #include "core/wire.h"
-#include "infeed/inputs.h"
+#include "intake/inputs.h"
 
 #include <errno.h>
 #include <inttypes.h>

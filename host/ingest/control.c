@@ -4,8 +4,8 @@
 #include "core/thread.h"
 #include "core/wire.h"
 #include "device/cpu/blas.h"
-#include "infeed/checkpoint.h"
-#include "infeed/inputs.h"
+#include <infeed/checkpoint.h>
+#include "intake/inputs.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -118,7 +118,7 @@ static json_t *status_json(ifd_ingest *g)
     json_object_set_new(j, "last_step",
                         run->mode != IFD_MODE_TRAIN ? json_null()
                         : run->last_step > 0        ? json_integer(run->last_step)
-                                              : json_integer(g->stats.first_step + run->steps));
+                                             : json_integer(g->stats.first_step + run->steps));
     json_object_set_new(j, "input_mode", json_string(ifd_input_mode_name(g->cfg->run.input_mode)));
     size_t qlen = 0;
     json_t *per = g->fifo.nlanes > 1 ? json_array() : json_null();

@@ -20,7 +20,7 @@
 #define IFD_HOST_INGEST_H
 
 #include "host/config.h"
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 typedef struct ifd_ingest ifd_ingest;
 

@@ -32,7 +32,7 @@
 #include "core/log.h"
 #include "core/thread.h"
 #include "core/wire.h"
-#include "infeed/inputs.h"
+#include "intake/inputs.h"
 
 #include <jansson.h>
 #include <stdint.h>

@@ -7,7 +7,7 @@
 #include "host/security.h"
 
 #include "core/log.h"
-#include "infeed/checkpoint.h"
+#include <infeed/checkpoint.h>
 
 #include <errno.h>
 #include <inttypes.h>

@@ -9,8 +9,8 @@
 #include "core/log.h"
 #include "core/thread.h"
 #include "core/wire.h"
-#include "infeed/checkpoint.h"
-#include "infeed/inputs.h"
+#include <infeed/checkpoint.h>
+#include "intake/inputs.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -3,7 +3,7 @@
 
 #include "device/batch_check.h"
 #include "device/step.h"
-#include "infeed/inputs.h"
+#include "intake/inputs.h"
 
 #include <inttypes.h>
 #include <stdio.h>

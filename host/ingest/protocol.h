@@ -15,7 +15,7 @@
 #define IFD_HOST_INGEST_PROTOCOL_H
 
 #include "core/wire.h"
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #include <jansson.h>
 #include <stddef.h>

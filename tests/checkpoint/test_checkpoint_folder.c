@@ -2,7 +2,7 @@
  * never see partial, and the newest checkpoint that loads taken past damaged ones. */
 #include "tests/util/testutil.h"
 
-#include "infeed/checkpoint.h"
+#include <infeed/checkpoint.h>
 #include "checkpoint/object.h" /* tests set a checkpoint's step in place */
 #include "tests/util/checkpoints.h"
 #include "tests/util/files.h"

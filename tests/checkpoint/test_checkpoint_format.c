@@ -3,7 +3,7 @@
  * tables) is refused with a sentence naming the file; a config that does not fit is named. */
 #include "tests/util/testutil.h"
 
-#include "infeed/checkpoint.h"
+#include <infeed/checkpoint.h>
 #include "checkpoint/object.h" /* tests set a checkpoint's step in place */
 #include "tests/util/checkpoints.h"
 #include "tests/util/files.h"

@@ -4,7 +4,7 @@
  * or the run fails. */
 #include "tests/util/testutil.h"
 
-#include "infeed/checkpoint.h"
+#include <infeed/checkpoint.h>
 #include "checkpoint/object.h" /* tests set a checkpoint's step in place */
 #include "tests/util/checkpoints.h"
 #include "tests/util/files.h"

@@ -4,7 +4,7 @@
  * infeedd makes them), and WELCOME's shm object through the reply decoder. The producer sending
  * through a pool is tests/client/test_client_shm_send.c.
  */
-#include "infeed/client.h"
+#include <infeed/client.h>
 
 #include "clients/c/producer_impl.h"
 #include "clients/c/shm.h"

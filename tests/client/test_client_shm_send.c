@@ -6,7 +6,7 @@
  * cannot be mapped (HELLO again without shm), a refused pool (auto: BATCH; on: the sentence), a
  * daemon that does not know the key, and off.
  */
-#include "infeed/client.h"
+#include <infeed/client.h>
 
 #include "tests/util/fake_daemon.h"
 #include "tests/util/fake_pool.h"

@@ -6,7 +6,7 @@
  * Sizes, counts and codes are random. The seed comes from IFD_TEST_SEED when set, else from the
  * clock, and every failure message names it.
  */
-#include "infeed/client.h"
+#include <infeed/client.h>
 
 #include "core/rng.h"
 #include "core/thread.h"

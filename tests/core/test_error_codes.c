@@ -5,7 +5,7 @@
  */
 #include "tests/util/testutil.h"
 
-#include "infeed/error.h"
+#include <infeed/error.h>
 
 #include <string.h>
 

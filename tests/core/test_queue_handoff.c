@@ -11,7 +11,7 @@
 #include "core/queue.h"
 #include "core/rng.h"
 #include "core/thread.h"
-#include "infeed/error.h"
+#include <infeed/error.h>
 #include "tests/util/queue_items.h"
 #include "tests/util/wait.h"
 

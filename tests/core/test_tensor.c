@@ -8,7 +8,7 @@
 #include "tests/util/testutil.h"
 
 #include "core/rng.h"
-#include "infeed/tensor.h"
+#include <infeed/tensor.h>
 
 #include <inttypes.h>
 #include <stdlib.h>

@@ -4,7 +4,7 @@
  * (IFD_TEST_SEED replays it). */
 #include "core/rng.h"
 #include "device/step.h"
-#include "infeed/program.h"
+#include <infeed/program.h>
 #include "tests/util/numbers.h"
 #include "tests/util/testutil.h"
 

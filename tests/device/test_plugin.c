@@ -5,7 +5,7 @@
  * Shapes and values are random: a failure names its seed (IFD_TEST_SEED replays it). */
 #include "core/rng.h"
 #include "device/step.h"
-#include "infeed/program.h"
+#include <infeed/program.h>
 #include "tests/util/program_ref.h"
 #include "tests/util/testutil.h"
 

@@ -8,8 +8,8 @@
 
 #include "core/rng.h"
 #include "device/step.h"
-#include "infeed/infeed.h"
-#include "infeed/program.h"
+#include <infeed/infeed.h>
+#include <infeed/program.h>
 #include "tests/util/numbers.h"
 #include "tests/util/program_ref.h"
 

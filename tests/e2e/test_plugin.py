@@ -157,7 +157,7 @@ def test_plugin_written_in_cpp(tmp_path):
     if cxx is None:
         pytest.skip("no C++ compiler")
     src = tmp_path / "plug.cc"
-    src.write_text('#include "infeed/program.h"\n'
+    src.write_text('#include <infeed/program.h>\n'
                    "static int init(ifd_program_registry *reg, ifd_error *err)\n"
                    "{ (void)reg; (void)err; return 0; }\n"
                    "IFD_PROGRAM_PLUGIN(init)\n")

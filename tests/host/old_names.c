@@ -1,6 +1,6 @@
 /* ifd_config's old field names, kept for one release: this file must compile, and the compiler
  * must warn at each use with a sentence that names the new field (tests/host/old_names.cmake). */
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 int64_t old_names(void);
 

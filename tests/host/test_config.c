@@ -236,7 +236,7 @@ START_TEST(nonempty_options_refuse_the_empty_string)
 }
 END_TEST
 
-/* The runtime's ranges (loop/config.c), reached through the daemon: its sentence names the flag
+/* The runtime's ranges (loop/run_config.c), reached through the daemon: its sentence names the flag
  * or the file's key, never the runtime's own name of a key. */
 static const struct {
     const char *key, *runtime_name;

@@ -1,5 +1,5 @@
 /*
- * infeedd's MPI collectives (host/hosts.c), run under mpirun by CTest (tests/CMakeLists.txt,
+ * infeedd's MPI collectives (host/mpi_hosts.c), run under mpirun by CTest (tests/CMakeLists.txt,
  * 3 ranks): the broadcast the cuda backend sends rank 0's ncclUniqueId with must give every rank
  * the root's bytes, whatever the size, root and channel. Random sizes (0 to 200,000 bytes, and
  * sizeof(ncclUniqueId) = 128), roots and channels from a seed that rank 0 draws (or
@@ -7,7 +7,7 @@
  * got every byte (and no byte beyond), 1 otherwise, 77 outside a launcher.
  */
 #include "core/log.h"
-#include "host/hosts.h"
+#include "host/mpi_hosts.h"
 
 #include <inttypes.h>
 #include <stdio.h>

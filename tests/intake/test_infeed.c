@@ -1,8 +1,8 @@
 /* Batch checks against the program and per-host sharding. */
 #include "core/batch.h"
 #include "device/batch_check.h"
-#include "infeed/inputs.h"
-#include "infeed/shard.h"
+#include "intake/inputs.h"
+#include "intake/shard.h"
 #include "tests/util/testutil.h"
 
 #include <math.h>

@@ -5,7 +5,7 @@
  * on every host and the same per-step losses; a host whose input ends stops every host at the
  * same step; a host asked to stop stops every host at the same loop boundary.
  */
-#include "infeed/hosts.h"
+#include <infeed/hosts.h>
 #include "tests/util/testutil.h"
 
 #include <jansson.h>

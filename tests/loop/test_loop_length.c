@@ -11,7 +11,7 @@
  * exact multiples; summaries come at the same steps and say the length of their loop; eval runs
  * one loop; predict predicts every row; the config's errors name the field.
  */
-#include "infeed/checkpoint.h"
+#include <infeed/checkpoint.h>
 #include "loop/loop_tuner.h"
 #include "tests/util/checkpoints.h"
 #include "tests/util/files.h"

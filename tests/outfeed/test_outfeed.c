@@ -1,5 +1,5 @@
 /* Host calls (concatenation in replica order, metrics) and the summary sinks. */
-#include "outfeed/controller.h"
+#include "outfeed/outfeed_thread.h"
 #include "outfeed/hostcall.h"
 #include "tests/util/testutil.h"
 

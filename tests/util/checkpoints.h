@@ -4,8 +4,8 @@
 #define IFD_TEST_CHECKPOINTS_H
 
 #include "core/rng.h"
-#include "infeed/checkpoint.h"
-#include "infeed/infeed.h"
+#include <infeed/checkpoint.h>
+#include <infeed/infeed.h>
 
 #include <stdint.h>
 

@@ -8,7 +8,7 @@
 #ifndef IFD_TEST_FAKE_DAEMON_H
 #define IFD_TEST_FAKE_DAEMON_H
 
-#include "infeed/client.h"
+#include <infeed/client.h>
 
 #include <pthread.h>
 #include <stddef.h>

@@ -6,7 +6,7 @@
 #define IFD_TEST_PROGRAM_REF_H
 
 #include "device/step.h"
-#include "infeed/program.h"
+#include <infeed/program.h>
 
 #include <stddef.h>
 #include <stdint.h>

@@ -4,7 +4,7 @@
 #define IFD_TESTUTIL_H
 
 #include "core/rng.h"
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #include <check.h>
 #include <inttypes.h>
