@@ -266,7 +266,7 @@ int main(void)
         cfg.settings.classes = 1;
         cfg.replicas = 1;
         cfg.batch_size = rows;
-        cfg.num_steps = steps;
+        cfg.steps = steps;
         cfg.iterations_per_loop = steps;
         cfg.summary_every = 0;
         cfg.infeed_depth = 4;
@@ -292,17 +292,16 @@ int main(void)
     cfg.settings.classes = 16;
     cfg.replicas = ngpu;
     cfg.batch_size = 256 * ngpu;
-    cfg.num_steps = 2000;
+    cfg.steps = 2000;
     cfg.iterations_per_loop = 100;
     cfg.summary_every = 0;
     for (int graphs = 0; graphs <= 1; graphs++) {
-        setenv("IFD_CUDA_GRAPHS", graphs ? "1" : "0", 1);
-        run_result r = run_session(&cfg, cfg.num_steps);
-        double sps = (double)cfg.num_steps / r.secs;
+        cfg.cuda_graphs = graphs;
+        run_result r = run_session(&cfg, cfg.steps);
+        double sps = (double)cfg.steps / r.secs;
         printf("%-10s %8d %12.0f %14.1f %21.1f%%\n", graphs ? "on" : "off", ngpu, sps, 1e6 / sps,
                100.0 * r.infeed_wait_fraction);
     }
-    unsetenv("IFD_CUDA_GRAPHS");
 
     /* 3. The all-reduce alone. */
     printf("\n");

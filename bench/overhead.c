@@ -2,7 +2,7 @@
  * bench_overhead: the host overhead per step of the runtime on the cpu backend, and the loop
  * length the session chooses itself against a sweep of fixed ones.
  *
- * A tiny program (linear, D = K = 1, one row per replica) runs num_steps steps at
+ * A tiny program (linear, D = K = 1, one row per replica) runs cfg.steps steps at
  * iterations_per_loop 1, 10, 100, 1000 and 10000 and at auto (loop_kind IFD_LOOP_AUTO, the
  * default bound of 0.5 s) with R = 1 and 2, the runs of one repeat side by side (each repeat
  * runs every length once, in turn). The batch source hands out one prebuilt batch, so no producer
@@ -67,7 +67,7 @@ static void config_for(ifd_config *cfg, int replicas, int64_t ipl, int64_t steps
     cfg->batch_size = replicas;
     cfg->iterations_per_loop = ipl > 0 ? ipl : 1;
     cfg->loop_kind = ipl > 0 ? IFD_LOOP_STEPS : IFD_LOOP_AUTO;
-    cfg->num_steps = steps;
+    cfg->steps = steps;
     cfg->optimizer.learning_rate = 0.01f;
     cfg->summary_every = 0;
 }

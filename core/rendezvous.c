@@ -125,8 +125,7 @@ void ifd_rendezvous_record_error(ifd_rendezvous *rv, const char *source, const i
 
 int ifd_rendezvous_error(ifd_rendezvous *rv, const char *source, int code, const char *fmt, ...)
 {
-    ifd_error e;
-    e.code = code;
+    ifd_error e = {.code = code}; /* a sentence about no key */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(e.msg, sizeof e.msg, fmt, ap);
@@ -175,6 +174,7 @@ int ifd_rendezvous_cause(ifd_rendezvous *rv, ifd_error *out)
     if (best) {
         code = best->err.code;
         if (out) {
+            ifd_error_clear(out);
             out->code = code;
             snprintf(out->msg, sizeof out->msg, "%s: %.*s", best->source,
                      (int)(sizeof out->msg - sizeof best->source - 3), ifd_error_text(&best->err));

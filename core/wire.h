@@ -2,10 +2,12 @@
  * The ingest protocol's binary headers (docs/protocol.md): frame 0 of every message. All
  * integers little-endian; these helpers pack and parse them byte by byte, so the layout does not
  * depend on the host's endianness or struct padding. Header-only and libc-only: the daemon
- * (host/ingest.c) and the C client (clients/c) both use this one definition of the wire format.
+ * (host/ingest/) and the C client (clients/c) both use this one definition of the wire format.
  */
 #ifndef IFD_CORE_WIRE_H
 #define IFD_CORE_WIRE_H
+
+#include "infeed/wire_version.h" /* IFD_PROTOCOL_VERSION */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -13,7 +15,6 @@
 #include <string.h>
 
 #define IFD_PROTO_MAGIC "IFDP"
-#define IFD_PROTO_VERSION 1
 #define IFD_PROTO_HDR 8
 #define IFD_PROTO_BATCH_HDR 32
 #define IFD_PROTO_CREDIT_HDR 16
@@ -90,7 +91,7 @@ static inline uint64_t ifd_get_u64(const uint8_t *p)
 static inline void ifd_proto_header(uint8_t *p, int type)
 {
     memcpy(p, IFD_PROTO_MAGIC, 4);
-    ifd_put_u16(p + 4, IFD_PROTO_VERSION);
+    ifd_put_u16(p + 4, IFD_PROTOCOL_VERSION);
     ifd_put_u16(p + 6, (uint16_t)type);
 }
 
@@ -133,9 +134,9 @@ static inline int ifd_proto_parse_header(const void *data, size_t len, ifd_proto
     }
     h->version = ifd_get_u16(p + 4);
     h->type = ifd_get_u16(p + 6);
-    if (h->version != IFD_PROTO_VERSION) {
-        snprintf(why, why_len, "header: protocol version: expected %d, got %u", IFD_PROTO_VERSION,
-                 (unsigned)h->version);
+    if (h->version != IFD_PROTOCOL_VERSION) {
+        snprintf(why, why_len, "header: protocol version: expected %d, got %u",
+                 IFD_PROTOCOL_VERSION, (unsigned)h->version);
         return -1;
     }
     return 0;

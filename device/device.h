@@ -124,6 +124,10 @@ typedef struct ifd_device_config {
     const struct ifd_hosts *hosts;
     /* cpu: ifd_config.blas_kernel (device/cpu/blas.h). */
     const char *blas_kernel;
+    /* cpu: ifd_config.replica_threads (0: auto; ifd_cpu_replica_threads). */
+    int replica_threads;
+    /* cuda: ifd_config.cuda_graphs: 1 captures each step in a CUDA Graph, 0 does not. */
+    int cuda_graphs;
     void (*on_error)(void *arg, const char *source, const ifd_error *err);
     void *on_error_arg;
 } ifd_device_config;

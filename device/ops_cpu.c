@@ -328,13 +328,12 @@ int ifd_cpu_all_finite_on(void *team, const float *x, int64_t n)
     return !__atomic_load_n(&f.bad, __ATOMIC_RELAXED);
 }
 
-int ifd_cpu_replica_threads(int replicas)
+int ifd_cpu_replica_threads(int replicas, int requested)
 {
     if (getenv("OPENBLAS_NUM_THREADS"))
         return 1;
     openblas_set_num_threads(1);
-    const char *v = getenv("IFD_REPLICA_THREADS");
-    int n = v ? atoi(v) : 0;
+    int n = requested;
     if (n <= 0) {
         cpu_set_t set;
         int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;

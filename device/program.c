@@ -55,6 +55,25 @@ const char *ifd_program_names(char *buf, size_t len)
     return buf;
 }
 
+int ifd_program_check_setting(const char *program, const char *key, int64_t v, int64_t min,
+                              int64_t max, ifd_error *err)
+{
+    if (v != 0 && v >= min && v <= max)
+        return IFD_OK;
+    if (v == 0 && min <= 0)
+        return IFD_OK;
+    char got[48];
+    if (v == 0)
+        snprintf(got, sizeof got, IFD_PROGRAM_NOT_SET);
+    else
+        snprintf(got, sizeof got, ", got %" PRId64, v);
+    int at = snprintf(NULL, 0, "program '%s': ", program);
+    ifd_error_set(err, IFD_EINVAL,
+                  "program '%s': setting '%s' must be between %" PRId64 " and %" PRId64 "%s",
+                  program, key, min, max, got);
+    return ifd_error_mark_key(err, key, at, (int)strlen(key) + 10);
+}
+
 int ifd_program_init(ifd_program *p, const char *name, const ifd_program_settings *s,
                      ifd_error *err)
 {
@@ -62,8 +81,8 @@ int ifd_program_init(ifd_program *p, const char *name, const ifd_program_setting
     const ifd_program_class *cls = name ? ifd_program_find(name) : NULL;
     if (cls == NULL) {
         char names[256];
-        return ifd_error_set(err, IFD_EINVAL, "program: expected one of %s, got '%s'",
-                             ifd_program_names(names, sizeof names), name ? name : "(none)");
+        return ifd_error_set_key(err, IFD_EINVAL, "program", "expected one of %s, got '%s'",
+                                 ifd_program_names(names, sizeof names), name ? name : "(none)");
     }
     p->cls = cls;
     if (s)

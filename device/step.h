@@ -89,7 +89,7 @@ void ifd_cpu_ops_init(ifd_ops *ops, void *ctx);
 #define IFD_TEAM_AUTO_MAX 8
 #define IFD_TEAM_GEMM_BLOCKS 2
 /* The threads each of `replicas` replicas runs its large products and its update on (its team,
- * device/cpu/team.h): IFD_REPLICA_THREADS when set (infeedd's --replica-threads), else the CPUs
+ * device/cpu/team.h): requested when above 0 (ifd_config.replica_threads), else the CPUs
  * this process may run on (its affinity) divided by the replicas, at least 1 and at most
  * IFD_TEAM_AUTO_MAX. OpenBLAS then runs
  * every call on its caller (1 thread: the team splits the products), unless
@@ -101,7 +101,7 @@ void ifd_cpu_ops_init(ifd_ops *ops, void *ctx);
  * operand on both threads and its workers spin on sched_yield between calls; the team splits
  * only products large enough to gain, along the side that keeps packing small, lets a helper
  * slowed by the producer on its core take fewer blocks, and sleeps when there is no work. */
-int ifd_cpu_replica_threads(int replicas);
+int ifd_cpu_replica_threads(int replicas, int requested);
 void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
                              int64_t n, float *params, const float *grads, float *slot0,
                              float *slot1);

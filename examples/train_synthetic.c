@@ -107,7 +107,7 @@ int main(int argc, char **argv)
     ifd_config cfg;
     ifd_config_defaults(&cfg);
     cfg.replicas = (int)arg_int(argc, argv, "--replicas", 2);
-    cfg.num_steps = arg_int(argc, argv, "--steps", 300);
+    cfg.steps = arg_int(argc, argv, "--steps", 300);
     cfg.batch_size = arg_int(argc, argv, "--batch-size", 64);
     cfg.iterations_per_loop = arg_int(argc, argv, "--iterations-per-loop", 50);
     cfg.program = "softmax";
@@ -117,7 +117,7 @@ int main(int argc, char **argv)
     cfg.optimizer.learning_rate = 0.02f;
     cfg.summary_every = 50;
 
-    producer p = {.batches = cfg.num_steps, .batch_size = cfg.batch_size, .seed = 7};
+    producer p = {.batches = cfg.steps, .batch_size = cfg.batch_size, .seed = 7};
     for (int c = 0; c < K; c++)
         for (int j = 0; j < D; j++)
             p.centers[c][j] = frand(&p.seed) * 2.0f - 1.0f;

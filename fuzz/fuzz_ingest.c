@@ -1,6 +1,7 @@
 /*
  * libFuzzer harness: the daemon's ingest decoders and validation (HELLO, BATCH, END and the
- * control request), driven through the real message handler of host/ingest.c with frames cut
+ * control request), driven through the real message handler of host/ingest/zmq_transport.c (and the
+ * protocol core, host/ingest/protocol.c, behind it) with frames cut
  * from the input. One ingest lives for the whole run (its ROUTER bound on inproc, replies go
  * nowhere); every accepted batch is consumed and released after each input, as the runtime
  * would, so memory stays bounded and the ACK path runs too.
@@ -9,7 +10,7 @@
  * takes what is left). The first frame is the routing id, the rest the message; the first byte
  * of the input picks the program's input mode and mode at the first call only.
  */
-#include "host/ingest_internal.h"
+#include "host/ingest/zmq_transport.h"
 
 #include "core/log.h"
 #include "infeed/program.h"
@@ -84,7 +85,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char why[300];
         ingest_control_parse(data, size, why, sizeof why);
         ingest_handle_message(g, parts, nparts, total);
-        ingest_src_flush(g);
+        ingest_fifo_flush(g);
         consume();
     }
     for (int i = 0; i < nparts; i++)

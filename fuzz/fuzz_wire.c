@@ -74,7 +74,7 @@ static void headers(const ifd_frame *f0)
     if (ifd_proto_parse_header(f0->data, f0->size, &h, why, sizeof why) != 0) {
         if (why[0] == '\0')
             abort();
-    } else if (h.version != IFD_PROTO_VERSION) {
+    } else if (h.version != IFD_PROTOCOL_VERSION) {
         abort();
     }
     if (f0->size >= IFD_PROTO_BATCH_HDR) {

@@ -18,19 +18,18 @@ static int eval_after_run(void *arg, ifd_run_context *ctx, ifd_error *err)
     return IFD_OK;
 }
 
-int ifd_hook_eval_iterations(ifd_hook *out, int64_t num_steps, ifd_error *err)
+int ifd_hook_eval_iterations(ifd_hook *out, int64_t steps, ifd_error *err)
 {
-    if (num_steps < 1)
-        return ifd_error_set(
-            err, IFD_EINVAL,
-            "num_steps: eval runs num_steps steps in one loop; expected a positive "
-            "integer, got %lld",
-            (long long)num_steps);
+    if (steps < 1)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "steps: eval runs steps steps in one loop; expected a positive "
+                             "integer, got %lld",
+                             (long long)steps);
     *out = (ifd_hook){
         .name = "eval_iterations",
         .after_create_session = eval_after_create_session,
         .after_run = eval_after_run,
-        .arg = (void *)(intptr_t)num_steps,
+        .arg = (void *)(intptr_t)steps,
     };
     return IFD_OK;
 }

@@ -5,7 +5,7 @@
 
 typedef struct stop_at_step {
     int64_t iterations;
-    int64_t num_steps; /* <= 0: unset */
+    int64_t steps;     /* <= 0: unset */
     int64_t last_step; /* <= 0: unset until after_create_session */
 } stop_at_step;
 
@@ -29,8 +29,8 @@ static int sas_after_create_session(void *arg, ifd_run_context *ctx, ifd_error *
 {
     (void)err;
     stop_at_step *h = arg;
-    if (h->num_steps > 0)
-        h->last_step = ifd_run_context_global_step(ctx) + h->num_steps;
+    if (h->steps > 0)
+        h->last_step = ifd_run_context_global_step(ctx) + h->steps;
     schedule(h, ctx);
     return IFD_OK;
 }
@@ -42,25 +42,24 @@ static int sas_after_run(void *arg, ifd_run_context *ctx, ifd_error *err)
     return IFD_OK;
 }
 
-int ifd_hook_stop_at_step(ifd_hook *out, int64_t iterations_per_loop, int64_t num_steps,
+int ifd_hook_stop_at_step(ifd_hook *out, int64_t iterations_per_loop, int64_t steps,
                           int64_t last_step, ifd_error *err)
 {
     if (iterations_per_loop < 1)
         return ifd_error_set(err, IFD_EINVAL,
                              "iterations_per_loop: expected a positive integer, got %lld",
                              (long long)iterations_per_loop);
-    int has_num = num_steps > 0, has_last = last_step > 0;
+    int has_num = steps > 0, has_last = last_step > 0;
     if (has_num == has_last)
         return ifd_error_set(err, IFD_EINVAL,
-                             "num_steps and last_step: exactly one must be set (a positive "
-                             "integer), got %s (num_steps=%lld, last_step=%lld)",
-                             has_num ? "both" : "neither", (long long)num_steps,
-                             (long long)last_step);
+                             "steps and last_step: exactly one must be set (a positive "
+                             "integer), got %s (steps=%lld, last_step=%lld)",
+                             has_num ? "both" : "neither", (long long)steps, (long long)last_step);
     stop_at_step *h = calloc(1, sizeof *h);
     if (h == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "stop_at_step hook");
     h->iterations = iterations_per_loop;
-    h->num_steps = has_num ? num_steps : 0;
+    h->steps = has_num ? steps : 0;
     h->last_step = has_last ? last_step : 0;
     *out = (ifd_hook){
         .name = "stop_at_step",

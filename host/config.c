@@ -1,5 +1,6 @@
 #include "host/config_internal.h"
 #include "core/userdir.h"
+#include "loop/config_ranges.h"
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -35,7 +36,6 @@ static int parse_reduction(const char *s, int *out)
     *out = (int)v;
     return rc;
 }
-
 static const char *mode_name(int v)
 {
     return ifd_mode_name((ifd_mode)v);
@@ -53,160 +53,168 @@ static const char *reduction_name(int v)
     return ifd_loss_reduction_name((ifd_loss_reduction)v);
 }
 
+static const config_names modes = {parse_mode, mode_name, "train, eval or predict"};
+static const config_names input_modes = {parse_input_mode, input_mode_name,
+                                         "per-host, per-host-v2, per-core or broadcast"};
+static const config_names optimizers = {parse_optimizer, optimizer_name, "sgd, momentum or adam"};
+static const config_names reductions = {parse_reduction, reduction_name, "mean or sum"};
+static const config_names log_levels = {ifd_log_level_parse, ifd_log_level_name,
+                                        "error, warn, info or debug"};
+
+#define I64_MAX 9.2e18
+#define SECS 86400.0 /* a day: longer waits are a mistake, not a setting */
+
+/* Every option: its key (and so its flag), its type and field, --help's metavar and text; then
+ * what the validation pass checks of it alone. Rules between keys are config_validate.c's. */
+#define OPT(k_, kind_, field_, meta_, help_, ...)                                                  \
+    {                                                                                              \
+        .key = k_, .kind = kind_, .off = OFF(field_), .metavar = meta_, .help = help_, __VA_ARGS__ \
+    }
+#define RANGE(lo, hi, text) .flags = OPT_RANGE, .min = lo, .max = hi, .expect = text
+#define NONEMPTY(text) .flags = OPT_NONEMPTY, .expect = text
+
 const config_opt config_opts[] = {
-    {"listen", K_STR, OFF(listen), "ENDPOINT", "ingest ROUTER endpoint producers connect to", NULL,
-     NULL},
-    {"publish", K_STR, OFF(publish), "ENDPOINT", "summaries PUB endpoint (\"\" disables it)", NULL,
-     NULL},
-    {"control", K_STR, OFF(control), "ENDPOINT",
-     "control REP endpoint: {\"cmd\":\"status\"} or {\"cmd\":\"stop\"} (\"\" disables it); "
-     "the default is an ipc socket in a folder only this user may enter ($XDG_RUNTIME_DIR/infeed, "
-     "else /tmp/infeed-UID), which infeedctl finds by itself",
-     NULL, NULL},
-    {"summaries", K_STR, OFF(summaries), "PATH",
-     "also append every summary to this JSON Lines file", NULL, NULL},
-    {"predictions", K_STR, OFF(predictions), "PATH",
-     "predict mode: also write every prediction, a row a line, to this JSON Lines file", NULL,
-     NULL},
-    {"ready_file", K_STR, OFF(ready_file), "PATH",
-     "once every socket is bound and served, write {\"listen\", \"publish\", \"control\", "
-     "\"pid\"} to PATH (the endpoints bound, a port chosen for tcp://127.0.0.1:* resolved; "
-     "written to a temporary file and renamed); removed when infeedd exits",
-     NULL, NULL},
-    {"backend", K_STR, OFF(run.backend), "NAME", "device backend: cpu or cuda", NULL, NULL},
-    {"replicas", K_INT, OFF(run.replicas), "N", "replicas (cpu: threads; cuda: GPUs)", NULL, NULL},
-    {"program", K_STR, OFF(run.program), "NAME",
-     "the model: linear, softmax, mlp, read (benchmark) or one a --program-lib registers", NULL,
-     NULL},
-    {"program_lib", K_LIBS, OFF(program_libs), "PATH.so",
-     "load a program plugin (a shared library built against include/infeed/program.h: "
-     "examples/custom_program); repeat the flag for several",
-     NULL, NULL},
-    {"features", K_I64, OFF(run.settings.features), "D", "program setting: columns of x", NULL,
-     NULL},
-    {"classes", K_I64, OFF(run.settings.classes), "K",
-     "program setting: classes (softmax, mlp) or outputs (linear)", NULL, NULL},
-    {"hidden", K_I64, OFF(run.settings.hidden), "H",
-     "program setting: hidden width (mlp; plugins may read it too)", NULL, NULL},
-    {"mode", K_ENUM, OFF(run.mode), "MODE",
-     "train; eval (--steps steps in one loop, one summary); predict (until every producer "
-     "ended, predictions back to each producer)",
-     "train, eval or predict", parse_mode},
-    {"input_mode", K_ENUM, OFF(run.input_mode), "MODE",
-     "how batches become replica shards: per-host (split), per-host-v2 (one a replica), per-core "
-     "(HELLO names the replica) or broadcast (every replica the same)",
-     "per-host, per-host-v2, per-core or broadcast", parse_input_mode},
-    {"batch_size", K_I64, OFF(run.batch_size), "ROWS",
-     "global batch size: rows in every batch, divisible by replicas", NULL, NULL},
-    {"iterations_per_loop", K_LOOP, OFF(run.iterations_per_loop), "N|auto|TIME",
-     "steps per device loop without a host round trip; auto: the daemon measures the step and "
-     "the loop boundary and picks loops whose boundary costs under 1% of their time, at most "
-     "--max-loop-seconds long; a duration (2s, 1.5s, 500ms): loops of about that long",
-     NULL, NULL},
-    {"max_loop_seconds", K_F64, OFF(run.max_loop_secs), "SECONDS",
-     "with --iterations-per-loop auto: the longest a loop may take, so that a stop, a "
-     "checkpoint and a summary come within it",
-     NULL, NULL},
-    {"steps", K_I64, OFF(run.num_steps), "N",
-     "steps to run (train: exactly one of steps and last_step; eval: required)", NULL, NULL},
-    {"last_step", K_I64, OFF(run.last_step), "N", "the global step to stop at", NULL, NULL},
-    {"initial_global_step", K_I64, OFF(run.initial_global_step), "N",
-     "the global step the run starts from", NULL, NULL},
-    {"optimizer", K_ENUM, OFF(run.optimizer.kind), "NAME", "sgd, momentum or adam",
-     "sgd, momentum or adam", parse_optimizer},
-    {"learning_rate", K_F32, OFF(run.optimizer.learning_rate), "LR", "learning rate", NULL, NULL},
-    {"momentum", K_F32, OFF(run.optimizer.momentum), "M", "momentum optimizer: momentum", NULL,
-     NULL},
-    {"beta1", K_F32, OFF(run.optimizer.beta1), "B1", "adam: beta1", NULL, NULL},
-    {"beta2", K_F32, OFF(run.optimizer.beta2), "B2", "adam: beta2", NULL, NULL},
-    {"epsilon", K_F32, OFF(run.optimizer.epsilon), "EPS", "adam: epsilon", NULL, NULL},
-    {"loss_reduction", K_ENUM, OFF(run.loss_reduction), "R",
-     "mean (loss scaled by 1/replicas) or sum", "mean or sum", parse_reduction},
-    {"max_skipped_steps", K_I64, OFF(run.max_skipped_steps), "N",
-     "train, eval: a step whose gradients or loss are not finite is skipped on every replica "
-     "and host (no update) and counted; this many skipped in a row end the run (exit 1; 0: "
-     "never)",
-     NULL, NULL},
-    {"summary_every", K_I64, OFF(run.summary_every), "N",
-     "steps between train summaries (0: only at the end)", NULL, NULL},
-    {"seed", K_U64, OFF(run.seed), "S", "seed of the parameter initialisation", NULL, NULL},
-    {"infeed_depth", K_INT, OFF(run.infeed_depth), "N", "shards buffered per replica", NULL, NULL},
-    {"outfeed_depth", K_INT, OFF(run.outfeed_depth), "N", "step records buffered per replica", NULL,
-     NULL},
-    {"initial_infeed_sleep", K_F64, OFF(run.initial_infeed_sleep_secs), "SECONDS",
-     "the infeed waits this long before it takes the first batch", NULL, NULL},
-    {"watchdog", K_F64, OFF(run.watchdog_secs), "SECONDS",
-     "end the run (exit 1) when no step completes for this long; 0: off", NULL, NULL},
-    {"credit", K_INT, OFF(credit), "N",
-     "batches a producer may have in flight; 0: auto, 16 MiB of batches, 8 to 256", NULL, NULL},
-    {"max_steps_per_message", K_INT, OFF(max_steps_per_message), "K",
-     "train, eval: a BATCH may carry k x batch_size rows, k <= K: k steps in one message, each "
-     "costing a credit (raises an auto credit to K)",
-     NULL, NULL},
-    {"max_producers", K_INT, OFF(max_producers), "N", "producers connected at once", NULL, NULL},
-    {"max_connections", K_INT, OFF(max_connections), "N",
-     "connections each socket accepts at once, more are closed; 0: auto, 2 x max_producers, at "
-     "least 256",
-     NULL, NULL},
-    {"expect_producers", K_INT, OFF(expect_producers), "N",
-     "the input ends once N producers sent END (0: once every producer welcomed so far did)", NULL,
-     NULL},
-    {"producer_timeout", K_F64, OFF(producer_timeout), "SECONDS",
-     "a producer whose connection is gone, or that holds credit and sends nothing, for this long "
-     "loses its slot and counts as ended (0: never)",
-     NULL, NULL},
-    {"check_finite", K_BOOL, OFF(check_finite), "on|off",
-     "reject a batch whose float inputs hold NaN or infinity (ERANGE naming tensor, row, value)",
-     NULL, NULL},
-    {"shm", K_BOOL, OFF(shm), "on|off",
-     "offer a shared-memory pool to producers on this host that ask for one (HELLO \"shm\"): "
-     "batches are written in place and only descriptors cross the socket",
-     NULL, NULL},
-    {"max_abs_input", K_F64, OFF(max_abs_input), "X",
-     "reject a batch with a float input of magnitude above X (0: no bound; needs check_finite)",
-     NULL, NULL},
-    {"log_level", K_LOG, OFF(log_level), "LEVEL", "error, warn, info or debug",
-     "error, warn, info or debug", NULL},
-    {"replica_threads", K_INT, OFF(replica_threads), "N",
-     "cpu backend: threads each replica's large products and its update run on, its own and "
-     "N - 1 helpers (0: auto, the CPUs this process may use / replicas, 1 to 8; 1 when "
-     "OPENBLAS_NUM_THREADS is set)",
-     NULL, NULL},
-    {"blas_kernel", K_STR, OFF(run.blas_kernel), "NAME",
-     "cpu backend: the OpenBLAS kernel; auto replaces a generic fallback below what the CPU "
-     "runs (as OpenBLAS 0.3.21 picks Prescott on CPUs newer than itself), keep leaves the "
-     "library's pick, or a kernel name: SkylakeX, Haswell, Zen, Sandybridge, ... "
-     "(OPENBLAS_CORETYPE, when set, is obeyed under auto)",
-     NULL, NULL},
-    {"cuda_graphs", K_BOOL, OFF(cuda_graphs), "on|off",
-     "cuda backend: capture each step in a CUDA Graph", NULL, NULL},
-    {"checkpoint_dir", K_STR, OFF(checkpoint_dir), "DIR",
-     "train: write checkpoints into this folder (docs/checkpoint.md); eval, predict: start from "
-     "its latest",
-     NULL, NULL},
-    {"checkpoint_every", K_I64, OFF(checkpoint_every), "N",
-     "steps between checkpoints, at loop ends (0: only at the end of the run)", NULL, NULL},
-    {"keep_checkpoints", K_INT, OFF(keep_checkpoints), "N", "checkpoints kept in checkpoint_dir",
-     NULL, NULL},
-    {"resume", K_SWITCH, OFF(resume), "",
-     "continue from the latest checkpoint in checkpoint_dir (an error when there is none)", NULL,
-     NULL},
-    {"checkpoint", K_STR, OFF(checkpoint), "PATH",
-     "start from this checkpoint file (train: as --resume does; eval, predict: its parameters)",
-     NULL, NULL},
-    {"curve_secret_key", K_STR, OFF(curve_secret_key), "FILE",
-     "turns CURVE on for all three sockets: the daemon's key pair (infeedd keygen PREFIX writes "
-     "PREFIX.key); needs authorized_keys",
-     NULL, NULL},
-    {"authorized_keys", K_STR, OFF(authorized_keys), "FILE",
-     "CURVE: producer public keys allowed on the ingest socket and to subscribe, a key a line, "
-     "each optionally followed by the names it may use (KEY name1,name2)",
-     NULL, NULL},
-    {"admin_keys", K_STR, OFF(admin_keys), "FILE",
-     "CURVE: public keys allowed on the control socket (status, stop) and to subscribe", NULL,
-     NULL},
-    {"insecure", K_SWITCH, OFF(insecure), "",
-     "without CURVE, bind endpoints other than loopback, ipc and inproc all the same", NULL, NULL},
+    OPT("listen", K_STR, listen, "ENDPOINT", "ingest ROUTER endpoint producers connect to",
+        NONEMPTY("a ZeroMQ endpoint")),
+    OPT("publish", K_STR, publish, "ENDPOINT", "summaries PUB endpoint (\"\" disables it)"),
+    OPT("control", K_STR, control, "ENDPOINT",
+        "control REP endpoint: {\"cmd\":\"status\"} or {\"cmd\":\"stop\"} (\"\" disables it); "
+        "the default is an ipc socket in a folder only this user may enter ($XDG_RUNTIME_DIR/"
+        "infeed, else /tmp/infeed-UID), which infeedctl finds by itself"),
+    OPT("summaries", K_STR, summaries, "PATH", "also append every summary to this JSON Lines file"),
+    OPT("predictions", K_STR, predictions, "PATH",
+        "predict mode: also write every prediction, a row a line, to this JSON Lines file"),
+    OPT("ready_file", K_STR, ready_file, "PATH",
+        "once every socket is bound and served, write {\"listen\", \"publish\", \"control\", "
+        "\"pid\"} to PATH (the endpoints bound, a port chosen for tcp://127.0.0.1:* resolved; "
+        "written to a temporary file and renamed); removed when infeedd exits"),
+    OPT("backend", K_STR, run.backend, "NAME", "device backend: cpu or cuda"),
+    OPT("replicas", K_INT, run.replicas, "N", "replicas (cpu: threads; cuda: GPUs)"),
+    OPT("program", K_STR, run.program, "NAME",
+        "the model: linear, softmax, mlp, read (benchmark) or one a --program-lib registers"),
+    OPT("program_lib", K_LIBS, program_libs, "PATH.so",
+        "load a program plugin (a shared library built against include/infeed/program.h: "
+        "examples/custom_program); repeat the flag for several"),
+    OPT("features", K_I64, run.settings.features, "D", "program setting: columns of x",
+        .flags = OPT_UNSET),
+    OPT("classes", K_I64, run.settings.classes, "K",
+        "program setting: classes (softmax, mlp) or outputs (linear)", .flags = OPT_UNSET),
+    OPT("hidden", K_I64, run.settings.hidden, "H",
+        "program setting: hidden width (mlp; plugins may read it too)", .flags = OPT_UNSET),
+    OPT("mode", K_ENUM, run.mode, "MODE",
+        "train; eval (--steps steps in one loop, one summary); predict (until every producer "
+        "ended, predictions back to each producer)",
+        .names = &modes),
+    OPT("input_mode", K_ENUM, run.input_mode, "MODE",
+        "how batches become replica shards: per-host (split), per-host-v2 (one a replica), "
+        "per-core (HELLO names the replica) or broadcast (every replica the same)",
+        .names = &input_modes),
+    OPT("batch_size", K_I64, run.batch_size, "ROWS",
+        "global batch size: rows in every batch, divisible by replicas"),
+    OPT("iterations_per_loop", K_LOOP, run.iterations_per_loop, "N|auto|TIME",
+        "steps per device loop without a host round trip; auto: the daemon measures the step and "
+        "the loop boundary and picks loops whose boundary costs under 1% of their time, at most "
+        "--max-loop-seconds long; a duration (2s, 1.5s, 500ms): loops of about that long"),
+    OPT("max_loop_seconds", K_F64, run.max_loop_seconds, "SECONDS",
+        "with --iterations-per-loop auto: the longest a loop may take, so that a stop, a "
+        "checkpoint and a summary come within it"),
+    OPT("steps", K_I64, run.steps, "N",
+        "steps to run (train: exactly one of steps and last_step; eval: required)",
+        .flags = OPT_UNSET),
+    OPT("last_step", K_I64, run.last_step, "N", "the global step to stop at", .flags = OPT_UNSET),
+    OPT("initial_global_step", K_I64, run.initial_global_step, "N",
+        "the global step the run starts from"),
+    OPT("optimizer", K_ENUM, run.optimizer.kind, "NAME", "sgd, momentum or adam",
+        .names = &optimizers),
+    OPT("learning_rate", K_F32, run.optimizer.learning_rate, "LR", "learning rate"),
+    OPT("momentum", K_F32, run.optimizer.momentum, "M", "momentum optimizer: momentum"),
+    OPT("beta1", K_F32, run.optimizer.beta1, "B1", "adam: beta1"),
+    OPT("beta2", K_F32, run.optimizer.beta2, "B2", "adam: beta2"),
+    OPT("epsilon", K_F32, run.optimizer.epsilon, "EPS", "adam: epsilon"),
+    OPT("loss_reduction", K_ENUM, run.loss_reduction, "R",
+        "mean (loss scaled by 1/replicas) or sum", .names = &reductions),
+    OPT("max_skipped_steps", K_I64, run.max_skipped_steps, "N",
+        "train, eval: a step whose gradients or loss are not finite is skipped on every replica "
+        "and host (no update) and counted; this many skipped in a row end the run (exit 1; 0: "
+        "never)"),
+    OPT("summary_every", K_I64, run.summary_every, "N",
+        "steps between train summaries (0: only at the end)"),
+    OPT("seed", K_U64, run.seed, "S", "seed of the parameter initialisation"),
+    OPT("infeed_depth", K_INT, run.infeed_depth, "N", "shards buffered per replica"),
+    OPT("outfeed_depth", K_INT, run.outfeed_depth, "N", "step records buffered per replica"),
+    OPT("initial_infeed_sleep", K_F64, run.initial_infeed_sleep, "SECONDS",
+        "the infeed waits this long before it takes the first batch"),
+    OPT("watchdog", K_F64, run.watchdog, "SECONDS",
+        "end the run (exit 1) when no step completes for this long; 0: off"),
+    OPT("credit", K_INT, credit, "N",
+        "batches a producer may have in flight; 0: auto, 16 MiB of batches, 8 to 256",
+        RANGE(0, 65536, "0 (auto) to 65536")),
+    OPT("max_steps_per_message", K_INT, max_steps_per_message, "K",
+        "train, eval: a BATCH may carry k x batch_size rows, k <= K: k steps in one message, "
+        "each costing a credit (raises an auto credit to K)",
+        RANGE(1, 65536, "1 to 65536")),
+    OPT("max_producers", K_INT, max_producers, "N", "producers connected at once",
+        RANGE(1, 4096, "1 to 4096")),
+    OPT("max_connections", K_INT, max_connections, "N",
+        "connections each socket accepts at once, more are closed; 0: auto, 2 x max_producers, "
+        "at least 256"),
+    OPT("expect_producers", K_INT, expect_producers, "N",
+        "the input ends once N producers sent END (0: once every producer welcomed so far did)"),
+    OPT("producer_timeout", K_F64, producer_timeout, "SECONDS",
+        "a producer whose connection is gone, or that holds credit and sends nothing, for this "
+        "long loses its slot and counts as ended (0: never)",
+        RANGE(0, SECS, "0 (never) to 86400 seconds")),
+    OPT("check_finite", K_BOOL, check_finite, "on|off",
+        "reject a batch whose float inputs hold NaN or infinity (ERANGE naming tensor, row, "
+        "value)"),
+    OPT("shm", K_BOOL, shm, "on|off",
+        "offer a shared-memory pool to producers on this host that ask for one (HELLO \"shm\"): "
+        "batches are written in place and only descriptors cross the socket"),
+    OPT("max_abs_input", K_F64, max_abs_input, "X",
+        "reject a batch with a float input of magnitude above X (0: no bound; needs "
+        "check_finite)",
+        RANGE(0, 3.4e38, "0 (no bound) or a positive float32 magnitude")),
+    OPT("log_level", K_ENUM, log_level, "LEVEL", "error, warn, info or debug",
+        .names = &log_levels),
+    OPT("replica_threads", K_INT, run.replica_threads, "N",
+        "cpu backend: threads each replica's large products and its update run on, its own and "
+        "N - 1 helpers (0: auto, the CPUs this process may use / replicas, 1 to 8; 1 when "
+        "OPENBLAS_NUM_THREADS is set; unset, IFD_REPLICA_THREADS in the environment gives it)"),
+    OPT("blas_kernel", K_STR, run.blas_kernel, "NAME",
+        "cpu backend: the OpenBLAS kernel; auto replaces a generic fallback below what the CPU "
+        "runs (as OpenBLAS 0.3.21 picks Prescott on CPUs newer than itself), keep leaves the "
+        "library's pick, or a kernel name: SkylakeX, Haswell, Zen, Sandybridge, ... "
+        "(OPENBLAS_CORETYPE, when set, is obeyed under auto)"),
+    OPT("cuda_graphs", K_BOOL, run.cuda_graphs, "on|off",
+        "cuda backend: capture each step in a CUDA Graph"),
+    OPT("checkpoint_dir", K_STR, checkpoint_dir, "DIR",
+        "train: write checkpoints into this folder (docs/checkpoint.md); eval, predict: start "
+        "from its latest",
+        NONEMPTY("a folder")),
+    OPT("checkpoint_every", K_I64, checkpoint_every, "N",
+        "steps between checkpoints, at loop ends (0: only at the end of the run)",
+        RANGE(0, I64_MAX, "0 (only at the end) or more steps")),
+    OPT("keep_checkpoints", K_INT, keep_checkpoints, "N", "checkpoints kept in checkpoint_dir",
+        RANGE(1, INT32_MAX, "1 or more")),
+    OPT("resume", K_SWITCH, resume, "",
+        "continue from the latest checkpoint in checkpoint_dir (an error when there is none)"),
+    OPT("checkpoint", K_STR, checkpoint, "PATH",
+        "start from this checkpoint file (train: as --resume does; eval, predict: its "
+        "parameters)",
+        NONEMPTY("a file")),
+    OPT("curve_secret_key", K_STR, curve_secret_key, "FILE",
+        "turns CURVE on for all three sockets: the daemon's key pair (infeedd keygen PREFIX "
+        "writes PREFIX.key); needs authorized_keys",
+        NONEMPTY("a file")),
+    OPT("authorized_keys", K_STR, authorized_keys, "FILE",
+        "CURVE: producer public keys allowed on the ingest socket and to subscribe, a key a line, "
+        "each optionally followed by the names it may use (KEY name1,name2)",
+        NONEMPTY("a file")),
+    OPT("admin_keys", K_STR, admin_keys, "FILE",
+        "CURVE: public keys allowed on the control socket (status, stop) and to subscribe",
+        NONEMPTY("a file")),
+    OPT("insecure", K_SWITCH, insecure, "",
+        "without CURVE, bind endpoints other than loopback, ipc and inproc all the same"),
 };
 
 const int config_nopts = (int)(sizeof config_opts / sizeof config_opts[0]);
@@ -230,7 +238,6 @@ void ifd_daemon_config_defaults(ifd_daemon_config *c)
     c->shm = 1;
     c->producer_timeout = 60;
     c->log_level = IFD_LOG_INFO;
-    c->cuda_graphs = 1;
     c->checkpoint_every = 1000;
     c->keep_checkpoints = 5;
     c->load_program_lib = ifd_program_load_plugin;
@@ -278,39 +285,41 @@ void config_flag_name(const config_opt *o, char *buf, size_t len)
             *p = '-';
 }
 
-static void format_default(const config_opt *o, const ifd_daemon_config *d, char *buf, size_t len)
+static void format_loop(const ifd_daemon_config *d, char *buf, size_t len)
+{
+    if (d->run.loop_kind == IFD_LOOP_AUTO)
+        snprintf(buf, len, "auto");
+    else if (d->run.loop_kind == IFD_LOOP_SECONDS)
+        snprintf(buf, len, "%gs", d->run.loop_secs);
+    else
+        snprintf(buf, len, "%" PRId64, d->run.iterations_per_loop);
+}
+
+/* o's value in d, as --help prints the default */
+static void format_value(const config_opt *o, const ifd_daemon_config *d, char *buf, size_t len)
 {
     const char *field = (const char *)d + o->off;
+    const char *s = NULL;
     switch (o->kind) {
     case K_LIBS:
-        snprintf(buf, len, "none");
-        return;
+        s = "none";
+        break;
     case K_LOOP:
-        if (d->run.loop_kind == IFD_LOOP_AUTO)
-            snprintf(buf, len, "auto");
-        else if (d->run.loop_kind == IFD_LOOP_SECONDS)
-            snprintf(buf, len, "%gs", d->run.loop_secs);
-        else
-            snprintf(buf, len, "%" PRId64, d->run.iterations_per_loop);
+        format_loop(d, buf, len);
         return;
-    case K_STR: {
-        const char *s = *(const char *const *)field;
-        snprintf(buf, len, "%s", s == NULL ? "none" : s[0] ? s : "\"\"");
-        return;
-    }
+    case K_STR:
+        s = *(const char *const *)field;
+        s = s == NULL ? "none" : s[0] ? s : "\"\"";
+        break;
     case K_INT:
         snprintf(buf, len, "%d", *(const int *)field);
         return;
-    case K_I64: {
-        int64_t v = *(const int64_t *)field;
-        if (v == 0 && (strcmp(o->key, "steps") == 0 || strcmp(o->key, "last_step") == 0 ||
-                       strcmp(o->key, "features") == 0 || strcmp(o->key, "classes") == 0 ||
-                       strcmp(o->key, "hidden") == 0))
-            snprintf(buf, len, "unset");
+    case K_I64:
+        if (*(const int64_t *)field == 0 && (o->flags & OPT_UNSET))
+            s = "unset";
         else
-            snprintf(buf, len, "%" PRId64, v);
-        return;
-    }
+            snprintf(buf, len, "%" PRId64, *(const int64_t *)field);
+        break;
     case K_U64:
         snprintf(buf, len, "%" PRIu64, *(const uint64_t *)field);
         return;
@@ -320,23 +329,25 @@ static void format_default(const config_opt *o, const ifd_daemon_config *d, char
     case K_F64:
         snprintf(buf, len, "%g", *(const double *)field);
         return;
-    case K_ENUM: {
-        int v = *(const int *)field;
-        const char *name = o->parse_enum == parse_mode         ? mode_name(v)
-                           : o->parse_enum == parse_input_mode ? input_mode_name(v)
-                           : o->parse_enum == parse_optimizer  ? optimizer_name(v)
-                                                               : reduction_name(v);
-        snprintf(buf, len, "%s", name);
-        return;
-    }
-    case K_LOG:
-        snprintf(buf, len, "%s", ifd_log_level_name(*(const int *)field));
-        return;
+    case K_ENUM:
+        s = o->names->name(*(const int *)field);
+        break;
     case K_BOOL:
     case K_SWITCH:
-        snprintf(buf, len, "%s", *(const int *)field ? "on" : "off");
-        return;
+        s = *(const int *)field ? "on" : "off";
+        break;
     }
+    if (s)
+        snprintf(buf, len, "%s", s);
+}
+
+const char *config_range(const config_opt *o)
+{
+    if (o->flags & OPT_RANGE)
+        return o->expect;
+    _Static_assert(offsetof(ifd_daemon_config, run) == 0, "run comes first");
+    int number = o->kind == K_INT || o->kind == K_I64 || o->kind == K_F32 || o->kind == K_F64;
+    return number && o->off < sizeof(ifd_config) ? ifd_config_range_text(o->key) : NULL;
 }
 
 void ifd_daemon_config_usage(FILE *out)
@@ -361,8 +372,10 @@ void ifd_daemon_config_usage(FILE *out)
         config_flag_name(&config_opts[i], flag, sizeof flag);
         snprintf(left, sizeof left, "%s%s%s", flag, config_opts[i].metavar[0] ? " " : "",
                  config_opts[i].metavar);
-        format_default(&config_opts[i], &d, def, sizeof def);
-        fprintf(out, "  %-38s %s (default: %s)\n", left, config_opts[i].help, def);
+        format_value(&config_opts[i], &d, def, sizeof def);
+        const char *range = config_range(&config_opts[i]);
+        fprintf(out, "  %-38s %s%s%s%s (default: %s)\n", left, config_opts[i].help,
+                range ? " [" : "", range ? range : "", range ? "]" : "", def);
     }
     fprintf(out,
             "  --help                                 this text\n"

@@ -34,8 +34,6 @@ typedef struct ifd_daemon_config {
     int shm;                 /* offer shared-memory pools to local producers that ask */
     double producer_timeout; /* seconds a vanished or silent producer keeps its slot; 0: ever */
     int log_level;
-    int cuda_graphs;            /* cuda backend: capture each step in a CUDA Graph */
-    int replica_threads;        /* cpu backend: threads a replica's products run on; 0: auto */
     const char *checkpoint_dir; /* NULL: no checkpoints (docs/checkpoint.md) */
     int64_t checkpoint_every;   /* steps; 0: only at the end */
     int keep_checkpoints;
@@ -101,8 +99,9 @@ int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const c
  * and no --config file was read), key_name when it came from the file. */
 int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err);
 
-/* Rewrites the keys a config error's sentence names into the names the user gave them (as the
- * validation pass does): for the daemon's own later config errors (keys, checkpoints, hosts). */
+/* Names the key a config error's sentence is about (ifd_error's key, set where the sentence was
+ * made) as the user gave it, as the validation pass does: for the daemon's own later config
+ * errors (keys, checkpoints, hosts). A sentence about no key is left as it is. */
 void ifd_daemon_config_name_keys(const ifd_daemon_config *c, ifd_error *err);
 
 /* "the integer 5", "a string of 64 bytes", "an array", "nothing" (v NULL): what arrived, for

@@ -15,7 +15,8 @@
 
 /* K_SWITCH: a K_BOOL whose flag takes no value (--resume; --resume=off); K_LIBS: program_lib,
  * a repeatable flag and a string or an array of strings in the file; K_LOOP:
- * iterations_per_loop, a count of steps, auto or a duration (run.loop_kind, loop_secs) */
+ * iterations_per_loop, a count of steps, auto or a duration (run.loop_kind, loop_secs); K_ENUM:
+ * an int whose names are the option's names (mode, optimizer, log_level, ...) */
 typedef enum {
     K_STR,
     K_INT,
@@ -26,10 +27,23 @@ typedef enum {
     K_ENUM,
     K_BOOL,
     K_SWITCH,
-    K_LOG,
     K_LIBS,
     K_LOOP
 } opt_kind;
+
+/* An enum's names: parse a name, name a value, and the sentence's list ("a, b or c"). */
+typedef struct config_names {
+    int (*parse)(const char *s, int *out);
+    const char *(*name)(int v);
+    const char *choices;
+} config_names;
+
+enum {
+    OPT_RANGE = 1,    /* K_INT, K_I64, K_F64: the validation pass checks [min, max] */
+    OPT_OPEN_MIN = 2, /* with OPT_RANGE: min itself is refused */
+    OPT_NONEMPTY = 4, /* K_STR: "" is refused (NULL, unset, is not) */
+    OPT_UNSET = 8     /* K_I64: 0 is "unset" (--help says so) */
+};
 
 typedef struct config_opt {
     const char *key; /* the JSON key; the flag is --key with '_' as '-' */
@@ -37,8 +51,11 @@ typedef struct config_opt {
     size_t off;
     const char *metavar;
     const char *help;
-    const char *choices; /* K_ENUM, K_LOG: "a, b or c" */
-    int (*parse_enum)(const char *s, int *out);
+    const config_names *names; /* K_ENUM */
+    unsigned flags;            /* OPT_* */
+    double min, max;           /* OPT_RANGE */
+    /* OPT_RANGE, OPT_NONEMPTY: what the sentence says was expected ("1 to 4096") */
+    const char *expect;
 } config_opt;
 
 /* The options, in --help's order; an option's place in it indexes key_source. */
@@ -49,7 +66,18 @@ extern const int config_nopts;
  * NULL when there is none. */
 const config_opt *config_find_key(const char *key, size_t len);
 const config_opt *config_find_flag(const char *flag, size_t len);
+/* What the validation pass expects of o's number ("1 to 4096": the daemon's table, or the
+ * runtime's for a key of ifd_config), or NULL: --help prints it. */
+const char *config_range(const config_opt *o);
 /* "--iterations-per-loop" */
 void config_flag_name(const config_opt *o, char *buf, size_t len);
+/* The name the user gave o: "--last-step" (a flag, or unset without a config file) or
+ * "last_step" (the config file). */
+const char *config_display(const ifd_daemon_config *c, const config_opt *o, char *buf, size_t len);
+/* A config error (IFD_EINVAL) about key (an option's key; NULL: the sentence names its keys
+ * itself): "NAME: " and fmt's sentence, in which every {key} (an option's key in braces) is
+ * the name the user gave that key. */
+int config_fail(const ifd_daemon_config *c, ifd_error *err, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 #endif

@@ -73,49 +73,34 @@ static int set_loop(ifd_config *r, const char *val, const char *where, ifd_error
                          where, val);
 }
 
-/* Sets o from its text form. where: "flag --x" or "config file f: key 'x'". */
-static int set_value(ifd_daemon_config *c, const config_opt *o, const char *val, const char *where,
-                     ifd_error *err)
+static int keep_string(ifd_daemon_config *c, const char *val, const char **out, const char *where,
+                       ifd_error *err)
 {
-    char *field = (char *)c + o->off;
+    if (c->nstrings == (int)(sizeof c->strings / sizeof c->strings[0]))
+        return ifd_error_set(err, IFD_EINVAL, "%s: too many string values", where);
+    char *copy = strdup(val);
+    if (copy == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "%s", where);
+    c->strings[c->nstrings++] = copy;
+    *out = copy;
+    return IFD_OK;
+}
+
+static int add_lib(ifd_daemon_config *c, const char *val, const char *where, ifd_error *err)
+{
+    if (val[0] == '\0')
+        return ifd_error_set(err, IFD_EINVAL, "%s: expected a file name, got ''", where);
+    if (c->nprogram_libs == IFD_DAEMON_MAX_PROGRAM_LIBS)
+        return ifd_error_set(err, IFD_EINVAL, "%s: expected at most %d program libraries", where,
+                             IFD_DAEMON_MAX_PROGRAM_LIBS);
+    return keep_string(c, val, &c->program_libs[c->nprogram_libs++], where, err);
+}
+
+static int set_integer(const config_opt *o, char *field, const char *val, const char *where,
+                       ifd_error *err)
+{
     int64_t i64;
-    switch (o->kind) {
-    case K_LIBS:
-        if (val[0] == '\0')
-            return ifd_error_set(err, IFD_EINVAL, "%s: expected a file name, got ''", where);
-        if (c->nprogram_libs == IFD_DAEMON_MAX_PROGRAM_LIBS)
-            return ifd_error_set(err, IFD_EINVAL, "%s: expected at most %d program libraries",
-                                 where, IFD_DAEMON_MAX_PROGRAM_LIBS);
-        if (c->nstrings == (int)(sizeof c->strings / sizeof c->strings[0]))
-            return ifd_error_set(err, IFD_EINVAL, "%s: too many string values", where);
-        c->strings[c->nstrings] = strdup(val);
-        if (c->strings[c->nstrings] == NULL)
-            return ifd_error_set(err, IFD_ENOMEM, "%s", where);
-        c->program_libs[c->nprogram_libs++] = c->strings[c->nstrings++];
-        return IFD_OK;
-    case K_STR: {
-        if (c->nstrings == (int)(sizeof c->strings / sizeof c->strings[0]))
-            return ifd_error_set(err, IFD_EINVAL, "%s: too many string values", where);
-        char *copy = strdup(val);
-        if (copy == NULL)
-            return ifd_error_set(err, IFD_ENOMEM, "%s", where);
-        c->strings[c->nstrings++] = copy;
-        *(const char **)field = copy;
-        return IFD_OK;
-    }
-    case K_LOOP:
-        return set_loop(&c->run, val, where, err);
-    case K_INT:
-        if (parse_i64(val, &i64) || i64 < INT32_MIN || i64 > INT32_MAX)
-            return ifd_error_set(err, IFD_EINVAL, "%s: expected an integer, got '%s'", where, val);
-        *(int *)field = (int)i64;
-        return IFD_OK;
-    case K_I64:
-        if (parse_i64(val, &i64))
-            return ifd_error_set(err, IFD_EINVAL, "%s: expected an integer, got '%s'", where, val);
-        *(int64_t *)field = i64;
-        return IFD_OK;
-    case K_U64: {
+    if (o->kind == K_U64) {
         char *end;
         errno = 0;
         unsigned long long v = strtoull(val, &end, 10);
@@ -125,44 +110,68 @@ static int set_value(ifd_daemon_config *c, const config_opt *o, const char *val,
         *(uint64_t *)field = v;
         return IFD_OK;
     }
+    if (parse_i64(val, &i64) || (o->kind == K_INT && (i64 < INT32_MIN || i64 > INT32_MAX)))
+        return ifd_error_set(err, IFD_EINVAL, "%s: expected an integer, got '%s'", where, val);
+    if (o->kind == K_INT)
+        *(int *)field = (int)i64;
+    else
+        *(int64_t *)field = i64;
+    return IFD_OK;
+}
+
+static int set_number(const config_opt *o, char *field, const char *val, const char *where,
+                      ifd_error *err)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(val, &end);
+    if (*val == '\0' || errno || *end != '\0' || !isfinite(v))
+        return ifd_error_set(err, IFD_EINVAL, "%s: expected a number, got '%s'", where, val);
+    if (o->kind == K_F32)
+        *(float *)field = (float)v;
+    else
+        *(double *)field = v;
+    return IFD_OK;
+}
+
+static int set_bool(char *field, const char *val, const char *where, ifd_error *err)
+{
+    if (strcmp(val, "on") == 0 || strcmp(val, "true") == 0 || strcmp(val, "1") == 0)
+        *(int *)field = 1;
+    else if (strcmp(val, "off") == 0 || strcmp(val, "false") == 0 || strcmp(val, "0") == 0)
+        *(int *)field = 0;
+    else
+        return ifd_error_set(err, IFD_EINVAL, "%s: expected on or off, got '%s'", where, val);
+    return IFD_OK;
+}
+
+/* Sets o from its text form. where: "flag --x" or "config file f: key 'x'". */
+static int set_value(ifd_daemon_config *c, const config_opt *o, const char *val, const char *where,
+                     ifd_error *err)
+{
+    char *field = (char *)c + o->off;
+    switch (o->kind) {
+    case K_LIBS:
+        return add_lib(c, val, where, err);
+    case K_STR:
+        return keep_string(c, val, (const char **)field, where, err);
+    case K_LOOP:
+        return set_loop(&c->run, val, where, err);
+    case K_INT:
+    case K_I64:
+    case K_U64:
+        return set_integer(o, field, val, where, err);
     case K_F32:
-    case K_F64: {
-        char *end;
-        errno = 0;
-        double v = strtod(val, &end);
-        if (*val == '\0' || errno || *end != '\0' || !isfinite(v))
-            return ifd_error_set(err, IFD_EINVAL, "%s: expected a number, got '%s'", where, val);
-        if (o->kind == K_F32)
-            *(float *)field = (float)v;
-        else
-            *(double *)field = v;
+    case K_F64:
+        return set_number(o, field, val, where, err);
+    case K_ENUM:
+        if (o->names->parse(val, (int *)field))
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected %s, got '%s'", where,
+                                 o->names->choices, val);
         return IFD_OK;
-    }
-    case K_ENUM: {
-        int v;
-        if (o->parse_enum(val, &v))
-            return ifd_error_set(err, IFD_EINVAL, "%s: expected %s, got '%s'", where, o->choices,
-                                 val);
-        *(int *)field = v;
-        return IFD_OK;
-    }
-    case K_LOG: {
-        int v;
-        if (ifd_log_level_parse(val, &v))
-            return ifd_error_set(err, IFD_EINVAL, "%s: expected %s, got '%s'", where, o->choices,
-                                 val);
-        *(int *)field = v;
-        return IFD_OK;
-    }
     case K_BOOL:
     case K_SWITCH:
-        if (strcmp(val, "on") == 0 || strcmp(val, "true") == 0 || strcmp(val, "1") == 0)
-            *(int *)field = 1;
-        else if (strcmp(val, "off") == 0 || strcmp(val, "false") == 0 || strcmp(val, "0") == 0)
-            *(int *)field = 0;
-        else
-            return ifd_error_set(err, IFD_EINVAL, "%s: expected on or off, got '%s'", where, val);
-        return IFD_OK;
+        return set_bool(field, val, where, err);
     }
     return ifd_error_set(err, IFD_EINTERNAL, "%s: unknown kind", where);
 }
@@ -229,6 +238,74 @@ static int apply_json_libs(ifd_daemon_config *c, const config_opt *o, const json
                          where, ifd_json_describe(v, got, sizeof got));
 }
 
+/* The text form of a file's value for o (into buf when it is a number), or NULL with *want
+ * saying what the key takes. */
+static const char *json_text(const config_opt *o, const json_t *v, char *buf, size_t len,
+                             const char **want)
+{
+    switch (o->kind) {
+    case K_INT:
+    case K_I64:
+    case K_U64:
+    case K_LOOP:
+        if (json_is_integer(v)) {
+            snprintf(buf, len, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+            return buf;
+        }
+        if (o->kind == K_LOOP && json_is_string(v))
+            return json_string_value(v);
+        *want = o->kind == K_LOOP
+                    ? "an integer or a string (auto, or a duration such as 2s or 500ms)"
+                    : "an integer";
+        return NULL;
+    case K_F32:
+    case K_F64:
+        if (json_is_number(v)) {
+            snprintf(buf, len, "%.17g", json_number_value(v));
+            return buf;
+        }
+        *want = "a number";
+        return NULL;
+    case K_BOOL:
+    case K_SWITCH:
+        if (json_is_boolean(v))
+            return json_is_true(v) ? "on" : "off";
+        *want = json_is_string(v) ? NULL : "true or false";
+        return json_is_string(v) ? json_string_value(v) : NULL;
+    default: /* K_STR, K_ENUM (K_LIBS: apply_json_libs) */
+        *want = json_is_string(v) ? NULL : "a string";
+        return json_is_string(v) ? json_string_value(v) : NULL;
+    }
+}
+
+/* One key of the file. */
+static int apply_json_key(ifd_daemon_config *c, const char *key, const json_t *v,
+                          const char *source, ifd_error *err)
+{
+    const config_opt *o = config_find_key(key, strlen(key));
+    if (o == NULL)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "%s: unknown key '%s' (the keys are the flags of infeedd --help with "
+                             "'_' for '-')",
+                             source, key);
+    char where[160];
+    snprintf(where, sizeof where, "%s: key '%s'", source, key);
+    int rc;
+    if (o->kind == K_LIBS) {
+        rc = apply_json_libs(c, o, v, where, err);
+    } else {
+        char buf[64], got[96];
+        const char *want = NULL, *val = json_text(o, v, buf, sizeof buf, &want);
+        if (val == NULL)
+            return ifd_error_set(err, IFD_EINVAL, "%s: expected %s, got %s", where, want,
+                                 ifd_json_describe(v, got, sizeof got));
+        rc = set_value(c, o, val, where, err);
+    }
+    if (rc == IFD_OK)
+        c->key_source[o - config_opts] = IFD_KEY_FROM_FILE;
+    return rc;
+}
+
 int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const char *source,
                                  ifd_error *err)
 {
@@ -242,91 +319,14 @@ int ifd_daemon_config_apply_json(ifd_daemon_config *c, const char *text, const c
         char got[96];
         rc = ifd_error_set(err, IFD_EINVAL, "%s: expected a JSON object of config keys, got %s",
                            source, ifd_json_describe(root, got, sizeof got));
-        goto done;
     }
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v)
     {
-        const config_opt *o = config_find_key(key, strlen(key));
-        char where[160];
-        snprintf(where, sizeof where, "%s: key '%s'", source, key);
-        if (o == NULL) {
-            rc = ifd_error_set(err, IFD_EINVAL,
-                               "%s: unknown key '%s' (the keys are the flags of infeedd --help "
-                               "with '_' for '-')",
-                               source, key);
-            goto done;
-        }
-        char buf[64];
-        const char *val = NULL, *want = NULL;
-        if (o->kind == K_LIBS) {
-            rc = apply_json_libs(c, o, v, where, err);
-            if (rc)
-                goto done;
-            continue;
-        }
-        switch (o->kind) {
-        case K_LIBS:
-        case K_STR:
-        case K_ENUM:
-        case K_LOG:
-            if (json_is_string(v))
-                val = json_string_value(v);
-            else
-                want = "a string";
-            break;
-        case K_INT:
-        case K_I64:
-        case K_U64:
-            if (json_is_integer(v)) {
-                snprintf(buf, sizeof buf, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-                val = buf;
-            } else {
-                want = "an integer";
-            }
-            break;
-        case K_LOOP:
-            if (json_is_integer(v)) {
-                snprintf(buf, sizeof buf, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-                val = buf;
-            } else if (json_is_string(v)) {
-                val = json_string_value(v);
-            } else {
-                want = "an integer or a string (auto, or a duration such as 2s or 500ms)";
-            }
-            break;
-        case K_F32:
-        case K_F64:
-            if (json_is_number(v)) {
-                snprintf(buf, sizeof buf, "%.17g", json_number_value(v));
-                val = buf;
-            } else {
-                want = "a number";
-            }
-            break;
-        case K_BOOL:
-        case K_SWITCH:
-            if (json_is_boolean(v))
-                val = json_is_true(v) ? "on" : "off";
-            else if (json_is_string(v))
-                val = json_string_value(v);
-            else
-                want = "true or false";
-            break;
-        }
-        if (want) {
-            char got[96];
-            rc = ifd_error_set(err, IFD_EINVAL, "%s: expected %s, got %s", where, want,
-                               ifd_json_describe(v, got, sizeof got));
-            goto done;
-        }
-        rc = set_value(c, o, val, where, err);
-        if (rc)
-            goto done;
-        c->key_source[o - config_opts] = IFD_KEY_FROM_FILE;
+        if (rc == IFD_OK)
+            rc = apply_json_key(c, key, v, source, err);
     }
-done:
     json_decref(root);
     return rc;
 }
@@ -412,72 +412,110 @@ int ifd_daemon_config_parse(ifd_daemon_config *c, int argc, char **argv, FILE *o
     return ifd_daemon_config_parse_with(c, argc, argv, out, exit_now, read_file, NULL, err);
 }
 
-int ifd_daemon_config_parse_with(ifd_daemon_config *c, int argc, char **argv, FILE *out,
-                                 int *exit_now, ifd_config_reader read, void *arg, ifd_error *err)
+/* --help, --version: they print and end the parse wherever they stand. */
+static int info_flag(int argc, char **argv, FILE *out)
 {
-    *exit_now = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             ifd_daemon_config_usage(out);
-            *exit_now = 1;
-            return IFD_OK;
+            return 1;
         }
         if (strcmp(argv[i], "--version") == 0) {
             fprintf(out, "infeedd %s (protocol 1)\n", IFD_VERSION_STRING);
-            *exit_now = 1;
-            return IFD_OK;
+            return 1;
         }
     }
-    /* The file first, wherever --config stands. */
+    return 0;
+}
+
+/* IFD_REPLICA_THREADS (bench/README.md's runs use it): the count of replica_threads when neither
+ * the file nor a flag gives one. The one variable infeedd reads for a setting; the backends read
+ * none. */
+static int apply_environment(ifd_daemon_config *c, ifd_error *err)
+{
+    const char *v = getenv("IFD_REPLICA_THREADS");
+    const config_opt *o = config_find_key("replica_threads", 15);
+    if (v == NULL || *v == '\0' || c->key_source[o - config_opts] != IFD_KEY_DEFAULT)
+        return IFD_OK;
+    return set_value(c, o, v, "environment variable IFD_REPLICA_THREADS", err);
+}
+
+/* The file first, wherever --config stands. */
+static int load_files(ifd_daemon_config *c, int argc, char **argv, ifd_config_reader read,
+                      void *arg, ifd_error *err)
+{
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--config") == 0 || strncmp(argv[i], "--config=", 9) == 0) {
-            const char *path = argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[++i] : NULL);
-            if (path == NULL || *path == '\0')
-                return ifd_error_set(err, IFD_EINVAL, "flag --config: expected a file name");
-            int rc = load_file(c, path, read, arg, err);
-            if (rc)
-                return rc;
-        }
-    }
-    for (int i = 1; i < argc; i++) {
-        const char *name = NULL, *val = NULL;
-        size_t len = 0;
-        int rc = flag_at(argv, i, &name, &len, &val, err);
-        if (rc)
-            return rc;
-        if (len == 6 && strncmp(name, "config", 6) == 0) {
-            i += val == NULL; /* its value was read first */
+        if (strcmp(argv[i], "--config") != 0 && strncmp(argv[i], "--config=", 9) != 0)
             continue;
-        }
-        const config_opt *o = config_find_flag(name, len);
-        if (o == NULL)
-            return ifd_error_set(err, IFD_EINVAL,
-                                 "unknown flag '--%.*s' (infeedd --help lists them)", (int)len,
-                                 name);
-        if (val == NULL && o->kind == K_SWITCH)
-            val = "on";
-        else if (val == NULL && i + 1 < argc)
-            val = argv[++i];
-        char where[80];
-        config_flag_name(o, where + 5, sizeof where - 5);
-        memcpy(where, "flag ", 5);
-        if (val == NULL)
-            return ifd_error_set(err, IFD_EINVAL, "%s: expected a value (%s)", where, o->metavar);
-        if (o->kind == K_LIBS && !c->program_libs_from_flags) {
-            c->nprogram_libs = 0; /* the flags replace the file's list */
-            c->program_libs_from_flags = 1;
-        }
-        rc = set_value(c, o, val, where, err);
+        const char *path = argv[i][8] == '=' ? argv[i] + 9 : (i + 1 < argc ? argv[++i] : NULL);
+        if (path == NULL || *path == '\0')
+            return ifd_error_set(err, IFD_EINVAL, "flag --config: expected a file name");
+        int rc = load_file(c, path, read, arg, err);
         if (rc)
             return rc;
-        c->key_source[o - config_opts] = IFD_KEY_FROM_FLAG;
     }
-    /* The plugins first: the validation pass looks up the program by name. */
+    return IFD_OK;
+}
+
+/* The flag at argv[*i] (and its value, the next argument unless it has "=VALUE"). */
+static int apply_flag(ifd_daemon_config *c, int argc, char **argv, int *i, ifd_error *err)
+{
+    const char *name = NULL, *val = NULL;
+    size_t len = 0;
+    int rc = flag_at(argv, *i, &name, &len, &val, err);
+    if (rc)
+        return rc;
+    if (len == 6 && strncmp(name, "config", 6) == 0) {
+        *i += val == NULL; /* its value was read first */
+        return IFD_OK;
+    }
+    const config_opt *o = config_find_flag(name, len);
+    if (o == NULL)
+        return ifd_error_set(err, IFD_EINVAL, "unknown flag '--%.*s' (infeedd --help lists them)",
+                             (int)len, name);
+    if (val == NULL && o->kind == K_SWITCH)
+        val = "on";
+    else if (val == NULL && *i + 1 < argc)
+        val = argv[++*i];
+    char where[80];
+    config_flag_name(o, where + 5, sizeof where - 5);
+    memcpy(where, "flag ", 5);
+    if (val == NULL)
+        return ifd_error_set(err, IFD_EINVAL, "%s: expected a value (%s)", where, o->metavar);
+    if (o->kind == K_LIBS && !c->program_libs_from_flags) {
+        c->nprogram_libs = 0; /* the flags replace the file's list */
+        c->program_libs_from_flags = 1;
+    }
+    rc = set_value(c, o, val, where, err);
+    if (rc == IFD_OK)
+        c->key_source[o - config_opts] = IFD_KEY_FROM_FLAG;
+    return rc;
+}
+
+/* The plugins before the validation pass, which looks up the program by name. */
+static int load_plugins(ifd_daemon_config *c, ifd_error *err)
+{
     for (int i = 0; i < c->nprogram_libs && c->load_program_lib; i++) {
         int rc = c->load_program_lib(c->program_libs[i], err);
         if (rc)
             return ifd_error_prefix(
                 err, "%s", c->program_libs_from_flags ? "flag --program-lib" : "program_lib");
     }
-    return ifd_daemon_config_validate(c, err);
+    return IFD_OK;
+}
+
+int ifd_daemon_config_parse_with(ifd_daemon_config *c, int argc, char **argv, FILE *out,
+                                 int *exit_now, ifd_config_reader read, void *arg, ifd_error *err)
+{
+    *exit_now = info_flag(argc, argv, out);
+    if (*exit_now)
+        return IFD_OK;
+    int rc = load_files(c, argc, argv, read, arg, err);
+    for (int i = 1; rc == IFD_OK && i < argc; i++)
+        rc = apply_flag(c, argc, argv, &i, err);
+    if (rc == IFD_OK)
+        rc = apply_environment(c, err);
+    if (rc == IFD_OK)
+        rc = load_plugins(c, err);
+    return rc ? rc : ifd_daemon_config_validate(c, err);
 }

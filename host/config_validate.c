@@ -1,28 +1,11 @@
 #include "host/config_internal.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #define MAX_BATCH_TENSOR_BYTES ((int64_t)1 << 40) /* one tensor frame of a full batch */
-
-/* Runtime keys whose daemon key is shorter: the runtime's sentence names the daemon's. */
-static const char *const renamed_keys[][2] = {
-    {"initial_infeed_sleep_secs", "initial_infeed_sleep"},
-    {"watchdog_secs", "watchdog"},
-};
-
-static void rename_key(ifd_error *err)
-{
-    for (size_t i = 0; i < sizeof renamed_keys / sizeof renamed_keys[0]; i++) {
-        size_t n = strlen(renamed_keys[i][0]);
-        size_t m = strlen(renamed_keys[i][1]); /* <= n */
-        if (strncmp(err->msg, renamed_keys[i][0], n) == 0 && err->msg[n] == ':') {
-            memmove(err->msg + m, err->msg + n, strlen(err->msg + n) + 1);
-            memcpy(err->msg, renamed_keys[i][1], m);
-            return;
-        }
-    }
-}
 
 int ifd_endpoint_is_local(const char *e)
 {
@@ -61,284 +44,303 @@ int ifd_endpoint_is_local(const char *e)
     return parts == 4 && digits > 0;
 }
 
-static int validate_security(const ifd_daemon_config *c, ifd_error *err)
-{
-    const char *files[] = {c->curve_secret_key, c->authorized_keys, c->admin_keys};
-    const char *keys[] = {"curve_secret_key", "authorized_keys", "admin_keys"};
-    for (int i = 0; i < 3; i++)
-        if (files[i] && files[i][0] == '\0')
-            return ifd_error_set(err, IFD_EINVAL, "%s: expected a file, got ''", keys[i]);
-    if (c->curve_secret_key == NULL && (c->authorized_keys || c->admin_keys))
-        return ifd_error_set(err, IFD_EINVAL,
-                             "%s: expected curve_secret_key with it (the daemon's key pair; "
-                             "CURVE is off without one), got none",
-                             c->authorized_keys ? "authorized_keys" : "admin_keys");
-    if (c->curve_secret_key && c->authorized_keys == NULL)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "authorized_keys: CURVE (curve_secret_key) needs the producers' "
-                             "public keys: expected a file, got none");
-    if (c->curve_secret_key || c->insecure)
-        return IFD_OK;
-    const char *eps[] = {c->listen, c->publish, c->control};
-    const char *names[] = {"listen", "publish", "control"};
-    for (int i = 0; i < 3; i++)
-        if (eps[i] && eps[i][0] && !ifd_endpoint_is_local(eps[i]))
-            return ifd_error_set(err, IFD_EINVAL,
-                                 "%s: '%s' is reachable from other machines and nothing on it is "
-                                 "authenticated or encrypted: expected a loopback, ipc:// or "
-                                 "inproc:// endpoint, or --curve-secret-key (with "
-                                 "--authorized-keys) to turn CURVE on, or --insecure to bind it "
-                                 "all the same",
-                                 names[i], eps[i]);
-    return IFD_OK;
-}
-
-/* A program calls a setting of 0 "not set" (include/infeed/program.h); when the user gave that
- * 0 (--hidden 0), the sentence says what arrived instead. */
-#define NOT_SET ", and it is not set"
-static void given_zero(const ifd_daemon_config *c, ifd_error *err)
-{
-    size_t len = strlen(err->msg), tail = strlen(NOT_SET);
-    const char *at = strstr(err->msg, "setting '");
-    if (at == NULL || len < tail || strcmp(err->msg + len - tail, NOT_SET) != 0)
-        return;
-    at += 9;
-    const char *end = strchr(at, '\'');
-    const config_opt *o = end ? config_find_key(at, (size_t)(end - at)) : NULL;
-    if (o && c->key_source[o - config_opts] != IFD_KEY_DEFAULT)
-        snprintf(err->msg + len - tail, sizeof err->msg - (len - tail), ", got 0");
-}
-
-/* An unknown program when no plugin is loaded: say how a program of one's own is loaded. */
-static void hint_program_lib(const ifd_daemon_config *c, ifd_error *err)
-{
-    if (err == NULL || c->run.program == NULL || c->nprogram_libs > 0 ||
-        ifd_program_find(c->run.program) != NULL || strncmp(err->msg, "program: ", 9) != 0)
-        return;
-    size_t len = strlen(err->msg);
-    snprintf(err->msg + len, sizeof err->msg - len,
-             " (a program of your own: load its plugin with --program-lib PATH.so)");
-}
-
-static int validate_keys(const ifd_daemon_config *c, ifd_error *err)
-{
-    if (c->run.loop_kind == IFD_LOOP_STEPS && c->run.iterations_per_loop < 1)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "iterations_per_loop: expected a positive integer (steps), auto, or a "
-                             "duration such as 2s or 500ms, got %" PRId64,
-                             c->run.iterations_per_loop);
-    if (!(c->run.max_loop_secs > 0.0 && c->run.max_loop_secs <= 86400.0))
-        return ifd_error_set(err, IFD_EINVAL,
-                             "max_loop_seconds: expected seconds above 0, at most 86400, got %g",
-                             c->run.max_loop_secs);
-    /* The runtime names the key num_steps, the daemon steps: check that pair here, and the rest
-     * with the runtime's pass in the order it uses. */
-    ifd_config r = c->run;
-    int steps_bad = r.num_steps < 0 || r.last_step < 0 ||
-                    (r.mode == IFD_MODE_TRAIN && (r.num_steps > 0) == (r.last_step > 0));
-    if (steps_bad) {
-        r.num_steps = 1;
-        r.last_step = 0;
-    }
-    if (ifd_config_validate(&r, err)) {
-        rename_key(err);
-        hint_program_lib(c, err);
-        return IFD_EINVAL;
-    }
-    if (c->run.num_steps < 0)
-        return ifd_error_set(err, IFD_EINVAL, "steps: expected a positive integer, got %lld",
-                             (long long)c->run.num_steps);
-    if (c->run.last_step < 0)
-        return ifd_error_set(err, IFD_EINVAL, "last_step: expected a positive integer, got %lld",
-                             (long long)c->run.last_step);
-    if (steps_bad)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "steps and last_step: expected exactly one of them, got %s",
-                             c->run.num_steps > 0 ? "both" : "neither");
-    ifd_program p;
-    if (ifd_program_init(&p, r.program, &r.settings, err)) {
-        hint_program_lib(c, err);
-        given_zero(c, err);
-        return IFD_EINVAL;
-    }
-    /* A full batch's tensor frame must have a size that the daemon's byte counts (rows x row
-     * bytes, ZMQ_MAXMSGSIZE) and the replicas' buffers can hold without overflowing. */
-    for (int i = 0; i < p.ninputs; i++) {
-        int64_t row = (int64_t)ifd_dtype_size(p.inputs[i].dtype);
-        for (int d = 0; d < p.inputs[i].rank; d++)
-            row *= p.inputs[i].dims[d] > 0 ? p.inputs[i].dims[d] : 1;
-        int64_t most = MAX_BATCH_TENSOR_BYTES / row;
-        if (c->run.batch_size > most)
-            return ifd_error_set(
-                err, IFD_EINVAL,
-                "batch_size: expected at most %" PRId64 " rows (tensor '%s' has %" PRId64
-                " bytes a row, and a batch's tensor at most 2^40 bytes), got %" PRId64,
-                most, p.inputs[i].name, row, c->run.batch_size);
-    }
-    if (c->listen == NULL || c->listen[0] == '\0')
-        return ifd_error_set(err, IFD_EINVAL, "listen: expected a ZeroMQ endpoint, got ''");
-    if (c->credit < 0 || c->credit > 65536)
-        return ifd_error_set(err, IFD_EINVAL, "credit: expected 0 (auto) to 65536, got %d",
-                             c->credit);
-    if (c->run.input_mode == IFD_INPUT_PER_HOST_V2 && c->credit > 0 && c->credit < c->run.replicas)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "credit: per-host-v2 input takes %d batches (one a replica) for every "
-                             "step, and a producer streaming alone must be able to have them all "
-                             "in flight; expected 0 (auto) or at least %d, got %d",
-                             c->run.replicas, c->run.replicas, c->credit);
-    if (c->replica_threads < 0 || c->replica_threads > 1024)
-        return ifd_error_set(err, IFD_EINVAL, "replica_threads: expected 0 (auto) to 1024, got %d",
-                             c->replica_threads);
-    if (c->max_steps_per_message < 1 || c->max_steps_per_message > 65536)
-        return ifd_error_set(err, IFD_EINVAL, "max_steps_per_message: expected 1 to 65536, got %d",
-                             c->max_steps_per_message);
-    if (c->credit > 0 && c->credit < c->max_steps_per_message)
-        return ifd_error_set(
-            err, IFD_EINVAL,
-            "credit: a message of max_steps_per_message (%d) steps costs that many "
-            "credits; expected 0 (auto) or at least %d, got %d",
-            c->max_steps_per_message, c->max_steps_per_message, c->credit);
-    if (c->max_producers < 1 || c->max_producers > 4096)
-        return ifd_error_set(err, IFD_EINVAL, "max_producers: expected 1 to 4096, got %d",
-                             c->max_producers);
-    if (!(c->max_abs_input >= 0 && c->max_abs_input <= 3.4e38))
-        return ifd_error_set(err, IFD_EINVAL,
-                             "max_abs_input: expected 0 (no bound) or a positive float32 "
-                             "magnitude, got %g",
-                             c->max_abs_input);
-    if (c->max_abs_input > 0 && !c->check_finite)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "max_abs_input: expected check_finite on (the bound is part of that "
-                             "check), got check_finite off");
-    if (!(c->producer_timeout >= 0 && c->producer_timeout <= 86400))
-        return ifd_error_set(err, IFD_EINVAL,
-                             "producer_timeout: expected 0 (never) to 86400 seconds, got %g",
-                             c->producer_timeout);
-    if (c->max_connections != 0 &&
-        (c->max_connections < c->max_producers || c->max_connections > 65536))
-        return ifd_error_set(err, IFD_EINVAL,
-                             "max_connections: expected 0 (auto) or max_producers (%d) to 65536, "
-                             "got %d",
-                             c->max_producers, c->max_connections);
-    if (c->predictions && c->run.mode != IFD_MODE_PREDICT)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "predictions: expected only in predict mode, got a path in %s mode",
-                             ifd_mode_name(c->run.mode));
-    if (c->expect_producers < 0 || c->expect_producers > c->max_producers)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "expect_producers: expected 0 to max_producers (%d), got %d",
-                             c->max_producers, c->expect_producers);
-    if (c->checkpoint_dir && c->checkpoint_dir[0] == '\0')
-        return ifd_error_set(err, IFD_EINVAL, "checkpoint_dir: expected a folder, got ''");
-    if (c->checkpoint_every < 0)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "checkpoint_every: expected 0 (only at the end) or more steps, got "
-                             "%" PRId64,
-                             c->checkpoint_every);
-    if (c->keep_checkpoints < 1)
-        return ifd_error_set(err, IFD_EINVAL, "keep_checkpoints: expected 1 or more, got %d",
-                             c->keep_checkpoints);
-    if (c->resume && c->checkpoint_dir == NULL)
-        return ifd_error_set(
-            err, IFD_EINVAL,
-            "resume: expected checkpoint_dir, the folder to resume from, got none");
-    if (c->resume && c->checkpoint)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "resume and checkpoint: expected at most one (resume takes the latest "
-                             "checkpoint of checkpoint_dir, checkpoint the file it names), got "
-                             "both");
-    if (c->checkpoint && c->checkpoint[0] == '\0')
-        return ifd_error_set(err, IFD_EINVAL, "checkpoint: expected a file, got ''");
-    return validate_security(c, err);
-}
-
-/* How the user gave key o: "--last-step" (a flag, or unset without a config file) or
- * "last_step" (the config file). */
-static void display_name(const ifd_daemon_config *c, const config_opt *o, char *buf, size_t len)
+/* The name the user gave o; config_internal.h. */
+const char *config_display(const ifd_daemon_config *c, const config_opt *o, char *buf, size_t len)
 {
     int src = c->key_source[o - config_opts];
     if (src == IFD_KEY_FROM_FILE || (src == IFD_KEY_DEFAULT && c->from_file))
         snprintf(buf, len, "%s", o->key);
     else
         config_flag_name(o, buf, len);
+    return buf;
 }
 
-static int is_word_char(char ch)
+/* fmt with every {key} replaced by the name the user gave that key. */
+static void expand_names(const ifd_daemon_config *c, const char *fmt, char *out, size_t cap)
 {
-    return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-';
+    size_t at = 0;
+    while (*fmt && at + 1 < cap) {
+        const char *close = *fmt == '{' ? strchr(fmt, '}') : NULL;
+        const config_opt *o = close ? config_find_key(fmt + 1, (size_t)(close - fmt - 1)) : NULL;
+        if (o == NULL) {
+            out[at++] = *fmt++;
+            continue;
+        }
+        char name[64];
+        at += (size_t)snprintf(out + at, cap - at, "%s", config_display(c, o, name, sizeof name));
+        at = at < cap ? at : cap - 1;
+        fmt = close + 1;
+    }
+    out[at] = '\0';
 }
 
-/* Appends s[0, n) to buf at *at, truncating. */
-static void put(char *buf, size_t cap, size_t *at, const char *s, size_t n)
+int config_fail(const ifd_daemon_config *c, ifd_error *err, const char *key, const char *fmt, ...)
 {
-    if (*at + 1 >= cap)
-        return;
-    if (n > cap - 1 - *at)
-        n = cap - 1 - *at;
-    memcpy(buf + *at, s, n);
-    *at += n;
-    buf[*at] = '\0';
+    char full[IFD_ERROR_MSG_MAX], expanded[IFD_ERROR_MSG_MAX];
+    snprintf(full, sizeof full, "%s%s%s%s", key ? "{" : "", key ? key : "", key ? "}: " : "", fmt);
+    expand_names(c, full, expanded, sizeof expanded);
+    va_list ap;
+    va_start(ap, fmt);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+    char msg[IFD_ERROR_MSG_MAX];
+    vsnprintf(msg, sizeof msg, expanded, ap);
+#pragma GCC diagnostic pop
+    va_end(ap);
+    ifd_error_set(err, IFD_EINVAL, "%s", msg);
+    if (key == NULL && fmt[0] == '{') /* "{steps} and {last_step}: ...": the first */
+        key = fmt + 1;
+    const config_opt *o = key ? config_find_key(key, strcspn(key, "}")) : NULL;
+    char name[64];
+    if (o)
+        ifd_error_mark_key(err, o->key, 0, (int)strlen(config_display(c, o, name, sizeof name)));
+    return IFD_EINVAL;
 }
 
-/* Rewrites the keys a validation sentence names into the names the user gave: every key in the
- * part before the first ": " ("steps and last_step: ..."), "setting 'hidden'" of a program's
- * settings, and anywhere else the keys with an '_' (plain words such as "steps" or "replicas"
- * in a sentence's body stay as they are). */
+/* ---- what the table says of each key alone ------------------------------------------------ */
+
+static int check_option(const ifd_daemon_config *c, const config_opt *o, ifd_error *err)
+{
+    const char *field = (const char *)c + o->off;
+    if (o->flags & OPT_NONEMPTY) {
+        const char *v = *(const char *const *)field;
+        if ((v && v[0] == '\0') || (v == NULL && o->off == offsetof(ifd_daemon_config, listen)))
+            return config_fail(c, err, o->key, "expected %s, got ''", o->expect);
+        return IFD_OK;
+    }
+    if (!(o->flags & OPT_RANGE))
+        return IFD_OK;
+    double v = o->kind == K_INT   ? *(const int *)field
+               : o->kind == K_I64 ? (double)*(const int64_t *)field
+                                  : *(const double *)field;
+    int low_ok = (o->flags & OPT_OPEN_MIN) ? v > o->min : v >= o->min;
+    if (low_ok && v <= o->max)
+        return IFD_OK;
+    char got[48];
+    if (o->kind == K_INT)
+        snprintf(got, sizeof got, "%d", *(const int *)field);
+    else if (o->kind == K_I64)
+        snprintf(got, sizeof got, "%" PRId64, *(const int64_t *)field);
+    else
+        snprintf(got, sizeof got, "%g", v);
+    return config_fail(c, err, o->key, "expected %s, got %s", o->expect, got);
+}
+
+/* ---- rules between keys, one a function --------------------------------------------------- */
+
+/* iterations_per_loop: a count of steps, when it is one, is positive. */
+static int check_loop(const ifd_daemon_config *c, ifd_error *err)
+{
+    if (c->run.loop_kind != IFD_LOOP_STEPS || c->run.iterations_per_loop >= 1)
+        return IFD_OK;
+    return config_fail(c, err, "iterations_per_loop",
+                       "expected a positive integer (steps), auto, or a duration such as 2s or "
+                       "500ms, got %" PRId64,
+                       c->run.iterations_per_loop);
+}
+
+/* The daemon's words for the runtime's steps rules: steps and last_step, exactly one (train). */
+static int steps_bad(const ifd_config *r)
+{
+    return r->steps < 0 || r->last_step < 0 ||
+           (r->mode == IFD_MODE_TRAIN && (r->steps > 0) == (r->last_step > 0));
+}
+
+static int check_steps(const ifd_daemon_config *c, ifd_error *err)
+{
+    if (c->run.steps < 0)
+        return config_fail(c, err, "steps", "expected a positive integer, got %lld",
+                           (long long)c->run.steps);
+    if (c->run.last_step < 0)
+        return config_fail(c, err, "last_step", "expected a positive integer, got %lld",
+                           (long long)c->run.last_step);
+    if (steps_bad(&c->run))
+        return config_fail(c, err, NULL,
+                           "{steps} and {last_step}: expected exactly one of them, got %s",
+                           c->run.steps > 0 ? "both" : "neither");
+    return IFD_OK;
+}
+
+/* The runtime's pass, its sentences naming each key as the user gave it; the steps rules are
+ * check_steps'. */
+static int check_runtime(const ifd_daemon_config *c, ifd_error *err)
+{
+    ifd_config r = c->run;
+    if (steps_bad(&r)) {
+        r.steps = 1;
+        r.last_step = 0;
+    }
+    if (ifd_config_validate(&r, err) == IFD_OK)
+        return IFD_OK;
+    ifd_daemon_config_name_keys(c, err);
+    if (strcmp(err->key, "program") == 0 && c->nprogram_libs == 0) {
+        size_t len = strlen(err->msg);
+        snprintf(err->msg + len, sizeof err->msg - len,
+                 " (a program of your own: load its plugin with --program-lib PATH.so)");
+    }
+    return IFD_EINVAL;
+}
+
+/* A program calls a setting of 0 "not set" (ifd_program_check_setting ends its sentence with
+ * IFD_PROGRAM_NOT_SET); when the user gave that 0 (--hidden 0), the sentence says what arrived.
+ * The one sentence the daemon rewrites: the program cannot know where its 0 came from. */
+static void say_zero_given(const ifd_daemon_config *c, ifd_error *err)
+{
+    const config_opt *o = err->key[0] ? config_find_key(err->key, strlen(err->key)) : NULL;
+    size_t len = strlen(err->msg), tail = strlen(IFD_PROGRAM_NOT_SET);
+    if (o && c->key_source[o - config_opts] != IFD_KEY_DEFAULT && len >= tail &&
+        strcmp(err->msg + len - tail, IFD_PROGRAM_NOT_SET) == 0)
+        snprintf(err->msg + len - tail, sizeof err->msg - (len - tail), ", got 0");
+}
+
+/* The program's own settings, and a full batch's tensor frame of a size that the daemon's byte
+ * counts (rows x row bytes, ZMQ_MAXMSGSIZE) and the replicas' buffers hold without overflow. */
+static int check_program(const ifd_daemon_config *c, ifd_error *err)
+{
+    ifd_program p;
+    if (ifd_program_init(&p, c->run.program, &c->run.settings, err)) {
+        say_zero_given(c, err);
+        ifd_daemon_config_name_keys(c, err);
+        return IFD_EINVAL;
+    }
+    for (int i = 0; i < p.ninputs; i++) {
+        int64_t row = (int64_t)ifd_dtype_size(p.inputs[i].dtype);
+        for (int d = 0; d < p.inputs[i].rank; d++)
+            row *= p.inputs[i].dims[d] > 0 ? p.inputs[i].dims[d] : 1;
+        int64_t most = MAX_BATCH_TENSOR_BYTES / row;
+        if (c->run.batch_size > most)
+            return config_fail(
+                c, err, "batch_size",
+                "expected at most %" PRId64 " rows (tensor '%s' has %" PRId64
+                " bytes a row, and a batch's tensor at most 2^40 bytes), got %" PRId64,
+                most, p.inputs[i].name, row, c->run.batch_size);
+    }
+    return IFD_OK;
+}
+
+static int check_credit(const ifd_daemon_config *c, ifd_error *err)
+{
+    if (c->credit == 0)
+        return IFD_OK;
+    if (c->run.input_mode == IFD_INPUT_PER_HOST_V2 && c->credit < c->run.replicas)
+        return config_fail(c, err, "credit",
+                           "per-host-v2 input takes %d batches (one a replica) for every step, "
+                           "and a producer streaming alone must be able to have them all in "
+                           "flight; expected 0 (auto) or at least %d, got %d",
+                           c->run.replicas, c->run.replicas, c->credit);
+    if (c->credit < c->max_steps_per_message)
+        return config_fail(c, err, "credit",
+                           "a message of {max_steps_per_message} (%d) steps costs that many "
+                           "credits; expected 0 (auto) or at least %d, got %d",
+                           c->max_steps_per_message, c->max_steps_per_message, c->credit);
+    return IFD_OK;
+}
+
+static int check_producers(const ifd_daemon_config *c, ifd_error *err)
+{
+    if (c->max_connections != 0 &&
+        (c->max_connections < c->max_producers || c->max_connections > 65536))
+        return config_fail(c, err, "max_connections",
+                           "expected 0 (auto) or {max_producers} (%d) to 65536, got %d",
+                           c->max_producers, c->max_connections);
+    if (c->expect_producers < 0 || c->expect_producers > c->max_producers)
+        return config_fail(c, err, "expect_producers", "expected 0 to {max_producers} (%d), got %d",
+                           c->max_producers, c->expect_producers);
+    return IFD_OK;
+}
+
+static int check_input_bound(const ifd_daemon_config *c, ifd_error *err)
+{
+    if (c->max_abs_input > 0 && !c->check_finite)
+        return config_fail(c, err, "max_abs_input",
+                           "expected {check_finite} on (the bound is part of that check), got "
+                           "{check_finite} off");
+    return IFD_OK;
+}
+
+static int check_predictions(const ifd_daemon_config *c, ifd_error *err)
+{
+    if (c->predictions && c->run.mode != IFD_MODE_PREDICT)
+        return config_fail(c, err, "predictions",
+                           "expected only in predict mode, got a path in %s mode",
+                           ifd_mode_name(c->run.mode));
+    return IFD_OK;
+}
+
+static int check_start(const ifd_daemon_config *c, ifd_error *err)
+{
+    if (c->resume && c->checkpoint_dir == NULL)
+        return config_fail(c, err, "resume",
+                           "expected {checkpoint_dir}, the folder to resume from, got none");
+    if (c->resume && c->checkpoint)
+        return config_fail(c, err, NULL,
+                           "{resume} and {checkpoint}: expected at most one (resume takes the "
+                           "latest checkpoint of {checkpoint_dir}, checkpoint the file it "
+                           "names), got both");
+    return IFD_OK;
+}
+
+static int check_security(const ifd_daemon_config *c, ifd_error *err)
+{
+    if (c->curve_secret_key == NULL && (c->authorized_keys || c->admin_keys))
+        return config_fail(c, err, c->authorized_keys ? "authorized_keys" : "admin_keys",
+                           "expected {curve_secret_key} with it (the daemon's key pair; CURVE is "
+                           "off without one), got none");
+    if (c->curve_secret_key && c->authorized_keys == NULL)
+        return config_fail(c, err, "authorized_keys",
+                           "CURVE ({curve_secret_key}) needs the producers' public keys: expected "
+                           "a file, got none");
+    if (c->curve_secret_key || c->insecure)
+        return IFD_OK;
+    const char *eps[] = {c->listen, c->publish, c->control};
+    const char *names[] = {"listen", "publish", "control"};
+    for (int i = 0; i < 3; i++)
+        if (eps[i] && eps[i][0] && !ifd_endpoint_is_local(eps[i]))
+            return config_fail(c, err, names[i],
+                               "'%s' is reachable from other machines and nothing on it is "
+                               "authenticated or encrypted: expected a loopback, ipc:// or "
+                               "inproc:// endpoint, or --curve-secret-key (with "
+                               "--authorized-keys) to turn CURVE on, or --insecure to bind it "
+                               "all the same",
+                               eps[i]);
+    return IFD_OK;
+}
+
+typedef int (*config_rule)(const ifd_daemon_config *c, ifd_error *err);
+
+/* In this order: the loop and the steps, the runtime's pass, the program, then the daemon's
+ * keys alone (the table) and the rules between them. */
+static const config_rule rules_before[] = {check_loop, check_runtime, check_steps, check_program};
+static const config_rule rules_after[] = {check_credit,      check_producers, check_input_bound,
+                                          check_predictions, check_start,     check_security};
+
+/* The key a config error's sentence is about (the daemon and the runtime give a setting one
+ * name), named as the user gave it. */
 void ifd_daemon_config_name_keys(const ifd_daemon_config *c, ifd_error *err)
 {
-    char out[sizeof err->msg];
-    size_t at = 0;
-    out[0] = '\0';
-    const char *m = err->msg, *colon = strstr(m, ": ");
-    size_t head = colon ? (size_t)(colon - m) : 0;
-    for (size_t i = 0; m[i];) {
-        /* A quoted value ('/data/checkpoint_dir') stays as it is; an apostrophe inside a word
-         * (replica's) opens nothing. */
-        if (m[i] == '\'' && (i == 0 || !is_word_char(m[i - 1])) &&
-            !(i >= 8 && strncmp(m + i - 8, "setting ", 8) == 0)) {
-            size_t j = i + 1;
-            while (m[j] && !(m[j] == '\'' && !is_word_char(m[j + 1])))
-                j++;
-            size_t n = m[j] ? j + 1 - i : j - i;
-            put(out, sizeof out, &at, m + i, n);
-            i += n;
-            continue;
-        }
-        if (!is_word_char(m[i]) || (i > 0 && is_word_char(m[i - 1]))) {
-            put(out, sizeof out, &at, m + i, 1);
-            i++;
-            continue;
-        }
-        size_t n = 0;
-        while (is_word_char(m[i + n]))
-            n++;
-        const config_opt *o = config_find_key(m + i, n);
-        /* "program 'mlp': ..." names the program, not the key */
-        int in_head = i + n <= head && strncmp(m + i + n, " '", 2) != 0;
-        int setting = i >= 9 && strncmp(m + i - 9, "setting '", 9) == 0 && m[i + n] == '\'';
-        if (o && (in_head || setting || memchr(m + i, '_', n))) {
-            char name[64];
-            display_name(c, o, name, sizeof name);
-            if (setting && name[0] == '-') { /* "setting 'hidden'" -> "--hidden" */
-                at -= at >= 9 ? 9 : at;
-                out[at] = '\0';
-                put(out, sizeof out, &at, name, strlen(name));
-                i += n + 1;
-                continue;
-            }
-            put(out, sizeof out, &at, name, strlen(name));
-        } else {
-            put(out, sizeof out, &at, m + i, n);
-        }
-        i += n;
-    }
-    memcpy(err->msg, out, at + 1);
+    const config_opt *o = err && err->key[0] ? config_find_key(err->key, strlen(err->key)) : NULL;
+    if (o == NULL)
+        return;
+    char name[64];
+    config_display(c, o, name, sizeof name);
+    /* "setting 'hidden'" of a program's sentence stays in a file's words */
+    if (err->key_len == (int)strlen(err->key) || name[0] == '-')
+        ifd_error_name_key(err, name);
 }
 
 int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
 {
-    int rc = validate_keys(c, err);
-    if (rc && err)
-        ifd_daemon_config_name_keys(c, err);
-    return rc;
+    ifd_error scratch;
+    if (err == NULL)
+        err = &scratch;
+    for (size_t i = 0; i < sizeof rules_before / sizeof rules_before[0]; i++)
+        if (rules_before[i](c, err))
+            return IFD_EINVAL;
+    for (int i = 0; i < config_nopts; i++)
+        if (check_option(c, &config_opts[i], err))
+            return IFD_EINVAL;
+    for (size_t i = 0; i < sizeof rules_after / sizeof rules_after[0]; i++)
+        if (rules_after[i](c, err))
+            return IFD_EINVAL;
+    return IFD_OK;
 }

@@ -35,8 +35,8 @@
 size_t ifd_router_max_frame(size_t largest_tensor_bytes);
 /* Its send HWM: the replies queued for one producer (an ACK and a PREDICTION a batch, ERRORs). */
 int ifd_router_sndhwm(int credit);
-/* The replies a connection's outbox holds at most once its queue is full (host/reply.c): twice
- * the queue (a producer within its credit never comes near). */
+/* The replies a connection's outbox holds at most once its queue is full (host/ingest/replies.c):
+ * twice the queue (a producer within its credit never comes near). */
 int ifd_outbox_max(int credit);
 
 typedef struct ifd_memory_terms {

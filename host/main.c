@@ -1,6 +1,6 @@
 /*
  * infeedd: the host daemon. Parses the config (host/config.h), binds the ZeroMQ endpoints
- * (host/ingest.c), creates a session over the ingest's batch source and runs it on this thread.
+ * (host/ingest/), creates a session over the ingest's batch source and runs it on this thread.
  *
  * Exit status: 0 the run ended well; 1 a runtime error (the end summary carries it); 2 a usage
  * or config error, including a checkpoint (--resume, --checkpoint) that cannot start the run and
@@ -12,9 +12,10 @@
 #include "host/config.h"
 #include "host/conns.h"
 #include "host/hosts.h"
-#include "host/ingest.h"
+#include "host/ingest/ingest.h"
 #include "host/predictions.h"
 #include "host/security.h"
+#include "host/start.h"
 #include "infeed/checkpoint.h"
 
 #include <errno.h>
@@ -27,6 +28,19 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <unistd.h>
+
+/* Received frames are allocated by libzmq's I/O thread and freed by a replica when its step is
+ * done. With glibc's defaults a frame of 128 KiB or more is a fresh mmap, page-faulted in as
+ * libzmq writes it and unmapped again on free: at 1 MiB batches over tcp that cost a third of
+ * the ingest rate. Keep them on the heap, where freed frames are reused (memory stays bounded by
+ * the credit). Freed heap beyond 64 MiB at the top is given back at once, and the connection
+ * monitor gives back free heap elsewhere with malloc_trim (host/monitor.c), so that what a flood
+ * made libzmq buffer does not stay with the process. */
+static void tune_memory(void)
+{
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 64 << 20);
+}
 
 /* Read by the I/O thread, so a lock-free atomic rather than a volatile sig_atomic_t (which is
  * only safe between a handler and the thread it interrupts). */
@@ -107,11 +121,11 @@ static void describe(const ifd_daemon_config *c, const ifd_program *p, json_t *e
     }
     char loops[96];
     if (c->run.mode == IFD_MODE_EVAL)
-        snprintf(loops, sizeof loops, "one loop of %lld steps", (long long)c->run.num_steps);
+        snprintf(loops, sizeof loops, "one loop of %lld steps", (long long)c->run.steps);
     else if (c->run.loop_kind == IFD_LOOP_AUTO)
         snprintf(loops, sizeof loops,
                  "loop lengths chosen as it runs (boundaries under 1%%, loops of at most %g s)",
-                 c->run.max_loop_secs);
+                 c->run.max_loop_seconds);
     else if (c->run.loop_kind == IFD_LOOP_SECONDS)
         snprintf(loops, sizeof loops, "loops of about %g s", c->run.loop_secs);
     else
@@ -151,114 +165,6 @@ static int write_ready_file(const char *path, json_t *endpoints, ifd_error *err)
         unlink(tmp);
         return ifd_error_set(err, IFD_EIO, "ready_file: cannot write '%s': %s", path, strerror(e));
     }
-    return IFD_OK;
-}
-
-/* --resume or --checkpoint (eval and predict: or the latest in --checkpoint-dir): the
- * checkpoint to start from, checked against the config. --checkpoint names one file, which must
- * load; from a folder, the newest that loads is taken, damaged newer ones skipped with a warning
- * (and, when training, set aside as <name>.damaged: the run's own checkpoints replace them). */
-static int load_start(const ifd_daemon_config *c, ifd_checkpoint **out, ifd_error *err)
-{
-    char path[4096 + 64];
-    int rc;
-    if (c->checkpoint) {
-        snprintf(path, sizeof path, "%s", c->checkpoint);
-        rc = ifd_checkpoint_load(path, out, err);
-    } else {
-        /* only the host that writes the folder sets damaged files aside */
-        rc = ifd_checkpoint_load_latest(c->checkpoint_dir,
-                                        c->run.mode == IFD_MODE_TRAIN && c->checkpoint_writer, out,
-                                        path, sizeof path, err);
-        if (rc)
-            return ifd_error_prefix(err, "%s", c->resume ? "--resume" : "checkpoint_dir");
-    }
-    if (rc == IFD_OK && (rc = ifd_checkpoint_check(*out, &c->run, err)) != IFD_OK)
-        ifd_error_prefix(err, "%s", path);
-    /* Training resumes each host's producers from its own table: the same hosts only. */
-    int hosts = c->run.hosts ? c->run.hosts->size : 1;
-    if (rc == IFD_OK && c->run.mode == IFD_MODE_TRAIN && ifd_checkpoint_hosts(*out) != hosts)
-        rc = ifd_error_set(err, IFD_EINVAL,
-                           "%s: checkpoint '%s' holds the producer positions of %d host%s, this "
-                           "run has %d: resume it on %d host%s",
-                           c->checkpoint ? "--checkpoint" : "--resume", path,
-                           ifd_checkpoint_hosts(*out), ifd_checkpoint_hosts(*out) == 1 ? "" : "s",
-                           hosts, ifd_checkpoint_hosts(*out),
-                           ifd_checkpoint_hosts(*out) == 1 ? "" : "s");
-    if (rc == IFD_OK && c->run.mode == IFD_MODE_TRAIN && hosts > 1)
-        rc = ifd_checkpoint_select_host(*out, c->run.hosts->rank, err);
-    if (rc && *out) {
-        ifd_checkpoint_free(*out);
-        *out = NULL;
-    }
-    return rc;
-}
-
-/* A train run writes into checkpoint_dir only when nothing there is ahead of where it starts:
- * checkpoints of another timeline beside its own would be pruned for them, or taken by a later
- * --resume. */
-static int check_dir(const ifd_daemon_config *c, const ifd_checkpoint *start, ifd_error *err)
-{
-    int64_t latest, from = start ? ifd_checkpoint_global_step(start) : c->run.initial_global_step;
-    int rc = ifd_checkpoint_latest_step(c->checkpoint_dir, &latest, err);
-    if (rc == IFD_ENOTFOUND)
-        return IFD_OK;
-    if (rc)
-        return rc;
-    if (latest > from)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "checkpoint_dir: '%s' holds a checkpoint at global step %lld, ahead "
-                             "of this run's start at %lld: pass --resume to continue from it, or "
-                             "use another folder",
-                             c->checkpoint_dir, (long long)latest, (long long)from);
-    return IFD_OK;
-}
-
-/* Several hosts: "{rank}" in the endpoints and paths becomes this host's rank; the global batch
- * becomes this host's share; outputs named without "{rank}" are rank 0's alone (summaries, the
- * PUB socket, checkpoints). An error is a config error. */
-static int apply_hosts(ifd_daemon_config *c, ifd_hosts *h, ifd_error *err)
-{
-    const char **fields[] = {&c->listen,      &c->publish,        &c->control,    &c->summaries,
-                             &c->predictions, &c->checkpoint_dir, &c->checkpoint, &c->ready_file};
-    int had_rank[sizeof fields / sizeof fields[0]];
-    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
-        char *v = ifd_daemon_hosts_subst(*fields[i], h->rank);
-        had_rank[i] = v != NULL;
-        if (v == NULL)
-            continue;
-        if (c->nstrings == (int)(sizeof c->strings / sizeof c->strings[0])) {
-            free(v);
-            return ifd_error_set(err, IFD_ENOMEM, "too many string settings");
-        }
-        c->strings[c->nstrings++] = v;
-        *fields[i] = v;
-    }
-    if (h->size == 1)
-        return IFD_OK;
-    if (c->control == c->default_control) { /* one a host, as hosts may share a machine */
-        size_t n = strlen(c->default_control);
-        snprintf(c->default_control + n, sizeof c->default_control - n, "-%d", h->rank);
-    }
-    int64_t b = c->run.batch_size, per = (int64_t)h->size * c->run.replicas;
-    if (b % per != 0)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "batch_size: %lld is not divisible by %d hosts x %d replicas (the "
-                             "global batch is split over every host's replicas)",
-                             (long long)b, h->size, c->run.replicas);
-    c->run.batch_size = b / h->size;
-    c->run.hosts = h;
-    if (h->rank != 0) {
-        if (!had_rank[1])
-            c->publish = "";
-        if (!had_rank[3])
-            c->summaries = NULL;
-        if (!had_rank[7])
-            c->ready_file = NULL;
-    }
-    /* A shared folder is rank 0's to write; every host gathers its positions into it. */
-    if (h->rank != 0 && !had_rank[5])
-        c->checkpoint_writer = 0;
     return IFD_OK;
 }
 
@@ -333,194 +239,214 @@ int main(int argc, char **argv)
     return status;
 }
 
-static int run(int argc, char **argv, ifd_hosts *hosts)
-{
+/* One run of the daemon: what each phase made, undone in reverse by daemon_close. */
+typedef struct daemon_run {
     ifd_daemon_config cfg;
-    ifd_daemon_config_defaults(&cfg);
+    ifd_hosts *hosts;
+    ifd_security *sec;
+    ifd_checkpoint *ck; /* the checkpoint to start from, until the session took it */
+    ifd_ingest *g;
+    ifd_session *s;
+    ifd_sink *jsonl;
+    ifd_predictions_file *pfile;
+    int ready_written;
     ifd_error err;
-    ifd_error_clear(&err);
-    int exit_now = 0;
-    if (ifd_daemon_config_parse(&cfg, argc, argv, stdout, &exit_now, &err) ||
-        (!exit_now && apply_hosts(&cfg, hosts, &err))) {
-        ifd_daemon_config_name_keys(&cfg, &err);
-        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
-        ifd_daemon_config_free(&cfg);
-        return 2;
-    }
-    if (exit_now) {
-        ifd_daemon_config_free(&cfg);
-        return 0;
-    }
-    ifd_log_set_level(cfg.log_level);
-    if (hosts->size > 1)
-        IFD_LOG_INFO("host %d of %d: batch size %lld of the global %lld", hosts->rank, hosts->size,
-                     (long long)cfg.run.batch_size, (long long)cfg.run.batch_size * hosts->size);
-    /* CURVE keys: a file that cannot be read or parsed is a config error, like a bad flag. */
-    ifd_security *sec = NULL;
-    if (ifd_security_create(&sec, &cfg, &err)) {
-        ifd_daemon_config_name_keys(&cfg, &err);
-        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
-        ifd_daemon_config_free(&cfg);
-        return 2;
-    }
-    cfg.security = sec;
+} daemon_run;
+
+/* The config: the flags and the file, the hosts' share, the log level. Sets *exit_now after
+ * --help or --version. */
+static int configure(daemon_run *d, int argc, char **argv, int *exit_now)
+{
+    int rc = ifd_daemon_config_parse(&d->cfg, argc, argv, stdout, exit_now, &d->err);
+    if (rc || *exit_now)
+        return rc;
+    if ((rc = ifd_daemon_apply_hosts(&d->cfg, d->hosts, &d->err)) != IFD_OK)
+        return rc;
+    ifd_log_set_level(d->cfg.log_level);
+    if (d->hosts->size > 1)
+        IFD_LOG_INFO("host %d of %d: batch size %lld of the global %lld", d->hosts->rank,
+                     d->hosts->size, (long long)d->cfg.run.batch_size,
+                     (long long)d->cfg.run.batch_size * d->hosts->size);
+    return IFD_OK;
+}
+
+/* CURVE keys: a file that cannot be read or parsed is a config error, like a bad flag. */
+static int load_security(daemon_run *d)
+{
+    int rc = ifd_security_create(&d->sec, &d->cfg, &d->err);
+    if (rc)
+        return rc;
+    d->cfg.security = d->sec;
+    ifd_security *sec = d->sec;
     if (sec)
         IFD_LOG_INFO("CURVE on every socket: server key %s, %d producer key%s, %d admin key%s",
                      ifd_security_public_key(sec), ifd_security_authorized_count(sec),
                      ifd_security_authorized_count(sec) == 1 ? "" : "s",
                      ifd_security_admin_count(sec), ifd_security_admin_count(sec) == 1 ? "" : "s");
-    else if (cfg.insecure)
+    else if (d->cfg.insecure)
         IFD_LOG_WARN("--insecure: no socket is authenticated or encrypted");
-    /* Received frames are allocated by libzmq's I/O thread and freed by a replica when its step
-     * is done. With glibc's defaults a frame of 128 KiB or more is a fresh mmap, page-faulted in
-     * as libzmq writes it and unmapped again on free: at 1 MiB batches over tcp that cost a third
-     * of the ingest rate. Keep them on the heap, where freed frames are reused (memory stays
-     * bounded by the credit). Freed heap beyond 64 MiB at the top is given back at once, and the
-     * connection monitor gives back free heap elsewhere with malloc_trim (host/monitor.c), so
-     * that what a flood made libzmq buffer does not stay with the process. */
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 64 << 20);
-    fit_descriptors(&cfg);
-    if (strcmp(cfg.run.backend, "cuda") == 0)
-        setenv("IFD_CUDA_GRAPHS", cfg.cuda_graphs ? "1" : "0", 1);
-    if (cfg.replica_threads > 0) { /* read by the cpu backend (ifd_cpu_replica_threads) */
-        char n[16];
-        snprintf(n, sizeof n, "%d", cfg.replica_threads);
-        setenv("IFD_REPLICA_THREADS", n, 1);
-    }
-    /* A checkpoint that cannot start this run is a config error, like a bad flag. */
-    ifd_checkpoint *ck = NULL;
-    int train = cfg.run.mode == IFD_MODE_TRAIN;
-    if (cfg.run.mode == IFD_MODE_EVAL && !cfg.checkpoint && !cfg.checkpoint_dir) {
-        fprintf(stderr, "infeedd: checkpoint: eval mode evaluates a checkpoint: expected "
-                        "--checkpoint PATH or --checkpoint-dir DIR (its latest), got neither\n");
-        ifd_security_destroy(sec);
-        ifd_daemon_config_free(&cfg);
-        return 2;
-    }
-    if ((cfg.resume || cfg.checkpoint || (!train && cfg.checkpoint_dir)) &&
-        load_start(&cfg, &ck, &err)) {
-        ifd_daemon_config_name_keys(&cfg, &err);
-        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
-        ifd_security_destroy(sec);
-        ifd_daemon_config_free(&cfg);
-        return 2;
-    }
-    cfg.run.restore = ck;
-    if (cfg.checkpoint_dir && train && check_dir(&cfg, ck, &err)) {
-        ifd_daemon_config_name_keys(&cfg, &err);
-        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
-        ifd_checkpoint_free(ck);
-        ifd_security_destroy(sec);
-        ifd_daemon_config_free(&cfg);
-        return 2;
-    }
-    int bad = hosts->size > 1 ? hosts_setup_failed(hosts, 0) : -1;
-    if (bad >= 0) {
-        fprintf(stderr,
-                "infeedd: host %d of %d cannot start the run (a config error: see its "
-                "message); host %d stops too\n",
-                bad, hosts->size, hosts->rank);
-        ifd_checkpoint_free(ck);
-        ifd_security_destroy(sec);
-        ifd_daemon_config_free(&cfg);
-        return 2;
-    }
-    if (ck)
-        IFD_LOG_INFO("starting from a checkpoint at global step %lld (%d producers)",
-                     (long long)ifd_checkpoint_global_step(ck), ifd_checkpoint_producer_count(ck));
-    if (cfg.run.mode == IFD_MODE_PREDICT && ck == NULL)
-        IFD_LOG_WARN("predict mode without --checkpoint or --checkpoint-dir: the parameters are "
-                     "the seed's initial ones");
+    return IFD_OK;
+}
 
-    int status = 1;
-    ifd_ingest *g = NULL;
-    ifd_session *s = NULL;
-    ifd_sink *jsonl = NULL;
-    ifd_predictions_file *pfile = NULL;
-    int ready = cfg.ready_file && cfg.ready_file[0], ready_written = 0;
-    if (ready)
-        unlink(cfg.ready_file); /* a stale one would name another run's endpoints */
-    install_signals();
-    int rc = ifd_ingest_create(&g, &cfg, &signals_seen, &err);
+/* The checkpoint to start from, and the folder to write into: one that cannot start this run is
+ * a config error, like a bad flag. */
+static int load_checkpoint(daemon_run *d)
+{
+    const ifd_daemon_config *c = &d->cfg;
+    int train = c->run.mode == IFD_MODE_TRAIN;
+    if (c->run.mode == IFD_MODE_EVAL && !c->checkpoint && !c->checkpoint_dir)
+        return ifd_error_set(&d->err, IFD_EINVAL,
+                             "checkpoint: eval mode evaluates a checkpoint: expected --checkpoint "
+                             "PATH or --checkpoint-dir DIR (its latest), got neither");
+    int rc;
+    if ((c->resume || c->checkpoint || (!train && c->checkpoint_dir)) &&
+        (rc = ifd_daemon_load_start(c, &d->ck, &d->err)) != IFD_OK)
+        return rc;
+    d->cfg.run.restore = d->ck;
+    if (c->checkpoint_dir && train)
+        return ifd_daemon_check_dir(c, d->ck, &d->err);
+    return IFD_OK;
+}
+
+/* Several hosts: every host's config can start the run, or none starts. */
+static int agree_hosts(daemon_run *d)
+{
+    int bad = d->hosts->size > 1 ? hosts_setup_failed(d->hosts, 0) : -1;
+    if (bad < 0)
+        return IFD_OK;
+    return ifd_error_set(&d->err, IFD_EINVAL,
+                         "host %d of %d cannot start the run (a config error: see its message); "
+                         "host %d stops too",
+                         bad, d->hosts->size, d->hosts->rank);
+}
+
+/* Every step before a socket opens; an error is a config error (exit status 2). */
+static int prepare(daemon_run *d, int argc, char **argv, int *exit_now)
+{
+    int rc = configure(d, argc, argv, exit_now);
+    if (rc == IFD_OK && !*exit_now) {
+        rc = load_security(d);
+        if (rc == IFD_OK) {
+            tune_memory();
+            fit_descriptors(&d->cfg);
+            rc = load_checkpoint(d);
+        }
+        if (rc == IFD_OK)
+            rc = agree_hosts(d);
+    }
     if (rc)
-        goto out;
-    __atomic_store_n(&signal_target, g, __ATOMIC_RELEASE);
+        ifd_daemon_config_name_keys(&d->cfg, &d->err);
+    return rc;
+}
+
+/* The ingest and the session over its batch source, the session started from the checkpoint. */
+static int open_session(daemon_run *d)
+{
+    int rc = ifd_ingest_create(&d->g, &d->cfg, &signals_seen, &d->err);
+    if (rc)
+        return rc;
+    __atomic_store_n(&signal_target, d->g, __ATOMIC_RELEASE);
     /* Producer positions are a training stream's: eval and predict take the parameters only. */
-    if (ck && train && (rc = ifd_ingest_restore(g, ck, &err)) != IFD_OK)
-        goto out;
-    rc = ifd_session_create(&s, &cfg.run, ifd_ingest_source(g), &err);
-    ifd_checkpoint_free(ck); /* the session copied what it needs */
-    ck = NULL;
-    cfg.run.restore = NULL;
+    if (d->ck && d->cfg.run.mode == IFD_MODE_TRAIN &&
+        (rc = ifd_ingest_restore(d->g, d->ck, &d->err)) != IFD_OK)
+        return rc;
+    rc = ifd_session_create(&d->s, &d->cfg.run, ifd_ingest_source(d->g), &d->err);
+    ifd_checkpoint_free(d->ck); /* the session copied what it needs */
+    d->ck = NULL;
+    d->cfg.run.restore = NULL;
+    return rc;
+}
+
+static int add_checkpoint_hook(daemon_run *d)
+{
+    const ifd_daemon_config *c = &d->cfg;
+    if (!c->checkpoint_dir || c->run.mode != IFD_MODE_TRAIN)
+        return IFD_OK;
+    ifd_checkpoint_options co = {.dir = c->checkpoint_dir,
+                                 .every = c->checkpoint_every,
+                                 .keep = c->keep_checkpoints,
+                                 .positions = ifd_ingest_positions,
+                                 .positions_arg = d->g,
+                                 .hosts = c->run.hosts,
+                                 .write = c->checkpoint_writer};
+    ifd_hook h;
+    int rc = ifd_hook_checkpoint(&h, &co, &d->err);
+    if (rc == IFD_OK && (rc = ifd_session_add_hook(d->s, &h)) != IFD_OK) {
+        h.destroy(h.arg);
+        ifd_error_set(&d->err, rc, "checkpoint hook");
+    }
+    return rc;
+}
+
+static int add_sink(daemon_run *d, ifd_sink *sink, const char *what)
+{
+    int rc = ifd_session_add_sink(d->s, sink);
+    return rc ? ifd_error_set(&d->err, rc, "%s: cannot add its summary sink", what) : IFD_OK;
+}
+
+static int add_prediction_sink(daemon_run *d, const ifd_prediction_sink *ps, const char *what)
+{
+    int rc = ifd_session_add_prediction_sink(d->s, ps);
+    return rc ? ifd_error_set(&d->err, rc, "%s: cannot add its prediction sink", what) : IFD_OK;
+}
+
+/* Where summaries and predictions go: the JSON Lines files, the PUB socket, the producers. */
+static int add_outputs(daemon_run *d)
+{
+    const ifd_daemon_config *c = &d->cfg;
+    int rc = add_checkpoint_hook(d);
+    if (rc == IFD_OK && c->summaries &&
+        (rc = ifd_sink_jsonl_create(&d->jsonl, c->summaries, &d->err)) == IFD_OK)
+        rc = add_sink(d, d->jsonl, "summaries");
+    if (rc == IFD_OK && ifd_ingest_pub_sink(d->g))
+        rc = add_sink(d, ifd_ingest_pub_sink(d->g), "publish");
+    if (rc || c->run.mode != IFD_MODE_PREDICT)
+        return rc;
+    ifd_prediction_sink ps = ifd_ingest_prediction_sink(d->g);
+    rc = add_prediction_sink(d, &ps, "listen");
+    if (rc == IFD_OK && c->predictions &&
+        (rc = ifd_predictions_file_open(&d->pfile, c->predictions, &d->err)) == IFD_OK) {
+        ps = ifd_predictions_file_sink(d->pfile);
+        rc = add_prediction_sink(d, &ps, "predictions");
+    }
+    return rc;
+}
+
+/* Serves the sockets, says where, runs the session to its end and tells the producers. The
+ * run's own error is said here; IFD_OK with *status the exit status, or an error before the
+ * run. */
+static int serve(daemon_run *d, int *status)
+{
+    int rc = ifd_ingest_start(d->g, d->s, &d->err);
     if (rc)
-        goto out;
-    if (cfg.checkpoint_dir && train) {
-        ifd_checkpoint_options co = {.dir = cfg.checkpoint_dir,
-                                     .every = cfg.checkpoint_every,
-                                     .keep = cfg.keep_checkpoints,
-                                     .positions = ifd_ingest_positions,
-                                     .positions_arg = g,
-                                     .hosts = cfg.run.hosts,
-                                     .write = cfg.checkpoint_writer};
-        ifd_hook h;
-        rc = ifd_hook_checkpoint(&h, &co, &err);
-        if (rc == IFD_OK && (rc = ifd_session_add_hook(s, &h)) != IFD_OK) {
-            h.destroy(h.arg);
-            ifd_error_set(&err, rc, "checkpoint hook");
-        }
-        if (rc)
-            goto out;
-    }
-    if (cfg.summaries) {
-        rc = ifd_sink_jsonl_create(&jsonl, cfg.summaries, &err);
-        if (rc)
-            goto out;
-        ifd_session_add_sink(s, jsonl);
-    }
-    if (ifd_ingest_pub_sink(g))
-        ifd_session_add_sink(s, ifd_ingest_pub_sink(g));
-    if (cfg.run.mode == IFD_MODE_PREDICT) {
-        ifd_prediction_sink ps = ifd_ingest_prediction_sink(g);
-        ifd_session_add_prediction_sink(s, &ps);
-        if (cfg.predictions) {
-            rc = ifd_predictions_file_open(&pfile, cfg.predictions, &err);
-            if (rc)
-                goto out;
-            ps = ifd_predictions_file_sink(pfile);
-            ifd_session_add_prediction_sink(s, &ps);
-        }
-    }
-    rc = ifd_ingest_start(g, s, &err);
-    if (rc)
-        goto out;
-    json_t *endpoints = ifd_ingest_endpoints_json(g);
-    describe(&cfg, ifd_session_program(s), endpoints);
-    if (ready && (rc = write_ready_file(cfg.ready_file, endpoints, &err)) == IFD_OK)
-        ready_written = 1;
+        return rc;
+    json_t *endpoints = ifd_ingest_endpoints_json(d->g);
+    describe(&d->cfg, ifd_session_program(d->s), endpoints);
+    if (d->cfg.ready_file && d->cfg.ready_file[0] &&
+        (rc = write_ready_file(d->cfg.ready_file, endpoints, &d->err)) == IFD_OK)
+        d->ready_written = 1;
     json_decref(endpoints);
     if (rc)
-        goto out;
+        return rc;
     IFD_LOG_INFO("waiting for producers");
-
     ifd_error run_err;
     ifd_error_clear(&run_err);
-    int code = ifd_session_run(s, &run_err);
-    ifd_end_reason reason = ifd_session_end_reason(s);
-    ifd_ingest_finish(g, code, ifd_end_reason_name(reason), code ? ifd_error_text(&run_err) : "");
-    if (code) {
+    int code = ifd_session_run(d->s, &run_err);
+    ifd_end_reason reason = ifd_session_end_reason(d->s);
+    ifd_ingest_finish(d->g, code, ifd_end_reason_name(reason),
+                      code ? ifd_error_text(&run_err) : "");
+    if (code)
         fprintf(stderr, "infeedd: the run ended with an error: %s\n", ifd_error_text(&run_err));
-        status = 1;
-    } else {
-        status = 0;
-    }
-    rc = IFD_OK;
-out:
-    if (rc)
-        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
-    ifd_checkpoint_free(ck);
-    ifd_ingest_release_session(g); /* before the session goes (an error after ingest_start) */
-    ifd_session_destroy(s);
+    *status = code ? 1 : 0;
+    return IFD_OK;
+}
+
+/* Undoes every phase, in reverse; a failure to close the predictions file makes *status 1. */
+static void daemon_close(daemon_run *d, int *status)
+{
+    ifd_checkpoint_free(d->ck);
+    ifd_ingest_release_session(d->g); /* before the session goes (an error after ingest_start) */
+    ifd_session_destroy(d->s);
     /* Only this thread is left (libzmq's threads block signals): block them here too, so no
      * handler can still be using the ingest's eventfd when it is closed. */
     sigset_t block;
@@ -529,15 +455,49 @@ out:
     sigaddset(&block, SIGTERM);
     pthread_sigmask(SIG_BLOCK, &block, NULL);
     __atomic_store_n(&signal_target, NULL, __ATOMIC_RELEASE);
-    ifd_ingest_destroy(g);
-    if (ready_written)
-        unlink(cfg.ready_file);
-    ifd_security_destroy(sec);
-    ifd_sink_destroy(jsonl);
-    if (ifd_predictions_file_close(pfile, &err)) {
-        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&err));
-        status = 1;
+    ifd_ingest_destroy(d->g);
+    if (d->ready_written)
+        unlink(d->cfg.ready_file);
+    ifd_security_destroy(d->sec);
+    ifd_sink_destroy(d->jsonl);
+    if (ifd_predictions_file_close(d->pfile, &d->err)) {
+        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&d->err));
+        *status = 1;
     }
-    ifd_daemon_config_free(&cfg);
+    ifd_daemon_config_free(&d->cfg);
+}
+
+/* Exit status: 0 the run ended well, 1 a runtime error, 2 a usage or config error. */
+static int run(int argc, char **argv, ifd_hosts *hosts)
+{
+    daemon_run d = {.hosts = hosts};
+    ifd_daemon_config_defaults(&d.cfg);
+    ifd_error_clear(&d.err);
+    int exit_now = 0, status = 2;
+    int rc = prepare(&d, argc, argv, &exit_now);
+    if (rc || exit_now) {
+        status = rc ? 2 : 0;
+        goto out;
+    }
+    if (d.ck)
+        IFD_LOG_INFO("starting from a checkpoint at global step %lld (%d producers)",
+                     (long long)ifd_checkpoint_global_step(d.ck),
+                     ifd_checkpoint_producer_count(d.ck));
+    if (d.cfg.run.mode == IFD_MODE_PREDICT && d.ck == NULL)
+        IFD_LOG_WARN("predict mode without --checkpoint or --checkpoint-dir: the parameters are "
+                     "the seed's initial ones");
+    status = 1;
+    if (d.cfg.ready_file && d.cfg.ready_file[0])
+        unlink(d.cfg.ready_file); /* a stale one would name another run's endpoints */
+    install_signals();
+    rc = open_session(&d);
+    if (rc == IFD_OK)
+        rc = add_outputs(&d);
+    if (rc == IFD_OK)
+        rc = serve(&d, &status);
+out:
+    if (rc)
+        fprintf(stderr, "infeedd: %s\n", ifd_error_text(&d.err));
+    daemon_close(&d, &status);
     return status;
 }

@@ -1,7 +1,7 @@
 /*
  * A batch's inputs, for the infeed thread and for whoever accepts batches before they reach it
- * (the daemon's ingest, host/): the program inputs a mode carries, a batch checked against them,
- * and its float values checked.
+ * (the daemon's ingest, host/): the program inputs a mode carries and a batch's float values
+ * checked.
  */
 #ifndef IFD_INFEED_INPUTS_H
 #define IFD_INFEED_INPUTS_H
@@ -12,14 +12,8 @@
  * labels. Writes their indices into p->inputs to idx, in spec order; returns how many. */
 int ifd_infeed_mode_inputs(const ifd_program *p, ifd_mode mode, int idx[IFD_MAX_INPUTS]);
 
-/* Checks a batch against the program's inputs for mode (ifd_infeed_mode_inputs): tensor count,
- * dtypes, per-row shapes, the same row count everywhere and, when batch_size > 0, rows ==
- * batch_size, the rows a batch has in the input mode (ifd_input_batch_rows) (predict mode:
- * 1 <= rows <= batch_size, a partial batch being padded later); then the program's own check (not
- * in predict mode: it checks labels). The sentence names the tensor, the expected and the
- * received value. */
-int ifd_infeed_check_batch(const ifd_program *p, const ifd_batch *b, int64_t batch_size,
-                           ifd_mode mode, ifd_error *err);
+/* A batch against the program's inputs: ifd_program_check_batch (device/batch_check.h), the
+ * one check both the ingest and the infeed thread use. */
 
 /* Checks the values of b's float32 tensors (those of mode's inputs, in order): every element
  * finite and, when max_abs > 0, of magnitude at most max_abs. IFD_ERANGE names the tensor, the row,

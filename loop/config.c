@@ -2,8 +2,12 @@
 #include "infeed/hosts.h"
 
 #include "device/cpu/blas.h"
+#include "loop/config_ranges.h"
 
+#include <float.h>
 #include <math.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 void ifd_config_defaults(ifd_config *cfg)
@@ -19,8 +23,8 @@ void ifd_config_defaults(ifd_config *cfg)
     cfg->batch_size = 32;
     cfg->iterations_per_loop = 100;
     cfg->loop_kind = IFD_LOOP_STEPS;
-    cfg->max_loop_secs = 0.5;
-    cfg->num_steps = 0;
+    cfg->max_loop_seconds = 0.5;
+    cfg->steps = 0;
     cfg->last_step = 0;
     cfg->initial_global_step = 0;
     cfg->optimizer = (ifd_optimizer){
@@ -36,6 +40,7 @@ void ifd_config_defaults(ifd_config *cfg)
     cfg->seed = 1;
     cfg->infeed_depth = 16;
     cfg->outfeed_depth = 64;
+    cfg->cuda_graphs = 1;
 }
 
 const char *ifd_end_reason_name(ifd_end_reason r)
@@ -50,142 +55,206 @@ const char *ifd_end_reason_name(ifd_end_reason r)
 #define MAX_DEPTH 65536
 #define MAX_SECS 86400.0 /* a day: longer waits are a mistake, not a setting */
 
-static int in_unit(float v)
+/* The numeric keys' ranges: one row a key, checked in this order by ifd_config_validate. A value
+ * outside [min, max] (min or max itself excluded when open) is an IFD_EINVAL whose sentence is
+ * "key: expected <expect>, got <value>". */
+typedef enum { RANGE_INT, RANGE_I64, RANGE_F32, RANGE_F64 } range_type;
+enum { OPEN_MIN = 1, OPEN_MAX = 2 };
+typedef struct config_range {
+    const char *key;
+    range_type type;
+    size_t off;
+    double min, max;
+    int open;
+    const char *expect;
+    int (*applies)(const ifd_config *cfg); /* NULL: always */
+} config_range;
+
+static int loop_steps(const ifd_config *c)
 {
-    return isfinite(v) && v >= 0.0f && v < 1.0f;
+    return c->loop_kind == IFD_LOOP_STEPS;
+}
+static int loop_seconds(const ifd_config *c)
+{
+    return c->loop_kind == IFD_LOOP_SECONDS;
+}
+static int uses_momentum(const ifd_config *c)
+{
+    return c->optimizer.kind == IFD_OPT_MOMENTUM;
+}
+static int uses_adam(const ifd_config *c)
+{
+    return c->optimizer.kind == IFD_OPT_ADAM;
+}
+
+#define CFG(field) offsetof(ifd_config, field)
+#define I64_MAX 9.2e18
+static const config_range config_ranges[] = {
+    {"max_skipped_steps", RANGE_I64, CFG(max_skipped_steps), 0, I64_MAX, 0,
+     "0 (never end the run) or more", NULL},
+    {"replicas", RANGE_INT, CFG(replicas), 1, MAX_REPLICAS, 0, "1 to 1024", NULL},
+    {"batch_size", RANGE_I64, CFG(batch_size), 1, I64_MAX, 0, "a positive integer", NULL},
+    {"iterations_per_loop", RANGE_I64, CFG(iterations_per_loop), 1, I64_MAX, 0,
+     "a positive integer", loop_steps},
+    {"loop_secs", RANGE_F64, CFG(loop_secs), 0, MAX_SECS, OPEN_MIN,
+     "seconds above 0, at most 86400", loop_seconds},
+    {"max_loop_seconds", RANGE_F64, CFG(max_loop_seconds), 0, MAX_SECS, OPEN_MIN,
+     "seconds above 0, at most 86400", NULL},
+    {"steps", RANGE_I64, CFG(steps), 0, I64_MAX, 0, "a positive integer (0: unset)", NULL},
+    {"last_step", RANGE_I64, CFG(last_step), 0, I64_MAX, 0, "a positive integer (0: unset)", NULL},
+    {"initial_global_step", RANGE_I64, CFG(initial_global_step), 0, I64_MAX, 0, "0 or more", NULL},
+    {"learning_rate", RANGE_F32, CFG(optimizer.learning_rate), 0, FLT_MAX, OPEN_MIN,
+     "a positive number", NULL},
+    {"momentum", RANGE_F32, CFG(optimizer.momentum), 0, 1, OPEN_MAX, "0 <= momentum < 1",
+     uses_momentum},
+    {"beta1", RANGE_F32, CFG(optimizer.beta1), 0, 1, OPEN_MAX, "0 <= beta1 < 1", uses_adam},
+    {"beta2", RANGE_F32, CFG(optimizer.beta2), 0, 1, OPEN_MAX, "0 <= beta2 < 1", uses_adam},
+    {"epsilon", RANGE_F32, CFG(optimizer.epsilon), 0, FLT_MAX, OPEN_MIN, "a positive number",
+     uses_adam},
+    {"summary_every", RANGE_I64, CFG(summary_every), 0, I64_MAX, 0, "0 or more", NULL},
+    {"infeed_depth", RANGE_INT, CFG(infeed_depth), 1, MAX_DEPTH, 0, "1 to 65536", NULL},
+    {"outfeed_depth", RANGE_INT, CFG(outfeed_depth), 1, MAX_DEPTH, 0, "1 to 65536", NULL},
+    {"initial_infeed_sleep", RANGE_F64, CFG(initial_infeed_sleep), 0, MAX_SECS, 0,
+     "seconds from 0 to 86400", NULL},
+    {"watchdog", RANGE_F64, CFG(watchdog), 0, MAX_SECS, 0, "seconds from 0 (off) to 86400", NULL},
+    {"replica_threads", RANGE_INT, CFG(replica_threads), 0, 1024, 0, "0 (auto) to 1024", NULL},
+    {"cuda_graphs", RANGE_INT, CFG(cuda_graphs), 0, 1, 0, "0 (off) or 1 (on)", NULL},
+};
+
+const char *ifd_config_range_text(const char *key)
+{
+    for (size_t i = 0; key && i < sizeof config_ranges / sizeof config_ranges[0]; i++)
+        if (strcmp(config_ranges[i].key, key) == 0)
+            return config_ranges[i].expect;
+    return NULL;
+}
+
+static int check_range(const ifd_config *cfg, const config_range *r, ifd_error *err)
+{
+    if (r->applies && !r->applies(cfg))
+        return IFD_OK;
+    const char *field = (const char *)cfg + r->off;
+    double v;
+    char got[48];
+    switch (r->type) {
+    case RANGE_INT:
+        v = *(const int *)field;
+        snprintf(got, sizeof got, "%d", *(const int *)field);
+        break;
+    case RANGE_I64:
+        v = (double)*(const int64_t *)field;
+        snprintf(got, sizeof got, "%lld", (long long)*(const int64_t *)field);
+        break;
+    case RANGE_F32:
+        v = *(const float *)field;
+        snprintf(got, sizeof got, "%g", v);
+        break;
+    default:
+        v = *(const double *)field;
+        snprintf(got, sizeof got, "%g", v);
+        break;
+    }
+    int low_ok = (r->open & OPEN_MIN) ? v > r->min : v >= r->min;
+    int high_ok = (r->open & OPEN_MAX) ? v < r->max : v <= r->max;
+    if (low_ok && high_ok)
+        return IFD_OK;
+    return ifd_error_set_key(err, IFD_EINVAL, r->key, "expected %s, got %s", r->expect, got);
+}
+
+/* The keys with names: the backend, the program and the enums. */
+static int check_names(const ifd_config *cfg, ifd_error *err)
+{
+    if (cfg->backend == NULL || (strcmp(cfg->backend, "cpu") && strcmp(cfg->backend, "cuda")))
+        return ifd_error_set_key(err, IFD_EINVAL, "backend", "expected cpu or cuda, got '%s'",
+                                 cfg->backend ? cfg->backend : "(none)");
+    if (strcmp(cfg->backend, "cpu") == 0 && ifd_blas_check(cfg->blas_kernel, err))
+        return IFD_EINVAL;
+    if (cfg->program == NULL || ifd_program_find(cfg->program) == NULL) {
+        char names[256];
+        return ifd_error_set_key(err, IFD_EINVAL, "program", "expected one of %s, got '%s'",
+                                 ifd_program_names(names, sizeof names),
+                                 cfg->program ? cfg->program : "(none)");
+    }
+    if ((int)cfg->mode < IFD_MODE_TRAIN || cfg->mode > IFD_MODE_PREDICT)
+        return ifd_error_set_key(err, IFD_EINVAL, "mode", "expected train, eval or predict, got %d",
+                                 (int)cfg->mode);
+    if ((int)cfg->input_mode < IFD_INPUT_PER_HOST || cfg->input_mode > IFD_INPUT_BROADCAST)
+        return ifd_error_set_key(err, IFD_EINVAL, "input_mode",
+                                 "expected per-host, per-host-v2, per-core or broadcast, got %d",
+                                 (int)cfg->input_mode);
+    if ((int)cfg->loop_kind < IFD_LOOP_STEPS || cfg->loop_kind > IFD_LOOP_SECONDS)
+        return ifd_error_set_key(
+            err, IFD_EINVAL, "loop_kind",
+            "expected IFD_LOOP_STEPS, IFD_LOOP_AUTO or IFD_LOOP_SECONDS, got %d",
+            (int)cfg->loop_kind);
+    if ((int)cfg->optimizer.kind < IFD_OPT_SGD || cfg->optimizer.kind > IFD_OPT_ADAM)
+        return ifd_error_set_key(err, IFD_EINVAL, "optimizer",
+                                 "expected sgd, momentum or adam, got %d",
+                                 (int)cfg->optimizer.kind);
+    if ((int)cfg->loss_reduction < IFD_REDUCE_MEAN || cfg->loss_reduction > IFD_REDUCE_SUM)
+        return ifd_error_set_key(err, IFD_EINVAL, "loss_reduction", "expected mean or sum, got %d",
+                                 (int)cfg->loss_reduction);
+    return IFD_OK;
+}
+
+/* Each replica's step takes batch_size / replicas rows. */
+static int check_batch_split(const ifd_config *cfg, ifd_error *err)
+{
+    if (cfg->batch_size % cfg->replicas == 0)
+        return IFD_OK;
+    return ifd_error_set_key(err, IFD_EINVAL, "batch_size",
+                             "%lld is not divisible by replicas %d (each replica's step takes an "
+                             "equal share of its rows)",
+                             (long long)cfg->batch_size, cfg->replicas);
+}
+
+/* Eval runs steps steps; train stops after steps or at last_step, exactly one of them. */
+static int check_steps(const ifd_config *cfg, ifd_error *err)
+{
+    if (cfg->mode == IFD_MODE_EVAL && cfg->steps < 1)
+        return ifd_error_set_key(err, IFD_EINVAL, "steps",
+                                 "eval runs steps steps in one loop; expected a positive "
+                                 "integer, got %lld",
+                                 (long long)cfg->steps);
+    if (cfg->mode == IFD_MODE_TRAIN && (cfg->steps > 0) == (cfg->last_step > 0)) {
+        ifd_error_set(err, IFD_EINVAL,
+                      "steps and last_step: exactly one must be a positive integer, got "
+                      "steps=%lld and last_step=%lld",
+                      (long long)cfg->steps, (long long)cfg->last_step);
+        return ifd_error_mark_key(err, "steps", 0, 5);
+    }
+    return IFD_OK;
+}
+
+/* Several hosts: a rank in [0, size) and the collectives the run needs. */
+static int check_hosts(const ifd_config *cfg, ifd_error *err)
+{
+    const ifd_hosts *h = cfg->hosts;
+    if (h && (h->size < 1 || h->rank < 0 || h->rank >= h->size ||
+              (h->size > 1 &&
+               (h->ops == NULL || h->ops->allgather == NULL || h->ops->allreduce_i64 == NULL))))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "hosts: expected a rank in [0, size), size >= 1 and both collectives, "
+                             "got rank %d of %d",
+                             h->rank, h->size);
+    if (ifd_hosts_many(h) && strcmp(cfg->backend, "cuda") == 0 && h->ops->broadcast == NULL)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "hosts: the cuda backend on %d hosts needs the broadcast collective "
+                             "(rank 0's ncclUniqueId), and these hosts have none",
+                             h->size);
+    return IFD_OK;
 }
 
 int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
 {
-    if (cfg->backend == NULL || (strcmp(cfg->backend, "cpu") && strcmp(cfg->backend, "cuda")))
-        return ifd_error_set(err, IFD_EINVAL, "backend: expected cpu or cuda, got '%s'",
-                             cfg->backend ? cfg->backend : "(none)");
-    if (strcmp(cfg->backend, "cpu") == 0 && ifd_blas_check(cfg->blas_kernel, err))
-        return IFD_EINVAL;
-    if (cfg->max_skipped_steps < 0)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "max_skipped_steps: expected 0 (never end the run) or more, got %lld",
-                             (long long)cfg->max_skipped_steps);
-    if (cfg->replicas < 1 || cfg->replicas > MAX_REPLICAS)
-        return ifd_error_set(err, IFD_EINVAL, "replicas: expected 1 to %d, got %d", MAX_REPLICAS,
-                             cfg->replicas);
-    if (cfg->program == NULL || ifd_program_find(cfg->program) == NULL) {
-        char names[256];
-        return ifd_error_set(err, IFD_EINVAL, "program: expected one of %s, got '%s'",
-                             ifd_program_names(names, sizeof names),
-                             cfg->program ? cfg->program : "(none)");
-    }
-    if ((int)cfg->mode < IFD_MODE_TRAIN || cfg->mode > IFD_MODE_PREDICT)
-        return ifd_error_set(err, IFD_EINVAL, "mode: expected train, eval or predict, got %d",
-                             (int)cfg->mode);
-    if ((int)cfg->input_mode < IFD_INPUT_PER_HOST || cfg->input_mode > IFD_INPUT_BROADCAST)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "input_mode: expected per-host, per-host-v2, per-core or broadcast, "
-                             "got %d",
-                             (int)cfg->input_mode);
-    if (cfg->batch_size < 1)
-        return ifd_error_set(err, IFD_EINVAL, "batch_size: expected a positive integer, got %lld",
-                             (long long)cfg->batch_size);
-    if (cfg->batch_size % cfg->replicas != 0)
-        return ifd_error_set(
-            err, IFD_EINVAL,
-            "batch_size: %lld is not divisible by replicas %d (each replica's step "
-            "takes batch_size / replicas rows)",
-            (long long)cfg->batch_size, cfg->replicas);
-    if ((int)cfg->loop_kind < IFD_LOOP_STEPS || cfg->loop_kind > IFD_LOOP_SECONDS)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "loop_kind: expected IFD_LOOP_STEPS, IFD_LOOP_AUTO or "
-                             "IFD_LOOP_SECONDS, got %d",
-                             (int)cfg->loop_kind);
-    if (cfg->loop_kind == IFD_LOOP_STEPS && cfg->iterations_per_loop < 1)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "iterations_per_loop: expected a positive integer, got %lld",
-                             (long long)cfg->iterations_per_loop);
-    if (cfg->loop_kind == IFD_LOOP_SECONDS && !(cfg->loop_secs > 0.0 && cfg->loop_secs <= MAX_SECS))
-        return ifd_error_set(err, IFD_EINVAL,
-                             "loop_secs: expected seconds above 0, at most %g, got %g", MAX_SECS,
-                             cfg->loop_secs);
-    if (cfg->loop_kind == IFD_LOOP_AUTO &&
-        !(cfg->max_loop_secs > 0.0 && cfg->max_loop_secs <= MAX_SECS))
-        return ifd_error_set(err, IFD_EINVAL,
-                             "max_loop_secs: expected seconds above 0, at most %g, got %g",
-                             MAX_SECS, cfg->max_loop_secs);
-    if (cfg->num_steps < 0)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "num_steps: expected a positive integer (0: unset), got %lld",
-                             (long long)cfg->num_steps);
-    if (cfg->last_step < 0)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "last_step: expected a positive integer (0: unset), got %lld",
-                             (long long)cfg->last_step);
-    if (cfg->mode == IFD_MODE_EVAL && cfg->num_steps < 1)
-        return ifd_error_set(
-            err, IFD_EINVAL,
-            "num_steps: eval runs num_steps steps in one loop; expected a positive "
-            "integer, got %lld",
-            (long long)cfg->num_steps);
-    if (cfg->mode == IFD_MODE_TRAIN && (cfg->num_steps > 0) == (cfg->last_step > 0))
-        return ifd_error_set(err, IFD_EINVAL,
-                             "num_steps and last_step: exactly one must be a positive integer, got "
-                             "num_steps=%lld and last_step=%lld",
-                             (long long)cfg->num_steps, (long long)cfg->last_step);
-    if (cfg->initial_global_step < 0)
-        return ifd_error_set(err, IFD_EINVAL, "initial_global_step: expected 0 or more, got %lld",
-                             (long long)cfg->initial_global_step);
-    const ifd_optimizer *o = &cfg->optimizer;
-    if ((int)o->kind < IFD_OPT_SGD || o->kind > IFD_OPT_ADAM)
-        return ifd_error_set(err, IFD_EINVAL, "optimizer: expected sgd, momentum or adam, got %d",
-                             (int)o->kind);
-    if (!(isfinite(o->learning_rate) && o->learning_rate > 0.0f))
-        return ifd_error_set(err, IFD_EINVAL, "learning_rate: expected a positive number, got %g",
-                             (double)o->learning_rate);
-    if (o->kind == IFD_OPT_MOMENTUM && !in_unit(o->momentum))
-        return ifd_error_set(err, IFD_EINVAL, "momentum: expected 0 <= momentum < 1, got %g",
-                             (double)o->momentum);
-    if (o->kind == IFD_OPT_ADAM) {
-        if (!in_unit(o->beta1))
-            return ifd_error_set(err, IFD_EINVAL, "beta1: expected 0 <= beta1 < 1, got %g",
-                                 (double)o->beta1);
-        if (!in_unit(o->beta2))
-            return ifd_error_set(err, IFD_EINVAL, "beta2: expected 0 <= beta2 < 1, got %g",
-                                 (double)o->beta2);
-        if (!(isfinite(o->epsilon) && o->epsilon > 0.0f))
-            return ifd_error_set(err, IFD_EINVAL, "epsilon: expected a positive number, got %g",
-                                 (double)o->epsilon);
-    }
-    if ((int)cfg->loss_reduction < IFD_REDUCE_MEAN || cfg->loss_reduction > IFD_REDUCE_SUM)
-        return ifd_error_set(err, IFD_EINVAL, "loss_reduction: expected mean or sum, got %d",
-                             (int)cfg->loss_reduction);
-    if (cfg->summary_every < 0)
-        return ifd_error_set(err, IFD_EINVAL, "summary_every: expected 0 or more, got %lld",
-                             (long long)cfg->summary_every);
-    if (cfg->infeed_depth < 1 || cfg->infeed_depth > MAX_DEPTH)
-        return ifd_error_set(err, IFD_EINVAL, "infeed_depth: expected 1 to %d, got %d", MAX_DEPTH,
-                             cfg->infeed_depth);
-    if (cfg->outfeed_depth < 1 || cfg->outfeed_depth > MAX_DEPTH)
-        return ifd_error_set(err, IFD_EINVAL, "outfeed_depth: expected 1 to %d, got %d", MAX_DEPTH,
-                             cfg->outfeed_depth);
-    if (!(cfg->initial_infeed_sleep_secs >= 0.0 && cfg->initial_infeed_sleep_secs <= MAX_SECS))
-        return ifd_error_set(err, IFD_EINVAL,
-                             "initial_infeed_sleep_secs: expected seconds from 0 to %g, got %g",
-                             MAX_SECS, cfg->initial_infeed_sleep_secs);
-    if (cfg->hosts &&
-        (cfg->hosts->size < 1 || cfg->hosts->rank < 0 || cfg->hosts->rank >= cfg->hosts->size ||
-         (cfg->hosts->size > 1 && (cfg->hosts->ops == NULL || cfg->hosts->ops->allgather == NULL ||
-                                   cfg->hosts->ops->allreduce_i64 == NULL))))
-        return ifd_error_set(err, IFD_EINVAL,
-                             "hosts: expected a rank in [0, size), size >= 1 and both collectives, "
-                             "got rank %d of %d",
-                             cfg->hosts->rank, cfg->hosts->size);
-    if (ifd_hosts_many(cfg->hosts) && strcmp(cfg->backend, "cuda") == 0 &&
-        cfg->hosts->ops->broadcast == NULL)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "hosts: the cuda backend on %d hosts needs the broadcast collective "
-                             "(rank 0's ncclUniqueId), and these hosts have none",
-                             cfg->hosts->size);
-    if (!(cfg->watchdog_secs >= 0.0 && cfg->watchdog_secs <= MAX_SECS))
-        return ifd_error_set(err, IFD_EINVAL,
-                             "watchdog_secs: expected seconds from 0 (off) to %g, got %g", MAX_SECS,
-                             cfg->watchdog_secs);
-    return IFD_OK;
+    int rc = check_names(cfg, err);
+    for (size_t i = 0; rc == IFD_OK && i < sizeof config_ranges / sizeof config_ranges[0]; i++)
+        rc = check_range(cfg, &config_ranges[i], err);
+    if (rc == IFD_OK)
+        rc = check_batch_split(cfg, err);
+    if (rc == IFD_OK)
+        rc = check_steps(cfg, err);
+    if (rc == IFD_OK)
+        rc = check_hosts(cfg, err);
+    return rc;
 }

@@ -23,7 +23,7 @@
  *   auto:     the least n whose boundary costs at most IFD_TUNER_COST of the loop (half of the
  *             1 % promised, for the noise of the estimates): n = c (1 - f) / (f s), at least 2
  *             (a loop of one step has no steady step to measure), capped so that n x s stays
- *             within max_loop_secs (a stop, a summary on cuda and a checkpoint come within it),
+ *             within max_loop_seconds (a stop, a summary on cuda and a checkpoint come within it),
  *             and kept when the current length is between that n and twice it (so that lengths
  *             do not flicker with the noise);
  *   seconds:  n = loop_secs / s, kept within 10 %.

@@ -116,6 +116,8 @@ static int open_device(ifd_session *s, const ifd_checkpoint *ck, ifd_error *err)
         .outfeed_depth = cfg->outfeed_depth,
         .hosts = ifd_hosts_many(cfg->hosts) ? cfg->hosts : NULL,
         .blas_kernel = cfg->blas_kernel,
+        .replica_threads = cfg->replica_threads,
+        .cuda_graphs = cfg->cuda_graphs,
         .on_error = on_device_error,
         .on_error_arg = s,
     };
@@ -137,9 +139,9 @@ static int add_mode_hook(ifd_session *s, ifd_error *err)
         /* with automatic lengths the hook gives the distance to the last step, the most the
          * next loop may run */
         int64_t ipl = cfg->loop_kind == IFD_LOOP_STEPS ? cfg->iterations_per_loop : INT64_MAX;
-        rc = ifd_hook_stop_at_step(&h, ipl, cfg->num_steps, cfg->last_step, err);
+        rc = ifd_hook_stop_at_step(&h, ipl, cfg->steps, cfg->last_step, err);
     } else if (cfg->mode == IFD_MODE_EVAL) {
-        rc = ifd_hook_eval_iterations(&h, cfg->num_steps, err);
+        rc = ifd_hook_eval_iterations(&h, cfg->steps, err);
     } else {
         return IFD_OK;
     }
@@ -156,7 +158,7 @@ static int init_tuner(ifd_session *s, ifd_error *err)
     s->tuned = cfg->loop_kind != IFD_LOOP_STEPS && cfg->mode != IFD_MODE_EVAL;
     if (!s->tuned)
         return IFD_OK;
-    ifd_loop_tuner_init(&s->tuner, cfg->loop_kind, cfg->loop_secs, cfg->max_loop_secs);
+    ifd_loop_tuner_init(&s->tuner, cfg->loop_kind, cfg->loop_secs, cfg->max_loop_seconds);
     s->clock_run = calloc((size_t)cfg->replicas, sizeof *s->clock_run);
     s->clock_first = calloc((size_t)cfg->replicas, sizeof *s->clock_first);
     if (s->clock_run == NULL || s->clock_first == NULL)

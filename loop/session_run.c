@@ -252,17 +252,17 @@ static void run_loops(ifd_session *s)
     }
 }
 
-/* run_loops under the watchdog (cfg.watchdog_secs > 0): a thread beside the loops, started
+/* run_loops under the watchdog (cfg.watchdog > 0): a thread beside the loops, started
  * before the first and stopped after the last. */
 static void run_loops_watched(ifd_session *s)
 {
     ifd_watchdog *w = NULL;
-    if (s->cfg.watchdog_secs > 0.0) {
+    if (s->cfg.watchdog > 0.0) {
         ifd_watchdog_config wc = {
             .dev = s->dev,
             .rv = s->rv,
-            .secs = s->cfg.watchdog_secs,
-            .grace_secs = s->cfg.initial_infeed_sleep_secs,
+            .secs = s->cfg.watchdog,
+            .grace_secs = s->cfg.initial_infeed_sleep,
             .context = s->watchdog_context,
             .context_arg = s->watchdog_context_arg,
         };
@@ -307,7 +307,7 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
             .mode = s->cfg.mode,
             .batch_size = s->cfg.batch_size,
             .rv = s->rv,
-            .initial_sleep_secs = s->cfg.initial_infeed_sleep_secs,
+            .initial_sleep_secs = s->cfg.initial_infeed_sleep,
         };
         ifd_outfeed_config oc = {
             .dev = s->dev,

@@ -1,5 +1,5 @@
 /*
- * The run's watchdog (ifd_config.watchdog_secs): a thread that samples the device's per-replica
+ * The run's watchdog (ifd_config.watchdog): a thread that samples the device's per-replica
  * counters and, when a device loop is running and no step has completed for `secs`, records
  * IFD_ETIMEDOUT from source "watchdog" in the rendezvous, which stops the run. The sentence says
  * what is starving: the replicas whose infeed ring is empty, the outfeed rings that are full, and

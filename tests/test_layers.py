@@ -74,7 +74,9 @@ def source_files(root, folders):
             continue
         for p in sorted(base.rglob("*")):
             rel = p.relative_to(root).as_posix()
-            if p.suffix in SOURCE_SUFFIXES and p.is_file() and "/build" not in "/" + rel:
+            hidden = any(part.startswith(".") for part in rel.split("/"))  # .venv-peers, .gpu-deps
+            if (p.suffix in SOURCE_SUFFIXES and p.is_file() and "/build" not in "/" + rel
+                    and not hidden):
                 out.append(rel)
     return out
 

@@ -12,6 +12,7 @@
  * 1 no daemon answered, the daemon refused the request or the run ended with an error, 2 a
  * usage error.
  */
+#include "tools/infeedctl.h"
 #include "clients/c/wire.h"
 #include "core/keyfile.h"
 #include "core/userdir.h"
@@ -22,6 +23,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,16 +32,6 @@
 #include <zmq.h>
 
 #define EXIT_USAGE 2
-
-typedef struct ctl_options {
-    const char *control;
-    const char *publish;
-    const char *server_key; /* the daemon's PREFIX.pub */
-    const char *key_file;   /* this client's PREFIX.key */
-    double timeout;         /* seconds to wait for an answer */
-    int json;
-    const char *command;
-} ctl_options;
 
 static void usage(FILE *out)
 {
@@ -91,72 +83,79 @@ static int usage_error(const char *fmt, const char *arg)
     return EXIT_USAGE;
 }
 
-static int parse_args(int argc, char **argv, ctl_options *o)
+/* --help and --version print and exit (an error before them on the line ends first). */
+static void info_flag(const char *a)
 {
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            usage(stdout);
-            exit(0);
-        }
-        if (strcmp(a, "--version") == 0) {
-            printf("infeedctl %s (protocol %d)\n", IFD_VERSION_STRING, IFD_PROTOCOL_VERSION);
-            exit(0);
-        }
-        if (strcmp(a, "--json") == 0) {
-            o->json = 1;
-            continue;
-        }
-        if (strncmp(a, "--", 2) != 0) {
-            if (o->command)
-                return usage_error("unexpected argument '%s' after the command", a);
-            if (strcmp(a, "status") && strcmp(a, "stop") && strcmp(a, "watch"))
-                return usage_error("unknown command '%s': expected status, stop or watch", a);
-            o->command = a;
-            continue;
-        }
-        static const char *const names[] = {"--control", "--publish", "--server-key", "--key-file",
-                                            "--timeout"};
-        const char *eq = strchr(a, '=');
-        size_t len = eq ? (size_t)(eq - a) : strlen(a);
-        int which = -1;
-        for (int k = 0; k < 5; k++)
-            if (strlen(names[k]) == len && strncmp(a, names[k], len) == 0)
-                which = k;
-        if (which < 0)
-            return usage_error("unknown option '%s'", a);
-        const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
-        if (v == NULL || *v == '\0')
-            return usage_error("%s: expected a value", names[which]);
-        switch (which) {
-        case 0:
-            o->control = v;
-            break;
-        case 1:
-            o->publish = v;
-            break;
-        case 2:
-            o->server_key = v;
-            break;
-        case 3:
-            o->key_file = v;
-            break;
-        case 4: {
-            char *end;
-            errno = 0;
-            double t = strtod(v, &end);
-            if (errno || *end != '\0' || !(t > 0 && t <= 86400)) {
-                fprintf(stderr,
-                        "infeedctl: --timeout: expected seconds above 0 and at most 86400, got "
-                        "'%s'\n",
-                        v);
-                return EXIT_USAGE;
-            }
-            o->timeout = t;
-            break;
-        }
-        }
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+        usage(stdout);
+        exit(0);
     }
+    if (strcmp(a, "--version") == 0) {
+        printf("infeedctl %s (protocol %d)\n", IFD_VERSION_STRING, IFD_PROTOCOL_VERSION);
+        exit(0);
+    }
+}
+
+/* The options that take a value: a string field, or --timeout (is_timeout). */
+static const struct {
+    const char *name;
+    size_t off;
+    int is_timeout;
+} value_options[] = {
+    {"--control", offsetof(ctl_options, control), 0},
+    {"--publish", offsetof(ctl_options, publish), 0},
+    {"--server-key", offsetof(ctl_options, server_key), 0},
+    {"--key-file", offsetof(ctl_options, key_file), 0},
+    {"--timeout", offsetof(ctl_options, timeout), 1},
+};
+
+static int set_timeout(ctl_options *o, const char *v)
+{
+    char *end;
+    errno = 0;
+    double t = strtod(v, &end);
+    if (errno || *end != '\0' || !(t > 0 && t <= 86400)) {
+        fprintf(stderr,
+                "infeedctl: --timeout: expected seconds above 0 and at most 86400, got '%s'\n", v);
+        return EXIT_USAGE;
+    }
+    o->timeout = t;
+    return 0;
+}
+
+/* The option at argv[*i] and its value ("--name=VALUE", or the next argument). */
+static int parse_option(int argc, char **argv, int *i, ctl_options *o)
+{
+    const char *a = argv[*i], *eq = strchr(a, '=');
+    size_t len = eq ? (size_t)(eq - a) : strlen(a);
+    size_t n = sizeof value_options / sizeof value_options[0], k = 0;
+    while (k < n &&
+           !(strlen(value_options[k].name) == len && strncmp(a, value_options[k].name, len) == 0))
+        k++;
+    if (k == n)
+        return usage_error("unknown option '%s'", a);
+    const char *v = eq ? eq + 1 : (*i + 1 < argc ? argv[++*i] : NULL);
+    if (v == NULL || *v == '\0')
+        return usage_error("%s: expected a value", value_options[k].name);
+    if (value_options[k].is_timeout)
+        return set_timeout(o, v);
+    *(const char **)((char *)o + value_options[k].off) = v;
+    return 0;
+}
+
+static int parse_command(const char *a, ctl_options *o)
+{
+    if (o->command)
+        return usage_error("unexpected argument '%s' after the command", a);
+    if (strcmp(a, "status") && strcmp(a, "stop") && strcmp(a, "watch"))
+        return usage_error("unknown command '%s': expected status, stop or watch", a);
+    o->command = a;
+    return 0;
+}
+
+/* What the options say together. */
+static int check_options(const ctl_options *o)
+{
     if (o->command == NULL)
         return usage_error("%sexpected a command: status, stop or watch", "");
     if (o->json && strcmp(o->command, "status") != 0)
@@ -167,6 +166,19 @@ static int parse_args(int argc, char **argv, ctl_options *o)
                            o->server_key ? "--server-key without --key-file"
                                          : "--key-file without --server-key");
     return 0;
+}
+
+static int parse_args(int argc, char **argv, ctl_options *o)
+{
+    for (int i = 1; i < argc; i++) {
+        info_flag(argv[i]);
+        int rc = strcmp(argv[i], "--json") == 0   ? (o->json = 1, 0)
+                 : strncmp(argv[i], "--", 2) != 0 ? parse_command(argv[i], o)
+                                                  : parse_option(argc, argv, &i, o);
+        if (rc)
+            return rc;
+    }
+    return check_options(o);
 }
 
 /* ---- the control socket ------------------------------------------------------------------- */
@@ -203,7 +215,7 @@ static void reword(char *msg, size_t cap, const char *from, const char *to)
     memcpy(at, to, m);
 }
 
-static void reword_client(char *msg, size_t cap)
+void reword_client(char *msg, size_t cap)
 {
     reword(msg, cap, "(connect_timeout_ms)", "(--timeout)");
     reword(msg, cap, "set server_key_file and key_file", "pass --server-key and --key-file");
@@ -213,8 +225,7 @@ static void reword_client(char *msg, size_t cap)
  * sentence when none comes says whether a daemon answered the connection at all, refused this
  * client's CURVE key, or failed the handshake (one that requires CURVE, asked without
  * --server-key). */
-static int control_request(const ctl_options *o, const char *request, json_t **reply,
-                           ifd_error *err)
+int control_request(const ctl_options *o, const char *request, json_t **reply, ifd_error *err)
 {
     *reply = NULL;
     void *ctx = zmq_ctx_new();
@@ -308,13 +319,13 @@ static int check_ok(const ctl_options *o, json_t *reply, ifd_error *err)
 
 /* ---- status ------------------------------------------------------------------------------- */
 
-static const char *str_or(json_t *o, const char *key, const char *dflt)
+const char *str_or(json_t *o, const char *key, const char *dflt)
 {
     const char *s = json_string_value(json_object_get(o, key));
     return s ? s : dflt;
 }
 
-static double num_or(json_t *o, const char *key, double dflt)
+double num_or(json_t *o, const char *key, double dflt)
 {
     json_t *v = json_object_get(o, key);
     return json_is_number(v) ? json_number_value(v) : dflt;
@@ -420,162 +431,6 @@ static int cmd_stop(const ctl_options *o)
     }
     printf("infeedd at %s: stopping at the end of the current loop\n", o->control);
     return 0;
-}
-
-/* ---- watch -------------------------------------------------------------------------------- */
-
-static void format_eta(double secs, char *buf, size_t len)
-{
-    if (!(secs >= 0) || secs > 1e7) {
-        snprintf(buf, len, "?");
-        return;
-    }
-    long s = (long)(secs + 0.5);
-    if (s >= 3600)
-        snprintf(buf, len, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
-    else
-        snprintf(buf, len, "%ld:%02ld", s / 60, s % 60);
-}
-
-/* The progress line of one train/eval/predict summary. */
-static void progress_line(json_t *s, long long last_step, char *buf, size_t len)
-{
-    long long step = (long long)num_or(s, "global_step", 0);
-    const char *event = str_or(s, "event", "?");
-    size_t at = 0;
-#define APPEND(...)                                                                                \
-    do {                                                                                           \
-        int n_ = snprintf(buf + at, at < len ? len - at : 0, __VA_ARGS__);                         \
-        if (n_ > 0)                                                                                \
-            at += (size_t)n_;                                                                      \
-    } while (0)
-    if (strcmp(event, "train") != 0)
-        APPEND("%s  ", event);
-    if (last_step > 0)
-        APPEND("step %lld/%lld (%.0f%%)", step, last_step,
-               100.0 * (double)step / (double)last_step);
-    else
-        APPEND("step %lld", step);
-    APPEND("  %.0f examples/s", num_or(s, "examples_per_sec", 0));
-    if (json_is_number(json_object_get(s, "loss")))
-        APPEND("  loss %.4g", num_or(s, "loss", 0));
-    if (json_is_number(json_object_get(s, "accuracy")))
-        APPEND("  accuracy %.3f", num_or(s, "accuracy", 0));
-    APPEND("  infeed wait %.0f%%", 100.0 * num_or(s, "infeed_wait_fraction", 0));
-    double sps = num_or(s, "steps_per_sec", 0);
-    if (last_step > 0 && sps > 0) {
-        char eta[32];
-        format_eta((double)(last_step - step) / sps, eta, sizeof eta);
-        APPEND("  ETA %s", eta);
-    }
-#undef APPEND
-    if (at >= len && len > 0)
-        buf[len - 1] = '\0';
-}
-
-static int cmd_watch(const ctl_options *o)
-{
-    ifd_error err;
-    ifd_error_clear(&err);
-    /* The subscriber first: it connects while the status request below waits, so that with no
-     * daemon the two waits of --timeout overlap instead of adding up. */
-    ifd_client_options co = {.server_key_file = o->server_key,
-                             .key_file = o->key_file,
-                             .connect_timeout_ms = (int)(o->timeout * 1000 + 0.5)};
-    ifd_subscriber *sub;
-    if (ifd_subscriber_create_opts(&sub, o->publish, &co, &err) != IFD_OK) {
-        fprintf(stderr, "infeedctl watch: %s\n", err.msg);
-        return 1;
-    }
-    /* The last step and the run's kind from status, when the control socket answers. */
-    long long last_step = 0;
-    int have_control = 0;
-    json_t *st = NULL;
-    if (control_request(o, "{\"cmd\":\"status\"}", &st, &err) == IFD_OK &&
-        json_is_true(json_object_get(st, "ok"))) {
-        have_control = 1;
-        json_t *ls = json_object_get(st, "last_step");
-        if (json_is_integer(ls))
-            last_step = (long long)json_integer_value(ls);
-        printf("watching infeedd at %s: %s mode, program %s, global step %lld", o->publish,
-               str_or(st, "mode", "?"), str_or(st, "program", "?"),
-               (long long)num_or(st, "global_step", 0));
-        if (last_step > 0)
-            printf(" of %lld", last_step);
-        printf("\n");
-        fflush(stdout);
-    }
-    json_decref(st);
-
-    int tty = isatty(STDOUT_FILENO), rc = 1, quiet_ms = 0;
-    char line[512];
-    for (;;) {
-        char *text = NULL;
-        int r = ifd_subscriber_recv(sub, &text, 1000, &err);
-        if (r == IFD_ETIMEDOUT && strstr(err.msg, "no daemon answered") == NULL) {
-            /* No summary for a while: is the daemon still there? */
-            quiet_ms += 1000;
-            if (have_control && quiet_ms >= 5000) {
-                quiet_ms = 0;
-                json_t *ping = NULL;
-                ifd_error perr;
-                ifd_error_clear(&perr);
-                if (control_request(o, "{\"cmd\":\"status\"}", &ping, &perr) != IFD_OK) {
-                    if (tty)
-                        printf("\n");
-                    fprintf(stderr,
-                            "infeedctl watch: the daemon stopped answering before its end "
-                            "summary came: %s\n",
-                            perr.msg);
-                    break;
-                }
-                json_decref(ping);
-            }
-            continue;
-        }
-        if (r != IFD_OK) {
-            if (tty)
-                printf("\n");
-            reword_client(err.msg, sizeof err.msg);
-            fprintf(stderr, "infeedctl watch: %s\n", err.msg);
-            break;
-        }
-        quiet_ms = 0;
-        json_t *s = json_loads(text, 0, NULL);
-        free(text);
-        if (!json_is_object(s)) {
-            json_decref(s);
-            continue;
-        }
-        const char *event = str_or(s, "event", "");
-        if (strcmp(event, "end") == 0) {
-            const char *status = str_or(s, "status", "?");
-            if (tty)
-                printf("\r\033[K");
-            printf("end: %s (%s) at global step %lld after %lld steps", status,
-                   str_or(s, "reason", "?"), (long long)num_or(s, "global_step", 0),
-                   (long long)num_or(s, "steps", 0));
-            const char *more = json_string_value(json_object_get(s, "error"));
-            if (more == NULL)
-                more = json_string_value(json_object_get(s, "message"));
-            if (more)
-                printf(": %s", more);
-            printf("\n");
-            rc = strcmp(status, "ok") == 0 ? 0 : 1;
-            json_decref(s);
-            break;
-        }
-        progress_line(s, last_step, line, sizeof line);
-        if (tty)
-            printf("\r\033[K%s", line);
-        else
-            printf("%s\n", line);
-        fflush(stdout);
-        json_decref(s);
-    }
-    fflush(stdout);
-    ifd_subscriber_destroy(sub);
-    return rc;
 }
 
 int main(int argc, char **argv)

@@ -258,6 +258,70 @@ static void on_bye(ifd_producer *p, const ifd_frame *frames, int n)
     json_decref(o);
 }
 
+/* A tensor's dtype by name: its element size (0: unknown), *dtype set. */
+static size_t parse_dtype(const char *dt, ifd_dtype *dtype)
+{
+    *dtype = IFD_DTYPE_MAX;
+#define IFDP_PARSE_CASE_(e, str, size)                                                             \
+    if (dt && strcmp(dt, str) == 0) {                                                              \
+        *dtype = IFD_##e;                                                                          \
+        return size;                                                                               \
+    }
+    IFD_DTYPE_MAP(IFDP_PARSE_CASE_)
+#undef IFDP_PARSE_CASE_
+    return 0;
+}
+
+/* One tensor of a PREDICTION: its description e (name, dtype, shape) for `rows` rows against
+ * its frame, copied to aligned memory (*copy, the caller frees it). 0, or -1 with why[] set. */
+static int parse_pred_tensor(json_t *e, int i, int64_t rows, const ifd_frame *frame,
+                             const char **name, ifd_tensor *t, void **copy, char *why, size_t cap)
+{
+    json_t *shape = json_object_get(e, "shape");
+    *name = json_string_value(json_object_get(e, "name"));
+    size_t bytes = parse_dtype(json_string_value(json_object_get(e, "dtype")), &t->dtype);
+    if (*name == NULL || bytes == 0 || !json_is_array(shape) ||
+        json_array_size(shape) >= IFD_MAX_RANK) {
+        snprintf(why, cap, "tensor %d: expected a name, a known dtype and a shape of rank below %d",
+                 i, IFD_MAX_RANK);
+        return -1;
+    }
+    t->shape.rank = 1 + (int)json_array_size(shape);
+    t->shape.dims[0] = rows;
+    int overflow = __builtin_mul_overflow(bytes, (uint64_t)rows, &bytes);
+    for (int d = 1; d < t->shape.rank; d++) {
+        json_t *v = json_array_get(shape, (size_t)d - 1);
+        if (!json_is_integer(v) || json_integer_value(v) < 0) {
+            snprintf(why, cap, "tensor %d '%.64s': shape: expected integers >= 0", i, *name);
+            return -1;
+        }
+        t->shape.dims[d] = json_integer_value(v);
+        overflow |= __builtin_mul_overflow(bytes, (uint64_t)t->shape.dims[d], &bytes);
+    }
+    if (overflow) {
+        snprintf(why, cap,
+                 "tensor %d '%.64s': %lld rows of its shape: expected a size that fits in "
+                 "memory, got one that overflows (the frame has %zu bytes)",
+                 i, *name, (long long)rows, frame->size);
+        return -1;
+    }
+    if (frame->size != bytes) {
+        snprintf(why, cap,
+                 "tensor %d '%.64s': expected %zu bytes (%lld rows of its shape), got a frame "
+                 "of %zu",
+                 i, *name, bytes, (long long)rows, frame->size);
+        return -1;
+    }
+    *copy = malloc(bytes ? bytes : 1);
+    if (*copy == NULL) {
+        snprintf(why, cap, "tensor %d: out of memory for %zu bytes", i, bytes);
+        return -1;
+    }
+    memcpy(*copy, frame->data, bytes);
+    t->data = *copy;
+    return 0;
+}
+
 /* PREDICTION: the BATCH header layout, a JSON array of {name, dtype, shape}, one raw frame per
  * tensor. Each frame is copied to aligned memory for the callback's views. A description that
  * does not fit the frames (or whose rows x shape x dtype size overflows) queues an EPROTO error
@@ -287,64 +351,10 @@ static void on_prediction(ifd_producer *p, const ifd_frame *frames, int n)
         snprintf(why, sizeof why, "frame 1: expected a JSON array of %u tensors", h.ntensors);
     else
         nt = (int)h.ntensors;
-    for (int i = 0; i < nt && why[0] == '\0'; i++) {
-        json_t *e = json_array_get(desc, (size_t)i), *shape = json_object_get(e, "shape");
-        const char *dt = json_string_value(json_object_get(e, "dtype"));
-        names[i] = json_string_value(json_object_get(e, "name"));
-        size_t esize = 0;
-        t[i].dtype = IFD_DTYPE_MAX;
-#define IFDP_PARSE_CASE_(e, str, size)                                                             \
-    if (dt && strcmp(dt, str) == 0) {                                                              \
-        t[i].dtype = IFD_##e;                                                                      \
-        esize = size;                                                                              \
-    }
-        IFD_DTYPE_MAP(IFDP_PARSE_CASE_)
-#undef IFDP_PARSE_CASE_
-        if (names[i] == NULL || esize == 0 || !json_is_array(shape) ||
-            json_array_size(shape) >= IFD_MAX_RANK) {
-            snprintf(why, sizeof why,
-                     "tensor %d: expected a name, a known dtype and a shape of rank below %d", i,
-                     IFD_MAX_RANK);
+    for (int i = 0; i < nt; i++)
+        if (parse_pred_tensor(json_array_get(desc, (size_t)i), i, h.rows, &frames[2 + i], &names[i],
+                              &t[i], &copies[i], why, sizeof why))
             break;
-        }
-        t[i].shape.rank = 1 + (int)json_array_size(shape);
-        t[i].shape.dims[0] = h.rows;
-        size_t bytes = esize;
-        int overflow = __builtin_mul_overflow(bytes, (uint64_t)h.rows, &bytes);
-        for (int d = 1; d < t[i].shape.rank; d++) {
-            json_t *v = json_array_get(shape, (size_t)d - 1);
-            if (!json_is_integer(v) || json_integer_value(v) < 0) {
-                snprintf(why, sizeof why, "tensor %d '%.64s': shape: expected integers >= 0", i,
-                         names[i]);
-                break;
-            }
-            t[i].shape.dims[d] = json_integer_value(v);
-            overflow |= __builtin_mul_overflow(bytes, (uint64_t)t[i].shape.dims[d], &bytes);
-        }
-        if (why[0])
-            break;
-        if (overflow) {
-            snprintf(why, sizeof why,
-                     "tensor %d '%.64s': %lld rows of its shape: expected a size that fits in "
-                     "memory, got one that overflows (the frame has %zu bytes)",
-                     i, names[i], (long long)h.rows, frames[2 + i].size);
-            break;
-        }
-        if (frames[2 + i].size != bytes) {
-            snprintf(why, sizeof why,
-                     "tensor %d '%.64s': expected %zu bytes (%lld rows of its shape), got a frame "
-                     "of %zu",
-                     i, names[i], bytes, (long long)h.rows, frames[2 + i].size);
-            break;
-        }
-        copies[i] = malloc(bytes ? bytes : 1);
-        if (copies[i] == NULL) {
-            snprintf(why, sizeof why, "tensor %d: out of memory for %zu bytes", i, bytes);
-            break;
-        }
-        memcpy(copies[i], frames[2 + i].data, bytes);
-        t[i].data = copies[i];
-    }
     if (why[0] == '\0') {
         p->predictions++;
         if (p->pred_fn)
@@ -364,7 +374,7 @@ void ifdp_on_reply(ifd_producer *p, const ifd_frame *frames, int n)
     size_t hl = frames[0].size;
     const unsigned char *h = frames[0].data;
     if (hl < IFD_PROTO_HDR || memcmp(h, IFD_PROTO_MAGIC, 4) != 0 ||
-        ifd_get_u16(h + 4) != IFD_PROTO_VERSION) {
+        ifd_get_u16(h + 4) != IFD_PROTOCOL_VERSION) {
         ifdp_push_error(p, IFD_EPROTO, "reply from the daemon: a header that is not protocol 1");
         return;
     }

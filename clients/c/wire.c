@@ -51,12 +51,9 @@ int ifdw_zmq_error(ifd_error *err, const char *what)
     return ifd_error_set(err, code, "%s: %s", what, zmq_strerror(e));
 }
 
-int ifdw_curve_apply(void *sock, const ifd_client_options *o, const char *who, ifd_error *err)
+/* Which keys were given: exactly one form of the daemon's key, and of this client's pair. */
+static int check_key_options(const ifd_client_options *o, const char *who, ifd_error *err)
 {
-    if (o == NULL ||
-        (!o->server_key && !o->server_key_file && !o->public_key && !o->secret_key && !o->key_file))
-        return IFD_OK;
-    char what[64];
     if ((o->server_key != NULL) == (o->server_key_file != NULL))
         return ifd_error_set(err, IFD_EINVAL,
                              "%s: server_key, server_key_file: expected exactly one (the daemon's "
@@ -76,8 +73,12 @@ int ifdw_curve_apply(void *sock, const ifd_client_options *o, const char *who, i
                              "%s: CURVE keys were given, but this libzmq has no CURVE "
                              "(zmq_has(\"curve\") is false)",
                              who);
-    char server[IFD_KEY_Z85_LEN + 1], pub[IFD_KEY_Z85_LEN + 1], sec[IFD_KEY_Z85_LEN + 1];
-    int rc = IFD_OK;
+    return IFD_OK;
+}
+
+/* The daemon's public key, given or from its .pub file. */
+static int server_key(const ifd_client_options *o, const char *who, char *server, ifd_error *err)
+{
     if (o->server_key) {
         if (!ifd_key_z85_valid(o->server_key, strlen(o->server_key)))
             return ifd_error_set(err, IFD_EINVAL,
@@ -86,34 +87,52 @@ int ifdw_curve_apply(void *sock, const ifd_client_options *o, const char *who, i
                                  who, strlen(o->server_key),
                                  strlen(o->server_key) == IFD_KEY_Z85_LEN ? " that are not Z85"
                                                                           : "");
-        memcpy(server, o->server_key, sizeof server);
-    } else {
-        snprintf(what, sizeof what, "%s: server_key_file", who);
-        if ((rc = ifd_keyfile_load_public(o->server_key_file, what, server, err)) != IFD_OK)
-            return rc;
+        memcpy(server, o->server_key, IFD_KEY_Z85_LEN + 1);
+        return IFD_OK;
     }
+    char what[64];
+    snprintf(what, sizeof what, "%s: server_key_file", who);
+    return ifd_keyfile_load_public(o->server_key_file, what, server, err);
+}
+
+/* This client's key pair, from its key file or given (the public key must be the secret's). */
+static int client_pair(const ifd_client_options *o, const char *who, char *pub, char *sec,
+                       ifd_error *err)
+{
     if (o->key_file) {
+        char what[64];
         snprintf(what, sizeof what, "%s: key_file", who);
-        rc = ifd_keyfile_load_pair(o->key_file, what, pub, sec, err);
-    } else {
-        const char *k[2] = {o->public_key, o->secret_key}, *names[2] = {"public_key", "secret_key"};
-        for (int i = 0; i < 2 && rc == IFD_OK; i++)
-            if (!ifd_key_z85_valid(k[i], strlen(k[i])))
-                rc = ifd_error_set(err, IFD_EINVAL,
-                                   "%s: %s: expected a key of 40 Z85 characters, got %zu "
-                                   "characters",
-                                   who, names[i], strlen(k[i]));
-        if (rc == IFD_OK) {
-            memcpy(pub, o->public_key, sizeof pub);
-            memcpy(sec, o->secret_key, sizeof sec);
-            char derived[IFD_KEY_Z85_LEN + 1];
-            if (zmq_curve_public(derived, sec) != 0 || strcmp(derived, pub) != 0)
-                rc = ifd_error_set(err, IFD_EINVAL,
-                                   "%s: public_key: expected the public key of secret_key "
-                                   "(%.8s...), got %.8s...",
-                                   who, derived, pub);
-        }
+        return ifd_keyfile_load_pair(o->key_file, what, pub, sec, err);
     }
+    const char *k[2] = {o->public_key, o->secret_key}, *names[2] = {"public_key", "secret_key"};
+    for (int i = 0; i < 2; i++)
+        if (!ifd_key_z85_valid(k[i], strlen(k[i])))
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "%s: %s: expected a key of 40 Z85 characters, got %zu "
+                                 "characters",
+                                 who, names[i], strlen(k[i]));
+    memcpy(pub, o->public_key, IFD_KEY_Z85_LEN + 1);
+    memcpy(sec, o->secret_key, IFD_KEY_Z85_LEN + 1);
+    char derived[IFD_KEY_Z85_LEN + 1];
+    if (zmq_curve_public(derived, sec) != 0 || strcmp(derived, pub) != 0)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "%s: public_key: expected the public key of secret_key "
+                             "(%.8s...), got %.8s...",
+                             who, derived, pub);
+    return IFD_OK;
+}
+
+int ifdw_curve_apply(void *sock, const ifd_client_options *o, const char *who, ifd_error *err)
+{
+    if (o == NULL ||
+        (!o->server_key && !o->server_key_file && !o->public_key && !o->secret_key && !o->key_file))
+        return IFD_OK;
+    char server[IFD_KEY_Z85_LEN + 1], pub[IFD_KEY_Z85_LEN + 1], sec[IFD_KEY_Z85_LEN + 1];
+    int rc = check_key_options(o, who, err);
+    if (rc == IFD_OK)
+        rc = server_key(o, who, server, err);
+    if (rc == IFD_OK)
+        rc = client_pair(o, who, pub, sec, err);
     if (rc == IFD_OK && (zmq_setsockopt(sock, ZMQ_CURVE_SERVERKEY, server, IFD_KEY_Z85_LEN) ||
                          zmq_setsockopt(sock, ZMQ_CURVE_PUBLICKEY, pub, IFD_KEY_Z85_LEN) ||
                          zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, sec, IFD_KEY_Z85_LEN)))

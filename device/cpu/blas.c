@@ -188,22 +188,22 @@ static int check_request(const ifd_blas_info *in, const char *request, ifd_error
     ifd_isa need = ifd_blas_kernel_isa(request);
     if (need == IFD_ISA_UNKNOWN) {
         kernel_names(names, sizeof names);
-        return ifd_error_set(err, IFD_EINVAL,
-                             "blas_kernel: expected auto, keep or an OpenBLAS kernel name (%s, or "
-                             "an SSE one such as Prescott), got '%.64s'",
-                             names, request);
+        return ifd_error_set_key(err, IFD_EINVAL, "blas_kernel",
+                                 "expected auto, keep or an OpenBLAS kernel name (%s, or an SSE "
+                                 "one such as Prescott), got '%.64s'",
+                                 names, request);
     }
     if (need > in->cpu_isa)
-        return ifd_error_set(
-            err, IFD_EINVAL,
-            "blas_kernel: '%.64s' needs %s, and this CPU runs %s at most; expected "
-            "auto, keep or a kernel within %s",
-            request, ifd_isa_name(need), ifd_isa_name(in->cpu_isa), ifd_isa_name(in->cpu_isa));
+        return ifd_error_set_key(err, IFD_EINVAL, "blas_kernel",
+                                 "'%.64s' needs %s, and this CPU runs %s at most; expected auto, "
+                                 "keep or a kernel within %s",
+                                 request, ifd_isa_name(need), ifd_isa_name(in->cpu_isa),
+                                 ifd_isa_name(in->cpu_isa));
     if (!in->switchable)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "blas_kernel: '%.64s' asked for, but %s cannot switch kernels (it is "
-                             "not an OpenBLAS built with DYNAMIC_ARCH); expected auto or keep",
-                             request, in->library);
+        return ifd_error_set_key(err, IFD_EINVAL, "blas_kernel",
+                                 "'%.64s' asked for, but %s cannot switch kernels (it is not an "
+                                 "OpenBLAS built with DYNAMIC_ARCH); expected auto or keep",
+                                 request, in->library);
     return IFD_OK;
 }
 
@@ -228,10 +228,10 @@ static int select_named(ifd_blas_info *in, const char *request, ifd_error *err)
         char was[32];
         copy_name(was, sizeof was, in->kernel);
         switch_kernel(was);
-        return ifd_error_set(err, IFD_EINVAL,
-                             "blas_kernel: %s has no kernel '%.64s' (it gave %s instead); "
-                             "expected auto, keep or a kernel it has",
-                             in->library, request, got ? got : "none");
+        return ifd_error_set_key(err, IFD_EINVAL, "blas_kernel",
+                                 "%s has no kernel '%.64s' (it gave %s instead); expected auto, "
+                                 "keep or a kernel it has",
+                                 in->library, request, got ? got : "none");
     }
     copy_name(in->kernel, sizeof in->kernel, got);
     in->how = "blas_kernel";
@@ -276,11 +276,11 @@ int ifd_blas_select(const char *request, ifd_error *err)
     ifd_mutex_lock(&blas_mu);
     if (chosen) {
         if (!auto_ && !keep && strcasecmp(request, now.kernel) != 0)
-            rc = ifd_error_set(err, IFD_EINVAL,
-                               "blas_kernel: '%.64s' asked for, but this process already runs "
-                               "%s's %s kernel (chosen when its first cpu backend opened; the "
-                               "kernel is process-wide); expected auto, keep or %s",
-                               request, now.library, now.kernel, now.kernel);
+            rc = ifd_error_set_key(err, IFD_EINVAL, "blas_kernel",
+                                   "'%.64s' asked for, but this process already runs %s's %s "
+                                   "kernel (chosen when its first cpu backend opened; the kernel "
+                                   "is process-wide); expected auto, keep or %s",
+                                   request, now.library, now.kernel, now.kernel);
         ifd_mutex_unlock(&blas_mu);
         return rc;
     }

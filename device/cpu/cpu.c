@@ -365,7 +365,7 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
     char line[256];
     ifd_blas_info_get(&blas);
     IFD_LOG_INFO("cpu backend: BLAS %s", ifd_blas_describe(&blas, line, sizeof line));
-    cd->threads = ifd_cpu_replica_threads(cfg->replicas);
+    cd->threads = ifd_cpu_replica_threads(cfg->replicas, cfg->replica_threads);
     IFD_LOG_DEBUG("cpu backend: each replica runs its large products on %d thread%s%s", cd->threads,
                   cd->threads == 1 ? "" : "s",
                   getenv("OPENBLAS_NUM_THREADS") ? " (OPENBLAS_NUM_THREADS is set)" : "");

@@ -101,22 +101,10 @@ int ifd_cu_wait_event(cu_dev *cd, cu_replica *rep, cudaEvent_t ev, int64_t grace
 /* ---- open and close ---------------------------------------------------------------------------
  */
 
-static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *init, ifd_error *err)
+/* The replica's streams and its cuBLAS handle (on its stream, with a workspace of its own). */
+static int replica_streams(cu_replica *rep, ifd_error *err)
 {
-    const ifd_device_config *cfg = &cd->dev->cfg;
-    const ifd_program *p = cfg->program;
-    int64_t np = p->nparam_floats;
-    int gpu = index, rc = IFD_OK;
-    rep->gpu = gpu;
-    rep->cd = cd;
-    rep->step = cfg->initial_step;
-    rep->nin = cfg->infeed_depth;
-    rep->nout = cfg->outfeed_depth + 1; /* one stays held by the outfeed thread */
-    rep->in = calloc((size_t)rep->nin, sizeof *rep->in);
-    rep->out = calloc((size_t)rep->nout, sizeof *rep->out);
-    if (rep->in == NULL || rep->out == NULL)
-        return ifd_error_set(err, IFD_ENOMEM, "cuda backend: replica %d slots", index);
-
+    int gpu = rep->gpu, rc = IFD_OK;
     CUDA_TRY_GOTO(gpu, cudaSetDevice(gpu), rc, err, out);
     CUDA_TRY_GOTO(gpu, cudaStreamCreateWithFlags(&rep->cs, cudaStreamNonBlocking), rc, err, out);
     CUDA_TRY_GOTO(gpu, cudaStreamCreateWithFlags(&rep->xs, cudaStreamNonBlocking), rc, err, out);
@@ -126,7 +114,17 @@ static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *ini
     CUDA_TRY_GOTO(gpu, cudaMalloc(&rep->blas_ws, CU_BLAS_WORKSPACE), rc, err, out);
     BLAS_TRY_GOTO(gpu, cublasSetWorkspace(rep->blas, rep->blas_ws, CU_BLAS_WORKSPACE), rc, err,
                   out);
+out:
+    return rc;
+}
 
+/* The replica's device state: parameters (init), gradients, slots (cfg->init_slots or zeros),
+ * scratch, and the step counters, carved as the step body expects (device/step.h). */
+static int replica_state(cu_dev *cd, cu_replica *rep, const float *init, ifd_error *err)
+{
+    const ifd_device_config *cfg = &cd->dev->cfg;
+    int64_t np = cfg->program->nparam_floats;
+    int gpu = rep->gpu, rc = IFD_OK;
     size_t mem_floats = (size_t)ifd_replica_mem_floats(cfg);
     CUDA_TRY_GOTO(gpu, cudaMalloc((void **)&rep->dmem, mem_floats * sizeof(float)), rc, err, out);
     CUDA_TRY_GOTO(gpu, cudaMemset(rep->dmem, 0, mem_floats * sizeof(float)), rc, err, out);
@@ -146,7 +144,14 @@ static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *ini
     ifd_replica_mem_carve(&rep->st, rep->dmem, np);
     rep->st.step = &rep->dsteps[0];
     rep->st.opt_step = &rep->dsteps[1];
+out:
+    return rc;
+}
 
+/* The infeed slots: pinned staging, device input, predictions, step outputs and their events. */
+static int replica_in_slots(cu_dev *cd, cu_replica *rep, ifd_error *err)
+{
+    int gpu = rep->gpu, rc = IFD_OK;
     CUDA_TRY_GOTO(gpu, cudaMalloc((void **)&rep->dout, (size_t)rep->nin * sizeof(ifd_step_out)), rc,
                   err, out);
     CUDA_TRY_GOTO(gpu, cudaMemset(rep->dout, 0, (size_t)rep->nin * sizeof(ifd_step_out)), rc, err,
@@ -166,6 +171,14 @@ static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *ini
         CUDA_TRY_GOTO(gpu, cudaEventCreateWithFlags(&s->consumed, cudaEventDisableTiming), rc, err,
                       out);
     }
+out:
+    return rc;
+}
+
+/* The outfeed slots (pinned step outputs and predictions, timing events) and the loop's events. */
+static int replica_out_slots(cu_dev *cd, cu_replica *rep, ifd_error *err)
+{
+    int gpu = rep->gpu, rc = IFD_OK;
     CUDA_TRY_GOTO(gpu,
                   cudaHostAlloc((void **)&rep->out_host, (size_t)rep->nout * sizeof(ifd_step_out),
                                 cudaHostAllocPortable),
@@ -186,11 +199,13 @@ static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *ini
                   out);
     CUDA_TRY_GOTO(gpu, cudaEventCreateWithFlags(&rep->sync_ev, cudaEventDisableTiming), rc, err,
                   out);
-    /* The cudaMemset and cudaMemcpy calls above run on the legacy default stream, which the
-     * non-blocking streams do not wait for, and may still be in flight when they return (memset of
-     * device memory, copies from pageable memory): wait for them before any stream reads dmem. */
-    CUDA_TRY_GOTO(gpu, cudaDeviceSynchronize(), rc, err, out);
+out:
+    return rc;
+}
 
+/* The rings of free and full slots, every slot free. */
+static int replica_rings(cu_replica *rep, int index, ifd_error *err)
+{
     if (ifd_queue_create(&rep->in_free, sizeof(int), (size_t)rep->nin) ||
         ifd_queue_create(&rep->in_full, sizeof(int), (size_t)rep->nin) ||
         ifd_queue_create(&rep->out_free, sizeof(cu_outslot *), (size_t)rep->nout) ||
@@ -202,7 +217,12 @@ static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *ini
         cu_outslot *o = &rep->out[i];
         ifd_queue_push(rep->out_free, &o);
     }
+    return IFD_OK;
+}
 
+/* The op set the program's step calls (device/cuda/ops.cu). */
+static void replica_ops(cu_replica *rep)
+{
     rep->ops.ctx = rep;
     rep->ops.gemm = ifd_cu_gemm;
     rep->ops.bias_add = ifd_cu_bias_add;
@@ -215,6 +235,32 @@ static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *ini
     rep->ops.softmax_xent = ifd_cu_softmax_xent;
     rep->ops.softmax = ifd_cu_softmax;
     rep->ops.squared_error = ifd_cu_squared_error;
+}
+
+/* One replica on GPU `index`; what it made is freed by the backend's close whatever failed. */
+static int replica_open(cu_dev *cd, cu_replica *rep, int index, const float *init, ifd_error *err)
+{
+    const ifd_device_config *cfg = &cd->dev->cfg;
+    int rc;
+    rep->gpu = index;
+    rep->cd = cd;
+    rep->step = cfg->initial_step;
+    rep->nin = cfg->infeed_depth;
+    rep->nout = cfg->outfeed_depth + 1; /* one stays held by the outfeed thread */
+    rep->in = calloc((size_t)rep->nin, sizeof *rep->in);
+    rep->out = calloc((size_t)rep->nout, sizeof *rep->out);
+    if (rep->in == NULL || rep->out == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "cuda backend: replica %d slots", index);
+    if ((rc = replica_streams(rep, err)) || (rc = replica_state(cd, rep, init, err)) ||
+        (rc = replica_in_slots(cd, rep, err)) || (rc = replica_out_slots(cd, rep, err)))
+        return rc;
+    /* The cudaMemset and cudaMemcpy calls above run on the legacy default stream, which the
+     * non-blocking streams do not wait for, and may still be in flight when they return (memset of
+     * device memory, copies from pageable memory): wait for them before any stream reads dmem. */
+    CUDA_TRY_GOTO(index, cudaDeviceSynchronize(), rc, err, out);
+    if ((rc = replica_rings(rep, index, err)))
+        return rc;
+    replica_ops(rep);
 out:
     return rc;
 }
@@ -432,21 +478,93 @@ void ifd_cu_close(ifd_device *dev)
     cd->reps = NULL;
 }
 
-/* IFD_CUDA_GRAPHS=0|1 (default 1). */
-static int graphs_setting(int *out, ifd_error *err)
+/* The GPUs visible here, checked against the replicas asked for (one replica a GPU). */
+static int count_gpus(const ifd_device_config *cfg, int *visible, ifd_error *err)
 {
-    const char *v = getenv("IFD_CUDA_GRAPHS");
-    *out = 1;
-    if (v == NULL || *v == '\0')
-        return IFD_OK;
-    if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0) {
-        *out = v[0] == '1';
-        return IFD_OK;
+    cudaError_t e = cudaGetDeviceCount(visible);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return ifd_error_set(err, IFD_ECUDA, "cuda backend: no usable GPU: cudaGetDeviceCount: %s",
+                             cudaGetErrorString(e));
     }
-    return ifd_error_set(err, IFD_EINVAL,
-                         "cuda backend: environment variable IFD_CUDA_GRAPHS: expected 0 or 1, "
-                         "got '%s'",
-                         v);
+    if (*visible == 0)
+        return ifd_error_set(err, IFD_ECUDA,
+                             "cuda backend: no usable GPU: cudaGetDeviceCount: 0 devices visible");
+    if (cfg->replicas < 1 || cfg->replicas > *visible) {
+        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        return ifd_error_set(err, IFD_EINVAL,
+                             "cuda backend: replicas: %d requested, but %d GPU%s visible "
+                             "(CUDA_VISIBLE_DEVICES=%s); one replica runs per GPU",
+                             cfg->replicas, *visible, *visible == 1 ? " is" : "s are",
+                             cvd ? cvd : "(unset)");
+    }
+    return IFD_OK;
+}
+
+/* Sizes of a replica's slots and the step ops, from the config (no CUDA call). */
+static void plan_device(cu_dev *cd, const ifd_device_config *cfg)
+{
+    size_t offs[IFD_MAX_INPUTS];
+    int idx[IFD_MAX_INPUTS], nin;
+    cd->in_bytes = ifd_cu_shard_layout(cfg, cfg->max_shard_rows, offs, idx, &nin);
+    cd->pred_floats =
+        cfg->mode == IFD_MODE_PREDICT ? cfg->max_shard_rows * cfg->program->predict_cols : 0;
+    if (cd->in_bytes == 0)
+        cd->in_bytes = CU_ALIGN;
+    cd->graph_rows = cfg->max_shard_rows % cfg->replicas == 0 ? cfg->max_shard_rows / cfg->replicas
+                                                              : -1; /* the per-host shard */
+    cd->sops.allreduce_sum = ifd_cu_allreduce_sum;
+    cd->sops.guard_loss = ifd_cu_guard_loss;
+    cd->sops.check_grads = ifd_cu_check_grads;
+    cd->sops.optimizer_apply = ifd_cu_optimizer_apply;
+    cd->sops.finish_step = ifd_cu_finish_step;
+}
+
+/* Several hosts: the hosts' step flags (train and eval; predict runs per host), and for
+ * training one NCCL communicator over every GPU of every host; one host with several GPUs: a
+ * communicator over its own. */
+static int open_collectives(cu_dev *cd, const ifd_device_config *cfg, ifd_error *err)
+{
+    int rc = IFD_OK;
+    const ifd_hosts *hosts = ifd_hosts_many(cfg->hosts) ? cfg->hosts : NULL;
+    if (hosts && cfg->mode != IFD_MODE_PREDICT) {
+        if (ifd_cpu_allreduce_init(&cd->flags, cd->replicas, 0) != IFD_OK)
+            return ifd_error_set(err, IFD_ENOMEM, "cuda backend: the hosts' step flags");
+        cd->use_flags = 1;
+        if (ifd_cpu_allreduce_set_hosts(&cd->flags, hosts) != IFD_OK)
+            return ifd_error_set(err, IFD_ENOMEM, "cuda backend: the hosts' step flags");
+    }
+    ncclUniqueId id;
+    if (hosts && cfg->mode == IFD_MODE_TRAIN) {
+        rc = hosts_nccl_id(cd, hosts, &id, err);
+        if (rc == IFD_OK)
+            rc = nccl_open(cd, &id, hosts->size * cd->replicas, hosts->rank * cd->replicas, err);
+    } else if (cd->replicas > 1) {
+        NCCL_TRY_GOTO(-1, ncclGetUniqueId(&id), rc, err, out);
+        rc = nccl_open(cd, &id, cd->replicas, 0, err);
+    }
+out:
+    return rc;
+}
+
+/* Every replica's stream idle (what open queued has run), then its thread started. */
+static int start_replicas(cu_dev *cd, ifd_error *err)
+{
+    int rc = IFD_OK;
+    for (int r = 0; r < cd->replicas; r++) {
+        cu_replica *rep = &cd->reps[r];
+        CUDA_TRY_GOTO(rep->gpu, cudaSetDevice(rep->gpu), rc, err, out);
+        CUDA_TRY_GOTO(rep->gpu, cudaStreamSynchronize(rep->cs), rc, err, out);
+    }
+    for (int r = 0; r < cd->replicas; r++) {
+        char tname[32];
+        snprintf(tname, sizeof tname, "ifd-gpu%d", r);
+        if (ifd_replicas_start(&cd->set, r, tname))
+            return ifd_error_set(err, IFD_ENOMEM, "cuda backend: cannot start replica thread %d",
+                                 r);
+    }
+out:
+    return rc;
 }
 
 int ifd_cu_open(ifd_device *dev, ifd_error *err)
@@ -457,41 +575,11 @@ int ifd_cu_open(ifd_device *dev, ifd_error *err)
     cd->dev = dev;
     cd->replicas = cfg->replicas;
     cd->eof_step = INT64_MAX;
-    int rc = graphs_setting(&cd->graphs, err);
+    cd->graphs = cfg->cuda_graphs != 0;
+    int visible = 0, rc = count_gpus(cfg, &visible, err);
     if (rc)
         return rc;
-
-    int visible = 0;
-    cudaError_t e = cudaGetDeviceCount(&visible);
-    if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return ifd_error_set(err, IFD_ECUDA, "cuda backend: no usable GPU: cudaGetDeviceCount: %s",
-                             cudaGetErrorString(e));
-    }
-    if (visible == 0)
-        return ifd_error_set(err, IFD_ECUDA,
-                             "cuda backend: no usable GPU: cudaGetDeviceCount: 0 devices visible");
-    if (cfg->replicas < 1 || cfg->replicas > visible) {
-        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
-        return ifd_error_set(err, IFD_EINVAL,
-                             "cuda backend: replicas: %d requested, but %d GPU%s visible "
-                             "(CUDA_VISIBLE_DEVICES=%s); one replica runs per GPU",
-                             cfg->replicas, visible, visible == 1 ? " is" : "s are",
-                             cvd ? cvd : "(unset)");
-    }
-    size_t offs[IFD_MAX_INPUTS];
-    int idx[IFD_MAX_INPUTS], nin;
-    cd->in_bytes = ifd_cu_shard_layout(cfg, cfg->max_shard_rows, offs, idx, &nin);
-    cd->pred_floats = cfg->mode == IFD_MODE_PREDICT ? cfg->max_shard_rows * p->predict_cols : 0;
-    if (cd->in_bytes == 0)
-        cd->in_bytes = CU_ALIGN;
-    cd->graph_rows = cfg->max_shard_rows % cfg->replicas == 0 ? cfg->max_shard_rows / cfg->replicas
-                                                              : -1; /* the per-host shard */
-    cd->sops.allreduce_sum = ifd_cu_allreduce_sum;
-    cd->sops.guard_loss = ifd_cu_guard_loss;
-    cd->sops.check_grads = ifd_cu_check_grads;
-    cd->sops.optimizer_apply = ifd_cu_optimizer_apply;
-    cd->sops.finish_step = ifd_cu_finish_step;
+    plan_device(cd, cfg);
 
     float *init = malloc(sizeof(float) * (size_t)(p->nparam_floats + 1));
     cd->reps = calloc((size_t)cd->replicas, sizeof *cd->reps);
@@ -503,59 +591,20 @@ int ifd_cu_open(ifd_device *dev, ifd_error *err)
     }
     ifd_replicas_init(&cd->set, dev, cd->reps, sizeof *cd->reps, &ifd_cu_replica_ops, 0);
     const float *start = ifd_replica_initial_params(cfg, init);
-    for (int r = 0; r < cd->replicas; r++) {
+    for (int r = 0; r < cd->replicas && rc == IFD_OK; r++)
         rc = replica_open(cd, &cd->reps[r], r, start, err);
-        if (rc)
-            goto fail;
-    }
-    const ifd_hosts *hosts = ifd_hosts_many(cfg->hosts) ? cfg->hosts : NULL;
-    if (hosts && cfg->mode != IFD_MODE_PREDICT) { /* predict runs per host */
-        if (ifd_cpu_allreduce_init(&cd->flags, cd->replicas, 0) != IFD_OK) {
-            rc = ifd_error_set(err, IFD_ENOMEM, "cuda backend: the hosts' step flags");
-            goto fail;
-        }
-        cd->use_flags = 1;
-        if (ifd_cpu_allreduce_set_hosts(&cd->flags, hosts) != IFD_OK) {
-            rc = ifd_error_set(err, IFD_ENOMEM, "cuda backend: the hosts' step flags");
-            goto fail;
-        }
-    }
-    if (hosts && cfg->mode == IFD_MODE_TRAIN) {
-        ncclUniqueId id;
-        rc = hosts_nccl_id(cd, hosts, &id, err);
-        if (rc == IFD_OK)
-            rc = nccl_open(cd, &id, hosts->size * cd->replicas, hosts->rank * cd->replicas, err);
-        if (rc)
-            goto fail;
-    } else if (cd->replicas > 1) {
-        ncclUniqueId id;
-        NCCL_TRY_GOTO(-1, ncclGetUniqueId(&id), rc, err, fail);
-        rc = nccl_open(cd, &id, cd->replicas, 0, err);
-        if (rc)
-            goto fail;
-    }
-    for (int r = 0; r < cd->replicas; r++) {
-        cu_replica *rep = &cd->reps[r];
-        CUDA_TRY_GOTO(rep->gpu, cudaSetDevice(rep->gpu), rc, err, fail);
-        CUDA_TRY_GOTO(rep->gpu, cudaStreamSynchronize(rep->cs), rc, err, fail);
-    }
-    for (int r = 0; r < cd->replicas; r++) {
-        char tname[32];
-        snprintf(tname, sizeof tname, "ifd-gpu%d", r);
-        if (ifd_replicas_start(&cd->set, r, tname)) {
-            rc = ifd_error_set(err, IFD_ENOMEM, "cuda backend: cannot start replica thread %d", r);
-            goto fail;
-        }
-    }
+    if (rc == IFD_OK)
+        rc = open_collectives(cd, cfg, err);
+    if (rc == IFD_OK)
+        rc = start_replicas(cd, err);
     free(init);
+    if (rc) {
+        /* Nothing ran yet, but an init that failed half-way leaves communicators best aborted. */
+        ifd_replicas_abort(&cd->set);
+        ifd_cu_close(dev);
+        return rc;
+    }
     IFD_LOG_INFO("cuda backend: %d replicas on %d visible GPUs, %lld parameters, graphs %s",
                  cd->replicas, visible, (long long)p->nparam_floats, cd->graphs ? "on" : "off");
     return IFD_OK;
-
-fail:
-    free(init);
-    /* Nothing ran yet, but an init that failed half-way leaves communicators best aborted. */
-    ifd_replicas_abort(&cd->set);
-    ifd_cu_close(dev);
-    return rc;
 }

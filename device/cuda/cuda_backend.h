@@ -127,7 +127,7 @@ struct cu_dev {
     int replicas;
     cu_replica *reps;
     ifd_step_ops sops;
-    int graphs;          /* IFD_CUDA_GRAPHS */
+    int graphs;          /* ifd_device_config.cuda_graphs */
     int64_t graph_rows;  /* shards of this many rows run as graphs */
     size_t in_bytes;     /* staging bytes per slot */
     int64_t pred_floats; /* predict: floats of one step's predictions at most; else 0 */

@@ -15,17 +15,7 @@
 static inline int ifd_program_need(const ifd_program *p, const char *key, int64_t v, int64_t min,
                                    int64_t max, ifd_error *err)
 {
-    if (v == 0 && min > 0)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "program '%s': setting '%s' must be between %" PRId64 " and %" PRId64
-                             ", and it is not set",
-                             p->cls->name, key, min, max);
-    if (v < min || v > max)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "program '%s': setting '%s' must be between %" PRId64 " and %" PRId64
-                             ", got %" PRId64,
-                             p->cls->name, key, min, max, v);
-    return IFD_OK;
+    return ifd_program_check_setting(p->cls->name, key, v, min, max, err);
 }
 
 /* Host memory: every int32 label in in[label] lies in [0, K), K = classes; the sentence names the

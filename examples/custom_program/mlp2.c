@@ -23,19 +23,11 @@
 
 enum { W1, B1, W2, B2, W3, B3 };
 
-/* A setting in [min, MLP2_MAX_DIM]; 0 is a setting the daemon was not given. */
+/* A setting in [min, MLP2_MAX_DIM]; 0 is a setting the daemon was not given. The library's check
+ * names the setting so that infeedd can say which flag or key it was. */
 static int need(const char *key, int64_t v, int64_t min, ifd_error *err)
 {
-    if (v == 0)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "program 'mlp2': setting '%s' must be between %lld and %lld, and it "
-                             "is not set",
-                             key, (long long)min, (long long)MLP2_MAX_DIM);
-    if (v < min || v > MLP2_MAX_DIM)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "program 'mlp2': setting '%s' must be between %lld and %lld, got %lld",
-                             key, (long long)min, (long long)MLP2_MAX_DIM, (long long)v);
-    return IFD_OK;
+    return ifd_program_check_setting("mlp2", key, v, min, MLP2_MAX_DIM, err);
 }
 
 static int mlp2_setup(ifd_program *p, ifd_error *err)

@@ -22,6 +22,9 @@ extern "C" {
  * (ifd_session_register_host_memory): the cuda backend copies them to the device directly,
  * without staging them in its own pinned buffers. */
 #define IFD_BATCH_PINNED 0x4u
+/* The source checked it with ifd_program_check_batch for the session's program, mode and rows
+ * (infeedd's ingest does, before it accepts a batch): the infeed does not check it again. */
+#define IFD_BATCH_CHECKED 0x8u
 
 /*
  * A host batch: one tensor per program input, all with `rows` rows. The batch does not own the

@@ -25,6 +25,7 @@
 #include "infeed/error.h"
 #include "infeed/program.h"
 #include "infeed/tensor.h"
+#include "infeed/wire_version.h" /* IFD_PROTOCOL_VERSION */
 
 #include <stddef.h>
 #include <stdint.h>
@@ -32,8 +33,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define IFD_PROTOCOL_VERSION 1
 
 /* ---- CURVE -------------------------------------------------------------------------------- */
 

@@ -45,18 +45,37 @@ const char *ifd_strerror(int code);
 const char *ifd_errname(int code);
 
 #define IFD_ERROR_MSG_MAX 512
+#define IFD_ERROR_KEY_MAX 48
 
-/* A code and the sentence that explains it. Embedded by value; no destroy. */
+/* A code and the sentence that explains it. Embedded by value; no destroy.
+ *
+ * A sentence about a setting also carries its key, set where the sentence is made
+ * (ifd_error_set_key, ifd_program_check_setting): key is the setting ("batch_size", "hidden"),
+ * and msg[key_at, key_at + key_len) the words of the sentence that name it ("batch_size",
+ * "setting 'hidden'"), so that a caller that knows the setting by another name (infeedd: the
+ * flag the user typed) names it so with ifd_error_name_key, without searching the text. */
 typedef struct ifd_error {
     int code;
     char msg[IFD_ERROR_MSG_MAX];
+    char key[IFD_ERROR_KEY_MAX]; /* "": the sentence is about no setting */
+    int key_at, key_len;
 } ifd_error;
 
 /* Sets code and a printf-style sentence and returns code, so that callers can write
  * `return ifd_error_set(err, IFD_ESHAPE, "...", ...);`. err may be NULL. */
 int ifd_error_set(ifd_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-/* Prefixes the existing sentence with a context ("infeed: ..."). Returns err->code. */
+/* As ifd_error_set, for a sentence about the setting key: the sentence is "key: " and fmt's. */
+int ifd_error_set_key(ifd_error *err, int code, const char *key, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Marks msg[at, at + len) as the words naming the setting key (the sentence already holds them).
+ * Returns err->code. */
+int ifd_error_mark_key(ifd_error *err, const char *key, int at, int len);
+/* Replaces the words that name the error's key with name ("--batch-size"); nothing when the
+ * error names no key. */
+void ifd_error_name_key(ifd_error *err, const char *name);
+/* Prefixes the existing sentence with a context ("infeed: ..."); the words naming its key, if
+ * any, move with it. Returns err->code. */
 int ifd_error_prefix(ifd_error *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void ifd_error_clear(ifd_error *err);
 /* The sentence, or ifd_strerror(code) when there is none. */

@@ -33,11 +33,26 @@ extern "C" {
 
 /* ---- configuration ----------------------------------------------------------------------- */
 
+/* A setting has one name in infeedd and in ifd_config (infeedd's key). A field's old name stays
+ * for one release, as the other member of an anonymous union: code that uses it compiles, with a
+ * warning that names the new one; infeed 0.2 drops it. docs/config.md lists them. */
+#if defined(__GNUC__) || defined(__clang__)
+#define IFD_DEPRECATED(msg) __attribute__((deprecated(msg)))
+#else
+#define IFD_DEPRECATED(msg)
+#endif
+#define IFD_RENAMED(type, name, old)                                                               \
+    union {                                                                                        \
+        type name;                                                                                 \
+        type old IFD_DEPRECATED("ifd_config." #old " is renamed ifd_config." #name                 \
+                                " (infeed 0.2 drops the old name)");                               \
+    }
+
 /* How the session picks each device loop's length (docs/design.md, "Loop lengths"). */
 typedef enum {
     IFD_LOOP_STEPS = 0, /* iterations_per_loop steps */
     IFD_LOOP_AUTO,      /* measured: a loop boundary costs under 1 % of a loop, which lasts at most
-                           max_loop_secs */
+                           max_loop_seconds */
     IFD_LOOP_SECONDS    /* measured: loops of about loop_secs */
 } ifd_loop_kind;
 
@@ -68,9 +83,11 @@ typedef struct ifd_config {
      * checkpoints (which then fall on exact multiples of their interval), eval's one loop and the
      * lengths several hosts agree on keep their meaning. Summaries say the length in use. */
     ifd_loop_kind loop_kind;
-    double loop_secs;     /* IFD_LOOP_SECONDS: how long a loop should take, (0, 86400] s */
-    double max_loop_secs; /* IFD_LOOP_AUTO: the longest a loop may take, (0, 86400] s; 0.5 */
-    int64_t num_steps;    /* exactly one of num_steps and last_step is > 0 in train mode */
+    double loop_secs; /* IFD_LOOP_SECONDS: how long a loop should take, (0, 86400] s */
+    /* IFD_LOOP_AUTO: the longest a loop may take, (0, 86400] s; 0.5 */
+    IFD_RENAMED(double, max_loop_seconds, max_loop_secs);
+    /* steps to run; exactly one of steps and last_step is > 0 in train mode */
+    IFD_RENAMED(int64_t, steps, num_steps);
     int64_t last_step;
     int64_t initial_global_step;
     ifd_optimizer optimizer;
@@ -87,11 +104,11 @@ typedef struct ifd_config {
     const ifd_checkpoint *restore;
     /* The seed's initial_infeed_sleep_secs: the infeed thread waits this long (0 to 86400 s)
      * before it takes its first batch; an abort or an error ends the wait at once. */
-    double initial_infeed_sleep_secs;
+    IFD_RENAMED(double, initial_infeed_sleep, initial_infeed_sleep_secs);
     /* > 0: a run in which no step completes for this long (0 to 86400 s) while a device loop
      * is running ends with IFD_ETIMEDOUT from source "watchdog", naming the replicas whose
      * infeed is empty and the outfeed rings that are full. 0: off. */
-    double watchdog_secs;
+    IFD_RENAMED(double, watchdog, watchdog_secs);
     /* Several hosts (infeed/hosts.h, docs/multihost.md), borrowed: NULL or size 1 is one host.
      * With H hosts batch_size is this host's part of the global batch (the global batch / H),
      * the MEAN loss scale is 1 / (H x replicas), gradients are summed over every host's
@@ -108,6 +125,13 @@ typedef struct ifd_config {
      * summaries count it (skipped_steps) and name the batches whose loss was not finite. This
      * many skipped steps in a row end the run with IFD_ENUMERIC (0: never). */
     int64_t max_skipped_steps;
+    /* cpu: the threads a replica's large products and its optimizer update run on, its own and
+     * replica_threads - 1 helpers, 0 to 1024; 0: the CPUs this process may use over the
+     * replicas, 1 to 8 (1 when OPENBLAS_NUM_THREADS is set). */
+    int replica_threads;
+    /* cuda: 1 (the default) captures each step in a CUDA Graph launched n times a loop; 0 runs
+     * the step's kernels one by one. */
+    int cuda_graphs;
 } ifd_config;
 
 /* Fills every field with its default (see docs/config.md). */
@@ -195,15 +219,15 @@ typedef struct ifd_hook {
     void *arg;
 } ifd_hook;
 
-/* The seed's _TPUStopAtStepHook: exactly one of num_steps and last_step is > 0 (the other
+/* The seed's _TPUStopAtStepHook: exactly one of steps and last_step is > 0 (the other
  * <= 0); each loop runs min(last_step - global_step, iterations_per_loop) steps; the global step
  * is re-read after every loop and the run stops once it reaches last_step. */
-int ifd_hook_stop_at_step(ifd_hook *out, int64_t iterations_per_loop, int64_t num_steps,
+int ifd_hook_stop_at_step(ifd_hook *out, int64_t iterations_per_loop, int64_t steps,
                           int64_t last_step, ifd_error *err);
 
-/* The seed's _SetEvalIterationsHook: the first loop runs num_steps (> 0) steps, and the run ends
+/* The seed's _SetEvalIterationsHook: the first loop runs steps (> 0) steps, and the run ends
  * after it. Eval sessions install it themselves. */
-int ifd_hook_eval_iterations(ifd_hook *out, int64_t num_steps, ifd_error *err);
+int ifd_hook_eval_iterations(ifd_hook *out, int64_t steps, ifd_error *err);
 
 /* ---- the session ------------------------------------------------------------------------- */
 
@@ -219,7 +243,7 @@ typedef enum {
 const char *ifd_end_reason_name(ifd_end_reason r);
 
 /* Validates cfg, opens the backend and initialises the parameters from cfg->seed. In train
- * mode, installs the stop-at-step hook from num_steps/last_step. src is borrowed. */
+ * mode, installs the stop-at-step hook from steps/last_step. src is borrowed. */
 int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_source src,
                        ifd_error *err);
 /* Before ifd_session_run. The hook is copied; its destroy runs in ifd_session_destroy. */
@@ -250,7 +274,7 @@ void ifd_session_abort(ifd_session *s, const char *why);
 /* Writes what the watchdog's sentence should add about the input ("2 producers connected, 1
  * ended") into buf (len bytes). Called on the watchdog's thread; must not block. */
 typedef void (*ifd_watchdog_context_fn)(void *arg, char *buf, size_t len);
-/* Before ifd_session_run: the watchdog (cfg->watchdog_secs) asks fn for context when it fires. */
+/* Before ifd_session_run: the watchdog (cfg->watchdog) asks fn for context when it fires. */
 int ifd_session_set_watchdog_context(ifd_session *s, ifd_watchdog_context_fn fn, void *arg);
 
 /* A replica's rings as they are now: shards staged and not yet taken by a step, step records the

@@ -164,6 +164,14 @@ int ifd_program_register(const ifd_program_class *cls);
 const ifd_program_class *ifd_program_find(const char *name);
 /* Writes the registered names, comma-separated, into buf. */
 const char *ifd_program_names(char *buf, size_t len);
+/* A setup's check of one setting (features, classes, hidden, or one of its own): v must lie in
+ * [min, max], and 0 is a setting not set. The sentence names the program and the setting
+ * ("program 'mlp': setting 'hidden' must be between 1 and 1048576, got 0"), and carries the
+ * setting as its key (ifd_error_mark_key), so that infeedd names it as the user gave it. */
+int ifd_program_check_setting(const char *program, const char *key, int64_t v, int64_t min,
+                              int64_t max, ifd_error *err);
+/* How ifd_program_check_setting's sentence ends for a setting of 0 (one not set). */
+#define IFD_PROGRAM_NOT_SET ", and it is not set"
 /* Finds the class and runs its setup. */
 int ifd_program_init(ifd_program *p, const char *name, const ifd_program_settings *s,
                      ifd_error *err);
@@ -177,9 +185,10 @@ int ifd_program_init(ifd_program *p, const char *name, const ifd_program_setting
  *
  * IFD_PROGRAM_ABI_VERSION changes whenever ifd_program_class, ifd_program, ifd_ops (an op added
  * too), ifd_step_args, the registry or the helpers below change in a way a built plugin would
- * notice; a plugin built for another version is refused.
+ * notice; a plugin built for another version is refused. Version 2: ifd_error carries the key its
+ * sentence is about (a plugin's own ifd_error is larger), ifd_program_check_setting.
  */
-#define IFD_PROGRAM_ABI_VERSION 1
+#define IFD_PROGRAM_ABI_VERSION 2
 
 typedef struct ifd_program_registry ifd_program_registry;
 struct ifd_program_registry {

@@ -36,7 +36,7 @@ START_TEST(hook_schedule)
         int keep = (int)rand_between(&rng, 1, 4);
         ifd_config cfg;
         tu_config_train(&cfg, "softmax", IFD_OPT_MOMENTUM, 3, 2, 4, ipl, 7);
-        cfg.num_steps = steps;
+        cfg.steps = steps;
         tu_batch **bs = tu_batches_random(&cfg, steps, 11);
         char *dir = tu_tmp_dir("ifd-ckpt-test");
         positions pos = {0};
@@ -103,7 +103,7 @@ START_TEST(resume_equals_uninterrupted)
                     rand_between(&rng, 1, 6), rand_between(&rng, 2, 5), 2 * replicas * 3,
                     rand_between(&rng, 1, 5), 3);
     cfg.replicas = replicas;
-    cfg.num_steps = 0;
+    cfg.steps = 0;
     cfg.last_step = total;
     tu_batch **bs = tu_batches_random(&cfg, total, 5);
     tu_result full;
@@ -127,10 +127,10 @@ START_TEST(resume_equals_uninterrupted)
     ck_assert_int_eq(ifd_checkpoint_load(path, &c, &err), IFD_OK);
     ck_assert_int_eq(ifd_checkpoint_global_step(c), cut);
 
-    /* the rest from the checkpoint, with num_steps counting from it */
+    /* the rest from the checkpoint, with steps counting from it */
     ifd_config second = cfg;
     second.last_step = 0;
-    second.num_steps = total - cut;
+    second.steps = total - cut;
     second.restore = c;
     ck_assert_int_eq(ifd_hook_checkpoint(&h, &o, &err), IFD_OK);
     tu_result b;
@@ -215,7 +215,7 @@ START_TEST(end_checkpoint_when_the_input_ends)
     int64_t have = rand_between(&rng, 0, 12);
     ifd_config cfg;
     tu_config_train(&cfg, "linear", IFD_OPT_ADAM, 3, 2, 4, 5, 1);
-    cfg.num_steps = 100;
+    cfg.steps = 100;
     tu_batch **bs = tu_batches_random(&cfg, have, 1);
     char *dir = tu_tmp_dir("ifd-ckpt-test");
     ifd_checkpoint_options o = {.dir = dir, .every = 0, .keep = 5};
@@ -249,7 +249,7 @@ START_TEST(no_end_checkpoint_after_a_dropped_step)
     tu_config_train(&cfg, "linear", IFD_OPT_SGD, 3, 2, per * R, rand_between(&rng, 1, 5), 1);
     cfg.replicas = R;
     cfg.input_mode = IFD_INPUT_PER_HOST_V2;
-    cfg.num_steps = 100;
+    cfg.steps = 100;
     ifd_program p;
     ifd_error err;
     ck_assert_int_eq(ifd_program_init(&p, cfg.program, &cfg.settings, &err), IFD_OK);
@@ -294,7 +294,7 @@ START_TEST(no_checkpoint_after_an_error)
     fail_at = 8;
     ifd_config cfg;
     tu_config_train(&cfg, "ckpt-fault", IFD_OPT_SGD, 3, 2, 4, 5, 1);
-    cfg.num_steps = 20;
+    cfg.steps = 20;
     tu_batch **bs = tu_batches_random(&cfg, 20, 1);
     char *dir = tu_tmp_dir("ifd-ckpt-test");
     ifd_checkpoint_options o = {.dir = dir, .every = 5, .keep = 5};

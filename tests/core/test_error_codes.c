@@ -138,6 +138,53 @@ START_TEST(test_error_prefix)
 }
 END_TEST
 
+/* A sentence about a setting carries its key and where it names it; ifd_error_name_key renames
+ * those words only, wherever they stand, however often the key's text appears elsewhere. */
+START_TEST(test_error_key)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_error err;
+    ifd_error_clear(&err);
+    ck_assert_str_eq(err.key, "");
+    int v = (int)rand_between(&rng, -1000, 0);
+    ifd_error_set_key(&err, IFD_EINVAL, "batch_size", "expected batch_size above 0, got %d", v);
+    char want[160];
+    snprintf(want, sizeof want, "batch_size: expected batch_size above 0, got %d", v);
+    ck_assert_str_eq(err.msg, want);
+    ck_assert_str_eq(err.key, "batch_size");
+    ck_assert_int_eq(err.key_at, 0);
+    ck_assert_int_eq(err.key_len, 10);
+    /* a prefix moves the words with it */
+    int depth = (int)rand_between(&rng, 1, 9);
+    for (int i = 0; i < depth; i++)
+        ifd_error_prefix(&err, "ctx%d", i);
+    ifd_error_name_key(&err, "--batch-size");
+    char head[160] = "";
+    for (int i = depth - 1; i >= 0; i--) {
+        size_t n = strlen(head);
+        snprintf(head + n, sizeof head - n, "ctx%d: ", i);
+    }
+    snprintf(want, sizeof want, "%s--batch-size: expected batch_size above 0, got %d", head, v);
+    ck_assert_str_eq(err.msg, want);
+    /* words in the middle of a sentence */
+    ifd_error_set(&err, IFD_EINVAL, "program 'p': setting 'hidden' must be between 1 and 9");
+    ck_assert_str_eq(err.key, "");
+    ifd_error_name_key(&err, "--hidden"); /* no key: nothing changes */
+    ck_assert_str_eq(err.msg, "program 'p': setting 'hidden' must be between 1 and 9");
+    ck_assert_int_eq(ifd_error_mark_key(&err, "hidden", 13, 16), IFD_EINVAL);
+    ifd_error_name_key(&err, "--hidden");
+    ck_assert_str_eq(err.msg, "program 'p': --hidden must be between 1 and 9");
+    /* words beyond the sentence are refused: no key */
+    ifd_error_mark_key(&err, "hidden", (int)strlen(err.msg), 1);
+    ck_assert_str_eq(err.key, "");
+    /* a plain set forgets the key */
+    ifd_error_set_key(&err, IFD_EINVAL, "replicas", "expected 1 to 1024, got 0");
+    ifd_error_set(&err, IFD_EIO, "another");
+    ck_assert_str_eq(err.key, "");
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("error_codes");
@@ -146,5 +193,6 @@ int main(void)
     tcase_add_test(tc, test_error_is_secondary);
     tcase_add_test(tc, test_error_set_and_text);
     tcase_add_test(tc, test_error_prefix);
+    tcase_add_test(tc, test_error_key);
     return tu_run_suite(s);
 }

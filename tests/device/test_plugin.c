@@ -102,7 +102,7 @@ START_TEST(test_load_errors)
                "ifd_bad_plugin_noentry.so': no entry point (symbol ifd_program_plugin_abi)",
                "IFD_PROGRAM_PLUGIN", NULL);
     load_fails(IFD_PLUGIN_DIR "/ifd_bad_plugin_abi.so",
-               "built for program ABI version 99, expected version 1", NULL);
+               "built for program ABI version 99, expected version 2", NULL);
     load_fails(IFD_PLUGIN_DIR "/ifd_bad_plugin_builtin.so",
                "registers program 'mlp', the name of a built-in program", NULL);
     load_fails(IFD_PLUGIN_DIR "/ifd_bad_plugin_fail.so",

@@ -305,34 +305,31 @@ START_TEST(test_update_split_same_bits)
 }
 END_TEST
 
-/* The team's size: IFD_REPLICA_THREADS (--replica-threads) when set, else the CPUs this process
- * may use over the replicas (at least 1, at most IFD_TEAM_AUTO_MAX), and OpenBLAS on one thread;
- * OPENBLAS_NUM_THREADS in the environment leaves OpenBLAS alone and gives teams of 1. */
+/* The team's size: the count asked for (ifd_config.replica_threads, --replica-threads) when above
+ * 0, else the CPUs this process may use over the replicas (at least 1, at most
+ * IFD_TEAM_AUTO_MAX), and OpenBLAS on one thread; OPENBLAS_NUM_THREADS in the environment
+ * leaves OpenBLAS alone and gives teams of 1. */
 START_TEST(test_replica_threads)
 {
     cpu_set_t set;
     ck_assert_int_eq(sched_getaffinity(0, sizeof set, &set), 0);
     int cpus = CPU_COUNT(&set);
     unsetenv("OPENBLAS_NUM_THREADS");
-    unsetenv("IFD_REPLICA_THREADS");
     ifd_rng rng;
     seed_rng(&rng);
     openblas_set_num_threads(2);
     for (int replicas = 1; replicas <= 2 * cpus + 1; replicas++) {
-        ck_assert_int_eq(ifd_cpu_replica_threads(replicas), cpus / replicas < 1 ? 1
-                                                            : cpus / replicas > IFD_TEAM_AUTO_MAX
-                                                                ? IFD_TEAM_AUTO_MAX
-                                                                : cpus / replicas);
+        ck_assert_int_eq(ifd_cpu_replica_threads(replicas, 0), cpus / replicas < 1 ? 1
+                                                               : cpus / replicas > IFD_TEAM_AUTO_MAX
+                                                                   ? IFD_TEAM_AUTO_MAX
+                                                                   : cpus / replicas);
         ck_assert_int_eq(openblas_get_num_threads(), 1);
     }
     int n = (int)rand_between(&rng, 2, 9);
-    char v[16];
-    snprintf(v, sizeof v, "%d", n);
-    setenv("IFD_REPLICA_THREADS", v, 1);
-    ck_assert_int_eq(ifd_cpu_replica_threads((int)rand_between(&rng, 1, 8)), n);
+    ck_assert_int_eq(ifd_cpu_replica_threads((int)rand_between(&rng, 1, 8), n), n);
     setenv("OPENBLAS_NUM_THREADS", "2", 1);
     openblas_set_num_threads(2);
-    ck_assert_int_eq(ifd_cpu_replica_threads((int)rand_between(&rng, 1, 8)), 1);
+    ck_assert_int_eq(ifd_cpu_replica_threads((int)rand_between(&rng, 1, 8), n), 1);
     ck_assert_int_eq(openblas_get_num_threads(), 2);
 }
 END_TEST

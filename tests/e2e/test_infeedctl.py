@@ -147,6 +147,44 @@ def test_watch_notices_a_daemon_that_vanishes(daemon, rng):
     assert "the daemon stopped answering before its end summary came" in err, err
 
 
+def test_watch_asks_again_a_control_socket_that_did_not_answer_at_first(rng):
+    """A control socket that does not answer watch's first status (busy) is asked again after
+    5 s without a summary; once it has answered, its silence ends the watch (before, watch
+    never checked again and waited for ever after such a daemon died). A fake control (ROUTER)
+    drops the first request, answers the second, then is gone; a fake PUB publishes nothing."""
+    import zmq
+    ctx = zmq.Context()
+    ctl_sock, pub = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PUB)
+    ctl_port = ctl_sock.bind_to_random_port("tcp://127.0.0.1")
+    pub_port = pub.bind_to_random_port("tcp://127.0.0.1")
+    last = rng.randint(100, 10000)
+    proc = subprocess.Popen([infeedctl_path(), "watch", "--control",
+                             f"tcp://127.0.0.1:{ctl_port}", "--publish",
+                             f"tcp://127.0.0.1:{pub_port}", "--timeout", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert ctl_sock.poll(20000), "watch sent no status request"
+        ctl_sock.recv_multipart()  # dropped: the daemon is busy
+        assert ctl_sock.poll(20000), "watch did not ask the control socket again"
+        ident, empty, req = ctl_sock.recv_multipart()
+        assert json.loads(req) == {"cmd": "status"}, req
+        status = {"ok": True, "mode": "train", "program": "softmax", "global_step": 3,
+                  "last_step": last}
+        ctl_sock.send_multipart([ident, empty, json.dumps(status).encode()])
+        first = proc.stdout.readline()
+        assert first.startswith(f"watching infeedd at tcp://127.0.0.1:{pub_port}: train mode"), \
+            first
+        assert f"of {last}" in first, first
+        ctl_sock.close(linger=0)  # the daemon is gone
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        ctx.destroy(linger=0)
+    assert proc.returncode == 1, (out, err)
+    assert "the daemon stopped answering before its end summary came" in err, err
+
+
 def test_no_daemon_one_sentence_and_exit_1(rng):
     """One sentence naming the endpoint, its flag and --timeout, after about --timeout: watch,
     which asks the control socket and subscribes, waits for both at once (it waited twice)."""

@@ -21,7 +21,7 @@ static void cuda_config(ifd_config *cfg, int replicas)
     cfg->settings.classes = 3;
     cfg->replicas = replicas;
     cfg->batch_size = 4 * replicas;
-    cfg->num_steps = 3;
+    cfg->steps = 3;
 }
 
 static void noop_abort(void *ctx)
@@ -44,7 +44,6 @@ START_TEST(session_open)
     ifd_config cfg;
     cuda_config(&cfg, 1);
     ifd_batch_source src = {&eof_ops, NULL};
-    unsetenv("IFD_CUDA_GRAPHS");
     int threads = tu_thread_count();
     for (int round = 0; round < 3; round++) {
         ifd_session *s = (ifd_session *)&cfg; /* must be reset to NULL on failure */
@@ -84,7 +83,8 @@ START_TEST(device_open_fails_without_leaving_a_device)
                             .program = &prog,
                             .max_shard_rows = 2,
                             .infeed_depth = 1,
-                            .outfeed_depth = 1};
+                            .outfeed_depth = 1,
+                            .cuda_graphs = 1};
     ifd_device *dev = (ifd_device *)&dc;
     ck_assert_int_eq(ifd_device_create(&dev, "cuda", &dc, &err), IFD_ECUDA);
     ck_assert_ptr_null(dev);
@@ -97,13 +97,12 @@ START_TEST(bad_graphs_setting_is_named)
     ifd_config cfg;
     cuda_config(&cfg, 1);
     ifd_batch_source src = {&eof_ops, NULL};
-    setenv("IFD_CUDA_GRAPHS", "yes", 1);
+    cfg.cuda_graphs = 2;
     ifd_session *s;
     ifd_error err;
     ck_assert_int_eq(ifd_session_create(&s, &cfg, src, &err), IFD_EINVAL);
     ck_assert_ptr_null(s);
-    ck_assert_msg(strstr(err.msg, "IFD_CUDA_GRAPHS") && strstr(err.msg, "'yes'"), "%s", err.msg);
-    unsetenv("IFD_CUDA_GRAPHS");
+    ck_assert_msg(strstr(err.msg, "cuda_graphs: expected 0 (off) or 1 (on), got 2"), "%s", err.msg);
 }
 END_TEST
 

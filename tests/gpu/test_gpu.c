@@ -93,7 +93,7 @@ static void run_cuda(const ifd_config *cfg, tu_batch **bs, int64_t n, int graphs
 {
     ifd_config c = *cfg;
     c.backend = "cuda";
-    setenv("IFD_CUDA_GRAPHS", graphs ? "1" : "0", 1);
+    c.cuda_graphs = graphs;
     tu_run(&c, bs, n, res);
 }
 
@@ -129,21 +129,21 @@ START_TEST(cuda_matches_cpu)
             ifd_config cfg;
             tu_config_train(&cfg, program, opt, d, k, b, ipls[li], 99 + (uint64_t)_i);
             cfg.replicas = r;
-            tu_batch **bs = tu_batches_random(&cfg, cfg.num_steps, g_seed + (uint64_t)r);
+            tu_batch **bs = tu_batches_random(&cfg, cfg.steps, g_seed + (uint64_t)r);
             tu_result cpu;
-            tu_run(&cfg, bs, cfg.num_steps, &cpu);
+            tu_run(&cfg, bs, cfg.steps, &cpu);
             for (int graphs = 0; graphs <= 1; graphs++) {
                 char what[160];
                 snprintf(what, sizeof what, "%s/%s D=%lld K=%lld B=%lld R=%d ipl=%lld graphs=%d",
                          program, ifd_optimizer_name(opt), (long long)d, (long long)k, (long long)b,
                          r, (long long)cfg.iterations_per_loop, graphs);
                 tu_result gpu;
-                run_cuda(&cfg, bs, cfg.num_steps, graphs, &gpu);
+                run_cuda(&cfg, bs, cfg.steps, graphs, &gpu);
                 compare_runs(&gpu, &cpu, what, REL_TOL);
                 tu_result_free(&gpu);
             }
             tu_result_free(&cpu);
-            tu_batches_free(bs, cfg.num_steps);
+            tu_batches_free(bs, cfg.steps);
         }
     }
 }
@@ -165,19 +165,19 @@ START_TEST(skipped_steps_match_cpu)
                     rand_between(&rng, 1, 8), ifd_rng_next(&rng));
     cfg.replicas = r;
     cfg.max_skipped_steps = 0;
-    tu_batch **bs = tu_batches_random(&cfg, cfg.num_steps, ifd_rng_next(&rng));
+    tu_batch **bs = tu_batches_random(&cfg, cfg.steps, ifd_rng_next(&rng));
     int64_t bad = 0, cols = cfg.settings.features;
-    for (int64_t i = 0; i < cfg.num_steps; i++)
+    for (int64_t i = 0; i < cfg.steps; i++)
         if (rand_between(&rng, 0, 3) == 0) {
             ((float *)bs[i]->data[0])[rand_between(&rng, 0, cfg.batch_size - 1) * cols] = NAN;
             bad++;
         }
     tu_result cpu, gpu;
-    tu_run(&cfg, bs, cfg.num_steps, &cpu);
-    run_cuda(&cfg, bs, cfg.num_steps, (int)rand_between(&rng, 0, 1), &gpu);
+    tu_run(&cfg, bs, cfg.steps, &cpu);
+    run_cuda(&cfg, bs, cfg.steps, (int)rand_between(&rng, 0, 1), &gpu);
     char what[160];
     snprintf(what, sizeof what, "%s R=%d, %lld of %lld batches with a NaN", program, r,
-             (long long)bad, (long long)cfg.num_steps);
+             (long long)bad, (long long)cfg.steps);
     compare_runs(&gpu, &cpu, what, REL_TOL);
     for (size_t i = 0; i < cpu.nsummaries; i++) {
         json_t *g = json_loads(gpu.summaries[i], 0, NULL),
@@ -195,7 +195,7 @@ START_TEST(skipped_steps_match_cpu)
     json_decref(end);
     tu_result_free(&cpu);
     tu_result_free(&gpu);
-    tu_batches_free(bs, cfg.num_steps);
+    tu_batches_free(bs, cfg.steps);
 }
 END_TEST
 
@@ -220,7 +220,7 @@ START_TEST(long_training_matches_cpu)
     cfg.settings.hidden = rand_between(&rng, 8, 64);
     cfg.optimizer.learning_rate = opt == IFD_OPT_ADAM ? 0.003f : 0.05f;
     cfg.replicas = r;
-    cfg.num_steps = LONG_STEPS;
+    cfg.steps = LONG_STEPS;
     char what[160];
     snprintf(what, sizeof what,
              "%d steps %s/%s D=%lld H=%lld K=%lld B=%lld R=%d ipl=%lld graphs=%d", LONG_STEPS,
@@ -284,11 +284,11 @@ START_TEST(one_slot_rings)
     ifd_config cfg;
     tu_config_train(&cfg, "softmax", IFD_OPT_ADAM, 9, 5, 24, 7, 7);
     cfg.replicas = g_gpus < 4 ? g_gpus : 4;
-    cfg.num_steps = 30;
+    cfg.steps = 30;
     cfg.infeed_depth = 1;
     cfg.outfeed_depth = 1;
     tu_result gpu;
-    run_both(&cfg, cfg.num_steps, 3, _i, "one-slot rings", &gpu);
+    run_both(&cfg, cfg.steps, 3, _i, "one-slot rings", &gpu);
     tu_result_free(&gpu);
 }
 END_TEST
@@ -322,12 +322,12 @@ START_TEST(eval_matches_cpu)
                         rand_between(&rng, 2, 10), 12 * rand_between(&rng, 1, 4), 1, 5);
         cfg.replicas = r;
         cfg.mode = IFD_MODE_EVAL;
-        cfg.num_steps = rand_between(&rng, 1, 20);
+        cfg.steps = rand_between(&rng, 1, 20);
         cfg.last_step = 0;
         char what[96];
         snprintf(what, sizeof what, "eval %s R=%d graphs=%d", cfg.program, r, _i / 2);
         tu_result gpu;
-        run_both(&cfg, cfg.num_steps, g_seed + (uint64_t)r, _i / 2, what, &gpu);
+        run_both(&cfg, cfg.steps, g_seed + (uint64_t)r, _i / 2, what, &gpu);
         ck_assert_int_eq(gpu.global_step, 0);
         tu_result_free(&gpu);
     }
@@ -382,7 +382,7 @@ START_TEST(predict_matches_cpu)
                         rand_between(&rng, 2, 10), batch, rand_between(&rng, 1, 9), 5);
         cfg.replicas = r;
         cfg.mode = IFD_MODE_PREDICT;
-        cfg.num_steps = cfg.last_step = 0;
+        cfg.steps = cfg.last_step = 0;
         ifd_program p;
         ifd_error err;
         ck_assert_int_eq(ifd_program_init(&p, cfg.program, &cfg.settings, &err), IFD_OK);
@@ -400,7 +400,7 @@ START_TEST(predict_matches_cpu)
         tu_run_predict(&cfg, bs, nb, &sc, &cpu);
         ifd_config gcfg = cfg;
         gcfg.backend = "cuda";
-        setenv("IFD_CUDA_GRAPHS", _i / 2 ? "1" : "0", 1);
+        gcfg.cuda_graphs = _i / 2;
         tu_run_predict(&gcfg, bs, nb, &sg, &gpu);
         ck_assert_msg(gpu.rc == IFD_OK, "cuda predict: %s", ifd_error_text(&gpu.err));
         ck_assert_int_eq(cpu.rc, IFD_OK);
@@ -454,7 +454,7 @@ START_TEST(plugin_matches_cpu)
     snprintf(what, sizeof what, "mlp2/%s D=%lld H=%lld K=%lld B=%lld R=%d", ifd_optimizer_name(opt),
              (long long)d, (long long)h, (long long)k, (long long)b, r);
     tu_result gpu;
-    run_both(&cfg, cfg.num_steps, g_seed + (uint64_t)_i, _i % 2, what, &gpu);
+    run_both(&cfg, cfg.steps, g_seed + (uint64_t)_i, _i % 2, what, &gpu);
     tu_result_free(&gpu);
 }
 END_TEST

@@ -1,5 +1,6 @@
 /* Batch checks against the program and per-host sharding. */
 #include "core/batch.h"
+#include "device/batch_check.h"
 #include "infeed/inputs.h"
 #include "infeed/shard.h"
 #include "tests/util/testutil.h"
@@ -23,8 +24,8 @@ START_TEST(check_accepts_a_good_batch)
     ifd_rng_seed(&rng, 1);
     tu_batch *tb = tu_batch_random(&p, 8, 0, &rng);
     ifd_error err;
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_OK);
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 0, IFD_MODE_TRAIN, &err), IFD_OK);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_OK);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 0, IFD_MODE_TRAIN, &err), IFD_OK);
     tu_batch_free(tb);
 }
 END_TEST
@@ -67,33 +68,33 @@ START_TEST(check_names_what_is_wrong)
     ifd_error err;
     tu_batch *tb = tu_batch_random(&p, 8, 0, &rng);
 
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 16, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 16, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
     ck_assert_msg(strstr(err.msg, "8 rows") && strstr(err.msg, "16"), "%s", err.msg);
 
     tb->b.tensors[0].dtype = IFD_I32;
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_EDTYPE);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_EDTYPE);
     ck_assert_msg(strstr(err.msg, "'x'") && strstr(err.msg, "int32") && strstr(err.msg, "float32"),
                   "%s", err.msg);
     tb->b.tensors[0].dtype = IFD_F32;
 
     tb->b.tensors[0].shape.dims[1] = 5;
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
     ck_assert_msg(strstr(err.msg, "'x'") && strstr(err.msg, "[8, 5]") && strstr(err.msg, "[8, 6]"),
                   "%s", err.msg);
     tb->b.tensors[0].shape.dims[1] = 6;
 
     tb->b.tensors[1].shape.dims[0] = 7;
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
     ck_assert_msg(strstr(err.msg, "'y'") && strstr(err.msg, "[7]"), "%s", err.msg);
     tb->b.tensors[1].shape.dims[0] = 8;
 
     tb->b.ntensors = 1;
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ESHAPE);
     ck_assert_msg(strstr(err.msg, "1 tensors") && strstr(err.msg, "takes 2"), "%s", err.msg);
     tb->b.ntensors = 2;
 
     ((int32_t *)tb->data[1])[5] = -1;
-    ck_assert_int_eq(ifd_infeed_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ERANGE);
+    ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ERANGE);
     ck_assert_msg(strstr(err.msg, "row 5") && strstr(err.msg, "label -1"), "%s", err.msg);
     tu_batch_free(tb);
 }
@@ -393,6 +394,58 @@ START_TEST(check_values_finds_the_first_bad_float)
 }
 END_TEST
 
+/* A batch is checked once: the infeed checks what an in-process source hands it, and not again
+ * what the source checked itself (IFD_BATCH_CHECKED: infeedd's ingest). A softmax whose own
+ * check counts its calls runs a random mix of both. */
+static int checks;
+static int counting_check(const ifd_program *p, const ifd_tensor *in, int64_t rows, ifd_error *err)
+{
+    __atomic_add_fetch(&checks, 1, __ATOMIC_RELAXED);
+    return ifd_program_find("softmax")->check_batch(p, in, rows, err);
+}
+
+START_TEST(a_batch_the_source_checked_is_not_checked_again)
+{
+    if (ifd_program_find("counting-softmax") == NULL) {
+        ifd_program_class *cls = malloc(sizeof *cls); /* lives as long as the registry */
+        *cls = *ifd_program_find("softmax");
+        cls->name = "counting-softmax";
+        cls->check_batch = counting_check;
+        ck_assert_int_eq(ifd_program_register(cls), IFD_OK);
+    }
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_config cfg;
+    int64_t d = rand_between(&rng, 1, 9), k = rand_between(&rng, 2, 6);
+    int64_t rows = rand_between(&rng, 1, 8), n = rand_between(&rng, 1, 30);
+    tu_config_train(&cfg, "counting-softmax", IFD_OPT_SGD, d, k, rows, rand_between(&rng, 1, 4),
+                    g_seed);
+    cfg.steps = n;
+    ifd_program p;
+    ifd_error err;
+    RC_OK(ifd_program_init(&p, "counting-softmax", &cfg.settings, &err), err);
+    tu_batch **bs = calloc((size_t)n, sizeof *bs);
+    int unchecked = 0;
+    for (int64_t i = 0; i < n; i++) {
+        bs[i] = tu_batch_random(&p, rows, i, &rng);
+        if (rand_between(&rng, 0, 1))
+            bs[i]->b.flags |= IFD_BATCH_CHECKED;
+        else
+            unchecked++;
+    }
+    checks = 0;
+    tu_result res;
+    tu_run(&cfg, bs, n, &res);
+    RASSERT(res.rc == IFD_OK, "run: %s", ifd_error_text(&res.err));
+    RASSERT(res.global_step == n, "ran %lld of %lld steps", (long long)res.global_step,
+            (long long)n);
+    RASSERT(__atomic_load_n(&checks, __ATOMIC_RELAXED) == unchecked,
+            "%d checks for %d unchecked batches of %lld", checks, unchecked, (long long)n);
+    tu_result_free(&res);
+    tu_batches_free(bs, n);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("infeed");
@@ -409,6 +462,7 @@ int main(void)
     tcase_add_test(tc, per_core_and_stop_rules);
     tcase_add_loop_test(tc, per_replica_queue, 0, 5);
     tcase_add_loop_test(tc, check_values_finds_the_first_bad_float, 0, 40);
+    tcase_add_loop_test(tc, a_batch_the_source_checked_is_not_checked_again, 0, 10);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

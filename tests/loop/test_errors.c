@@ -88,7 +88,7 @@ START_TEST(injected_error_ends_the_run)
     cfg.replicas = 1 + (int)ifd_rng_below(&rng, 4);
     cfg.batch_size = cfg.replicas * (1 + (int64_t)ifd_rng_below(&rng, 4));
     cfg.iterations_per_loop = 1 + (int64_t)ifd_rng_below(&rng, 5);
-    cfg.num_steps = 1000000; /* only the error can end this run */
+    cfg.steps = 1000000; /* only the error can end this run */
     cfg.summary_every = 1;
     int at = 2 + (int)ifd_rng_below(&rng, 6);
 
@@ -188,7 +188,7 @@ START_TEST(no_thread_left_after_a_good_run)
     cfg.settings.classes = 2;
     cfg.replicas = 3;
     cfg.batch_size = 6;
-    cfg.num_steps = 5;
+    cfg.steps = 5;
     ifd_program prog;
     ifd_error err;
     ifd_program_init(&prog, "softmax", &cfg.settings, &err);

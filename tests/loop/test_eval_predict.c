@@ -62,7 +62,7 @@ START_TEST(eval_matches_reference)
                     ifd_rng_next(&rng));
     cfg.replicas = replicas;
     cfg.mode = IFD_MODE_EVAL;
-    cfg.num_steps = steps;
+    cfg.steps = steps;
     cfg.last_step = 0;
     cfg.initial_global_step = rand_between(&rng, 0, 5000);
     tu_batch **bs = tu_batches_random(&cfg, steps, ifd_rng_next(&rng));
@@ -188,7 +188,7 @@ static void check_predict(const char *prog, int replicas, int64_t batch, int64_t
     tu_config_train(&cfg, prog, IFD_OPT_SGD, d, k, batch, ipl, ifd_rng_next(rng));
     cfg.replicas = replicas;
     cfg.mode = IFD_MODE_PREDICT;
-    cfg.num_steps = 0;
+    cfg.steps = 0;
     cfg.last_step = 0;
     ifd_program p;
     ifd_error err;
@@ -282,7 +282,7 @@ START_TEST(predict_rejects_labels)
     ifd_config cfg;
     tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 4, 8, 2, 1);
     cfg.mode = IFD_MODE_PREDICT;
-    cfg.num_steps = 0;
+    cfg.steps = 0;
     ifd_program p;
     ifd_error err;
     ck_assert_int_eq(ifd_program_init(&p, cfg.program, &cfg.settings, &err), IFD_OK);
@@ -316,7 +316,7 @@ START_TEST(eval_error_names_the_step)
     ifd_config cfg;
     tu_config_train(&cfg, "failing_eval", IFD_OPT_SGD, 3, 4, 6, 1 + (int64_t)_i, 3);
     cfg.mode = IFD_MODE_EVAL;
-    cfg.num_steps = steps;
+    cfg.steps = steps;
     cfg.last_step = 0;
     cfg.initial_global_step = rand_between(&rng, 0, 1000);
     tu_batch **bs = tu_batches_random(&cfg, steps, 2);

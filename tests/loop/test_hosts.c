@@ -343,7 +343,7 @@ START_TEST(hosts_match_one_host)
     cfg.loss_reduction = rand_between(&rng, 0, 1) ? IFD_REDUCE_SUM : IFD_REDUCE_MEAN;
     if (strcmp(prog, "mlp") == 0)
         cfg.settings.hidden = rand_between(&rng, 1, 8);
-    int64_t steps = cfg.num_steps, n = steps + 2;
+    int64_t steps = cfg.steps, n = steps + 2;
     tu_batch **batches = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
 
     tu_result ref;
@@ -391,7 +391,7 @@ START_TEST(input_ending_on_one_host_stops_all)
     ifd_config cfg;
     tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 2, H * R * 2, rand_between(&rng, 1, 6),
                     ifd_rng_next(&rng));
-    cfg.num_steps = 1000;
+    cfg.steps = 1000;
     int64_t n = 40;
     tu_batch **batches = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
     int short_host = (int)rand_between(&rng, 0, H - 1);
@@ -422,7 +422,7 @@ START_TEST(stop_on_one_host_stops_all_at_a_loop_boundary)
     int64_t ipl = rand_between(&rng, 1, 5);
     ifd_config cfg;
     tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 2, H * 2, ipl, ifd_rng_next(&rng));
-    cfg.num_steps = 1000000;
+    cfg.steps = 1000000;
     int64_t n = 4000;
     tu_batch **batches = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
     int stopper = (int)rand_between(&rng, 0, H - 1);
@@ -460,10 +460,10 @@ START_TEST(hosts_agree_on_automatic_lengths)
     int secs = (int)rand_between(&rng, 0, 1);
     cfg.loop_kind = secs ? IFD_LOOP_SECONDS : IFD_LOOP_AUTO;
     cfg.loop_secs = (double)rand_between(&rng, 1, 10) / 1000.0;
-    cfg.max_loop_secs = (double)rand_between(&rng, 1, 100) / 1000.0;
+    cfg.max_loop_seconds = (double)rand_between(&rng, 1, 100) / 1000.0;
     cfg.summary_every = 0;
     int64_t steps = rand_between(&rng, 1, 600);
-    cfg.num_steps = steps;
+    cfg.steps = steps;
     tu_batch **batches = tu_batches_random(&cfg, steps, ifd_rng_next(&rng));
     tu_result ref;
     run_one_host(&cfg, H * R, batches, steps, &ref);
@@ -509,7 +509,7 @@ START_TEST(stop_reaches_hosts_whose_loop_waits_for_input)
     int64_t given = rand_between(&rng, 0, 5), ipl = rand_between(&rng, given + 1, given + 6);
     ifd_config cfg;
     tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 2, H * R * 2, ipl, ifd_rng_next(&rng));
-    cfg.num_steps = 1000000;
+    cfg.steps = 1000000;
     cfg.replicas = R;
     int64_t n = 200;
     tu_batch **batches = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
@@ -548,7 +548,7 @@ START_TEST(a_nonfinite_step_is_skipped_on_every_host)
                     (ifd_optimizer_kind)rand_between(&rng, 0, 2), rand_between(&rng, 1, 6),
                     rand_between(&rng, 2, 4), H * R * rand_between(&rng, 1, 3),
                     rand_between(&rng, 1, 5), ifd_rng_next(&rng));
-    int64_t n = cfg.num_steps, bad = 0;
+    int64_t n = cfg.steps, bad = 0;
     cfg.max_skipped_steps = 0;
     tu_batch **batches = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
     int64_t rows = cfg.batch_size / H, cols = cfg.settings.features;
@@ -607,7 +607,7 @@ START_TEST(cuda_needs_the_broadcast)
     cfg.settings.features = rand_between(&rng, 1, 9);
     cfg.settings.classes = rand_between(&rng, 2, 5);
     cfg.batch_size = 4;
-    cfg.num_steps = 1;
+    cfg.steps = 1;
     cfg.hosts = &h;
     ifd_error err;
     RASSERT(ifd_config_validate(&cfg, &err) == IFD_OK, "cpu on %d hosts: %s", H, err.msg);

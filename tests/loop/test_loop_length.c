@@ -213,7 +213,7 @@ static void random_automatic(ifd_config *cfg, ifd_rng *rng)
 {
     if (rand_between(rng, 0, 1)) {
         cfg->loop_kind = IFD_LOOP_AUTO;
-        cfg->max_loop_secs = (double)rand_between(rng, 1, 500) / 1000.0;
+        cfg->max_loop_seconds = (double)rand_between(rng, 1, 500) / 1000.0;
     } else {
         cfg->loop_kind = IFD_LOOP_SECONDS;
         cfg->loop_secs = (double)rand_between(rng, 1, 20) / 1000.0;
@@ -254,9 +254,9 @@ START_TEST(automatic_lengths_stop_at_the_last_step)
     int64_t start = rand_between(&rng, 0, 1) ? 0 : rand_between(&rng, 1, 1000);
     int64_t steps = rand_between(&rng, 1, 3000);
     cfg.initial_global_step = start;
-    cfg.num_steps = 0;
+    cfg.steps = 0;
     if (rand_between(&rng, 0, 1))
-        cfg.num_steps = steps;
+        cfg.steps = steps;
     else
         cfg.last_step = start + steps;
     tu_batch **b = tu_batches_random(&cfg, steps, ifd_rng_next(&rng));
@@ -280,7 +280,7 @@ START_TEST(automatic_lengths_checkpoint_on_exact_multiples)
     ifd_config cfg;
     train_config(&cfg, &rng);
     int64_t every = rand_between(&rng, 1, 60), steps = rand_between(&rng, 1, 800);
-    cfg.num_steps = steps;
+    cfg.steps = steps;
     tu_batch **b = tu_batches_random(&cfg, steps, ifd_rng_next(&rng));
     char *dir = tu_tmp_dir("ifd-loop-test");
     ifd_checkpoint_options o = {.dir = dir, .every = every, .keep = 100000};
@@ -337,7 +337,7 @@ START_TEST(summaries_say_the_loop_length)
         cfg.iterations_per_loop = rand_between(&rng, 1, 40);
     }
     int64_t steps = rand_between(&rng, 1, 1500), every = rand_between(&rng, 1, 50);
-    cfg.num_steps = steps;
+    cfg.steps = steps;
     cfg.summary_every = every;
     tu_batch **b = tu_batches_random(&cfg, steps, ifd_rng_next(&rng));
     tu_loops l;
@@ -385,7 +385,7 @@ START_TEST(eval_runs_one_loop)
     train_config(&cfg, &rng);
     cfg.mode = IFD_MODE_EVAL;
     int64_t steps = rand_between(&rng, 1, 2000);
-    cfg.num_steps = steps;
+    cfg.steps = steps;
     tu_batch **b = tu_batches_random(&cfg, steps, ifd_rng_next(&rng));
     tu_loops l;
     ifd_hook h = tu_loops_hook(&l);
@@ -431,7 +431,7 @@ START_TEST(predict_predicts_every_row)
     ifd_config cfg;
     train_config(&cfg, &rng);
     cfg.mode = IFD_MODE_PREDICT;
-    cfg.num_steps = 0;
+    cfg.steps = 0;
     int64_t n = rand_between(&rng, 1, 1500);
     tu_batch **b = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
     ifd_program p;
@@ -459,7 +459,7 @@ START_TEST(config_errors_name_the_field)
     seed_rng(&rng);
     ifd_config cfg;
     train_config(&cfg, &rng);
-    cfg.num_steps = 1;
+    cfg.steps = 1;
     ifd_error err;
     ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_OK); /* iterations_per_loop unused */
     ifd_config bad = cfg;
@@ -476,10 +476,10 @@ START_TEST(config_errors_name_the_field)
             "%s", err.msg);
     bad = cfg;
     bad.loop_kind = IFD_LOOP_AUTO;
-    bad.max_loop_secs = secs[rand_between(&rng, 0, 3)];
+    bad.max_loop_seconds = secs[rand_between(&rng, 0, 3)];
     ck_assert_int_eq(ifd_config_validate(&bad, &err), IFD_EINVAL);
-    RASSERT(strncmp(err.msg, "max_loop_secs: expected seconds above 0, at most 86400, got ", 60) ==
-                0,
+    RASSERT(strncmp(err.msg, "max_loop_seconds: expected seconds above 0, at most 86400, got ",
+                    63) == 0,
             "%s", err.msg);
     bad = cfg;
     bad.loop_kind = IFD_LOOP_STEPS;

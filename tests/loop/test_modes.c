@@ -121,7 +121,7 @@ START_TEST(replicas_see_their_rows)
                     rand_between(&rng, 1, 5), 7);
     cfg.input_mode = mode;
     cfg.replicas = R;
-    cfg.num_steps = steps;
+    cfg.steps = steps;
     cfg.summary_every = 0;
     int nper = ifd_input_batches_per_step(mode, R);
     int64_t rows = ifd_input_batch_rows(mode, cfg.batch_size, R);
@@ -241,7 +241,7 @@ START_TEST(same_params_as_per_host)
     tu_config_train(&cfg, program, opt, rand_between(&rng, 1, 8), rand_between(&rng, 2, 5), per * R,
                     rand_between(&rng, 1, 6), rand_between(&rng, 1, 1000));
     cfg.replicas = R;
-    cfg.num_steps = steps;
+    cfg.steps = steps;
     ifd_program p;
     ifd_error err;
     ck_assert_int_eq(ifd_program_init(&p, program, &cfg.settings, &err), IFD_OK);
@@ -304,7 +304,7 @@ START_TEST(input_ends_inside_a_step)
     tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 2, per * R, rand_between(&rng, 1, 4), 1);
     cfg.input_mode = mode;
     cfg.replicas = R;
-    cfg.num_steps = full + 10;
+    cfg.steps = full + 10;
     ifd_program p;
     ifd_error err;
     ck_assert_int_eq(ifd_program_init(&p, "softmax", &cfg.settings, &err), IFD_OK);
@@ -358,7 +358,7 @@ START_TEST(predict_in_every_mode)
     ifd_config cfg;
     tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 4, per * R, 1, 1);
     cfg.mode = IFD_MODE_PREDICT;
-    cfg.num_steps = 0;
+    cfg.steps = 0;
     cfg.input_mode = mode;
     cfg.replicas = R;
     ifd_program p;
@@ -495,7 +495,7 @@ START_TEST(per_core_names_the_starving_replica)
     tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 2, 2 * R, 1, 1);
     cfg.input_mode = IFD_INPUT_PER_CORE;
     cfg.replicas = R;
-    cfg.num_steps = 1;
+    cfg.steps = 1;
     ifd_program p;
     ifd_error err;
     ck_assert_int_eq(ifd_program_init(&p, "softmax", &cfg.settings, &err), IFD_OK);

@@ -91,7 +91,7 @@ START_TEST(skipped_steps_change_nothing)
     cfg.replicas = R;
     cfg.summary_every = rand_between(&rng, 1, 5);
     int64_t n = rand_between(&rng, 10, 30);
-    cfg.num_steps = n;
+    cfg.steps = n;
     tu_batch **all = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
     int *poisoned = calloc((size_t)n, sizeof(int));
     int64_t bad = 0;
@@ -117,7 +117,7 @@ START_TEST(skipped_steps_change_nothing)
         if (!poisoned[i])
             clean[m++] = all[i];
     ifd_config ref_cfg = cfg;
-    ref_cfg.num_steps = m;
+    ref_cfg.steps = m;
     tu_result ref;
     if (m > 0) {
         tu_run(&ref_cfg, clean, m, &ref);
@@ -168,7 +168,7 @@ START_TEST(too_many_in_a_row_end_the_run)
     cfg.replicas = R;
     int64_t n = rand_between(&rng, 12, 24), k = rand_between(&rng, 1, 5);
     int64_t at = rand_between(&rng, 0, n - k); /* batches [at, at + k) */
-    cfg.num_steps = n;
+    cfg.steps = n;
     tu_batch **bs = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
     for (int64_t i = at; i < at + k; i++)
         poison(bs[i], 0, cfg.batch_size);
@@ -223,7 +223,7 @@ START_TEST(nonfinite_gradients_with_a_finite_loss)
                     rand_between(&rng, 2, 4), R * rand_between(&rng, 1, 3), 3, ifd_rng_next(&rng));
     cfg.replicas = R;
     int64_t n = 12;
-    cfg.num_steps = n;
+    cfg.steps = n;
     tu_batch **bs = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
     int64_t victim = rand_between(&rng, 0, n - 1);
     int64_t per = cfg.batch_size / R;
@@ -256,7 +256,7 @@ START_TEST(eval_leaves_out_nonfinite_steps)
     cfg.replicas = R;
     cfg.mode = IFD_MODE_EVAL;
     int64_t n = rand_between(&rng, 6, 16);
-    cfg.num_steps = n;
+    cfg.steps = n;
     cfg.iterations_per_loop = n;
     tu_batch **bs = tu_batches_random(&cfg, n, ifd_rng_next(&rng));
     int *poisoned = calloc((size_t)n, sizeof(int));
@@ -275,7 +275,7 @@ START_TEST(eval_leaves_out_nonfinite_steps)
     tu_run(&cfg, bs, n, &got);
     RASSERT(got.rc == IFD_OK, "%s", ifd_error_text(&got.err));
     ifd_config rc = cfg;
-    rc.num_steps = rc.iterations_per_loop = m;
+    rc.steps = rc.iterations_per_loop = m;
     tu_run(&rc, clean, m, &ref);
     RASSERT(ref.rc == IFD_OK, "%s", ifd_error_text(&ref.err));
     int64_t named;

@@ -33,17 +33,17 @@ START_TEST(mean_matches_one_replica)
     int64_t b = 12 * (1 + (int64_t)ifd_rng_below(&rng, 3)); /* divisible by 1..4 */
     ifd_config cfg;
     tu_config_train(&cfg, program, opt, d, k, b, 7, 99 + (uint64_t)_i);
-    tu_batch **bs = tu_batches_random(&cfg, cfg.num_steps, 7000 + (uint64_t)_i);
+    tu_batch **bs = tu_batches_random(&cfg, cfg.steps, 7000 + (uint64_t)_i);
 
     tu_result one;
     cfg.replicas = 1;
-    tu_run(&cfg, bs, cfg.num_steps, &one);
+    tu_run(&cfg, bs, cfg.steps, &one);
     ck_assert_msg(one.rc == IFD_OK, "%s", ifd_error_text(&one.err));
     ck_assert_int_eq(one.global_step, 20);
     for (int r = 2; r <= 4; r++) {
         tu_result many;
         cfg.replicas = r;
-        tu_run(&cfg, bs, cfg.num_steps, &many);
+        tu_run(&cfg, bs, cfg.steps, &many);
         ck_assert_msg(many.rc == IFD_OK, "%s", ifd_error_text(&many.err));
         ck_assert_int_eq(many.global_step, 20);
         ck_assert_msg(many.mirrors_identical, "R=%d: replica mirrors differ", r);
@@ -61,7 +61,7 @@ START_TEST(mean_matches_one_replica)
         tu_result_free(&many);
     }
     tu_result_free(&one);
-    tu_batches_free(bs, cfg.num_steps);
+    tu_batches_free(bs, cfg.steps);
 }
 END_TEST
 
@@ -81,12 +81,12 @@ START_TEST(mlp_mean_matches_one_replica)
     tu_config_train(&cfg, "mlp", opt, d, k, b, 1 + (int64_t)ifd_rng_below(&rng, 8),
                     77 + (uint64_t)_i);
     cfg.settings.hidden = h;
-    tu_batch **bs = tu_batches_random(&cfg, cfg.num_steps, 8000 + (uint64_t)_i);
+    tu_batch **bs = tu_batches_random(&cfg, cfg.steps, 8000 + (uint64_t)_i);
     tu_result one, many;
     cfg.replicas = 1;
-    tu_run(&cfg, bs, cfg.num_steps, &one);
+    tu_run(&cfg, bs, cfg.steps, &one);
     cfg.replicas = r;
-    tu_run(&cfg, bs, cfg.num_steps, &many);
+    tu_run(&cfg, bs, cfg.steps, &many);
     ck_assert_msg(one.rc == IFD_OK && many.rc == IFD_OK, "%s / %s", ifd_error_text(&one.err),
                   ifd_error_text(&many.err));
     ck_assert_int_eq(many.global_step, 20);
@@ -107,7 +107,7 @@ START_TEST(mlp_mean_matches_one_replica)
     free(init);
     tu_result_free(&one);
     tu_result_free(&many);
-    tu_batches_free(bs, cfg.num_steps);
+    tu_batches_free(bs, cfg.steps);
 }
 END_TEST
 
@@ -122,7 +122,7 @@ START_TEST(sum_reports_the_sum)
     int64_t b = r * (1 + (int64_t)ifd_rng_below(&rng, 6));
     ifd_config cfg;
     tu_config_train(&cfg, program, IFD_OPT_SGD, d, k, b, 7, 3);
-    cfg.num_steps = 1;
+    cfg.steps = 1;
     cfg.replicas = r;
     tu_batch **bs = tu_batches_random(&cfg, 1, 11 + (uint64_t)_i);
     tu_result mean, sum;
@@ -159,15 +159,15 @@ START_TEST(runs_are_repeatable)
     ifd_config cfg;
     tu_config_train(&cfg, "softmax", IFD_OPT_ADAM, 7, 3, 8, 7, 5);
     cfg.replicas = 4;
-    tu_batch **bs = tu_batches_random(&cfg, cfg.num_steps, 1);
+    tu_batch **bs = tu_batches_random(&cfg, cfg.steps, 1);
     tu_result a, b;
-    tu_run(&cfg, bs, cfg.num_steps, &a);
-    tu_run(&cfg, bs, cfg.num_steps, &b);
+    tu_run(&cfg, bs, cfg.steps, &a);
+    tu_run(&cfg, bs, cfg.steps, &b);
     ck_assert_int_eq(a.rc, IFD_OK);
     ck_assert_mem_eq(a.params, b.params, sizeof(float) * (size_t)a.nparams);
     tu_result_free(&a);
     tu_result_free(&b);
-    tu_batches_free(bs, cfg.num_steps);
+    tu_batches_free(bs, cfg.steps);
 }
 END_TEST
 
@@ -178,18 +178,18 @@ START_TEST(adam_counts_its_own_updates)
     ifd_config cfg;
     tu_config_train(&cfg, _i ? "softmax" : "linear", IFD_OPT_ADAM, 4, 3, 6, 7, 21);
     cfg.replicas = 1 + _i;
-    tu_batch **bs = tu_batches_random(&cfg, cfg.num_steps, 5);
+    tu_batch **bs = tu_batches_random(&cfg, cfg.steps, 5);
     tu_result a, b;
-    tu_run(&cfg, bs, cfg.num_steps, &a);
+    tu_run(&cfg, bs, cfg.steps, &a);
     cfg.initial_global_step = 1000;
-    tu_run(&cfg, bs, cfg.num_steps, &b);
+    tu_run(&cfg, bs, cfg.steps, &b);
     ck_assert_int_eq(a.rc, IFD_OK);
     ck_assert_int_eq(b.rc, IFD_OK);
     ck_assert_int_eq(b.global_step, 1020);
     ck_assert_mem_eq(a.params, b.params, sizeof(float) * (size_t)a.nparams);
     tu_result_free(&a);
     tu_result_free(&b);
-    tu_batches_free(bs, cfg.num_steps);
+    tu_batches_free(bs, cfg.steps);
 }
 END_TEST
 

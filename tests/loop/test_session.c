@@ -197,7 +197,7 @@ START_TEST(schedule_num_steps)
     ifd_config cfg;
     base_config(&cfg, 1 + _i % 3, 2);
     cfg.iterations_per_loop = 4;
-    cfg.num_steps = 10;
+    cfg.steps = 10;
     recorder rec = {0};
     run_out o;
     run_with(&cfg, 30, &rec, 0, &o);
@@ -268,7 +268,7 @@ START_TEST(stop_at_step_arguments)
     ifd_error err;
     ck_assert_int_eq(ifd_hook_stop_at_step(&h, 4, 10, 20, &err), IFD_EINVAL);
     ck_assert_ptr_nonnull(strstr(err.msg, "both"));
-    ck_assert_ptr_nonnull(strstr(err.msg, "num_steps=10, last_step=20"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "steps=10, last_step=20"));
     ck_assert_int_eq(ifd_hook_stop_at_step(&h, 4, 0, 0, &err), IFD_EINVAL);
     ck_assert_ptr_nonnull(strstr(err.msg, "neither"));
     ck_assert_int_eq(ifd_hook_stop_at_step(&h, 0, 10, 0, &err), IFD_EINVAL);
@@ -278,10 +278,10 @@ START_TEST(stop_at_step_arguments)
 
     ifd_config cfg;
     base_config(&cfg, 1, 4);
-    cfg.num_steps = 3;
+    cfg.steps = 3;
     cfg.last_step = 9;
     ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
-    ck_assert_ptr_nonnull(strstr(err.msg, "num_steps=3"));
+    ck_assert_ptr_nonnull(strstr(err.msg, "got steps=3"));
     ck_assert_ptr_nonnull(strstr(err.msg, "last_step=9"));
 }
 END_TEST
@@ -291,7 +291,7 @@ START_TEST(hook_order)
     ifd_config cfg;
     base_config(&cfg, 2, 3);
     cfg.iterations_per_loop = 3;
-    cfg.num_steps = 5;
+    cfg.steps = 5;
     recorder rec = {0};
     run_out o;
     run_with(&cfg, 5, &rec, 0, &o);
@@ -308,18 +308,18 @@ START_TEST(summaries)
     ifd_config cfg;
     base_config(&cfg, 1 + (int)ifd_rng_below(&rng, 4), 1 + (int64_t)ifd_rng_below(&rng, 5));
     cfg.iterations_per_loop = 1 + (int64_t)ifd_rng_below(&rng, 6);
-    cfg.num_steps = 5 + (int64_t)ifd_rng_below(&rng, 20);
+    cfg.steps = 5 + (int64_t)ifd_rng_below(&rng, 20);
     cfg.summary_every = 1 + (int64_t)ifd_rng_below(&rng, 6);
     recorder rec = {0};
     run_out o;
-    run_with(&cfg, cfg.num_steps, &rec, 0, &o);
+    run_with(&cfg, cfg.steps, &rec, 0, &o);
     ck_assert_msg(o.rc == IFD_OK, "%s", ifd_error_text(&o.err));
     /* One train summary per summary_every steps, one more for the remainder, then the end. */
-    int64_t full = cfg.num_steps / cfg.summary_every;
-    int64_t expect = full + (cfg.num_steps % cfg.summary_every ? 1 : 0) + 1;
+    int64_t full = cfg.steps / cfg.summary_every;
+    int64_t expect = full + (cfg.steps % cfg.summary_every ? 1 : 0) + 1;
     ck_assert_msg((int64_t)o.nsums == expect,
                   "%zu summaries, expected %lld (steps %lld every %lld)", o.nsums,
-                  (long long)expect, (long long)cfg.num_steps, (long long)cfg.summary_every);
+                  (long long)expect, (long long)cfg.steps, (long long)cfg.summary_every);
     int64_t steps_seen = 0;
     for (size_t i = 0; i + 1 < o.nsums; i++) {
         json_t *j = o.sums[i];
@@ -341,12 +341,12 @@ START_TEST(summaries)
         ck_assert(in >= 0.0 && in <= 1.0);
         ck_assert(out >= 0.0 && out <= 1.0);
     }
-    ck_assert_int_eq(steps_seen, cfg.num_steps);
+    ck_assert_int_eq(steps_seen, cfg.steps);
     json_t *end = o.sums[o.nsums - 1];
     ck_assert_str_eq(jstr(end, "event"), "end");
     ck_assert_str_eq(jstr(end, "status"), "ok");
     ck_assert_str_eq(jstr(end, "reason"), "last_step");
-    ck_assert_int_eq(jint(end, "global_step"), cfg.num_steps);
+    ck_assert_int_eq(jint(end, "global_step"), cfg.steps);
     run_out_free(&o);
 }
 END_TEST
@@ -356,7 +356,7 @@ START_TEST(summaries_linear_has_no_accuracy)
     ifd_config cfg;
     base_config(&cfg, 2, 2);
     cfg.program = "linear";
-    cfg.num_steps = 4;
+    cfg.steps = 4;
     cfg.summary_every = 2;
     recorder rec = {0};
     run_out o;
@@ -376,7 +376,7 @@ START_TEST(input_ends_early)
     ifd_config cfg;
     base_config(&cfg, 1 + (int)ifd_rng_below(&rng, 4), 2);
     cfg.iterations_per_loop = 1 + (int64_t)ifd_rng_below(&rng, 5);
-    cfg.num_steps = 20;
+    cfg.steps = 20;
     cfg.summary_every = 3;
     int64_t nbatches = (int64_t)ifd_rng_below(&rng, 20); /* 0..19 < 20 steps */
     recorder rec = {0};
@@ -408,7 +408,7 @@ START_TEST(request_stop_ends_at_loop_boundary)
     ifd_config cfg;
     base_config(&cfg, 2, 2);
     cfg.iterations_per_loop = 3;
-    cfg.num_steps = 30;
+    cfg.steps = 30;
     recorder rec = {0};
     run_out o;
     run_with(&cfg, 30, &rec, 2, &o);
@@ -429,7 +429,7 @@ START_TEST(host_memory_registration_on_cpu)
 {
     ifd_config cfg;
     base_config(&cfg, 1, 2);
-    cfg.num_steps = 1;
+    cfg.steps = 1;
     ifd_batch_queue *q;
     ck_assert_int_eq(ifd_batch_queue_create(&q, 1), IFD_OK);
     ifd_session *s;
@@ -449,47 +449,47 @@ START_TEST(config_errors_name_the_field)
     ifd_config cfg;
     ifd_error err;
     base_config(&cfg, 3, 2);
-    cfg.num_steps = 1;
+    cfg.steps = 1;
     ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_OK);
     cfg.batch_size = 10;
     ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
     ck_assert_msg(strstr(err.msg, "batch_size") && strstr(err.msg, "10") && strstr(err.msg, "3"),
                   "%s", err.msg);
     base_config(&cfg, 0, 2);
-    cfg.num_steps = 1;
+    cfg.steps = 1;
     ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
     ck_assert_ptr_nonnull(strstr(err.msg, "replicas"));
     base_config(&cfg, 1, 2);
-    cfg.num_steps = 1;
+    cfg.steps = 1;
     cfg.program = "resnet";
     ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
     ck_assert_msg(strstr(err.msg, "resnet") && strstr(err.msg, "softmax"), "%s", err.msg);
     base_config(&cfg, 1, 2);
-    cfg.num_steps = 1;
+    cfg.steps = 1;
     cfg.mode = (ifd_mode)7;
     ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
     ck_assert_msg(strstr(err.msg, "mode") && strstr(err.msg, "7"), "%s", err.msg);
     base_config(&cfg, 1, 2);
     cfg.mode = IFD_MODE_EVAL;
     ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
-    ck_assert_msg(strstr(err.msg, "num_steps") && strstr(err.msg, "eval"), "%s", err.msg);
+    ck_assert_msg(strncmp(err.msg, "steps: ", 7) == 0 && strstr(err.msg, "eval"), "%s", err.msg);
     base_config(&cfg, 1, 2);
-    cfg.num_steps = 1;
+    cfg.steps = 1;
     cfg.optimizer.learning_rate = -1.0f;
     ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
     ck_assert_ptr_nonnull(strstr(err.msg, "learning_rate"));
     base_config(&cfg, 1, 2);
-    cfg.num_steps = 1;
-    cfg.num_steps = -5;
+    cfg.steps = 1;
+    cfg.steps = -5;
     ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
-    ck_assert_msg(strstr(err.msg, "num_steps") && strstr(err.msg, "-5"), "%s", err.msg);
-    cfg.num_steps = 1;
+    ck_assert_msg(strncmp(err.msg, "steps: ", 7) == 0 && strstr(err.msg, "-5"), "%s", err.msg);
+    cfg.steps = 1;
     cfg.backend = "tpu";
     ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
     ck_assert_msg(strstr(err.msg, "backend") && strstr(err.msg, "tpu"), "%s", err.msg);
     /* A program setting error comes from session creation. */
     base_config(&cfg, 1, 2);
-    cfg.num_steps = 1;
+    cfg.steps = 1;
     cfg.settings.features = 0;
     ifd_batch_queue *q;
     ifd_batch_queue_create(&q, 1);
@@ -509,7 +509,7 @@ START_TEST(summaries_do_not_wait_for_more_input)
      * are handed to the outfeed thread before a replica blocks on an empty ring. */
     tu_live l = {0};
     base_config(&l.cfg, 1 + _i, 2);
-    l.cfg.num_steps = 100;
+    l.cfg.steps = 100;
     l.cfg.iterations_per_loop = 100;
     l.cfg.summary_every = 1;
     l.cfg.outfeed_depth = 8;
@@ -538,7 +538,7 @@ START_TEST(rates_come_from_when_steps_ran)
     seed_rng(&rng);
     tu_live l = {0};
     base_config(&l.cfg, (int)rand_between(&rng, 1, 3), 2);
-    l.cfg.num_steps = PACED_STEPS;
+    l.cfg.steps = PACED_STEPS;
     l.cfg.iterations_per_loop = PACED_STEPS;
     l.cfg.summary_every = 1;
     l.cfg.outfeed_depth = PACED_STEPS;
@@ -595,7 +595,7 @@ START_TEST(hook_stop_reason_reaches_the_end_summary)
     ifd_config cfg;
     base_config(&cfg, 2, 2);
     cfg.iterations_per_loop = 2;
-    cfg.num_steps = 20;
+    cfg.steps = 20;
     tu_live l = {.cfg = cfg};
     ifd_hook h = {.name = "early", .after_run = stop_with_reason};
     tu_live_start(&l, &h);
@@ -626,7 +626,7 @@ START_TEST(source_without_abort_is_rejected)
     static const ifd_batch_source_ops ops = {.next = no_next};
     ifd_config cfg;
     base_config(&cfg, 1, 1);
-    cfg.num_steps = 1;
+    cfg.steps = 1;
     ifd_session *s;
     ifd_error err;
     ck_assert_int_eq(ifd_session_create(&s, &cfg, (ifd_batch_source){&ops, NULL}, &err),
@@ -696,7 +696,7 @@ START_TEST(windows_tile_the_run)
     ifd_config cfg;
     base_config(&cfg, 2, 2);
     cfg.iterations_per_loop = 5;
-    cfg.num_steps = 20;
+    cfg.steps = 20;
     cfg.summary_every = 5;
     tu_live l = {.cfg = cfg};
     sleepy sl = {0};

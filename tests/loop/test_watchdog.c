@@ -62,7 +62,7 @@ static void run_init(run *r, int replicas, int64_t steps)
     memset(r, 0, sizeof *r);
     tu_config_train(&r->cfg, "softmax", IFD_OPT_SGD, 3, 2, 4 * replicas, 2, 1);
     r->cfg.replicas = replicas;
-    r->cfg.num_steps = steps;
+    r->cfg.steps = steps;
 }
 
 static void run_start(run *r, int64_t n, int keep_open)
@@ -111,7 +111,7 @@ START_TEST(initial_sleep_delays_the_first_batch)
 {
     run r;
     run_init(&r, 1 + _i, 5);
-    r.cfg.initial_infeed_sleep_secs = 0.25 * (1 + _i);
+    r.cfg.initial_infeed_sleep = 0.25 * (1 + _i);
     run_start(&r, 5, 0);
     int64_t t0 = ifd_clock_ns();
     ifd_error err;
@@ -123,10 +123,10 @@ START_TEST(initial_sleep_delays_the_first_batch)
     double waited = (double)(first - t0) / 1e9;
     /* The behaviour is a wait, so this is the order of two events on one clock (t0 is taken
      * before the run starts its sleep), which no load can reverse. */
-    ck_assert_msg(waited >= r.cfg.initial_infeed_sleep_secs,
+    ck_assert_msg(waited >= r.cfg.initial_infeed_sleep,
                   "the first batch was asked for %.3f s into the run, before the %.2f s sleep "
                   "ended",
-                  waited, r.cfg.initial_infeed_sleep_secs);
+                  waited, r.cfg.initial_infeed_sleep);
     run_finish(&r);
 }
 END_TEST
@@ -136,7 +136,7 @@ START_TEST(no_initial_sleep_by_default)
 {
     run r;
     run_init(&r, 1, 3);
-    ck_assert(r.cfg.initial_infeed_sleep_secs == 0.0);
+    ck_assert(r.cfg.initial_infeed_sleep == 0.0);
     run_start(&r, 3, 0);
     int64_t t0 = ifd_clock_ns();
     ifd_error err;
@@ -154,7 +154,7 @@ START_TEST(abort_ends_the_initial_sleep)
 {
     run r;
     run_init(&r, 1 + _i, 5);
-    r.cfg.initial_infeed_sleep_secs = 60.0;
+    r.cfg.initial_infeed_sleep = 60.0;
     run_start(&r, 5, 0);
     aborter a = {.s = r.s, .delay_ns = 100 * MS};
     int64_t t0 = ifd_clock_ns();
@@ -178,12 +178,13 @@ START_TEST(initial_sleep_is_validated)
     const double bad[] = {-0.5, 86401.0, 1.0 / 0.0, 0.0 / 0.0};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 2, 4, 2, 1);
-        cfg.initial_infeed_sleep_secs = bad[i];
+        cfg.initial_infeed_sleep = bad[i];
         ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
-        ck_assert_msg(strstr(err.msg, "initial_infeed_sleep_secs") && strstr(err.msg, "86400"),
+        ck_assert_msg(strncmp(err.msg, "initial_infeed_sleep: ", 22) == 0 &&
+                          strstr(err.msg, "86400"),
                       "%g: '%s'", bad[i], err.msg);
     }
-    cfg.initial_infeed_sleep_secs = 86400.0;
+    cfg.initial_infeed_sleep = 86400.0;
     ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_OK);
 }
 END_TEST
@@ -246,8 +247,8 @@ static int64_t empty_replicas(const char *msg)
  * IFD_ETIMEDOUT from the watchdog, at global step k, naming every replica's infeed as empty and
  * carrying the caller's context. It fires because the input starved: when it fires, the source
  * has delivered k batches, the infeed waits for the next, no replica has a shard staged, and at
- * least watchdog_secs have passed since the source delivered the last batch (step k could not
- * end before it, and the watchdog counts from a step's end). */
+ * least cfg.watchdog seconds have passed since the source delivered the last batch (step k could
+ * not end before it, and the watchdog counts from a step's end). */
 START_TEST(starving_input_ends_the_run)
 {
     ifd_rng rng;
@@ -257,7 +258,7 @@ START_TEST(starving_input_ends_the_run)
     run r;
     run_init(&r, replicas, 50);
     r.cfg.iterations_per_loop = rand_between(&rng, 1, 4);
-    r.cfg.watchdog_secs = 0.3;
+    r.cfg.watchdog = 0.3;
     run_start(&r, k, 1);
     firing f = {.r = &r};
     ck_assert_int_eq(ifd_session_set_watchdog_context(r.s, test_context, &f), IFD_OK);
@@ -289,9 +290,9 @@ START_TEST(starving_input_ends_the_run)
             f.waiting_replica, (long long)f.staged);
     /* The watchdog's limit is its behaviour: the order of two events (the last batch delivered,
      * the firing), which no load can reverse. */
-    RASSERT(f.at_ns - f.last_ns >= (int64_t)(r.cfg.watchdog_secs * 1e9),
+    RASSERT(f.at_ns - f.last_ns >= (int64_t)(r.cfg.watchdog * 1e9),
             "R=%d k=%lld: fired %.3f s after the last batch came, before its %g s", replicas,
-            (long long)k, (double)(f.at_ns - f.last_ns) / 1e9, r.cfg.watchdog_secs);
+            (long long)k, (double)(f.at_ns - f.last_ns) / 1e9, r.cfg.watchdog);
     RASSERT(ifd_session_end_reason(r.s) == IFD_END_ERROR, "reason %s",
             ifd_end_reason_name(ifd_session_end_reason(r.s)));
     /* The end summary carries it. */
@@ -329,7 +330,7 @@ START_TEST(slow_input_is_not_starving)
 {
     run r;
     run_init(&r, 2, 8);
-    r.cfg.watchdog_secs = 0.4;
+    r.cfg.watchdog = 0.4;
     run_start(&r, 0, 1); /* an empty producer that leaves the queue open: the slow one feeds it */
     slow_producer sp = {
         .q = r.q, .bs = tu_batches_random(&r.cfg, 8, 5), .n = 8, .delay_ns = 100 * MS};
@@ -389,7 +390,7 @@ START_TEST(time_between_loops_does_not_count)
     run r;
     run_init(&r, 1, 6);
     r.cfg.iterations_per_loop = 1;
-    r.cfg.watchdog_secs = 0.2;
+    r.cfg.watchdog = 0.2;
     run_start(&r, 1, 1);
     pacer p = {.q = r.q, .bs = tu_batches_random(&r.cfg, 5, 9), .n = 5};
     ifd_hook h = {.name = "slow", .after_run = slow_after_run, .arg = &p};
@@ -429,7 +430,7 @@ START_TEST(full_outfeed_is_named)
     r.cfg.iterations_per_loop = 10;
     r.cfg.outfeed_depth = 2;
     r.cfg.summary_every = 1;
-    r.cfg.watchdog_secs = 0.3;
+    r.cfg.watchdog = 0.3;
     run_start(&r, 40, 0);
     int writes = 0;
     ifd_sink *stuck;
@@ -479,10 +480,10 @@ START_TEST(watchdog_is_validated)
     const double bad[] = {-1.0, 1e6, 0.0 / 0.0};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 3, 2, 4, 2, 1);
-        cfg.watchdog_secs = bad[i];
+        cfg.watchdog = bad[i];
         ck_assert_int_eq(ifd_config_validate(&cfg, &err), IFD_EINVAL);
-        ck_assert_msg(strstr(err.msg, "watchdog_secs") && strstr(err.msg, "0 (off)"), "%g: '%s'",
-                      bad[i], err.msg);
+        ck_assert_msg(strncmp(err.msg, "watchdog: ", 10) == 0 && strstr(err.msg, "0 (off)"),
+                      "%g: '%s'", bad[i], err.msg);
     }
 }
 END_TEST

@@ -41,7 +41,7 @@ void tu_ckpt_random_config(ifd_config *cfg, ifd_rng *rng)
     cfg->settings.classes = rand_between(rng, 2, 12);
     cfg->optimizer.kind = (ifd_optimizer_kind)rand_between(rng, 0, 2);
     cfg->optimizer.learning_rate = (float)rand_between(rng, 1, 1000) / 1000.0f;
-    cfg->num_steps = 1;
+    cfg->steps = 1;
 }
 
 static float rand_float(ifd_rng *rng)

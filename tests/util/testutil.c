@@ -129,7 +129,7 @@ void tu_config_train(ifd_config *cfg, const char *program, ifd_optimizer_kind op
     cfg->settings.features = d;
     cfg->settings.classes = k;
     cfg->batch_size = b;
-    cfg->num_steps = 20;
+    cfg->steps = 20;
     cfg->iterations_per_loop = ipl;
     cfg->optimizer.kind = opt;
     cfg->optimizer.learning_rate = opt == IFD_OPT_ADAM ? 0.01f : 0.1f;
@@ -290,7 +290,7 @@ int tu_thread_count(void)
     /* OpenBLAS's worker pool is process-wide: set it as the first cpu backend that opens does
      * (ifd_cpu_replica_threads) before counting, so that a baseline taken before the first
      * session matches the count after it. */
-    ifd_cpu_replica_threads(1);
+    ifd_cpu_replica_threads(1, 0);
     DIR *d = opendir("/proc/self/task");
     if (d == NULL)
         return -1;

@@ -1,7 +1,8 @@
 /*
  * infeedd's ZeroMQ side: the ingest ROUTER (docs/protocol.md) and the control REP socket, owned by
  * one I/O thread, and the summaries PUB socket, owned by the publisher's thread
- * (host/publisher.h); a monitor thread bounds their connections (host/monitor.h). Other threads
+ * (host/publisher.h); a monitor thread watches the heap (host/monitor.h). The files of the ingest
+ * and what each holds are listed in host/ingest/ingest_internal.h. Other threads
  * reach the I/O thread through an eventfd it polls beside the sockets:
  *
  * - Accepted batches go to a FIFO that is the session's batch source. Their tensors are views of
@@ -54,11 +55,11 @@ void ifd_ingest_wake(ifd_ingest *g);
  * ACKs, a BYE to every producer (status "ok" or "error", the end reason and message) and the
  * queued summaries, then stops. */
 void ifd_ingest_finish(ifd_ingest *g, int code, const char *reason, const char *message);
-/* After the session is destroyed (which releases the batches it held). */
 /* Stops the I/O thread (when ifd_ingest_finish has not) and lets go of everything the ingest
  * registered with the session's device (shared-memory pools): call it before the session is
  * destroyed. ifd_ingest_finish and ifd_ingest_destroy call it too. */
 void ifd_ingest_release_session(ifd_ingest *g);
+/* After the session is destroyed (which releases the batches it held). */
 void ifd_ingest_destroy(ifd_ingest *g);
 
 #endif

@@ -1,4 +1,4 @@
-#include "host/ingest_internal.h"
+#include "host/ingest/ingest_internal.h"
 
 #include "core/log.h"
 #include "core/thread.h"
@@ -10,7 +10,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,14 +25,14 @@ void ingest_watch_infeed(ifd_ingest *g)
     int64_t since = 0, now = ifd_clock_ns();
     if (g->input_closed || !ifd_session_infeed_waiting(g->session, &replica, &since) ||
         now - since < STARVE_WARN_NS) {
-        g->starve_warned_ns = 0;
+        g->stats.starve_warned_ns = 0;
         return;
     }
-    if (g->starve_warned_ns && now - g->starve_warned_ns < STARVE_WARN_NS)
+    if (g->stats.starve_warned_ns && now - g->stats.starve_warned_ns < STARVE_WARN_NS)
         return;
-    g->starve_warned_ns = now;
+    g->stats.starve_warned_ns = now;
     double secs = (double)(now - since) * 1e-9;
-    if (g->nlanes > 1) {
+    if (g->fifo.nlanes > 1) {
         int feeding = 0;
         for (int i = 0; i < g->cfg->max_producers; i++) {
             producer *p = &g->producers[i];
@@ -55,19 +54,20 @@ void ingest_watch_infeed(ifd_ingest *g)
 void ingest_sample_rates(ifd_ingest *g)
 {
     int64_t now = ifd_clock_ns(), step = ifd_session_global_step(g->session);
-    if (g->rate_t0 == 0) {
-        g->rate_t0 = now;
-        g->rate_step0 = step;
+    if (g->stats.rate_t0 == 0) {
+        g->stats.rate_t0 = now;
+        g->stats.rate_step0 = step;
         return;
     }
-    if (now - g->rate_t0 < 1000000000LL)
+    if (now - g->stats.rate_t0 < 1000000000LL)
         return;
-    g->steps_per_sec = (double)(step - g->rate_step0) * 1e9 / (double)(now - g->rate_t0);
+    g->stats.steps_per_sec =
+        (double)(step - g->stats.rate_step0) * 1e9 / (double)(now - g->stats.rate_t0);
     const ifd_config *r = &g->cfg->run;
-    g->examples_per_sec = g->steps_per_sec * (double)g->batch_rows *
-                          (double)ifd_input_batches_per_step(r->input_mode, r->replicas);
-    g->rate_t0 = now;
-    g->rate_step0 = step;
+    g->stats.examples_per_sec = g->stats.steps_per_sec * (double)g->pr.batch_rows *
+                                (double)ifd_input_batches_per_step(r->input_mode, r->replicas);
+    g->stats.rate_t0 = now;
+    g->stats.rate_step0 = step;
 }
 
 void ingest_request_stop(ifd_ingest *g, const char *why)
@@ -81,8 +81,8 @@ void ingest_request_stop(ifd_ingest *g, const char *why)
 
 json_t *ifd_ingest_endpoints_json(const ifd_ingest *g)
 {
-    const char *pub = g->pub ? ifd_publisher_endpoint(g->pub) : "";
-    const char *eps[] = {g->bound_listen, pub, g->bound_control};
+    const char *pub = g->sock.pub ? ifd_publisher_endpoint(g->sock.pub) : "";
+    const char *eps[] = {g->sock.bound_listen, pub, g->sock.bound_control};
     const char *keys[] = {"listen", "publish", "control"};
     json_t *j = json_object();
     for (int i = 0; i < 3; i++)
@@ -98,7 +98,7 @@ static json_t *status_json(ifd_ingest *g)
     json_object_set_new(j, "endpoints", ifd_ingest_endpoints_json(g));
     json_object_set_new(j, "state", json_string(g->stop_ns ? "stopping" : "running"));
     json_object_set_new(j, "mode", json_string(ifd_mode_name(g->cfg->run.mode)));
-    json_object_set_new(j, "program", json_string(g->program->cls->name));
+    json_object_set_new(j, "program", json_string(g->pr.program->cls->name));
     json_object_set_new(j, "backend", json_string(g->cfg->run.backend));
     json_object_set_new(j, "replicas", json_integer(g->cfg->run.replicas));
     if (strcmp(g->cfg->run.backend, "cpu") == 0) {
@@ -118,17 +118,17 @@ static json_t *status_json(ifd_ingest *g)
     json_object_set_new(j, "last_step",
                         run->mode != IFD_MODE_TRAIN ? json_null()
                         : run->last_step > 0        ? json_integer(run->last_step)
-                                                    : json_integer(g->first_step + run->num_steps));
+                                              : json_integer(g->stats.first_step + run->steps));
     json_object_set_new(j, "input_mode", json_string(ifd_input_mode_name(g->cfg->run.input_mode)));
     size_t qlen = 0;
-    json_t *per = g->nlanes > 1 ? json_array() : json_null();
-    ifd_mutex_lock(&g->qmu);
-    for (int i = 0; i < g->nlanes; i++) {
-        qlen += g->lanes[i].len;
-        if (g->nlanes > 1)
-            json_array_append_new(per, json_integer((json_int_t)g->lanes[i].len));
+    json_t *per = g->fifo.nlanes > 1 ? json_array() : json_null();
+    ifd_mutex_lock(&g->fifo.mu);
+    for (int i = 0; i < g->fifo.nlanes; i++) {
+        qlen += g->fifo.lanes[i].len;
+        if (g->fifo.nlanes > 1)
+            json_array_append_new(per, json_integer((json_int_t)g->fifo.lanes[i].len));
     }
-    ifd_mutex_unlock(&g->qmu);
+    ifd_mutex_unlock(&g->fifo.mu);
     json_object_set_new(j, "batch_queue", json_integer((json_int_t)qlen));
     json_object_set_new(j, "batch_queue_per_replica", per);
     int waiting_replica = -1;
@@ -141,11 +141,11 @@ static json_t *status_json(ifd_ingest *g)
                         waiting && waiting_replica >= 0 ? json_integer(waiting_replica)
                                                         : json_null());
     json_object_set_new(j, "starving_replica",
-                        waiting && g->nlanes > 1 && waiting_replica >= 0
+                        waiting && g->fifo.nlanes > 1 && waiting_replica >= 0
                             ? json_integer(waiting_replica)
                             : json_null());
     json_object_set_new(j, "batch_queue_limit",
-                        json_integer((json_int_t)g->cfg->max_producers * g->credit));
+                        json_integer((json_int_t)g->cfg->max_producers * g->pr.credit));
     json_object_set_new(j, "input_closed", json_boolean(g->input_closed));
     json_t *ps = json_array();
     int connected = 0;
@@ -177,11 +177,11 @@ static json_t *status_json(ifd_ingest *g)
                                  "outfeed_capacity", (json_int_t)d.outfeed_capacity));
     }
     json_object_set_new(j, "rings", rings);
-    json_object_set_new(j, "batches_accepted", json_integer(g->accepted));
-    json_object_set_new(j, "batches_rejected", json_integer(g->rejected));
-    json_object_set_new(j, "bytes_copied_unaligned", json_integer(g->copied_bytes));
-    json_object_set_new(j, "steps_per_sec", json_real(g->steps_per_sec));
-    json_object_set_new(j, "examples_per_sec", json_real(g->examples_per_sec));
+    json_object_set_new(j, "batches_accepted", json_integer(g->stats.accepted));
+    json_object_set_new(j, "batches_rejected", json_integer(g->stats.rejected));
+    json_object_set_new(j, "bytes_copied_unaligned", json_integer(g->stats.copied_bytes));
+    json_object_set_new(j, "steps_per_sec", json_real(g->stats.steps_per_sec));
+    json_object_set_new(j, "examples_per_sec", json_real(g->stats.examples_per_sec));
     return j;
 }
 
@@ -214,7 +214,7 @@ void ingest_handle_control(ifd_ingest *g)
 {
     zmq_msg_t m;
     zmq_msg_init(&m);
-    if (zmq_msg_recv(&m, g->rep, ZMQ_DONTWAIT) < 0) {
+    if (zmq_msg_recv(&m, g->sock.rep, ZMQ_DONTWAIT) < 0) {
         zmq_msg_close(&m);
         return;
     }
@@ -224,7 +224,7 @@ void ingest_handle_control(ifd_ingest *g)
     zmq_msg_close(&m);
     while (more) { /* a REP must answer the whole request; extra frames are ignored */
         zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, g->rep, 0) < 0)
+        if (zmq_msg_recv(&m, g->sock.rep, 0) < 0)
             more = 0;
         else
             more = zmq_msg_more(&m);
@@ -241,6 +241,6 @@ void ingest_handle_control(ifd_ingest *g)
     }
     char *text = json_dumps(reply, JSON_COMPACT);
     json_decref(reply);
-    zmq_send(g->rep, text ? text : "{}", text ? strlen(text) : 2, 0);
+    zmq_send(g->sock.rep, text ? text : "{}", text ? strlen(text) : 2, 0);
     free(text);
 }

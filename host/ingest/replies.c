@@ -13,7 +13,7 @@
  * breaks the protocol reaches that: its later replies are dropped and logged). Replies without
  * state (an ERROR returning no credit, a probe) are dropped when the queue is full.
  */
-#include "host/ingest_internal.h"
+#include "host/ingest/ingest_internal.h"
 #include "host/limits.h"
 
 #include "core/log.h"
@@ -77,13 +77,13 @@ static int reply_send(ifd_ingest *g, const producer_rid *to, const reply *r)
     }
     const char *json = r->pred ? r->pred->json : r->json;
     int nt = r->pred ? r->pred->ntensors : 0;
-    if (zmq_send(g->router, to->rid, to->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
+    if (zmq_send(g->sock.router, to->rid, to->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0)
         return zmq_errno();
-    int rc = zmq_send(g->router, h, hlen, (json ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
+    int rc = zmq_send(g->sock.router, h, hlen, (json ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
     if (rc >= 0 && json)
-        rc = zmq_send(g->router, json, strlen(json), (nt ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
+        rc = zmq_send(g->sock.router, json, strlen(json), (nt ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
     for (int i = 0; rc >= 0 && i < nt; i++)
-        rc = zmq_send(g->router, r->pred->data[i], r->pred->len[i],
+        rc = zmq_send(g->sock.router, r->pred->data[i], r->pred->len[i],
                       (i + 1 < nt ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
     return rc < 0 ? zmq_errno() : 0;
 }
@@ -112,7 +112,7 @@ static void send_failed(ifd_ingest *g, const producer_rid *to, int type, int e)
 
 static outbox *box_find(ifd_ingest *g, const producer_rid *to)
 {
-    void *node = tfind(to, &g->box_index, ingest_rid_cmp);
+    void *node = tfind(to, &g->out.box_index, ingest_rid_cmp);
     return node ? (outbox *)((char *)*(producer_rid *const *)node - offsetof(outbox, key)) : NULL;
 }
 
@@ -123,15 +123,15 @@ static outbox *box_new(ifd_ingest *g, const producer_rid *to)
         return NULL;
     memcpy(b->rid, to->rid, to->len);
     b->key = (producer_rid){.rid = b->rid, .len = to->len};
-    if (tsearch(&b->key, &g->box_index, ingest_rid_cmp) == NULL) {
+    if (tsearch(&b->key, &g->out.box_index, ingest_rid_cmp) == NULL) {
         free(b);
         return NULL;
     }
-    b->next = g->boxes;
-    if (g->boxes)
-        g->boxes->prev = b;
-    g->boxes = b;
-    g->nboxes++;
+    b->next = g->out.boxes;
+    if (g->out.boxes)
+        g->out.boxes->prev = b;
+    g->out.boxes = b;
+    g->out.nboxes++;
     return b;
 }
 
@@ -143,14 +143,14 @@ static void box_free(ifd_ingest *g, outbox *b)
         reply_free_parts(r);
         free(r);
     }
-    tdelete(&b->key, &g->box_index, ingest_rid_cmp);
+    tdelete(&b->key, &g->out.box_index, ingest_rid_cmp);
     if (b->prev)
         b->prev->next = b->next;
     else
-        g->boxes = b->next;
+        g->out.boxes = b->next;
     if (b->next)
         b->next->prev = b->prev;
-    g->nboxes--;
+    g->out.nboxes--;
     free(b);
 }
 
@@ -164,7 +164,7 @@ static void box_push(ifd_ingest *g, outbox *b, reply *r)
             t->seq = r->seq;
         return;
     }
-    reply *n = b->len < ifd_outbox_max(g->credit) ? malloc(sizeof *n) : NULL;
+    reply *n = b->len < ifd_outbox_max(g->pr.credit) ? malloc(sizeof *n) : NULL;
     if (n == NULL) {
         producer *p = ingest_find_by_rid(g, &b->key);
         char name[4 * IFD_PROTO_NAME_MAX + 1];
@@ -173,7 +173,7 @@ static void box_push(ifd_ingest *g, outbox *b, reply *r)
                         "to read them (at most %d; it does not read its socket)",
                         type_name(r->type), p ? "producer '" : "a connection",
                         p ? ifd_log_escape(p->name, name, sizeof name) : "", p ? "'" : "", b->len,
-                        ifd_outbox_max(g->credit));
+                        ifd_outbox_max(g->pr.credit));
         reply_free_parts(r);
         return;
     }
@@ -191,7 +191,7 @@ static void box_push(ifd_ingest *g, outbox *b, reply *r)
  * the queue is full); r's parts are sent, kept or freed. */
 static void reply_out(ifd_ingest *g, const producer_rid *to, reply r, int keep)
 {
-    outbox *b = g->nboxes ? box_find(g, to) : NULL;
+    outbox *b = g->out.nboxes ? box_find(g, to) : NULL;
     if (b == NULL) {
         int e = reply_send(g, to, &r);
         if (e == 0 || (e != EAGAIN && e != EINTR) || !keep) {
@@ -214,7 +214,7 @@ static void reply_out(ifd_ingest *g, const producer_rid *to, reply r, int keep)
 
 void ingest_replies_flush(ifd_ingest *g)
 {
-    for (outbox *b = g->boxes, *next; b; b = next) {
+    for (outbox *b = g->out.boxes, *next; b; b = next) {
         next = b->next;
         int e = 0;
         while (b->head && (e = reply_send(g, &b->key, b->head)) == 0) {
@@ -243,25 +243,25 @@ void ingest_replies_flush(ifd_ingest *g)
 
 int ingest_replies_waiting(const ifd_ingest *g)
 {
-    return g->nboxes;
+    return g->out.nboxes;
 }
 
 int ingest_replies_held(ifd_ingest *g, const producer_rid *to)
 {
-    return g->nboxes && box_find(g, to) != NULL;
+    return g->out.nboxes && box_find(g, to) != NULL;
 }
 
 void ingest_replies_drop(ifd_ingest *g, const producer_rid *to)
 {
-    outbox *b = g->nboxes ? box_find(g, to) : NULL;
+    outbox *b = g->out.nboxes ? box_find(g, to) : NULL;
     if (b)
         box_free(g, b);
 }
 
 void ingest_replies_free(ifd_ingest *g)
 {
-    while (g->boxes)
-        box_free(g, g->boxes);
+    while (g->out.boxes)
+        box_free(g, g->out.boxes);
 }
 
 /* ---- the replies ------------------------------------------------------------------------ */

@@ -1,4 +1,4 @@
-#include "host/ingest_internal.h"
+#include "host/ingest/ingest_internal.h"
 
 #include "core/log.h"
 #include "core/thread.h"
@@ -9,23 +9,24 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <zmq.h>
+
+/*
+ * The batch source the session reads: the ingest's own FIFOs (one, or one a replica in per-core
+ * mode), which never block their writer, the I/O thread; the infeed thread pops under fifo.mu.
+ * And the life of an accepted batch: its release (any thread) and its free.
+ */
 
 /* ---- the batch source ----------------------------------------------------------------------- */
 
 void ingest_host_frames_free(host_frames *fr)
 {
-    for (int i = 0; i < fr->nframes; i++)
-        zmq_msg_close(&fr->frames[i]);
     for (int i = 0; i < IFD_MAX_INPUTS; i++)
         free(fr->copies[i]);
-    ingest_shm_unref(fr->pool);
-    free(fr);
+    fr->free(fr);
 }
 
 /* Lets go of hb's share of its message's frames (once: the release or the free); 1 when that
@@ -34,8 +35,9 @@ int ingest_host_batch_free_frames(host_batch *hb)
 {
     host_frames *fr = hb->fr;
     hb->fr = NULL;
-    if (fr && fr->pool && hb->slot >= 0) /* its slot is free (the producer waits for the ACK) */
-        __atomic_store_n(&fr->pool->busy[hb->slot], -1, __ATOMIC_RELEASE);
+    if (fr && fr->slot_busy &&
+        hb->slot >= 0) /* its slot is free (the producer waits for the ACK) */
+        __atomic_store_n(&fr->slot_busy[hb->slot], -1, __ATOMIC_RELEASE);
     if (fr && __atomic_sub_fetch(&fr->refs, 1, __ATOMIC_ACQ_REL) == 0) {
         ingest_host_frames_free(fr);
         return 1;
@@ -78,15 +80,15 @@ void ingest_host_batch_release(ifd_batch *b, void *arg)
 
 static int src_pop(ifd_ingest *g, int lane, ifd_batch **out, int wait, ifd_error *err)
 {
-    if (lane < 0 || lane >= g->nlanes)
+    if (lane < 0 || lane >= g->fifo.nlanes)
         return ifd_error_set(err, IFD_EINVAL, "batch source: replica %d: expected 0 to %d", lane,
-                             g->nlanes - 1);
-    src_lane *l = &g->lanes[lane];
-    ifd_mutex_lock(&g->qmu);
-    while (wait && l->head == NULL && !g->qclosed && !g->qaborted)
-        ifd_cond_wait(&g->qcv, &g->qmu);
+                             g->fifo.nlanes - 1);
+    src_lane *l = &g->fifo.lanes[lane];
+    ifd_mutex_lock(&g->fifo.mu);
+    while (wait && l->head == NULL && !g->fifo.closed && !g->fifo.aborted)
+        ifd_cond_wait(&g->fifo.cv, &g->fifo.mu);
     int rc;
-    if (g->qaborted) {
+    if (g->fifo.aborted) {
         rc = IFD_ESTOPPED;
     } else if (l->head) {
         host_batch *hb = l->head;
@@ -94,14 +96,14 @@ static int src_pop(ifd_ingest *g, int lane, ifd_batch **out, int wait, ifd_error
         if (l->head == NULL)
             l->tail = NULL;
         l->len--;
-        if (hb->b.seq > g->pos[hb->pos]->seq)
-            g->pos[hb->pos]->seq = hb->b.seq;
+        if (hb->b.seq > g->fifo.pos[hb->pos]->seq)
+            g->fifo.pos[hb->pos]->seq = hb->b.seq;
         *out = &hb->b;
         rc = IFD_OK;
     } else {
-        rc = g->qclosed ? IFD_EEOF : IFD_ETIMEDOUT;
+        rc = g->fifo.closed ? IFD_EEOF : IFD_ETIMEDOUT;
     }
-    ifd_mutex_unlock(&g->qmu);
+    ifd_mutex_unlock(&g->fifo.mu);
     return rc;
 }
 
@@ -128,16 +130,16 @@ static int src_try_next_for(void *ctx, int replica, ifd_batch **out, ifd_error *
 static void src_abort(void *ctx)
 {
     ifd_ingest *g = ctx;
-    ifd_mutex_lock(&g->qmu);
-    g->qaborted = 1;
-    ifd_cond_broadcast(&g->qcv);
-    ifd_mutex_unlock(&g->qmu);
+    ifd_mutex_lock(&g->fifo.mu);
+    g->fifo.aborted = 1;
+    ifd_cond_broadcast(&g->fifo.cv);
+    ifd_mutex_unlock(&g->fifo.mu);
 }
 
-/* I/O thread: queues hb for the next ingest_src_flush, in its replica's FIFO in per-core mode. */
-void ingest_src_push(ifd_ingest *g, host_batch *hb)
+/* I/O thread: queues hb for the next ingest_fifo_flush, in its replica's FIFO in per-core mode. */
+void ingest_fifo_push(ifd_ingest *g, host_batch *hb)
 {
-    src_lane *l = &g->lanes[g->nlanes > 1 ? hb->b.replica : 0];
+    src_lane *l = &g->fifo.lanes[g->fifo.nlanes > 1 ? hb->b.replica : 0];
     hb->qnext = NULL;
     if (l->btail)
         l->btail->qnext = hb;
@@ -147,16 +149,16 @@ void ingest_src_push(ifd_ingest *g, host_batch *hb)
 }
 
 /* I/O thread: hands the batches of a receive burst to the infeed thread with one wake-up. */
-void ingest_src_flush(ifd_ingest *g)
+void ingest_fifo_flush(ifd_ingest *g)
 {
     int any = 0;
-    for (int i = 0; i < g->nlanes; i++)
-        any |= g->lanes[i].bhead != NULL;
+    for (int i = 0; i < g->fifo.nlanes; i++)
+        any |= g->fifo.lanes[i].bhead != NULL;
     if (!any)
         return;
-    ifd_mutex_lock(&g->qmu);
-    for (int i = 0; i < g->nlanes; i++) {
-        src_lane *l = &g->lanes[i];
+    ifd_mutex_lock(&g->fifo.mu);
+    for (int i = 0; i < g->fifo.nlanes; i++) {
+        src_lane *l = &g->fifo.lanes[i];
         if (l->bhead == NULL)
             continue;
         size_t n = 0;
@@ -172,21 +174,21 @@ void ingest_src_flush(ifd_ingest *g)
     }
     /* One consumer (the infeed thread), waiting for one FIFO: a wake-up for another FIFO's batch
      * makes it check again and wait on. */
-    ifd_cond_signal(&g->qcv);
-    ifd_mutex_unlock(&g->qmu);
+    ifd_cond_signal(&g->fifo.cv);
+    ifd_mutex_unlock(&g->fifo.mu);
 }
 
 void ingest_close_input(ifd_ingest *g, const char *why)
 {
     if (g->input_closed)
         return;
-    ingest_src_flush(g);
+    ingest_fifo_flush(g);
     g->input_closed = 1;
     IFD_LOG_INFO("input closed: %s", why);
-    ifd_mutex_lock(&g->qmu);
-    g->qclosed = 1;
-    ifd_cond_broadcast(&g->qcv);
-    ifd_mutex_unlock(&g->qmu);
+    ifd_mutex_lock(&g->fifo.mu);
+    g->fifo.closed = 1;
+    ifd_cond_broadcast(&g->fifo.cv);
+    ifd_mutex_unlock(&g->fifo.mu);
 }
 
 static const ifd_batch_source_ops src_ops = {

@@ -1,4 +1,9 @@
-#include "host/ingest_internal.h"
+/*
+ * The producer table (I/O thread): slots by connection and by name, the position table (under
+ * fifo.mu, which the infeed thread takes to update it), liveness probes and timeouts, END and
+ * the input's end, the connections of ended producers that still wait for their BYE.
+ */
+#include "host/ingest/ingest_internal.h"
 #include "host/security.h"
 
 #include "core/log.h"
@@ -10,14 +15,12 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <search.h>
 #include <stddef.h>
 #include <string.h>
 #include <unistd.h>
-#include <zmq.h>
 
 /* ---- the producer table -------------------------------------------------------------------- */
 
@@ -68,7 +71,7 @@ void ingest_slot_unbind(ifd_ingest *g, producer *p)
 {
     if (p->rid_len) {
         tdelete(&p->key, &g->by_rid, ingest_rid_cmp);
-        ifd_conns_unmark(g->conns, p->fd, p->conn_mark);
+        ifd_conns_unmark(g->sock.conns, p->fd, p->conn_mark);
     }
     p->rid_len = 0;
     p->fd = -1;
@@ -92,8 +95,8 @@ int ingest_slot_bind(ifd_ingest *g, producer *p, const producer_rid *r)
         return IFD_ENOMEM;
     }
     p->probe_ns = p->probe_ivl_ns = 0; /* a new connection: probed afresh */
-    p->fd = g->msg_fd;                 /* a producer's connection is never closed to make room */
-    p->conn_mark = ifd_conns_mark(g->conns, p->fd);
+    p->fd = g->sock.msg_fd;            /* a producer's connection is never closed to make room */
+    p->conn_mark = ifd_conns_mark(g->sock.conns, p->fd);
     return IFD_OK;
 }
 
@@ -120,19 +123,20 @@ int ingest_position_known(ifd_ingest *g, const char *name)
 {
     position key;
     snprintf(key.name, sizeof key.name, "%s", name);
-    ifd_mutex_lock(&g->qmu);
-    int known = tfind(&key, &g->pos_index, pos_cmp) != NULL;
-    ifd_mutex_unlock(&g->qmu);
+    ifd_mutex_lock(&g->fifo.mu);
+    int known = tfind(&key, &g->fifo.pos_index, pos_cmp) != NULL;
+    ifd_mutex_unlock(&g->fifo.mu);
     return known;
 }
 
 int ingest_key_names(ifd_ingest *g, const char *key)
 {
     int n = 0;
-    ifd_mutex_lock(&g->qmu);
-    for (int i = 0; i < g->npos; i++)
-        n += strcmp(g->pos[i]->key, key) == 0 && (g->pos[i]->seq >= 0 || position_in_use(g, i));
-    ifd_mutex_unlock(&g->qmu);
+    ifd_mutex_lock(&g->fifo.mu);
+    for (int i = 0; i < g->fifo.npos; i++)
+        n += strcmp(g->fifo.pos[i]->key, key) == 0 &&
+             (g->fifo.pos[i]->seq >= 0 || position_in_use(g, i));
+    ifd_mutex_unlock(&g->fifo.mu);
     return n;
 }
 
@@ -141,60 +145,60 @@ int ingest_position_index(ifd_ingest *g, const char *name, const char *owner, in
     position key = {.key = ""};
     snprintf(key.name, sizeof key.name, "%s", name);
     snprintf(key.key, sizeof key.key, "%s", owner ? owner : "");
-    ifd_mutex_lock(&g->qmu);
+    ifd_mutex_lock(&g->fifo.mu);
     int i;
-    void *node = tfind(&key, &g->pos_index, pos_cmp);
+    void *node = tfind(&key, &g->fifo.pos_index, pos_cmp);
     if (node) {
         position *e = *(position **)node;
-        for (i = 0; g->pos[i] != e; i++)
+        for (i = 0; g->fifo.pos[i] != e; i++)
             ;
     } else {
         /* a new name: a fresh entry, or one that never got a position and has no producer */
-        i = g->npos;
-        if (g->npos >= g->max_pos)
-            for (int k = 0; k < g->npos; k++)
-                if (g->pos[k]->seq < 0 && !position_in_use(g, k)) {
+        i = g->fifo.npos;
+        if (g->fifo.npos >= g->fifo.max_pos)
+            for (int k = 0; k < g->fifo.npos; k++)
+                if (g->fifo.pos[k]->seq < 0 && !position_in_use(g, k)) {
                     i = k;
                     break;
                 }
-        if (i == g->npos && g->npos >= g->max_pos) {
-            ifd_mutex_unlock(&g->qmu);
+        if (i == g->fifo.npos && g->fifo.npos >= g->fifo.max_pos) {
+            ifd_mutex_unlock(&g->fifo.mu);
             return -2;
         }
         position *e;
-        if (i < g->npos) { /* recycled */
-            e = g->pos[i];
-            tdelete(e, &g->pos_index, pos_cmp);
+        if (i < g->fifo.npos) { /* recycled */
+            e = g->fifo.pos[i];
+            tdelete(e, &g->fifo.pos_index, pos_cmp);
         } else {
-            if (g->npos == g->cap_pos) {
-                int cap = g->cap_pos ? 2 * g->cap_pos : 16;
-                position **tab = realloc(g->pos, (size_t)cap * sizeof *tab);
+            if (g->fifo.npos == g->fifo.cap_pos) {
+                int cap = g->fifo.cap_pos ? 2 * g->fifo.cap_pos : 16;
+                position **tab = realloc(g->fifo.pos, (size_t)cap * sizeof *tab);
                 if (tab == NULL) {
-                    ifd_mutex_unlock(&g->qmu);
+                    ifd_mutex_unlock(&g->fifo.mu);
                     return -1;
                 }
-                g->pos = tab;
-                g->cap_pos = cap;
+                g->fifo.pos = tab;
+                g->fifo.cap_pos = cap;
             }
             e = malloc(sizeof *e);
             if (e == NULL) {
-                ifd_mutex_unlock(&g->qmu);
+                ifd_mutex_unlock(&g->fifo.mu);
                 return -1;
             }
-            g->pos[g->npos++] = e;
+            g->fifo.pos[g->fifo.npos++] = e;
         }
         *e = key;
         e->seq = -1;
-        if (tsearch(e, &g->pos_index, pos_cmp) == NULL) {
+        if (tsearch(e, &g->fifo.pos_index, pos_cmp) == NULL) {
             e->name[0] = '\0'; /* an entry no name finds; recycled later */
-            ifd_mutex_unlock(&g->qmu);
+            ifd_mutex_unlock(&g->fifo.mu);
             return -1;
         }
     }
-    if (*seq > g->pos[i]->seq)
-        g->pos[i]->seq = *seq;
-    *seq = g->pos[i]->seq;
-    ifd_mutex_unlock(&g->qmu);
+    if (*seq > g->fifo.pos[i]->seq)
+        g->fifo.pos[i]->seq = *seq;
+    *seq = g->fifo.pos[i]->seq;
+    ifd_mutex_unlock(&g->fifo.mu);
     return i;
 }
 
@@ -207,12 +211,12 @@ void ingest_producers_free(ifd_ingest *g)
 {
     ingest_drop_busy_hello(g, NULL);
     tdestroy(g->by_rid, no_free);
-    tdestroy(g->pos_index, no_free);
-    for (int i = 0; i < g->npos; i++)
-        free(g->pos[i]);
-    free(g->pos);
-    g->by_rid = g->pos_index = NULL;
-    g->pos = NULL;
+    tdestroy(g->fifo.pos_index, no_free);
+    for (int i = 0; i < g->fifo.npos; i++)
+        free(g->fifo.pos[i]);
+    free(g->fifo.pos);
+    g->by_rid = g->fifo.pos_index = NULL;
+    g->fifo.pos = NULL;
 }
 
 /*

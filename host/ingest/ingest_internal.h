@@ -1,26 +1,30 @@
 /*
- * The ingest's parts, shared by the files of host/ that make it up (one I/O thread runs them all):
+ * The ingest's parts, shared by the files of host/ingest/ that make it up:
  *
- *   ingest.c     sockets, create/destroy, the I/O thread's loop, the end (BYE)
- *   reply.c      replies, and the outboxes that keep those carrying state until they are sent
- *   producers.c  the producer table and positions, liveness, END
- *   hello.c      HELLO (schema check, WELCOME) and the HELLOs parked for a busy name
- *   shm.c        the shared-memory pools of local producers (docs/protocol.md, "Shared memory")
- *   batch.c      BATCH and BATCH_SHM validation and acceptance, ACKs and PREDICTIONs
- *   source.c     the batch source the session reads (FIFOs under qmu)
- *   control.c    the control socket (status, stop), rates, starvation warnings
+ *   protocol.c       the protocol's rules over byte spans, no socket (protocol.h)
+ *   zmq_transport.c  ROUTER messages to the protocol, BATCH frames kept as tensors, parked HELLOs
+ *   shm_transport.c  the shared-memory pools of local producers, BATCH_SHM slots as tensors
+ *   hello.c          HELLO against the producer table, WELCOME
+ *   batch_accept.c   a checked BATCH's steps made batches (either transport), ACKs, PREDICTIONs
+ *   producers.c      the producer table and positions, liveness, END
+ *   batch_fifo.c     the batch source the session reads (FIFOs under fifo.mu)
+ *   replies.c        replies, and the outboxes that keep those carrying state until they are sent
+ *   sockets.c        the sockets' options and endpoints
+ *   io_loop.c        the I/O thread's loop, the end (BYE)
+ *   lifecycle.c      create, start, finish, destroy, checkpoint positions
+ *   control.c        the control socket (status, stop), rates, starvation warnings
  *
  * The PUB socket has its own thread (host/publisher.c), and the connection monitor too
- * (host/monitor.c).
- *
- * Everything here runs on the I/O thread unless its comment says otherwise.
+ * (host/monitor.c). struct ifd_ingest is split by owner: each part says which thread owns it
+ * and which lock guards what other threads touch; what it does not say is the I/O thread's.
  */
 #ifndef IFD_HOST_INGEST_INTERNAL_H
 #define IFD_HOST_INGEST_INTERNAL_H
 
 #include "host/conns.h"
 #include "host/endpoint.h"
-#include "host/ingest.h"
+#include "host/ingest/ingest.h"
+#include "host/ingest/protocol.h"
 #include "host/monitor.h"
 #include "host/publisher.h"
 
@@ -30,13 +34,10 @@
 #include "core/wire.h"
 #include "infeed/inputs.h"
 
-#include <stdint.h>
-#include <zmq.h>
 #include <jansson.h>
+#include <stdint.h>
 
-#define MAX_PARTS (IFD_MAX_INPUTS + 2) /* routing id, header, tensors */
-#define RECV_BURST 256                 /* messages handled before polling the others again */
-#define STOP_GRACE_NS 1000000000LL     /* a stop waits this long for input before closing it */
+#define STOP_GRACE_NS 1000000000LL /* a stop waits this long for input before closing it */
 #define RID_MAX 256
 #define STARVE_WARN_NS 5000000000LL /* a starving infeed is logged after waiting this long */
 /* A HELLO for a name whose old connection still answers waits this long for that connection to
@@ -85,14 +86,8 @@ typedef struct ended_conn {
     int64_t acked_seq;
 } ended_conn;
 
-/* A parked HELLO (see BUSY_HELLO_NS): its connection, its JSON frame, since when it waits. */
-typedef struct busy_hello {
-    int used;
-    uint8_t rid[RID_MAX];
-    size_t rid_len;
-    zmq_msg_t body;
-    int64_t since_ns, next_ns;
-} busy_hello;
+/* A parked HELLO (see BUSY_HELLO_NS): zmq_transport.c keeps its frame. */
+typedef struct busy_hello busy_hello;
 
 typedef struct producer {
     int used;
@@ -141,17 +136,20 @@ typedef struct position {
     char key[IFD_KEY_Z85_LEN + 1]; /* CURVE: the key whose HELLO made it ("": none) */
 } position;
 
-/* A BATCH message's tensor frames, shared by the steps it carries (a message of k x batch
- * rows is k step batches, each a view of its rows): freed when the last of them lets go. */
-typedef struct host_frames {
-    int refs; /* atomic: the step batches still holding the frames */
-    int nframes;
-    zmq_msg_t frames[IFD_MAX_INPUTS];
-    void *copies[IFD_MAX_INPUTS]; /* a frame libzmq left unaligned (or a pool's integer
-                                     tensor), copied */
-    char *data[IFD_MAX_INPUTS];   /* tensor i's first row: a frame, a copy or a pool slot */
-    shm_pool *pool;               /* BATCH_SHM: the pool its steps are in (a reference) */
-} host_frames;
+/* A BATCH message's tensors, shared by the steps it carries (a message of k x batch rows is k
+ * step batches, each a view of its rows): its transport makes it (zmq_frames: the received
+ * frames; shm_frames: pool slots) and frees it (`free`) when the last step lets go. */
+typedef struct host_frames host_frames;
+struct host_frames {
+    int refs;                      /* atomic: the step batches still holding the tensors */
+    char *data[IFD_MAX_INPUTS];    /* tensor i's first row: a frame, a copy or a pool slot */
+    void *copies[IFD_MAX_INPUTS];  /* a frame libzmq left unaligned (or a pool's integer
+                                      tensor), copied */
+    int64_t *slot_busy;            /* BATCH_SHM: the pool's in-flight marks (cleared a step at a
+                                      time by the release), else NULL */
+    int pinned;                    /* its bytes are registered with the device (IFD_BATCH_PINNED) */
+    void (*free)(host_frames *fr); /* the transport's: frees what it holds and fr */
+};
 
 struct host_batch {
     ifd_batch b;
@@ -174,9 +172,9 @@ typedef struct src_lane {
     host_batch *bhead, *btail; /* I/O thread: accepted during this receive burst */
 } src_lane;
 
-struct ifd_ingest {
-    const ifd_daemon_config *cfg;
-    int *signals; /* atomic */
+/* The sockets (the transport) and the I/O thread: created by ifd_ingest_create, used by the I/O
+ * thread only (efd: any thread writes it to wake that thread). */
+typedef struct ingest_sockets {
     void *zctx;
     void *router, *rep;
     ifd_publisher *pub; /* NULL when --publish is "" */
@@ -187,18 +185,75 @@ struct ifd_ingest {
     int msg_fd;                   /* the descriptor of the message handled (-1: not known) */
     int64_t hoarders_ns;          /* the last pass of ingest_close_hoarders */
     int efd;
-    ifd_session *session;
-    const ifd_program *program;
-    /* the program inputs a batch carries in this mode (predict: no labels), in frame order */
-    int nin;
-    const ifd_input_spec *in[IFD_MAX_INPUTS];
-    ifd_thread thread;
-    int started;
     size_t max_frame;
-    int credit;         /* per producer: cfg->credit, or the auto credit for the batch size */
-    int max_steps;      /* steps a BATCH may carry (max_steps_per_message; predict: 1) */
-    int64_t batch_rows; /* rows every batch must have (ifd_input_batch_rows) */
+    ifd_thread thread;
+    int started; /* main thread */
+} ingest_sockets;
 
+/* The batch source (batch_fifo.c): the I/O thread pushes, the infeed thread pops, under mu. One
+ * FIFO, or one per replica in per-core mode (batches accepted during one receive burst are
+ * pushed together, with one wake-up). The position table is updated as batches are popped, so
+ * it shares the lock (and the checkpoint hook's thread reads it under it). */
+typedef struct ingest_fifo {
+    ifd_mutex mu;
+    ifd_cond cv;
+    int nlanes;
+    src_lane *lanes;
+    int closed, aborted;
+    position **pos; /* the position table; entries never move */
+    int npos, cap_pos;
+    int max_pos;     /* names the table holds at most (4 x max_producers, at least 1024) */
+    void *pos_index; /* tsearch tree of the entries by name */
+} ingest_fifo;
+
+/* The pools registered with the session's device (shm_transport.c): the I/O thread registers,
+ * any thread unregisters one as it goes, under mu. */
+typedef struct ingest_pools {
+    ifd_mutex mu;
+    shm_pool *pinned;
+    int session_released; /* no more registrations */
+} ingest_pools;
+
+/* The end, asked by the main thread (ifd_ingest_finish) under mu; the I/O thread reads it. */
+typedef struct ingest_end {
+    ifd_mutex mu;
+    int finishing;
+    int fin_code;
+    char fin_reason[32];
+    char fin_message[512];
+} ingest_end;
+
+/* Counters and rates (I/O thread; control's status reads them there). */
+typedef struct ingest_stats {
+    int64_t accepted, rejected, copied_bytes;
+    double steps_per_sec, examples_per_sec;
+    int64_t first_step; /* the global step when the run started (status: last_step) */
+    int64_t rate_t0, rate_step0;
+    int64_t starve_warned_ns; /* the last starvation warning about the current wait */
+} ingest_stats;
+
+/* The replies waiting for their connections' queues (replies.c): a list, and a tree by routing
+ * id (I/O thread). */
+typedef struct ingest_outboxes {
+    outbox *boxes;
+    void *box_index;
+    int nboxes;
+} ingest_outboxes;
+
+struct ifd_ingest {
+    const ifd_daemon_config *cfg;
+    int *signals; /* atomic */
+    ifd_session *session;
+    ingest_proto pr; /* written by ifd_ingest_create and _start, read-only after */
+    ingest_sockets sock;
+    ingest_fifo fifo;
+    ingest_pools pools;
+    ingest_end end;
+    ingest_stats stats;
+    ingest_outboxes out;
+    int acks_pending; /* atomic: a release asked the I/O thread for ACKs */
+
+    /* The protocol's state: the producer table (I/O thread) */
     producer *producers;
     int64_t next_anon;
     int ever_welcomed;
@@ -208,63 +263,35 @@ struct ifd_ingest {
     int input_closed;
     int handled_signals;
     int64_t stop_ns; /* when a stop was asked, 0: none */
-    int64_t accepted, rejected, copied_bytes;
-    double steps_per_sec, examples_per_sec;
-    int64_t first_step; /* the global step when the run started (status: last_step) */
-    int64_t rate_t0, rate_step0;
-
-    int64_t starve_warned_ns; /* the last starvation warning about the current wait */
-
-    /* the source FIFOs: one, or one per replica in per-core mode (batches accepted during one
-     * receive burst are pushed together, with one wake-up) */
-    ifd_mutex qmu;
-    ifd_cond qcv;
-    int nlanes;
-    src_lane *lanes;
-    int qclosed, qaborted;
-    position **pos; /* the position table, also under qmu; entries never move */
-    int npos, cap_pos;
-    int max_pos;     /* names the table holds at most (4 x max_producers, at least 1024) */
-    void *pos_index; /* tsearch tree of the entries by name, under qmu */
-    void *by_rid;    /* tsearch tree of the producers by connection (I/O thread) */
-    /* replies waiting for their connections' queues (reply.c): a list, and a tree by routing id */
-    outbox *boxes;
-    void *box_index;
-    int nboxes;
+    void *by_rid;    /* tsearch tree of the producers by connection */
     /* connections of producers that ended and whose slots went to others: their BYE is due */
     ended_conn *ended_conns;
     int nended_conns;
     /* log lines peers can cause, each rate-limited */
     ifd_log_limit lim_hello, lim_reject, lim_gone;
     int64_t liveness_ns; /* the last pass of ingest_check_liveness */
-    busy_hello busy[BUSY_HELLO_MAX];
+    busy_hello *busy;    /* BUSY_HELLO_MAX of them (zmq_transport.c), made at the first park */
     int nbusy;
     int64_t hello_since_ns; /* while a parked HELLO is handled again: since when it waits */
-
-    /* the pools registered with the session's device (any thread unregisters one as it goes) */
-    ifd_mutex pool_mu;
-    shm_pool *pinned;
-    int session_released; /* under pool_mu: no more registrations */
-
-    /* the end, from the main thread */
-    ifd_mutex omu;
-    int acks_pending; /* atomic */
-    int finishing;    /* under omu */
-    int fin_code;
-    char fin_reason[32];
-    char fin_message[512];
 };
 
-/* ingest.c: while the heap is above its bound, the connections without a producer are closed
+/* io_loop.c: while the heap is above its bound, the connections without a producer are closed
  * (they may hold frames of messages they never finish, which libzmq keeps without limit). */
 void ingest_close_hoarders(ifd_ingest *g);
+/* io_loop.c: the I/O thread (arg: the ingest). */
+void *ingest_io_main(void *arg);
 
-/* ingest.c: the message handler (HELLO, BATCH, END; parts[0] is the routing id) and the
- * program the schema comes from (ifd_ingest_start sets it; the fuzz harness calls both). */
-void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int total);
+/* zmq_transport.c: a burst of at most RECV_BURST messages read and handled (zmq_transport.h
+ * has the rest). */
+void ingest_recv_burst(ifd_ingest *g);
+/* lifecycle.c: the program the schema comes from (ifd_ingest_start sets it; the fuzz harness
+ * too). */
 void ingest_attach_program(ifd_ingest *g, const ifd_program *program);
+/* sockets.c: the ROUTER (its options, its connections, its endpoint) and the control REP; the
+ * error names the option or endpoint that failed. */
+int ingest_sockets_open(ifd_ingest *g, ifd_error *err);
 
-/* reply.c: replies. Those that carry state (ACK, CREDIT, WELCOME, BYE, PREDICTION, an ERROR
+/* replies.c: replies. Those that carry state (ACK, CREDIT, WELCOME, BYE, PREDICTION, an ERROR
  * returning credit) are kept (keep = 1) until the connection's queue takes them; the others are
  * dropped when it is full. */
 #define NO_SEQ INT64_MIN /* an ERROR about no batch: its seq is null */
@@ -289,7 +316,6 @@ int ingest_replies_waiting(const ifd_ingest *g);
 int ingest_replies_held(ifd_ingest *g, const producer_rid *to);
 void ingest_replies_drop(ifd_ingest *g, const producer_rid *to);
 void ingest_replies_free(ifd_ingest *g);
-const char *ingest_dims_format(int rank, const int64_t *dims, char *buf, size_t len);
 
 /* producers.c */
 producer_rid ingest_rid_of(const producer *p);
@@ -325,24 +351,32 @@ void ingest_check_liveness(ifd_ingest *g);
 /* Frees the position table and the indexes (destroy). */
 void ingest_producers_free(ifd_ingest *g);
 
-/* hello.c */
-void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, const zmq_msg_t *body);
+/* hello.c: a HELLO from its transport: the JSON, the connection's CURVE key and address, and a
+ * way to park it (handled again later: a busy name, no free slot; 1 if parked). */
+typedef struct ingest_hello_msg {
+    ingest_span json;
+    const char *user_id;      /* CURVE: the connection's public key (NULL without CURVE) */
+    const char *peer_address; /* the peer's address (NULL: unknown) */
+    int (*park)(struct ingest_hello_msg *m);
+} ingest_hello_msg;
+void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, ingest_hello_msg *m);
+/* zmq_transport.c: parked HELLOs (ingest_drop_busy_hello(g, NULL) frees them all) */
 /* Parked HELLOs whose time has come are handled again (welcomed, parked again, or EBUSY); a new
  * message from a parked connection drops its parked HELLO (drop_busy_hello), and destroy frees
  * them all (from = NULL). */
 void ingest_retry_busy_hellos(ifd_ingest *g);
 void ingest_drop_busy_hello(ifd_ingest *g, const producer_rid *from);
 
-/* shm.c: a pool for p (the WELCOME's "shm" object, or NULL with a sentence in why when the
- * daemon makes none: also when p's slot has SHM_POOLS_MAX pools alive, its old ones kept by
+/* shm_transport.c: a pool for p (the WELCOME's "shm" object, or NULL with a sentence in why when
+ * the daemon makes none: also when p's slot has SHM_POOLS_MAX pools alive, its old ones kept by
  * steps in flight); a pool is let go by its producer (drop) and by every message holding steps
  * in it (unref), and freed with the last. */
 #define SHM_POOLS_MAX 2 /* a producer slot's pools alive at once (S in docs/protocol.md) */
-shm_pool *ingest_shm_create(ifd_ingest *g, producer *p, const zmq_msg_t *hello, char *why,
+shm_pool *ingest_shm_create(ifd_ingest *g, producer *p, const ingest_hello_msg *hello, char *why,
                             size_t wlen);
 /* Whether a HELLO asking p's slot for a pool would be refused now for SHM_POOLS_MAX, its pool
  * dropped (p's old pools are still held by steps in flight): it waits for them. */
-int ingest_shm_must_wait(ifd_ingest *g, const producer *p, const zmq_msg_t *hello);
+int ingest_shm_must_wait(ifd_ingest *g, const producer *p, const ingest_hello_msg *hello);
 json_t *ingest_shm_json(const shm_pool *pool);
 void ingest_shm_ref(shm_pool *pool);
 void ingest_shm_unref(shm_pool *pool);
@@ -352,21 +386,36 @@ void ingest_shm_mapped(shm_pool *pool);
 /* Every pool still registered with the session's device is unregistered (the session is about
  * to go); pools made after it are not registered. */
 void ingest_shm_release_session(ifd_ingest *g);
+/* BATCH_SHM: its header frame and the count of frames after it. */
+void ingest_shm_handle_batch(ifd_ingest *g, const producer_rid *from, ingest_span hdr, int nframes);
 
-/* source.c */
+/* batch_fifo.c */
 void ingest_host_frames_free(host_frames *fr);
 int ingest_host_batch_free_frames(host_batch *hb);
 void ingest_prediction_free(prediction_msg *m);
 void ingest_host_batch_free(host_batch *hb);
 void ingest_host_batch_release(ifd_batch *b, void *arg);
-void ingest_src_push(ifd_ingest *g, host_batch *hb);
-void ingest_src_flush(ifd_ingest *g);
+void ingest_fifo_push(ifd_ingest *g, host_batch *hb);
+void ingest_fifo_flush(ifd_ingest *g);
 void ingest_close_input(ifd_ingest *g, const char *why);
 
-/* batch.c */
-/* BATCH (shm 0) and BATCH_SHM (shm 1) */
-void ingest_handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *parts, int total,
-                         int shm);
+/* batch_accept.c: a BATCH or BATCH_SHM, whatever transport brought it. begin: the producer's
+ * checks (welcomed, open, credit), its k credits taken (NULL: answered). reject: an ERROR that
+ * gives them back. sequence: duplicates answered (-1) or the steps taken before (*skip; 0).
+ * accept: fr (made by the transport, take_rc its result) checked by the program and split into
+ * its steps (first_slot: BATCH_SHM's first slot, else -1); fr is taken, whatever happens. */
+producer *ingest_batch_begin(ifd_ingest *g, const producer_rid *from, const ifd_proto_batch *bh,
+                             const char *what, int *k);
+void ingest_batch_reject(ifd_ingest *g, producer *p, const producer_rid *from, int k, int code,
+                         int64_t seq, const char *msg);
+int ingest_batch_sequence(ifd_ingest *g, producer *p, const producer_rid *from,
+                          const ifd_proto_batch *bh, int k, int *skip);
+void ingest_batch_accept(ifd_ingest *g, producer *p, const producer_rid *from,
+                         const ifd_proto_batch *bh, int k, int skip, host_frames *fr, int take_rc,
+                         int first_slot);
+/* An aligned copy of len bytes (a frame libzmq left unaligned, a pool's integer tensor), counted
+ * in status's copied bytes; NULL when out of memory. */
+void *ingest_copy_aligned(ifd_ingest *g, const void *src, size_t len);
 void ingest_send_acks(ifd_ingest *g);
 
 /* control.c */

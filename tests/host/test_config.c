@@ -1,0 +1,514 @@
+/*
+ * Tests of infeedd's option table (host/config.c) and the passes it drives: every option's
+ * range, type and emptiness checked with random values inside and outside, from a flag and from
+ * the config file, each error naming the key as the user gave it (--flag or file_key), what was
+ * expected and what arrived; the runtime's sentences and the rules between keys named the same
+ * way; --help listing every option with its default.
+ */
+#include "host/config_internal.h"
+#include "tests/util/testutil.h"
+
+#include <check.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The base every case adds to: a run that validates. */
+static const char *const BASE[] = {"--features", "4", "--classes", "3", "--steps", "10"};
+#define NBASE ((int)(sizeof BASE / sizeof BASE[0]))
+
+static int read_text(void *arg, const char *path, char **text, ifd_error *err)
+{
+    (void)path;
+    *text = strdup((const char *)arg);
+    return *text ? IFD_OK : ifd_error_set(err, IFD_ENOMEM, "out of memory");
+}
+
+static int no_plugin(const char *path, ifd_error *err)
+{
+    return ifd_error_set(err, IFD_EINVAL, "program library '%s': not loaded by the test", path);
+}
+
+/* Parses BASE and args (a NULL-terminated list) into *c (to be freed); with json, a --config
+ * file holding it comes first. */
+static int parse_into(ifd_daemon_config *c, const char *json, const char *const *args,
+                      ifd_error *err)
+{
+    char *argv[48] = {"infeedd"};
+    int argc = 1;
+    if (json) {
+        argv[argc++] = "--config";
+        argv[argc++] = "t.json";
+    }
+    for (int i = 0; i < NBASE && !json; i++)
+        argv[argc++] = (char *)BASE[i];
+    for (int i = 0; args && args[i]; i++)
+        argv[argc++] = (char *)args[i];
+    ifd_daemon_config_defaults(c);
+    c->load_program_lib = no_plugin;
+    int exit_now;
+    FILE *devnull = fopen("/dev/null", "w");
+    ifd_error_clear(err);
+    int rc = ifd_daemon_config_parse_with(c, argc, argv, devnull, &exit_now, read_text,
+                                          (void *)json, err);
+    fclose(devnull);
+    return rc;
+}
+
+static int parse(const char *json, const char *const *args, ifd_error *err)
+{
+    ifd_daemon_config c;
+    int rc = parse_into(&c, json, args, err);
+    ifd_daemon_config_free(&c);
+    return rc;
+}
+
+/* The file of BASE with "key": value (value is JSON text; it replaces BASE's value of key). */
+static const char *file_with(char *buf, size_t len, const char *key, const char *value)
+{
+    const char *base[][2] = {{"features", "4"}, {"classes", "3"}, {"steps", "10"}};
+    size_t at = (size_t)snprintf(buf, len, "{\"%s\": %s", key, value);
+    for (int i = 0; i < 3; i++)
+        if (strcmp(base[i][0], key) != 0)
+            at += (size_t)snprintf(buf + at, len - at, ", \"%s\": %s", base[i][0], base[i][1]);
+    snprintf(buf + at, len - at, "}");
+    return buf;
+}
+
+static double uniform(ifd_rng *rng)
+{
+    return (double)(ifd_rng_next(rng) >> 11) / 9007199254740992.0;
+}
+
+/* A value of o's kind inside its range (in_range) or outside it, as text. NULL: there is none
+ * outside on that side (keep_checkpoints has no integer above its maximum). */
+static const char *range_value(const config_opt *o, ifd_rng *rng, int in_range, char *buf,
+                               size_t len)
+{
+    int below = (int)rand_between(rng, 0, 1);
+    if (o->kind == K_F64) {
+        double v = in_range ? o->min + (o->max - o->min) * uniform(rng)
+                   : below  ? o->min - 1e-3 - 100.0 * uniform(rng)
+                            : o->max * (1.0 + uniform(rng)) + 1.0;
+        if (in_range && (o->flags & OPT_OPEN_MIN) && v <= o->min)
+            v = o->max;
+        snprintf(buf, len, "%.17g", v);
+        return buf;
+    }
+    double hi = o->kind == K_INT ? (double)INT32_MAX : 9.2e18;
+    int64_t lo = (int64_t)o->min, top = (int64_t)(o->max < hi ? o->max : hi);
+    int64_t v;
+    if (in_range)
+        v = rand_between(rng, lo, top);
+    else if (below || o->max >= hi)
+        v = lo - rand_between(rng, 1, 1000);
+    else
+        v = top + rand_between(rng, 1, 1000);
+    snprintf(buf, len, "%" PRId64, v);
+    return buf;
+}
+
+/* The sentence's "got" of the text value v for o. */
+static void got_text(const config_opt *o, const char *v, char *buf, size_t len)
+{
+    if (o->kind == K_F64)
+        snprintf(buf, len, "%g", strtod(v, NULL));
+    else
+        snprintf(buf, len, "%s", v);
+}
+
+START_TEST(option_ranges_in_and_out)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_error err;
+    int ranged = 0;
+    for (int i = 0; i < config_nopts; i++) {
+        const config_opt *o = &config_opts[i];
+        if (!(o->flags & OPT_RANGE))
+            continue;
+        ranged++;
+        char flag[64], value[64], got[64], want[256], json[256];
+        config_flag_name(o, flag, sizeof flag);
+        for (int round = 0; round < 20; round++) {
+            const char *v = range_value(o, &rng, 1, value, sizeof value);
+            const char *in[] = {flag, v, NULL};
+            RASSERT(parse(NULL, in, &err) == IFD_OK, "%s %s is in range: %s", flag, v, err.msg);
+            RASSERT(parse(file_with(json, sizeof json, o->key, v), NULL, &err) == IFD_OK,
+                    "%s: %s is in range: %s", o->key, v, err.msg);
+            v = range_value(o, &rng, 0, value, sizeof value);
+            const char *out[] = {flag, v, NULL};
+            got_text(o, v, got, sizeof got);
+            RASSERT(parse(NULL, out, &err) == IFD_EINVAL, "%s %s is out of range", flag, v);
+            snprintf(want, sizeof want, "%s: expected %s, got %s", flag, o->expect, got);
+            RASSERT(strcmp(err.msg, want) == 0, "'%s', want '%s'", err.msg, want);
+            RASSERT(strcmp(err.key, o->key) == 0, "the error's key %s, want %s", err.key, o->key);
+            RASSERT(parse(file_with(json, sizeof json, o->key, v), NULL, &err) == IFD_EINVAL,
+                    "%s: %s is out of range", o->key, v);
+            snprintf(want, sizeof want, "%s: expected %s, got %s", o->key, o->expect, got);
+            RASSERT(strcmp(err.msg, want) == 0, "'%s', want '%s'", err.msg, want);
+        }
+    }
+    ck_assert_int_ge(ranged, 7);
+}
+END_TEST
+
+/* A value no option of o's kind takes (NULL: K_STR takes any string). */
+static const char *bad_text(const config_opt *o)
+{
+    switch (o->kind) {
+    case K_INT:
+    case K_I64:
+        return "12abc";
+    case K_U64:
+        return "-1";
+    case K_F32:
+    case K_F64:
+        return "fast";
+    case K_ENUM:
+        return "nosuch";
+    case K_BOOL:
+    case K_SWITCH:
+        return "maybe";
+    case K_LOOP:
+        return "2x";
+    case K_LIBS:
+        return "";
+    case K_STR:
+        break;
+    }
+    return NULL;
+}
+
+START_TEST(option_bad_values_name_the_key)
+{
+    ifd_error err;
+    for (int i = 0; i < config_nopts; i++) {
+        const config_opt *o = &config_opts[i];
+        char flag[64], arg[96], want[160], json[256];
+        config_flag_name(o, flag, sizeof flag);
+        const char *bad = bad_text(o);
+        if (bad) {
+            snprintf(arg, sizeof arg, "%s=%s", flag, bad);
+            const char *args[] = {arg, NULL};
+            RASSERT(parse(NULL, args, &err) == IFD_EINVAL, "%s is refused", arg);
+            snprintf(want, sizeof want, "flag %s: expected ", flag);
+            RASSERT(strncmp(err.msg, want, strlen(want)) == 0, "%s: '%s'", arg, err.msg);
+            snprintf(want, sizeof want, "got '%s'", bad);
+            RASSERT(strstr(err.msg, want) || o->kind == K_U64, "%s: '%s'", arg, err.msg);
+            if (o->kind == K_ENUM)
+                RASSERT(strstr(err.msg, o->names->choices), "%s: '%s'", arg, err.msg);
+        }
+        /* a JSON object is no option's value */
+        RASSERT(parse(file_with(json, sizeof json, o->key, "{}"), NULL, &err) == IFD_EINVAL,
+                "%s: {} is refused", o->key);
+        snprintf(want, sizeof want, "config file t.json: key '%s': expected ", o->key);
+        RASSERT(strncmp(err.msg, want, strlen(want)) == 0 && strstr(err.msg, "got an object"),
+                "%s: '%s'", o->key, err.msg);
+    }
+}
+END_TEST
+
+START_TEST(nonempty_options_refuse_the_empty_string)
+{
+    ifd_error err;
+    int n = 0;
+    for (int i = 0; i < config_nopts; i++) {
+        const config_opt *o = &config_opts[i];
+        if (!(o->flags & OPT_NONEMPTY))
+            continue;
+        n++;
+        char flag[64], arg[96], want[160], json[256];
+        config_flag_name(o, flag, sizeof flag);
+        snprintf(arg, sizeof arg, "%s=", flag);
+        const char *args[] = {arg, NULL};
+        RASSERT(parse(NULL, args, &err) == IFD_EINVAL, "%s is refused", arg);
+        snprintf(want, sizeof want, "%s: expected %s, got ''", flag, o->expect);
+        RASSERT(strcmp(err.msg, want) == 0, "'%s', want '%s'", err.msg, want);
+        RASSERT(parse(file_with(json, sizeof json, o->key, "\"\""), NULL, &err) == IFD_EINVAL,
+                "%s: \"\" is refused", o->key);
+        snprintf(want, sizeof want, "%s: expected %s, got ''", o->key, o->expect);
+        RASSERT(strcmp(err.msg, want) == 0, "'%s', want '%s'", err.msg, want);
+    }
+    ck_assert_int_ge(n, 5);
+}
+END_TEST
+
+/* The runtime's ranges (loop/config.c), reached through the daemon: its sentence names the flag
+ * or the file's key, never the runtime's own name of a key. */
+static const struct {
+    const char *key, *runtime_name;
+    int64_t lo, hi; /* the bad values are drawn from [lo, hi] */
+    const char *expect;
+} RUNTIME_CASES[] = {
+    {"replicas", NULL, -50, 0, "1 to 1024"},
+    {"replicas", NULL, 1025, 9999, "1 to 1024"},
+    {"batch_size", NULL, -99, 0, "a positive integer"},
+    {"infeed_depth", NULL, 65537, 1 << 20, "1 to 65536"},
+    {"outfeed_depth", NULL, -9, 0, "1 to 65536"},
+    {"learning_rate", NULL, -9, 0, "a positive number"},
+    {"summary_every", NULL, -99, -1, "0 or more"},
+    {"initial_global_step", NULL, -99, -1, "0 or more"},
+    {"max_skipped_steps", NULL, -99, -1, "0 (never end the run) or more"},
+    {"watchdog", "watchdog_secs", 86401, 1 << 30, "seconds from 0 (off) to 86400"},
+    {"initial_infeed_sleep", "initial_infeed_sleep_secs", -99, -1, "seconds from 0 to 86400"},
+    {"max_loop_seconds", "max_loop_secs", -99, 0, "seconds above 0, at most 86400"},
+    {"replica_threads", NULL, 1025, 1 << 20, "0 (auto) to 1024"},
+    {"replica_threads", NULL, -99, -1, "0 (auto) to 1024"},
+};
+
+START_TEST(runtime_errors_name_the_key_given)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_error err;
+    for (size_t i = 0; i < sizeof RUNTIME_CASES / sizeof RUNTIME_CASES[0]; i++) {
+        const config_opt *o = config_find_key(RUNTIME_CASES[i].key, strlen(RUNTIME_CASES[i].key));
+        ck_assert_ptr_nonnull(o);
+        char flag[64], value[32], want[160], json[256];
+        config_flag_name(o, flag, sizeof flag);
+        snprintf(value, sizeof value, "%" PRId64,
+                 rand_between(&rng, RUNTIME_CASES[i].lo, RUNTIME_CASES[i].hi));
+        const char *args[] = {flag, value, NULL};
+        RASSERT(parse(NULL, args, &err) == IFD_EINVAL, "%s %s is refused", flag, value);
+        char got[48];
+        snprintf(got, sizeof got, "%g", strtod(value, NULL));
+        snprintf(want, sizeof want, "%s: expected %s, got ", flag, RUNTIME_CASES[i].expect);
+        RASSERT(strncmp(err.msg, want, strlen(want)) == 0 &&
+                    (strstr(err.msg, value) || strstr(err.msg, got)),
+                "'%s', want '%s%s'", err.msg, want, value);
+        RASSERT(parse(file_with(json, sizeof json, o->key, value), NULL, &err) == IFD_EINVAL,
+                "%s: %s is refused", o->key, value);
+        snprintf(want, sizeof want, "%s: expected %s, got ", o->key, RUNTIME_CASES[i].expect);
+        RASSERT(strncmp(err.msg, want, strlen(want)) == 0, "'%s', want '%s'", err.msg, want);
+        if (RUNTIME_CASES[i].runtime_name)
+            RASSERT(!strstr(err.msg, RUNTIME_CASES[i].runtime_name), "%s", err.msg);
+    }
+}
+END_TEST
+
+/* The rules between keys (config_validate.c), each naming every key it is about as given. */
+static const struct {
+    const char *args[8];
+    const char *want_flags, *want_file;
+} RULE_CASES[] = {
+    {{"credit", "4", "max_steps_per_message", "8"},
+     "--credit: a message of --max-steps-per-message (8) steps costs that many credits",
+     "credit: a message of max_steps_per_message (8) steps costs that many credits"},
+    {{"max_abs_input", "2", "check_finite", "off"},
+     "--max-abs-input: expected --check-finite on (the bound is part of that check), got "
+     "--check-finite off",
+     "max_abs_input: expected check_finite on (the bound is part of that check), got "
+     "check_finite off"},
+    {{"max_producers", "300", "max_connections", "299"},
+     "--max-connections: expected 0 (auto) or --max-producers (300) to 65536, got 299",
+     "max_connections: expected 0 (auto) or max_producers (300) to 65536, got 299"},
+    {{"max_producers", "7", "expect_producers", "8"},
+     "--expect-producers: expected 0 to --max-producers (7), got 8",
+     "expect_producers: expected 0 to max_producers (7), got 8"},
+    {{"resume", "on"},
+     "--resume: expected --checkpoint-dir, the folder to resume from",
+     "resume: expected checkpoint_dir, the folder to resume from"},
+    {{"resume", "on", "checkpoint_dir", "d", "checkpoint", "f"},
+     "--resume and --checkpoint: expected at most one (resume takes the latest checkpoint of "
+     "--checkpoint-dir,",
+     "resume and checkpoint: expected at most one (resume takes the latest checkpoint of "
+     "checkpoint_dir,"},
+    {{"predictions", "p.jsonl"},
+     "--predictions: expected only in predict mode, got a path in "
+     "train mode",
+     "predictions: expected only in predict mode"},
+    {{"input_mode", "per-host-v2", "replicas", "4", "credit", "3"},
+     "--credit: per-host-v2 input takes 4 batches",
+     "credit: per-host-v2 input takes 4 batches"},
+    {{"steps", "5", "last_step", "9"},
+     "--steps and --last-step: expected exactly one of them, "
+     "got both",
+     "steps and last_step: expected exactly one of them, got both"},
+    {{"admin_keys", "k.pub"},
+     "--admin-keys: expected --curve-secret-key with it",
+     "admin_keys: expected curve_secret_key with it"},
+};
+
+START_TEST(rules_name_every_key_as_given)
+{
+    ifd_error err;
+    for (size_t i = 0; i < sizeof RULE_CASES / sizeof RULE_CASES[0]; i++) {
+        char flags[8][96], file[512] = "{\"features\": 4, \"classes\": 3, \"steps\": 10";
+        const char *args[9] = {NULL};
+        int n = 0;
+        for (; n < 8 && RULE_CASES[i].args[n]; n += 2) {
+            const config_opt *o =
+                config_find_key(RULE_CASES[i].args[n], strlen(RULE_CASES[i].args[n]));
+            ck_assert_ptr_nonnull(o);
+            const char *v = RULE_CASES[i].args[n + 1];
+            char flag[64];
+            config_flag_name(o, flag, sizeof flag);
+            snprintf(flags[n / 2], sizeof flags[n / 2], "%s=%s", flag, v);
+            args[n / 2] = flags[n / 2];
+            size_t len = strlen(file);
+            int quoted = o->kind == K_STR || o->kind == K_ENUM;
+            int boolean = o->kind == K_BOOL || o->kind == K_SWITCH;
+            snprintf(file + len, sizeof file - len, ", \"%s\": %s%s%s", o->key, quoted ? "\"" : "",
+                     boolean ? (strcmp(v, "on") == 0 ? "true" : "false") : v, quoted ? "\"" : "");
+        }
+        strcat(file, "}");
+        RASSERT(parse(NULL, args, &err) == IFD_EINVAL, "case %zu is refused", i);
+        RASSERT(strstr(err.msg, RULE_CASES[i].want_flags) == err.msg, "'%s', want '%s'", err.msg,
+                RULE_CASES[i].want_flags);
+        /* "steps" is in BASE and the file: the last of a file's duplicates is refused */
+        if (strcmp(RULE_CASES[i].args[0], "steps") == 0)
+            continue;
+        RASSERT(parse(file, NULL, &err) == IFD_EINVAL, "case %zu from %s is refused", i, file);
+        RASSERT(strstr(err.msg, RULE_CASES[i].want_file) == err.msg, "'%s', want '%s'", err.msg,
+                RULE_CASES[i].want_file);
+        RASSERT(!strstr(err.msg, "--"), "a file's keys are named as keys: '%s'", err.msg);
+    }
+}
+END_TEST
+
+/* Backend settings reach the runtime's config (the device config carries them on), never the
+ * environment; IFD_REPLICA_THREADS is read once, here, when neither the file nor a flag gives
+ * replica_threads. */
+START_TEST(backend_settings_fill_the_config)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_error err;
+    ifd_daemon_config c;
+    unsetenv("IFD_REPLICA_THREADS");
+    RC_OK(parse_into(&c, NULL, NULL, &err), err);
+    ck_assert_int_eq(c.run.replica_threads, 0);
+    ck_assert_int_eq(c.run.cuda_graphs, 1);
+    ifd_daemon_config_free(&c);
+    int env = (int)rand_between(&rng, 1, 1024), flag = (int)rand_between(&rng, 0, 1024);
+    char envs[16], flags[16], json[256];
+    snprintf(envs, sizeof envs, "%d", env);
+    snprintf(flags, sizeof flags, "%d", flag);
+    setenv("IFD_REPLICA_THREADS", envs, 1);
+    RC_OK(parse_into(&c, NULL, NULL, &err), err);
+    ck_assert_int_eq(c.run.replica_threads, env);
+    ifd_daemon_config_free(&c);
+    const char *args[] = {"--replica-threads", flags, "--cuda-graphs", "off", NULL};
+    RC_OK(parse_into(&c, NULL, args, &err), err);
+    ck_assert_int_eq(c.run.replica_threads, flag);
+    ck_assert_int_eq(c.run.cuda_graphs, 0);
+    ifd_daemon_config_free(&c);
+    RC_OK(parse_into(&c, file_with(json, sizeof json, "replica_threads", flags), NULL, &err), err);
+    ck_assert_int_eq(c.run.replica_threads, flag);
+    ifd_daemon_config_free(&c);
+    setenv("IFD_REPLICA_THREADS", "many", 1);
+    ck_assert_int_eq(parse(NULL, NULL, &err), IFD_EINVAL);
+    ck_assert_str_eq(err.msg,
+                     "environment variable IFD_REPLICA_THREADS: expected an integer, got 'many'");
+    unsetenv("IFD_REPLICA_THREADS");
+}
+END_TEST
+
+/* ifd_config's old field names (one release): the same storage as the new ones, so code that
+ * sets them runs as before; a bad value is named by the one name. */
+START_TEST(old_field_names_set_the_new_ones)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_config c;
+    ifd_config_defaults(&c);
+    int64_t steps = rand_between(&rng, 1, 1 << 30);
+    double secs[3];
+    for (int i = 0; i < 3; i++)
+        secs[i] = 0.001 + 86399.0 * uniform(&rng);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    c.num_steps = steps;
+    c.watchdog_secs = secs[0];
+    c.initial_infeed_sleep_secs = secs[1];
+    c.max_loop_secs = secs[2];
+    ck_assert_int_eq(c.steps, steps);
+    ck_assert(c.watchdog == secs[0] && c.initial_infeed_sleep == secs[1] &&
+              c.max_loop_seconds == secs[2]);
+    c.steps = steps + 1;
+    ck_assert_int_eq(c.num_steps, steps + 1);
+#pragma GCC diagnostic pop
+    ifd_error err;
+    RC_OK(ifd_config_validate(&c, &err), err);
+    c.watchdog = -secs[0];
+    ck_assert_int_eq(ifd_config_validate(&c, &err), IFD_EINVAL);
+    RASSERT(strncmp(err.msg, "watchdog: ", 10) == 0 && strcmp(err.key, "watchdog") == 0, "%s",
+            err.msg);
+}
+END_TEST
+
+/* docs/config.md's infeedd table names every option of the table (test_cli.py checks the other
+ * way: every key it documents is a flag of --help). */
+START_TEST(config_md_lists_every_option)
+{
+    FILE *f = fopen(IFD_SOURCE_DIR "/docs/config.md", "r");
+    ck_assert_ptr_nonnull(f);
+    static char text[1 << 18];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    char *end = strstr(text, "## The runtime");
+    ck_assert_ptr_nonnull(end);
+    *end = '\0';
+    for (int i = 0; i < config_nopts; i++) {
+        char quoted[80];
+        snprintf(quoted, sizeof quoted, "| `%s`", config_opts[i].key);
+        const char *row = strstr(text, quoted);
+        snprintf(quoted, sizeof quoted, ", `%s`", config_opts[i].key);
+        const char *in_list = strstr(text, quoted);
+        RASSERT(row || in_list, "docs/config.md has no row for %s", config_opts[i].key);
+    }
+}
+END_TEST
+
+START_TEST(help_lists_every_option_and_its_default)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    ck_assert_ptr_nonnull(f);
+    ifd_daemon_config_usage(f);
+    fclose(f);
+    for (int i = 0; i < config_nopts; i++) {
+        char flag[64];
+        config_flag_name(&config_opts[i], flag, sizeof flag);
+        char line[80];
+        snprintf(line, sizeof line, "\n  %s ", flag);
+        const char *at = strstr(text, line);
+        RASSERT(at != NULL, "--help lacks %s", flag);
+        const char *eol = strchr(at + 1, '\n');
+        const char *def = strstr(at, "(default: ");
+        RASSERT(def && eol && def < eol, "--help gives %s no default", flag);
+        const char *want = config_range(&config_opts[i]);
+        char range[128];
+        snprintf(range, sizeof range, " [%s] (default: ", want ? want : "");
+        const char *r = strstr(at, range);
+        RASSERT(!want || (r && r < eol), "--help gives %s no range", flag);
+        RASSERT(want || !(config_opts[i].flags & OPT_RANGE), "%s has no range", flag);
+    }
+    RASSERT(strstr(text, "--steps N ") && strstr(text, "(default: unset)"), "%s", text);
+    /* the runtime's ranges too */
+    RASSERT(strstr(text, "[1 to 1024] (default: 1)") && strstr(text, "[0 (auto) to 1024]"), "%s",
+            text);
+    free(text);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("config");
+    TCase *tc = tu_tcase(s, "table", 120);
+    tcase_add_test(tc, option_ranges_in_and_out);
+    tcase_add_test(tc, option_bad_values_name_the_key);
+    tcase_add_test(tc, nonempty_options_refuse_the_empty_string);
+    tcase_add_test(tc, runtime_errors_name_the_key_given);
+    tcase_add_test(tc, rules_name_every_key_as_given);
+    tcase_add_test(tc, backend_settings_fill_the_config);
+    tcase_add_test(tc, old_field_names_set_the_new_ones);
+    tcase_add_test(tc, config_md_lists_every_option);
+    tcase_add_test(tc, help_lists_every_option_and_its_default);
+    return tu_run_suite(s);
+}
