@@ -88,7 +88,10 @@ START_TEST(test_subscriber)
     int64_t deadline = ifd_clock_ns() + t * MS;
     char *json = NULL;
     int rc = ifd_subscriber_recv(s, &json, t, &err);
-    /* The order of the events: the timeout passed, then recv returned. */
+    /* The order of the events: the timeout passed, then recv returned. A timeout that returns
+     * early is the bug this looks for, so the lower bound stays; it needs no margin, since the
+     * deadline is taken before the call on the clock recv counts on (CLOCK_MONOTONIC), and recv
+     * returns IFD_ETIMEDOUT only once that clock passed its own, later, deadline. */
     RASSERT(rc == IFD_ETIMEDOUT && json == NULL && ifd_clock_ns() >= deadline,
             "recv with nothing published returned %s", ifd_errname(rc));
     pthread_t th;

@@ -3,8 +3,9 @@
  *
  * The tuner is driven with a model machine of random step and boundary costs (no clock): auto's
  * boundary costs stay under 1 % of a loop unless the bound caps the loop, a loop stays within
- * the bound, the duration form lands within 10 % of its duration, a slow boundary (a checkpoint
- * write) moves nothing, slower steps shrink the loops at once, growth is bounded.
+ * the bound and, where the bound caps it, uses it (judged on the costs the tuner recorded), the
+ * duration form lands within 10 % of its duration, a slow boundary (a checkpoint write) moves
+ * nothing, slower steps shrink the loops at once, growth is bounded.
  *
  * Sessions with automatic lengths, on the real clock, assert only what must hold whatever the
  * lengths are: the loops tile the run and end exactly at the last step; checkpoints fall on
@@ -97,10 +98,23 @@ START_TEST(auto_keeps_the_boundary_under_one_percent_within_the_bound)
                 "under 0.5 %% (with the noise) is %.0f",
                 m.s, m.c, (long long)n, least);
     } else {
-        /* the bound is what limits the loop: it is used */
-        RASSERT(loop_ns >= 0.4 * max_secs * 1e9 || n == 1,
-                "step %.0f ns, boundary %.0f ns, bound %g s: only %lld steps (%.3g s)", m.s, m.c,
-                max_secs, (long long)n, loop_ns * 1e-9);
+        /* the bound is what limits the loop: it is used. Judged on the step and boundary the
+         * tuner recorded (its estimates of the model's costs): the next loop fits the bound, and
+         * one step more would not, unless fewer steps already bring the boundary under
+         * IFD_TUNER_COST. */
+        double s_est = ifd_loop_tuner_step_ns(&t), c_est = ifd_loop_tuner_boundary_ns(&t);
+        double max_ns = max_secs * 1e9, eps = 1e-9;
+        int64_t next = ifd_loop_tuner_next(&t);
+        double next_ns = (double)next * s_est;
+        RASSERT(next_ns <= max_ns * (1 + eps) || next == 1,
+                "step %.0f ns (estimated %.0f), bound %g s: the next loop of %lld steps passes it",
+                m.s, s_est, max_secs, (long long)next);
+        RASSERT(next_ns + s_est > max_ns * (1 - eps) ||
+                    c_est <= IFD_TUNER_COST * (next_ns + c_est) * (1 + eps),
+                "step %.0f ns, boundary %.0f ns (estimated %.0f, %.0f), bound %g s: only %lld "
+                "steps (%.3g s), and the boundary costs %.2f %% of them",
+                m.s, m.c, s_est, c_est, max_secs, (long long)next, next_ns * 1e-9,
+                100 * c_est / (next_ns + c_est));
     }
 }
 END_TEST

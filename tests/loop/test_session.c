@@ -1,12 +1,12 @@
 /* The session: loop schedule (stop at step), hook order, summaries, the end of the input, stop
  * requests. */
 #include "core/thread.h"
+#include "tests/util/live_session.h"
 #include "tests/util/testutil.h"
 
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
-#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -501,127 +501,82 @@ START_TEST(config_errors_name_the_field)
 }
 END_TEST
 
-/* ---- a session driven by hand: batches pushed one by one from the test ---- */
-
-typedef struct live {
-    ifd_config cfg;
-    ifd_program prog;
-    ifd_batch_queue *q;
-    ifd_sink *sink;
-    ifd_session *s;
-    pthread_t runner;
-    int rc;
-    ifd_error err;
-    ifd_rng rng;
-    int64_t pushed;
-    int joined; /* the runner thread was joined already */
-} live;
-
-static void *live_run(void *arg)
-{
-    live *l = arg;
-    l->rc = ifd_session_run(l->s, &l->err);
-    return NULL;
-}
-
-static void live_start(live *l, const ifd_hook *hook)
-{
-    ifd_error err;
-    ck_assert_int_eq(ifd_program_init(&l->prog, l->cfg.program, &l->cfg.settings, &err), IFD_OK);
-    ifd_rng_seed(&l->rng, 4242);
-    ck_assert_int_eq(ifd_batch_queue_create(&l->q, 4), IFD_OK);
-    ck_assert_int_eq(ifd_sink_memory_create(&l->sink), IFD_OK);
-    int rc = ifd_session_create(&l->s, &l->cfg, ifd_batch_queue_source(l->q), &err);
-    ck_assert_msg(rc == IFD_OK, "%s", ifd_error_text(&err));
-    ifd_session_add_sink(l->s, l->sink);
-    if (hook)
-        ifd_session_add_hook(l->s, hook);
-    pthread_create(&l->runner, NULL, live_run, l);
-}
-
-static void live_push(live *l)
-{
-    tu_batch *tb = tu_batch_random(&l->prog, l->cfg.batch_size, l->pushed++, &l->rng);
-    ck_assert_int_eq(ifd_batch_queue_push(l->q, &tb->b), IFD_OK);
-}
-
-/* Waits up to 5 s for at least n summaries; returns how many there are. */
-static size_t live_wait_summaries(live *l, size_t n)
-{
-    size_t have = ifd_sink_memory_count(l->sink);
-    for (int i = 0; i < 500 && have < n; i++) {
-        struct timespec ts = {0, 10 * 1000000};
-        nanosleep(&ts, NULL);
-        have = ifd_sink_memory_count(l->sink);
-    }
-    return have;
-}
-
-static void live_finish(live *l)
-{
-    ifd_batch_queue_close(l->q);
-    if (!l->joined)
-        pthread_join(l->runner, NULL);
-    ifd_session_destroy(l->s);
-    ifd_batch_queue_destroy(l->q);
-    ifd_sink_destroy(l->sink);
-}
+/* ---- a session driven by hand: batches pushed one by one from the test (tu_live) ---- */
 
 START_TEST(summaries_do_not_wait_for_more_input)
 {
     /* A step's summary is written while the run waits for its next batch: the finished steps
      * are handed to the outfeed thread before a replica blocks on an empty ring. */
-    live l = {0};
+    tu_live l = {0};
     base_config(&l.cfg, 1 + _i, 2);
     l.cfg.steps = 100;
     l.cfg.iterations_per_loop = 100;
     l.cfg.summary_every = 1;
     l.cfg.outfeed_depth = 8;
     l.cfg.infeed_depth = 8;
-    live_start(&l, NULL);
+    tu_live_start(&l, NULL);
     for (size_t k = 1; k <= 3; k++) {
-        live_push(&l);
-        ck_assert_uint_eq(live_wait_summaries(&l, k), k);
+        tu_live_push(&l);
+        ck_assert_uint_eq(tu_live_wait_summaries(&l, k), k);
     }
-    live_finish(&l);
+    tu_live_finish(&l);
     ck_assert_int_eq(l.rc, IFD_OK);
 }
 END_TEST
 
+#define PACED_STEPS 6
+
 START_TEST(rates_come_from_when_steps_ran)
 {
-    /* Batches arrive every 20 ms (at most 50 steps/s): whatever the outfeed thread's timing, a
-     * window of 5 steps reports a rate of that order, not the burst rate at which the outfeed
-     * thread may handle the window's records (thousands a second), and a replica that waited for
-     * input most of the time. The bounds are wide (5 to 1000) so that a loaded machine, which
-     * may delay a replica's steps and so shorten or stretch a window, does not fail it. */
-    live l = {0};
-    base_config(&l.cfg, 2, 2);
-    l.cfg.steps = 10;
-    l.cfg.iterations_per_loop = 10;
-    l.cfg.summary_every = 5;
-    live_start(&l, NULL);
-    for (int k = 0; k < 10; k++) {
-        struct timespec ts = {0, 20 * 1000000};
-        nanosleep(&ts, NULL);
-        live_push(&l);
+    /* A window's rate comes from when its steps ran, and the replicas report their wait for
+     * input. The test pushes batch k at rel[k], 10 ms (its pace) after it saw step k - 1's
+     * summary at sum[k - 1]. Window k (one step) runs from the end of step k - 1 to the end of
+     * step k, so it lasts between rel[k] - sum[k - 1] (step k needs batch k; step k - 1 had
+     * ended on every replica when its summary came) and sum[k] - rel[k - 1]: bounds from the
+     * order of events, which no load reverses. */
+    ifd_rng rng;
+    seed_rng(&rng);
+    tu_live l = {0};
+    base_config(&l.cfg, (int)rand_between(&rng, 1, 3), 2);
+    l.cfg.steps = PACED_STEPS;
+    l.cfg.iterations_per_loop = PACED_STEPS;
+    l.cfg.summary_every = 1;
+    l.cfg.outfeed_depth = PACED_STEPS;
+    int64_t rel[PACED_STEPS + 1], sum[PACED_STEPS + 1];
+    tu_live_start(&l, NULL);
+    for (size_t k = 1; k <= PACED_STEPS; k++) {
+        if (k > 1) {
+            ck_assert_uint_ge(tu_live_wait_summaries(&l, k - 1), k - 1);
+            sum[k - 1] = ifd_clock_ns();
+            ifd_sleep_ns(10 * MS); /* the producer's pace */
+        }
+        rel[k] = ifd_clock_ns();
+        tu_live_push(&l);
     }
-    ck_assert_uint_ge(live_wait_summaries(&l, 3), 3);
-    for (size_t i = 0; i < 2; i++) {
-        char *line = ifd_sink_memory_get(l.sink, i);
-        json_error_t je;
-        json_t *j = json_loads(line, 0, &je);
+    ck_assert_uint_ge(tu_live_wait_summaries(&l, PACED_STEPS), PACED_STEPS);
+    sum[PACED_STEPS] = ifd_clock_ns();
+    double held = 0.0, waited = 0.0;
+    for (size_t k = 2; k <= PACED_STEPS; k++) {
+        json_t *j = tu_summary_at(l.sink, k - 1);
         ck_assert_str_eq(jstr(j, "event"), "train");
+        ck_assert_int_eq(jint(j, "global_step"), (int64_t)k);
         double sps = jnum(j, "steps_per_sec"), eps = jnum(j, "examples_per_sec");
-        double wait = jnum(j, "infeed_wait_fraction");
-        ck_assert_msg(sps > 5.0 && sps < 1000.0,
-                      "window %zu: %g steps/s, expected about 50 (5 to 1000)", i, sps);
-        ck_assert_msg(fabs(eps - sps * 4.0) <= 1e-6 * eps, "examples/s %g vs steps/s %g", eps, sps);
-        ck_assert_msg(wait > 0.5, "window %zu: infeed_wait_fraction %g", i, wait);
+        double secs = 1.0 / sps, lo = (double)(rel[k] - sum[k - 1]) * 1e-9,
+               hi = (double)(sum[k] - rel[k - 1]) * 1e-9;
+        RASSERT(secs >= lo * (1 - 1e-9) && secs <= hi * (1 + 1e-9),
+                "R=%d step %zu: %g steps/s, a window of %.6f s; its step ran within [%.6f, %.6f] s",
+                l.cfg.replicas, k, sps, secs, lo, hi);
+        RASSERT(fabs(eps - sps * (double)l.cfg.batch_size) <= 1e-6 * eps,
+                "examples/s %g vs steps/s %g", eps, sps);
+        held += lo;
+        waited += jnum(j, "infeed_wait_fraction") * secs;
         json_decref(j);
-        free(line);
     }
-    live_finish(&l);
+    /* They waited most of the time the input was held back (a replica may block on its ring a
+     * little after its step's summary came). */
+    RASSERT(waited >= 0.5 * held, "R=%d: the replicas report %.4f s waiting of the %.4f s held",
+            l.cfg.replicas, waited, held);
+    tu_live_finish(&l);
     ck_assert_int_eq(l.rc, IFD_OK);
 }
 END_TEST
@@ -641,24 +596,21 @@ START_TEST(hook_stop_reason_reaches_the_end_summary)
     base_config(&cfg, 2, 2);
     cfg.iterations_per_loop = 2;
     cfg.steps = 20;
-    live l = {.cfg = cfg};
+    tu_live l = {.cfg = cfg};
     ifd_hook h = {.name = "early", .after_run = stop_with_reason};
-    live_start(&l, &h);
+    tu_live_start(&l, &h);
     for (int k = 0; k < 4; k++)
-        live_push(&l);
+        tu_live_push(&l);
     pthread_join(l.runner, NULL);
     ck_assert_int_eq(l.rc, IFD_OK);
     size_t n = ifd_sink_memory_count(l.sink);
-    char *line = ifd_sink_memory_get(l.sink, n - 1);
-    json_error_t je;
-    json_t *end = json_loads(line, 0, &je);
+    json_t *end = tu_summary_at(l.sink, n - 1);
     ck_assert_str_eq(jstr(end, "reason"), "stopped");
     ck_assert_str_eq(jstr(end, "message"), "early stopping: the loss plateaued");
     ck_assert_int_eq(jint(end, "global_step"), 4);
     json_decref(end);
-    free(line);
     l.joined = 1;
-    live_finish(&l);
+    tu_live_finish(&l);
 }
 END_TEST
 
@@ -716,50 +668,68 @@ START_TEST(enum_names_round_trip)
 }
 END_TEST
 
+/* A hook that takes 20 ms after every loop and records when it ran. */
+typedef struct sleepy {
+    int n;
+    int64_t begin[8], end[8];
+} sleepy;
+
 static int sleep_after_run(void *arg, ifd_run_context *ctx, ifd_error *err)
 {
-    (void)arg;
     (void)ctx;
     (void)err;
-    struct timespec ts = {0, 20 * 1000000};
-    nanosleep(&ts, NULL);
+    sleepy *h = arg;
+    int64_t begin = ifd_clock_ns();
+    ifd_sleep_ns(20 * MS);
+    if (h->n < 8) {
+        h->begin[h->n] = begin;
+        h->end[h->n++] = ifd_clock_ns();
+    }
     return IFD_OK;
 }
 
 START_TEST(windows_tile_the_run)
 {
-    /* Windows are back to back: their seconds (steps / steps_per_sec) add up to the run's wall
-     * time, host time between loops included (here 20 ms after each of 4 loops). */
+    /* Windows are back to back: their seconds (steps / steps_per_sec) add up to at most the
+     * run's wall time, host time between loops included: the hook after loop i ran after every
+     * replica's last step of it and before any step of loop i + 1, so within window i + 1. */
     ifd_config cfg;
     base_config(&cfg, 2, 2);
     cfg.iterations_per_loop = 5;
     cfg.steps = 20;
     cfg.summary_every = 5;
-    live l = {.cfg = cfg};
-    ifd_hook h = {.name = "sleepy", .after_run = sleep_after_run};
+    tu_live l = {.cfg = cfg};
+    sleepy sl = {0};
+    ifd_hook h = {.name = "sleepy", .after_run = sleep_after_run, .arg = &sl};
     int64_t t0 = ifd_clock_ns();
-    live_start(&l, &h);
+    tu_live_start(&l, &h);
     for (int k = 0; k < 20; k++)
-        live_push(&l);
+        tu_live_push(&l);
     pthread_join(l.runner, NULL);
     double wall = (double)(ifd_clock_ns() - t0) * 1e-9;
     ck_assert_int_eq(l.rc, IFD_OK);
     ck_assert_uint_eq(ifd_sink_memory_count(l.sink), 5);
-    double secs = 0.0;
+    ck_assert_int_eq(sl.n, 4); /* after every loop */
+    double secs = 0.0, hooks = 0.0;
     for (size_t i = 0; i < 4; i++) {
-        char *line = ifd_sink_memory_get(l.sink, i);
-        json_error_t je;
-        json_t *j = json_loads(line, 0, &je);
+        json_t *j = tu_summary_at(l.sink, i);
         double sps = jnum(j, "steps_per_sec");
         ck_assert_msg(sps > 0.0, "window %zu: %g steps/s", i, sps);
-        secs += (double)jint(j, "steps") / sps;
+        double w = (double)jint(j, "steps") / sps;
+        if (i > 0) {
+            double hook = (double)(sl.end[i - 1] - sl.begin[i - 1]) * 1e-9;
+            ck_assert_msg(w >= hook * (1 - 1e-9), "window %zu: %.4f s, the hook before it %.4f s",
+                          i, w, hook);
+            hooks += hook;
+        }
+        secs += w;
         json_decref(j);
-        free(line);
     }
-    ck_assert_msg(secs >= 0.060 && secs <= wall, "windows add up to %.4f s; run %.4f s", secs,
+    ck_assert_msg(secs >= hooks && secs <= wall * (1 + 1e-9),
+                  "windows add up to %.4f s; hooks between loops %.4f s; run %.4f s", secs, hooks,
                   wall);
     l.joined = 1;
-    live_finish(&l);
+    tu_live_finish(&l);
 }
 END_TEST
 

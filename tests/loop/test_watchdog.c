@@ -1,6 +1,8 @@
 /* Time in a run: the infeed's initial sleep (the seed's initial_infeed_sleep_secs) and the
- * watchdog that ends a starving run. Durations are lower bounds or generous upper bounds, so a
- * loaded machine does not fail them. */
+ * watchdog that ends a starving run. Durations are generous upper bounds (a run does not hang),
+ * or the order of two events where the behaviour is a wait (the first batch is not asked for
+ * before the sleep ends; the watchdog does not fire before its limit), so a loaded machine does
+ * not fail them. */
 #include "core/thread.h"
 #include "tests/util/testutil.h"
 
@@ -9,11 +11,14 @@
 
 #define SEC (INT64_C(1000000000))
 
-/* A batch queue as a source that records when the infeed first asked it for a batch. */
+/* A batch queue as a source that records when the infeed first asked it for a batch, how many
+ * it asked for and got, and when it got the last one. */
 typedef struct rec_source {
     ifd_batch_source inner;
     int64_t first_next_ns; /* atomic; 0: never */
-    int64_t nexts;         /* atomic */
+    int64_t nexts;         /* atomic: calls to next */
+    int64_t delivered;     /* atomic: batches next returned */
+    int64_t last_ns;       /* atomic: when next returned the last of them */
 } rec_source;
 
 static int rs_next(void *ctx, ifd_batch **out, ifd_error *err)
@@ -23,7 +28,12 @@ static int rs_next(void *ctx, ifd_batch **out, ifd_error *err)
     __atomic_compare_exchange_n(&rs->first_next_ns, &never, ifd_clock_ns(), 0, __ATOMIC_ACQ_REL,
                                 __ATOMIC_RELAXED);
     __atomic_add_fetch(&rs->nexts, 1, __ATOMIC_RELAXED);
-    return rs->inner.ops->next(rs->inner.ctx, out, err);
+    int rc = rs->inner.ops->next(rs->inner.ctx, out, err);
+    if (rc == IFD_OK) {
+        __atomic_store_n(&rs->last_ns, ifd_clock_ns(), __ATOMIC_RELAXED);
+        __atomic_add_fetch(&rs->delivered, 1, __ATOMIC_RELEASE);
+    }
+    return rc;
 }
 
 static void rs_abort(void *ctx)
@@ -111,6 +121,8 @@ START_TEST(initial_sleep_delays_the_first_batch)
     int64_t first = __atomic_load_n(&r.rs.first_next_ns, __ATOMIC_ACQUIRE);
     ck_assert_msg(first > 0, "the source was never asked for a batch");
     double waited = (double)(first - t0) / 1e9;
+    /* The behaviour is a wait, so this is the order of two events on one clock (t0 is taken
+     * before the run starts its sleep), which no load can reverse. */
     ck_assert_msg(waited >= r.cfg.initial_infeed_sleep,
                   "the first batch was asked for %.3f s into the run, before the %.2f s sleep "
                   "ended",
@@ -180,9 +192,29 @@ END_TEST
 /* ---- the watchdog ------------------------------------------------------------------------------
  */
 
+/* What the session and the source say when the watchdog fires (its context function is called
+ * then, on its thread; the test reads it after the run, which joined that thread). */
+typedef struct firing {
+    run *r;
+    int calls;
+    int64_t at_ns, step, delivered, last_ns;
+    int waiting, waiting_replica;
+    int64_t staged; /* shards staged in every replica's infeed ring, summed */
+} firing;
+
 static void test_context(void *arg, char *buf, size_t len)
 {
-    snprintf(buf, len, "%s", (const char *)arg);
+    firing *f = arg;
+    f->at_ns = ifd_clock_ns();
+    f->calls++;
+    f->step = ifd_session_global_step(f->r->s);
+    f->delivered = __atomic_load_n(&f->r->rs.delivered, __ATOMIC_ACQUIRE);
+    f->last_ns = __atomic_load_n(&f->r->rs.last_ns, __ATOMIC_RELAXED);
+    f->waiting = ifd_session_infeed_waiting(f->r->s, &f->waiting_replica, NULL);
+    ifd_ring_depths d;
+    for (int i = 0; i < f->r->cfg.replicas; i++)
+        f->staged += ifd_session_ring_depths(f->r->s, i, &d) == IFD_OK ? d.infeed : 1;
+    snprintf(buf, len, "7 producers connected");
 }
 
 /* The replica numbers the sentence lists as having an empty infeed, as a bit set; -1 when it
@@ -212,8 +244,11 @@ static int64_t empty_replicas(const char *msg)
 }
 
 /* A source that delivers k batches and then nothing (the queue stays open): the run ends with
- * IFD_ETIMEDOUT from the watchdog after cfg.watchdog seconds, at global step k, naming every
- * replica's infeed as empty and carrying the caller's context. */
+ * IFD_ETIMEDOUT from the watchdog, at global step k, naming every replica's infeed as empty and
+ * carrying the caller's context. It fires because the input starved: when it fires, the source
+ * has delivered k batches, the infeed waits for the next, no replica has a shard staged, and at
+ * least cfg.watchdog seconds have passed since the source delivered the last batch (step k could
+ * not end before it, and the watchdog counts from a step's end). */
 START_TEST(starving_input_ends_the_run)
 {
     ifd_rng rng;
@@ -225,8 +260,8 @@ START_TEST(starving_input_ends_the_run)
     r.cfg.iterations_per_loop = rand_between(&rng, 1, 4);
     r.cfg.watchdog = 0.3;
     run_start(&r, k, 1);
-    ck_assert_int_eq(ifd_session_set_watchdog_context(r.s, test_context, "7 producers connected"),
-                     IFD_OK);
+    firing f = {.r = &r};
+    ck_assert_int_eq(ifd_session_set_watchdog_context(r.s, test_context, &f), IFD_OK);
     int64_t t0 = ifd_clock_ns();
     ifd_error err;
     int rc = ifd_session_run(r.s, &err);
@@ -244,7 +279,20 @@ START_TEST(starving_input_ends_the_run)
             replicas, m);
     RASSERT(strstr(m, "no outfeed ring is full") != NULL, "'%s'", m);
     RASSERT(strstr(m, "; 7 producers connected") != NULL, "the context is missing: '%s'", m);
-    RASSERT(took >= 0.3 && took < 10.0, "the run ended %.3f s after it began", took);
+    RASSERT(took < 10.0, "the run ended %.3f s after it began", took);
+    RASSERT(f.calls == 1 && f.step == k && f.delivered == k,
+            "R=%d k=%lld: fired %d times, at global step %lld after %lld batches", replicas,
+            (long long)k, f.calls, (long long)f.step, (long long)f.delivered);
+    RASSERT(f.waiting && f.waiting_replica >= -1 && f.waiting_replica < replicas && f.staged == 0,
+            "R=%d k=%lld: when it fired the infeed was %s the source (replica %d), %lld shards "
+            "staged",
+            replicas, (long long)k, f.waiting ? "waiting for" : "not waiting for",
+            f.waiting_replica, (long long)f.staged);
+    /* The watchdog's limit is its behaviour: the order of two events (the last batch delivered,
+     * the firing), which no load can reverse. */
+    RASSERT(f.at_ns - f.last_ns >= (int64_t)(r.cfg.watchdog * 1e9),
+            "R=%d k=%lld: fired %.3f s after the last batch came, before its %g s", replicas,
+            (long long)k, (double)(f.at_ns - f.last_ns) / 1e9, r.cfg.watchdog);
     RASSERT(ifd_session_end_reason(r.s) == IFD_END_ERROR, "reason %s",
             ifd_end_reason_name(ifd_session_end_reason(r.s)));
     /* The end summary carries it. */
