@@ -4,7 +4,7 @@
 #define IFD_TEST_LIVE_SESSION_H
 
 #include "core/rng.h"
-#include "infeed/infeed.h"
+#include <infeed/infeed.h>
 
 #include <jansson.h>
 #include <pthread.h>
