@@ -217,7 +217,7 @@ __global__ void guard_loss_kernel(ifd_step_out *out, float *grads)
     out->loss_nonfinite = bad ? 1.0f : 0.0f;
     if (bad)
         grads[0] = __int_as_float(0x7fc00000); /* NaN */
-    out->skipped = 0.0f; /* check_grads_kernel sets it */
+    out->skipped = 0.0f;                       /* check_grads_kernel sets it */
 }
 
 /* After the all-reduce: out->skipped = 1 when an element is not finite (every thread that
