@@ -139,6 +139,11 @@ const config_opt config_opts[] = {
         "never)"),
     OPT("summary_every", K_I64, run.summary_every, "N",
         "steps between train summaries (0: only at the end)"),
+    OPT("host_calls", K_CALLS, run.host_calls, "NAME=SPEC[,SPEC...]",
+        "train, eval: reduce outfeed tensor NAME with built-in host calls (mean, sum, min, max, "
+        "last, histogram, quantiles, confusion, class_accuracy, precision_recall, top_k:K, auc; "
+        "docs/config.md) into the summary's host_calls; repeat the flag for several tensors",
+        .flag = "host-call"),
     OPT("seed", K_U64, run.seed, "S", "seed of the parameter initialisation"),
     OPT("infeed_depth", K_INT, run.infeed_depth, "N", "shards buffered per replica"),
     OPT("outfeed_depth", K_INT, run.outfeed_depth, "N", "step records buffered per replica"),
@@ -269,6 +274,10 @@ const config_opt *config_find_key(const char *key, size_t len)
 /* --iterations-per-loop -> iterations_per_loop */
 const config_opt *config_find_flag(const char *flag, size_t len)
 {
+    for (int i = 0; i < config_nopts; i++)
+        if (config_opts[i].flag && strlen(config_opts[i].flag) == len &&
+            strncmp(config_opts[i].flag, flag, len) == 0)
+            return &config_opts[i];
     char key[64];
     if (len >= sizeof key)
         return NULL;
@@ -279,7 +288,7 @@ const config_opt *config_find_flag(const char *flag, size_t len)
 
 void config_flag_name(const config_opt *o, char *buf, size_t len)
 {
-    snprintf(buf, len, "--%s", o->key);
+    snprintf(buf, len, "--%s", o->flag ? o->flag : o->key);
     for (char *p = buf + 2; *p; p++)
         if (*p == '_')
             *p = '-';
@@ -302,6 +311,7 @@ static void format_value(const config_opt *o, const ifd_daemon_config *d, char *
     const char *s = NULL;
     switch (o->kind) {
     case K_LIBS:
+    case K_CALLS:
         s = "none";
         break;
     case K_LOOP:

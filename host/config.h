@@ -52,10 +52,11 @@ typedef struct ifd_daemon_config {
     const char *program_libs[IFD_DAEMON_MAX_PROGRAM_LIBS];
     int nprogram_libs;
     int program_libs_from_flags;
+    int host_calls_from_flags; /* --host-call replaces the file's host_calls */
     /* Not a key: loads one plugin (ifd_program_load_plugin by default; the fuzz harness puts
      * in one that touches no file). */
     int (*load_program_lib)(const char *path, ifd_error *err);
-    char *strings[64]; /* owned copies of string values */
+    char *strings[160]; /* owned copies of string values */
     /* the default control endpoint (core/userdir.h), which control points at unless set: its
      * folder must be this user's alone (ifd_endpoint_bind's private) */
     char default_control[4200];

@@ -16,7 +16,9 @@
 /* K_SWITCH: a K_BOOL whose flag takes no value (--resume; --resume=off); K_LIBS: program_lib,
  * a repeatable flag and a string or an array of strings in the file; K_LOOP:
  * iterations_per_loop, a count of steps, auto or a duration (run.loop_kind, loop_secs); K_ENUM:
- * an int whose names are the option's names (mode, optimizer, log_level, ...) */
+ * an int whose names are the option's names (mode, optimizer, log_level, ...); K_CALLS:
+ * host_calls, an object of tensor names to a spec or an array of specs in the file, and a
+ * repeatable flag NAME=SPEC[,SPEC...] (run.host_calls) */
 typedef enum {
     K_STR,
     K_INT,
@@ -28,7 +30,8 @@ typedef enum {
     K_BOOL,
     K_SWITCH,
     K_LIBS,
-    K_LOOP
+    K_LOOP,
+    K_CALLS
 } opt_kind;
 
 /* An enum's names: parse a name, name a value, and the sentence's list ("a, b or c"). */
@@ -56,6 +59,9 @@ typedef struct config_opt {
     double min, max;           /* OPT_RANGE */
     /* OPT_RANGE, OPT_NONEMPTY: what the sentence says was expected ("1 to 4096") */
     const char *expect;
+    /* The flag's name without "--" when it is not the key's (host_calls: --host-call, one a
+     * flag); NULL: the key with '_' as '-'. */
+    const char *flag;
 } config_opt;
 
 /* The options, in --help's order; an option's place in it indexes key_source. */

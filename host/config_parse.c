@@ -96,6 +96,69 @@ static int add_lib(ifd_daemon_config *c, const char *val, const char *where, ifd
     return keep_string(c, val, &c->program_libs[c->nprogram_libs++], where, err);
 }
 
+/* One host call of tensor over spec (the two copied). */
+static int add_call(ifd_daemon_config *c, const char *tensor, size_t tlen, const char *spec,
+                    size_t slen, const char *where, ifd_error *err)
+{
+    if (tlen == 0 || slen == 0)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "%s: expected a tensor name and a host call spec, got '%.*s' for "
+                             "tensor '%.*s'",
+                             where, (int)slen, spec, (int)tlen, tensor);
+    if (c->run.nhost_calls == IFD_MAX_HOST_CALLS)
+        return ifd_error_set(err, IFD_EINVAL, "%s: expected at most %d host calls", where,
+                             IFD_MAX_HOST_CALLS);
+    char t[128], s[256];
+    snprintf(t, sizeof t, "%.*s", (int)tlen, tensor);
+    snprintf(s, sizeof s, "%.*s", (int)slen, spec);
+    ifd_host_call *hc = &c->run.host_calls[c->run.nhost_calls];
+    int rc = keep_string(c, t, &hc->tensor, where, err);
+    if (rc == IFD_OK)
+        rc = keep_string(c, s, &hc->spec, where, err);
+    if (rc == IFD_OK)
+        c->run.nhost_calls++;
+    return rc;
+}
+
+/* Whether piece (up to a ',') is a parameter of the spec before it ("range=0:1", "label=y":
+ * a '=' before any ':'), not a spec of its own (a spec's name has no '='). */
+static int is_parameter(const char *piece, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        if (piece[i] == ':')
+            return 0;
+        if (piece[i] == '=')
+            return 1;
+    }
+    return 0;
+}
+
+/* --host-call NAME=SPEC[,SPEC...]: specs apart at the commas that do not start a parameter, so
+ * that "histogram:bins=10,range=0:1,mean" is two specs. */
+static int add_calls_flag(ifd_daemon_config *c, const char *val, const char *where, ifd_error *err)
+{
+    const char *eq = strchr(val, '=');
+    if (eq == NULL || eq == val)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "%s: expected NAME=SPEC[,SPEC...] (a tensor and its host calls, "
+                             "for example confidence=mean,histogram), got '%s'",
+                             where, val);
+    const char *spec = eq + 1, *p = spec;
+    while (1) {
+        const char *comma = strchr(p, ',');
+        const char *next = comma ? comma + 1 : NULL;
+        if (next && is_parameter(next, strcspn(next, ","))) {
+            p = next; /* the spec goes on */
+            continue;
+        }
+        size_t slen = comma ? (size_t)(comma - spec) : strlen(spec);
+        int rc = add_call(c, val, (size_t)(eq - val), spec, slen, where, err);
+        if (rc || next == NULL)
+            return rc;
+        spec = p = next;
+    }
+}
+
 static int set_integer(const config_opt *o, char *field, const char *val, const char *where,
                        ifd_error *err)
 {
@@ -153,6 +216,8 @@ static int set_value(ifd_daemon_config *c, const config_opt *o, const char *val,
     switch (o->kind) {
     case K_LIBS:
         return add_lib(c, val, where, err);
+    case K_CALLS:
+        return add_calls_flag(c, val, where, err);
     case K_STR:
         return keep_string(c, val, (const char **)field, where, err);
     case K_LOOP:
@@ -207,6 +272,52 @@ const char *ifd_json_describe(const json_t *v, char *buf, size_t len)
         break;
     }
     return buf;
+}
+
+/* host_calls in the file: {"tensor": "spec" or ["spec", ...], ...}, which replaces the list so
+ * far. */
+static int apply_json_calls(ifd_daemon_config *c, const json_t *v, const char *where,
+                            ifd_error *err)
+{
+    char got[96];
+    c->run.nhost_calls = 0;
+    if (!json_is_object(v))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "%s: expected an object of tensor names to host calls (for example "
+                             "{\"confidence\": [\"mean\", \"histogram\"]}), got %s",
+                             where, ifd_json_describe(v, got, sizeof got));
+    const char *name;
+    const json_t *specs;
+    json_object_foreach((json_t *)v, name, specs)
+    {
+        if (json_is_string(specs)) {
+            const char *s = json_string_value(specs);
+            int rc = add_call(c, name, strlen(name), s, strlen(s), where, err);
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (!json_is_array(specs))
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "%s: tensor '%s': expected a host call spec or an array of "
+                                 "them, got %s",
+                                 where, name, ifd_json_describe(specs, got, sizeof got));
+        size_t i;
+        const json_t *e;
+        json_array_foreach(specs, i, e)
+        {
+            if (!json_is_string(e))
+                return ifd_error_set(err, IFD_EINVAL,
+                                     "%s: tensor '%s': element %zu: expected a host call spec "
+                                     "(a string), got %s",
+                                     where, name, i, ifd_json_describe(e, got, sizeof got));
+            const char *s = json_string_value(e);
+            int rc = add_call(c, name, strlen(name), s, strlen(s), where, err);
+            if (rc)
+                return rc;
+        }
+    }
+    return IFD_OK;
 }
 
 /* program_lib in the file: a path or an array of them, which replaces the list so far. */
@@ -293,6 +404,8 @@ static int apply_json_key(ifd_daemon_config *c, const char *key, const json_t *v
     int rc;
     if (o->kind == K_LIBS) {
         rc = apply_json_libs(c, o, v, where, err);
+    } else if (o->kind == K_CALLS) {
+        rc = apply_json_calls(c, v, where, err);
     } else {
         char buf[64], got[96];
         const char *want = NULL, *val = json_text(o, v, buf, sizeof buf, &want);
@@ -485,6 +598,10 @@ static int apply_flag(ifd_daemon_config *c, int argc, char **argv, int *i, ifd_e
     if (o->kind == K_LIBS && !c->program_libs_from_flags) {
         c->nprogram_libs = 0; /* the flags replace the file's list */
         c->program_libs_from_flags = 1;
+    }
+    if (o->kind == K_CALLS && !c->host_calls_from_flags) {
+        c->run.nhost_calls = 0; /* likewise */
+        c->host_calls_from_flags = 1;
     }
     rc = set_value(c, o, val, where, err);
     if (rc == IFD_OK)

@@ -1,4 +1,5 @@
 #include "host/config_internal.h"
+#include "outfeed/outfeed_thread.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -218,6 +219,23 @@ static int check_program(const ifd_daemon_config *c, ifd_error *err)
     return IFD_OK;
 }
 
+/* host_calls: tensors of the program in this mode, specs the reducers know, and each reducer
+ * takes its tensor's dtype and shape (outfeed/: the sentence names the tensor and the program's
+ * tensors). */
+static int check_host_calls(const ifd_daemon_config *c, ifd_error *err)
+{
+    ifd_program p;
+    if (c->run.nhost_calls == 0 ||
+        ifd_program_init(&p, c->run.program, &c->run.settings, err) != IFD_OK)
+        return IFD_OK; /* check_program's sentence */
+    int rc =
+        ifd_outfeed_host_calls_check(&p, c->run.mode, c->run.host_calls, c->run.nhost_calls, err);
+    if (rc == IFD_OK)
+        return IFD_OK;
+    ifd_daemon_config_name_keys(c, err);
+    return rc;
+}
+
 static int check_credit(const ifd_daemon_config *c, ifd_error *err)
 {
     if (c->credit == 0)
@@ -310,7 +328,8 @@ typedef int (*config_rule)(const ifd_daemon_config *c, ifd_error *err);
 
 /* In this order: the loop and the steps, the runtime's pass, the program, then the daemon's
  * keys alone (the table) and the rules between them. */
-static const config_rule rules_before[] = {check_loop, check_runtime, check_steps, check_program};
+static const config_rule rules_before[] = {check_loop, check_runtime, check_steps, check_program,
+                                           check_host_calls};
 static const config_rule rules_after[] = {check_credit,      check_producers, check_input_bound,
                                           check_predictions, check_start,     check_security};
 

@@ -185,6 +185,9 @@ int ifd_session_create(ifd_session **out, const ifd_config *cfg, ifd_batch_sourc
     s->src = src;
     s->stop_host = -1;
     rc = ifd_program_init(&s->program, cfg->program, &cfg->settings, err);
+    if (rc == IFD_OK)
+        rc = ifd_outfeed_host_calls_check(&s->program, cfg->mode, cfg->host_calls, cfg->nhost_calls,
+                                          err);
     if (rc)
         goto fail_program;
     rc = ifd_rendezvous_create(&s->rv);

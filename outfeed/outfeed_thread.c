@@ -4,6 +4,7 @@
 #include <infeed/hosts.h>
 #include "outfeed/outfeed_thread.h"
 #include "outfeed/hostcall.h"
+#include "outfeed/reducer_set.h"
 #include "outfeed/step_tensors.h"
 
 #include <math.h>
@@ -52,6 +53,7 @@ struct ifd_outfeed {
     int64_t last_step;
     ifd_prediction_call pred; /* predict mode */
     ifd_outfeed_tensors tens; /* train, eval: the step's tensors on the host */
+    ifd_reducer_set calls;    /* train, eval: the built-in host calls over them */
     int64_t steps_done;       /* steps this run */
     int64_t loop_n;           /* the length of the loop whose records come now */
     int64_t window_loop_n;    /* the length of the loop of the window's last step */
@@ -272,6 +274,9 @@ static int emit_window(ifd_outfeed *o, ifd_error *err)
         if (o->win_notes.n > 0)
             json_object_set_new(j, "skipped_batches", notes_json(&o->win_notes));
     }
+    json_t *calls = ifd_reducer_set_take(&o->calls); /* and reset for the next window */
+    if (calls)
+        json_object_set_new(j, "host_calls", calls);
     json_object_set_new(j, "examples_per_sec", json_real(secs > 0 ? examples / secs : 0.0));
     json_object_set_new(j, "steps_per_sec", json_real(secs > 0 ? (double)m->steps / secs : 0.0));
     json_object_set_new(j, "infeed_wait_fraction",
@@ -350,6 +355,9 @@ static int outfeed_step(ifd_outfeed *o, ifd_error *err)
                 return rc; /* a sentence of its own, not a host call's */
         } else {
             o->skip_run = 0;
+            rc = ifd_reducer_set_add(&o->calls, &o->tens, err);
+            if (rc)
+                return ifd_error_prefix(err, "at step %lld", (long long)o->recs[0].step);
             ifd_outfeed_concat(o->recs, n, o->cat, t);
             if (n < o->replicas && o->cfg.mode == IFD_MODE_TRAIN)
                 o->cat[IFD_OUT_LOSS] *= (float)o->replicas;
@@ -397,6 +405,30 @@ static void outfeed_main(ifd_opq *q, void *arg)
     }
 }
 
+int ifd_outfeed_host_calls_check(const ifd_program *p, ifd_mode mode, const ifd_host_call *calls,
+                                 int n, ifd_error *err)
+{
+    if (n <= 0)
+        return IFD_OK;
+    if (mode == IFD_MODE_PREDICT)
+        return ifd_error_set_key(err, IFD_EINVAL, "host_calls",
+                                 "expected none in predict mode (host calls run in train and "
+                                 "eval mode), got %d",
+                                 n);
+    if (n > IFD_MAX_HOST_CALLS)
+        return ifd_error_set_key(err, IFD_EINVAL, "host_calls", "expected at most %d, got %d",
+                                 IFD_MAX_HOST_CALLS, n);
+    ifd_outfeed_tensors tens;
+    ifd_reducer_set set;
+    int rc = ifd_outfeed_tensors_init(&tens, p, mode, 1, 1, NULL);
+    if (rc)
+        return ifd_error_set(err, rc, "host calls: out of memory");
+    rc = ifd_reducer_set_init(&set, &tens, calls, n, err);
+    ifd_reducer_set_fini(&set);
+    ifd_outfeed_tensors_fini(&tens);
+    return rc;
+}
+
 int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg)
 {
     *out = NULL;
@@ -425,6 +457,12 @@ int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg)
                                       cfg->dev->cfg.max_shard_rows, cfg->hosts);
         if (rc)
             goto fail;
+        ifd_error err; /* the session checked them (ifd_outfeed_host_calls_check) */
+        rc = ifd_reducer_set_init(&o->calls, &o->tens, cfg->host_calls, cfg->nhost_calls, &err);
+        if (rc) {
+            IFD_LOG_ERROR("outfeed: %s", err.msg);
+            goto fail;
+        }
     }
     rc = ifd_opq_start(&o->opq, "ifd-outfeed", outfeed_main, o, 0);
     if (rc)
@@ -434,6 +472,7 @@ int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg)
 
 fail:
     ifd_prediction_call_fini(&o->pred);
+    ifd_reducer_set_fini(&o->calls);
     ifd_outfeed_tensors_fini(&o->tens);
     free(o->cat);
     free(o->recs);
@@ -470,6 +509,7 @@ void ifd_outfeed_destroy(ifd_outfeed *o)
         return;
     ifd_opq_destroy(o->opq);
     ifd_prediction_call_fini(&o->pred);
+    ifd_reducer_set_fini(&o->calls);
     ifd_outfeed_tensors_fini(&o->tens);
     free(o->cat);
     free(o->recs);

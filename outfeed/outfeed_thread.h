@@ -35,9 +35,20 @@ typedef struct ifd_outfeed_config {
     /* Train, eval: every step's outfeed tensors (outfeed/step_tensors.h) go to these too. */
     const ifd_tensor_sink *tensor_sinks;
     int ntensor_sinks;
+    /* Train, eval: the built-in host calls (ifd_config.host_calls), checked at start. */
+    const ifd_host_call *host_calls;
+    int nhost_calls;
     /* Train, eval: this many skipped steps in a row end the run with IFD_ENUMERIC (0: never). */
     int64_t max_skipped_steps;
 } ifd_outfeed_config;
+
+/* Checks host calls calls[0..n) against program p in mode (train, eval): every tensor is one of
+ * the step's (the program's outfeed tensors and the runtime's), every spec a reducer knows, and
+ * every reducer takes its tensor's (and label's) dtype and shape. IFD_EINVAL (or the reducer's
+ * code) with a sentence that carries the key "host_calls" and names the tensor and the
+ * program's tensors. Predict mode takes no host call. */
+int ifd_outfeed_host_calls_check(const ifd_program *p, ifd_mode mode, const ifd_host_call *calls,
+                                 int n, ifd_error *err);
 
 int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg);
 int ifd_outfeed_signal(ifd_outfeed *o, int64_t n);

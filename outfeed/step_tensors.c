@@ -2,6 +2,7 @@
 
 #include <infeed/hosts.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -178,6 +179,28 @@ int ifd_outfeed_tensors_step(ifd_outfeed_tensors *c, const ifd_outfeed_rec *recs
     for (int i = 0; i < c->ntensors; i++)
         view(c, i, values[i]);
     return IFD_OK;
+}
+
+void ifd_outfeed_tensors_row(const ifd_outfeed_tensors *c, int i, ifd_dtype *dt, ifd_shape *row)
+{
+    memset(row, 0, sizeof *row);
+    *dt = IFD_F32;
+    if (i < c->program->noutfeeds) {
+        const ifd_outfeed_spec *o = &c->program->outfeeds[i];
+        *dt = o->dtype;
+        row->rank = o->rank;
+        for (int d = 0; d < o->rank; d++)
+            row->dims[d] = o->dims[d];
+    }
+}
+
+const char *ifd_outfeed_tensors_names(const ifd_outfeed_tensors *c, char *buf, size_t len)
+{
+    size_t off = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < c->ntensors && off < len; i++)
+        off += (size_t)snprintf(buf + off, len - off, "%s%s", i ? ", " : "", c->names[i]);
+    return buf;
 }
 
 int ifd_outfeed_tensors_find(const ifd_outfeed_tensors *c, const char *name)

@@ -48,6 +48,12 @@ void ifd_outfeed_tensors_fini(ifd_outfeed_tensors *c);
 int ifd_outfeed_tensors_step(ifd_outfeed_tensors *c, const ifd_outfeed_rec *recs, int n,
                              int (*stop)(void *), void *stop_arg, ifd_error *err);
 
+/* Tensor i's dtype and the shape of one of its values (without the batch axis: [] for the
+ * runtime's and for a scalar a row). */
+void ifd_outfeed_tensors_row(const ifd_outfeed_tensors *c, int i, ifd_dtype *dt, ifd_shape *row);
+/* "x, y, loss, ..." : every tensor's name, for sentences. */
+const char *ifd_outfeed_tensors_names(const ifd_outfeed_tensors *c, char *buf, size_t len);
+
 /* The index of the tensor named name, or -1. */
 int ifd_outfeed_tensors_find(const ifd_outfeed_tensors *c, const char *name);
 

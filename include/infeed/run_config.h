@@ -50,6 +50,14 @@ typedef struct ifd_optimizer {
     float epsilon;  /* adam */
 } ifd_optimizer;
 
+/* A built-in host call (docs/config.md, "Host calls"): a reducer, by its spec ("mean",
+ * "histogram", "top_k:5", ...), over one outfeed tensor, by name. Both strings are borrowed. */
+#define IFD_MAX_HOST_CALLS 32
+typedef struct ifd_host_call {
+    const char *tensor;
+    const char *spec;
+} ifd_host_call;
+
 /* A training run's saved state: <infeed/checkpoint.h>. */
 typedef struct ifd_checkpoint ifd_checkpoint;
 
@@ -117,6 +125,11 @@ typedef struct ifd_config {
     /* cuda: 1 (the default) captures each step in a CUDA Graph launched n times a loop; 0 runs
      * the step's kernels one by one. */
     int cuda_graphs;
+    /* Train, eval: the built-in host calls, each over one outfeed tensor of the step
+     * (include/infeed/sinks.h, ifd_step_tensors). Train: over each summary window; eval: over
+     * the whole run. Their values are the summary's "host_calls" (docs/summaries.md). */
+    ifd_host_call host_calls[IFD_MAX_HOST_CALLS];
+    int nhost_calls;
 } ifd_config;
 
 /* Fills every field with its default (see docs/config.md). */

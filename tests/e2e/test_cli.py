@@ -20,7 +20,8 @@ ISSUE_FLAGS = """--config --listen --publish --control --summaries --backend --r
 RENAMED = {"num_steps": "steps", "optimizer.kind": "optimizer",
            "initial_infeed_sleep_secs": "initial_infeed_sleep", "watchdog_secs": "watchdog",
            "loop_kind": "iterations_per_loop", "loop_secs": "iterations_per_loop",
-           "max_loop_secs": "max_loop_seconds"}
+           "max_loop_secs": "max_loop_seconds",
+           "host_calls": "host_call"}  # one tensor a flag: --host-call NAME=SPEC
 
 
 def config_md_flags() -> set:

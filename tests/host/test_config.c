@@ -176,6 +176,8 @@ static const char *bad_text(const config_opt *o)
         return "2x";
     case K_LIBS:
         return "";
+    case K_CALLS:
+        return "nope";
     case K_STR:
         break;
     }
@@ -201,11 +203,14 @@ START_TEST(option_bad_values_name_the_key)
             if (o->kind == K_ENUM)
                 RASSERT(strstr(err.msg, o->names->choices), "%s: '%s'", arg, err.msg);
         }
-        /* a JSON object is no option's value */
-        RASSERT(parse(file_with(json, sizeof json, o->key, "{}"), NULL, &err) == IFD_EINVAL,
+        /* a JSON object is no option's value but host_calls', which no array is */
+        int calls = o->kind == K_CALLS;
+        RASSERT(parse(file_with(json, sizeof json, o->key, calls ? "[]" : "{}"), NULL, &err) ==
+                    IFD_EINVAL,
                 "%s: {} is refused", o->key);
         snprintf(want, sizeof want, "config file t.json: key '%s': expected ", o->key);
-        RASSERT(strncmp(err.msg, want, strlen(want)) == 0 && strstr(err.msg, "got an object"),
+        RASSERT(strncmp(err.msg, want, strlen(want)) == 0 &&
+                    strstr(err.msg, calls ? "got an array" : "got an object"),
                 "%s: '%s'", o->key, err.msg);
     }
 }
@@ -440,6 +445,60 @@ START_TEST(old_field_names_set_the_new_ones)
 }
 END_TEST
 
+/* host_calls: the file's object (a spec or an array a tensor), --host-call NAME=SPEC[,SPEC...]
+ * with a comma before "name=value" continuing a spec, and the flags replacing the file's. The
+ * validation's own verdict (the reducers, outfeed/) is the daemon's e2e tests'. */
+START_TEST(host_calls_file_and_flags)
+{
+    ifd_daemon_config c;
+    ifd_error err;
+    char json[256];
+    const char *flags[] = {"--host-call", "confidence=histogram:bins=10,range=0:1,mean",
+                           "--host-call=label=top_k:2,label=y,sum", NULL};
+    int rc = parse_into(&c, NULL, flags, &err);
+    ck_assert_msg(rc == IFD_OK || strcmp(err.key, "host_calls") == 0, "%s", err.msg);
+    static const char *const want[][2] = {{"confidence", "histogram:bins=10,range=0:1"},
+                                          {"confidence", "mean"},
+                                          {"label", "top_k:2,label=y"},
+                                          {"label", "sum"}};
+    ck_assert_int_eq(c.run.nhost_calls, 4);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_str_eq(c.run.host_calls[i].tensor, want[i][0]);
+        ck_assert_str_eq(c.run.host_calls[i].spec, want[i][1]);
+    }
+    ifd_daemon_config_free(&c);
+    const char *file = file_with(json, sizeof json, "host_calls",
+                                 "{\"loss\": \"mean\", \"confidence\": [\"min\", \"max\"]}");
+    rc = parse_into(&c, file, NULL, &err);
+    ck_assert_msg(rc == IFD_OK || strcmp(err.key, "host_calls") == 0, "%s", err.msg);
+    ck_assert_int_eq(c.run.nhost_calls, 3);
+    ck_assert_str_eq(c.run.host_calls[0].tensor, "loss");
+    ck_assert_str_eq(c.run.host_calls[2].spec, "max");
+    ifd_daemon_config_free(&c);
+    const char *one[] = {"--host-call", "count=sum", NULL}; /* replaces the file's three */
+    rc = parse_into(&c, file, one, &err);
+    ck_assert_msg(rc == IFD_OK || strcmp(err.key, "host_calls") == 0, "%s", err.msg);
+    ck_assert_int_eq(c.run.nhost_calls, 1);
+    ck_assert_str_eq(c.run.host_calls[0].tensor, "count");
+    ifd_daemon_config_free(&c);
+    /* What cannot be a host call, named by the flag or the key. */
+    const char *bad[][3] = {{"--host-call", "=mean", "flag --host-call: expected NAME=SPEC"},
+                            {"--host-call", "x=", "flag --host-call: expected a tensor name and "
+                                                  "a host call spec, got '' for tensor 'x'"}};
+    for (int i = 0; i < 2; i++) {
+        const char *args[] = {bad[i][0], bad[i][1], NULL};
+        ck_assert_int_eq(parse(NULL, args, &err), IFD_EINVAL);
+        ck_assert_msg(strstr(err.msg, bad[i][2]), "%s", err.msg);
+    }
+    ck_assert_int_eq(parse(file_with(json, sizeof json, "host_calls", "{\"a\": [1]}"), NULL,
+                           &err),
+                     IFD_EINVAL);
+    ck_assert_msg(strstr(err.msg, "key 'host_calls': tensor 'a': element 0: expected a host call "
+                                  "spec (a string), got"),
+                  "%s", err.msg);
+}
+END_TEST
+
 /* docs/config.md's infeedd table names every option of the table (test_cli.py checks the other
  * way: every key it documents is a flag of --help). */
 START_TEST(config_md_lists_every_option)
@@ -509,6 +568,7 @@ int main(void)
     tcase_add_test(tc, backend_settings_fill_the_config);
     tcase_add_test(tc, old_field_names_set_the_new_ones);
     tcase_add_test(tc, config_md_lists_every_option);
+    tcase_add_test(tc, host_calls_file_and_flags);
     tcase_add_test(tc, help_lists_every_option_and_its_default);
     return tu_run_suite(s);
 }
