@@ -190,14 +190,15 @@ def daemon_loads(path) -> tuple:
 
 
 def client_loads(path) -> tuple:
+    """(whether infeed.checkpoint.load takes the file, the checkpoint or the error)."""
     try:
-        infeed.checkpoint.load(path)
+        c = infeed.checkpoint.load(path)
     except infeed.CheckpointError as e:
         assert e.code == "EPROTO" and e.path == str(path), e
         assert str(e).startswith(f"checkpoint '{path}': {e.field}: expected {e.expected}, got "
                                  f"{e.found}"), e
         return False, e
-    return True, None
+    return True, c
 
 
 def test_a_truncated_file_is_refused(tmp_path, rng):
@@ -227,7 +228,7 @@ def test_a_truncated_file_is_refused(tmp_path, rng):
     assert e.value.field == "size" and e.value.expected.startswith(f"{len(data)} bytes")
 
 
-def test_a_wrong_magic_is_refused(tmp_path, rng):
+def test_a_wrong_magic_version_or_header_length_is_refused(tmp_path, rng):
     path, _, _, _ = valid_file(tmp_path, rng)
     data = bytearray(path.read_bytes())
     while bytes(data[:8]) == ckpt.MAGIC:
@@ -247,6 +248,16 @@ def test_a_wrong_magic_is_refused(tmp_path, rng):
         infeed.checkpoint.load(path)
     assert e.value.field == "version" and e.value.expected == "1", e.value
     assert e.value.found == str(int.from_bytes(data[8:12], "little")), e.value
+    assert not daemon_loads(path)[0]
+    # a header length over 16 MiB
+    data[8:12] = (1).to_bytes(4, "little")
+    data[12:16] = rng.randint((16 << 20) + 1, (1 << 32) - 1).to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+    with pytest.raises(infeed.CheckpointError) as e:
+        infeed.checkpoint.load(path)
+    assert e.value.field == "header length" and e.value.expected == \
+        f"at most {16 << 20} bytes of JSON", e.value
+    assert e.value.found == str(int.from_bytes(data[12:16], "little")), e.value
     assert not daemon_loads(path)[0]
 
 
@@ -359,11 +370,13 @@ def test_bad_headers_are_refused_as_the_daemon_refuses_them(tmp_path, rng):
         ckpt.write(p, h, params, slots)
         ok, e = client_loads(p)
         loads, sentence = daemon_loads(p)
-        ctx = f"{what}: client {e or 'loads'}\ndaemon: {sentence}"
+        ctx = f"{what}: client {e}\ndaemon: {sentence}"
         if daemon_takes is None:  # the name given twice
             assert loads and not ok and e.field == "header: 'params[1].name'", ctx
             continue
         assert loads == daemon_takes and ok == loads, ctx
+        if what == "two hosts":
+            assert (e.hosts, e.producers, e.host_producers) == (2, {}, [{}, {"a": 3}]), ctx
         if not ok and e.field.startswith("header: '"):  # the daemon names the same key
             key = [w for w in re.split(r"[.\[\]]", e.field[9:-1]) if w and not w.isdigit()]
             assert key[-1] in sentence, ctx
@@ -437,7 +450,7 @@ def test_a_folder_gives_its_newest_checkpoint_that_loads(daemon, tmp_path, rng):
         infeed.checkpoint.load(one)
 
 
-def test_nothing_to_load_is_enotfound(tmp_path):
+def test_nothing_to_load_is_enotfound_and_a_fifo_eio(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / ".ckpt-000000000005.ifdckpt.tmp-7").write_bytes(b"x")
     for path, field in ((tmp_path / "empty", "folder"), (tmp_path / "none.ifdckpt", "file")):
@@ -447,6 +460,10 @@ def test_nothing_to_load_is_enotfound(tmp_path):
         assert str(path) in str(e.value), e.value
     assert "no checkpoint (ckpt-<step>.ifdckpt) in it" in str(
         pytest.raises(infeed.CheckpointError, infeed.checkpoint.load, tmp_path / "empty").value)
+    os.mkfifo(tmp_path / "fifo")  # refused at once, not waited on
+    with pytest.raises(infeed.CheckpointError) as e:
+        infeed.checkpoint.load(tmp_path / "fifo")
+    assert e.value.code == "EIO" and e.value.expected == "a regular file", e.value
 
 
 # ---- python -m infeed.export: its errors, and the client without safetensors ------------------

@@ -96,7 +96,7 @@ def _error(path, field_: str, expected: str, found: str, note: str = "",
                                  f"{found}{tail}", path, field_, expected, found)
 
 
-# ---- the JSON header, checked as jansson parses it ------------------------------------------------
+# ---- the JSON header, checked as jansson parses it --------------------------------------------
 
 def _pairs(pairs):
     d = {}
@@ -297,10 +297,12 @@ def loads(data: bytes, path: PathLike = "<bytes>") -> Checkpoint:
     version, hlen = struct.unpack_from("<II", data, 8)
     if version != VERSION:
         raise _error(path, "version", f"{VERSION}", f"{version}")
-    if hlen > HEADER_MAX or PREAMBLE + hlen + CRC_LEN > size:
+    if hlen > HEADER_MAX:  # (the daemon calls it truncated too)
+        raise _error(path, "header length", f"at most {HEADER_MAX} bytes of JSON", f"{hlen}",
+                     "not a checkpoint's header, or a damaged length")
+    if PREAMBLE + hlen + CRC_LEN > size:
         raise _error(path, "size", f"at least {PREAMBLE + hlen + CRC_LEN} bytes (the header "
-                     f"alone says {hlen} bytes of JSON{', over 16 MiB' if hlen > HEADER_MAX else ''})",
-                     f"{size} bytes", "truncated")
+                     f"alone says {hlen} bytes of JSON)", f"{size} bytes", "truncated")
     (stored,) = struct.unpack_from("<I", data, size - CRC_LEN)
     crc = zlib.crc32(buf[:size - CRC_LEN])
 
@@ -346,7 +348,9 @@ def loads(data: bytes, path: PathLike = "<bytes>") -> Checkpoint:
 
 def _read(path: Path) -> bytes:
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK: a FIFO under the name is refused, not waited on (no effect on files)
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)),
+                  "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise _error(path, "file", "a regular file", "another kind of file", code="EIO")
             return f.read()

@@ -105,10 +105,10 @@ class ShmError(InfeedError):
 class CheckpointError(InfeedError, ValueError):
     """A checkpoint that ``infeed.checkpoint.load`` cannot load (``docs/checkpoint.md``): the
     message is one sentence, ``checkpoint 'PATH': FIELD: expected EXPECTED, got FOUND``, with the
-    checks and wording of the daemon's loader. Attributes: ``path`` (the file, or the folder when
-    none of a folder's checkpoints loads), ``field`` (``size``, ``magic``, ``version``,
-    ``header``, ``checksum``, ``header: 'optimizer.slots'``...), ``expected`` and ``found``
-    (text). ``code``: ``EPROTO`` (not a valid checkpoint: damaged, truncated, another format),
+    checks of the daemon's loader. Attributes: ``path`` (the file, or the folder when none of a
+    folder's checkpoints loads), ``field`` (``size``, ``magic``, ``version``, ``header length``,
+    ``header``, ``checksum``, ``header: 'optimizer.slots'``...; ``file`` or ``folder`` when there
+    is nothing to read), ``expected`` and ``found`` (text). ``code``: ``EPROTO`` (not a valid checkpoint: damaged, truncated, another format),
     ``ENOTFOUND`` (no such file, or a folder without checkpoints) or ``EIO`` (unreadable). Also
     a ``ValueError``."""
 
