@@ -9,9 +9,10 @@ IFD_DEB_PACKAGES=(build-essential cmake pkg-config libjansson-dev check libsubun
                   libopenblas-dev libzmq3-dev zlib1g-dev clang libclang-rt-dev openmpi-bin
                   libopenmpi-dev)
 # tensorboardX: python -m infeed.tensorboard; matplotlib: python -m infeed.plot (the demo's PNG);
-# tensorboard: the tests read the event files back with its EventAccumulator.
-IFD_PY_MODULES=(zmq numpy sklearn pytest tensorboardX matplotlib tensorboard) # import names
-IFD_PIP_PACKAGES=(pyzmq numpy scikit-learn pytest tensorboardX matplotlib tensorboard) # pip names
+# tensorboard: the tests read the event files back with its EventAccumulator. safetensors:
+# python -m infeed.export --safetensors (and the tests read its files back with it).
+IFD_PY_MODULES=(zmq numpy sklearn pytest tensorboardX matplotlib tensorboard safetensors) # import names
+IFD_PIP_PACKAGES=(pyzmq numpy scikit-learn pytest tensorboardX matplotlib tensorboard safetensors) # pip names
 
 missing=()
 for p in "${IFD_DEB_PACKAGES[@]}"; do

@@ -249,23 +249,6 @@ def test_sigkill_inside_a_checkpoint_write(daemon, tmp_path, reference, seeded, 
             f"{ctx}: no log line for the temporary file\n{d2.log()}"
 
 
-def damage(path: Path, rng: random.Random) -> str:
-    """Cuts the file at a random length or changes one random byte; returns what it did."""
-    data = bytearray(path.read_bytes())
-    if rng.random() < 0.5:
-        cut = rng.randrange(len(data))
-        path.write_bytes(bytes(data[:cut]))
-        return f"cut {path.name} to {cut} of {len(data)} bytes"
-    at = rng.randrange(len(data))
-    data[at] ^= rng.randrange(1, 256)
-    path.write_bytes(bytes(data))
-    return f"changed byte {at} of {len(data)} of {path.name}"
-
-
-# The problem each kind of damage is told as: the size check, the CRC, the magic, the version.
-PROBLEMS = ("truncated", "trailing bytes", "checksum", "magic", "version", "header")
-
-
 def test_damaged_newest_checkpoints_are_skipped(daemon, tmp_path, reference, seeded):
     seed, rng = seeded
     for trial in range(3):
@@ -275,7 +258,7 @@ def test_damaged_newest_checkpoints_are_skipped(daemon, tmp_path, reference, see
             (folder / f.name).write_bytes(f.read_bytes())
         files = ckpt.files(folder)
         k = rng.randrange(1, len(files) - 1)  # damaged: the newest k; LAST's among them
-        what = [damage(f, rng) for f in files[-k:]]
+        what = [ckpt.damage(f, rng) for f in files[-k:]]
         start = int(files[-k - 1].stem[5:])
         ctx = f"seed {seed}, trial {trial}: {'; '.join(what)}"
         d = daemon(**flags(folder, resume=True))
@@ -283,7 +266,7 @@ def test_damaged_newest_checkpoints_are_skipped(daemon, tmp_path, reference, see
         log = d.log()
         for f in files[-k:]:
             warned = [ln for ln in log.splitlines() if " warn " in ln and str(f) in ln]
-            assert warned and any(w in warned[0] for w in PROBLEMS), \
+            assert warned and any(w in warned[0] for w in ckpt.PROBLEMS), \
                 f"{ctx}: no warning naming {f.name} and its problem\n{log}"
             assert Path(str(f) + ".damaged").exists(), f"{ctx}: {f.name} was not set aside"
         check_resumed(d, p, start, reference, folder, ctx)
@@ -299,7 +282,7 @@ def test_no_good_checkpoint_is_a_one_line_error(tmp_path, reference, seeded):
     for f in ckpt.files(reference["folder"])[-3:]:
         (folder / f.name).write_bytes(f.read_bytes())
     files = ckpt.files(folder)
-    what = [damage(f, rng) for f in files]
+    what = [ckpt.damage(f, rng) for f in files]
     before = {f.name: f.read_bytes() for f in files}
     f = flags(folder)
     args = [a for k, v in f.items() for a in (f"--{k.replace('_', '-')}", str(v))]
@@ -315,7 +298,7 @@ def test_no_good_checkpoint_is_a_one_line_error(tmp_path, reference, seeded):
         assert len(lines) == 1 and lines[0].startswith("infeedd: "), f"{ctx}: {r.stderr}"
         for n in names:
             assert n in lines[0], f"{ctx}: {n!r} not in {lines[0]}"
-        assert any(w in lines[0] for w in PROBLEMS), f"{ctx}: no problem named: {lines[0]}"
+        assert any(w in lines[0] for w in ckpt.PROBLEMS), f"{ctx}: no problem named: {lines[0]}"
     # a start that failed renamed and changed nothing
     assert {f.name: f.read_bytes() for f in ckpt.files(folder)} == before, ctx
     assert not list(folder.glob("*.damaged")), ctx
@@ -331,7 +314,7 @@ def test_eval_skips_damaged_checkpoints_and_renames_nothing(daemon, tmp_path, re
         (folder / f.name).write_bytes(f.read_bytes())
     files = ckpt.files(folder)
     k = rng.randrange(1, len(files) - 1)
-    what = [damage(f, rng) for f in files[-k:]]
+    what = [ckpt.damage(f, rng) for f in files[-k:]]
     start = int(files[-k - 1].stem[5:])
     ctx = f"seed {seed}: {'; '.join(what)}"
     before = {f.name: f.read_bytes() for f in folder.iterdir()}

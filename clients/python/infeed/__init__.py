@@ -8,12 +8,14 @@
   ``docs/protocol.md``); :mod:`infeed.convert` says how tensors are converted.
 - :class:`Subscriber` receives the JSON summaries the daemon publishes (``docs/summaries.md``).
 - :mod:`infeed.protocol` holds the wire constants and pack/unpack helpers.
+- :mod:`infeed.checkpoint` loads the daemon's checkpoints into numpy (``infeed.checkpoint.load``);
+  :mod:`infeed.export` writes their parameters as ``.npz`` and safetensors.
 - :mod:`infeed.keys` reads the CURVE key files of ``infeedd keygen`` (both classes take
   ``server_key=``/``server_key_file=`` and ``keypair=``/``key_file=``).
 """
 
-from . import adapters, convert, keys, protocol
-from .errors import InfeedError, RunEnded, RunFailed, ShmError
+from . import adapters, checkpoint, convert, keys, protocol
+from .errors import CheckpointError, InfeedError, RunEnded, RunFailed, ShmError
 from .feed import FeedResult, feed
 from .producer import Producer
 from .subscriber import Subscriber, format_summary
@@ -22,5 +24,5 @@ from .workers import Worker, feed_workers, workers
 __version__ = "0.1.0"
 
 __all__ = ["Producer", "Subscriber", "format_summary", "feed", "FeedResult", "Worker", "workers",
-           "feed_workers", "InfeedError", "RunEnded", "RunFailed", "ShmError", "adapters",
-           "convert", "keys", "protocol", "__version__"]
+           "feed_workers", "InfeedError", "RunEnded", "RunFailed", "ShmError", "CheckpointError",
+           "adapters", "checkpoint", "convert", "keys", "protocol", "__version__"]

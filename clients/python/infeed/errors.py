@@ -100,3 +100,25 @@ class ShmError(InfeedError):
 
     def __init__(self, message: str):
         super().__init__("ESHM", message)
+
+
+class CheckpointError(InfeedError, ValueError):
+    """A checkpoint that ``infeed.checkpoint.load`` cannot load (``docs/checkpoint.md``): the
+    message is one sentence, ``checkpoint 'PATH': FIELD: expected EXPECTED, got FOUND``, with the
+    checks of the daemon's loader. Attributes: ``path`` (the file, or the folder when none of a
+    folder's checkpoints loads), ``field`` (``size``, ``magic``, ``version``, ``header length``,
+    ``header``, ``checksum``, ``header: 'optimizer.slots'``...; ``file`` or ``folder`` when there
+    is nothing to read), ``expected`` and ``found`` (text). ``code``: ``EPROTO`` (not a valid checkpoint: damaged, truncated, another format),
+    ``ENOTFOUND`` (no such file, or a folder without checkpoints) or ``EIO`` (unreadable). Also
+    a ``ValueError``."""
+
+    def __init__(self, code: str, message: str, path: str = "", field: str = "",
+                 expected: str = "", found: str = ""):
+        self.path = str(path)
+        self.field = field
+        self.expected = expected
+        self.found = found
+        super().__init__(code, message)
+
+    def __str__(self) -> str:
+        return self.message
