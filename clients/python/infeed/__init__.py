@@ -16,11 +16,11 @@ from . import adapters, convert, keys, protocol
 from .errors import InfeedError, RunEnded, RunFailed, ShmError
 from .feed import FeedResult, feed
 from .producer import Producer
-from .subscriber import Subscriber, format_summary
+from .subscriber import Subscriber, format_summary, host_call
 from .workers import Worker, feed_workers, workers
 
 __version__ = "0.1.0"
 
-__all__ = ["Producer", "Subscriber", "format_summary", "feed", "FeedResult", "Worker", "workers",
-           "feed_workers", "InfeedError", "RunEnded", "RunFailed", "ShmError", "adapters",
+__all__ = ["Producer", "Subscriber", "format_summary", "host_call", "feed", "FeedResult",
+           "Worker", "workers", "feed_workers", "InfeedError", "RunEnded", "RunFailed", "ShmError", "adapters",
            "convert", "keys", "protocol", "__version__"]
