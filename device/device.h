@@ -66,10 +66,15 @@ typedef struct ifd_outfeed_rec {
     /* predict mode: the shard's batch, with a reference the outfeed thread drops after it has
      * delivered the predictions; rows [row0, row0 + rows) of it; and the step's predictions,
      * [rows, predict_cols] floats in host memory owned by the backend (valid until the next
-     * outfeed_dequeue of this replica). NULL, 0, 0, NULL in the other modes. */
+     * outfeed_dequeue of this replica). NULL, 0, NULL in the other modes. */
     ifd_batch *batch;
     int64_t row0, rows;
     const float *pred;
+    /* train, eval: the step's outfeed area in host memory owned by the backend (valid until the
+     * next outfeed_dequeue of this replica): the program's outfeed tensors at the offsets of
+     * ifd_program_outfeed_layout(program, max_shard_rows), per-row ones holding rows rows (rows
+     * is the shard's in every mode). NULL when the program declares none, and in predict mode. */
+    const void *outfeed;
     int64_t end_ns;          /* when the step finished */
     int64_t step_ns;         /* since the replica's previous step ended (or its loop began) */
     int64_t infeed_wait_ns;  /* of step_ns, waiting for the shard */

@@ -61,6 +61,25 @@ IFD_HD void ifd_math_softmax_row(const float *logits, int64_t k, float *probs)
         probs[j] *= inv;
 }
 
+/* A classifier's verdict on one row: *cls = the argmax (the first of equal maxima, as in the
+ * cross-entropy above); returns its softmax probability, 1 / sum_j exp(logits[j] - max). */
+IFD_HD float ifd_math_classify_row(const float *logits, int64_t k, int32_t *cls)
+{
+    float mx = logits[0];
+    int64_t arg = 0;
+    for (int64_t j = 1; j < k; j++) {
+        if (logits[j] > mx) {
+            mx = logits[j];
+            arg = j;
+        }
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j < k; j++)
+        sum += expf(logits[j] - mx);
+    *cls = (int32_t)arg;
+    return 1.0f / sum;
+}
+
 /* Least squares of one row: returns 0.5 * |pred - y|^2 and writes gscale * (pred - y). */
 IFD_HD float ifd_math_sq_err_row(const float *pred, const float *y, int64_t k, float gscale,
                                  float *dpred)

@@ -188,6 +188,27 @@ static void cpu_squared_error(void *ctx, int64_t rows, int64_t k, const float *p
     out->correct = 0.0f;
 }
 
+static void cpu_classify(void *ctx, int64_t rows, int64_t k, const float *logits, int32_t *cls,
+                         float *conf)
+{
+    (void)ctx;
+    for (int64_t r = 0; r < rows; r++) {
+        int32_t c;
+        float p = ifd_math_classify_row(logits + r * k, k, &c);
+        if (cls)
+            cls[r] = c;
+        if (conf)
+            conf[r] = p;
+    }
+}
+
+static void cpu_copy(void *ctx, void *dst, const void *src, int64_t bytes)
+{
+    (void)ctx;
+    if (bytes > 0)
+        memcpy(dst, src, (size_t)bytes);
+}
+
 void ifd_cpu_ops_init(ifd_ops *ops, void *ctx)
 {
     ops->ctx = ctx;
@@ -202,6 +223,8 @@ void ifd_cpu_ops_init(ifd_ops *ops, void *ctx)
     ops->tanh = cpu_tanh;
     ops->tanh_grad = cpu_tanh_grad;
     ops->l2_decay = cpu_l2_decay;
+    ops->classify = cpu_classify;
+    ops->copy = cpu_copy;
 }
 
 void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
@@ -358,10 +381,27 @@ static void plain_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int
         ifd_cpu_optimizer_apply(ctx, opt, opt_step, n, params, grads, slot0, slot1);
 }
 
+void ifd_cpu_l2_norm(void *ctx, const float *x, int64_t n, float *dst)
+{
+    (void)ctx;
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        s += (double)x[i] * (double)x[i];
+    *dst = (float)sqrt(s);
+}
+
+void ifd_cpu_set_float(void *ctx, float *dst, float v)
+{
+    (void)ctx;
+    *dst = v;
+}
+
 void ifd_cpu_step_ops_init(ifd_step_ops *sops)
 {
     sops->guard_loss = ifd_cpu_guard_loss;
     sops->check_grads = plain_check_grads;
     sops->optimizer_apply = plain_optimizer_apply;
     sops->finish_step = ifd_cpu_finish_step;
+    sops->l2_norm = ifd_cpu_l2_norm;
+    sops->set_float = ifd_cpu_set_float;
 }

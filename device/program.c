@@ -131,6 +131,61 @@ int ifd_program_add_param(ifd_program *p, const char *name, int rank, const int6
     return IFD_OK;
 }
 
+/* The runtime's own tensors, which a program's may not shadow (outfeed/outfeed_tensors.c). */
+static const char *const runtime_outfeeds[] = {"loss",      "correct",    "count",
+                                               "grad_norm", "param_norm", "learning_rate"};
+
+int ifd_program_add_outfeed(ifd_program *p, const char *name, ifd_dtype dtype, int per_row,
+                            int rank, const int64_t *dims)
+{
+    size_t len = name ? strlen(name) : 0;
+    if (p->noutfeeds == IFD_MAX_OUTFEEDS || len == 0 || len >= IFD_NAME_MAX ||
+        (dtype != IFD_F32 && dtype != IFD_I32) || (per_row != 0 && per_row != 1) || rank < 0 ||
+        rank >= IFD_MAX_RANK || (rank > 0 && dims == NULL))
+        return IFD_EINVAL;
+    for (int i = 0; i < rank; i++)
+        if (dims[i] < 1)
+            return IFD_EINVAL;
+    for (int i = 0; i < p->noutfeeds; i++)
+        if (strcmp(p->outfeeds[i].name, name) == 0)
+            return IFD_EINVAL;
+    for (size_t i = 0; i < sizeof runtime_outfeeds / sizeof runtime_outfeeds[0]; i++)
+        if (strcmp(runtime_outfeeds[i], name) == 0)
+            return IFD_EINVAL;
+    ifd_outfeed_spec *o = &p->outfeeds[p->noutfeeds++];
+    memset(o, 0, sizeof *o);
+    memcpy(o->name, name, len + 1);
+    o->dtype = dtype;
+    o->per_row = per_row;
+    o->rank = rank;
+    for (int i = 0; i < rank; i++)
+        o->dims[i] = dims[i];
+    return IFD_OK;
+}
+
+int64_t ifd_program_outfeed_value_bytes(const ifd_program *p, int i)
+{
+    const ifd_outfeed_spec *o = &p->outfeeds[i];
+    int64_t n = (int64_t)ifd_dtype_size(o->dtype);
+    for (int d = 0; d < o->rank; d++)
+        n *= o->dims[d];
+    return n;
+}
+
+#define OUTFEED_ALIGN 256
+
+int64_t ifd_program_outfeed_layout(const ifd_program *p, int64_t max_rows,
+                                   int64_t offs[IFD_MAX_OUTFEEDS])
+{
+    int64_t off = 0;
+    for (int i = 0; i < p->noutfeeds; i++) {
+        offs[i] = off;
+        off += ifd_program_outfeed_value_bytes(p, i) * (p->outfeeds[i].per_row ? max_rows : 1);
+        off = (off + OUTFEED_ALIGN - 1) / OUTFEED_ALIGN * OUTFEED_ALIGN;
+    }
+    return off;
+}
+
 const ifd_param_spec *ifd_program_param(const ifd_program *p, const char *name)
 {
     for (int i = 0; i < p->nparams; i++)

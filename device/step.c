@@ -45,6 +45,7 @@ int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops 
         .workspace = st->workspace,
         .scale = scale,
         .out = out,
+        .outfeeds = st->outfeeds,
     };
     int rc = program_rc(p, p->cls->train_step(p, ops, &a, err), err);
     if (rc)
@@ -56,8 +57,12 @@ int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops 
     if (rc)
         return rc;
     sops->check_grads(sctx, st->grads, p->nparam_floats, out);
+    /* The runtime's outfeed tensors: every mirror holds the same sum, so the same norms. */
+    sops->l2_norm(sctx, st->grads, p->nparam_floats, &out->grad_norm);
     sops->optimizer_apply(sctx, opt, st->opt_step, p->nparam_floats, st->params, st->grads,
                           st->slot0, st->slot1, &out->skipped);
+    sops->l2_norm(sctx, st->params, p->nparam_floats, &out->param_norm);
+    sops->set_float(sctx, &out->learning_rate, opt->learning_rate);
     sops->finish_step(sctx, st->step, st->opt_step, out, rows);
     return IFD_OK;
 }
@@ -74,6 +79,7 @@ int ifd_step_eval(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops *
         .workspace = st->workspace,
         .scale = 1.0f,
         .out = out,
+        .outfeeds = st->outfeeds,
     };
     int rc = program_rc(p, p->cls->train_step(p, ops, &a, err), err);
     if (rc)

@@ -40,6 +40,11 @@ typedef struct ifd_step_ops {
      * step and opt_step are NULL in eval and predict steps: out->count = rows only. */
     void (*finish_step)(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
                         int64_t rows);
+    /* *dst = the L2 norm of x[0..n) (device memory; the sum of squares in double, in element
+     * order on cpu). The train step's grad_norm and param_norm. */
+    void (*l2_norm)(void *ctx, const float *x, int64_t n, float *dst);
+    /* *dst = v (device memory): the train step's learning_rate. */
+    void (*set_float)(void *ctx, float *dst, float v);
 } ifd_step_ops;
 
 /* One replica's mirror, in device memory. */
@@ -51,6 +56,9 @@ typedef struct ifd_replica_state {
     float *workspace;
     int64_t *step;     /* the global step */
     int64_t *opt_step; /* updates the optimizer slots have seen */
+    /* The current step's outfeed tensors (ifd_step_args.outfeeds), set by the backend before
+     * each train or eval step; NULL: the step writes none. */
+    void *const *outfeeds;
 } ifd_replica_state;
 
 /* Optimizer slot vectors the kind needs (0, 1 or 2). */
@@ -115,6 +123,8 @@ void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_o
                          int64_t rows);
 /* The cpu's guard_loss (ctx unused). */
 void ifd_cpu_guard_loss(void *ctx, ifd_step_out *out, float *grads);
+void ifd_cpu_l2_norm(void *ctx, const float *x, int64_t n, float *dst);
+void ifd_cpu_set_float(void *ctx, float *dst, float v);
 /* guard_loss, check_grads, optimizer_apply and finish_step on the caller's thread (no team);
  * allreduce_sum is the caller's to set. For tests that run a step directly. */
 void ifd_cpu_step_ops_init(ifd_step_ops *sops);

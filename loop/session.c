@@ -258,6 +258,14 @@ int ifd_session_add_prediction_sink(ifd_session *s, const ifd_prediction_sink *s
     return IFD_OK;
 }
 
+int ifd_session_add_tensor_sink(ifd_session *s, const ifd_tensor_sink *sink)
+{
+    if (s->ran || sink == NULL || sink->write == NULL || s->ntensor_sinks == IFD_MAX_TENSOR_SINKS)
+        return IFD_EINVAL;
+    s->tensor_sinks[s->ntensor_sinks++] = *sink;
+    return IFD_OK;
+}
+
 void ifd_session_request_stop(ifd_session *s)
 {
     int none = -1;

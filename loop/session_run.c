@@ -320,6 +320,8 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
             .max_batch_rows = s->cfg.batch_size,
             .pred_sinks = s->pred_sinks,
             .npred_sinks = s->npred_sinks,
+            .tensor_sinks = s->tensor_sinks,
+            .ntensor_sinks = s->ntensor_sinks,
             .hosts = ifd_hosts_many(s->cfg.hosts) ? s->cfg.hosts : NULL,
             .max_skipped_steps = s->cfg.max_skipped_steps,
         };

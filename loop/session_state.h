@@ -29,6 +29,8 @@ struct ifd_session {
     int nhooks;
     ifd_prediction_sink pred_sinks[IFD_MAX_PREDICTION_SINKS];
     int npred_sinks;
+    ifd_tensor_sink tensor_sinks[IFD_MAX_TENSOR_SINKS];
+    int ntensor_sinks;
     ifd_run_context ctx;
     int stop_host; /* atomic: -1, or the host whose stop was asked (this one's rank: 0 alone) */
     ifd_stop_relay relay;

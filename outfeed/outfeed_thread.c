@@ -4,6 +4,7 @@
 #include <infeed/hosts.h>
 #include "outfeed/outfeed_thread.h"
 #include "outfeed/hostcall.h"
+#include "outfeed/step_tensors.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -50,6 +51,7 @@ struct ifd_outfeed {
     window_time time;
     int64_t last_step;
     ifd_prediction_call pred; /* predict mode */
+    ifd_outfeed_tensors tens; /* train, eval: the step's tensors on the host */
     int64_t steps_done;       /* steps this run */
     int64_t loop_n;           /* the length of the loop whose records come now */
     int64_t window_loop_n;    /* the length of the loop of the window's last step */
@@ -285,6 +287,27 @@ static int emit_window(ifd_outfeed *o, ifd_error *err)
     return rc;
 }
 
+/* The step's outfeed tensors, concatenated (outfeed/step_tensors.h), to the tensor sinks. */
+static int step_tensors(ifd_outfeed *o, int n, int skipped, ifd_error *err)
+{
+    int rc = ifd_outfeed_tensors_step(&o->tens, o->recs, n, rendezvous_stopping, o->cfg.rv, err);
+    if (rc)
+        return rc;
+    ifd_step_tensors st = {
+        .global_step = o->cfg.mode == IFD_MODE_TRAIN ? o->recs[0].step : o->steps_done + 1,
+        .skipped = skipped,
+        .ntensors = o->tens.ntensors,
+        .names = o->tens.names,
+        .tensors = o->tens.tensors,
+    };
+    for (int i = 0; i < o->cfg.ntensor_sinks; i++) {
+        rc = o->cfg.tensor_sinks[i].write(o->cfg.tensor_sinks[i].ctx, &st, err);
+        if (rc)
+            return ifd_error_prefix(err, "tensor sink at step %lld", (long long)st.global_step);
+    }
+    return IFD_OK;
+}
+
 /* One step: a record from every replica, concatenated, through the host call. */
 static int outfeed_step(ifd_outfeed *o, ifd_error *err)
 {
@@ -316,6 +339,11 @@ static int outfeed_step(ifd_outfeed *o, ifd_error *err)
         for (int r = 0; r < o->replicas; r++)
             skipped |= o->cfg.mode == IFD_MODE_TRAIN ? o->recs[r].out.skipped != 0.0f
                                                      : !isfinite(o->recs[r].out.loss);
+        /* Every step, skipped or not: with several hosts this is a collective every host
+         * calls at every step (an eval step may be skipped on one host only). */
+        rc = step_tensors(o, n, skipped, err);
+        if (rc)
+            return rc;
         if (skipped) {
             rc = skip_step(o, n, err);
             if (rc)
@@ -392,6 +420,11 @@ int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg)
             goto fail;
         for (int i = 0; i < cfg->npred_sinks && i < IFD_MAX_PREDICTION_SINKS; i++)
             o->pred.sinks[o->pred.nsinks++] = cfg->pred_sinks[i];
+    } else {
+        rc = ifd_outfeed_tensors_init(&o->tens, cfg->program, cfg->mode, o->replicas,
+                                      cfg->dev->cfg.max_shard_rows, cfg->hosts);
+        if (rc)
+            goto fail;
     }
     rc = ifd_opq_start(&o->opq, "ifd-outfeed", outfeed_main, o, 0);
     if (rc)
@@ -401,6 +434,7 @@ int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg)
 
 fail:
     ifd_prediction_call_fini(&o->pred);
+    ifd_outfeed_tensors_fini(&o->tens);
     free(o->cat);
     free(o->recs);
     free(o);
@@ -436,6 +470,7 @@ void ifd_outfeed_destroy(ifd_outfeed *o)
         return;
     ifd_opq_destroy(o->opq);
     ifd_prediction_call_fini(&o->pred);
+    ifd_outfeed_tensors_fini(&o->tens);
     free(o->cat);
     free(o->recs);
     free(o);

@@ -2,10 +2,10 @@
  * outfeed/'s interface for the session (loop/): the outfeed controller thread (the seed's
  * _run_outfeed and _OutfeedHostCall).
  *
- * Every step each replica outfeeds a small record (loss, correct, count). The controller
- * dequeues one record per replica per step, concatenates them along axis 0 in replica order
- * (tensors of shape [R]), runs the host call on them, and every summary_every steps emits a
- * summary to the sinks.
+ * Every step each replica outfeeds a small record (loss, correct, count) and the program's
+ * outfeed tensors. The controller dequeues one record per replica per step, concatenates them
+ * along axis 0 in replica order (then, with several hosts, in rank order: outfeed/step_tensors.h),
+ * runs the host calls on them, and every summary_every steps emits a summary to the sinks.
  */
 #ifndef IFD_OUTFEED_CONTROLLER_H
 #define IFD_OUTFEED_CONTROLLER_H
@@ -32,6 +32,9 @@ typedef struct ifd_outfeed_config {
      * describes the global step. Hosts emit at the same global steps, and the last window is
      * reduced by every host's ifd_outfeed_flush, empty or not. */
     const struct ifd_hosts *hosts;
+    /* Train, eval: every step's outfeed tensors (outfeed/step_tensors.h) go to these too. */
+    const ifd_tensor_sink *tensor_sinks;
+    int ntensor_sinks;
     /* Train, eval: this many skipped steps in a row end the run with IFD_ENUMERIC (0: never). */
     int64_t max_skipped_steps;
 } ifd_outfeed_config;

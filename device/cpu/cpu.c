@@ -28,7 +28,11 @@ typedef struct cpu_replica {
     ifd_outfeed_rec *slots;
     float *pred_mem; /* predict: a [max_shard_rows, predict_cols] block per slot, then one for
                       * the record outfeed_dequeue hands out */
-    float *mem;      /* params, grads, slot0, slot1, workspace */
+    /* train, eval: each slot's outfeed area (out_bytes, the program's outfeed tensors at
+     * out_offs), then one for the record outfeed_dequeue hands out */
+    unsigned char *out_mem;
+    void *out_ptrs[IFD_MAX_OUTFEEDS]; /* the current step's tensors (st.outfeeds) */
+    float *mem;                       /* params, grads, slot0, slot1, workspace */
     ifd_replica_state st;
     int64_t step;
     int64_t opt_step;
@@ -49,6 +53,8 @@ struct cpu_dev {
     cpu_replica *reps;
     ifd_cpu_allreduce ar;
     ifd_step_ops sops;
+    int64_t out_bytes; /* a step's outfeed area (0: the program declares none, or predict) */
+    int64_t out_offs[IFD_MAX_OUTFEEDS];
     int infeed_ended; /* atomic */
     int hosts_ended;  /* atomic: the hosts' collective ended the input (another host's ended) */
 };
@@ -160,7 +166,15 @@ static int cpu_step(ifd_replica *base, int64_t nth)
         return rc;
     }
     slot->batch = NULL;
+    slot->rows = sh.rows;
+    slot->outfeed = NULL;
     ifd_batch_tag_set(&slot->from, sh.batch);
+    if (cd->out_bytes > 0) {
+        unsigned char *area = rep->out_mem + (size_t)(slot - rep->slots) * (size_t)cd->out_bytes;
+        for (int i = 0; i < p->noutfeeds; i++)
+            rep->out_ptrs[i] = area + cd->out_offs[i];
+        slot->outfeed = area;
+    }
     switch (cfg->mode) {
     case IFD_MODE_TRAIN:
         rc = ifd_step_train(p, &rep->ops, &cd->sops, rep, &rep->st, &cfg->optimizer,
@@ -266,12 +280,14 @@ static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *i
     rep->slots = calloc((size_t)cfg->outfeed_depth, sizeof *rep->slots);
     rep->pred_mem =
         calloc((size_t)(pred_floats(cfg) * (cfg->outfeed_depth + 1) + 1), sizeof(float));
-    if (rep->mem == NULL || rep->slots == NULL || rep->pred_mem == NULL)
+    rep->out_mem = calloc((size_t)(cd->out_bytes * (cfg->outfeed_depth + 1) + 1), 1);
+    if (rep->mem == NULL || rep->slots == NULL || rep->pred_mem == NULL || rep->out_mem == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "cpu backend: replica %d: %lld parameter floats",
                              index, (long long)np);
     ifd_replica_mem_carve(&rep->st, rep->mem, np);
     rep->st.step = &rep->step;
     rep->st.opt_step = &rep->opt_step;
+    rep->st.outfeeds = cd->out_bytes > 0 ? rep->out_ptrs : NULL;
     memcpy(rep->st.params, init, sizeof(float) * (size_t)np);
     if (cfg->init_slots)
         memcpy(rep->st.slot0, cfg->init_slots,
@@ -331,6 +347,7 @@ static void cpu_close(ifd_device *dev)
         ifd_queue_destroy(rep->out_full);
         free(rep->slots);
         free(rep->pred_mem);
+        free(rep->out_mem);
         free(rep->mem);
         ifd_team_destroy(rep->team);
     }
@@ -353,11 +370,16 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
     const ifd_program *p = cfg->program;
     cd->dev = dev;
     cd->replicas = cfg->replicas;
+    cd->out_bytes = cfg->mode == IFD_MODE_PREDICT
+                        ? 0
+                        : ifd_program_outfeed_layout(p, cfg->max_shard_rows, cd->out_offs);
     cd->sops.allreduce_sum = cpu_allreduce_sum;
     cd->sops.guard_loss = ifd_cpu_guard_loss;
     cd->sops.check_grads = cpu_check_grads;
     cd->sops.optimizer_apply = cpu_optimizer_apply;
     cd->sops.finish_step = ifd_cpu_finish_step;
+    cd->sops.l2_norm = ifd_cpu_l2_norm;
+    cd->sops.set_float = ifd_cpu_set_float;
     int rc = ifd_blas_select(cfg->blas_kernel, err);
     if (rc)
         return rc;
@@ -449,6 +471,11 @@ static int cpu_outfeed_dequeue(ifd_device *dev, int replica, ifd_outfeed_rec *re
         float *keep = rep->pred_mem + (size_t)cfg->outfeed_depth * (size_t)pred_floats(cfg);
         memcpy(keep, slot->pred, sizeof(float) * (size_t)(slot->rows * cfg->program->predict_cols));
         rec->pred = keep;
+    }
+    if (slot->outfeed) { /* the same for the outfeed tensors */
+        unsigned char *keep = rep->out_mem + (size_t)dev->cfg.outfeed_depth * (size_t)cd->out_bytes;
+        memcpy(keep, slot->outfeed, (size_t)cd->out_bytes);
+        rec->outfeed = keep;
     }
     ifd_queue_push(rep->out_free, &slot);
     return IFD_OK;

@@ -166,6 +166,12 @@ static int replica_in_slots(cu_dev *cd, cu_replica *rep, ifd_error *err)
             CUDA_TRY_GOTO(gpu,
                           cudaMalloc((void **)&s->dpred, (size_t)cd->pred_floats * sizeof(float)),
                           rc, err, out);
+        if (cd->out_bytes > 0) {
+            CUDA_TRY_GOTO(gpu, cudaMalloc(&s->dtens[0], (size_t)cd->out_bytes), rc, err, out);
+            CUDA_TRY_GOTO(gpu, cudaMemset(s->dtens[0], 0, (size_t)cd->out_bytes), rc, err, out);
+            for (int t = 1; t < cd->dev->cfg.program->noutfeeds; t++)
+                s->dtens[t] = (unsigned char *)s->dtens[0] + cd->out_offs[t];
+        }
         CUDA_TRY_GOTO(gpu, cudaEventCreateWithFlags(&s->copied, cudaEventDisableTiming), rc, err,
                       out);
         CUDA_TRY_GOTO(gpu, cudaEventCreateWithFlags(&s->consumed, cudaEventDisableTiming), rc, err,
@@ -191,6 +197,10 @@ static int replica_out_slots(cu_dev *cd, cu_replica *rep, ifd_error *err)
                           cudaHostAlloc((void **)&o->hpred, (size_t)cd->pred_floats * sizeof(float),
                                         cudaHostAllocPortable),
                           rc, err, out);
+        if (cd->out_bytes > 0)
+            CUDA_TRY_GOTO(
+                gpu, cudaHostAlloc((void **)&o->hout, (size_t)cd->out_bytes, cudaHostAllocPortable),
+                rc, err, out);
         CUDA_TRY_GOTO(gpu, cudaEventCreate(&o->begin), rc, err, out);
         CUDA_TRY_GOTO(gpu, cudaEventCreate(&o->start), rc, err, out);
         CUDA_TRY_GOTO(gpu, cudaEventCreate(&o->done), rc, err, out);
@@ -235,6 +245,8 @@ static void replica_ops(cu_replica *rep)
     rep->ops.softmax_xent = ifd_cu_softmax_xent;
     rep->ops.softmax = ifd_cu_softmax;
     rep->ops.squared_error = ifd_cu_squared_error;
+    rep->ops.classify = ifd_cu_classify;
+    rep->ops.copy = ifd_cu_copy;
 }
 
 /* One replica on GPU `index`; what it made is freed by the backend's close whatever failed. */
@@ -366,6 +378,7 @@ static void replica_free(cu_replica *rep)
         cudaFreeHost(s->host);
         cudaFree(s->dev);
         cudaFree(s->dpred);
+        cudaFree(s->dtens[0]);
         if (s->batch) /* predict: a shard no step took */
             ifd_batch_unref(s->batch);
         s->batch = NULL;
@@ -379,6 +392,7 @@ static void replica_free(cu_replica *rep)
         if (o->done)
             cudaEventDestroy(o->done);
         cudaFreeHost(o->hpred);
+        cudaFreeHost(o->hout);
         if (o->batch) /* predict: a record the outfeed thread never took */
             ifd_batch_unref(o->batch);
         o->batch = NULL;
@@ -518,6 +532,12 @@ static void plan_device(cu_dev *cd, const ifd_device_config *cfg)
     cd->sops.check_grads = ifd_cu_check_grads;
     cd->sops.optimizer_apply = ifd_cu_optimizer_apply;
     cd->sops.finish_step = ifd_cu_finish_step;
+    cd->sops.l2_norm = ifd_cu_l2_norm;
+    cd->sops.set_float = ifd_cu_set_float;
+    cd->out_bytes =
+        cfg->mode == IFD_MODE_PREDICT
+            ? 0
+            : ifd_program_outfeed_layout(cfg->program, cfg->max_shard_rows, cd->out_offs);
 }
 
 /* Several hosts: the hosts' step flags (train and eval; predict runs per host), and for

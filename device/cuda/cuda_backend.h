@@ -55,7 +55,10 @@ typedef struct cu_inslot {
     int64_t rows;
     cudaGraphExec_t graph; /* the step captured with this slot's pointers, or NULL */
     /* predict mode */
-    float *dpred;     /* the step's predictions, [max_shard_rows, predict_cols] on the device */
+    float *dpred; /* the step's predictions, [max_shard_rows, predict_cols] on the device */
+    /* train, eval: the step's outfeed tensors (cd->out_bytes from dtens[0], one device block;
+     * dtens[i] = dtens[0] + cd->out_offs[i]) */
+    void *dtens[IFD_MAX_OUTFEEDS];
     ifd_batch *batch; /* the shard's batch, referenced until its record reaches the outfeed */
     int64_t row0;
     int stop;           /* the stopping signal: the loop ends here, no step reads the slot */
@@ -76,6 +79,8 @@ typedef struct cu_outslot {
     /* predict mode: the predictions copied back (pinned), and the batch they belong to, handed
      * to the outfeed thread with its reference */
     float *hpred;
+    /* train, eval: the step's outfeed area copied back (pinned, cd->out_bytes) */
+    unsigned char *hout;
     ifd_batch *batch;
     int64_t row0, rows;
     ifd_batch_tag from; /* the shard's batch (its input slot's) */
@@ -131,7 +136,10 @@ struct cu_dev {
     int64_t graph_rows;  /* shards of this many rows run as graphs */
     size_t in_bytes;     /* staging bytes per slot */
     int64_t pred_floats; /* predict: floats of one step's predictions at most; else 0 */
-    int64_t eof_step;    /* atomic: the lowest step at which a replica's input ended */
+    /* train, eval: a step's outfeed area (ifd_program_outfeed_layout; 0: none) */
+    int64_t out_bytes;
+    int64_t out_offs[IFD_MAX_OUTFEEDS];
+    int64_t eof_step; /* atomic: the lowest step at which a replica's input ended */
     /* Several hosts (train and eval): before a step touches its GPU, the replicas exchange the
      * hosts' flags (the cpu backend's host exchange with no vector), so that a host whose input
      * ended stops every host at that step and no host waits in an NCCL call for it. */
@@ -179,6 +187,11 @@ void ifd_cu_check_grads(void *ctx, const float *grads, int64_t n, ifd_step_out *
 void ifd_cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step, int64_t n,
                             float *params, const float *grads, float *slot0, float *slot1,
                             const float *skip);
+void ifd_cu_classify(void *ctx, int64_t rows, int64_t k, const float *logits, int32_t *cls,
+                     float *conf);
+void ifd_cu_copy(void *ctx, void *dst, const void *src, int64_t bytes);
+void ifd_cu_l2_norm(void *ctx, const float *x, int64_t n, float *dst);
+void ifd_cu_set_float(void *ctx, float *dst, float v);
 void ifd_cu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
                         int64_t rows);
 /* The input layout. */

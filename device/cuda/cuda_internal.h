@@ -46,6 +46,13 @@ cudaError_t ifd_cuda_softmax(cudaStream_t s, int64_t rows, int64_t k, const floa
                              float *probs);
 cudaError_t ifd_cuda_squared_error(cudaStream_t s, int64_t rows, int64_t k, const float *pred,
                                    const float *y, float scale, float *dpred, ifd_step_out *out);
+/* cls[r] = argmax of logits[r,:], conf[r] = its softmax probability (either may be NULL), one
+ * thread per row. */
+cudaError_t ifd_cuda_classify(cudaStream_t s, int64_t rows, int64_t k, const float *logits,
+                              int32_t *cls, float *conf);
+/* *dst = the L2 norm of x[0..n) (one block, the sum in double in a fixed order); *dst = v. */
+cudaError_t ifd_cuda_l2_norm(cudaStream_t s, int64_t n, const float *x, float *dst);
+cudaError_t ifd_cuda_set_float(cudaStream_t s, float *dst, float v);
 /* One optimizer update; Adam reads its t from *opt_step (device memory) inside the kernel, and
  * nothing changes when *skip (device memory, NULL: never) is nonzero. */
 cudaError_t ifd_cuda_optimizer_apply(cudaStream_t s, const ifd_optimizer *opt,

@@ -159,6 +159,42 @@ __global__ void l2_loss_kernel(int64_t n, float decay, float scale, const float 
         out->loss += (float)(scale * loss[0]);
 }
 
+// A classifier's outfeed, one thread per row (device/math.h's ifd_math_classify_row).
+__global__ void classify_kernel(int64_t rows, int64_t k, const float *logits, int32_t *cls,
+                                float *conf)
+{
+    GRID_STRIDE(r, rows)
+    {
+        int32_t c;
+        float p = ifd_math_classify_row(logits + r * k, k, &c);
+        if (cls)
+            cls[r] = c;
+        if (conf)
+            conf[r] = p;
+    }
+}
+
+// *dst = the L2 norm of x, one block, the sum of squares in double in a fixed order.
+__global__ void l2_norm_kernel(int64_t n, const float *x, float *dst)
+{
+    __shared__ double sq[IFD_CUDA_THREADS];
+    __shared__ long long unused[IFD_CUDA_THREADS];
+    double l = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+        l += (double)x[i] * (double)x[i];
+    sq[threadIdx.x] = l;
+    unused[threadIdx.x] = 0;
+    __syncthreads();
+    block_sum(sq, unused);
+    if (threadIdx.x == 0)
+        *dst = (float)sqrt(sq[0]);
+}
+
+__global__ void set_float_kernel(float *dst, float v)
+{
+    *dst = v;
+}
+
 __global__ void optimizer_kernel(ifd_optimizer opt, const int64_t *opt_step, int64_t n,
                                  float *params, const float *grads, float *slot0, float *slot1,
                                  const float *skip)
@@ -332,6 +368,29 @@ extern "C" cudaError_t ifd_cuda_optimizer_apply(cudaStream_t s, const ifd_optimi
     if (n > 0)
         optimizer_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(*opt, opt_step, n, params, grads,
                                                                   slot0, slot1, skip);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_classify(cudaStream_t s, int64_t rows, int64_t k,
+                                         const float *logits, int32_t *cls, float *conf)
+{
+    clear_stale_error();
+    if (rows > 0 && k > 0)
+        classify_kernel<<<grid_for(rows), IFD_CUDA_THREADS, 0, s>>>(rows, k, logits, cls, conf);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_l2_norm(cudaStream_t s, int64_t n, const float *x, float *dst)
+{
+    clear_stale_error();
+    l2_norm_kernel<<<1, IFD_CUDA_THREADS, 0, s>>>(n, x, dst);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_set_float(cudaStream_t s, float *dst, float v)
+{
+    clear_stale_error();
+    set_float_kernel<<<1, 1, 0, s>>>(dst, v);
     return cudaGetLastError();
 }
 

@@ -125,6 +125,22 @@ void ifd_cu_squared_error(void *ctx, int64_t rows, int64_t k, const float *pred,
                  "squared_error kernel");
 }
 
+void ifd_cu_classify(void *ctx, int64_t rows, int64_t k, const float *logits, int32_t *cls,
+                     float *conf)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_classify(rep->cs, rows, k, logits, cls, conf), "classify kernel");
+}
+
+void ifd_cu_copy(void *ctx, void *dst, const void *src, int64_t bytes)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK && bytes > 0)
+        op_check(rep, cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyDeviceToDevice, rep->cs),
+                 "cudaMemcpyAsync (copy op)");
+}
+
 /* ---- the replication ops (device/step.h) ----------------------------------------------------- */
 
 int ifd_cu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err)
@@ -176,6 +192,20 @@ void ifd_cu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_ou
                  "finish_step kernel");
 }
 
+void ifd_cu_l2_norm(void *ctx, const float *x, int64_t n, float *dst)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_l2_norm(rep->cs, n, x, dst), "l2_norm kernel");
+}
+
+void ifd_cu_set_float(void *ctx, float *dst, float v)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_set_float(rep->cs, dst, v), "set_float kernel");
+}
+
 /* ---- input layout ---------------------------------------------------------------------------- */
 
 size_t ifd_cu_row_bytes(const ifd_input_spec *in)
@@ -225,6 +255,7 @@ static int enqueue_step(cu_replica *rep, cu_inslot *s)
     const ifd_device_config *cfg = &rep->cd->dev->cfg;
     ifd_tensor views[IFD_MAX_INPUTS];
     shard_views(cfg, s, views);
+    rep->st.outfeeds = rep->cd->out_bytes > 0 ? (void *const *)s->dtens : NULL;
     rep->op_rc = IFD_OK;
     int rc;
     switch (cfg->mode) {
@@ -346,6 +377,12 @@ static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
         rep->gpu,
         cudaMemcpyAsync(o->host, s->dout, sizeof *o->host, cudaMemcpyDeviceToHost, rep->cs), rc,
         &rep->base.err, fail);
+    if (rep->cd->out_bytes > 0) /* the step's outfeed tensors, with its record */
+        CUDA_TRY_GOTO(rep->gpu,
+                      cudaMemcpyAsync(o->hout, s->dtens[0], (size_t)rep->cd->out_bytes,
+                                      cudaMemcpyDeviceToHost, rep->cs),
+                      rc, &rep->base.err, fail);
+    o->rows = s->rows;
     if (s->batch) { /* predict: the predictions come back with the record, and the batch too */
         size_t bytes = sizeof(float) * (size_t)(s->rows * cfg->program->predict_cols);
         if (bytes)

@@ -65,6 +65,34 @@ static inline int ifd_dense_setup(ifd_program *p, ifd_dtype y_dtype, int y_rank,
     return IFD_OK;
 }
 
+/* A classifier's outfeed tensors, in this order: "class" (int32 a row, the argmax of the
+ * logits), "confidence" (float32 a row, its softmax probability) and "label" (int32 a row, a
+ * copy of the label input). */
+enum { IFD_OUT_CLASS = 0, IFD_OUT_CONFIDENCE, IFD_OUT_LABEL };
+
+static inline int ifd_classifier_outfeeds_setup(ifd_program *p)
+{
+    int rc = ifd_program_add_outfeed(p, "class", IFD_I32, 1, 0, NULL);
+    if (rc == IFD_OK)
+        rc = ifd_program_add_outfeed(p, "confidence", IFD_F32, 1, 0, NULL);
+    if (rc == IFD_OK)
+        rc = ifd_program_add_outfeed(p, "label", IFD_I32, 1, 0, NULL);
+    return rc;
+}
+
+/* Writes them from logits [rows, K] and the int32 labels (device memory), when the runtime takes
+ * outfeed tensors this step. */
+static inline void ifd_classifier_outfeeds_write(const ifd_ops *ops, const ifd_step_args *a,
+                                                 int64_t k, const float *logits,
+                                                 const int32_t *labels)
+{
+    if (a->outfeeds == NULL)
+        return;
+    ops->classify(ops->ctx, a->rows, k, logits, a->outfeeds[IFD_OUT_CLASS],
+                  a->outfeeds[IFD_OUT_CONFIDENCE]);
+    ops->copy(ops->ctx, a->outfeeds[IFD_OUT_LABEL], labels, a->rows * (int64_t)sizeof(int32_t));
+}
+
 /* W Glorot-uniform from seed, b zero. */
 static inline void ifd_dense_init_params(const ifd_program *p, float *params, uint64_t seed)
 {

@@ -20,7 +20,7 @@ static int mlp_setup(ifd_program *p, ifd_error *err)
     ifd_program_add_param(p, "W2", 2, w2);
     ifd_program_add_param(p, "b2", 1, &k);
     p->classifier = 1;
-    return IFD_OK;
+    return ifd_classifier_outfeeds_setup(p);
 }
 
 /* W2's seed: a hash of seed, so that W2 is not W1's sequence shifted by a few numbers. */
@@ -77,6 +77,7 @@ static int mlp_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_arg
     float *h = a->workspace, *dh = h + n * nh, *logits = dh + n * nh, *dlogits = logits + n * k;
     mlp_forward(p, ops, a, h, logits);
     ops->softmax_xent(ops->ctx, n, k, logits, a->inputs[1].data, a->scale, dlogits, a->out);
+    ifd_classifier_outfeeds_write(ops, a, k, logits, a->inputs[1].data);
     if (a->grads == NULL)
         return IFD_OK;
     float *g = a->grads;

@@ -4,7 +4,8 @@
 
 static int softmax_setup(ifd_program *p, ifd_error *err)
 {
-    return ifd_dense_setup(p, IFD_I32, 0, 2, 1, err);
+    int rc = ifd_dense_setup(p, IFD_I32, 0, 2, 1, err);
+    return rc ? rc : ifd_classifier_outfeeds_setup(p);
 }
 
 static int softmax_check(const ifd_program *p, const ifd_tensor *in, int64_t rows, ifd_error *err)
@@ -23,6 +24,7 @@ static int softmax_step(const ifd_program *p, const ifd_ops *ops, const ifd_step
 {
     (void)err;
     ifd_dense_step(p, ops, a, xent);
+    ifd_classifier_outfeeds_write(ops, a, p->settings.classes, a->workspace, a->inputs[1].data);
     return IFD_OK;
 }
 

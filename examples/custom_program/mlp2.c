@@ -9,6 +9,10 @@
  *   logits = h2 W3 + b3       W3 [H,K], b3 [K]
  *   loss = mean softmax cross-entropy + MLP2_WEIGHT_DECAY / 2 * (|W1|^2 + |W2|^2 + |W3|^2)
  *
+ * Every train and eval step outfeeds three tensors a row (ifd_program_add_outfeed): "class", the
+ * argmax of the logits (int32), "confidence", its softmax probability (float32), and "label", a
+ * copy of y (int32), which infeedd's host calls turn into summary values (docs/config.md).
+ *
  * Like the built-in programs it only does pointer arithmetic on device memory and calls the op
  * set, so the same plugin runs on the cpu and the cuda backend.
  */
@@ -51,6 +55,10 @@ static int mlp2_setup(ifd_program *p, ifd_error *err)
     ifd_program_add_param(p, "b3", 1, &k);
     p->classifier = 1;
     p->predict_cols = k;
+    if (ifd_program_add_outfeed(p, "class", IFD_I32, 1, 0, NULL) ||
+        ifd_program_add_outfeed(p, "confidence", IFD_F32, 1, 0, NULL) ||
+        ifd_program_add_outfeed(p, "label", IFD_I32, 1, 0, NULL))
+        return ifd_error_set(err, IFD_EINTERNAL, "mlp2: cannot declare its outfeed tensors");
     return IFD_OK;
 }
 
@@ -137,6 +145,10 @@ static int mlp2_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_ar
     float *logits = dh2 + n * h, *dlogits = logits + n * k;
     forward(p, ops, a, h1, h2, logits);
     ops->softmax_xent(ops->ctx, n, k, logits, a->inputs[1].data, a->scale, dlogits, a->out);
+    if (a->outfeeds != NULL) { /* class, confidence, label: see mlp2_setup */
+        ops->classify(ops->ctx, n, k, logits, a->outfeeds[0], a->outfeeds[1]);
+        ops->copy(ops->ctx, a->outfeeds[2], a->inputs[1].data, n * (int64_t)sizeof(int32_t));
+    }
     float *g = a->grads; /* NULL in eval: the loss only */
     if (g != NULL) {
         const float *pr = a->params;

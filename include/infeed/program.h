@@ -4,8 +4,12 @@
  * The runtime does the rest: loss scaling for the MEAN reduction, the all-reduce, the optimizer,
  * the global step and the outfeed.
  *
- * Every pointer a step receives (inputs, params, grads, workspace, out) is device memory of the
- * backend that runs it: host memory on cpu, GPU memory on cuda. A program never dereferences
+ * A program may also declare named outfeed tensors (ifd_program_add_outfeed): the step writes them
+ * into device memory and the runtime brings them to the host with the step's record, where the
+ * outfeed thread concatenates every replica's along axis 0 and hands them to host calls.
+ *
+ * Every pointer a step receives (inputs, params, grads, workspace, out, outfeeds) is device memory
+ * of the backend that runs it: host memory on cpu, GPU memory on cuda. A program never dereferences
  * them itself; it only does pointer arithmetic and calls the ops, which is what lets one program
  * run unchanged on every backend.
  */
@@ -19,6 +23,7 @@
 #define IFD_MAX_INPUTS 8
 #define IFD_MAX_PARAMS 8
 #define IFD_NAME_MAX 32
+#define IFD_MAX_OUTFEEDS 8
 
 /* One tensor the program takes from the infeed: its name, dtype and per-row shape (the batch
  * dimension is not part of it; rank 0 means one scalar per row). */
@@ -37,6 +42,17 @@ typedef struct ifd_param_spec {
     int64_t offset; /* in floats, into the flat vector */
     int64_t count;
 } ifd_param_spec;
+
+/* One outfeed tensor a program declares: float32 or int32, and either one value of shape dims a
+ * row (per_row 1: the step writes [rows, dims...]) or one value of shape dims a replica-step
+ * (per_row 0). rank counts dims only (0: a scalar a row, or a scalar a step). */
+typedef struct ifd_outfeed_spec {
+    char name[IFD_NAME_MAX];
+    ifd_dtype dtype;
+    int per_row;
+    int rank;
+    int64_t dims[IFD_MAX_RANK];
+} ifd_outfeed_spec;
 
 /* The settings a built-in program reads; a value <= 0 means "not set". */
 typedef struct ifd_program_settings {
@@ -58,6 +74,12 @@ typedef struct ifd_step_out {
      * skips the same steps: no parameter, optimizer slot or update count changed). */
     float loss_nonfinite;
     float skipped;
+    /* The runtime's, in train steps: the L2 norm of the all-reduced gradients (before the
+     * update), of the parameters after it, and the learning rate the update used. */
+    float grad_norm;
+    float param_norm;
+    float learning_rate;
+    float reserved2;
 } ifd_step_out;
 
 /*
@@ -99,6 +121,14 @@ typedef struct ifd_ops {
      * scale * decay * w to grad (so call it after grad holds the loss's gradient). */
     void (*l2_decay)(void *ctx, int64_t n, float decay, float scale, const float *w, float *grad,
                      ifd_step_out *out);
+    /* A classifier's outfeed from logits [rows,k]: cls[r] = the argmax of row r (the first of
+     * equal maxima, as softmax_xent's correct counts it), conf[r] = softmax(logits[r])[cls[r]].
+     * Either output may be NULL. */
+    void (*classify)(void *ctx, int64_t rows, int64_t k, const float *logits, int32_t *cls,
+                     float *conf);
+    /* dst[0..bytes) = src[0..bytes), both device memory (for example a label input into an
+     * outfeed tensor); the ranges do not overlap. */
+    void (*copy)(void *ctx, void *dst, const void *src, int64_t bytes);
 } ifd_ops;
 
 typedef struct ifd_program ifd_program;
@@ -118,6 +148,11 @@ typedef struct ifd_step_args {
     ifd_step_out *out;
     /* predict only: [rows, predict_cols] outputs the predict step writes; NULL otherwise */
     float *predictions;
+    /* train and eval: the step's outfeed tensors (p->outfeeds, in declaration order), device
+     * memory the step writes in full: [rows, dims...] for a per-row tensor, [dims...] for one a
+     * replica-step. NULL in predict mode, and where a step runs without an outfeed (a test that
+     * calls the program directly): a program writes its outfeeds only when this is not NULL. */
+    void *const *outfeeds;
 } ifd_step_args;
 
 typedef struct ifd_program_class {
@@ -156,6 +191,8 @@ struct ifd_program {
     int64_t nparam_floats;
     int classifier;
     int64_t predict_cols; /* floats per row the predict step writes (0: no predict step) */
+    int noutfeeds;
+    ifd_outfeed_spec outfeeds[IFD_MAX_OUTFEEDS]; /* ifd_program_add_outfeed, in order */
 };
 
 /* Makes cls findable by name (built-ins are registered already). IFD_EINVAL when the name is
@@ -186,9 +223,12 @@ int ifd_program_init(ifd_program *p, const char *name, const ifd_program_setting
  * IFD_PROGRAM_ABI_VERSION changes whenever ifd_program_class, ifd_program, ifd_ops (an op added
  * too), ifd_step_args, the registry or the helpers below change in a way a built plugin would
  * notice; a plugin built for another version is refused. Version 2: ifd_error carries the key its
- * sentence is about (a plugin's own ifd_error is larger), ifd_program_check_setting.
+ * sentence is about (a plugin's own ifd_error is larger), ifd_program_check_setting. Version 3:
+ * outfeed tensors (ifd_outfeed_spec, ifd_program.outfeeds, ifd_step_args.outfeeds,
+ * ifd_program_add_outfeed), the ops classify and copy, and ifd_step_out's grad_norm, param_norm
+ * and learning_rate.
  */
-#define IFD_PROGRAM_ABI_VERSION 2
+#define IFD_PROGRAM_ABI_VERSION 3
 
 typedef struct ifd_program_registry ifd_program_registry;
 struct ifd_program_registry {
@@ -238,6 +278,19 @@ int ifd_program_add_input(ifd_program *p, const char *name, ifd_dtype dt, int ra
 int ifd_program_add_label(ifd_program *p, const char *name, ifd_dtype dt, int rank,
                           const int64_t *dims);
 int ifd_program_add_param(ifd_program *p, const char *name, int rank, const int64_t *dims);
+/* Declares an outfeed tensor (ifd_outfeed_spec): dtype IFD_F32 or IFD_I32, per_row 1 or 0, rank
+ * 0 to IFD_MAX_RANK - 1 dims each >= 1, a name of 1 to IFD_NAME_MAX - 1 characters that no other
+ * outfeed tensor of p has and that is none of the runtime's own ("loss", "correct", "count",
+ * "grad_norm", "param_norm", "learning_rate"). IFD_EINVAL otherwise, or when p has
+ * IFD_MAX_OUTFEEDS already. */
+int ifd_program_add_outfeed(ifd_program *p, const char *name, ifd_dtype dtype, int per_row,
+                            int rank, const int64_t *dims);
+/* Bytes of one value of outfeed tensor i: a row's (per_row) or a replica-step's. */
+int64_t ifd_program_outfeed_value_bytes(const ifd_program *p, int i);
+/* The layout of one replica-step's outfeed area for steps of up to max_rows rows: tensor i at
+ * offs[i] bytes (each aligned to 256 bytes); returns the area's size in bytes (0: no outfeed). */
+int64_t ifd_program_outfeed_layout(const ifd_program *p, int64_t max_rows,
+                                   int64_t offs[IFD_MAX_OUTFEEDS]);
 const ifd_param_spec *ifd_program_param(const ifd_program *p, const char *name);
 /* Glorot-uniform weights for a [fan_in, fan_out] block, deterministic in (seed, offset). */
 void ifd_program_init_glorot(float *w, int64_t fan_in, int64_t fan_out, uint64_t seed);

@@ -43,6 +43,9 @@ int ifd_session_add_hook(ifd_session *s, const ifd_hook *hook);
 int ifd_session_add_sink(ifd_session *s, ifd_sink *sink);
 /* Before ifd_session_run, predict mode. Copied; at most IFD_MAX_PREDICTION_SINKS. */
 int ifd_session_add_prediction_sink(ifd_session *s, const ifd_prediction_sink *sink);
+/* Train and eval: every step's outfeed tensors go to sink too (include/infeed/sinks.h); at most
+ * IFD_MAX_TENSOR_SINKS (IFD_EINVAL). */
+int ifd_session_add_tensor_sink(ifd_session *s, const ifd_tensor_sink *sink);
 /* Runs until the last step, the end of the input, a stop request or an error. Returns IFD_OK
  * when the run ended well (including the input ending early), else the first real error, with
  * err filled as "<source>: <sentence>". Every thread is joined before it returns. Once only.

@@ -82,6 +82,32 @@ typedef struct ifd_prediction_sink {
     void *ctx;
 } ifd_prediction_sink;
 
+/* ---- outfeed tensors (train and eval) ---------------------------------------------------- */
+
+#define IFD_MAX_TENSOR_SINKS 8
+
+/*
+ * One step's outfeed tensors on the host: the program's (ifd_program_add_outfeed), each
+ * replica's concatenated along axis 0 in replica order (broadcast input mode: replica 0's), then
+ * every host's in rank order; then the runtime's: "loss", "correct", "count" (float32, one value
+ * a replica-step, concatenated alike) and in train mode "grad_norm", "param_norm",
+ * "learning_rate" (float32 [1]). A per-row tensor has the step's rows as dims[0].
+ */
+typedef struct ifd_step_tensors {
+    int64_t global_step; /* train: after the step; eval: the eval step (1, 2, ...) */
+    int skipped;         /* the step was skipped (non-finite; docs/design.md) */
+    int ntensors;
+    const char *const *names;
+    const ifd_tensor *tensors;
+} ifd_step_tensors;
+
+/* Receives every train or eval step's tensors, on the outfeed thread, in step order. The tensors
+ * are valid during the call only. An error ends the run. */
+typedef struct ifd_tensor_sink {
+    int (*write)(void *ctx, const ifd_step_tensors *t, ifd_error *err);
+    void *ctx;
+} ifd_tensor_sink;
+
 #ifdef __cplusplus
 }
 #endif

@@ -106,6 +106,73 @@ START_TEST(test_l2_decay)
 }
 END_TEST
 
+/* classify: the argmax (first of equal maxima) and its softmax probability, against double. */
+START_TEST(test_classify)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_ops ops;
+    ifd_cpu_ops_init(&ops, NULL);
+    for (int trial = 0; trial < 30; trial++) {
+        int64_t rows = rand_between(&rng, 0, 200), k = rand_between(&rng, 1, 12);
+        float *z = tu_falloc(rows * k + 1), *conf = tu_falloc(rows + 1);
+        int32_t *cls = calloc((size_t)rows + 1, sizeof *cls);
+        for (int64_t i = 0; i < rows * k; i++) /* some ties: a few values, repeated */
+            z[i] = trial % 3 == 0 ? (float)rand_between(&rng, -2, 2) : (float)tu_urand(&rng, -8, 8);
+        ops.classify(ops.ctx, rows, k, z, cls, conf);
+        for (int64_t r = 0; r < rows; r++) {
+            const float *row = z + r * k;
+            int64_t arg = 0;
+            for (int64_t j = 1; j < k; j++)
+                if (row[j] > row[arg])
+                    arg = j;
+            double sum = 0.0;
+            for (int64_t j = 0; j < k; j++)
+                sum += exp((double)row[j] - (double)row[arg]);
+            RASSERT(cls[r] == arg,
+                    "rows %" PRId64 " k %" PRId64 ": row %" PRId64 " class %d, "
+                    "expected %" PRId64,
+                    rows, k, r, cls[r], arg);
+            RASSERT(fabs(conf[r] - 1.0 / sum) <= 1e-6,
+                    "row %" PRId64 ": confidence %.8g, "
+                    "expected %.8g",
+                    r, (double)conf[r], 1.0 / sum);
+        }
+        /* Either output may be NULL: the other is the same. */
+        int32_t *cls2 = calloc((size_t)rows + 1, sizeof *cls2);
+        float *conf2 = tu_falloc(rows + 1);
+        ops.classify(ops.ctx, rows, k, z, cls2, NULL);
+        ops.classify(ops.ctx, rows, k, z, NULL, conf2);
+        RASSERT(memcmp(cls, cls2, sizeof *cls * (size_t)rows) == 0 &&
+                    memcmp(conf, conf2, sizeof *conf * (size_t)rows) == 0,
+                "classify with a NULL output differs");
+        free(z);
+        free(conf);
+        free(cls);
+        free(cls2);
+        free(conf2);
+    }
+}
+END_TEST
+
+START_TEST(test_copy)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_ops ops;
+    ifd_cpu_ops_init(&ops, NULL);
+    int64_t n = rand_between(&rng, 0, 4000);
+    unsigned char *src = malloc((size_t)n + 1), *dst = calloc((size_t)n + 2, 1);
+    for (int64_t i = 0; i < n; i++)
+        src[i] = (unsigned char)rand_between(&rng, 0, 255);
+    dst[n] = 0xA5;
+    ops.copy(ops.ctx, dst, src, n);
+    RASSERT(memcmp(dst, src, (size_t)n) == 0 && dst[n] == 0xA5, "copy of %" PRId64 " bytes", n);
+    free(src);
+    free(dst);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ops");
@@ -113,6 +180,8 @@ int main(void)
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_tanh);
     tcase_add_test(tc, test_l2_decay);
+    tcase_add_test(tc, test_classify);
+    tcase_add_test(tc, test_copy);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

@@ -176,6 +176,59 @@ START_TEST(test_setup_unknown_program)
 }
 END_TEST
 
+/* Outfeed tensors: what ifd_program_add_outfeed refuses, the classifiers' declarations and the
+ * layout of a step's area. */
+START_TEST(test_outfeed_decls)
+{
+    ifd_program p;
+    memset(&p, 0, sizeof p);
+    int64_t ok[2] = {3, 2}, zero[1] = {0};
+    ck_assert_int_eq(ifd_program_add_outfeed(&p, "a", IFD_F32, 1, 2, ok), IFD_OK);
+    ck_assert_int_eq(ifd_program_add_outfeed(&p, "a", IFD_I32, 1, 0, NULL), IFD_EINVAL); /* taken */
+    ck_assert_int_eq(ifd_program_add_outfeed(&p, "loss", IFD_F32, 0, 0, NULL), IFD_EINVAL);
+    ck_assert_int_eq(ifd_program_add_outfeed(&p, "grad_norm", IFD_F32, 0, 0, NULL), IFD_EINVAL);
+    ck_assert_int_eq(ifd_program_add_outfeed(&p, "", IFD_F32, 0, 0, NULL), IFD_EINVAL);
+    ck_assert_int_eq(ifd_program_add_outfeed(&p, "b", IFD_I64, 0, 0, NULL), IFD_EINVAL);
+    ck_assert_int_eq(ifd_program_add_outfeed(&p, "b", IFD_F32, 2, 0, NULL), IFD_EINVAL);
+    ck_assert_int_eq(ifd_program_add_outfeed(&p, "b", IFD_F32, 0, 1, zero), IFD_EINVAL);
+    ck_assert_int_eq(ifd_program_add_outfeed(&p, "b", IFD_F32, 0, IFD_MAX_RANK, ok), IFD_EINVAL);
+    ck_assert_int_eq(p.noutfeeds, 1);
+    ck_assert_int_eq(ifd_program_add_outfeed(&p, "b", IFD_I32, 0, 0, NULL), IFD_OK);
+    for (int i = 2; i < IFD_MAX_OUTFEEDS; i++) {
+        char name[8];
+        snprintf(name, sizeof name, "t%d", i);
+        ck_assert_int_eq(ifd_program_add_outfeed(&p, name, IFD_F32, 1, 0, NULL), IFD_OK);
+    }
+    ck_assert_int_eq(ifd_program_add_outfeed(&p, "more", IFD_F32, 1, 0, NULL), IFD_EINVAL);
+    /* a: 6 floats a row; b: one int32 a step; each at a multiple of 256, none overlapping */
+    ck_assert_int_eq(ifd_program_outfeed_value_bytes(&p, 0), 24);
+    ck_assert_int_eq(ifd_program_outfeed_value_bytes(&p, 1), 4);
+    int64_t offs[IFD_MAX_OUTFEEDS];
+    int64_t rows = 100, total = ifd_program_outfeed_layout(&p, rows, offs);
+    for (int i = 0; i < p.noutfeeds; i++) {
+        int64_t len = ifd_program_outfeed_value_bytes(&p, i) * (p.outfeeds[i].per_row ? rows : 1);
+        ck_assert_int_eq(offs[i] % 256, 0);
+        ck_assert_int_le(offs[i] + len, i + 1 < p.noutfeeds ? offs[i + 1] : total);
+    }
+    /* The classifiers declare class, confidence and label; linear none. */
+    static const char *const names[] = {"class", "confidence", "label"};
+    static const ifd_dtype dts[] = {IFD_I32, IFD_F32, IFD_I32};
+    tu_make_program_h(&p, "mlp", 3, 4, 2);
+    ck_assert_int_eq(p.noutfeeds, 3);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_str_eq(p.outfeeds[i].name, names[i]);
+        ck_assert_int_eq(p.outfeeds[i].dtype, dts[i]);
+        ck_assert_int_eq(p.outfeeds[i].per_row, 1);
+        ck_assert_int_eq(p.outfeeds[i].rank, 0);
+    }
+    tu_make_program(&p, "softmax", 3, 2);
+    ck_assert_int_eq(p.noutfeeds, 3);
+    tu_make_program(&p, "linear", 3, 2);
+    ck_assert_int_eq(p.noutfeeds, 0);
+    ck_assert_int_eq(ifd_program_outfeed_layout(&p, 50, offs), 0);
+}
+END_TEST
+
 /* The layout a valid setup declares, and init_params. */
 START_TEST(test_setup_layout)
 {
@@ -333,6 +386,7 @@ int main(void)
     tcase_add_loop_test(tc, test_setup_errors, 0,
                         (int)(sizeof setup_cases / sizeof setup_cases[0]));
     tcase_add_test(tc, test_setup_unknown_program);
+    tcase_add_test(tc, test_outfeed_decls);
     tcase_add_loop_test(tc, test_setup_layout, 0, 6);
     tcase_add_loop_test(tc, test_mlp_layout, 0, 6);
     return tu_run_suite(s);

@@ -1,0 +1,319 @@
+/* Outfeed tensors declared by a program (include/infeed/program.h, outfeed/step_tensors.h): a
+ * test program outfeeds its x (float32 [rows, 3]) and y (int32 [rows]) beside softmax's class,
+ * confidence and label; a tensor sink checks every step's concatenated tensors against the
+ * batches the step took, for R = 1, 2, 4 and every input mode, in train and eval mode. */
+#include "device/step.h"
+#include "tests/util/program_ref.h"
+#include "tests/util/testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the test program: softmax over D = 3 features, outfeeding x and y as well ------------- */
+
+enum { PROBE_X = 3, PROBE_Y = 4 }; /* after softmax's class, confidence, label */
+
+static int probe_setup(ifd_program *p, ifd_error *err)
+{
+    int rc = ifd_program_find("softmax")->setup(p, err);
+    if (rc)
+        return rc;
+    if (p->settings.features != 3)
+        return ifd_error_set(err, IFD_EINVAL, "probe: features must be 3");
+    int64_t three = 3;
+    if (ifd_program_add_outfeed(p, "x3", IFD_F32, 1, 1, &three) ||
+        ifd_program_add_outfeed(p, "y1", IFD_I32, 1, 0, NULL))
+        return ifd_error_set(err, IFD_EINTERNAL, "probe: outfeeds");
+    return IFD_OK;
+}
+
+static int probe_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
+                      ifd_error *err)
+{
+    int rc = ifd_program_find("softmax")->train_step(p, ops, a, err);
+    if (rc || a->outfeeds == NULL)
+        return rc;
+    ops->copy(ops->ctx, a->outfeeds[PROBE_X], a->inputs[0].data, a->rows * 3 * 4);
+    ops->copy(ops->ctx, a->outfeeds[PROBE_Y], a->inputs[1].data, a->rows * 4);
+    return IFD_OK;
+}
+
+static void register_probe(void)
+{
+    static ifd_program_class cls;
+    if (ifd_program_find("probe"))
+        return;
+    cls = *ifd_program_find("softmax");
+    cls.name = "probe";
+    cls.setup = probe_setup;
+    cls.train_step = probe_step;
+    ck_assert_int_eq(ifd_program_register(&cls), IFD_OK);
+}
+
+/* ---- the sink: checks each step against the batches it took -------------------------------- */
+
+typedef struct probe_check {
+    ifd_program p;
+    const ifd_config *cfg;
+    tu_batch **bs; /* in the order the source hands them out */
+    int nper;      /* batches a step takes */
+    float *params; /* eval: the parameters (the seed's) */
+    int64_t steps;
+    int64_t skipped;
+    float last_param_norm;
+    char fail[512];
+} probe_check;
+
+#define FAIL(c, ...)                                                                               \
+    do {                                                                                           \
+        if ((c)->fail[0] == '\0')                                                                  \
+            snprintf((c)->fail, sizeof(c)->fail, __VA_ARGS__);                                     \
+        return IFD_OK;                                                                             \
+    } while (0)
+
+static const ifd_tensor *find(const ifd_step_tensors *t, const char *name)
+{
+    for (int i = 0; i < t->ntensors; i++)
+        if (strcmp(t->names[i], name) == 0)
+            return &t->tensors[i];
+    return NULL;
+}
+
+static int probe_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
+{
+    (void)err;
+    probe_check *c = ctx;
+    const ifd_config *cfg = c->cfg;
+    int64_t s = c->steps++;
+    int R = cfg->replicas;
+    int train = cfg->mode == IFD_MODE_TRAIN;
+    if (t->global_step != s + 1)
+        FAIL(c, "step %lld: global_step %lld", (long long)s, (long long)t->global_step);
+    if (t->ntensors != 5 + (train ? 6 : 3))
+        FAIL(c, "step %lld: %d tensors", (long long)s, t->ntensors);
+    /* The rows the step's replicas took, in replica order (broadcast: replica 0's). */
+    int nb = cfg->input_mode == IFD_INPUT_PER_HOST || cfg->input_mode == IFD_INPUT_BROADCAST
+                 ? 1
+                 : c->nper;
+    int shards = cfg->input_mode == IFD_INPUT_BROADCAST ? 1 : R;
+    tu_batch **step = c->bs + s * c->nper;
+    int64_t rows = 0;
+    for (int b = 0; b < nb; b++)
+        rows += step[b]->b.rows;
+    const ifd_tensor *x3 = find(t, "x3"), *y1 = find(t, "y1"), *label = find(t, "label"),
+                     *cls = find(t, "class"), *conf = find(t, "confidence"),
+                     *count = find(t, "count"), *loss = find(t, "loss");
+    if (!x3 || !y1 || !label || !cls || !conf || !count || !loss)
+        FAIL(c, "step %lld: a tensor is missing", (long long)s);
+    if (x3->dtype != IFD_F32 || x3->shape.rank != 2 || x3->shape.dims[0] != rows ||
+        x3->shape.dims[1] != 3 || y1->dtype != IFD_I32 || y1->shape.rank != 1 ||
+        y1->shape.dims[0] != rows || label->shape.dims[0] != rows || cls->dtype != IFD_I32 ||
+        cls->shape.dims[0] != rows || conf->dtype != IFD_F32 || conf->shape.dims[0] != rows)
+        FAIL(c, "step %lld: shapes x3 [%lld, %lld] y1 [%lld], expected %lld rows", (long long)s,
+             (long long)x3->shape.dims[0], (long long)x3->shape.dims[1],
+             (long long)y1->shape.dims[0], (long long)rows);
+    if (count->shape.dims[0] != shards || loss->shape.dims[0] != shards)
+        FAIL(c, "step %lld: count has %lld values, expected %d", (long long)s,
+             (long long)count->shape.dims[0], shards);
+    int64_t at = 0;
+    for (int b = 0; b < nb; b++) {
+        const tu_batch *tb = step[b];
+        const float *x = tb->data[0];
+        const int32_t *y = tb->data[1];
+        for (int64_t j = 0; j < tb->b.rows; j++, at++) {
+            for (int d = 0; d < 3; d++)
+                if (((const float *)x3->data)[at * 3 + d] != x[j * 3 + d])
+                    FAIL(c, "step %lld row %lld: x3[%d] %g, the batch has %g", (long long)s,
+                         (long long)at, d, (double)((const float *)x3->data)[at * 3 + d],
+                         (double)x[j * 3 + d]);
+            if (((const int32_t *)y1->data)[at] != y[j] ||
+                ((const int32_t *)label->data)[at] != y[j])
+                FAIL(c, "step %lld row %lld: y1 %d, label %d, the batch has %d", (long long)s,
+                     (long long)at, ((const int32_t *)y1->data)[at],
+                     ((const int32_t *)label->data)[at], y[j]);
+            if (c->params) { /* eval: the parameters are known, so are class and confidence */
+                double z[3], mx = -INFINITY, sum = 0.0, second = -INFINITY;
+                int arg = 0;
+                tu_ref_logits(&c->p, x + j * 3, c->params, z, NULL);
+                for (int k = 0; k < 3; k++)
+                    if (z[k] > mx)
+                        second = mx, mx = z[k], arg = k;
+                    else if (z[k] > second)
+                        second = z[k];
+                for (int k = 0; k < 3; k++)
+                    sum += exp(z[k] - mx);
+                int32_t got = ((const int32_t *)cls->data)[at];
+                if (mx - second > 1e-4 && got != arg)
+                    FAIL(c, "step %lld row %lld: class %d, expected %d", (long long)s,
+                         (long long)at, got, arg);
+                double pc = 1.0 / sum, gc = ((const float *)conf->data)[at];
+                if (fabs(gc - pc) > 1e-5)
+                    FAIL(c, "step %lld row %lld: confidence %.7g, expected %.7g", (long long)s,
+                         (long long)at, gc, pc);
+            }
+        }
+    }
+    for (int r = 0; r < shards; r++) {
+        double want = (double)rows / shards;
+        if (((const float *)count->data)[r] != (float)want)
+            FAIL(c, "step %lld: count[%d] %g, expected %g", (long long)s, r,
+                 (double)((const float *)count->data)[r], want);
+    }
+    if (train) {
+        const ifd_tensor *lr = find(t, "learning_rate"), *gn = find(t, "grad_norm"),
+                         *pn = find(t, "param_norm");
+        if (!lr || !gn || !pn || lr->shape.dims[0] != 1)
+            FAIL(c, "step %lld: no learning_rate, grad_norm or param_norm", (long long)s);
+        if (((const float *)lr->data)[0] != cfg->optimizer.learning_rate)
+            FAIL(c, "step %lld: learning_rate %g", (long long)s,
+                 (double)((const float *)lr->data)[0]);
+        float g = ((const float *)gn->data)[0];
+        if (!(g > 0.0f) || !isfinite(g))
+            FAIL(c, "step %lld: grad_norm %g", (long long)s, (double)g);
+        c->last_param_norm = ((const float *)pn->data)[0];
+    } else if (find(t, "grad_norm")) {
+        FAIL(c, "step %lld: grad_norm in eval mode", (long long)s);
+    }
+    return IFD_OK;
+}
+
+/* ---- the runs ----------------------------------------------------------------------------- */
+
+static const ifd_input_mode modes[] = {IFD_INPUT_PER_HOST, IFD_INPUT_PER_HOST_V2,
+                                       IFD_INPUT_PER_CORE, IFD_INPUT_BROADCAST};
+static const int replicas[] = {1, 2, 4};
+
+static void run_probe(ifd_mode run_mode, int i)
+{
+    register_probe();
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_input_mode mode = modes[i % 4];
+    int R = replicas[(i / 4) % 3];
+    int64_t per = rand_between(&rng, 1, 7);
+    int64_t steps = rand_between(&rng, 1, 9);
+    ifd_config cfg;
+    tu_config_train(&cfg, "probe", IFD_OPT_SGD, 3, 3, per * R, rand_between(&rng, 1, 4),
+                    ifd_rng_next(&rng));
+    cfg.input_mode = mode;
+    cfg.replicas = R;
+    cfg.steps = steps;
+    cfg.mode = run_mode;
+    cfg.summary_every = 0;
+    probe_check c;
+    memset(&c, 0, sizeof c);
+    c.cfg = &cfg;
+    c.nper = ifd_input_batches_per_step(mode, R);
+    ifd_error err;
+    ck_assert_int_eq(ifd_program_init(&c.p, "probe", &cfg.settings, &err), IFD_OK);
+    int64_t rows = ifd_input_batch_rows(mode, cfg.batch_size, R);
+    int64_t n = steps * c.nper;
+    tu_batch **bs = calloc((size_t)n, sizeof *bs);
+    for (int64_t k = 0; k < n; k++) {
+        bs[k] = tu_batch_random(&c.p, rows, k, &rng);
+        bs[k]->b.replica = (int)(k % c.nper);
+    }
+    c.bs = bs;
+    if (run_mode == IFD_MODE_EVAL) {
+        c.params = malloc(sizeof(float) * (size_t)c.p.nparam_floats);
+        c.p.cls->init_params(&c.p, c.params, cfg.seed);
+    }
+    ifd_batch_queue *q;
+    if (mode == IFD_INPUT_PER_CORE)
+        ck_assert_int_eq(ifd_batch_queue_create_per_replica(&q, (size_t)n + 1, R), IFD_OK);
+    else
+        ck_assert_int_eq(ifd_batch_queue_create(&q, (size_t)n + 1), IFD_OK);
+    tu_result res;
+    memset(&res, 0, sizeof res);
+    for (int64_t k = 0; k < n; k++) {
+        tu_batch *cl = tu_batch_clone(bs[k]);
+        cl->released = &res.released;
+        ck_assert_int_eq(ifd_batch_queue_push(q, &cl->b), IFD_OK);
+    }
+    ifd_batch_queue_close(q);
+    ifd_sink *sink;
+    ifd_session *s = tu_session_create(&cfg, ifd_batch_queue_source(q), NULL, NULL, 0, &sink, &res);
+    ifd_tensor_sink ts = {probe_write, &c};
+    ck_assert_int_eq(ifd_session_add_tensor_sink(s, &ts), IFD_OK);
+    res.rc = ifd_session_run(s, &res.err);
+    tu_result_collect(&res, s, R, sink);
+    ifd_batch_queue_destroy(q);
+    const char *what = ifd_input_mode_name(mode);
+    RASSERT(res.rc == IFD_OK, "%s R=%d: %s", what, R, ifd_error_text(&res.err));
+    RASSERT(c.fail[0] == '\0', "%s %s R=%d rows %lld: %s", ifd_mode_name(run_mode), what, R,
+            (long long)rows, c.fail);
+    RASSERT(c.steps == steps, "%s R=%d: the sink saw %lld steps of %lld", what, R,
+            (long long)c.steps, (long long)steps);
+    if (run_mode == IFD_MODE_TRAIN) { /* the last step's param_norm: the final parameters' */
+        double sq = 0.0;
+        for (int64_t j = 0; j < res.nparams; j++)
+            sq += (double)res.params[j] * (double)res.params[j];
+        RASSERT(fabs(sqrt(sq) - c.last_param_norm) <= 1e-5 * sqrt(sq),
+                "%s R=%d: param_norm %.7g, the parameters' norm %.7g", what, R,
+                (double)c.last_param_norm, sqrt(sq));
+    }
+    tu_result_free(&res);
+    tu_batches_free(bs, n);
+    free(c.params);
+}
+
+START_TEST(train_tensors_concatenated)
+{
+    run_probe(IFD_MODE_TRAIN, _i);
+}
+END_TEST
+
+START_TEST(eval_tensors_concatenated)
+{
+    run_probe(IFD_MODE_EVAL, _i);
+}
+END_TEST
+
+static int failing_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
+{
+    (void)ctx;
+    return ifd_error_set(err, IFD_EINVAL, "refused %d tensors", t->ntensors);
+}
+
+/* A tensor sink's error ends the run with its sentence and the step. */
+START_TEST(tensor_sink_error_ends_the_run)
+{
+    ifd_config cfg;
+    tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 4, 3, 8, 2, 3);
+    tu_batch **bs = tu_batches_random(&cfg, cfg.steps, 5);
+    ifd_batch_queue *q;
+    ck_assert_int_eq(ifd_batch_queue_create(&q, (size_t)cfg.steps + 1), IFD_OK);
+    tu_result res;
+    memset(&res, 0, sizeof res);
+    for (int64_t k = 0; k < cfg.steps; k++)
+        ck_assert_int_eq(ifd_batch_queue_push(q, &tu_batch_clone(bs[k])->b), IFD_OK);
+    ifd_batch_queue_close(q);
+    ifd_sink *sink;
+    ifd_session *s = tu_session_create(&cfg, ifd_batch_queue_source(q), NULL, NULL, 0, &sink, &res);
+    ifd_tensor_sink ts = {failing_write, NULL};
+    ck_assert_int_eq(ifd_session_add_tensor_sink(s, &ts), IFD_OK);
+    res.rc = ifd_session_run(s, &res.err);
+    tu_result_collect(&res, s, 1, sink);
+    ifd_batch_queue_destroy(q);
+    ck_assert_int_eq(res.rc, IFD_EINVAL);
+    /* softmax: class, confidence, label and the six of a train step */
+    ck_assert_msg(strstr(ifd_error_text(&res.err), "tensor sink at step 1: refused 9 tensors"),
+                  "%s", ifd_error_text(&res.err));
+    tu_result_free(&res);
+    tu_batches_free(bs, cfg.steps);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("outfeed_tensors");
+    TCase *tc = tcase_create("outfeed_tensors");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, train_tensors_concatenated, 0, 24);
+    tcase_add_loop_test(tc, eval_tensors_concatenated, 0, 12);
+    tcase_add_test(tc, tensor_sink_error_ends_the_run);
+    suite_add_tcase(s, tc);
+    return tu_run_suite(s);
+}
