@@ -49,13 +49,14 @@ struct ifd_publisher {
     /* Tensor messages (under mu): the tensors asked for, the bytes waiting in the outbox, the
      * token bucket of the byte rate, and the messages not published. */
     wanted_tensor wanted[IFD_PUB_TENSORS_MAX];
-    int nwanted;
+    int nwanted; /* written under mu, atomically; read without it by the outfeed thread */
     size_t tensor_bytes;
     double rate, tokens; /* bytes a second; bytes it may send now */
     int64_t refill_ns;
     int64_t tensor_sent, tensor_dropped, tensor_limited;
     size_t largest; /* the largest tensor message so far */
     ifd_tensor_sink tsink;
+    char mode[16]; /* the run's, in the tensor messages' headers */
     char bound[IFD_ENDPOINT_MAX];
 };
 
@@ -150,9 +151,8 @@ static wanted_tensor *find_wanted(ifd_publisher *p, const char *name)
     return NULL;
 }
 
-static int tensor_wants(void *ctx, const char *name)
+int ifd_publisher_tensor_wanted(ifd_publisher *p, const char *name)
 {
-    ifd_publisher *p = ctx;
     ifd_mutex_lock(&p->mu);
     int yes = find_wanted(p, name) != NULL;
     ifd_mutex_unlock(&p->mu);
@@ -180,19 +180,18 @@ static char *tensor_header(const char *mode, int64_t step, const char *name, con
     for (int i = 0; i < t->shape.rank; i++)
         json_array_append_new(shape, json_integer(t->shape.dims[i]));
     json_t *h = json_pack("{s:s, s:s, s:s, s:I, s:s, s:o}", "event", "tensor", "mode", mode, "name",
-                          name, "global_step", (json_int_t)step, "dtype",
-                          ifd_dtype_name(t->dtype), "shape", shape);
+                          name, "global_step", (json_int_t)step, "dtype", ifd_dtype_name(t->dtype),
+                          "shape", shape);
     char *text = h ? json_dumps(h, JSON_COMPACT) : NULL;
     json_decref(h);
     return text;
 }
 
-/* The outfeed thread's: one tensor of one step. It is dropped, never waited for, when the byte
- * rate or the outbox's bytes would be exceeded. */
-static int tensor_write(void *ctx, const char *mode, int64_t step, const char *name,
-                        const ifd_tensor *t, ifd_error *err)
+/* One tensor of one step. It is dropped, never waited for, when the byte rate or the outbox's
+ * bytes would be exceeded. */
+static int publish_tensor(ifd_publisher *p, const char *mode, int64_t step, const char *name,
+                          const ifd_tensor *t, ifd_error *err)
 {
-    ifd_publisher *p = ctx;
     char topic[IFD_PUB_TOPIC_MAX + 8];
     int tn = snprintf(topic, sizeof topic, "tensor:%s", name);
     char *header = tensor_header(mode, step, name, t);
@@ -225,6 +224,22 @@ static int tensor_write(void *ctx, const char *mode, int64_t step, const char *n
     return IFD_OK;
 }
 
+/* The outfeed thread's tensor sink: the step's tensors that some subscriber asked for. */
+static int tensor_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
+{
+    ifd_publisher *p = ctx;
+    if (__atomic_load_n(&p->nwanted, __ATOMIC_RELAXED) == 0)
+        return IFD_OK; /* the usual case, without a lock */
+    for (int i = 0; i < t->ntensors; i++) {
+        if (!ifd_publisher_tensor_wanted(p, t->names[i]))
+            continue;
+        int rc = publish_tensor(p, p->mode, t->global_step, t->names[i], &t->tensors[i], err);
+        if (rc)
+            return rc;
+    }
+    return IFD_OK;
+}
+
 /* A subscription (on = 1) or its end (0) to topic: counted when it asks for a tensor. */
 static void count_subscription(ifd_publisher *p, const uint8_t *topic, size_t n, int on)
 {
@@ -239,13 +254,16 @@ static void count_subscription(ifd_publisher *p, const uint8_t *topic, size_t n,
     ifd_mutex_lock(&p->mu);
     wanted_tensor *w = find_wanted(p, name);
     if (on && w == NULL && p->nwanted < IFD_PUB_TENSORS_MAX) {
-        w = &p->wanted[p->nwanted++];
+        w = &p->wanted[p->nwanted];
+        __atomic_store_n(&p->nwanted, p->nwanted + 1, __ATOMIC_RELAXED);
         snprintf(w->name, sizeof w->name, "%s", name);
         w->subs = 0;
         IFD_LOG_INFO("publish: a subscriber asked for tensor '%s'", name);
     }
-    if (w && (w->subs += on ? 1 : -1) <= 0)
-        *w = p->wanted[--p->nwanted];
+    if (w && (w->subs += on ? 1 : -1) <= 0) {
+        *w = p->wanted[p->nwanted - 1];
+        __atomic_store_n(&p->nwanted, p->nwanted - 1, __ATOMIC_RELAXED);
+    }
     ifd_mutex_unlock(&p->mu);
 }
 
@@ -265,7 +283,8 @@ static const ifd_sink_ops pub_ops = {
     .write = pub_write, .flush = pub_flush, .destroy = pub_destroy};
 
 int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, ifd_security *sec,
-                         ifd_monitor *mon, int max_connections, int64_t tensor_rate, ifd_error *err)
+                         ifd_monitor *mon, int max_connections, ifd_mode mode, int64_t tensor_rate,
+                         ifd_error *err)
 {
     *out = NULL;
     ifd_publisher *p = calloc(1, sizeof *p);
@@ -312,7 +331,8 @@ int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, 
     p->rate = (double)(tensor_rate > 0 ? tensor_rate : IFD_PUB_TENSOR_RATE);
     p->tokens = p->rate;
     p->refill_ns = ifd_clock_ns();
-    p->tsink = (ifd_tensor_sink){.wants = tensor_wants, .write = tensor_write, .ctx = p};
+    p->tsink = (ifd_tensor_sink){.write = tensor_write, .ctx = p};
+    snprintf(p->mode, sizeof p->mode, "%s", ifd_mode_name(mode));
     rc = ifd_sink_create(&p->sink, &pub_ops, p);
     if (rc) {
         ifd_error_set(err, rc, "publish: sink");
@@ -459,9 +479,8 @@ void ifd_publisher_stop(ifd_publisher *p)
         IFD_LOG_WARN("publish: %" PRId64 " summaries were not published (the outbox was full)",
                      p->dropped);
     if (p->tensor_dropped || p->tensor_limited)
-        IFD_LOG_INFO("publish: %" PRId64 " tensor messages sent, %" PRId64
-                     " not (%" PRId64 " over the byte rate or the outbox's bytes, %" PRId64
-                     " behind in the outbox)",
+        IFD_LOG_INFO("publish: %" PRId64 " tensor messages sent, %" PRId64 " not (%" PRId64
+                     " over the byte rate or the outbox's bytes, %" PRId64 " behind in the outbox)",
                      p->tensor_sent, p->tensor_dropped + p->tensor_limited, p->tensor_limited,
                      p->tensor_dropped);
 }

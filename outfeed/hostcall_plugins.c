@@ -77,8 +77,7 @@ static int check_class(const pending *pd, const ifd_host_call_class *cls, ifd_er
     return IFD_OK;
 }
 
-static int pending_add(ifd_host_call_registry *reg, const ifd_host_call_class *cls,
-                       ifd_error *err)
+static int pending_add(ifd_host_call_registry *reg, const ifd_host_call_class *cls, ifd_error *err)
 {
     pending *pd = reg->ctx;
     ifd_error e;

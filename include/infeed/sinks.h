@@ -38,23 +38,6 @@ int ifd_sink_write(ifd_sink *s, const char *json, size_t len, ifd_error *err);
 int ifd_sink_flush(ifd_sink *s, ifd_error *err);
 void ifd_sink_destroy(ifd_sink *s);
 
-/* ---- tensor sinks --------------------------------------------------------------------- */
-
-/*
- * Receives the outfeed tensors of every step (docs/summaries.md, "Tensor messages"), on the
- * outfeed thread, step by step in order: each tensor a program declares (and the runtime's),
- * concatenated over the replicas (and hosts) along axis 0. wants is asked each step for each
- * tensor and must be cheap and thread-safe; write gets those it wants, valid during the call
- * only (mode: "train", "eval" or "predict"). A sink that cannot keep up drops (returns IFD_OK);
- * an error ends the run.
- */
-typedef struct ifd_tensor_sink {
-    int (*wants)(void *ctx, const char *name);
-    int (*write)(void *ctx, const char *mode, int64_t step, const char *name, const ifd_tensor *t,
-                 ifd_error *err);
-    void *ctx;
-} ifd_tensor_sink;
-
 /* ---- predictions (predict mode) --------------------------------------------------------- */
 
 #define IFD_MAX_PREDICTION_TENSORS 2

@@ -7,20 +7,28 @@ themselves, never for a time), and then against the daemon.
   with one missing, ignores a tensor another subscriber asked for, keeps the summaries in .last
   and stops at the end summary;
 - host_call runs fn(**tensors) on every step;
-- bad names and damaged messages are refused with a sentence.
+- bad names and damaged messages are refused with a sentence;
+- the daemon (the probe program, $INFEED_PROBE_PLUGIN, outfeeds its inputs x3 and y1) publishes
+  every step's tensors concatenated over the replicas, in order, for R = 1, 2, 4 and the input
+  modes per-host, per-core and broadcast: what numpy computes from the batches sent.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import threading
 
 import numpy as np
 import pytest
 import zmq
 
 import infeed
+from helpers import stream_until_end, wait_until
 from infeed.subscriber import parse_tensor
+
+PROBE = os.environ.get("INFEED_PROBE_PLUGIN")
 
 
 class FakePublisher:
@@ -138,3 +146,61 @@ def test_bad_names_and_messages_are_refused():
     with pytest.raises(ValueError, match="asks for no tensors"):
         next(infeed.host_call(sub, lambda: None))
     sub.close()
+
+
+# ---- the daemon ----------------------------------------------------------------------------------
+
+def probe_batch(producer: int, seq: int, rows: int, classes: int) -> dict:
+    """Batch seq of a producer: every value says where it comes from."""
+    r = np.arange(rows, dtype=np.float32)
+    x = np.stack([np.full(rows, seq, np.float32), np.full(rows, producer, np.float32), r], axis=1)
+    return {"x": x / 64, "y": ((seq + producer + np.arange(rows)) % classes).astype(np.int32)}
+
+
+@pytest.mark.parametrize("replicas,mode", [(1, "per-host"), (2, "per-host"), (4, "per-host"),
+                                           (2, "per-core"), (4, "per-core"), (2, "broadcast"),
+                                           (4, "broadcast")])
+def test_daemon_publishes_the_concatenated_tensors(daemon, rng, replicas, mode):
+    if not PROBE:
+        pytest.skip("the probe plugin is not built (set INFEED_PROBE_PLUGIN)")
+    rows = rng.randint(1, 4) * (replicas if mode == "per-host" else 1)
+    classes, steps = rng.randint(2, 5), rng.randint(3, 25)
+    producers = replicas if mode == "per-core" else 1
+    d = daemon(program_lib=PROBE, program="probe", features=3, classes=classes,
+               batch_size=rows * (1 if mode == "per-host" else replicas), replicas=replicas, input_mode=mode, steps=steps,
+               iterations_per_loop=rng.randint(1, 6), learning_rate=0.001,
+               expect_producers=producers)
+    names = ["x3", "y1", "loss", "grad_norm"]
+    sub = infeed.Subscriber(d.publish, timeout=30, tensors=names)
+    try:
+        # the event: the daemon has read the four subscriptions
+        wait_until(lambda: d.control({"cmd": "status"})["tensor_messages"]["subscribed"] == 4,
+                   "the daemon sees the tensor subscriptions", d)
+        ts = [threading.Thread(target=stream_until_end, daemon=True,
+                               args=(d.listen, lambda i, p=p: probe_batch(p, i, rows, classes)),
+                               kwargs=dict(name=f"p{p}", replica=p if mode == "per-core" else None))
+              for p in range(producers)]
+        for t in ts:
+            t.start()
+        got = dict(sub)
+        for t in ts:
+            t.join(30)
+        assert d.wait() == 0, d.log()
+    finally:
+        sub.close()
+    assert sorted(got) == list(range(1, steps + 1)), sorted(got)
+    for step in range(1, steps + 1):
+        seq = step - 1
+        if mode == "per-core":  # every replica's batch of this step, in replica order
+            want = [probe_batch(p, seq, rows, classes) for p in range(replicas)]
+        else:  # per-host: the batch's rows split in order; broadcast: replica 0's copy
+            want = [probe_batch(0, seq, rows, classes)]
+        t = got[step]
+        np.testing.assert_array_equal(t["x3"], np.concatenate([w["x"] for w in want]))
+        np.testing.assert_array_equal(t["y1"], np.concatenate([w["y"] for w in want]))
+        assert t["x3"].dtype == np.float32 and t["y1"].dtype == np.int32
+        # one loss a replica (broadcast: replica 0's), one global gradient norm a step
+        assert t["loss"].shape == ((1,) if mode == "broadcast" else (replicas,)), t["loss"]
+        assert t["grad_norm"].shape == (1,) and np.isfinite(t["grad_norm"]).all()
+    st = d.summaries()
+    assert st[-1]["event"] == "end" and st[-1]["status"] == "ok", st[-1]

@@ -23,8 +23,8 @@ static int summary(void *state, char *json, size_t len, ifd_error *err)
 
 static const ifd_host_call_class cls = {
     .name = "bad", .ntensors = 1, .tensors = {"loss"}, .step = step, .summary = summary};
-static const ifd_host_call_class incomplete = {.name = "incomplete", .ntensors = 1,
-                                               .tensors = {"loss"}};
+static const ifd_host_call_class incomplete = {
+    .name = "incomplete", .ntensors = 1, .tensors = {"loss"}};
 static const ifd_host_call_class no_tensors = {
     .name = "none", .ntensors = 0, .step = step, .summary = summary};
 
