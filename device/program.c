@@ -1,3 +1,4 @@
+#include "core/plugin.h"
 #include "core/rng.h"
 #include <infeed/program.h>
 
@@ -286,51 +287,30 @@ static int check_class(pending *pd, const ifd_program_class *cls, ifd_error *err
     return IFD_OK;
 }
 
+static const ifd_plugin_kind program_plugins = {
+    .what = "program library",
+    .abi_symbol = IFD_PROGRAM_PLUGIN_ABI_SYMBOL,
+    .init_symbol = IFD_PROGRAM_PLUGIN_INIT_SYMBOL,
+    .macro = "IFD_PROGRAM_PLUGIN",
+    .header = "include/infeed/program.h",
+    .abi_name = "program ABI",
+    .abi_version = IFD_PROGRAM_ABI_VERSION,
+};
+
 int ifd_program_load_plugin(const char *path, ifd_error *err)
 {
-    if (path == NULL || path[0] == '\0')
-        return ifd_error_set(err, IFD_EINVAL, "program library: expected a file name, got ''");
-    /* dlopen searches the library path for a name without '/': a user means the file here. */
-    char local[4096];
-    const char *open_path = path;
-    if (strchr(path, '/') == NULL) {
-        if ((size_t)snprintf(local, sizeof local, "./%s", path) >= sizeof local)
-            return ifd_error_set(err, IFD_EINVAL, "program library '%.64s...': name too long",
-                                 path);
-        open_path = local;
-    }
-    dlerror();
-    void *h = dlopen(open_path, RTLD_NOW | RTLD_LOCAL);
-    if (h == NULL) {
-        const char *why = dlerror();
-        return ifd_error_set(err, IFD_EINVAL, "program library '%s': cannot load it: %s", path,
-                             why ? why : "dlopen failed");
-    }
+    void *h, *entry;
+    int rc = ifd_plugin_open(&program_plugins, path, &h, &entry, err);
+    if (rc)
+        return rc;
     for (int i = 0; i < nplugins; i++) {
         if (plugins[i] == h) {
             dlclose(h); /* the reference this call took */
             return IFD_OK;
         }
     }
-    int rc;
-    const unsigned *abi = dlsym(h, IFD_PROGRAM_PLUGIN_ABI_SYMBOL);
     ifd_program_plugin_init_fn init;
-    *(void **)&init = dlsym(h, IFD_PROGRAM_PLUGIN_INIT_SYMBOL);
-    if (abi == NULL || init == NULL) {
-        rc = ifd_error_set(
-            err, IFD_EINVAL,
-            "program library '%s': no entry point (symbol %s): expected a plugin "
-            "that defines it with IFD_PROGRAM_PLUGIN (include/infeed/program.h)",
-            path, abi == NULL ? IFD_PROGRAM_PLUGIN_ABI_SYMBOL : IFD_PROGRAM_PLUGIN_INIT_SYMBOL);
-        goto fail;
-    }
-    if (*abi != IFD_PROGRAM_ABI_VERSION) {
-        rc = ifd_error_set(err, IFD_EINVAL,
-                           "program library '%s': built for program ABI version %u, expected "
-                           "version %d: rebuild it against this infeed's headers",
-                           path, *abi, IFD_PROGRAM_ABI_VERSION);
-        goto fail;
-    }
+    *(void **)&init = entry;
     if (nplugins == MAX_PLUGINS) {
         rc = ifd_error_set(err, IFD_EINVAL, "program library '%s': at most %d plugins load", path,
                            MAX_PLUGINS);

@@ -1,5 +1,6 @@
 #include "host/config_internal.h"
 #include "core/userdir.h"
+#include "host/limits.h"
 #include "loop/config_ranges.h"
 
 #include <inttypes.h>
@@ -77,6 +78,10 @@ const config_opt config_opts[] = {
     OPT("listen", K_STR, listen, "ENDPOINT", "ingest ROUTER endpoint producers connect to",
         NONEMPTY("a ZeroMQ endpoint")),
     OPT("publish", K_STR, publish, "ENDPOINT", "summaries PUB endpoint (\"\" disables it)"),
+    OPT("tensor_rate", K_I64, tensor_rate, "BYTES",
+        "the most bytes a second of outfeed tensors published to subscribers that ask for them "
+        "(a subscription to \"tensor:NAME\"); messages beyond it are dropped, never waited for",
+        RANGE(1, I64_MAX, "1 or more bytes a second")),
     OPT("control", K_STR, control, "ENDPOINT",
         "control REP endpoint: {\"cmd\":\"status\"} or {\"cmd\":\"stop\"} (\"\" disables it); "
         "the default is an ipc socket in a folder only this user may enter ($XDG_RUNTIME_DIR/"
@@ -233,6 +238,7 @@ void ifd_daemon_config_defaults(ifd_daemon_config *c)
     ifd_config_defaults(&c->run);
     c->listen = "tcp://127.0.0.1:5555";
     c->publish = "tcp://127.0.0.1:5556";
+    c->tensor_rate = IFD_PUB_TENSOR_RATE;
     ifd_default_control(c->default_control, sizeof c->default_control);
     c->control = c->default_control;
     c->summaries = NULL;

@@ -25,6 +25,15 @@
 #define IFD_SUB_COST ((size_t)24 << 10)
 #define IFD_PUB_SNDHWM 256                 /* summaries queued per subscriber */
 #define IFD_OUTBOX_MAX 4096                /* summaries waiting for the publisher thread */
+/* Tensor messages (docs/summaries.md, "Tensor messages"): a subscription to "tensor:NAME" asks
+ * for NAME; at most IFD_PUB_TENSORS_MAX names at once (more are not published), each shorter
+ * than IFD_PUB_TOPIC_MAX; the bytes of tensor messages waiting for the publisher thread, and the
+ * default byte rate (--tensor-rate). */
+#define IFD_PUB_TENSOR_PREFIX "tensor:"
+#define IFD_PUB_TENSORS_MAX 64
+#define IFD_PUB_TOPIC_MAX 64
+#define IFD_PUB_TENSOR_OUTBOX_BYTES (16u << 20)
+#define IFD_PUB_TENSOR_RATE (64LL << 20)
 #define IFD_SUMMARY_MAX ((size_t)4 << 10)  /* the largest summary, assumed */
 #define IFD_CONN_COST ((size_t)96 << 10)   /* libzmq's own cost of a connection, measured */
 #define IFD_BASE_MEMORY ((size_t)64 << 20) /* code, threads, libzmq, a small model */

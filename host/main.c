@@ -400,6 +400,9 @@ static int add_outputs(daemon_run *d)
         rc = add_sink(d, d->jsonl, "summaries");
     if (rc == IFD_OK && ifd_ingest_pub_sink(d->g))
         rc = add_sink(d, ifd_ingest_pub_sink(d->g), "publish");
+    if (rc == IFD_OK && ifd_ingest_tensor_sink(d->g) && c->run.mode != IFD_MODE_PREDICT &&
+        (rc = ifd_session_add_tensor_sink(d->s, ifd_ingest_tensor_sink(d->g))) != IFD_OK)
+        ifd_error_set(&d->err, rc, "publish: cannot add its tensor sink");
     if (rc || c->run.mode != IFD_MODE_PREDICT)
         return rc;
     ifd_prediction_sink ps = ifd_ingest_prediction_sink(d->g);

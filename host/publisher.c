@@ -14,14 +14,25 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <jansson.h>
 #include <zmq.h>
 #include <sys/eventfd.h>
 
+/* A message waiting for the publisher thread: a summary (one frame, JSON) or a tensor (three
+ * frames: topic, JSON header, data), its frames one after another in buf. */
 typedef struct outmsg {
     struct outmsg *next;
-    size_t len;
-    char json[];
+    int nframes;
+    size_t len[3];
+    size_t bytes; /* of the frames together */
+    char buf[];
 } outmsg;
+
+/* A tensor some subscriber asked for ("tensor:NAME"), with its subscriptions counted. */
+typedef struct wanted_tensor {
+    char name[IFD_PUB_TOPIC_MAX];
+    int subs;
+} wanted_tensor;
 
 struct ifd_publisher {
     void *pub;
@@ -35,6 +46,17 @@ struct ifd_publisher {
     size_t len;          /* under mu */
     int64_t dropped;     /* under mu */
     int stopping;        /* under mu */
+    /* Tensor messages (under mu): the tensors asked for, the bytes waiting in the outbox, the
+     * token bucket of the byte rate, and the messages not published. */
+    wanted_tensor wanted[IFD_PUB_TENSORS_MAX];
+    int nwanted; /* written under mu, atomically; read without it by the outfeed thread */
+    size_t tensor_bytes;
+    double rate, tokens; /* bytes a second; bytes it may send now */
+    int64_t refill_ns;
+    int64_t tensor_sent, tensor_dropped, tensor_limited;
+    size_t largest; /* the largest tensor message so far */
+    ifd_tensor_sink tsink;
+    char mode[16]; /* the run's, in the tensor messages' headers */
     char bound[IFD_ENDPOINT_MAX];
 };
 
@@ -45,25 +67,55 @@ static void wake(ifd_publisher *p)
     (void)n; /* EAGAIN: the counter is already non-zero, the thread will wake */
 }
 
-static int pub_write(void *ctx, const char *json, size_t len, ifd_error *err)
+static outmsg *outmsg_new(int nframes, const size_t *len, const void *const *frames)
 {
-    ifd_publisher *p = ctx;
-    outmsg *m = malloc(sizeof *m + len + 1);
+    size_t bytes = 0;
+    for (int i = 0; i < nframes; i++)
+        bytes += len[i];
+    outmsg *m = malloc(sizeof *m + bytes + 1);
     if (m == NULL)
-        return ifd_error_set(err, IFD_ENOMEM, "publish");
+        return NULL;
     m->next = NULL;
-    m->len = len;
-    memcpy(m->json, json, len);
-    m->json[len] = '\0';
-    ifd_mutex_lock(&p->mu);
-    if (p->len == IFD_OUTBOX_MAX) { /* the thread is behind: the oldest is not published */
-        outmsg *old = p->head;
-        p->head = old->next;
-        p->len--;
-        p->dropped++;
+    m->nframes = nframes;
+    m->bytes = bytes;
+    char *at = m->buf;
+    for (int i = 0; i < nframes; i++) {
+        m->len[i] = len[i];
+        memcpy(at, frames[i], len[i]);
+        at += len[i];
+    }
+    *at = '\0';
+    return m;
+}
+
+static int is_tensor(const outmsg *m)
+{
+    return m->nframes > 1;
+}
+
+/* Takes the outbox's head (under mu). */
+static outmsg *outbox_pop(ifd_publisher *p)
+{
+    outmsg *m = p->head;
+    p->head = m->next;
+    if (p->head == NULL)
+        p->tail = NULL;
+    p->len--;
+    if (is_tensor(m))
+        p->tensor_bytes -= m->bytes;
+    return m;
+}
+
+/* Queues m (under mu); when the outbox is full the oldest message is not published. */
+static void outbox_push(ifd_publisher *p, outmsg *m)
+{
+    if (p->len == IFD_OUTBOX_MAX) { /* the thread is behind */
+        outmsg *old = outbox_pop(p);
+        if (is_tensor(old))
+            p->tensor_dropped++;
+        else
+            p->dropped++;
         free(old);
-        if (p->head == NULL)
-            p->tail = NULL;
     }
     if (p->tail)
         p->tail->next = m;
@@ -71,9 +123,148 @@ static int pub_write(void *ctx, const char *json, size_t len, ifd_error *err)
         p->head = m;
     p->tail = m;
     p->len++;
+    if (is_tensor(m))
+        p->tensor_bytes += m->bytes;
+}
+
+static int pub_write(void *ctx, const char *json, size_t len, ifd_error *err)
+{
+    ifd_publisher *p = ctx;
+    const void *frame = json;
+    outmsg *m = outmsg_new(1, &len, &frame);
+    if (m == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "publish");
+    ifd_mutex_lock(&p->mu);
+    outbox_push(p, m);
     ifd_mutex_unlock(&p->mu);
     wake(p);
     return IFD_OK;
+}
+
+/* ---- tensor messages ------------------------------------------------------------------------ */
+
+static wanted_tensor *find_wanted(ifd_publisher *p, const char *name)
+{
+    for (int i = 0; i < p->nwanted; i++)
+        if (strcmp(p->wanted[i].name, name) == 0)
+            return &p->wanted[i];
+    return NULL;
+}
+
+int ifd_publisher_tensor_wanted(ifd_publisher *p, const char *name)
+{
+    ifd_mutex_lock(&p->mu);
+    int yes = find_wanted(p, name) != NULL;
+    ifd_mutex_unlock(&p->mu);
+    return yes;
+}
+
+/* Whether the byte rate lets a message of n bytes go now (under mu): a token bucket of a
+ * second's worth. */
+static int rate_allows(ifd_publisher *p, size_t n)
+{
+    int64_t now = ifd_clock_ns();
+    p->tokens += p->rate * (double)(now - p->refill_ns) / 1e9;
+    if (p->tokens > p->rate)
+        p->tokens = p->rate;
+    p->refill_ns = now;
+    if (p->tokens < (double)n)
+        return 0;
+    p->tokens -= (double)n;
+    return 1;
+}
+
+static char *tensor_header(const char *mode, int64_t step, const char *name, const ifd_tensor *t)
+{
+    json_t *shape = json_array();
+    for (int i = 0; i < t->shape.rank; i++)
+        json_array_append_new(shape, json_integer(t->shape.dims[i]));
+    json_t *h = json_pack("{s:s, s:s, s:s, s:I, s:s, s:o}", "event", "tensor", "mode", mode, "name",
+                          name, "global_step", (json_int_t)step, "dtype", ifd_dtype_name(t->dtype),
+                          "shape", shape);
+    char *text = h ? json_dumps(h, JSON_COMPACT) : NULL;
+    json_decref(h);
+    return text;
+}
+
+/* One tensor of one step. It is dropped, never waited for, when the byte rate or the outbox's
+ * bytes would be exceeded. */
+static int publish_tensor(ifd_publisher *p, const char *mode, int64_t step, const char *name,
+                          const ifd_tensor *t, ifd_error *err)
+{
+    char topic[IFD_PUB_TOPIC_MAX + 8];
+    int tn = snprintf(topic, sizeof topic, "tensor:%s", name);
+    char *header = tensor_header(mode, step, name, t);
+    if (header == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "publish: tensor '%s'", name);
+    size_t len[3] = {(size_t)tn, strlen(header), ifd_tensor_nbytes(t)};
+    size_t bytes = len[0] + len[1] + len[2];
+    ifd_mutex_lock(&p->mu);
+    int go = find_wanted(p, name) && !p->stopping;
+    if (go && (p->tensor_bytes + bytes > IFD_PUB_TENSOR_OUTBOX_BYTES || !rate_allows(p, bytes))) {
+        p->tensor_limited++;
+        go = 0;
+    }
+    if (go && bytes > p->largest)
+        p->largest = bytes;
+    ifd_mutex_unlock(&p->mu);
+    if (!go) {
+        free(header);
+        return IFD_OK;
+    }
+    const void *frames[3] = {topic, header, t->data};
+    outmsg *m = outmsg_new(3, len, frames);
+    free(header);
+    if (m == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "publish: tensor '%s'", name);
+    ifd_mutex_lock(&p->mu);
+    outbox_push(p, m);
+    ifd_mutex_unlock(&p->mu);
+    wake(p);
+    return IFD_OK;
+}
+
+/* The outfeed thread's tensor sink: the step's tensors that some subscriber asked for. */
+static int tensor_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
+{
+    ifd_publisher *p = ctx;
+    if (__atomic_load_n(&p->nwanted, __ATOMIC_RELAXED) == 0)
+        return IFD_OK; /* the usual case, without a lock */
+    for (int i = 0; i < t->ntensors; i++) {
+        if (!ifd_publisher_tensor_wanted(p, t->names[i]))
+            continue;
+        int rc = publish_tensor(p, p->mode, t->global_step, t->names[i], &t->tensors[i], err);
+        if (rc)
+            return rc;
+    }
+    return IFD_OK;
+}
+
+/* A subscription (on = 1) or its end (0) to topic: counted when it asks for a tensor. */
+static void count_subscription(ifd_publisher *p, const uint8_t *topic, size_t n, int on)
+{
+    static const char prefix[] = IFD_PUB_TENSOR_PREFIX;
+    size_t pn = sizeof prefix - 1;
+    if (n <= pn || n - pn >= IFD_PUB_TOPIC_MAX || memcmp(topic, prefix, pn) != 0 ||
+        memchr(topic + pn, '\0', n - pn))
+        return;
+    char name[IFD_PUB_TOPIC_MAX];
+    memcpy(name, topic + pn, n - pn);
+    name[n - pn] = '\0';
+    ifd_mutex_lock(&p->mu);
+    wanted_tensor *w = find_wanted(p, name);
+    if (on && w == NULL && p->nwanted < IFD_PUB_TENSORS_MAX) {
+        w = &p->wanted[p->nwanted];
+        __atomic_store_n(&p->nwanted, p->nwanted + 1, __ATOMIC_RELAXED);
+        snprintf(w->name, sizeof w->name, "%s", name);
+        w->subs = 0;
+        IFD_LOG_INFO("publish: a subscriber asked for tensor '%s'", name);
+    }
+    if (w && (w->subs += on ? 1 : -1) <= 0) {
+        *w = p->wanted[p->nwanted - 1];
+        __atomic_store_n(&p->nwanted, p->nwanted - 1, __ATOMIC_RELAXED);
+    }
+    ifd_mutex_unlock(&p->mu);
 }
 
 static int pub_flush(void *ctx, ifd_error *err)
@@ -92,7 +283,8 @@ static const ifd_sink_ops pub_ops = {
     .write = pub_write, .flush = pub_flush, .destroy = pub_destroy};
 
 int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, ifd_security *sec,
-                         ifd_monitor *mon, int max_connections, ifd_error *err)
+                         ifd_monitor *mon, int max_connections, ifd_mode mode, int64_t tensor_rate,
+                         ifd_error *err)
 {
     *out = NULL;
     ifd_publisher *p = calloc(1, sizeof *p);
@@ -136,6 +328,11 @@ int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, 
     if ((rc = ifd_endpoint_bind(p->pub, "publish", endpoint, 0, p->bound, sizeof p->bound, err)) !=
         IFD_OK)
         goto fail;
+    p->rate = (double)(tensor_rate > 0 ? tensor_rate : IFD_PUB_TENSOR_RATE);
+    p->tokens = p->rate;
+    p->refill_ns = ifd_clock_ns();
+    p->tsink = (ifd_tensor_sink){.write = tensor_write, .ctx = p};
+    snprintf(p->mode, sizeof p->mode, "%s", ifd_mode_name(mode));
     rc = ifd_sink_create(&p->sink, &pub_ops, p);
     if (rc) {
         ifd_error_set(err, rc, "publish: sink");
@@ -158,22 +355,46 @@ ifd_sink *ifd_publisher_sink(ifd_publisher *p)
     return p ? p->sink : NULL;
 }
 
+const ifd_tensor_sink *ifd_publisher_tensor_sink(ifd_publisher *p)
+{
+    return p ? &p->tsink : NULL;
+}
+
+void ifd_publisher_tensor_stats(ifd_publisher *p, ifd_publisher_tensors *st)
+{
+    ifd_mutex_lock(&p->mu);
+    st->subscribed = p->nwanted;
+    st->sent = p->tensor_sent;
+    st->dropped = p->tensor_dropped;
+    st->limited = p->tensor_limited;
+    st->outbox_bytes = (int64_t)p->tensor_bytes;
+    st->largest = (int64_t)p->largest;
+    st->rate = (int64_t)p->rate;
+    ifd_mutex_unlock(&p->mu);
+}
+
 /* Sends what the outbox holds; returns whether the thread was asked to stop. */
 static int publish(ifd_publisher *p)
 {
     ifd_mutex_lock(&p->mu);
-    outmsg *m = p->head;
-    p->head = p->tail = NULL;
-    p->len = 0;
     int stopping = p->stopping;
-    ifd_mutex_unlock(&p->mu);
-    while (m) {
-        outmsg *next = m->next;
-        zmq_send(p->pub, m->json, m->len, ZMQ_DONTWAIT); /* drops for a slow subscriber */
+    for (;;) {
+        outmsg *m = p->head ? outbox_pop(p) : NULL;
+        ifd_mutex_unlock(&p->mu);
+        if (m == NULL)
+            return stopping;
+        /* drops for a slow subscriber; the frames of a message go together or not at all */
+        const char *at = m->buf;
+        for (int i = 0; i < m->nframes; i++) {
+            zmq_send(p->pub, at, m->len[i], ZMQ_DONTWAIT | (i + 1 < m->nframes ? ZMQ_SNDMORE : 0));
+            at += m->len[i];
+        }
+        int tensor = is_tensor(m);
         free(m);
-        m = next;
+        ifd_mutex_lock(&p->mu);
+        if (tensor)
+            p->tensor_sent++;
     }
-    return stopping;
 }
 
 /* Reads what subscribers sent (libzmq has applied each subscription already): each
@@ -192,6 +413,9 @@ static void read_subscriptions(ifd_publisher *p)
         const uint8_t *d = zmq_msg_data(&m);
         int fd = zmq_msg_get(&m, ZMQ_SRCFD);
         if (zmq_msg_size(&m) >= 1 && d[0] == 1) {
+            /* counted even when its connection is closed for it: libzmq has applied it, and
+             * the connection's end unsubscribes every topic it had */
+            count_subscription(p, d + 1, zmq_msg_size(&m) - 1, 1);
             if (ifd_conns_marks(p->conns, fd) >= IFD_PUB_SUBS_MAX) {
                 char why[128];
                 snprintf(why, sizeof why,
@@ -204,6 +428,7 @@ static void read_subscriptions(ifd_publisher *p)
             }
         } else if (zmq_msg_size(&m) >= 1 && d[0] == 0) {
             ifd_conns_unmark(p->conns, fd, IFD_CONNS_NOW);
+            count_subscription(p, d + 1, zmq_msg_size(&m) - 1, 0);
         }
         zmq_msg_close(&m);
     }
@@ -253,6 +478,11 @@ void ifd_publisher_stop(ifd_publisher *p)
     if (p->dropped)
         IFD_LOG_WARN("publish: %" PRId64 " summaries were not published (the outbox was full)",
                      p->dropped);
+    if (p->tensor_dropped || p->tensor_limited)
+        IFD_LOG_INFO("publish: %" PRId64 " tensor messages sent, %" PRId64 " not (%" PRId64
+                     " over the byte rate or the outbox's bytes, %" PRId64 " behind in the outbox)",
+                     p->tensor_sent, p->tensor_dropped + p->tensor_limited, p->tensor_limited,
+                     p->tensor_dropped);
 }
 
 void ifd_publisher_destroy(ifd_publisher *p)

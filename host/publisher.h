@@ -17,13 +17,36 @@
 typedef struct ifd_publisher ifd_publisher;
 
 /* Binds endpoint (the error names it and libzmq's reason). Its connections are bounded
- * (host/conns.h): at most max_connections, and at most IFD_PUB_SUBS_MAX subscriptions each. */
+ * (host/conns.h): at most max_connections, and at most IFD_PUB_SUBS_MAX subscriptions each.
+ * mode: the run's (the tensor messages say it); tensor_rate: bytes a second of tensor messages
+ * (<= 0: IFD_PUB_TENSOR_RATE). */
 int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, ifd_security *sec,
-                         ifd_monitor *mon, int max_connections, ifd_error *err);
+                         ifd_monitor *mon, int max_connections, ifd_mode mode, int64_t tensor_rate,
+                         ifd_error *err);
 /* The endpoint it is bound to (host/endpoint.h: a port chosen for '*' resolved). */
 const char *ifd_publisher_endpoint(const ifd_publisher *p);
 /* Its sink (owned by p). */
 ifd_sink *ifd_publisher_sink(ifd_publisher *p);
+/*
+ * Its tensor sink (owned by p; ifd_session_add_tensor_sink): a subscription to "tensor:NAME"
+ * (IFD_PUB_TENSOR_PREFIX) asks for the outfeed tensor NAME, which is then published every step as
+ * three frames: the topic, a JSON header ({"event": "tensor", "mode", "name", "global_step",
+ * "dtype", "shape"}) and the data (C order, little-endian). Nothing is copied for a tensor nobody
+ * asked for. Messages beyond the byte rate, or beyond IFD_PUB_TENSOR_OUTBOX_BYTES waiting in the
+ * outbox, are dropped, never waited for.
+ */
+const ifd_tensor_sink *ifd_publisher_tensor_sink(ifd_publisher *p);
+/* Whether some subscriber asks for tensor name now. */
+int ifd_publisher_tensor_wanted(ifd_publisher *p, const char *name);
+
+typedef struct ifd_publisher_tensors {
+    int subscribed;                 /* tensor names asked for now */
+    int64_t sent, dropped, limited; /* messages: published; dropped behind; over rate or bytes */
+    int64_t outbox_bytes, largest;  /* waiting now; the largest message so far */
+    int64_t rate;                   /* bytes a second */
+} ifd_publisher_tensors;
+void ifd_publisher_tensor_stats(ifd_publisher *p, ifd_publisher_tensors *st);
+
 int ifd_publisher_start(ifd_publisher *p, ifd_error *err);
 /* Publishes what the outbox holds, then joins the thread. */
 void ifd_publisher_stop(ifd_publisher *p);

@@ -42,7 +42,8 @@ int ifd_subscriber_create_opts(ifd_subscriber **out, const char *endpoint,
     }
     int zero = 0;
     zmq_setsockopt(s->sock, ZMQ_LINGER, &zero, sizeof zero);
-    if (zmq_setsockopt(s->sock, ZMQ_SUBSCRIBE, "", 0) != 0) {
+    /* the summaries, JSON objects; not the tensor messages ("tensor:NAME", docs/summaries.md) */
+    if (zmq_setsockopt(s->sock, ZMQ_SUBSCRIBE, "{", 1) != 0) {
         rc = ifdw_zmq_error(err, "subscriber: ZMQ_SUBSCRIBE");
         goto fail_setup;
     }

@@ -112,6 +112,16 @@ static json_t *status_json(ifd_ingest *g)
                                       ifd_isa_name(b.kernel_isa), "text",
                                       ifd_blas_describe(&b, line, sizeof line)));
     }
+    if (g->sock.pub) {
+        ifd_publisher_tensors t;
+        ifd_publisher_tensor_stats(g->sock.pub, &t);
+        json_object_set_new(j, "tensor_messages",
+                            json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:I}", "subscribed",
+                                      t.subscribed, "sent", (json_int_t)t.sent, "dropped",
+                                      (json_int_t)t.dropped, "limited", (json_int_t)t.limited,
+                                      "outbox_bytes", (json_int_t)t.outbox_bytes, "largest",
+                                      (json_int_t)t.largest, "rate", (json_int_t)t.rate));
+    }
     json_object_set_new(j, "global_step", json_integer(ifd_session_global_step(g->session)));
     json_object_set_new(j, "loop", json_integer(ifd_session_loop_index(g->session)));
     const ifd_config *run = &g->cfg->run;

@@ -36,6 +36,9 @@ struct json_t *ifd_ingest_endpoints_json(const ifd_ingest *g);
 ifd_batch_source ifd_ingest_source(ifd_ingest *g);
 /* A sink publishing each summary on the PUB socket (owned by g; NULL when --publish is ""). */
 ifd_sink *ifd_ingest_pub_sink(ifd_ingest *g);
+/* The PUB socket's tensor sink: the outfeed tensors subscribers ask for (NULL when --publish is
+ * ""; host/publisher.h). */
+const ifd_tensor_sink *ifd_ingest_tensor_sink(ifd_ingest *g);
 /* Predict mode: the sink that sends each batch's predictions back to its producer as a PREDICTION
  * (just before the ACK that covers the batch). Add it to the session before the run. */
 ifd_prediction_sink ifd_ingest_prediction_sink(ifd_ingest *g);

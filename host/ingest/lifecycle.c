@@ -202,6 +202,11 @@ ifd_sink *ifd_ingest_pub_sink(ifd_ingest *g)
     return ifd_publisher_sink(g->sock.pub);
 }
 
+const ifd_tensor_sink *ifd_ingest_tensor_sink(ifd_ingest *g)
+{
+    return ifd_publisher_tensor_sink(g->sock.pub);
+}
+
 int ifd_ingest_restore(ifd_ingest *g, const ifd_checkpoint *c, ifd_error *err)
 {
     for (int i = 0; i < ifd_checkpoint_producer_count(c); i++) {

@@ -136,7 +136,7 @@ int ingest_sockets_open(ifd_ingest *g, ifd_error *err)
     int rc = open_router(g, conns, err);
     if (rc == IFD_OK && c->publish && c->publish[0])
         rc = ifd_publisher_create(&g->sock.pub, g->sock.zctx, c->publish, c->security,
-                                  g->sock.monitor, conns, err);
+                                  g->sock.monitor, conns, c->run.mode, c->tensor_rate, err);
     if (rc == IFD_OK && c->control && c->control[0])
         rc = open_control(g, conns, err);
     return rc;

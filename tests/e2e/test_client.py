@@ -202,7 +202,7 @@ def test_subscriber_iterates_until_end():
     pub = ctx.socket(zmq.XPUB)
     port = pub.bind_to_random_port("tcp://127.0.0.1")
     sub = infeed.Subscriber(f"tcp://127.0.0.1:{port}", timeout=2)
-    assert pub.poll(5000) and pub.recv() == b"\x01"  # its subscription: no slow joiner
+    assert pub.poll(5000) and pub.recv() == b"\x01{"  # its subscription: no slow joiner
     pub.send(b'{"event":"train","global_step":10,"loss":0.5,"accuracy":0.75,'
              b'"examples_per_sec":1000}')
     pub.send(b'{"event":"end","global_step":10,"status":"ok","reason":"last_step"}')

@@ -695,3 +695,53 @@ def test_cuda_two_hosts_equal_one_host_with_two_gpus(tmp_path, rng):
     assert len(want) == steps
     for h in range(2):
         np.testing.assert_allclose(train_losses(runs[(2, 1)], h), want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_tensor_messages_concatenate_hosts_in_rank_order(tmp_path, rng, replicas):
+    """2 hosts: every host publishes each step's outfeed tensors concatenated over its replicas,
+    then over the hosts in rank order (docs/summaries.md, "Tensor messages"), so a subscriber of
+    either host gets the global batch's rows in order: the probe program ($INFEED_PROBE_PLUGIN)
+    outfeeds its inputs."""
+    probe = os.environ.get("INFEED_PROBE_PLUGIN")
+    if not probe:
+        pytest.skip("the probe plugin is not built (set INFEED_PROBE_PLUGIN)")
+    hosts, classes = 2, rng.randint(2, 5)
+    batch, steps = hosts * replicas * rng.randint(1, 3), rng.randint(3, 15)
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    batches = [(nrng.standard_normal((batch, 3)).astype(np.float32),
+                nrng.integers(0, classes, batch, dtype=np.int32)) for _ in range(steps + 3)]
+    job = Job(tmp_path, hosts, replicas=replicas, program_lib=probe, program="probe",
+              features=3, classes=classes, batch_size=batch, steps=steps,
+              iterations_per_loop=rng.randint(1, 5), learning_rate=0.01,
+              publish=f"ipc://{tmp_path}/pub-{{rank}}")
+    subs = [infeed.Subscriber(f"ipc://{tmp_path}/pub-{h}", timeout=60, connect_timeout=60,
+                              tensors=["x3", "y1"]) for h in range(hosts)]
+    try:
+        for h in range(hosts):  # the event: each host has read both subscriptions
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    st = control(f"ipc://{tmp_path}/ctl-{h}", {"cmd": "status"})
+                    if st["tensor_messages"]["subscribed"] == 2:
+                        break
+                except (TimeoutError, OSError, KeyError):
+                    pass
+                assert time.monotonic() < deadline, job.log()
+                time.sleep(0.05)
+        ts, errors = feed(job, batches)
+        got = [dict(s) for s in subs]
+        rc = job.wait()
+        for t in ts:
+            t.join(10)
+        assert rc == 0, job.log()
+        assert not errors, errors
+    finally:
+        for s in subs:
+            s.close()
+    for h in range(hosts):
+        assert sorted(got[h]) == list(range(1, steps + 1)), (h, sorted(got[h]))
+        for step in range(1, steps + 1):
+            x, y = batches[step - 1]
+            np.testing.assert_array_equal(got[h][step]["x3"], x, err_msg=f"host {h} step {step}")
+            np.testing.assert_array_equal(got[h][step]["y1"], y, err_msg=f"host {h} step {step}")

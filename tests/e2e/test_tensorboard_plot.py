@@ -12,7 +12,7 @@ import pytest
 import infeed
 from conftest import free_ports
 from helpers import wait_connected
-from infeed.runlog import SCALARS, read_summaries
+from infeed.runlog import SCALARS, host_call_scalars, read_summaries
 
 pytest.importorskip("tensorboardX")
 EventAccumulator = pytest.importorskip(
@@ -62,6 +62,8 @@ def expected(summaries):
                 if key in s:
                     want.setdefault(f"{s['event']}/{key}", []).append(
                         (s["global_step"], float(np.float32(s[key]))))
+            for tag, step, v in host_call_scalars(s):
+                want.setdefault(tag, []).append((step, float(np.float32(v))))
     return want
 
 
@@ -84,7 +86,8 @@ def test_from_file_reads_back(daemon, rng, tmp_path):
     got = read_back(tmp_path / "tb")
     assert_same(got, expected(summaries))
     assert got["train/loss"][-1][0] == steps
-    assert f"{sum(len(v) for v in got.values())} scalars written" in r.stdout, r.stdout
+    assert f"{sum(len(v) for v in got.values())} values (scalars and histograms) written" \
+        in r.stdout, r.stdout
 
 
 def test_subscribe_follows_a_live_run(daemon, rng, tmp_path):
@@ -127,6 +130,85 @@ def synthetic(rng, n):
                 "steps_per_sec": 1.0, "infeed_wait_fraction": 0.1, "outfeed_wait_fraction": 0.0,
                 "time": 1.8e9})
     return out
+
+
+def random_histogram(rng):
+    """A host call's histogram value (docs/summaries.md): counts over increasing limits, some
+    of them in runs of empty buckets."""
+    n = rng.randint(3, 12)
+    limits = sorted(rng.sample(range(-50, 50), n))
+    counts = [rng.choice([0, 0, rng.randint(1, 30)]) for _ in range(n)]
+    counts[rng.randrange(n)] = rng.randint(1, 30)
+    values = [rng.uniform(limits[0] - 1, limits[-1]) for _ in range(5)]
+    return {"min": min(values), "max": max(values), "num": float(sum(counts)),
+            "sum": float(sum(values)), "sum_squares": float(sum(v * v for v in values)),
+            "bucket_limit": [float(x) for x in limits], "bucket": [float(c) for c in counts]}
+
+
+def test_host_call_histograms_and_numbers(rng, tmp_path):
+    """Host calls' histograms read back by TensorBoard's EventAccumulator (counts exact, runs of
+    empty buckets merged as TensorFlow's writer does), and their numbers as scalars."""
+    summaries = synthetic(rng, rng.randint(2, 6))
+    hists = {}
+    for s in summaries:
+        if s["event"] in ("train", "eval"):
+            h = random_histogram(rng)
+            hists[(s["event"], s["global_step"])] = h
+            s["host_calls"] = {"confidence": {"histogram": h, "mean": rng.uniform(0, 1),
+                                              "quantiles": [0.1, 0.5, 0.9]},
+                               "class": {"class_accuracy": [0.5, None, 1.0]}}
+    path = tmp_path / "run.jsonl"
+    write_jsonl(path, summaries)
+    r = module("infeed.tensorboard", "--from", str(path), "--logdir", str(tmp_path / "tb"))
+    assert r.returncode == 0, r.stderr
+    ea = EventAccumulator(str(tmp_path / "tb"))
+    ea.Reload()
+    assert set(ea.Tags()["histograms"]) == {"train/confidence/histogram",
+                                           "eval/confidence/histogram"}
+    for tag in ea.Tags()["histograms"]:
+        event = tag.split("/")[0]
+        for e in ea.Histograms(tag):
+            h = hists[(event, e.step)]
+            v = e.histogram_value
+            assert v.num == h["num"] and v.min == h["min"] and v.max == h["max"]
+            assert sum(v.bucket) == sum(h["bucket"])
+            # every non-empty bucket kept with its limit, empty runs merged into one
+            kept = [(lim, c) for lim, c in zip(v.bucket_limit, v.bucket) if c]
+            assert kept == [(lim, c) for lim, c in zip(h["bucket_limit"], h["bucket"]) if c]
+            assert all(not (a == 0 and b == 0) for a, b in zip(v.bucket, v.bucket[1:]))
+    got = read_back(tmp_path / "tb")
+    assert_same(got, expected(summaries))
+    assert "train/confidence/quantiles/1" in got and "train/class/class_accuracy/2" in got
+    assert "train/class/class_accuracy/1" not in got  # null: a class without rows
+
+
+def test_plot_any_scalar(rng, tmp_path):
+    """--list names every scalar, host calls' too; --scalar draws the chosen ones; a tag the
+    summaries lack is named with the ones they have."""
+    summaries = synthetic(rng, rng.randint(3, 8))
+    for s in summaries:
+        if s["event"] == "train":
+            s["host_calls"] = {"confidence": {"mean": rng.uniform(0, 1)}}
+    path = tmp_path / "run.jsonl"
+    write_jsonl(path, summaries)
+    r = module("infeed.plot", str(path), "--list")
+    assert r.returncode == 0, r.stderr
+    listed = dict(line.split("\t") for line in r.stdout.splitlines())
+    n_train = sum(s["event"] == "train" for s in summaries)
+    assert listed["train/confidence/mean"] == str(n_train) and listed["eval/loss"] == "1"
+    out = tmp_path / "c.png"
+    r = module("infeed.plot", str(path), "-o", str(out), "--scalar", "train/confidence/mean",
+               "--scalar", "train/loss")
+    assert r.returncode == 0, r.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"2 scalars ({n_train} points in the first)" in r.stdout
+    from infeed.plot import plot_scalars
+    drawn = plot_scalars(summaries, ["train/confidence/mean"], str(out))
+    assert drawn["train/confidence/mean"][1] == [s["host_calls"]["confidence"]["mean"]
+                                                 for s in summaries if s["event"] == "train"]
+    r = module("infeed.plot", str(path), "-o", str(out), "--scalar", "train/nope")
+    assert r.returncode == 1 and "no scalar train/nope in these summaries; they have:" in \
+        r.stderr and "train/confidence/mean" in r.stderr, r.stderr
 
 
 def write_jsonl(path, summaries):

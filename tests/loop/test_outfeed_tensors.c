@@ -3,6 +3,7 @@
  * confidence and label; a tensor sink checks every step's concatenated tensors against the
  * batches the step took, for R = 1, 2, 4 and every input mode, in train and eval mode. */
 #include "device/step.h"
+#include "tests/util/probe_program.h"
 #include "tests/util/program_ref.h"
 #include "tests/util/testutil.h"
 
@@ -10,47 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ---- the test program: softmax over D = 3 features, outfeeding x and y as well ------------- */
-
-enum { PROBE_X = 3, PROBE_Y = 4 }; /* after softmax's class, confidence, label */
-
-static int probe_setup(ifd_program *p, ifd_error *err)
-{
-    int rc = ifd_program_find("softmax")->setup(p, err);
-    if (rc)
-        return rc;
-    if (p->settings.features != 3)
-        return ifd_error_set(err, IFD_EINVAL, "probe: features must be 3");
-    int64_t three = 3;
-    if (ifd_program_add_outfeed(p, "x3", IFD_F32, 1, 1, &three) ||
-        ifd_program_add_outfeed(p, "y1", IFD_I32, 1, 0, NULL))
-        return ifd_error_set(err, IFD_EINTERNAL, "probe: outfeeds");
-    return IFD_OK;
-}
-
-static int probe_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
-                      ifd_error *err)
-{
-    int rc = ifd_program_find("softmax")->train_step(p, ops, a, err);
-    if (rc || a->outfeeds == NULL)
-        return rc;
-    ops->copy(ops->ctx, a->outfeeds[PROBE_X], a->inputs[0].data, a->rows * 3 * 4);
-    ops->copy(ops->ctx, a->outfeeds[PROBE_Y], a->inputs[1].data, a->rows * 4);
-    return IFD_OK;
-}
-
-static void register_probe(void)
-{
-    static ifd_program_class cls;
-    if (ifd_program_find("probe"))
-        return;
-    cls = *ifd_program_find("softmax");
-    cls.name = "probe";
-    cls.setup = probe_setup;
-    cls.train_step = probe_step;
-    ck_assert_int_eq(ifd_program_register(&cls), IFD_OK);
-}
 
 /* ---- the sink: checks each step against the batches it took -------------------------------- */
 
@@ -187,7 +147,7 @@ static const int replicas[] = {1, 2, 4};
 
 static void run_probe(ifd_mode run_mode, int i)
 {
-    register_probe();
+    probe_program_register();
     ifd_rng rng;
     seed_rng(&rng);
     ifd_input_mode mode = modes[i % 4];

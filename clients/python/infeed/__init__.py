@@ -18,11 +18,12 @@ from . import adapters, checkpoint, convert, keys, protocol
 from .errors import CheckpointError, InfeedError, RunEnded, RunFailed, ShmError
 from .feed import FeedResult, feed
 from .producer import Producer
-from .subscriber import Subscriber, format_summary
+from .subscriber import Subscriber, format_summary, host_call
 from .workers import Worker, feed_workers, workers
 
 __version__ = "0.1.0"
 
-__all__ = ["Producer", "Subscriber", "format_summary", "feed", "FeedResult", "Worker", "workers",
-           "feed_workers", "InfeedError", "RunEnded", "RunFailed", "ShmError", "CheckpointError",
-           "adapters", "checkpoint", "convert", "keys", "protocol", "__version__"]
+__all__ = ["Producer", "Subscriber", "format_summary", "host_call", "feed", "FeedResult",
+           "Worker", "workers", "feed_workers", "InfeedError", "RunEnded", "RunFailed", "ShmError",
+           "CheckpointError", "adapters", "checkpoint", "convert", "keys", "protocol",
+           "__version__"]

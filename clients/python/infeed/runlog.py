@@ -35,16 +35,76 @@ def read_summaries(path: str) -> list[dict]:
 
 def scalars(summary: dict) -> Iterator[tuple[str, int, float]]:
     """``(tag, global_step, value)`` for each plotted number of a train, eval or predict
-    summary: tags are ``EVENT/KEY`` (``train/loss``, ``eval/accuracy``). Other events (``end``)
-    and values that are missing or not finite numbers give nothing."""
+    summary: tags are ``EVENT/KEY`` (``train/loss``, ``eval/accuracy``), then the host calls'
+    numbers (host_call_scalars). Other events (``end``) and values that are missing or not
+    finite numbers give nothing."""
     event = summary.get("event")
     step = summary.get("global_step")
     if event not in EVENTS or not isinstance(step, int) or isinstance(step, bool):
         return
     for key in SCALARS:
         v = summary.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        if _finite(v):
             yield f"{event}/{key}", step, float(v)
+    yield from host_call_scalars(summary)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def is_histogram(v) -> bool:
+    """Whether a host call's value is a histogram (TensorBoard's HistogramProto fields)."""
+    return isinstance(v, dict) and isinstance(v.get("bucket_limit"), list) and \
+        isinstance(v.get("bucket"), list)
+
+
+def _leaves(prefix: str, v) -> Iterator[tuple[str, float]]:
+    """The numbers of a host call's value: a number, or the numbers of a list (``/0``, ``/1``...)
+    or an object (``/key``) of numbers, one level deep; histograms and matrices give nothing."""
+    if _finite(v):
+        yield prefix, float(v)
+    elif isinstance(v, list):
+        for i, x in enumerate(v):
+            if _finite(x):
+                yield f"{prefix}/{i}", float(x)
+    elif isinstance(v, dict) and not is_histogram(v):
+        for k, x in v.items():
+            if _finite(x):
+                yield f"{prefix}/{k}", float(x)
+
+
+def host_call_values(summary: dict) -> Iterator[tuple[str, object]]:
+    """``(TENSOR/KEY, value)`` of a summary's host calls (docs/summaries.md, "Host calls")."""
+    calls = summary.get("host_calls")
+    if not isinstance(calls, dict):
+        return
+    for tensor, values in calls.items():
+        if isinstance(values, dict):
+            for key, v in values.items():
+                yield f"{tensor}/{key}", v
+
+
+def host_call_scalars(summary: dict) -> Iterator[tuple[str, int, float]]:
+    """``(EVENT/TENSOR/KEY[/i], global_step, value)`` for each number of a summary's host calls
+    (``train/confidence/mean``, ``eval/class/class_accuracy/3``)."""
+    event, step = summary.get("event"), summary.get("global_step")
+    if event not in EVENTS or not isinstance(step, int) or isinstance(step, bool):
+        return
+    for name, v in host_call_values(summary):
+        for tag, x in _leaves(f"{event}/{name}", v):
+            yield tag, step, x
+
+
+def histograms(summary: dict) -> Iterator[tuple[str, int, dict]]:
+    """``(EVENT/TENSOR/KEY, global_step, histogram)`` for each histogram of a summary's host
+    calls."""
+    event, step = summary.get("event"), summary.get("global_step")
+    if event not in EVENTS or not isinstance(step, int) or isinstance(step, bool):
+        return
+    for name, v in host_call_values(summary):
+        if is_histogram(v):
+            yield f"{event}/{name}", step, v
 
 
 def series(summaries: Iterable[dict], event: str = "train") -> dict[str, tuple[list, list]]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+import numpy as np
 import zmq
 
 from . import keys as K
@@ -32,13 +33,26 @@ class Subscriber:
     all, counted from the constructor (10 by default; None: no bound): when nothing answers at
     ``endpoint`` it raises :class:`TimeoutError` saying so, even with ``timeout`` None. Start the
     daemon first, or pass a longer one.
+
+    ``tensors``: names of outfeed tensors (docs/summaries.md, "Tensor messages") to receive as
+    well, at most :data:`MAX_TENSORS`. Iterating then yields ``(global_step, {name: array})``
+    for every step whose asked tensors all arrived (the daemon drops tensor messages a slow
+    subscriber or its ``--tensor-rate`` cannot take: a step with one missing is skipped), and
+    stops after the end summary; the summaries still land in :attr:`last`. The daemon
+    publishes a tensor only while some subscriber asks for it.
     """
+
+    #: tensor names one Subscriber may ask for (the daemon allows 8 subscriptions a connection;
+    #: the summaries take one)
+    MAX_TENSORS = 7
 
     def __init__(self, endpoint: str, timeout: Optional[float] = None,
                  context: Optional[zmq.Context] = None, server_key: Any = None,
                  server_key_file: Any = None, keypair: Any = None, key_file: Any = None,
-                 connect_timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT):
+                 connect_timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT,
+                 tensors: Optional[Sequence[str]] = None):
         self.endpoint = endpoint
+        self.tensors: List[str] = _tensor_names(tensors)
         connect_timeout = check_timeout(connect_timeout)
         self.timeout = timeout
         self.ended = False
@@ -54,7 +68,11 @@ class Subscriber:
         except BaseException:
             self._sock.close(0)
             raise
-        self._sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sock.setsockopt(zmq.SUBSCRIBE, b"{")  # summaries are JSON objects
+        for name in self.tensors:
+            self._sock.setsockopt(zmq.SUBSCRIBE, TENSOR_TOPIC + name.encode())
+        self._step: Optional[int] = None
+        self._got: Dict[str, np.ndarray] = {}
         self._sock.connect(endpoint)
         self._closed = False
 
@@ -62,9 +80,10 @@ class Subscriber:
     def socket(self) -> zmq.Socket:
         return self._sock
 
-    def recv(self, timeout: Any = ...) -> dict:
-        """The next summary. Raises TimeoutError after ``timeout`` seconds (default: the
-        Subscriber's) without one."""
+    def recv_message(self, timeout: Any = ...) -> dict:
+        """The next message: a summary, or a tensor message as a dict (its JSON header with the
+        data as a numpy array under ``"array"``). Raises TimeoutError after ``timeout`` seconds
+        (default: the Subscriber's) without one."""
         if self._closed:
             raise ValueError("infeed subscriber: the socket is closed")
         if timeout is ...:
@@ -83,7 +102,10 @@ class Subscriber:
             if not self._sock.poll(int(left * 1000), zmq.POLLIN):
                 raise TimeoutError(f"infeed subscriber: no summary from {self.endpoint} within "
                                    f"{timeout:g} s")
-        data = self._sock.recv()
+        frames = self._sock.recv_multipart()
+        if len(frames) == 3 and frames[0].startswith(TENSOR_TOPIC):
+            return parse_tensor(frames)
+        data = frames[0]
         try:
             obj = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
@@ -97,7 +119,39 @@ class Subscriber:
             self.ended = True
         return obj
 
-    def __iter__(self) -> Iterator[dict]:
+    def recv(self, timeout: Any = ...) -> dict:
+        """The next summary (tensor messages in between are not kept). Raises TimeoutError after
+        ``timeout`` seconds (default: the Subscriber's) without one."""
+        while True:
+            m = self.recv_message(timeout)
+            if m.get("event") != "tensor":
+                return m
+
+    def recv_step(self, timeout: Any = ...) -> Optional[Tuple[int, Dict[str, np.ndarray]]]:
+        """The next step whose asked tensors all arrived, as ``(global_step, {name: array})``;
+        None once the end summary has arrived (summaries go to :attr:`last`)."""
+        while not self.ended:
+            m = self.recv_message(timeout)
+            if m.get("event") != "tensor":
+                continue
+            step, name = m["global_step"], m["name"]
+            if name not in self.tensors:
+                continue  # another subscriber's tensor whose name starts like ours
+            if step != self._step:
+                self._step, self._got = step, {}
+            self._got[name] = m["array"]
+            if len(self._got) == len(self.tensors):
+                got, self._got = self._got, {}
+                return step, got
+        return None
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.tensors:
+            while True:
+                got = self.recv_step()
+                if got is None:
+                    return
+                yield got
         while not self.ended:
             yield self.recv()
 
@@ -119,6 +173,58 @@ class Subscriber:
                 self._sock.close(linger=0)
         except Exception:
             pass
+
+
+TENSOR_TOPIC = b"tensor:"
+_DTYPES = {"float32": np.dtype("<f4"), "int32": np.dtype("<i4")}
+
+
+def _tensor_names(tensors: Optional[Sequence[str]]) -> List[str]:
+    if tensors is None:
+        return []
+    if isinstance(tensors, (str, bytes)):
+        raise TypeError("infeed subscriber: tensors must be a list of names, got a single "
+                        f"string {tensors!r}")
+    names = list(tensors)
+    if len(names) > Subscriber.MAX_TENSORS or len(set(names)) != len(names):
+        raise ValueError(f"infeed subscriber: tensors: at most {Subscriber.MAX_TENSORS} "
+                         f"different names, got {names!r}")
+    for n in names:
+        if not isinstance(n, str) or not n or len(n.encode()) >= 64 or "\0" in n:
+            raise ValueError(f"infeed subscriber: tensors: a name of 1 to 63 bytes, got {n!r}")
+    return names
+
+
+def parse_tensor(frames: Sequence[bytes]) -> dict:
+    """A tensor message's frames (topic, JSON header, data) as its header with ``"array"``."""
+    try:
+        h = json.loads(frames[1].decode("utf-8"))
+        dt = _DTYPES[h["dtype"]]
+        shape = tuple(int(d) for d in h["shape"])
+        step = h["global_step"]
+        if not isinstance(step, int) or h.get("event") != "tensor":
+            raise ValueError("not a tensor header")
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"infeed subscriber: a tensor message with a bad header ({e!r}): "
+                         f"{frames[1][:200]!r}") from None
+    want = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    if len(frames[2]) != want:
+        raise ValueError(f"infeed subscriber: tensor '{h.get('name')}' at step {step}: "
+                         f"{h['dtype']} {list(shape)} is {want} bytes, the message has "
+                         f"{len(frames[2])}")
+    h["array"] = np.frombuffer(frames[2], dtype=dt).reshape(shape)
+    return h
+
+
+def host_call(subscriber: "Subscriber", fn: Callable[..., Any]) -> Iterator[Tuple[int, Any]]:
+    """Runs a host call as TPUEstimator's ``host_call`` does: ``fn(**tensors)`` on every step's
+    tensors (the subscriber's ``tensors``, concatenated over replicas and hosts along axis 0),
+    yielding ``(global_step, fn's result)`` until the run ends."""
+    if not subscriber.tensors:
+        raise ValueError("infeed host_call: the subscriber asks for no tensors "
+                         "(Subscriber(..., tensors=[...]))")
+    for step, tensors in subscriber:
+        yield step, fn(**tensors)
 
 
 def format_summary(s: dict) -> str:

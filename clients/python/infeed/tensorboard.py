@@ -6,7 +6,8 @@
 Each train, eval and predict summary becomes the scalars ``EVENT/KEY`` at its global step and
 time (``train/loss``, ``train/accuracy``, ``train/examples_per_sec``,
 ``train/infeed_wait_fraction``, ``eval/loss``...; docs/summaries.md); the end summary becomes
-the text ``end``. ``--subscribe`` follows a live run until its end summary; ``--from`` converts
+the text ``end``. The host calls' numbers become scalars too (``train/confidence/mean``) and their
+histograms TensorBoard histograms (``train/confidence/histogram``). ``--subscribe`` follows a live run until its end summary; ``--from`` converts
 a ``--summaries`` file. Then ``tensorboard --logdir runs``.
 """
 
@@ -17,11 +18,32 @@ import json
 import sys
 from typing import Iterable, Optional
 
-from .runlog import read_summaries, scalars
+from .runlog import histograms, read_summaries, scalars
+
+
+def write_histogram(w, tag: str, step: int, h: dict, walltime) -> None:
+    """One host call's histogram (TensorBoard's HistogramProto fields: docs/summaries.md) as a
+    TensorBoard histogram. A run of empty buckets becomes one, as TensorFlow's writer does
+    (Histogram::EncodeToProto without preserve_zero_buckets)."""
+    limits, counts = h["bucket_limit"], h["bucket"]
+    if len(limits) != len(counts):
+        raise ValueError(f"{tag} at step {step}: a histogram with {len(limits)} bucket limits "
+                         f"and {len(counts)} counts")
+    lim, cnt = [], []
+    for end, c in zip(limits, counts):
+        if c <= 0 and cnt and cnt[-1] <= 0:
+            lim[-1] = end  # the run of empty buckets goes on
+        else:
+            lim.append(end)
+            cnt.append(c)
+    w.add_histogram_raw(tag, min=h["min"], max=h["max"], num=h["num"], sum=h["sum"],
+                        sum_squares=h["sum_squares"], bucket_limits=lim, bucket_counts=cnt,
+                        global_step=step, walltime=walltime)
 
 
 def write_summaries(summaries: Iterable[dict], logdir: str, flush_each: bool = False) -> int:
-    """Writes the summaries into an event file under logdir; returns the scalars written."""
+    """Writes the summaries into an event file under logdir: their scalars, and the histograms
+    of their host calls; returns the values written."""
     from tensorboardX import SummaryWriter
 
     n = 0
@@ -30,6 +52,9 @@ def write_summaries(summaries: Iterable[dict], logdir: str, flush_each: bool = F
             t = s.get("time") if isinstance(s.get("time"), (int, float)) else None
             for tag, step, value in scalars(s):
                 w.add_scalar(tag, value, global_step=step, walltime=t)
+                n += 1
+            for tag, step, h in histograms(s):
+                write_histogram(w, tag, step, h, t)
                 n += 1
             if s.get("event") == "end":
                 w.add_text("end", json.dumps(s, sort_keys=True),
@@ -75,7 +100,7 @@ def main(argv: Optional[list] = None) -> int:
     except (OSError, ValueError, TimeoutError) as e:
         print(f"infeed.tensorboard: {e}", file=sys.stderr)
         return 1
-    print(f"infeed.tensorboard: {n} scalars written to {a.logdir}")
+    print(f"infeed.tensorboard: {n} values (scalars and histograms) written to {a.logdir}")
     return 0
 
 

@@ -1,0 +1,30 @@
+/*
+ * Opening a plugin: a shared library that defines an ABI version symbol (an unsigned) and an
+ * entry point, loaded with dlopen. Program libraries (device/program.c, --program-lib) and host
+ * call libraries (outfeed/, --host-call-lib) share it; each kind names its symbols, its ABI and
+ * where a plugin author reads about it, so that every refusal is one sentence naming the file.
+ */
+#ifndef IFD_CORE_PLUGIN_H
+#define IFD_CORE_PLUGIN_H
+
+#include <infeed/error.h>
+
+typedef struct ifd_plugin_kind {
+    const char *what;        /* "program library" */
+    const char *abi_symbol;  /* "ifd_program_plugin_abi" */
+    const char *init_symbol; /* "ifd_program_plugin_init" */
+    const char *macro;       /* "IFD_PROGRAM_PLUGIN" */
+    const char *header;      /* "include/infeed/program.h" */
+    const char *abi_name;    /* "program ABI" */
+    unsigned abi_version;    /* the loader's */
+} ifd_plugin_kind;
+
+/* Opens path (dlopen, RTLD_NOW | RTLD_LOCAL; a name without '/' is taken from the current
+ * folder, not the library path), finds its two symbols and checks its ABI version. On success
+ * *handle is the dlopen handle (the caller dlcloses it) and *init the entry point. IFD_EINVAL
+ * with a sentence naming path when the name is empty, the file cannot be loaded (the loader's
+ * own text), a symbol is missing or the version differs (both versions named). */
+int ifd_plugin_open(const ifd_plugin_kind *k, const char *path, void **handle, void **init,
+                    ifd_error *err);
+
+#endif
