@@ -1,0 +1,247 @@
+/*
+ * bench_outfeed: what outfeed tensors cost (issue 21). The built-in softmax program (D = 16,
+ * K = 10) trains at batch 256 on R = 2 cpu replicas, iterations_per_loop 100, three ways side by
+ * side in one run, each repeat running every way once in turn:
+ *
+ *   plain     softmax as built in (its outfeed: class, confidence and label, 3 values a row);
+ *   out16     the same step and one more outfeed tensor, the row's 16 input floats (a program
+ *             registered here that wraps softmax's functions and adds the copy);
+ *   out16+sub out16 with a tensor sink that takes every tensor of every step (copies it out,
+ *             as a subscriber's sink would before sending it).
+ *
+ * The batch source hands out one prebuilt batch, so no producer is measured. Prints steps/s
+ * (median and fastest of the repeats), each way's ratio to plain, the targets of issue 21 (out16
+ * at most 10 % slower, out16+sub at most 20 %), and the BLAS kernel.
+ *
+ *   bench_outfeed [--steps N] [--repeat N]
+ */
+#include "core/thread.h"
+#include "device/cpu/blas.h"
+#include <infeed/infeed.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { FEATURES = 16, CLASSES = 10, BATCH = 256, REPLICAS = 2, IPL = 100 };
+
+/* ---- the program with 16 more floats a row ---- */
+
+static const ifd_program_class *softmax_cls;
+
+static int out16_setup(ifd_program *p, ifd_error *err)
+{
+    int rc = softmax_cls->setup(p, err);
+    if (rc)
+        return rc;
+    int64_t d = p->settings.features;
+    if (ifd_program_add_outfeed(p, "x16", IFD_F32, 1, 1, &d) != IFD_OK)
+        return ifd_error_set(err, IFD_EINVAL, "softmax_out16: cannot declare x16");
+    return IFD_OK;
+}
+
+static int out16_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
+                      ifd_error *err)
+{
+    int rc = softmax_cls->train_step(p, ops, a, err);
+    if (rc == IFD_OK && a->outfeeds)
+        ops->copy(ops->ctx, a->outfeeds[p->noutfeeds - 1], a->inputs[0].data,
+                  a->rows * p->settings.features * (int64_t)sizeof(float));
+    return rc;
+}
+
+static ifd_program_class out16_cls;
+
+static void register_out16(void)
+{
+    softmax_cls = ifd_program_find("softmax");
+    out16_cls = *softmax_cls;
+    out16_cls.name = "softmax_out16";
+    out16_cls.description = "softmax with its 16 input floats a row outfed (bench_outfeed)";
+    out16_cls.setup = out16_setup;
+    out16_cls.train_step = out16_step;
+    if (ifd_program_register(&out16_cls) != IFD_OK) {
+        fprintf(stderr, "bench_outfeed: cannot register softmax_out16\n");
+        exit(1);
+    }
+}
+
+/* ---- one batch, handed out again and again ---- */
+
+typedef struct static_source {
+    ifd_batch batch;
+    float x[BATCH * FEATURES];
+    int32_t y[BATCH];
+} static_source;
+
+static int static_next(void *ctx, ifd_batch **out, ifd_error *err)
+{
+    (void)err;
+    *out = &((static_source *)ctx)->batch;
+    return IFD_OK;
+}
+
+static void static_abort(void *ctx)
+{
+    (void)ctx;
+}
+
+static const ifd_batch_source_ops static_ops = {.next = static_next, .abort = static_abort};
+
+static void source_init(static_source *s)
+{
+    memset(s, 0, sizeof *s);
+    ifd_batch_init(&s->batch);
+    s->batch.rows = BATCH;
+    s->batch.ntensors = 2;
+    uint64_t r = 88172645463325252ull;
+    for (int i = 0; i < BATCH; i++) {
+        s->y[i] = i % CLASSES;
+        for (int j = 0; j < FEATURES; j++) {
+            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+            s->x[i * FEATURES + j] = (float)(r % 1000) / 1000.0f + (j == s->y[i] ? 1.0f : 0.0f);
+        }
+    }
+    int64_t xd[2] = {BATCH, FEATURES}, yd[1] = {BATCH};
+    ifd_tensor_init(&s->batch.tensors[0], IFD_F32, 2, xd, s->x);
+    ifd_tensor_init(&s->batch.tensors[1], IFD_I32, 1, yd, s->y);
+    s->batch.refs = 1; /* owned here: never released */
+}
+
+/* ---- a sink that takes every tensor ---- */
+
+typedef struct taker {
+    char *buf;
+    size_t cap;
+    int64_t bytes;
+} taker;
+
+static int take_all(void *ctx, const ifd_step_tensors *t, ifd_error *err)
+{
+    taker *k = ctx;
+    for (int i = 0; i < t->ntensors; i++) {
+        size_t n = ifd_tensor_nbytes(&t->tensors[i]);
+        if (n > k->cap) {
+            char *b = realloc(k->buf, n);
+            if (b == NULL)
+                return ifd_error_set(err, IFD_ENOMEM, "bench_outfeed: sink");
+            k->buf = b;
+            k->cap = n;
+        }
+        memcpy(k->buf, t->tensors[i].data, n);
+        k->bytes += (int64_t)n;
+    }
+    return IFD_OK;
+}
+
+/* ---- runs ---- */
+
+enum { PLAIN, OUT16, OUT16_SUB, NWAYS };
+static const char *const way_names[NWAYS] = {"plain", "out16", "out16+sub"};
+
+/* Steps a second of one whole session. */
+static double run_once(int way, int64_t steps, int64_t *sunk)
+{
+    ifd_config cfg;
+    ifd_config_defaults(&cfg);
+    cfg.program = way == PLAIN ? "softmax" : "softmax_out16";
+    cfg.settings.features = FEATURES;
+    cfg.settings.classes = CLASSES;
+    cfg.replicas = REPLICAS;
+    cfg.batch_size = BATCH;
+    cfg.iterations_per_loop = IPL;
+    cfg.steps = steps;
+    cfg.optimizer.learning_rate = 0.01f;
+    cfg.summary_every = 0;
+    static static_source src;
+    source_init(&src);
+    ifd_session *s;
+    ifd_error err;
+    if (ifd_session_create(&s, &cfg, (ifd_batch_source){&static_ops, &src}, &err)) {
+        fprintf(stderr, "bench_outfeed: %s\n", ifd_error_text(&err));
+        exit(1);
+    }
+    taker k = {0};
+    ifd_tensor_sink sink = {.write = take_all, .ctx = &k};
+    if (way == OUT16_SUB && ifd_session_add_tensor_sink(s, &sink) != IFD_OK) {
+        fprintf(stderr, "bench_outfeed: cannot add the tensor sink\n");
+        exit(1);
+    }
+    int64_t t0 = ifd_clock_ns();
+    int rc = ifd_session_run(s, &err);
+    int64_t t1 = ifd_clock_ns();
+    if (rc || ifd_session_global_step(s) != steps) {
+        fprintf(stderr, "bench_outfeed: run failed: %s\n", ifd_error_text(&err));
+        exit(1);
+    }
+    ifd_session_destroy(s);
+    free(k.buf);
+    *sunk = k.bytes;
+    return (double)steps * 1e9 / (double)(t1 - t0);
+}
+
+static double median(double *v, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
+            double t = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = t;
+        }
+    return v[n / 2];
+}
+
+int main(int argc, char **argv)
+{
+    int64_t steps = 20000;
+    int repeat = 5;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (strcmp(argv[i], "--steps") == 0)
+            steps = strtoll(argv[i + 1], NULL, 10);
+        else if (strcmp(argv[i], "--repeat") == 0)
+            repeat = atoi(argv[i + 1]);
+    }
+    if (steps < IPL || repeat < 1 || repeat > 64) {
+        fprintf(stderr, "usage: bench_outfeed [--steps N >= %d] [--repeat 1..64]\n", IPL);
+        return 2;
+    }
+    register_out16();
+    double rate[NWAYS][64];
+    int64_t sunk = 0;
+    for (int k = 0; k < repeat; k++)
+        for (int w = 0; w < NWAYS; w++) {
+            int64_t b;
+            rate[w][k] = run_once(w, steps, &b);
+            if (w == OUT16_SUB)
+                sunk = b;
+        }
+    ifd_blas_info info;
+    ifd_blas_info_get(&info);
+    char blas[256];
+    printf("softmax D=%d K=%d, batch %d, R=%d, ipl %d, cpu backend, %lld steps x %d repeats\n",
+           FEATURES, CLASSES, BATCH, REPLICAS, IPL, (long long)steps, repeat);
+    printf("BLAS: %s\n", ifd_blas_describe(&info, blas, sizeof blas));
+    printf("out16+sub: the sink took %.1f MB a run (%.0f bytes a step)\n", (double)sunk / 1e6,
+           (double)sunk / (double)steps);
+    printf("%-10s %12s %12s %10s %10s %8s\n", "way", "steps/s", "best", "x plain", "slower",
+           "target");
+    double med[NWAYS], best[NWAYS];
+    for (int w = 0; w < NWAYS; w++) {
+        med[w] = median(rate[w], repeat);
+        best[w] = rate[w][repeat - 1];
+    }
+    int met = 1;
+    for (int w = 0; w < NWAYS; w++) {
+        double slower = 1.0 - med[w] / med[PLAIN];
+        double target = w == OUT16 ? 0.10 : w == OUT16_SUB ? 0.20 : 0.0;
+        char t[16] = "-";
+        if (w != PLAIN) {
+            snprintf(t, sizeof t, "<=%.0f%%", target * 100);
+            met &= slower <= target;
+        }
+        printf("%-10s %12.0f %12.0f %10.3f %9.1f%% %8s\n", way_names[w], med[w], best[w],
+               med[w] / med[PLAIN], slower * 100, t);
+    }
+    printf("targets (issue 21, medians): %s\n", met ? "met" : "NOT met");
+    return 0;
+}
