@@ -1,0 +1,161 @@
+/* The transformer's ops on the host (device/nn_cpu.h): CBLAS for the attention's products, plain
+ * loops for the rest, every sum in a fixed order. */
+#include "device/nn_cpu.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+void ifd_nn_embedding(int64_t rows, int64_t dim, const int32_t *ids, const float *table, float *out)
+{
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(out + r * dim, table + (int64_t)ids[r] * dim, (size_t)dim * sizeof(float));
+}
+
+void ifd_nn_embedding_grad(int64_t rows, int64_t dim, const int32_t *ids, const float *dout,
+                           float *dtable)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        float *d = dtable + (int64_t)ids[r] * dim;
+        const float *g = dout + r * dim;
+        for (int64_t c = 0; c < dim; c++)
+            d[c] += g[c];
+    }
+}
+
+void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const float *gamma,
+                      const float *beta, float eps, float *y, float *mean, float *rstd)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        double s = 0.0;
+        for (int64_t c = 0; c < dim; c++)
+            s += xr[c];
+        float m = (float)(s / (double)dim);
+        double v = 0.0;
+        for (int64_t c = 0; c < dim; c++) {
+            double d = (double)(xr[c] - m);
+            v += d * d;
+        }
+        float rs = (float)(1.0 / sqrt(v / (double)dim + (double)eps));
+        float *yr = y + r * dim;
+        for (int64_t c = 0; c < dim; c++)
+            yr[c] = (xr[c] - m) * rs * gamma[c] + beta[c];
+        mean[r] = m;
+        rstd[r] = rs;
+    }
+}
+
+void ifd_nn_layernorm_grad(int64_t rows, int64_t dim, const float *x, const float *gamma,
+                           const float *mean, const float *rstd, const float *dy, float *dx,
+                           float *dgamma, float *dbeta)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim, *dyr = dy + r * dim;
+        float m = mean[r], rs = rstd[r];
+        double sum_g = 0.0, sum_gx = 0.0; /* of dxhat and of dxhat * xhat over the row */
+        for (int64_t c = 0; c < dim; c++) {
+            float xhat = (xr[c] - m) * rs, g = dyr[c] * gamma[c];
+            sum_g += g;
+            sum_gx += (double)g * xhat;
+            dgamma[c] += dyr[c] * xhat;
+            dbeta[c] += dyr[c];
+        }
+        float mg = (float)(sum_g / (double)dim), mgx = (float)(sum_gx / (double)dim);
+        float *dxr = dx + r * dim;
+        for (int64_t c = 0; c < dim; c++) {
+            float xhat = (xr[c] - m) * rs;
+            dxr[c] = rs * (dyr[c] * gamma[c] - mg - xhat * mgx);
+        }
+    }
+}
+
+#define IFD_SQRT1_2 0.70710678118654752440f
+#define IFD_1_SQRT2PI 0.39894228040143267794f
+
+void ifd_nn_gelu(int64_t n, const float *x, float *y)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * IFD_SQRT1_2));
+}
+
+void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float cdf = 0.5f * (1.0f + erff(x[i] * IFD_SQRT1_2));
+        float pdf = IFD_1_SQRT2PI * expf(-0.5f * x[i] * x[i]);
+        dx[i] = dy[i] * (cdf + x[i] * pdf);
+    }
+}
+
+static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                 int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+
+/* Row i of the scores: the softmax of s[0..i], zero after. */
+static void causal_softmax_row(float *s, int64_t i, int64_t t)
+{
+    float mx = s[0];
+    for (int64_t j = 1; j <= i; j++)
+        mx = s[j] > mx ? s[j] : mx;
+    double sum = 0.0;
+    for (int64_t j = 0; j <= i; j++) {
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int64_t j = 0; j <= i; j++)
+        s[j] *= inv;
+    for (int64_t j = i + 1; j < t; j++)
+        s[j] = 0.0f;
+}
+
+void ifd_nn_attention(int64_t batch, int64_t t, int64_t heads, int64_t dh, const float *qkv,
+                      float *probs, float *out)
+{
+    int64_t c = heads * dh, ld = 3 * c;
+    float scale = 1.0f / sqrtf((float)dh);
+    for (int64_t b = 0; b < batch; b++) {
+        for (int64_t h = 0; h < heads; h++) {
+            const float *q = qkv + b * t * ld + h * dh, *k = q + c, *v = q + 2 * c;
+            float *p = probs + (b * heads + h) * t * t;
+            gemm(0, 1, t, t, dh, scale, q, ld, k, ld, 0.0f, p, t);
+            for (int64_t i = 0; i < t; i++)
+                causal_softmax_row(p + i * t, i, t);
+            gemm(0, 0, t, dh, t, 1.0f, p, t, v, ld, 0.0f, out + b * t * c + h * dh, c);
+        }
+    }
+}
+
+void ifd_nn_attention_grad(int64_t batch, int64_t t, int64_t heads, int64_t dh, const float *qkv,
+                           const float *probs, const float *dout, float *dqkv, float *work)
+{
+    int64_t c = heads * dh, ld = 3 * c;
+    float scale = 1.0f / sqrtf((float)dh);
+    for (int64_t b = 0; b < batch; b++) {
+        for (int64_t h = 0; h < heads; h++) {
+            const float *q = qkv + b * t * ld + h * dh, *k = q + c, *v = q + 2 * c;
+            const float *p = probs + (b * heads + h) * t * t;
+            const float *dout_h = dout + b * t * c + h * dh;
+            float *dq = dqkv + b * t * ld + h * dh, *dk = dq + c, *dv = dq + 2 * c;
+            gemm(1, 0, t, dh, t, 1.0f, p, t, dout_h, c, 0.0f, dv, ld);   /* P^T dO */
+            gemm(0, 1, t, t, dh, 1.0f, dout_h, c, v, ld, 0.0f, work, t); /* dP = dO V^T */
+            for (int64_t i = 0; i < t; i++) { /* dS = P (dP - rowsum(P dP)) */
+                const float *pr = p + i * t;
+                float *dr = work + i * t;
+                double dot = 0.0;
+                for (int64_t j = 0; j <= i; j++)
+                    dot += (double)pr[j] * dr[j];
+                for (int64_t j = 0; j <= i; j++)
+                    dr[j] = pr[j] * (dr[j] - (float)dot);
+                for (int64_t j = i + 1; j < t; j++)
+                    dr[j] = 0.0f;
+            }
+            gemm(0, 0, t, dh, t, scale, work, t, k, ld, 0.0f, dq, ld); /* dQ = s dS K */
+            gemm(1, 0, t, dh, t, scale, work, t, q, ld, 0.0f, dk, ld); /* dK = s dS^T Q */
+        }
+    }
+}

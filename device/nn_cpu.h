@@ -1,0 +1,51 @@
+/*
+ * The transformer's ops on the host (issue 22): embedding lookup and its gradient, layer norm,
+ * GELU, causal self-attention, each forward and backward, on row-major float32 arrays in host
+ * memory. Plain functions of their arguments, one thread each; the cpu backend's op table wraps
+ * them (and the cuda backend has the same ops in kernels.cu). Every sum runs in a fixed order
+ * (rows in order; the embedding gradient's scatter-add in row order), so results repeat bit for
+ * bit run to run.
+ */
+#ifndef IFD_DEVICE_NN_CPU_H
+#define IFD_DEVICE_NN_CPU_H
+
+#include <stdint.h>
+
+/* out[r, :] = table[ids[r], :], r < rows; ids in [0, vocab) (checked by the caller). */
+void ifd_nn_embedding(int64_t rows, int64_t dim, const int32_t *ids, const float *table,
+                      float *out);
+/* dtable[ids[r], :] += dout[r, :], in row order (a deterministic scatter-add). */
+void ifd_nn_embedding_grad(int64_t rows, int64_t dim, const int32_t *ids, const float *dout,
+                           float *dtable);
+
+/* Layer norm over each row's dim values: y = (x - mean) * rstd * gamma + beta, rstd =
+ * 1 / sqrt(var + eps) (the biased variance, as Keras and PyTorch); mean and rstd ([rows]) are
+ * kept for the backward. y may be x. */
+void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const float *gamma,
+                      const float *beta, float eps, float *y, float *mean, float *rstd);
+/* From the forward's x, mean and rstd: dx (written), dgamma and dbeta (added to). dx may be
+ * dy. */
+void ifd_nn_layernorm_grad(int64_t rows, int64_t dim, const float *x, const float *gamma,
+                           const float *mean, const float *rstd, const float *dy, float *dx,
+                           float *dgamma, float *dbeta);
+
+/* GELU, exact (Keras' default approximate=False): y = x / 2 * (1 + erf(x / sqrt 2)); y may be
+ * x. The gradient from the forward's input x: dx = dy * (Phi(x) + x * phi(x)); dx may be dy. */
+void ifd_nn_gelu(int64_t n, const float *x, float *y);
+void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx);
+
+/*
+ * Causal self-attention of `batch` sequences of t positions, `heads` heads of width dh (C =
+ * heads * dh). qkv is [batch * t, 3C]: each row's query, key and value, head h's in columns
+ * [h dh, (h + 1) dh) of each third. out is [batch * t, C]: head h's output in its columns.
+ * probs ([batch, heads, t, t]) keeps the softmax of the scaled, masked scores for the backward
+ * (zero above the diagonal). Scores are scaled by 1 / sqrt(dh); position i attends to j <= i.
+ */
+void ifd_nn_attention(int64_t batch, int64_t t, int64_t heads, int64_t dh, const float *qkv,
+                      float *probs, float *out);
+/* From qkv and the forward's probs: dqkv ([batch * t, 3C], written) from dout ([batch * t, C]).
+ * work: t * t floats. */
+void ifd_nn_attention_grad(int64_t batch, int64_t t, int64_t heads, int64_t dh, const float *qkv,
+                           const float *probs, const float *dout, float *dqkv, float *work);
+
+#endif
