@@ -88,7 +88,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     ifd_daemon_config_free(&c);
 
     ifd_daemon_config_defaults(&c);
-    c.load_program_lib = no_program_lib;
+    c.program_libs.load = no_program_lib;
+    c.host_call_libs.load = no_program_lib;
     ifd_error_clear(&err);
     int exit_now = 0;
     rc = ifd_daemon_config_parse_with(&c, argc, argv, devnull, &exit_now, read_text, text, &err);

@@ -2,6 +2,7 @@
 #include "core/userdir.h"
 #include "host/limits.h"
 #include "loop/config_ranges.h"
+#include <infeed/host_call.h>
 
 #include <inttypes.h>
 #include <stdlib.h>
@@ -100,6 +101,11 @@ const config_opt config_opts[] = {
     OPT("program_lib", K_LIBS, program_libs, "PATH.so",
         "load a program plugin (a shared library built against include/infeed/program.h: "
         "examples/custom_program); repeat the flag for several"),
+    OPT("host_call_lib", K_LIBS, host_call_libs, "PATH.so",
+        "load a host call plugin (a shared library built against include/infeed/host_call.h: "
+        "examples/host_call): each of its host calls runs over every train and eval step's "
+        "outfeed tensors and writes its values into the summaries' host_calls; repeat the flag "
+        "for several"),
     OPT("features", K_I64, run.settings.features, "D", "program setting: columns of x",
         .flags = OPT_UNSET),
     OPT("classes", K_I64, run.settings.classes, "K",
@@ -251,7 +257,8 @@ void ifd_daemon_config_defaults(ifd_daemon_config *c)
     c->log_level = IFD_LOG_INFO;
     c->checkpoint_every = 1000;
     c->keep_checkpoints = 5;
-    c->load_program_lib = ifd_program_load_plugin;
+    c->program_libs.load = ifd_program_load_plugin;
+    c->host_call_libs.load = ifd_host_call_load_plugin;
     c->checkpoint_writer = 1;
 }
 

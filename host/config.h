@@ -16,6 +16,16 @@
 
 #define IFD_DAEMON_MAX_PROGRAM_LIBS 8
 
+/* The plugin libraries of one key (program_lib, host_call_lib): paths in order, whether the flags
+ * gave them (the flags replace the file's list), and the loader (tests and fuzzers set their
+ * own). */
+typedef struct ifd_lib_list {
+    const char *paths[IFD_DAEMON_MAX_PROGRAM_LIBS];
+    int n;
+    int from_flags;
+    int (*load)(const char *path, ifd_error *err);
+} ifd_lib_list;
+
 typedef struct ifd_daemon_config {
     ifd_config run;
     const char *listen;        /* ingest ROUTER endpoint */
@@ -48,16 +58,14 @@ typedef struct ifd_daemon_config {
     const char *admin_keys;        /* control (and subscriber) public keys */
     int insecure;                  /* without CURVE, bind non-loopback endpoints all the same */
     struct ifd_security *security; /* not a key: main's loaded keys (NULL: CURVE off) */
-    /* Program plugins (--program-lib, repeatable; the file's list is a string or an array of
-     * them; flags replace the file's list), loaded by the parser before the validation pass. */
-    const char *program_libs[IFD_DAEMON_MAX_PROGRAM_LIBS];
-    int nprogram_libs;
-    int program_libs_from_flags;
-    int host_calls_from_flags; /* --host-call replaces the file's host_calls */
-    /* Not a key: loads one plugin (ifd_program_load_plugin by default; the fuzz harness puts
-     * in one that touches no file). */
-    int (*load_program_lib)(const char *path, ifd_error *err);
-    char *strings[160]; /* owned copies of string values */
+    /* Program and host call plugins (--program-lib, --host-call-lib, repeatable; the file's list
+     * is a string or an array of them), loaded by the parser before the validation pass (load:
+     * ifd_program_load_plugin and ifd_host_call_load_plugin by default; the fuzz harness puts in
+     * one that touches no file). */
+    ifd_lib_list program_libs;   /* program_lib */
+    ifd_lib_list host_call_libs; /* host_call_lib */
+    int host_calls_from_flags;   /* --host-call replaces the file's host_calls */
+    char *strings[160];          /* owned copies of string values */
     /* the default control endpoint (core/userdir.h), which control points at unless set: its
      * folder must be this user's alone (ifd_endpoint_bind's private) */
     char default_control[4200];

@@ -14,7 +14,8 @@
 #include <stddef.h>
 
 /* K_SWITCH: a K_BOOL whose flag takes no value (--resume; --resume=off); K_LIBS: program_lib,
- * a repeatable flag and a string or an array of strings in the file; K_LOOP:
+ * host_call_lib (an ifd_lib_list), a repeatable flag and a string or an array of strings in the
+ * file; K_LOOP:
  * iterations_per_loop, a count of steps, auto or a duration (run.loop_kind, loop_secs); K_ENUM:
  * an int whose names are the option's names (mode, optimizer, log_level, ...); K_CALLS:
  * host_calls, an object of tensor names to a spec or an array of specs in the file, and a

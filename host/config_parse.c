@@ -86,14 +86,17 @@ static int keep_string(ifd_daemon_config *c, const char *val, const char **out, 
     return IFD_OK;
 }
 
-static int add_lib(ifd_daemon_config *c, const char *val, const char *where, ifd_error *err)
+static int add_lib(ifd_daemon_config *c, const config_opt *o, const char *val, const char *where,
+                   ifd_error *err)
 {
+    ifd_lib_list *l = (ifd_lib_list *)((char *)c + o->off);
     if (val[0] == '\0')
         return ifd_error_set(err, IFD_EINVAL, "%s: expected a file name, got ''", where);
-    if (c->nprogram_libs == IFD_DAEMON_MAX_PROGRAM_LIBS)
-        return ifd_error_set(err, IFD_EINVAL, "%s: expected at most %d program libraries", where,
-                             IFD_DAEMON_MAX_PROGRAM_LIBS);
-    return keep_string(c, val, &c->program_libs[c->nprogram_libs++], where, err);
+    if (l->n == IFD_DAEMON_MAX_PROGRAM_LIBS)
+        return ifd_error_set(err, IFD_EINVAL, "%s: expected at most %d %s libraries", where,
+                             IFD_DAEMON_MAX_PROGRAM_LIBS,
+                             strcmp(o->key, "program_lib") == 0 ? "program" : "host call");
+    return keep_string(c, val, &l->paths[l->n++], where, err);
 }
 
 /* One host call of tensor over spec (the two copied). */
@@ -215,7 +218,7 @@ static int set_value(ifd_daemon_config *c, const config_opt *o, const char *val,
     char *field = (char *)c + o->off;
     switch (o->kind) {
     case K_LIBS:
-        return add_lib(c, val, where, err);
+        return add_lib(c, o, val, where, err);
     case K_CALLS:
         return add_calls_flag(c, val, where, err);
     case K_STR:
@@ -324,7 +327,7 @@ static int apply_json_calls(ifd_daemon_config *c, const json_t *v, const char *w
 static int apply_json_libs(ifd_daemon_config *c, const config_opt *o, const json_t *v,
                            const char *where, ifd_error *err)
 {
-    c->nprogram_libs = 0;
+    ((ifd_lib_list *)((char *)c + o->off))->n = 0;
     if (json_is_string(v))
         return set_value(c, o, json_string_value(v), where, err);
     if (json_is_array(v)) {
@@ -595,9 +598,10 @@ static int apply_flag(ifd_daemon_config *c, int argc, char **argv, int *i, ifd_e
     memcpy(where, "flag ", 5);
     if (val == NULL)
         return ifd_error_set(err, IFD_EINVAL, "%s: expected a value (%s)", where, o->metavar);
-    if (o->kind == K_LIBS && !c->program_libs_from_flags) {
-        c->nprogram_libs = 0; /* the flags replace the file's list */
-        c->program_libs_from_flags = 1;
+    ifd_lib_list *libs = (ifd_lib_list *)((char *)c + o->off);
+    if (o->kind == K_LIBS && !libs->from_flags) {
+        libs->n = 0; /* the flags replace the file's list */
+        libs->from_flags = 1;
     }
     if (o->kind == K_CALLS && !c->host_calls_from_flags) {
         c->run.nhost_calls = 0; /* likewise */
@@ -610,15 +614,20 @@ static int apply_flag(ifd_daemon_config *c, int argc, char **argv, int *i, ifd_e
 }
 
 /* The plugins before the validation pass, which looks up the program by name. */
-static int load_plugins(ifd_daemon_config *c, ifd_error *err)
+static int load_libs(const ifd_lib_list *l, const char *key, const char *flag, ifd_error *err)
 {
-    for (int i = 0; i < c->nprogram_libs && c->load_program_lib; i++) {
-        int rc = c->load_program_lib(c->program_libs[i], err);
+    for (int i = 0; i < l->n && l->load; i++) {
+        int rc = l->load(l->paths[i], err);
         if (rc)
-            return ifd_error_prefix(
-                err, "%s", c->program_libs_from_flags ? "flag --program-lib" : "program_lib");
+            return ifd_error_prefix(err, "%s", l->from_flags ? flag : key);
     }
     return IFD_OK;
+}
+
+static int load_plugins(ifd_daemon_config *c, ifd_error *err)
+{
+    int rc = load_libs(&c->program_libs, "program_lib", "flag --program-lib", err);
+    return rc ? rc : load_libs(&c->host_call_libs, "host_call_lib", "flag --host-call-lib", err);
 }
 
 int ifd_daemon_config_parse_with(ifd_daemon_config *c, int argc, char **argv, FILE *out,

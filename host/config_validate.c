@@ -174,7 +174,7 @@ static int check_runtime(const ifd_daemon_config *c, ifd_error *err)
     if (ifd_config_validate(&r, err) == IFD_OK)
         return IFD_OK;
     ifd_daemon_config_name_keys(c, err);
-    if (strcmp(err->key, "program") == 0 && c->nprogram_libs == 0) {
+    if (strcmp(err->key, "program") == 0 && c->program_libs.n == 0) {
         size_t len = strlen(err->msg);
         snprintf(err->msg + len, sizeof err->msg - len,
                  " (a program of your own: load its plugin with --program-lib PATH.so)");
@@ -225,7 +225,7 @@ static int check_program(const ifd_daemon_config *c, ifd_error *err)
 static int check_host_calls(const ifd_daemon_config *c, ifd_error *err)
 {
     ifd_program p;
-    if (c->run.nhost_calls == 0 ||
+    if ((c->run.nhost_calls == 0 && c->host_call_libs.n == 0) ||
         ifd_program_init(&p, c->run.program, &c->run.settings, err) != IFD_OK)
         return IFD_OK; /* check_program's sentence */
     int rc =

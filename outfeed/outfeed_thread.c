@@ -4,6 +4,7 @@
 #include <infeed/hosts.h>
 #include "outfeed/outfeed_thread.h"
 #include "outfeed/hostcall.h"
+#include "outfeed/plugin_calls.h"
 #include "outfeed/reducer_set.h"
 #include "outfeed/step_tensors.h"
 
@@ -54,6 +55,7 @@ struct ifd_outfeed {
     ifd_prediction_call pred; /* predict mode */
     ifd_outfeed_tensors tens; /* train, eval: the step's tensors on the host */
     ifd_reducer_set calls;    /* train, eval: the built-in host calls over them */
+    ifd_plugin_calls plugins; /* train, eval: the plugins' host calls (--host-call-lib) */
     int64_t steps_done;       /* steps this run */
     int64_t loop_n;           /* the length of the loop whose records come now */
     int64_t window_loop_n;    /* the length of the loop of the window's last step */
@@ -275,6 +277,13 @@ static int emit_window(ifd_outfeed *o, ifd_error *err)
             json_object_set_new(j, "skipped_batches", notes_json(&o->win_notes));
     }
     json_t *calls = ifd_reducer_set_take(&o->calls); /* and reset for the next window */
+    if (calls == NULL && o->plugins.n > 0)
+        calls = json_object();
+    if (o->plugins.n > 0 && ifd_plugin_calls_summary(&o->plugins, calls, err) != IFD_OK) {
+        json_decref(calls);
+        json_decref(j);
+        return err->code;
+    }
     if (calls)
         json_object_set_new(j, "host_calls", calls);
     json_object_set_new(j, "examples_per_sec", json_real(secs > 0 ? examples / secs : 0.0));
@@ -356,6 +365,8 @@ static int outfeed_step(ifd_outfeed *o, ifd_error *err)
         } else {
             o->skip_run = 0;
             rc = ifd_reducer_set_add(&o->calls, &o->tens, err);
+            if (rc == IFD_OK)
+                rc = ifd_plugin_calls_step(&o->plugins, &o->tens, o->recs[0].step, err);
             if (rc)
                 return ifd_error_prefix(err, "at step %lld", (long long)o->recs[0].step);
             ifd_outfeed_concat(o->recs, n, o->cat, t);
@@ -405,9 +416,43 @@ static void outfeed_main(ifd_opq *q, void *arg)
     }
 }
 
+/* What a plugin's host call is told of the run. */
+static ifd_host_call_info plugin_info(const ifd_program *p, ifd_mode mode, int replicas,
+                                      const ifd_hosts *hosts)
+{
+    return (ifd_host_call_info){.mode = ifd_mode_name(mode),
+                                .program = p->cls->name,
+                                .classes = p->settings.classes > 0 ? p->settings.classes : 0,
+                                .replicas = replicas,
+                                .hosts = hosts ? hosts->size : 1};
+}
+
+/* The plugins' host calls (--host-call-lib) bind to the program's tensors in mode. */
+static int plugins_check(const ifd_program *p, ifd_mode mode, ifd_error *err)
+{
+    if (mode == IFD_MODE_PREDICT || ifd_host_call_count() == 0)
+        return IFD_OK;
+    ifd_outfeed_tensors tens;
+    int rc = ifd_outfeed_tensors_init(&tens, p, mode, 1, 1, NULL);
+    if (rc)
+        return ifd_error_set(err, rc, "host calls: out of memory");
+    ifd_plugin_calls pc;
+    ifd_host_call_info info = plugin_info(p, mode, 1, NULL);
+    rc = ifd_plugin_calls_init(&pc, &tens, &info, err);
+    ifd_plugin_calls_fini(&pc);
+    ifd_outfeed_tensors_fini(&tens);
+    if (rc == IFD_OK)
+        return IFD_OK;
+    ifd_error_prefix(err, "host_call_lib");
+    return ifd_error_mark_key(err, "host_call_lib", 0, (int)strlen("host_call_lib"));
+}
+
 int ifd_outfeed_host_calls_check(const ifd_program *p, ifd_mode mode, const ifd_host_call *calls,
                                  int n, ifd_error *err)
 {
+    int prc = plugins_check(p, mode, err);
+    if (prc)
+        return prc;
     if (n <= 0)
         return IFD_OK;
     if (mode == IFD_MODE_PREDICT)
@@ -459,6 +504,9 @@ int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg)
             goto fail;
         ifd_error err; /* the session checked them (ifd_outfeed_host_calls_check) */
         rc = ifd_reducer_set_init(&o->calls, &o->tens, cfg->host_calls, cfg->nhost_calls, &err);
+        ifd_host_call_info info = plugin_info(cfg->program, cfg->mode, o->replicas, cfg->hosts);
+        if (rc == IFD_OK)
+            rc = ifd_plugin_calls_init(&o->plugins, &o->tens, &info, &err);
         if (rc) {
             IFD_LOG_ERROR("outfeed: %s", err.msg);
             goto fail;
@@ -472,6 +520,7 @@ int ifd_outfeed_start(ifd_outfeed **out, const ifd_outfeed_config *cfg)
 
 fail:
     ifd_prediction_call_fini(&o->pred);
+    ifd_plugin_calls_fini(&o->plugins);
     ifd_reducer_set_fini(&o->calls);
     ifd_outfeed_tensors_fini(&o->tens);
     free(o->cat);
@@ -509,6 +558,7 @@ void ifd_outfeed_destroy(ifd_outfeed *o)
         return;
     ifd_opq_destroy(o->opq);
     ifd_prediction_call_fini(&o->pred);
+    ifd_plugin_calls_fini(&o->plugins);
     ifd_reducer_set_fini(&o->calls);
     ifd_outfeed_tensors_fini(&o->tens);
     free(o->cat);

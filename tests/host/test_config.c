@@ -47,7 +47,8 @@ static int parse_into(ifd_daemon_config *c, const char *json, const char *const 
     for (int i = 0; args && args[i]; i++)
         argv[argc++] = (char *)args[i];
     ifd_daemon_config_defaults(c);
-    c->load_program_lib = no_plugin;
+    c->program_libs.load = no_plugin;
+    c->host_call_libs.load = no_plugin;
     int exit_now;
     FILE *devnull = fopen("/dev/null", "w");
     ifd_error_clear(err);
@@ -483,15 +484,15 @@ START_TEST(host_calls_file_and_flags)
     ifd_daemon_config_free(&c);
     /* What cannot be a host call, named by the flag or the key. */
     const char *bad[][3] = {{"--host-call", "=mean", "flag --host-call: expected NAME=SPEC"},
-                            {"--host-call", "x=", "flag --host-call: expected a tensor name and "
-                                                  "a host call spec, got '' for tensor 'x'"}};
+                            {"--host-call", "x=",
+                             "flag --host-call: expected a tensor name and "
+                             "a host call spec, got '' for tensor 'x'"}};
     for (int i = 0; i < 2; i++) {
         const char *args[] = {bad[i][0], bad[i][1], NULL};
         ck_assert_int_eq(parse(NULL, args, &err), IFD_EINVAL);
         ck_assert_msg(strstr(err.msg, bad[i][2]), "%s", err.msg);
     }
-    ck_assert_int_eq(parse(file_with(json, sizeof json, "host_calls", "{\"a\": [1]}"), NULL,
-                           &err),
+    ck_assert_int_eq(parse(file_with(json, sizeof json, "host_calls", "{\"a\": [1]}"), NULL, &err),
                      IFD_EINVAL);
     ck_assert_msg(strstr(err.msg, "key 'host_calls': tensor 'a': element 0: expected a host call "
                                   "spec (a string), got"),
