@@ -4,18 +4,52 @@ matches infeedd --help (flags and defaults), its links exist, and its C snippets
 import os
 import re
 import subprocess
+import threading
 
 import numpy as np
 import pytest
 
 import infeed
 from conftest import ROOT, run_infeedd
-from helpers import subscribed
+from helpers import subscribed, wait_until
 
 
 def readme_python_blocks():
     text = (ROOT / "README.md").read_text()
     return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def test_readme_host_call_example(daemon, rng):
+    """The README's host call in Python, run as written against a daemon: a line a step with that
+    step's accuracy and mean confidence, the accuracy the step's summary reports."""
+    code = next(b for b in readme_python_blocks() if "host_call" in b)
+    assert len(code.strip().splitlines()) == 5, code
+    steps = rng.randint(2, 8)
+    d = daemon(program="softmax", features=4, classes=3, batch_size=8, steps=steps,
+               iterations_per_loop=rng.randint(1, 3), summary_every=1)
+    printed = []
+    env = {"print": printed.append}
+    t = threading.Thread(target=exec, daemon=True, args=(
+        compile(code.replace("tcp://127.0.0.1:5556", d.publish), "README.md", "exec"), env))
+    t.start()
+    wait_until(lambda: d.control({"cmd": "status"})["tensor_messages"]["subscribed"] == 3,
+               "the README's subscriber asks for its tensors", d)
+    nrng = np.random.default_rng(rng.randrange(1 << 30))
+    with infeed.Producer(d.listen, name="readme", timeout=20) as p:
+        try:
+            while True:
+                p.send(x=nrng.standard_normal((8, 4)).astype(np.float32),
+                       y=nrng.integers(0, 3, 8, dtype=np.int32))
+        except infeed.RunEnded:
+            pass
+    assert d.wait() == 0, d.log()
+    t.join(30)
+    assert not t.is_alive()
+    train = {s["global_step"]: s for s in d.summaries() if s["event"] == "train"}
+    assert [int(line.split()[1].rstrip(":")) for line in printed] == list(range(1, steps + 1))
+    for line in printed:
+        step, acc = int(line.split()[1].rstrip(":")), float(line.split()[3].rstrip(","))
+        assert acc == pytest.approx(train[step]["accuracy"], abs=1e-3), (line, train[step])
 
 
 def test_readme_producer_example_ends_cleanly(daemon, rng):
