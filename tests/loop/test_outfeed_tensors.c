@@ -271,6 +271,63 @@ START_TEST(eval_tensors_concatenated)
 }
 END_TEST
 
+static int noting_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
+{
+    (void)t;
+    (void)err;
+    ++*(int *)ctx;
+    return IFD_OK;
+}
+
+/* Steps whose outfeeds are not NULL, counted by the "counting" program. */
+static int g_with_outfeeds;
+
+static int counting_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
+                         ifd_error *err)
+{
+    if (a->outfeeds)
+        __atomic_add_fetch(&g_with_outfeeds, 1, __ATOMIC_RELAXED);
+    return tu_softmax_step(p, ops, a, err);
+}
+
+/* Nobody takes the tensors (no host call, no tensor sink): the steps get no outfeeds, so the
+ * program spends nothing on them; with a sink every step gets them. */
+START_TEST(outfeeds_only_for_a_taker)
+{
+    if (ifd_program_find("counting") == NULL)
+        ck_assert_int_eq(tu_register_softmax_like("counting", counting_step), IFD_OK);
+    for (int with_sink = 0; with_sink < 2; with_sink++) {
+        ifd_config cfg;
+        tu_config_train(&cfg, "counting", IFD_OPT_SGD, 4, 3, 8, 3, 3);
+        cfg.replicas = 2;
+        tu_batch **bs = tu_batches_random(&cfg, cfg.steps, 5);
+        ifd_batch_queue *q;
+        ck_assert_int_eq(ifd_batch_queue_create(&q, (size_t)cfg.steps + 1), IFD_OK);
+        tu_result res;
+        memset(&res, 0, sizeof res);
+        for (int64_t k = 0; k < cfg.steps; k++)
+            ck_assert_int_eq(ifd_batch_queue_push(q, &tu_batch_clone(bs[k])->b), IFD_OK);
+        ifd_batch_queue_close(q);
+        ifd_sink *sink;
+        ifd_session *s =
+            tu_session_create(&cfg, ifd_batch_queue_source(q), NULL, NULL, 0, &sink, &res);
+        int written = 0;
+        ifd_tensor_sink ts = {noting_write, &written};
+        if (with_sink)
+            ck_assert_int_eq(ifd_session_add_tensor_sink(s, &ts), IFD_OK);
+        g_with_outfeeds = 0;
+        res.rc = ifd_session_run(s, &res.err);
+        tu_result_collect(&res, s, 2, sink);
+        ifd_batch_queue_destroy(q);
+        ck_assert_msg(res.rc == IFD_OK, "%s", ifd_error_text(&res.err));
+        ck_assert_int_eq(written, with_sink ? cfg.steps : 0);
+        ck_assert_int_eq(g_with_outfeeds, with_sink ? 2 * cfg.steps : 0);
+        tu_result_free(&res);
+        tu_batches_free(bs, cfg.steps);
+    }
+}
+END_TEST
+
 static int failing_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
 {
     (void)ctx;
@@ -314,6 +371,7 @@ int main(void)
     tcase_add_loop_test(tc, train_tensors_concatenated, 0, 24);
     tcase_add_loop_test(tc, eval_tensors_concatenated, 0, 12);
     tcase_add_test(tc, tensor_sink_error_ends_the_run);
+    tcase_add_test(tc, outfeeds_only_for_a_taker);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
