@@ -19,17 +19,25 @@
 /* Softmax cross-entropy of one row. Writes gscale * (softmax - onehot) to dlogits (may alias
  * nothing else), returns the row's loss -log p[label] and sets *correct when the first argmax is
  * the label. */
-IFD_HD float ifd_math_softmax_xent_row(const float *logits, int64_t k, int32_t label, float gscale,
-                                       float *dlogits, int *correct)
+/* The first argmax of logits[0..k) (k >= 1); *mx gets its value. */
+IFD_HD int64_t ifd_math_argmax_row(const float *logits, int64_t k, float *mx)
 {
-    float mx = logits[0];
     int64_t arg = 0;
+    *mx = logits[0];
     for (int64_t j = 1; j < k; j++) {
-        if (logits[j] > mx) {
-            mx = logits[j];
+        if (logits[j] > *mx) {
+            *mx = logits[j];
             arg = j;
         }
     }
+    return arg;
+}
+
+IFD_HD float ifd_math_softmax_xent_row(const float *logits, int64_t k, int32_t label, float gscale,
+                                       float *dlogits, int *correct)
+{
+    float mx;
+    int64_t arg = ifd_math_argmax_row(logits, k, &mx);
     /* one exp an element: e_j = exp(logits[j] - mx) kept in dlogits, p_j = e_j / sum */
     float sum = 0.0f;
     for (int64_t j = 0; j < k; j++) {
@@ -61,23 +69,22 @@ IFD_HD void ifd_math_softmax_row(const float *logits, int64_t k, float *probs)
         probs[j] *= inv;
 }
 
-/* A classifier's verdict on one row: *cls = the argmax (the first of equal maxima, as in the
- * cross-entropy above); returns its softmax probability, 1 / sum_j exp(logits[j] - max). */
-IFD_HD float ifd_math_classify_row(const float *logits, int64_t k, int32_t *cls)
+/* A classifier's verdict on row r of logits [*, k]: cls[r] = the argmax (the first of equal
+ * maxima, as in the cross-entropy above), conf[r] = its softmax probability,
+ * 1 / sum_j exp(logits[j] - max); either output may be NULL. */
+IFD_HD void ifd_math_classify_row(const float *logits, int64_t k, int64_t r, int32_t *cls,
+                                  float *conf)
 {
-    float mx = logits[0];
-    int64_t arg = 0;
-    for (int64_t j = 1; j < k; j++) {
-        if (logits[j] > mx) {
-            mx = logits[j];
-            arg = j;
-        }
-    }
+    const float *z = logits + r * k;
+    float mx;
+    int64_t arg = ifd_math_argmax_row(z, k, &mx);
     float sum = 0.0f;
     for (int64_t j = 0; j < k; j++)
-        sum += expf(logits[j] - mx);
-    *cls = (int32_t)arg;
-    return 1.0f / sum;
+        sum += expf(z[j] - mx);
+    if (cls)
+        cls[r] = (int32_t)arg;
+    if (conf)
+        conf[r] = 1.0f / sum;
 }
 
 /* Least squares of one row: returns 0.5 * |pred - y|^2 and writes gscale * (pred - y). */

@@ -192,14 +192,8 @@ static void cpu_classify(void *ctx, int64_t rows, int64_t k, const float *logits
                          float *conf)
 {
     (void)ctx;
-    for (int64_t r = 0; r < rows; r++) {
-        int32_t c;
-        float p = ifd_math_classify_row(logits + r * k, k, &c);
-        if (cls)
-            cls[r] = c;
-        if (conf)
-            conf[r] = p;
-    }
+    for (int64_t r = 0; r < rows; r++)
+        ifd_math_classify_row(logits, k, r, cls, conf);
 }
 
 static void cpu_copy(void *ctx, void *dst, const void *src, int64_t bytes)

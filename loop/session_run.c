@@ -298,6 +298,8 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
     ifd_error_clear(err);
     s->ctx.global_step = ifd_device_global_step(s->dev);
 
+    /* The program's outfeed tensors are written and copied only for someone who takes them. */
+    ifd_device_take_outfeeds(s->dev, s->cfg.nhost_calls > 0 || s->ntensor_sinks > 0);
     if (call_hooks(s, CB_BEGIN) == IFD_OK) {
         ifd_infeed_config ic = {
             .dev = s->dev,

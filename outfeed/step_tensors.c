@@ -111,7 +111,11 @@ static int64_t concat_local(ifd_outfeed_tensors *c, const ifd_outfeed_rec *recs,
             size_t off = 0;
             for (int r = 0; r < n; r++) {
                 size_t b = (size_t)(c->value_bytes[i] * (c->per_row[i] ? recs[r].rows : 1));
-                memcpy(c->bufs[i] + off, (const unsigned char *)recs[r].outfeed + c->offs[i], b);
+                if (recs[r].outfeed) /* NULL: nobody takes them this run (zeros) */
+                    memcpy(c->bufs[i] + off, (const unsigned char *)recs[r].outfeed + c->offs[i],
+                           b);
+                else
+                    memset(c->bufs[i] + off, 0, b);
                 off += b;
             }
             values[i] = c->per_row[i] ? rows : n;

@@ -169,12 +169,13 @@ static int cpu_step(ifd_replica *base, int64_t nth)
     slot->rows = sh.rows;
     slot->outfeed = NULL;
     ifd_batch_tag_set(&slot->from, sh.batch);
-    if (cd->out_bytes > 0) {
+    if (cd->out_bytes > 0 && cfg->outfeed_tensors) {
         unsigned char *area = rep->out_mem + (size_t)(slot - rep->slots) * (size_t)cd->out_bytes;
         for (int i = 0; i < p->noutfeeds; i++)
             rep->out_ptrs[i] = area + cd->out_offs[i];
         slot->outfeed = area;
     }
+    rep->st.outfeeds = slot->outfeed ? rep->out_ptrs : NULL;
     switch (cfg->mode) {
     case IFD_MODE_TRAIN:
         rc = ifd_step_train(p, &rep->ops, &cd->sops, rep, &rep->st, &cfg->optimizer,
@@ -287,7 +288,6 @@ static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *i
     ifd_replica_mem_carve(&rep->st, rep->mem, np);
     rep->st.step = &rep->step;
     rep->st.opt_step = &rep->opt_step;
-    rep->st.outfeeds = cd->out_bytes > 0 ? rep->out_ptrs : NULL;
     memcpy(rep->st.params, init, sizeof(float) * (size_t)np);
     if (cfg->init_slots)
         memcpy(rep->st.slot0, cfg->init_slots,

@@ -189,7 +189,7 @@ static int cu_outfeed_dequeue(ifd_device *dev, int replica, ifd_outfeed_rec *rec
     rec->row0 = o->row0;
     rec->rows = o->rows;
     rec->pred = o->batch ? o->hpred : NULL; /* valid while o is held: until the next dequeue */
-    rec->outfeed = o->hout;                 /* likewise (NULL: no outfeed tensors) */
+    rec->outfeed = dev->cfg.outfeed_tensors ? o->hout : NULL; /* likewise */
     o->batch = NULL;
     time_step(rep, o, rec);
     rep->last_end_ns = rec->end_ns;

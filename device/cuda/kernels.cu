@@ -165,12 +165,7 @@ __global__ void classify_kernel(int64_t rows, int64_t k, const float *logits, in
 {
     GRID_STRIDE(r, rows)
     {
-        int32_t c;
-        float p = ifd_math_classify_row(logits + r * k, k, &c);
-        if (cls)
-            cls[r] = c;
-        if (conf)
-            conf[r] = p;
+        ifd_math_classify_row(logits, k, r, cls, conf);
     }
 }
 

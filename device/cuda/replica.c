@@ -255,7 +255,8 @@ static int enqueue_step(cu_replica *rep, cu_inslot *s)
     const ifd_device_config *cfg = &rep->cd->dev->cfg;
     ifd_tensor views[IFD_MAX_INPUTS];
     shard_views(cfg, s, views);
-    rep->st.outfeeds = rep->cd->out_bytes > 0 ? (void *const *)s->dtens : NULL;
+    rep->st.outfeeds =
+        rep->cd->out_bytes > 0 && cfg->outfeed_tensors ? (void *const *)s->dtens : NULL;
     rep->op_rc = IFD_OK;
     int rc;
     switch (cfg->mode) {
@@ -377,7 +378,7 @@ static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
         rep->gpu,
         cudaMemcpyAsync(o->host, s->dout, sizeof *o->host, cudaMemcpyDeviceToHost, rep->cs), rc,
         &rep->base.err, fail);
-    if (rep->cd->out_bytes > 0) /* the step's outfeed tensors, with its record */
+    if (rep->cd->out_bytes > 0 && cfg->outfeed_tensors) /* the step's tensors, with its record */
         CUDA_TRY_GOTO(rep->gpu,
                       cudaMemcpyAsync(o->hout, s->dtens[0], (size_t)rep->cd->out_bytes,
                                       cudaMemcpyDeviceToHost, rep->cs),

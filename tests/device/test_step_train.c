@@ -479,6 +479,20 @@ START_TEST(test_step_train_one_step)
                       tu_param_name(&tr.p, j, pname, sizeof pname), (double)tr.st.grads[j],
                       (double)g[j], (double)tr.st.params[j], pj);
     }
+    /* The runtime's outfeed values: the all-reduced gradients' norm before the update, the
+     * parameters' after it, the learning rate. */
+    double gn = 0.0, pn = 0.0;
+    for (int64_t j = 0; j < np; j++) {
+        gn += (double)g[j] * (double)g[j];
+        pn += (double)tr.st.params[j] * (double)tr.st.params[j];
+    }
+    ck_assert_msg(fabs(out.grad_norm - sqrt(gn)) <= 1e-6 * sqrt(gn) &&
+                      fabs(out.param_norm - sqrt(pn)) <= 1e-6 * sqrt(pn) &&
+                      out.learning_rate == lr,
+                  "seed %llu: grad_norm %.9g (want %.9g), param_norm %.9g (want %.9g), "
+                  "learning_rate %g (want %g)",
+                  (unsigned long long)seed, (double)out.grad_norm, sqrt(gn),
+                  (double)out.param_norm, sqrt(pn), (double)out.learning_rate, (double)lr);
 
     /* A failed all-reduce: the error comes back, the mirror and the step stay as they were. */
     memcpy(p0, tr.st.params, sizeof(float) * (size_t)np);

@@ -27,7 +27,7 @@ import ckpt
 import infeed
 from conftest import control_request as control
 from conftest import infeedd_path
-from helpers import MPI_ENV, mpi_skip_reason
+from helpers import MPI_ENV, mpi_skip_reason, reducers_built
 
 
 _REASON = mpi_skip_reason()
@@ -543,7 +543,10 @@ def eval_summary(job: Job, h: int) -> dict:
 @pytest.mark.parametrize("hosts,replicas", [(2, 1), (2, 2)])
 def test_eval_over_hosts_equals_one_host(tmp_path, rng, hosts, replicas):
     """Eval of one checkpoint on the same global batches: 2 hosts x R and 1 host x 2R give the
-    same eval summary (loss, accuracy, examples, steps) on every host."""
+    same eval summary (loss, accuracy, examples, steps) on every host, and the same host calls
+    over the labels and confidences, concatenated across hosts (the last label is the global
+    batch's last row's)."""
+    calls = "label=sum,last,min,max" if reducers_built() else None
     R1 = hosts * replicas
     features, classes = rng.randint(1, 8), rng.randint(2, 5)
     batch = R1 * rng.randint(1, 4)
@@ -561,7 +564,8 @@ def test_eval_over_hosts_equals_one_host(tmp_path, rng, hosts, replicas):
     for H, R in [(hosts, replicas), (1, R1)]:
         job = Job(tmp_path / f"{H}x{R}", H, mode="eval", program="softmax", features=features,
                   classes=classes, batch_size=batch, replicas=R, steps=steps,
-                  checkpoint_dir=str(folder), iterations_per_loop=rng.randint(1, 5))
+                  checkpoint_dir=str(folder), iterations_per_loop=rng.randint(1, 5),
+                  host_call=calls)
         ts, errors = feed(job, batches)
         assert job.wait() == 0, job.log()
         for t in ts:
@@ -576,6 +580,11 @@ def test_eval_over_hosts_equals_one_host(tmp_path, rng, hosts, replicas):
         assert got["steps"] == want["steps"] and got["examples"] == want["examples"], (got, want)
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-5), (got, want)
         assert got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6), (got, want)
+        if calls:
+            y = np.concatenate([b[1] for b in batches])
+            assert got["host_calls"] == want["host_calls"] == {"label": {
+                "sum": int(y.sum()), "last": int(y[-1]), "min": int(y.min()),
+                "max": int(y.max())}}, (got, want)
 
 
 def test_eval_input_ending_on_one_host_ends_all_at_the_same_step(tmp_path, rng):

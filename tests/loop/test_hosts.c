@@ -156,13 +156,14 @@ typedef struct host_run {
     int64_t stall_at;
     struct host_run *all;
     int H;
-    int keep_open;     /* the input stays open after the host's batches */
-    int close_on_stop; /* the embedding program's part (infeedd's, after its grace): the input
-                          is closed once the session says a stop was asked, here or elsewhere */
-    int stop_seen;     /* close_on_stop: the host ifd_session_stop_requested named */
-    tu_loops *loops;   /* when not NULL, every loop of the host's run is recorded here */
-    ifd_session *s;    /* atomic */
-    int done;          /* atomic: the run returned */
+    int keep_open;           /* the input stays open after the host's batches */
+    int close_on_stop;       /* the embedding program's part (infeedd's, after its grace): the input
+                                is closed once the session says a stop was asked, here or elsewhere */
+    int stop_seen;           /* close_on_stop: the host ifd_session_stop_requested named */
+    tu_loops *loops;         /* when not NULL, every loop of the host's run is recorded here */
+    ifd_tensor_sink tensors; /* added to the session when its write is set */
+    ifd_session *s;          /* atomic */
+    int done;                /* atomic: the run returned */
     tu_result res;
 } host_run;
 
@@ -223,6 +224,8 @@ static void *host_main(void *arg)
         rec = tu_loops_hook(hr->loops);
     ifd_session *s = tu_session_create(&hr->cfg, ifd_batch_queue_source(q), NULL, &rec,
                                        hr->loops ? 1 : 0, &sink, &hr->res);
+    if (hr->tensors.write)
+        ck_assert_int_eq(ifd_session_add_tensor_sink(s, &hr->tensors), IFD_OK);
     tu_producer *p = tu_producer_start(q, hr->batches, hr->n, hr->keep_open);
     __atomic_store_n(&hr->s, s, __ATOMIC_RELEASE);
     pthread_t st, ct;
@@ -249,7 +252,8 @@ typedef struct hosts_opts {
     int stopper;      /* the host whose session is asked to stop, -1: none */
     int64_t stall_at; /* see host_run; -1: once past the first step */
     int keep_open, close_on_stop;
-    tu_loops *loops; /* NULL, or one a host: their loops */
+    tu_loops *loops;                /* NULL, or one a host: their loops */
+    const ifd_tensor_sink *tensors; /* NULL, or one a host */
 } hosts_opts;
 
 /* Runs cfg (the global batch, R replicas a host) on H hosts, host h fed its rows of
@@ -268,6 +272,8 @@ static void run_hosts_with(const ifd_config *cfg, int H, tu_batch **batches, con
         hr[h].keep_open = o->keep_open;
         hr[h].close_on_stop = o->close_on_stop;
         hr[h].loops = o->loops ? &o->loops[h] : NULL;
+        if (o->tensors)
+            hr[h].tensors = o->tensors[h];
         hr[h].cfg = *cfg;
         hr[h].cfg.batch_size = rows;
         hr[h].cfg.hosts = &job.hosts[h];
@@ -380,6 +386,84 @@ START_TEST(hosts_match_one_host)
     }
     tu_result_free(&ref);
     tu_batches_free(batches, n);
+}
+END_TEST
+
+/* What a host's tensor sink saw: each step's "label" and "count" tensors. */
+#define SEEN_STEPS 16
+typedef struct seen_tensors {
+    int64_t steps;
+    int64_t rows[SEEN_STEPS], counts[SEEN_STEPS];
+    int32_t labels[SEEN_STEPS][64];
+    int bad; /* a step past SEEN_STEPS, a tensor missing or too large */
+} seen_tensors;
+
+static int seen_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
+{
+    (void)err;
+    seen_tensors *s = ctx;
+    const ifd_tensor *label = NULL, *count = NULL;
+    for (int i = 0; i < t->ntensors; i++) {
+        if (strcmp(t->names[i], "label") == 0)
+            label = &t->tensors[i];
+        if (strcmp(t->names[i], "count") == 0)
+            count = &t->tensors[i];
+    }
+    int64_t k = s->steps++;
+    if (k >= SEEN_STEPS || label == NULL || count == NULL || label->shape.dims[0] > 64) {
+        s->bad = 1;
+        return IFD_OK;
+    }
+    s->rows[k] = label->shape.dims[0];
+    s->counts[k] = count->shape.dims[0];
+    memcpy(s->labels[k], label->data, sizeof(int32_t) * (size_t)s->rows[k]);
+    return IFD_OK;
+}
+
+/* The step's outfeed tensors are concatenated over the replicas, then the hosts in rank order:
+ * every host's "label" of each step is the global batch's labels, in order. */
+START_TEST(outfeed_tensors_cross_hosts_in_rank_order)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int H = (int)rand_between(&rng, 2, 3), R = (int)rand_between(&rng, 1, 3);
+    int64_t b = H * R * rand_between(&rng, 1, 4);
+    ifd_config cfg;
+    tu_config_train(&cfg, "softmax", IFD_OPT_SGD, rand_between(&rng, 1, 5),
+                    rand_between(&rng, 2, 5), b, rand_between(&rng, 1, 4), ifd_rng_next(&rng));
+    cfg.steps = rand_between(&rng, 1, SEEN_STEPS);
+    cfg.mode = rand_between(&rng, 0, 1) ? IFD_MODE_EVAL : IFD_MODE_TRAIN;
+    cfg.replicas = R;
+    tu_batch **batches = tu_batches_random(&cfg, cfg.steps, ifd_rng_next(&rng));
+    static seen_tensors seen[MAX_HOSTS];
+    memset(seen, 0, sizeof seen);
+    ifd_tensor_sink sinks[MAX_HOSTS];
+    for (int h = 0; h < H; h++)
+        sinks[h] = (ifd_tensor_sink){seen_write, &seen[h]};
+    host_run hr[MAX_HOSTS];
+    int64_t nper[MAX_HOSTS] = {cfg.steps, cfg.steps, cfg.steps, cfg.steps};
+    hosts_opts o = {.stopper = -1, .stall_at = -1, .tensors = sinks};
+    run_hosts_with(&cfg, H, batches, nper, &o, hr);
+    for (int h = 0; h < H; h++) {
+        RASSERT(hr[h].res.rc == IFD_OK, "host %d: %s", h, ifd_error_text(&hr[h].res.err));
+        RASSERT(!seen[h].bad && seen[h].steps == cfg.steps, "host %d saw %lld steps of %lld", h,
+                (long long)seen[h].steps, (long long)cfg.steps);
+        for (int64_t k = 0; k < cfg.steps; k++) {
+            RASSERT(seen[h].rows[k] == b && seen[h].counts[k] == H * R,
+                    "%s, %d hosts x %d: host %d step %lld: %lld rows, %lld counts",
+                    ifd_mode_name(cfg.mode), H, R, h, (long long)k, (long long)seen[h].rows[k],
+                    (long long)seen[h].counts[k]);
+            const int32_t *y = batches[k]->data[1];
+            for (int64_t j = 0; j < b; j++)
+                RASSERT(seen[h].labels[k][j] == y[j],
+                        "%s, %d hosts x %d: host %d step %lld row %lld: label %d, the global "
+                        "batch has %d",
+                        ifd_mode_name(cfg.mode), H, R, h, (long long)k, (long long)j,
+                        seen[h].labels[k][j], y[j]);
+        }
+        tu_result_free(&hr[h].res);
+    }
+    tu_batches_free(batches, cfg.steps);
 }
 END_TEST
 
@@ -624,6 +708,7 @@ int main(void)
     Suite *s = suite_create("hosts");
     TCase *tc = tcase_create("hosts");
     tcase_add_loop_test(tc, hosts_match_one_host, 0, 16);
+    tcase_add_loop_test(tc, outfeed_tensors_cross_hosts_in_rank_order, 0, 8);
     tcase_add_loop_test(tc, input_ending_on_one_host_stops_all, 0, 8);
     tcase_add_loop_test(tc, stop_on_one_host_stops_all_at_a_loop_boundary, 0, 4);
     tcase_add_loop_test(tc, stop_reaches_hosts_whose_loop_waits_for_input, 0, 6);

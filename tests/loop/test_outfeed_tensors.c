@@ -141,6 +141,33 @@ static int probe_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
 
 /* ---- the runs ----------------------------------------------------------------------------- */
 
+/* Runs cfg over clones of bs[0..n), queued (per replica in per-core mode, by b.replica) and
+ * closed, with the tensor sink ts when not NULL. */
+static void run_with_sink(const ifd_config *cfg, tu_batch **bs, int64_t n,
+                          const ifd_tensor_sink *ts, tu_result *res)
+{
+    ifd_batch_queue *q;
+    if (cfg->input_mode == IFD_INPUT_PER_CORE)
+        ck_assert_int_eq(ifd_batch_queue_create_per_replica(&q, (size_t)n + 1, cfg->replicas),
+                         IFD_OK);
+    else
+        ck_assert_int_eq(ifd_batch_queue_create(&q, (size_t)n + 1), IFD_OK);
+    memset(res, 0, sizeof *res);
+    for (int64_t k = 0; k < n; k++) {
+        tu_batch *cl = tu_batch_clone(bs[k]);
+        cl->released = &res->released;
+        ck_assert_int_eq(ifd_batch_queue_push(q, &cl->b), IFD_OK);
+    }
+    ifd_batch_queue_close(q);
+    ifd_sink *sink;
+    ifd_session *s = tu_session_create(cfg, ifd_batch_queue_source(q), NULL, NULL, 0, &sink, res);
+    if (ts)
+        ck_assert_int_eq(ifd_session_add_tensor_sink(s, ts), IFD_OK);
+    res->rc = ifd_session_run(s, &res->err);
+    tu_result_collect(res, s, cfg->replicas, sink);
+    ifd_batch_queue_destroy(q);
+}
+
 static const ifd_input_mode modes[] = {IFD_INPUT_PER_HOST, IFD_INPUT_PER_HOST_V2,
                                        IFD_INPUT_PER_CORE, IFD_INPUT_BROADCAST};
 static const int replicas[] = {1, 2, 4};
@@ -180,26 +207,9 @@ static void run_probe(ifd_mode run_mode, int i)
         c.params = malloc(sizeof(float) * (size_t)c.p.nparam_floats);
         c.p.cls->init_params(&c.p, c.params, cfg.seed);
     }
-    ifd_batch_queue *q;
-    if (mode == IFD_INPUT_PER_CORE)
-        ck_assert_int_eq(ifd_batch_queue_create_per_replica(&q, (size_t)n + 1, R), IFD_OK);
-    else
-        ck_assert_int_eq(ifd_batch_queue_create(&q, (size_t)n + 1), IFD_OK);
     tu_result res;
-    memset(&res, 0, sizeof res);
-    for (int64_t k = 0; k < n; k++) {
-        tu_batch *cl = tu_batch_clone(bs[k]);
-        cl->released = &res.released;
-        ck_assert_int_eq(ifd_batch_queue_push(q, &cl->b), IFD_OK);
-    }
-    ifd_batch_queue_close(q);
-    ifd_sink *sink;
-    ifd_session *s = tu_session_create(&cfg, ifd_batch_queue_source(q), NULL, NULL, 0, &sink, &res);
     ifd_tensor_sink ts = {probe_write, &c};
-    ck_assert_int_eq(ifd_session_add_tensor_sink(s, &ts), IFD_OK);
-    res.rc = ifd_session_run(s, &res.err);
-    tu_result_collect(&res, s, R, sink);
-    ifd_batch_queue_destroy(q);
+    run_with_sink(&cfg, bs, n, &ts, &res);
     const char *what = ifd_input_mode_name(mode);
     RASSERT(res.rc == IFD_OK, "%s R=%d: %s", what, R, ifd_error_text(&res.err));
     RASSERT(c.fail[0] == '\0', "%s %s R=%d rows %lld: %s", ifd_mode_name(run_mode), what, R,
@@ -231,6 +241,50 @@ START_TEST(eval_tensors_concatenated)
 }
 END_TEST
 
+static int noting_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
+{
+    (void)t;
+    (void)err;
+    ++*(int *)ctx;
+    return IFD_OK;
+}
+
+/* Steps whose outfeeds are not NULL, counted by the "counting" program. */
+static int g_with_outfeeds;
+
+static int counting_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
+                         ifd_error *err)
+{
+    if (a->outfeeds)
+        __atomic_add_fetch(&g_with_outfeeds, 1, __ATOMIC_RELAXED);
+    return tu_softmax_step(p, ops, a, err);
+}
+
+/* Nobody takes the tensors (no host call, no tensor sink): the steps get no outfeeds, so the
+ * program spends nothing on them; with a sink every step gets them. */
+START_TEST(outfeeds_only_for_a_taker)
+{
+    if (ifd_program_find("counting") == NULL)
+        ck_assert_int_eq(tu_register_softmax_like("counting", counting_step), IFD_OK);
+    for (int with_sink = 0; with_sink < 2; with_sink++) {
+        ifd_config cfg;
+        tu_config_train(&cfg, "counting", IFD_OPT_SGD, 4, 3, 8, 3, 3);
+        cfg.replicas = 2;
+        tu_batch **bs = tu_batches_random(&cfg, cfg.steps, 5);
+        tu_result res;
+        int written = 0;
+        ifd_tensor_sink ts = {noting_write, &written};
+        g_with_outfeeds = 0;
+        run_with_sink(&cfg, bs, cfg.steps, with_sink ? &ts : NULL, &res);
+        ck_assert_msg(res.rc == IFD_OK, "%s", ifd_error_text(&res.err));
+        ck_assert_int_eq(written, with_sink ? cfg.steps : 0);
+        ck_assert_int_eq(g_with_outfeeds, with_sink ? 2 * cfg.steps : 0);
+        tu_result_free(&res);
+        tu_batches_free(bs, cfg.steps);
+    }
+}
+END_TEST
+
 static int failing_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
 {
     (void)ctx;
@@ -243,20 +297,9 @@ START_TEST(tensor_sink_error_ends_the_run)
     ifd_config cfg;
     tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 4, 3, 8, 2, 3);
     tu_batch **bs = tu_batches_random(&cfg, cfg.steps, 5);
-    ifd_batch_queue *q;
-    ck_assert_int_eq(ifd_batch_queue_create(&q, (size_t)cfg.steps + 1), IFD_OK);
     tu_result res;
-    memset(&res, 0, sizeof res);
-    for (int64_t k = 0; k < cfg.steps; k++)
-        ck_assert_int_eq(ifd_batch_queue_push(q, &tu_batch_clone(bs[k])->b), IFD_OK);
-    ifd_batch_queue_close(q);
-    ifd_sink *sink;
-    ifd_session *s = tu_session_create(&cfg, ifd_batch_queue_source(q), NULL, NULL, 0, &sink, &res);
     ifd_tensor_sink ts = {failing_write, NULL};
-    ck_assert_int_eq(ifd_session_add_tensor_sink(s, &ts), IFD_OK);
-    res.rc = ifd_session_run(s, &res.err);
-    tu_result_collect(&res, s, 1, sink);
-    ifd_batch_queue_destroy(q);
+    run_with_sink(&cfg, bs, cfg.steps, &ts, &res);
     ck_assert_int_eq(res.rc, IFD_EINVAL);
     /* softmax: class, confidence, label and the six of a train step */
     ck_assert_msg(strstr(ifd_error_text(&res.err), "tensor sink at step 1: refused 9 tensors"),
@@ -274,6 +317,7 @@ int main(void)
     tcase_add_loop_test(tc, train_tensors_concatenated, 0, 24);
     tcase_add_loop_test(tc, eval_tensors_concatenated, 0, 12);
     tcase_add_test(tc, tensor_sink_error_ends_the_run);
+    tcase_add_test(tc, outfeeds_only_for_a_taker);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
