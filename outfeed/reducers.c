@@ -176,8 +176,21 @@ static int parse_double(const char *s, char stop, const char **next, double *out
     return 0;
 }
 
+/* An integer parameter (what: "bins=", "K") in [lo, hi] into *dst, which is 0 until given. */
+static int int_param(const ifd_reducer *r, const char *what, const char *value, int64_t lo,
+                     int64_t hi, const char *unit, int64_t *dst, ifd_error *err)
+{
+    if (*dst != 0)
+        return spec_error(err, IFD_EINVAL, r, "%s given twice", what);
+    if (parse_int(value, lo, hi, dst) != 0)
+        return spec_error(err, IFD_EINVAL, r,
+                          "%s expected a whole number from %lld to %lld%s, got '%s'", what,
+                          (long long)lo, (long long)hi, unit, value);
+    return IFD_OK;
+}
+
 static int set_param(ifd_reducer *r, const char *name, const char *value, int *seen_label,
-                     int *seen_classes, ifd_error *err)
+                     ifd_error *err)
 {
     const kind k = r->kind;
     int classes_kind = k == K_CONFUSION || k == K_CLASS_ACCURACY || k == K_PRECISION_RECALL;
@@ -192,26 +205,18 @@ static int set_param(ifd_reducer *r, const char *name, const char *value, int *s
         *seen_label = 1;
         return IFD_OK;
     }
-    if (strcmp(name, "classes") == 0 && classes_kind) {
-        int64_t cap = k == K_CONFUSION ? MAX_CONFUSION_CLASSES : MAX_CLASSES;
-        if (*seen_classes)
-            return spec_error(err, IFD_EINVAL, r, "classes= given twice");
-        if (parse_int(value, 1, cap, &r->classes) != 0)
-            return spec_error(err, IFD_EINVAL, r,
-                              "classes= expected a whole number from 1 to %lld, got '%s'",
-                              (long long)cap, value);
-        *seen_classes = 1;
-        return IFD_OK;
-    }
-    if (strcmp(name, "bins") == 0 && k == K_HISTOGRAM) {
-        if (r->bins != 0)
-            return spec_error(err, IFD_EINVAL, r, "bins= given twice");
-        if (parse_int(value, 1, MAX_BINS, &r->bins) != 0)
-            return spec_error(err, IFD_EINVAL, r,
-                              "bins= expected a whole number from 1 to %d, got '%s'", MAX_BINS,
-                              value);
-        return IFD_OK;
-    }
+    if (strcmp(name, "classes") == 0 && classes_kind)
+        return int_param(r, "classes=", value, 1,
+                         k == K_CONFUSION ? MAX_CONFUSION_CLASSES : MAX_CLASSES, "", &r->classes,
+                         err);
+    if (strcmp(name, "bins") == 0 && k == K_HISTOGRAM)
+        return int_param(r, "bins=", value, 1, MAX_BINS, "", &r->bins, err);
+    if (strcmp(name, "max") == 0 && k == K_QUANTILES)
+        return int_param(r, "max=", value, 1, MAX_VALUES, " (values kept)", &r->max_values, err);
+    if (strcmp(name, "thresholds") == 0 && k == K_AUC)
+        return int_param(r, "thresholds=", value, 2, MAX_THRESHOLDS, "", &r->nthr, err);
+    if (strcmp(name, "k") == 0 && k == K_TOP_K)
+        return int_param(r, "K", value, 1, MAX_CLASSES, "", &r->k, err);
     if (strcmp(name, "range") == 0 && k == K_HISTOGRAM) {
         const char *mid;
         if (r->fixed)
@@ -244,34 +249,6 @@ static int set_param(ifd_reducer *r, const char *name, const char *value, int *s
             s = slash + 1;
         }
     }
-    if (strcmp(name, "max") == 0 && k == K_QUANTILES) {
-        if (r->max_values != 0)
-            return spec_error(err, IFD_EINVAL, r, "max= given twice");
-        if (parse_int(value, 1, MAX_VALUES, &r->max_values) != 0)
-            return spec_error(err, IFD_EINVAL, r,
-                              "max= expected a whole number from 1 to %lld (values kept), got "
-                              "'%s'",
-                              (long long)MAX_VALUES, value);
-        return IFD_OK;
-    }
-    if (strcmp(name, "thresholds") == 0 && k == K_AUC) {
-        if (r->nthr != 0)
-            return spec_error(err, IFD_EINVAL, r, "thresholds= given twice");
-        if (parse_int(value, 2, MAX_THRESHOLDS, &r->nthr) != 0)
-            return spec_error(err, IFD_EINVAL, r,
-                              "thresholds= expected a whole number from 2 to %d, got '%s'",
-                              MAX_THRESHOLDS, value);
-        return IFD_OK;
-    }
-    if (strcmp(name, "k") == 0 && k == K_TOP_K) {
-        if (r->k != 0)
-            return spec_error(err, IFD_EINVAL, r, "K given twice");
-        if (parse_int(value, 1, MAX_CLASSES, &r->k) != 0)
-            return spec_error(err, IFD_EINVAL, r,
-                              "K expected a whole number from 1 to %lld, got '%s'",
-                              (long long)MAX_CLASSES, value);
-        return IFD_OK;
-    }
     for (int i = 0; i < NKINDS; i++)
         if (kinds[i].kind == k)
             return spec_error(err, IFD_EINVAL, r, "unknown parameter '%s': %s takes %s", name,
@@ -282,7 +259,7 @@ static int set_param(ifd_reducer *r, const char *name, const char *value, int *s
 /* params: the text after ':' (modified in place). */
 static int parse_params(ifd_reducer *r, const char *name, char *params, ifd_error *err)
 {
-    int seen_label = 0, seen_classes = 0;
+    int seen_label = 0;
     const char *takes = NULL;
     for (int i = 0; i < NKINDS; i++)
         if (kinds[i].kind == r->kind)
@@ -299,14 +276,14 @@ static int parse_params(ifd_reducer *r, const char *name, char *params, ifd_erro
         char *eq = strchr(tok, '=');
         int rc;
         if (eq == NULL && first && r->kind == K_TOP_K) {
-            rc = set_param(r, "k", tok, &seen_label, &seen_classes, err);
+            rc = set_param(r, "k", tok, &seen_label, err);
         } else if (eq == NULL || eq == tok) {
             rc = spec_error(err, IFD_EINVAL, r,
                             "expected NAME=VALUE parameters (%s takes %s), got '%s'", name, takes,
                             tok);
         } else {
             *eq = '\0';
-            rc = set_param(r, tok, eq + 1, &seen_label, &seen_classes, err);
+            rc = set_param(r, tok, eq + 1, &seen_label, err);
         }
         if (rc != IFD_OK)
             return rc;
@@ -725,8 +702,8 @@ static int64_t upper_bound(const double *a, int64_t n, double v)
     return lo;
 }
 
-/* numpy's bin for v in [e[0], e[bins]]: e[i] <= v < e[i + 1], the last bin closed. A guess from
- * the bin width, then moved to the bin whose edges hold v. */
+/* numpy's bin for v: e[i] <= v < e[i + 1], the last bin closed; -1 below e[0], bins above
+ * e[bins]. A guess from the bin width, then moved to the bin whose edges hold v. */
 #define FIXED_BIN(e, v, bins, lo, hi, out)                                                         \
     do {                                                                                           \
         int64_t b_ = (int64_t)(((double)(v) - (lo)) / ((hi) - (lo)) * (double)(bins));             \
@@ -738,7 +715,7 @@ static int64_t upper_bound(const double *a, int64_t n, double v)
             b_--;                                                                                  \
         while (b_ < (bins)-1 && (v) >= (e)[b_ + 1])                                                \
             b_++;                                                                                  \
-        (out) = b_;                                                                                \
+        (out) = (v) < (e)[0] ? -1 : (v) > (e)[bins] ? (bins) : b_;                                 \
     } while (0)
 
 static void add_histogram(ifd_reducer *r, const ifd_tensor *t, int64_t n)
@@ -761,27 +738,15 @@ static void add_histogram(ifd_reducer *r, const ifd_tensor *t, int64_t n)
             b = upper_bound(r->limits, r->nlimits, v);
             if (b >= r->nlimits)
                 b = r->nlimits - 1; /* v == DBL_MAX: not a float32 or an int32 */
-        } else if (t->dtype == IFD_F32) {
-            float f = ((const float *)t->data)[i];
-            if (f < r->edges_f[0]) {
-                r->below++;
-                continue;
-            }
-            if (f > r->edges_f[r->bins]) {
-                r->above++;
-                continue;
-            }
-            FIXED_BIN(r->edges_f, f, r->bins, r->lo, r->hi, b);
         } else {
-            if (v < r->limits[0]) {
-                r->below++;
+            if (t->dtype == IFD_F32)
+                FIXED_BIN(r->edges_f, ((const float *)t->data)[i], r->bins, r->lo, r->hi, b);
+            else
+                FIXED_BIN(r->limits, v, r->bins, r->lo, r->hi, b);
+            if (b < 0 || b == r->bins) {
+                *(b < 0 ? &r->below : &r->above) += 1;
                 continue;
             }
-            if (v > r->limits[r->bins]) {
-                r->above++;
-                continue;
-            }
-            FIXED_BIN(r->limits, v, r->bins, r->lo, r->hi, b);
         }
         r->counts[b]++;
     }

@@ -84,6 +84,17 @@ START_TEST(non_finite_values)
     ck_assert_int_eq(tu_json_int(j, "count"), 3);
     ck_assert(tu_json_num(json_array_get(json_object_get(j, "value"), 0), NULL) == 2.0);
     json_decref(j);
+    /* last: a step without rows leaves the last element of the one before */
+    ifd_reducer *r = tu_reducer_make("last", 0);
+    ifd_tensor none;
+    ifd_error err;
+    ck_assert_int_eq(ifd_tensor_rows(&v.t, 4, 4, &none), IFD_OK);
+    RC_OK(ifd_reducer_add(r, &v.t, NULL, &err), err);
+    RC_OK(ifd_reducer_add(r, &none, NULL, &err), err);
+    j = ifd_reducer_value(r);
+    ck_assert(tu_json_num(j, NULL) == -3.0);
+    json_decref(j);
+    ifd_reducer_destroy(r);
     free(v.data);
 }
 END_TEST
@@ -425,6 +436,15 @@ START_TEST(good_specs_key_and_label)
         ifd_reducer_destroy(r);
     }
     ifd_reducer_destroy(NULL);
+    /* the program's class count, when the spec gives none: bounded as classes= is */
+    ifd_reducer *r;
+    ifd_error err = {0};
+    ck_assert_int_eq(ifd_reducer_create(&r, "x", "confusion", 2000, &err), IFD_EINVAL);
+    ck_assert_msg(
+        strstr(err.msg, "the program has 2000 classes; this host call keeps at most 1024"), "%s",
+        err.msg);
+    r = tu_reducer_make("class_accuracy", 2000);
+    ifd_reducer_destroy(r);
 }
 END_TEST
 
