@@ -45,6 +45,11 @@ typedef struct ifd_shard {
     ifd_batch *batch;
     int64_t row0;
     int64_t rows;
+    /* Train, eval: 1 when someone takes this step's program outfeed tensors (a host call, a
+     * tensor sink that wants them now): the step gets ifd_step_args.outfeeds and its record the
+     * area; 0: the step gets NULL and writes none (no op, no copy) and the record carries no
+     * area. The infeed decides once a step, so every replica's shard of a step says the same. */
+    int outfeeds;
 } ifd_shard;
 
 /* Which batch a shard came from, kept with the step's record so that a skipped step can name the
@@ -74,7 +79,7 @@ typedef struct ifd_outfeed_rec {
      * next outfeed_dequeue of this replica): the program's outfeed tensors at the offsets of
      * ifd_program_outfeed_layout(program, max_shard_rows), per-row ones holding rows rows (rows
      * is the shard's in every mode). NULL when the program declares none, when nobody takes them
-     * (ifd_device_config.outfeed_tensors 0), and in predict mode. */
+     * (the shard's outfeeds 0), and in predict mode. */
     const void *outfeed;
     int64_t end_ns;          /* when the step finished */
     int64_t step_ns;         /* since the replica's previous step ended (or its loop began) */
@@ -134,11 +139,6 @@ typedef struct ifd_device_config {
     int replica_threads;
     /* cuda: ifd_config.cuda_graphs: 1 captures each step in a CUDA Graph, 0 does not. */
     int cuda_graphs;
-    /* Train, eval: 1 when someone takes the program's outfeed tensors (a host call, a tensor
-     * sink): the steps get ifd_step_args.outfeeds and the records their area; 0 (the default):
-     * the steps get NULL and write none (no op, no copy), and records carry no area. Set with
-     * ifd_device_take_outfeeds. */
-    int outfeed_tensors;
     void (*on_error)(void *arg, const char *source, const ifd_error *err);
     void *on_error_arg;
 } ifd_device_config;
@@ -232,11 +232,6 @@ static inline void ifd_device_host_unregister(ifd_device *d, void *p)
 static inline void ifd_device_abort(ifd_device *d)
 {
     d->be->abort(d);
-}
-/* The session's thread, before the first run_loop (the replicas read it in their steps). */
-static inline void ifd_device_take_outfeeds(ifd_device *d, int on)
-{
-    d->cfg.outfeed_tensors = on;
 }
 static inline int ifd_device_replicas(const ifd_device *d)
 {

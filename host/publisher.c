@@ -224,6 +224,13 @@ static int publish_tensor(ifd_publisher *p, const char *mode, int64_t step, cons
     return IFD_OK;
 }
 
+/* The session's, before each loop: whether any subscriber asks for a tensor. */
+static int tensor_wants(void *ctx)
+{
+    ifd_publisher *p = ctx;
+    return __atomic_load_n(&p->nwanted, __ATOMIC_RELAXED) > 0;
+}
+
 /* The outfeed thread's tensor sink: the step's tensors that some subscriber asked for. */
 static int tensor_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
 {
@@ -331,7 +338,7 @@ int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, 
     p->rate = (double)(tensor_rate > 0 ? tensor_rate : IFD_PUB_TENSOR_RATE);
     p->tokens = p->rate;
     p->refill_ns = ifd_clock_ns();
-    p->tsink = (ifd_tensor_sink){.write = tensor_write, .ctx = p};
+    p->tsink = (ifd_tensor_sink){.write = tensor_write, .ctx = p, .wants = tensor_wants};
     snprintf(p->mode, sizeof p->mode, "%s", ifd_mode_name(mode));
     rc = ifd_sink_create(&p->sink, &pub_ops, p);
     if (rc) {

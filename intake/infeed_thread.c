@@ -120,6 +120,10 @@ static int padding_batch(ifd_infeed *f, int replica, ifd_batch **out, ifd_error 
 static int enqueue_shards(ifd_infeed *f, ifd_error *err)
 {
     int rc = IFD_OK;
+    int outfeeds = f->cfg.mode != IFD_MODE_PREDICT && f->cfg.outfeeds_wanted &&
+                   f->cfg.outfeeds_wanted(f->cfg.outfeeds_arg);
+    for (int r = 0; r < f->replicas; r++)
+        f->shards[r].outfeeds = outfeeds;
     for (int r = 0; r < f->replicas && rc == IFD_OK; r++)
         if ((rc = ifd_device_infeed_enqueue(f->cfg.dev, r, &f->shards[r])))
             ifd_error_set(err, rc, "device infeed aborted");

@@ -22,6 +22,10 @@ typedef struct ifd_infeed_config {
     ifd_rendezvous *rv;
     /* Slept once before the first batch; ifd_infeed_stop ends the sleep early. */
     double initial_sleep_secs;
+    /* Asked once a step (train, eval), on the infeed thread: whether the step's program outfeed
+     * tensors are taken (ifd_shard.outfeeds). NULL: never. */
+    int (*outfeeds_wanted)(void *arg);
+    void *outfeeds_arg;
 } ifd_infeed_config;
 
 int ifd_infeed_start(ifd_infeed **out, const ifd_infeed_config *cfg);

@@ -5,6 +5,7 @@
  */
 #include "core/log.h"
 #include "core/thread.h"
+#include <infeed/host_call.h>
 #include <infeed/hosts.h>
 #include "loop/session_state.h"
 #include "loop/watchdog.h"
@@ -164,6 +165,24 @@ static void observe_loop(ifd_session *s, int64_t n)
 }
 
 /* Runs device loops until a hook, a stop request, the input or an error ends the run. */
+/* The infeed's, once a step: whether the step writes the program's outfeed tensors: only for
+ * someone who takes them, a host call (every step) or a tensor sink that wants them now (with
+ * several hosts, any tensor sink, every step: the hosts exchange the same tensors). */
+static int outfeeds_taken(void *arg)
+{
+    ifd_session *s = arg;
+    if (s->cfg.mode == IFD_MODE_PREDICT)
+        return 0;
+    if (s->cfg.nhost_calls > 0 || ifd_host_call_count() > 0)
+        return 1;
+    for (int i = 0; i < s->ntensor_sinks; i++) {
+        const ifd_tensor_sink *t = &s->tensor_sinks[i];
+        if (t->wants == NULL || ifd_hosts_many(s->cfg.hosts) || t->wants(t->ctx))
+            return 1;
+    }
+    return 0;
+}
+
 static void run_loops(ifd_session *s)
 {
     ifd_run_context *ctx = &s->ctx;
@@ -298,8 +317,6 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
     ifd_error_clear(err);
     s->ctx.global_step = ifd_device_global_step(s->dev);
 
-    /* The program's outfeed tensors are written and copied only for someone who takes them. */
-    ifd_device_take_outfeeds(s->dev, s->cfg.nhost_calls > 0 || s->ntensor_sinks > 0);
     if (call_hooks(s, CB_BEGIN) == IFD_OK) {
         ifd_infeed_config ic = {
             .dev = s->dev,
@@ -308,6 +325,8 @@ int ifd_session_run(ifd_session *s, ifd_error *err)
             .input_mode = s->cfg.input_mode,
             .mode = s->cfg.mode,
             .batch_size = s->cfg.batch_size,
+            .outfeeds_wanted = outfeeds_taken,
+            .outfeeds_arg = s,
             .rv = s->rv,
             .initial_sleep_secs = s->cfg.initial_infeed_sleep,
         };

@@ -307,6 +307,8 @@ static int step_tensors(ifd_outfeed *o, int n, int skipped, ifd_error *err)
     int rc = ifd_outfeed_tensors_step(&o->tens, o->recs, n, rendezvous_stopping, o->cfg.rv, err);
     if (rc)
         return rc;
+    if (o->cfg.program->noutfeeds > 0 && o->recs[0].outfeed == NULL)
+        return IFD_OK; /* a loop nobody took the program's tensors of (ifd_tensor_sink.wants) */
     ifd_step_tensors st = {
         .global_step = o->cfg.mode == IFD_MODE_TRAIN ? o->recs[0].step : o->steps_done + 1,
         .skipped = skipped,

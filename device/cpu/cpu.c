@@ -169,7 +169,7 @@ static int cpu_step(ifd_replica *base, int64_t nth)
     slot->rows = sh.rows;
     slot->outfeed = NULL;
     ifd_batch_tag_set(&slot->from, sh.batch);
-    if (cd->out_bytes > 0 && cfg->outfeed_tensors) {
+    if (cd->out_bytes > 0 && sh.outfeeds) {
         unsigned char *area = rep->out_mem + (size_t)(slot - rep->slots) * (size_t)cd->out_bytes;
         for (int i = 0; i < p->noutfeeds; i++)
             rep->out_ptrs[i] = area + cd->out_offs[i];

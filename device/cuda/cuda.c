@@ -473,10 +473,12 @@ void ifd_cu_close(ifd_device *dev)
     for (int r = 0; r < cd->replicas; r++) {
         cu_replica *rep = &cd->reps[r];
         for (int i = 0; rep->in && i < rep->nin; i++) {
-            if (rep->in[i].graph) {
-                cudaSetDevice(rep->gpu);
-                cudaGraphExecDestroy(rep->in[i].graph);
-                rep->in[i].graph = NULL;
+            for (int k = 0; k < 2; k++) {
+                if (rep->in[i].graph[k]) {
+                    cudaSetDevice(rep->gpu);
+                    cudaGraphExecDestroy(rep->in[i].graph[k]);
+                    rep->in[i].graph[k] = NULL;
+                }
             }
         }
     }

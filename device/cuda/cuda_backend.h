@@ -53,7 +53,10 @@ typedef struct cu_inslot {
     cudaEvent_t consumed; /* compute stream: the step that read it finished */
     int used;             /* consumed has been recorded */
     int64_t rows;
-    cudaGraphExec_t graph; /* the step captured with this slot's pointers, or NULL */
+    /* the step captured with this slot's pointers, or NULL: [1] with the program's outfeed
+     * tensors, [0] without (a shard's outfeeds, decided a step) */
+    cudaGraphExec_t graph[2];
+    int outfeeds; /* the shard's: the step writes the program's outfeed tensors */
     /* predict mode */
     float *dpred; /* the step's predictions, [max_shard_rows, predict_cols] on the device */
     /* train, eval: the step's outfeed tensors (cd->out_bytes from dtens[0], one device block;
@@ -81,6 +84,7 @@ typedef struct cu_outslot {
     float *hpred;
     /* train, eval: the step's outfeed area copied back (pinned, cd->out_bytes) */
     unsigned char *hout;
+    int has_out; /* hout holds this step's outfeed tensors */
     ifd_batch *batch;
     int64_t row0, rows;
     ifd_batch_tag from; /* the shard's batch (its input slot's) */

@@ -75,6 +75,7 @@ static int cu_infeed_enqueue(ifd_device *dev, int replica, const ifd_shard *shar
             memcpy(s->host + offs[j], src, (size_t)shard->rows * rb);
     }
     s->rows = shard->rows;
+    s->outfeeds = shard->outfeeds;
     ifd_batch_tag_set(&s->from, shard->batch);
     if (!direct && dev->cfg.mode != IFD_MODE_PREDICT) {
         ifd_batch_unref(shard->batch); /* the device reads the staging copy, never the batch */
@@ -188,8 +189,8 @@ static int cu_outfeed_dequeue(ifd_device *dev, int replica, ifd_outfeed_rec *rec
     rec->batch = o->batch; /* predict: the reference goes to the outfeed thread */
     rec->row0 = o->row0;
     rec->rows = o->rows;
-    rec->pred = o->batch ? o->hpred : NULL; /* valid while o is held: until the next dequeue */
-    rec->outfeed = dev->cfg.outfeed_tensors ? o->hout : NULL; /* likewise */
+    rec->pred = o->batch ? o->hpred : NULL;     /* valid while o is held: until the next dequeue */
+    rec->outfeed = o->has_out ? o->hout : NULL; /* likewise */
     o->batch = NULL;
     time_step(rep, o, rec);
     rep->last_end_ns = rec->end_ns;

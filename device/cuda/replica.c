@@ -255,8 +255,7 @@ static int enqueue_step(cu_replica *rep, cu_inslot *s)
     const ifd_device_config *cfg = &rep->cd->dev->cfg;
     ifd_tensor views[IFD_MAX_INPUTS];
     shard_views(cfg, s, views);
-    rep->st.outfeeds =
-        rep->cd->out_bytes > 0 && cfg->outfeed_tensors ? (void *const *)s->dtens : NULL;
+    rep->st.outfeeds = rep->cd->out_bytes > 0 && s->outfeeds ? (void *const *)s->dtens : NULL;
     rep->op_rc = IFD_OK;
     int rc;
     switch (cfg->mode) {
@@ -296,16 +295,17 @@ static int run_step(cu_replica *rep, cu_inslot *s)
     rep->warmed = 1;
     if (!use_graph)
         return enqueue_step(rep, s);
-    if (s->graph == NULL) {
+    cudaGraphExec_t *graph = &s->graph[s->outfeeds ? 1 : 0];
+    if (*graph == NULL) {
         cudaGraph_t g = NULL;
         CUDA_TRY_GOTO(rep->gpu, cudaStreamBeginCapture(rep->cs, cudaStreamCaptureModeThreadLocal),
                       rc, &rep->base.err, fail);
         rc = enqueue_step(rep, s);
         cudaError_t e = cudaStreamEndCapture(rep->cs, &g);
         if (e == cudaSuccess && rc == IFD_OK) {
-            e = cudaGraphInstantiate(&s->graph, g, 0);
+            e = cudaGraphInstantiate(graph, g, 0);
             if (e != cudaSuccess) {
-                s->graph = NULL;
+                *graph = NULL;
                 (void)cudaGetLastError();
                 rc = ifd_cuda_error(&rep->base.err, rep->gpu, "cudaGraphInstantiate",
                                     cudaGetErrorString(e));
@@ -321,7 +321,7 @@ static int run_step(cu_replica *rep, cu_inslot *s)
         if (rc)
             return rc;
     }
-    CUDA_TRY_GOTO(rep->gpu, cudaGraphLaunch(s->graph, rep->cs), rc, &rep->base.err, fail);
+    CUDA_TRY_GOTO(rep->gpu, cudaGraphLaunch(*graph, rep->cs), rc, &rep->base.err, fail);
     return IFD_OK;
 fail:
     return rc;
@@ -378,7 +378,8 @@ static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
         rep->gpu,
         cudaMemcpyAsync(o->host, s->dout, sizeof *o->host, cudaMemcpyDeviceToHost, rep->cs), rc,
         &rep->base.err, fail);
-    if (rep->cd->out_bytes > 0 && cfg->outfeed_tensors) /* the step's tensors, with its record */
+    o->has_out = rep->cd->out_bytes > 0 && s->outfeeds;
+    if (o->has_out) /* the step's tensors, with its record */
         CUDA_TRY_GOTO(rep->gpu,
                       cudaMemcpyAsync(o->hout, s->dtens[0], (size_t)rep->cd->out_bytes,
                                       cudaMemcpyDeviceToHost, rep->cs),

@@ -439,7 +439,7 @@ START_TEST(outfeed_tensors_cross_hosts_in_rank_order)
     memset(seen, 0, sizeof seen);
     ifd_tensor_sink sinks[MAX_HOSTS];
     for (int h = 0; h < H; h++)
-        sinks[h] = (ifd_tensor_sink){seen_write, &seen[h]};
+        sinks[h] = (ifd_tensor_sink){.write = seen_write, .ctx = &seen[h]};
     host_run hr[MAX_HOSTS];
     int64_t nper[MAX_HOSTS] = {cfg.steps, cfg.steps, cfg.steps, cfg.steps};
     hosts_opts o = {.stopper = -1, .stall_at = -1, .tensors = sinks};

@@ -208,7 +208,7 @@ static void run_probe(ifd_mode run_mode, int i)
         c.p.cls->init_params(&c.p, c.params, cfg.seed);
     }
     tu_result res;
-    ifd_tensor_sink ts = {probe_write, &c};
+    ifd_tensor_sink ts = {.write = probe_write, .ctx = &c};
     run_with_sink(&cfg, bs, n, &ts, &res);
     const char *what = ifd_input_mode_name(mode);
     RASSERT(res.rc == IFD_OK, "%s R=%d: %s", what, R, ifd_error_text(&res.err));
@@ -273,7 +273,7 @@ START_TEST(outfeeds_only_for_a_taker)
         tu_batch **bs = tu_batches_random(&cfg, cfg.steps, 5);
         tu_result res;
         int written = 0;
-        ifd_tensor_sink ts = {noting_write, &written};
+        ifd_tensor_sink ts = {.write = noting_write, .ctx = &written};
         g_with_outfeeds = 0;
         run_with_sink(&cfg, bs, cfg.steps, with_sink ? &ts : NULL, &res);
         ck_assert_msg(res.rc == IFD_OK, "%s", ifd_error_text(&res.err));
@@ -282,6 +282,70 @@ START_TEST(outfeeds_only_for_a_taker)
         tu_result_free(&res);
         tu_batches_free(bs, cfg.steps);
     }
+}
+END_TEST
+
+/* A sink that wants the tensors of the steps a random schedule says: the infeed asks once a
+ * step, in step order (its thread only). */
+typedef struct step_wants {
+    int schedule[64];
+    int asked;
+    int64_t seen[256]; /* the global steps written */
+    int nseen;
+} step_wants;
+
+static int schedule_wants(void *ctx)
+{
+    step_wants *w = ctx;
+    return w->asked < 64 ? w->schedule[w->asked++] : 0;
+}
+
+static int schedule_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
+{
+    (void)err;
+    step_wants *w = ctx;
+    if (w->nseen < 256)
+        w->seen[w->nseen++] = t->global_step;
+    return IFD_OK;
+}
+
+/* A sink's wants, asked once a step: the steps it wants write the program's tensors on every
+ * replica and reach it, the others write none (no op on the device) and do not, whatever the
+ * loops. */
+START_TEST(a_sink_takes_the_steps_it_wants)
+{
+    if (ifd_program_find("counting") == NULL)
+        ck_assert_int_eq(tu_register_softmax_like("counting", counting_step), IFD_OK);
+    ifd_rng rng;
+    seed_rng(&rng);
+    int64_t ipl = rand_between(&rng, 1, 5), steps = rand_between(&rng, 1, 40);
+    ifd_config cfg;
+    tu_config_train(&cfg, "counting", IFD_OPT_SGD, 4, 3, 8, ipl, ifd_rng_next(&rng));
+    cfg.replicas = (int)rand_between(&rng, 1, 3);
+    cfg.batch_size = 4 * cfg.replicas;
+    cfg.steps = steps;
+    tu_batch **bs = tu_batches_random(&cfg, steps, 5);
+    step_wants w;
+    memset(&w, 0, sizeof w);
+    for (int i = 0; i < 64; i++)
+        w.schedule[i] = (int)rand_between(&rng, 0, 1);
+    ifd_tensor_sink ts = {.write = schedule_write, .ctx = &w, .wants = schedule_wants};
+    g_with_outfeeds = 0;
+    tu_result res;
+    run_with_sink(&cfg, bs, steps, &ts, &res);
+    ck_assert_msg(res.rc == IFD_OK, "%s", ifd_error_text(&res.err));
+    int64_t want = 0;
+    ck_assert_int_eq(w.asked, steps);
+    for (int64_t st = 1; st <= steps; st++)
+        if (w.schedule[st - 1]) {
+            RASSERT(want < w.nseen && w.seen[want] == st, "step %lld (wanted) not written in order",
+                    (long long)st);
+            want++;
+        }
+    ck_assert_int_eq(w.nseen, want);
+    ck_assert_int_eq(g_with_outfeeds, cfg.replicas * want);
+    tu_result_free(&res);
+    tu_batches_free(bs, steps);
 }
 END_TEST
 
@@ -298,7 +362,7 @@ START_TEST(tensor_sink_error_ends_the_run)
     tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 4, 3, 8, 2, 3);
     tu_batch **bs = tu_batches_random(&cfg, cfg.steps, 5);
     tu_result res;
-    ifd_tensor_sink ts = {failing_write, NULL};
+    ifd_tensor_sink ts = {.write = failing_write, .ctx = NULL};
     run_with_sink(&cfg, bs, cfg.steps, &ts, &res);
     ck_assert_int_eq(res.rc, IFD_EINVAL);
     /* softmax: class, confidence, label and the six of a train step */
@@ -318,6 +382,7 @@ int main(void)
     tcase_add_loop_test(tc, eval_tensors_concatenated, 0, 12);
     tcase_add_test(tc, tensor_sink_error_ends_the_run);
     tcase_add_test(tc, outfeeds_only_for_a_taker);
+    tcase_add_loop_test(tc, a_sink_takes_the_steps_it_wants, 0, 8);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
