@@ -150,9 +150,10 @@ typedef struct ifd_step_args {
     float *predictions;
     /* train and eval: the step's outfeed tensors (p->outfeeds, in declaration order), device
      * memory the step writes in full: [rows, dims...] for a per-row tensor, [dims...] for one a
-     * replica-step. NULL in predict mode, in a run where nobody takes them (no host call, no
-     * tensor sink), and where a step runs without an outfeed (a test that calls the program
-     * directly): a program writes its outfeeds only when this is not NULL. */
+     * replica-step. NULL in predict mode, in a step whose tensors nobody takes (no host call,
+     * no tensor sink that wants them then), and where a step runs without an outfeed (a test
+     * that calls the program directly): a program writes its outfeeds only when this is not
+     * NULL. */
     void *const *outfeeds;
 } ifd_step_args;
 

@@ -87,11 +87,11 @@ typedef struct ifd_step_tensors {
 /* Receives every train or eval step's tensors, on the outfeed thread, in step order. The tensors
  * are valid during the call only. An error ends the run.
  *
- * wants (optional) says whether the sink takes tensors now; the session asks it before each
- * loop (on its own thread), and a loop whose steps nobody takes writes no program outfeed (no
- * op, no copy): its steps reach the sink only for a program without outfeed tensors of its own.
- * NULL: always. With several hosts a sink takes them for the whole run (every host must
- * exchange the same tensors). */
+ * wants (optional) says whether the sink takes tensors now: the infeed asks it once a step (on
+ * its thread; make it cheap), and a step nobody takes writes no program outfeed (no op, no
+ * copy) and reaches the sink only for a program without outfeed tensors of its own. NULL:
+ * always. With several hosts a sink takes them at every step (every host must exchange the
+ * same tensors). */
 typedef struct ifd_tensor_sink {
     int (*write)(void *ctx, const ifd_step_tensors *t, ifd_error *err);
     void *ctx;
