@@ -60,6 +60,10 @@ def main():
     write("fuzz_config", "file", json.dumps(cfg).encode())
     write("fuzz_config", "flags", b"{}\0--replicas\0003\0--steps\00010\0--batch-size\0009"
           b"\0--mode=eval\0--max-abs-input\0001e6")
+    calls = {"program": "softmax", "features": 3, "classes": 2, "steps": 2,
+             "host_calls": {"confidence": ["mean", "histogram:bins=4,range=0:1"], "label": "sum"}}
+    write("fuzz_config", "host-calls", json.dumps(calls).encode()
+          + b"\0--host-call\0class=top_k:2,label=label,max\0--host-call=loss=last")
     if len(sys.argv) > 1:  # a real checkpoint from a short run of infeedd
         with tempfile.TemporaryDirectory() as tmp:
             ck = Path(tmp) / "ck"
