@@ -703,19 +703,21 @@ static int64_t upper_bound(const double *a, int64_t n, double v)
 }
 
 /* numpy's bin for v: e[i] <= v < e[i + 1], the last bin closed; -1 below e[0], bins above
- * e[bins]. A guess from the bin width, then moved to the bin whose edges hold v. */
+ * e[bins]. A guess from the bin width (in range, so the cast cannot overflow), then moved to the
+ * bin whose edges hold v. */
 #define FIXED_BIN(e, v, bins, lo, hi, out)                                                         \
     do {                                                                                           \
-        int64_t b_ = (int64_t)(((double)(v) - (lo)) / ((hi) - (lo)) * (double)(bins));             \
-        if (b_ < 0)                                                                                \
-            b_ = 0;                                                                                \
-        if (b_ > (bins)-1)                                                                         \
-            b_ = (bins)-1;                                                                         \
+        if ((v) < (e)[0] || (v) > (e)[bins]) {                                                     \
+            (out) = (v) < (e)[0] ? -1 : (bins);                                                    \
+            break;                                                                                 \
+        }                                                                                          \
+        double g_ = ((double)(v) - (lo)) / ((hi) - (lo)) * (double)(bins);                         \
+        int64_t b_ = g_ < 0 ? 0 : g_ > (double)((bins)-1) ? (bins)-1 : (int64_t)g_;                \
         while (b_ > 0 && (v) < (e)[b_])                                                            \
             b_--;                                                                                  \
         while (b_ < (bins)-1 && (v) >= (e)[b_ + 1])                                                \
             b_++;                                                                                  \
-        (out) = (v) < (e)[0] ? -1 : (v) > (e)[bins] ? (bins) : b_;                                 \
+        (out) = b_;                                                                                \
     } while (0)
 
 static void add_histogram(ifd_reducer *r, const ifd_tensor *t, int64_t n)

@@ -5,7 +5,8 @@ added in a given number of steps, and prints its JSON value; each test here draw
 and data, runs it, and compares with numpy: np.histogram (counts and edges exact), np.quantile
 (exact), TensorBoard's default buckets by np.searchsorted, the confusion counts by np.add.at,
 top-k ranks, and tf.metrics.auc's definition written in numpy (counts exact). The same rows
-split into other steps give the same counts.
+split into other steps give the same counts, and TensorBoard's EventAccumulator reads both kinds
+of histogram written as HistogramProtos the way docs/summaries.md says.
 """
 
 from __future__ import annotations
@@ -342,3 +343,40 @@ def test_errors_name_the_row_and_value(tmp_path):
     assert "row 1" in err and "1.5" in err and "[0, 1]" in err
     err = reduce(tmp_path, "histogram:bins=0,range=0:1", np.zeros(3, np.float32), ok=False)
     assert "bins=" in err and "'0'" in err and "host_calls" in err
+
+
+def test_tensorboard_reads_the_histograms(tmp_path):
+    """Both histogram values become TensorBoard HistogramProtos as docs/summaries.md says (the
+    fixed bins with `below` in front and `above` at the end), and TensorBoard's own reader reads
+    them back."""
+    ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(4000).astype(np.float32)
+    default = reduce(tmp_path, "histogram", x, steps=3)
+    fixed = reduce(tmp_path, "histogram:bins=20,range=-1.5:1.5", x, steps=3)
+    fixed_limits = [fixed["range"][0]] + fixed["bucket_limit"] + [sys.float_info.max]
+    fixed_counts = [fixed["below"]] + fixed["bucket"] + [fixed["above"]]
+    logdir = tmp_path / "tb"
+    w = EventFileWriter(str(logdir))
+    for tag, h, limits, counts in (
+            ("default", default, default["bucket_limit"], default["bucket"]),
+            ("fixed", fixed, fixed_limits, fixed_counts)):
+        proto = HistogramProto(min=h["min"], max=h["max"], num=h["num"], sum=h["sum"],
+                               sum_squares=h["sum_squares"], bucket_limit=limits, bucket=counts)
+        w.add_event(Event(step=7, wall_time=1.0,
+                          summary=Summary(value=[Summary.Value(tag=tag, histo=proto)])))
+    w.close()
+    ea = ea_mod.EventAccumulator(str(logdir), size_guidance={ea_mod.HISTOGRAMS: 0})
+    ea.Reload()
+    for tag, h, limits, counts in (("default", default, default["bucket_limit"], default["bucket"]),
+                                   ("fixed", fixed, fixed_limits, fixed_counts)):
+        (ev,) = ea.Histograms(tag)
+        v = ev.histogram_value
+        assert ev.step == 7
+        assert list(v.bucket_limit) == limits and list(v.bucket) == counts
+        assert v.num == 4000 == sum(v.bucket) and v.min == float(x.min())
+        assert v.max == float(x.max())
