@@ -76,6 +76,7 @@ void ingest_request_stop(ifd_ingest *g, const char *why)
         IFD_LOG_INFO("%s: stopping at the end of the current loop", why);
         g->stop_ns = ifd_clock_ns();
         ifd_session_request_stop(g->session);
+        ifd_eval_set_close(g->eval); /* a due eval no longer waits for its set */
     }
 }
 

@@ -350,7 +350,7 @@ producer *ingest_new_slot(ifd_ingest *g)
                                     "producer '%s' (connection gone, nothing in flight) gives "
                                     "its slot to a new producer",
                                     ifd_log_escape(p->name, n, sizeof n));
-                    if (!p->counted_end)
+                    if (!p->counted_end && !p->eval)
                         g->ended_total++; /* as a timeout would: it no longer holds the input */
                 }
                 ingest_slot_reset(g, p);
@@ -395,7 +395,7 @@ static void time_out(ifd_ingest *g, producer *p, const char *why)
     p->ended = 1;
     p->credit = 0;
     ingest_shm_drop(g, p); /* its steps in flight keep the pool until they are consumed */
-    if (!p->counted_end)
+    if (!p->counted_end && !p->eval)
         g->ended_total++;
     p->counted_end = 1;
 }
@@ -457,7 +457,7 @@ void ingest_check_input_end(ifd_ingest *g)
         return;
     for (int i = 0; i < g->cfg->max_producers; i++) {
         producer *p = &g->producers[i];
-        if (p->used && p->welcomed && !p->ended)
+        if (p->used && p->welcomed && !p->ended && !p->eval)
             return;
     }
     if (g->cfg->expect_producers > 0 && g->ended_total < g->cfg->expect_producers)
@@ -477,9 +477,13 @@ void ingest_handle_end(ifd_ingest *g, const producer_rid *from)
         IFD_LOG_LIMITED(&g->lim_hello, IFD_LOG_INFO,
                         "producer '%s' ended its stream after batch %" PRId64,
                         ifd_log_escape(p->name, n, sizeof n), p->last_seq);
-        if (!p->counted_end)
+        if (!p->counted_end && !p->eval)
             g->ended_total++;
         p->counted_end = 1;
+    }
+    if (p->eval_open) {
+        p->eval_open = 0;
+        ifd_eval_set_end(g->eval);
     }
     p->ended = 1;
     ingest_shm_drop(g, p); /* a HELLO starts again, with a new pool if it asks */
