@@ -117,6 +117,28 @@ def test_eval_summaries_equal_eval_runs_on_checkpoints(daemon, tmp_path, rng):
         assert e["accuracy"] == pytest.approx(r["accuracy"], rel=1e-6), (e, r)
 
 
+def test_a_stop_ends_the_wait_for_the_eval_set(daemon, rng):
+    """No eval producer ever comes: training waits at the first due eval, and a stop request
+    ends the wait (the eval skipped) and the run."""
+    rows, every, seed = rng.randint(1, 6), rng.randint(1, 5), rng.randrange(1 << 20)
+    d = daemon(**common("softmax", 1, rows, 3, 2), last_step=1000, iterations_per_loop=1,
+               eval_every=every)
+    t = threading.Thread(target=stream_until_end, daemon=True,
+                         args=(d.listen, lambda i: seeded_batch(seed + i, rows, 3, 2)),
+                         kwargs=dict(max_batches=1000, name="trainer"))
+    t.start()
+    wait_log(d, f"eval due at global step {every}: training waits for the eval set (no eval "
+                "producer has connected yet)")
+    assert d.control({"cmd": "stop"})["ok"], d.log()
+    assert d.wait(30) == 0, d.log()
+    t.join(30)
+    end = d.end_summary()
+    assert end["status"] == "ok" and end["reason"] == "stopped", end
+    assert end["global_step"] == every, end
+    assert f"eval at global step {every} skipped: the run is stopping" in d.log(), d.log()
+    assert evals_of(d) == []
+
+
 def test_eval_set_over_the_bound_is_refused_and_training_goes_on(daemon, tmp_path, rng):
     replicas = rng.randint(1, 2)
     rows = replicas * rng.randint(1, 4)
