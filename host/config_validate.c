@@ -315,11 +315,11 @@ static int check_eval(const ifd_daemon_config *c, ifd_error *err)
         return config_fail(c, err, "eval_every",
                            "evaluates during training: expected 0 in %s mode, got %" PRId64,
                            ifd_mode_name(c->run.mode), c->eval_every);
-    if (c->eval_every > 0 && c->run.input_mode != IFD_INPUT_PER_HOST &&
-        c->run.input_mode != IFD_INPUT_BROADCAST)
+    if (c->eval_every > 0 && c->run.input_mode == IFD_INPUT_PER_CORE)
         return config_fail(c, err, "eval_every",
-                           "the eval set replays one batch a step: expected {input_mode} per-host "
-                           "or broadcast, got %s",
+                           "the eval set is replayed in its arrival order, not a stream a "
+                           "replica: expected {input_mode} per-host, per-host-v2 or broadcast, "
+                           "got %s",
                            ifd_input_mode_name(c->run.input_mode));
     if (c->keep_best && c->eval_every == 0)
         return config_fail(c, err, "keep_best",

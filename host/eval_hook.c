@@ -93,13 +93,19 @@ static void ask_loop_end(eval_hook *h, ifd_run_context *ctx)
     ifd_run_context_end_next_loop_by(ctx, h->next_due);
 }
 
+/* Batches a step takes: per-host-v2 one a replica, the other input modes one. */
+static int64_t batches_a_step(const eval_hook *h)
+{
+    return h->o.run.input_mode == IFD_INPUT_PER_HOST_V2 ? h->o.run.replicas : 1;
+}
+
 /* The eval session over the set's n batches from ck's parameters: its eval summary (a new
  * reference) into *out. */
 static int run_eval(eval_hook *h, const ifd_checkpoint *ck, int64_t n, json_t **out, ifd_error *err)
 {
     ifd_config ec = h->o.run;
     ec.mode = IFD_MODE_EVAL;
-    ec.steps = n;
+    ec.steps = n / batches_a_step(h);
     ec.last_step = 0;
     ec.initial_global_step = 0;
     ec.restore = ck;
@@ -256,6 +262,13 @@ static int evaluate(eval_hook *h, ifd_run_context *ctx, int64_t step, ifd_error 
     if (ifd_eval_set_wait(h->o.set, step, &n, &why) != IFD_OK || n == 0) {
         IFD_LOG_WARN("eval at global step %" PRId64 " skipped: %s", step,
                      n == 0 && why.code == IFD_OK ? "the eval set is empty" : why.msg);
+        return IFD_OK;
+    }
+    if (n % batches_a_step(h) != 0) {
+        IFD_LOG_WARN("eval at global step %" PRId64 " skipped: the eval set holds %" PRId64
+                     " batches, and per-host-v2 input takes %" PRId64
+                     " a step (one a replica): expected a multiple of %" PRId64,
+                     step, n, batches_a_step(h), batches_a_step(h));
         return IFD_OK;
     }
     int64_t t0 = ifd_clock_ns();

@@ -71,25 +71,29 @@ def common(program, replicas, rows, features, classes, **kw) -> dict:
     return f
 
 
-def test_eval_summaries_equal_eval_runs_on_checkpoints(daemon, tmp_path, rng):
+@pytest.mark.parametrize("input_mode", ["per-host", "per-host-v2", "broadcast"])
+def test_eval_summaries_equal_eval_runs_on_checkpoints(daemon, tmp_path, rng, input_mode):
     program = rng.choice(["softmax", "mlp"])
     replicas = rng.randint(1, 3)
-    rows = replicas * rng.randint(1, 6)
+    rows = replicas * rng.randint(1, 6)  # the global batch
+    # rows a batch has (WELCOME's batch_size), and batches a step takes
+    per_batch = rows if input_mode == "per-host" else rows // replicas
+    per_step = replicas if input_mode == "per-host-v2" else 1
     features, classes = rng.randint(2, 8), rng.randint(2, 5)
     every, ipl, steps = rng.randint(2, 5), rng.randint(1, 4), rng.randint(8, 16)
-    neval = rng.randint(1, 5)
+    neval = per_step * rng.randint(1, 4)
     seed = rng.randrange(1 << 20)
     folder = tmp_path / "ck"
-    base = common(program, replicas, rows, features, classes)
+    base = common(program, replicas, rows, features, classes, input_mode=input_mode)
     d = daemon(**base, steps=steps, iterations_per_loop=ipl, eval_every=every,
                learning_rate=0.3, checkpoint_dir=str(folder), checkpoint_every=every,
                keep_checkpoints=1000)
     # The trainer first: the first eval is due before the eval set is there, and training waits
     # for it (the rule of docs/design.md), then the eval producer sends it.
-    t = train_stream(d.listen, steps, seed, rows, features, classes)
+    t = train_stream(d.listen, steps * per_step, seed, per_batch, features, classes)
     if eval_steps(steps, ipl, every):
         wait_log(d, "training waits for the eval set")
-    ev_batches = eval_batches(seed + 10000, neval, rows, features, classes)
+    ev_batches = eval_batches(seed + 10000, neval, per_batch, features, classes)
     p = send_eval_set(d.listen, ev_batches)
     assert p.welcome["role"] == "eval", p.welcome
     t.join(60)
@@ -104,17 +108,35 @@ def test_eval_summaries_equal_eval_runs_on_checkpoints(daemon, tmp_path, rng):
     # No eval batch was trained on: the train run took exactly its own batches.
     assert end["steps"] == steps, end
     for e in evals:
-        assert e["examples"] == neval * rows and e["steps"] == neval, e
+        assert e["steps"] == neval // per_step, e
         path = folder / f"ckpt-{e['global_step']:012d}.ifdckpt"
         assert path.exists(), sorted(folder.iterdir())
-        ref = daemon(**base, mode="eval", steps=neval, checkpoint=str(path))
+        ref = daemon(**base, mode="eval", steps=neval // per_step, checkpoint=str(path))
         send_eval_set(ref.listen, ev_batches, role="train")
         assert ref.wait() == 0, ref.log()
         (r,) = evals_of(ref)
         assert "during_train" not in r, r
         assert r["global_step"] == e["global_step"], (r, e)
+        assert e["examples"] == r["examples"] and e["steps"] == r["steps"], (e, r)
         assert e["loss"] == pytest.approx(r["loss"], rel=1e-6), (e, r)
         assert e["accuracy"] == pytest.approx(r["accuracy"], rel=1e-6), (e, r)
+
+
+def test_per_host_v2_eval_set_of_a_partial_step_is_skipped(daemon, rng):
+    """per-host-v2 takes one batch a replica a step: an eval set that is not a multiple of the
+    replicas is skipped with a warning, and training goes on."""
+    replicas, seed = rng.randint(2, 3), rng.randrange(1 << 20)
+    n = replicas * rng.randint(0, 2) + rng.randint(1, replicas - 1)
+    d = daemon(**common("softmax", replicas, 2 * replicas, 3, 2, input_mode="per-host-v2"),
+               steps=4, iterations_per_loop=2, eval_every=2)
+    send_eval_set(d.listen, eval_batches(seed, n, 2, 3, 2))
+    train_stream(d.listen, 4 * replicas, seed, 2, 3, 2).join(60)
+    assert d.wait(60) == 0, d.log()
+    assert d.end_summary()["reason"] == "last_step", d.end_summary()
+    assert evals_of(d) == [], d.summaries()
+    assert (f"eval at global step 2 skipped: the eval set holds {n} batches, and per-host-v2 "
+            f"input takes {replicas} a step (one a replica): expected a multiple of "
+            f"{replicas}") in d.log(), d.log()
 
 
 def test_a_stop_ends_the_wait_for_the_eval_set(daemon, rng):
@@ -271,7 +293,7 @@ def test_eval_every_config_errors(tmp_path):
         (["--mode", "eval", "--eval-every", "2", "--checkpoint", str(tmp_path / "x")],
          "--eval-every: evaluates during training: expected 0 in eval mode, got 2"),
         (["--eval-every", "2", "--input-mode", "per-core"],
-         "expected --input-mode per-host or broadcast, got per-core"),
+         "expected --input-mode per-host, per-host-v2 or broadcast, got per-core"),
         (["--keep-best", "loss"], "--keep-best: keeps the best eval's checkpoint: expected "
                                   "--eval-every N with it, got none"),
         (["--eval-every", "2", "--keep-best", "loss"], "expected --checkpoint-dir with it"),
