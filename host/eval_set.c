@@ -23,7 +23,8 @@ struct ifd_eval_set {
     int64_t n, cap;
     int joined, ended; /* eval producers welcomed, and of those, ended */
     int closed;
-    int refused; /* a batch did not fit: the set is incomplete for the rest of the run */
+    int refused; /* a batch did not fit, or an eval producer left without END: the set is
+                    incomplete for the rest of the run */
     char refused_msg[IFD_ERROR_MSG_MAX];
     int warned; /* the wait's WARN line was written */
 };
@@ -87,6 +88,18 @@ void ifd_eval_set_end(ifd_eval_set *e)
         IFD_LOG_INFO("eval set complete: %" PRId64 " batches, %" PRId64 " bytes", e->n, e->bytes);
         ifd_cond_broadcast(&e->cv);
     }
+    ifd_mutex_unlock(&e->mu);
+}
+
+void ifd_eval_set_abandon(ifd_eval_set *e, const char *producer, const char *why)
+{
+    ifd_mutex_lock(&e->mu);
+    if (!e->refused)
+        snprintf(e->refused_msg, sizeof e->refused_msg,
+                 "eval producer '%.64s' %.200s before its END: the eval set is incomplete",
+                 producer, why);
+    e->refused = 1;
+    ifd_cond_broadcast(&e->cv);
     ifd_mutex_unlock(&e->mu);
 }
 

@@ -25,6 +25,11 @@ void ifd_eval_set_destroy(ifd_eval_set *e);
 int ifd_eval_set_join(ifd_eval_set *e, const char *producer, ifd_error *err);
 void ifd_eval_set_end(ifd_eval_set *e);
 
+/* I/O thread: an eval producer that joined leaves without END (timed out, its slot given away):
+ * the set is incomplete for the rest of the run (evals are skipped, the reason names producer
+ * and why). */
+void ifd_eval_set_abandon(ifd_eval_set *e, const char *producer, const char *why);
+
 /* I/O thread: a copy of one step batch's tensors (each `rows` rows) joins the set. IFD_ERANGE
  * when it does not fit under the bound (the sentence names --eval-memory, the bytes stored and
  * the batch's size; the set is then marked refused: evals are skipped), IFD_ENOMEM. */
@@ -38,8 +43,8 @@ void ifd_eval_set_close(ifd_eval_set *e);
 
 /* Session thread: waits until the set is complete (at least one eval producer was welcomed and
  * every one welcomed sent END) or closed. IFD_OK with *batches when complete; IFD_ECLOSED, or
- * IFD_ERANGE after a refused batch, with the reason in err. Logs a WARN line the first time it
- * has to wait (naming global_step, what it waits for). */
+ * IFD_ERANGE after a refused batch or an abandoned set, with the reason in err. Logs a WARN line
+ * the first time it has to wait (naming global_step, what it waits for). */
 int ifd_eval_set_wait(ifd_eval_set *e, int64_t global_step, int64_t *batches, ifd_error *err);
 
 /* The tensor bytes held. */

@@ -102,6 +102,8 @@ int ingest_slot_bind(ifd_ingest *g, producer *p, const producer_rid *r)
 
 void ingest_slot_reset(ifd_ingest *g, producer *p)
 {
+    if (p->eval_open)
+        ifd_eval_set_abandon(g->eval, p->name, "gave up its producer slot");
     ingest_slot_unbind(g, p);
     ingest_shm_drop(g, p);
     memset(p, 0, sizeof *p);
@@ -394,6 +396,10 @@ static void time_out(ifd_ingest *g, producer *p, const char *why)
     p->timed_out = 1;
     p->ended = 1;
     p->credit = 0;
+    if (p->eval_open) {
+        p->eval_open = 0;
+        ifd_eval_set_abandon(g->eval, p->name, "timed out (producer_timeout)");
+    }
     ingest_shm_drop(g, p); /* its steps in flight keep the pool until they are consumed */
     if (!p->counted_end && !p->eval)
         g->ended_total++;

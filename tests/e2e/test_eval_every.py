@@ -139,6 +139,26 @@ def test_per_host_v2_eval_set_of_a_partial_step_is_skipped(daemon, rng):
             f"{replicas}") in d.log(), d.log()
 
 
+def test_an_eval_producer_that_times_out_leaves_the_set_incomplete(daemon, rng):
+    """An eval producer silent with credit for producer_timeout, before its END: the eval set is
+    incomplete, every eval is skipped naming it, and training goes on."""
+    rows, seed = rng.randint(1, 4), rng.randrange(1 << 20)
+    d = daemon(**common("softmax", 1, rows, 3, 2), steps=6, iterations_per_loop=2, eval_every=2,
+               producer_timeout=0.5)
+    p = infeed.Producer(d.listen, name="slow-ev", timeout=20, role="eval")
+    p.send(seeded_batch(seed, rows, 3, 2))
+    p.wait()
+    wait_log(d, "producer 'slow-ev' timed out")
+    train_stream(d.listen, 6, seed, rows, 3, 2).join(60)
+    assert d.wait(60) == 0, d.log()
+    p.close()
+    assert d.end_summary()["reason"] == "last_step", d.end_summary()
+    assert evals_of(d) == [], d.summaries()
+    for step in (2, 4, 6):
+        assert (f"eval at global step {step} skipped: eval producer 'slow-ev' timed out "
+                "(producer_timeout) before its END: the eval set is incomplete") in d.log(), d.log()
+
+
 def test_a_stop_ends_the_wait_for_the_eval_set(daemon, rng):
     """No eval producer ever comes: training waits at the first due eval, and a stop request
     ends the wait (the eval skipped) and the run."""

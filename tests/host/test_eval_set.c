@@ -194,6 +194,32 @@ START_TEST(test_wait_wakes_on_the_last_end)
 }
 END_TEST
 
+/* An eval producer that leaves without END (timed out, its slot given away) makes the set
+ * incomplete: a wait returns IFD_ERANGE naming it, also when the others ended. */
+START_TEST(test_abandon_wakes_the_wait)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_eval_set *e;
+    ck_assert_int_eq(ifd_eval_set_create(&e, INT64_MAX), IFD_OK);
+    ifd_error err;
+    int k = (int)rand_between(&rng, 1, 3);
+    for (int i = 0; i < k; i++)
+        RC_OK(ifd_eval_set_join(e, "ev", &err), err);
+    waiter w = {.e = e, .rc = -1};
+    ck_assert_int_eq(ifd_thread_start(&w.t, "ifd-waiter", wait_main, &w), IFD_OK);
+    for (int i = 0; i < k - 1; i++)
+        ifd_eval_set_end(e);
+    ifd_eval_set_abandon(e, "slow-ev", "timed out (producer_timeout)");
+    ifd_thread_join(&w.t);
+    ck_assert_int_eq(w.rc, IFD_ERANGE);
+    RASSERT(strstr(w.err.msg, "eval producer 'slow-ev' timed out (producer_timeout) before its "
+                              "END: the eval set is incomplete"),
+            "%s", w.err.msg);
+    ifd_eval_set_destroy(e);
+}
+END_TEST
+
 /* A stop closes the set: a wait (no producer yet, or one that has not ended) returns ECLOSED, and
  * no producer or batch is taken after it. */
 START_TEST(test_close_wakes_the_wait)
@@ -229,5 +255,6 @@ int main(void)
     tcase_add_loop_test(tc, test_bound_refuses_with_the_sentence, 0, 10);
     tcase_add_loop_test(tc, test_wait_wakes_on_the_last_end, 0, 10);
     tcase_add_loop_test(tc, test_close_wakes_the_wait, 0, 10);
+    tcase_add_loop_test(tc, test_abandon_wakes_the_wait, 0, 10);
     return tu_run_suite(s);
 }
