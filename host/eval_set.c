@@ -222,6 +222,19 @@ int64_t ifd_eval_set_bytes(ifd_eval_set *e)
     return b;
 }
 
+void ifd_eval_set_get_state(ifd_eval_set *e, ifd_eval_set_state *st, char *why, size_t len)
+{
+    ifd_mutex_lock(&e->mu);
+    *st = (ifd_eval_set_state){.batches = e->n,
+                               .bytes = e->bytes,
+                               .max_bytes = e->max_bytes,
+                               .producers = e->joined,
+                               .ended = e->ended,
+                               .complete = complete(e) && !e->refused};
+    snprintf(why, len, "%s", e->refused ? e->refused_msg : "");
+    ifd_mutex_unlock(&e->mu);
+}
+
 /* ---- the replay ---------------------------------------------------------------------------- */
 
 struct ifd_eval_replay {

@@ -50,6 +50,15 @@ int ifd_eval_set_wait(ifd_eval_set *e, int64_t global_step, int64_t *batches, if
 /* The tensor bytes held. */
 int64_t ifd_eval_set_bytes(ifd_eval_set *e);
 
+/* Any thread: the set as it is now (control's status). why (len bytes): why it is incomplete for
+ * the run (a refused batch, a producer that left), "" when it is not. */
+typedef struct ifd_eval_set_state {
+    int64_t batches, bytes, max_bytes;
+    int producers, ended; /* eval producers welcomed, and of those, ended */
+    int complete;
+} ifd_eval_set_state;
+void ifd_eval_set_get_state(ifd_eval_set *e, ifd_eval_set_state *st, char *why, size_t len);
+
 /* A replay of a complete set: a batch source handing out its batches in arrival order, then
  * IFD_EEOF. The set must outlive it and stay complete. */
 typedef struct ifd_eval_replay ifd_eval_replay;

@@ -209,6 +209,10 @@ def test_eval_set_over_the_bound_is_refused_and_training_goes_on(daemon, tmp_pat
     assert e.value.code == "ERANGE", e.value
     assert "--eval-memory" in msg and f"({limit} bytes)" in msg, msg
     assert f"holds {fit * batch_bytes} bytes" in msg and f"is {batch_bytes} bytes" in msg, msg
+    st = d.control({"cmd": "status"})["eval_set"]
+    assert st["batches"] == fit and st["bytes"] == fit * batch_bytes, st
+    assert st["max_bytes"] == limit and st["producers"] == 1 and not st["complete"], st
+    assert "--eval-memory" in st["incomplete"] and "was refused" in st["incomplete"], st
     train_stream(d.listen, steps, seed, rows, features, classes).join(60)
     assert d.wait(60) == 0, d.log()
     end = d.end_summary()
@@ -241,7 +245,12 @@ def test_keep_best_keeps_the_checkpoint_of_the_best_eval(daemon, tmp_path, rng, 
                iterations_per_loop=1, eval_every=every, learning_rate=rng.choice([2.0, 5.0]),
                checkpoint_dir=str(folder), checkpoint_every=every, keep_checkpoints=1000,
                keep_best=metric)
-    send_eval_set(d.listen, eval_batches(seed + 99, rng.randint(1, 4), rows, features, classes))
+    neval = rng.randint(1, 4)
+    send_eval_set(d.listen, eval_batches(seed + 99, neval, rows, features, classes))
+    st = d.control({"cmd": "status"})["eval_set"]
+    assert st == {"batches": neval, "bytes": neval * rows * (4 * features + 4),
+                  "max_bytes": 1 << 30, "producers": 1, "ended": 1, "complete": True,
+                  "incomplete": None}, st
     train_stream(d.listen, steps, seed, rows, features, classes).join(60)
     assert d.wait(60) == 0, d.log()
     evals = evals_of(d)
@@ -332,6 +341,7 @@ def test_eval_every_config_errors(tmp_path):
 
 def test_eval_role_needs_eval_every(daemon):
     d = daemon(features=3, classes=2, batch_size=2, steps=1)
+    assert d.control({"cmd": "status"})["eval_set"] is None
     with pytest.raises(infeed.InfeedError) as e:
         infeed.Producer(d.listen, name="ev", timeout=20, role="eval").hello()
     assert e.value.code == "EINVAL" and "--eval-every N" in e.value.message, e.value

@@ -129,7 +129,17 @@ START_TEST(test_bound_refuses_with_the_sentence)
              (long long)bound, (long long)(fit * one), fit, (long long)one);
     RASSERT(strstr(err.msg, want), "'%s' lacks '%s'", err.msg, want);
     ck_assert_int_eq(ifd_eval_set_bytes(e), fit * one);
+    ifd_eval_set_state st;
+    char why[IFD_ERROR_MSG_MAX];
+    ifd_eval_set_get_state(e, &st, why, sizeof why);
+    ck_assert_int_eq(st.batches, fit);
+    ck_assert_int_eq(st.max_bytes, bound);
+    ck_assert_int_eq(st.complete, 0);
+    RASSERT(strstr(why, "--eval-memory"), "state's why: '%s'", why);
     ifd_eval_set_end(e);
+    ifd_eval_set_get_state(e, &st, why, sizeof why);
+    ck_assert_int_eq(st.ended, 1);
+    ck_assert_int_eq(st.complete, 0); /* every producer ended, but a batch is missing */
     int64_t n = -1;
     ck_assert_int_eq(ifd_eval_set_wait(e, 3, &n, &err), IFD_ERANGE);
     snprintf(want, sizeof want, "batch %d from eval producer 'held-out' was refused", fit);
@@ -186,6 +196,14 @@ START_TEST(test_wait_wakes_on_the_last_end)
     ifd_thread_join(&w.t);
     RC_OK(w.rc, w.err);
     ck_assert_int_eq(w.n, added);
+    ifd_eval_set_state st;
+    char why[IFD_ERROR_MSG_MAX];
+    ifd_eval_set_get_state(e, &st, why, sizeof why);
+    ck_assert_int_eq(st.complete, 1);
+    ck_assert_int_eq(st.producers, k + 1);
+    ck_assert_int_eq(st.ended, k + 1);
+    ck_assert_int_eq(st.batches, added);
+    ck_assert_str_eq(why, "");
     /* complete: the set is sent once */
     ck_assert_int_eq(ifd_eval_set_join(e, "again", &err), IFD_ECLOSED);
     RASSERT(strstr(err.msg, "the eval set is complete"), "%s", err.msg);
