@@ -218,6 +218,23 @@ const config_opt config_opts[] = {
         "start from this checkpoint file (train: as --resume does; eval, predict: its "
         "parameters)",
         NONEMPTY("a file")),
+    OPT("eval_every", K_I64, eval_every, "N",
+        "train: evaluate the current parameters on the eval set (the batches of producers whose "
+        "HELLO says \"role\": \"eval\") at the first loop end at or past every multiple of N "
+        "steps, and publish an eval summary (0: never)",
+        RANGE(0, I64_MAX, "0 (never) or more steps")),
+    OPT("eval_memory", K_I64, eval_memory, "BYTES",
+        "with --eval-every: the most tensor bytes the eval set may hold in daemon memory",
+        RANGE(1, I64_MAX, "1 or more bytes")),
+    OPT("keep_best", K_STR, keep_best, "METRIC",
+        "with --eval-every and --checkpoint-dir: after each eval that improved METRIC (an eval "
+        "summary key: loss and keys ending in _loss are minimized, others such as accuracy "
+        "maximized), write its checkpoint to CHECKPOINT_DIR/best and best.json beside it",
+        NONEMPTY("an eval summary key such as loss or accuracy")),
+    OPT("early_stopping", K_STR, early_stopping, "METRIC:PATIENCE",
+        "with --eval-every: end the run (reason early_stopping) after PATIENCE evals in a row "
+        "without an improvement of METRIC (as --keep-best compares)",
+        NONEMPTY("METRIC:PATIENCE, such as loss:3")),
     OPT("curve_secret_key", K_STR, curve_secret_key, "FILE",
         "turns CURVE on for all three sockets: the daemon's key pair (infeedd keygen PREFIX "
         "writes PREFIX.key); needs authorized_keys",
@@ -260,6 +277,7 @@ void ifd_daemon_config_defaults(ifd_daemon_config *c)
     c->program_libs.load = ifd_program_load_plugin;
     c->host_call_libs.load = ifd_host_call_load_plugin;
     c->checkpoint_writer = 1;
+    c->eval_memory = (int64_t)1 << 30;
 }
 
 int ifd_daemon_max_connections(const ifd_daemon_config *c)

@@ -52,6 +52,15 @@ typedef struct ifd_daemon_config {
     int checkpoint_writer;  /* 1: this host writes checkpoint_dir (several hosts: rank 0 of a
                                folder without {rank}, every host of one with it) */
     const char *checkpoint; /* start from this checkpoint file */
+    /* Evaluation during training (docs/design.md): every eval_every steps (0: off), at the first
+     * loop end at or past each multiple, an eval of the current parameters over the eval set
+     * (eval producers' batches, at most eval_memory bytes); keep_best (a metric, NULL: off)
+     * keeps the best eval's checkpoint in checkpoint_dir/best; early_stopping ("METRIC:PATIENCE",
+     * NULL: off) ends the run after PATIENCE evals without improvement. */
+    int64_t eval_every;
+    int64_t eval_memory;
+    const char *keep_best;
+    const char *early_stopping;
     /* CURVE (host/security.h): the daemon's key pair file turns it on on all three sockets */
     const char *curve_secret_key;
     const char *authorized_keys;   /* producer public keys, each optionally bound to names */
@@ -73,7 +82,7 @@ typedef struct ifd_daemon_config {
     /* not keys: where each key's value came from (IFD_KEY_FROM_*, by the key's place in the
      * option table) and whether a --config file was read, so that errors name the flag the
      * user typed (--last-step) or the key of the file (last_step) */
-    unsigned char key_source[64];
+    unsigned char key_source[96];
     int from_file;
 } ifd_daemon_config;
 

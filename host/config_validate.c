@@ -1,4 +1,5 @@
 #include "host/config_internal.h"
+#include "host/eval_metric.h"
 #include "outfeed/outfeed_thread.h"
 
 #include <inttypes.h>
@@ -324,6 +325,48 @@ static int check_security(const ifd_daemon_config *c, ifd_error *err)
     return IFD_OK;
 }
 
+/* Evaluation during training: eval_every is train's, on the input modes whose step is one
+ * batch; keep_best and early_stopping need it (keep_best a folder too), each a metric name. */
+static int check_eval(const ifd_daemon_config *c, ifd_error *err)
+{
+    if (c->eval_every > 0 && c->run.mode != IFD_MODE_TRAIN)
+        return config_fail(c, err, "eval_every",
+                           "evaluates during training: expected 0 in %s mode, got %" PRId64,
+                           ifd_mode_name(c->run.mode), c->eval_every);
+    if (c->eval_every > 0 && c->run.input_mode == IFD_INPUT_PER_CORE)
+        return config_fail(c, err, "eval_every",
+                           "the eval set is replayed in its arrival order, not a stream a "
+                           "replica: expected {input_mode} per-host, per-host-v2 or broadcast, "
+                           "got %s",
+                           ifd_input_mode_name(c->run.input_mode));
+    if (c->keep_best && c->eval_every == 0)
+        return config_fail(c, err, "keep_best",
+                           "keeps the best eval's checkpoint: expected {eval_every} N with it, "
+                           "got none");
+    if (c->keep_best && c->checkpoint_dir == NULL)
+        return config_fail(c, err, "keep_best",
+                           "writes CHECKPOINT_DIR/best: expected {checkpoint_dir} with it, got "
+                           "none");
+    if (c->keep_best && !ifd_eval_metric_valid(c->keep_best))
+        return config_fail(c, err, "keep_best",
+                           "expected an eval summary key (letters, digits, '_') such as loss or "
+                           "accuracy, got '%s'",
+                           c->keep_best);
+    if (c->early_stopping == NULL)
+        return IFD_OK;
+    if (c->eval_every == 0)
+        return config_fail(c, err, "early_stopping",
+                           "stops on evals: expected {eval_every} N with it, got none");
+    char metric[64];
+    int64_t patience;
+    if (ifd_eval_parse_early_stopping(c->early_stopping, metric, sizeof metric, &patience))
+        return config_fail(c, err, "early_stopping",
+                           "expected METRIC:PATIENCE (an eval summary key and a count of evals "
+                           ">= 1, such as loss:3), got '%s'",
+                           c->early_stopping);
+    return IFD_OK;
+}
+
 typedef int (*config_rule)(const ifd_daemon_config *c, ifd_error *err);
 
 /* In this order: the loop and the steps, the runtime's pass, the program, then the daemon's
@@ -331,7 +374,8 @@ typedef int (*config_rule)(const ifd_daemon_config *c, ifd_error *err);
 static const config_rule rules_before[] = {check_loop, check_runtime, check_steps, check_program,
                                            check_host_calls};
 static const config_rule rules_after[] = {check_credit,      check_producers, check_input_bound,
-                                          check_predictions, check_start,     check_security};
+                                          check_predictions, check_start,     check_security,
+                                          check_eval};
 
 /* The key a config error's sentence is about (the daemon and the runtime give a setting one
  * name), named as the user gave it. */

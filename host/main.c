@@ -11,6 +11,7 @@
 #include "core/log.h"
 #include "host/config.h"
 #include "host/conns.h"
+#include "host/eval_hook.h"
 #include "host/mpi_hosts.h"
 #include "host/ingest/ingest.h"
 #include "host/predictions.h"
@@ -248,6 +249,7 @@ typedef struct daemon_run {
     ifd_ingest *g;
     ifd_session *s;
     ifd_sink *jsonl;
+    ifd_sink *shared[2]; /* --eval-every: the sinks, each shared with the eval hook */
     ifd_predictions_file *pfile;
     int ready_written;
     ifd_error err;
@@ -262,6 +264,11 @@ static int configure(daemon_run *d, int argc, char **argv, int *exit_now)
         return rc;
     if ((rc = ifd_daemon_apply_hosts(&d->cfg, d->hosts, &d->err)) != IFD_OK)
         return rc;
+    if (d->hosts->size > 1 && d->cfg.eval_every > 0)
+        return ifd_error_set_key(&d->err, IFD_EINVAL, "eval_every",
+                                 "evaluation during training runs on one host for now: expected "
+                                 "0 with %d hosts, got %lld",
+                                 d->hosts->size, (long long)d->cfg.eval_every);
     ifd_log_set_level(d->cfg.log_level);
     if (d->hosts->size > 1)
         IFD_LOG_INFO("host %d of %d: batch size %lld of the global %lld", d->hosts->rank,
@@ -380,8 +387,41 @@ static int add_checkpoint_hook(daemon_run *d)
 
 static int add_sink(daemon_run *d, ifd_sink *sink, const char *what)
 {
-    int rc = ifd_session_add_sink(d->s, sink);
+    int rc = IFD_OK;
+    if (d->cfg.eval_every > 0) { /* the eval hook writes to it too, from another thread */
+        int i = d->shared[0] ? 1 : 0;
+        if ((rc = ifd_sink_shared_create(&d->shared[i], sink)) != IFD_OK)
+            return ifd_error_set(&d->err, rc, "%s: cannot share its summary sink", what);
+        sink = d->shared[i];
+    }
+    rc = ifd_session_add_sink(d->s, sink);
     return rc ? ifd_error_set(&d->err, rc, "%s: cannot add its summary sink", what) : IFD_OK;
+}
+
+/* --eval-every: the hook that evaluates during training, its summaries to the shared sinks. */
+static int add_eval_hook(daemon_run *d)
+{
+    const ifd_daemon_config *c = &d->cfg;
+    if (c->eval_every <= 0)
+        return IFD_OK;
+    ifd_eval_hook_options o = {.run = c->run,
+                               .set = ifd_ingest_eval_set(d->g),
+                               .every = c->eval_every,
+                               .checkpoint_dir = c->checkpoint_dir,
+                               .keep_best = c->keep_best,
+                               .early_stopping = c->early_stopping,
+                               .positions = ifd_ingest_positions,
+                               .positions_arg = d->g};
+    for (int i = 0; i < 2; i++)
+        if (d->shared[i])
+            o.sinks[o.nsinks++] = d->shared[i];
+    ifd_hook h;
+    int rc = ifd_hook_eval_every(&h, &o, &d->err);
+    if (rc == IFD_OK && (rc = ifd_session_add_hook(d->s, &h)) != IFD_OK) {
+        h.destroy(h.arg);
+        ifd_error_set(&d->err, rc, "eval hook");
+    }
+    return rc;
 }
 
 static int add_prediction_sink(daemon_run *d, const ifd_prediction_sink *ps, const char *what)
@@ -403,6 +443,8 @@ static int add_outputs(daemon_run *d)
     if (rc == IFD_OK && ifd_ingest_tensor_sink(d->g) && c->run.mode != IFD_MODE_PREDICT &&
         (rc = ifd_session_add_tensor_sink(d->s, ifd_ingest_tensor_sink(d->g))) != IFD_OK)
         ifd_error_set(&d->err, rc, "publish: cannot add its tensor sink");
+    if (rc == IFD_OK)
+        rc = add_eval_hook(d);
     if (rc || c->run.mode != IFD_MODE_PREDICT)
         return rc;
     ifd_prediction_sink ps = ifd_ingest_prediction_sink(d->g);
@@ -462,6 +504,8 @@ static void daemon_close(daemon_run *d, int *status)
     if (d->ready_written)
         unlink(d->cfg.ready_file);
     ifd_security_destroy(d->sec);
+    ifd_sink_destroy(d->shared[0]);
+    ifd_sink_destroy(d->shared[1]);
     ifd_sink_destroy(d->jsonl);
     if (ifd_predictions_file_close(d->pfile, &d->err)) {
         fprintf(stderr, "infeedd: %s\n", ifd_error_text(&d->err));

@@ -45,7 +45,8 @@ void ifd_config_defaults(ifd_config *cfg)
 
 const char *ifd_end_reason_name(ifd_end_reason r)
 {
-    static const char *const names[] = {"none", "last_step", "input_ended", "stopped", "error"};
+    static const char *const names[] = {"none",    "last_step", "input_ended",
+                                        "stopped", "error",     "early_stopping"};
     if ((int)r < 0 || (size_t)r >= sizeof names / sizeof names[0])
         return "?";
     return names[r];

@@ -190,6 +190,9 @@ static void run_loops(ifd_session *s)
         if (ctx->stop_requested) {
             if (strcmp(ctx->stop_reason, "last_step") == 0) {
                 s->reason = IFD_END_LAST_STEP;
+            } else if (strncmp(ctx->stop_reason, "early_stopping", 14) == 0) {
+                s->reason = IFD_END_EARLY_STOPPING;
+                snprintf(s->message, sizeof s->message, "%s", ctx->stop_reason);
             } else {
                 s->reason = IFD_END_STOPPED;
                 snprintf(s->message, sizeof s->message, "%s", ctx->stop_reason);

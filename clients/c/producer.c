@@ -186,6 +186,8 @@ static char *hello_json(ifd_producer *p, const ifd_input_spec *schema, int n, in
         goto oom;
     if (shm && json_object_set_new(o, "shm", json_true()))
         goto oom;
+    if (p->eval && json_object_set_new(o, "role", json_string("eval")))
+        goto oom;
     text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
     if (text == NULL)
         goto oom;
@@ -222,6 +224,16 @@ int ifd_producer_set_replica(ifd_producer *p, int replica, ifd_error *err)
             err, IFD_EINVAL,
             "producer: replica: expected -1 (none) or a replica index >= 0, got %d", replica);
     p->replica = replica;
+    return IFD_OK;
+}
+
+int ifd_producer_set_role(ifd_producer *p, const char *role, ifd_error *err)
+{
+    if (role == NULL || (strcmp(role, "train") != 0 && strcmp(role, "eval") != 0))
+        return ifd_error_set(err, IFD_EINVAL,
+                             "producer: role: expected \"train\" or \"eval\", got %s%s%s",
+                             role ? "'" : "", role ? role : "NULL", role ? "'" : "");
+    p->eval = strcmp(role, "eval") == 0;
     return IFD_OK;
 }
 

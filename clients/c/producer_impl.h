@@ -35,6 +35,7 @@ struct ifd_producer {
     int64_t window;
     int replicas;
     int replica; /* sent in HELLO when >= 0 (per-core input) */
+    int eval;    /* HELLO "role": "eval" (ifd_producer_set_role) */
     char mode[32];
     int ntensors;
 

@@ -61,7 +61,8 @@ producer *ingest_batch_begin(ifd_ingest *g, const producer_rid *from, const ifd_
     /* From here on a rejection returns the credit the producer spent on the batch: a credit a
      * step it carries. */
     *k = ingest_batch_steps(&g->pr, bh->rows);
-    if (p->ended || g->input_closed) {
+    /* eval producers are not the train input: they may send after it ended */
+    if (p->ended || (g->input_closed && !p->eval)) {
         ingest_send_error(g, from, IFD_ECLOSED, bh->seq, *k,
                           "batch %" PRId64 " from producer '%s': %s", bh->seq, p->name,
                           g->input_closed ? "the input has ended; no more batches are taken"
@@ -155,6 +156,44 @@ static void enqueue_steps(ifd_ingest *g, producer *p, const producer_rid *from, 
     }
 }
 
+/* An eval producer's checked message: its steps are copied into the eval set and acknowledged
+ * at once (they are never trained on); fr is let go. */
+static void accept_eval(ifd_ingest *g, producer *p, const producer_rid *from,
+                        const ifd_proto_batch *bh, int k, int skip, host_frames *fr,
+                        int64_t step_rows)
+{
+    ifd_error e;
+    ifd_error_clear(&e);
+    int rc = IFD_OK;
+    for (int j = skip; rc == IFD_OK && j < k; j++) {
+        ifd_tensor t[IFD_MAX_INPUTS];
+        rc = ingest_view_tensors(&g->pr, fr->data, j * step_rows, step_rows, t);
+        if (rc)
+            ifd_error_set(&e, rc, "cannot take the batch: %s", ifd_strerror(rc));
+        else
+            rc = ifd_eval_set_add(g->eval, t, g->pr.nin, step_rows, p->name, bh->seq + j, &e);
+    }
+    ingest_host_frames_free(fr);
+    if (rc) {
+        char n[4 * IFD_PROTO_NAME_MAX + 1];
+        IFD_LOG_LIMITED(&g->lim_reject, IFD_LOG_WARN, "eval producer '%s': batch %" PRId64 ": %s",
+                        ifd_log_escape(p->name, n, sizeof n), bh->seq, ifd_error_text(&e));
+        ingest_batch_reject(g, p, from, k, rc, bh->seq, ifd_error_text(&e));
+        return;
+    }
+    int64_t last = bh->seq + (k - 1);
+    int n = k - skip;
+    if (skip) {
+        p->credit += skip;
+        ingest_reply_credit(g, from, (uint32_t)skip);
+    }
+    p->last_seq = p->acked_seq = last;
+    p->accepted += n;
+    g->stats.accepted += n;
+    p->credit += n;
+    ingest_reply_ack(g, from, last, (uint32_t)n);
+}
+
 void ingest_batch_accept(ifd_ingest *g, producer *p, const producer_rid *from,
                          const ifd_proto_batch *bh, int k, int skip, host_frames *fr, int rc,
                          int first_slot)
@@ -182,6 +221,12 @@ void ingest_batch_accept(ifd_ingest *g, producer *p, const producer_rid *from,
     else
         rc = ingest_batch_check_values(&g->pr, &whole, &e);
     int64_t step_rows = k > 1 ? g->pr.batch_rows : bh->rows;
+    if (rc == IFD_OK && p->eval) {
+        accept_eval(g, p, from, bh, k, skip, fr, step_rows);
+        if (hb != &one)
+            free(hb);
+        return;
+    }
     for (int j = 0; rc == IFD_OK && j < n; j++) {
         int slot = first_slot >= 0 ? first_slot + skip + j : -1;
         if ((hb[j] = make_step(g, p, bh, fr, skip + j, step_rows, slot)) == NULL)

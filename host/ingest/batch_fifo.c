@@ -134,6 +134,7 @@ static void src_abort(void *ctx)
     g->fifo.aborted = 1;
     ifd_cond_broadcast(&g->fifo.cv);
     ifd_mutex_unlock(&g->fifo.mu);
+    ifd_eval_set_close(g->eval); /* a due eval no longer waits for its set */
 }
 
 /* I/O thread: queues hb for the next ingest_fifo_flush, in its replica's FIFO in per-core mode. */

@@ -70,12 +70,28 @@ void ingest_sample_rates(ifd_ingest *g)
     g->stats.rate_step0 = step;
 }
 
+/* status's eval_set: null without --eval-every. */
+static json_t *eval_set_json(ifd_ingest *g)
+{
+    if (g->eval == NULL)
+        return json_null();
+    ifd_eval_set_state st;
+    char why[IFD_ERROR_MSG_MAX];
+    ifd_eval_set_get_state(g->eval, &st, why, sizeof why);
+    json_t *j = json_pack("{s:I, s:I, s:I, s:i, s:i, s:b}", "batches", (json_int_t)st.batches,
+                          "bytes", (json_int_t)st.bytes, "max_bytes", (json_int_t)st.max_bytes,
+                          "producers", st.producers, "ended", st.ended, "complete", st.complete);
+    json_object_set_new(j, "incomplete", why[0] ? json_string(why) : json_null());
+    return j;
+}
+
 void ingest_request_stop(ifd_ingest *g, const char *why)
 {
     if (g->stop_ns == 0) {
         IFD_LOG_INFO("%s: stopping at the end of the current loop", why);
         g->stop_ns = ifd_clock_ns();
         ifd_session_request_stop(g->session);
+        ifd_eval_set_close(g->eval); /* a due eval no longer waits for its set */
     }
 }
 
@@ -175,6 +191,7 @@ static json_t *status_json(ifd_ingest *g)
         json_array_append_new(ps, pj);
     }
     json_object_set_new(j, "producers_connected", json_integer(connected));
+    json_object_set_new(j, "eval_set", eval_set_json(g));
     json_object_set_new(j, "producers", ps);
     json_t *rings = json_array();
     for (int r = 0; r < g->cfg->run.replicas; r++) {

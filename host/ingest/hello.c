@@ -152,6 +152,7 @@ static void send_welcome(ifd_ingest *g, const producer_rid *from, const producer
     json_object_set_new(w, "replicas", json_integer(run->replicas));
     json_object_set_new(w, "expect_producers", json_integer(g->cfg->expect_producers));
     json_object_set_new(w, "replica", h->replica >= 0 ? json_integer(h->replica) : json_null());
+    json_object_set_new(w, "role", json_string(p->eval ? "eval" : "train"));
     json_object_set_new(w, "program", json_string(g->pr.program->cls->name));
     json_object_set_new(w, "settings", settings_json(&g->pr.program->settings));
     json_object_set_new(w, "schema", ingest_schema_json(&g->pr));
@@ -178,22 +179,30 @@ static int bind_welcomed(ifd_ingest *g, const producer_rid *from, ingest_hello_m
             ingest_shm_drop(g, old); /* its steps in flight keep the pool until consumed */
         }
     }
-    if (ingest_slot_bind(g, p, from) != IFD_OK) {
+    int rc = IFD_OK;
+    /* an eval producer joins the eval set once, until its END there */
+    if (h->eval && !p->eval_open && (rc = ifd_eval_set_join(g->eval, p->name, e)) == IFD_OK)
+        p->eval_open = 1;
+    if (rc == IFD_OK && ingest_slot_bind(g, p, from) != IFD_OK)
+        rc = ifd_error_set(e, IFD_ENOMEM, "HELLO: no memory for producer '%s'", p->name);
+    if (rc) {
         if (fresh)
             ingest_slot_reset(g, p);
         else
             p->welcomed = 0;
-        return ifd_error_set(e, IFD_ENOMEM, "HELLO: no memory for producer '%s'", p->name);
+        return rc;
     }
     p->welcomed = 1;
     p->ended = 0;
     p->timed_out = 0;
     p->heard_ns = ifd_clock_ns();
     p->replica = h->replica; /* its batches accepted before keep the replica they were for */
+    p->eval = h->eval;
     p->credit = g->pr.credit - p->in_flight;
     if (p->credit < 0)
         p->credit = 0;
-    g->ever_welcomed = 1;
+    if (!p->eval)
+        g->ever_welcomed = 1; /* the input's end is the train producers' */
     /* a new HELLO brings a new pool (or none): steps in flight keep the old one alive */
     ingest_shm_drop(g, p);
     char refused[IFD_ERROR_MSG_MAX] = "";
@@ -271,7 +280,12 @@ void ingest_handle_hello(ifd_ingest *g, const producer_rid *from, ingest_hello_m
     json_t *j;
     ingest_hello h;
     int rc = ingest_hello_parse(&g->pr, m->json, &j, &h, &e);
-    if (rc == IFD_OK && g->input_closed)
+    if (rc == IFD_OK && h.eval && g->eval == NULL)
+        rc = ifd_error_set(&e, IFD_EINVAL,
+                           "HELLO: role: \"eval\" sends the eval set of evaluation during "
+                           "training, and this daemon evaluates none: expected \"train\" or no "
+                           "role, or start infeedd in train mode with --eval-every N");
+    if (rc == IFD_OK && g->input_closed && !h.eval)
         rc = ifd_error_set(&e, IFD_ECLOSED,
                            "HELLO: the input has ended (every producer sent END, or the run is "
                            "ending); no more producers are taken");

@@ -49,6 +49,8 @@ int ifd_ingest_restore(ifd_ingest *g, const ifd_checkpoint *c, ifd_error *err);
 /* The checkpoint hook's positions callback (arg: the ingest): for every producer name welcomed in
  * this run or restored, the highest seq handed to the infeed (docs/checkpoint.md). */
 int ifd_ingest_positions(void *arg, ifd_checkpoint *c, ifd_error *err);
+/* --eval-every: the eval set the eval producers fill (host/eval_set.h), else NULL. Owned by g. */
+struct ifd_eval_set *ifd_ingest_eval_set(ifd_ingest *g);
 /* Starts the I/O thread serving producers for session s (borrowed; its program gives the
  * schema). */
 int ifd_ingest_start(ifd_ingest *g, ifd_session *s, ifd_error *err);

@@ -23,6 +23,7 @@
 
 #include "host/conns.h"
 #include "host/endpoint.h"
+#include "host/eval_set.h"
 #include "host/ingest/ingest.h"
 #include "host/ingest/protocol.h"
 #include "host/monitor.h"
@@ -115,6 +116,8 @@ typedef struct producer {
     uint64_t conn_mark;      /* and its mark in the ingest's connections (host/conns.h) */
     shm_pool *pool;          /* its shared-memory pool (HELLO "shm"), else NULL */
     int pools;               /* atomic: its pools alive (pool, and old ones steps keep) */
+    int eval;                /* HELLO "role": "eval": its batches go to the eval set */
+    int eval_open;           /* joined the eval set and not yet ended there */
 } producer;
 
 /* A batch's PREDICTION (predict mode), made on the outfeed thread and sent by the I/O thread
@@ -273,6 +276,7 @@ struct ifd_ingest {
     busy_hello *busy;    /* BUSY_HELLO_MAX of them (zmq_transport.c), made at the first park */
     int nbusy;
     int64_t hello_since_ns; /* while a parked HELLO is handled again: since when it waits */
+    ifd_eval_set *eval;     /* --eval-every: the eval producers' batches (else NULL) */
 };
 
 /* io_loop.c: while the heap is above its bound, the connections without a producer are closed

@@ -76,7 +76,9 @@ static int start_monitor(ifd_ingest *g, size_t batch_bytes, int tensors, ifd_err
     /* the ingest's: its connections and the refused ones held for their answer */
     ifd_memory_terms mt = {c->max_producers, g->pr.credit,           batch_bytes, g->sock.max_frame,
                            tensors,          conns + IFD_CONNS_HELD, conns,       conns};
-    int rc = ifd_monitor_create(&g->sock.monitor, conns, ifd_memory_bound(&mt), err);
+    /* --eval-every: the eval set, at most eval_memory bytes of tensors, is on the heap too */
+    size_t eval = c->eval_every > 0 ? (size_t)c->eval_memory : 0;
+    int rc = ifd_monitor_create(&g->sock.monitor, conns, ifd_memory_bound(&mt) + eval, err);
     if (rc == IFD_OK && c->shm)
         IFD_LOG_INFO("shared-memory pools (--shm on): at most %zu MiB besides the heap "
                      "(docs/protocol.md)",
@@ -102,7 +104,9 @@ int ifd_ingest_create(ifd_ingest **out, const ifd_daemon_config *c, int *signals
     g->producers = calloc((size_t)c->max_producers, sizeof *g->producers);
     g->fifo.nlanes = c->run.input_mode == IFD_INPUT_PER_CORE ? c->run.replicas : 1;
     g->fifo.lanes = calloc((size_t)g->fifo.nlanes, sizeof *g->fifo.lanes);
-    if (g->producers == NULL || g->fifo.lanes == NULL) {
+    if (c->eval_every > 0 && ifd_eval_set_create(&g->eval, c->eval_memory) != IFD_OK)
+        g->eval = NULL;
+    if (g->producers == NULL || g->fifo.lanes == NULL || (c->eval_every > 0 && !g->eval)) {
         rc = ifd_error_set(err, IFD_ENOMEM, "ingest: producer table");
         goto fail;
     }
@@ -172,6 +176,7 @@ void ifd_ingest_destroy(ifd_ingest *g)
         ingest_shm_drop(g, &g->producers[i]); /* the pools producers still hold */
     }
     free(g->producers);
+    ifd_eval_set_destroy(g->eval);
     ingest_producers_free(g);
     ingest_replies_free(g);
     ingest_ended_conns_free(g);
@@ -246,6 +251,11 @@ int ifd_ingest_positions(void *arg, ifd_checkpoint *c, ifd_error *err)
     return rc;
 }
 
+ifd_eval_set *ifd_ingest_eval_set(ifd_ingest *g)
+{
+    return g->eval;
+}
+
 void ingest_attach_program(ifd_ingest *g, const ifd_program *program)
 {
     ingest_proto_attach(&g->pr, program);
@@ -274,6 +284,7 @@ void ifd_ingest_finish(ifd_ingest *g, int code, const char *reason, const char *
     snprintf(g->end.fin_message, sizeof g->end.fin_message, "%s", message ? message : "");
     g->end.finishing = 1;
     ifd_mutex_unlock(&g->end.mu);
+    ifd_eval_set_close(g->eval);
     ifd_ingest_wake(g);
     if (g->sock.started) {
         ifd_thread_join(&g->sock.thread);

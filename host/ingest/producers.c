@@ -102,6 +102,8 @@ int ingest_slot_bind(ifd_ingest *g, producer *p, const producer_rid *r)
 
 void ingest_slot_reset(ifd_ingest *g, producer *p)
 {
+    if (p->eval_open)
+        ifd_eval_set_abandon(g->eval, p->name, "gave up its producer slot");
     ingest_slot_unbind(g, p);
     ingest_shm_drop(g, p);
     memset(p, 0, sizeof *p);
@@ -350,7 +352,7 @@ producer *ingest_new_slot(ifd_ingest *g)
                                     "producer '%s' (connection gone, nothing in flight) gives "
                                     "its slot to a new producer",
                                     ifd_log_escape(p->name, n, sizeof n));
-                    if (!p->counted_end)
+                    if (!p->counted_end && !p->eval)
                         g->ended_total++; /* as a timeout would: it no longer holds the input */
                 }
                 ingest_slot_reset(g, p);
@@ -394,8 +396,12 @@ static void time_out(ifd_ingest *g, producer *p, const char *why)
     p->timed_out = 1;
     p->ended = 1;
     p->credit = 0;
+    if (p->eval_open) {
+        p->eval_open = 0;
+        ifd_eval_set_abandon(g->eval, p->name, "timed out (producer_timeout)");
+    }
     ingest_shm_drop(g, p); /* its steps in flight keep the pool until they are consumed */
-    if (!p->counted_end)
+    if (!p->counted_end && !p->eval)
         g->ended_total++;
     p->counted_end = 1;
 }
@@ -457,7 +463,7 @@ void ingest_check_input_end(ifd_ingest *g)
         return;
     for (int i = 0; i < g->cfg->max_producers; i++) {
         producer *p = &g->producers[i];
-        if (p->used && p->welcomed && !p->ended)
+        if (p->used && p->welcomed && !p->ended && !p->eval)
             return;
     }
     if (g->cfg->expect_producers > 0 && g->ended_total < g->cfg->expect_producers)
@@ -477,9 +483,13 @@ void ingest_handle_end(ifd_ingest *g, const producer_rid *from)
         IFD_LOG_LIMITED(&g->lim_hello, IFD_LOG_INFO,
                         "producer '%s' ended its stream after batch %" PRId64,
                         ifd_log_escape(p->name, n, sizeof n), p->last_seq);
-        if (!p->counted_end)
+        if (!p->counted_end && !p->eval)
             g->ended_total++;
         p->counted_end = 1;
+    }
+    if (p->eval_open) {
+        p->eval_open = 0;
+        ifd_eval_set_end(g->eval);
     }
     p->ended = 1;
     ingest_shm_drop(g, p); /* a HELLO starts again, with a new pool if it asks */

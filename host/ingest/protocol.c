@@ -179,6 +179,20 @@ static int hello_replica(const ingest_proto *pr, json_t *v, ingest_hello *h, ifd
     return IFD_OK;
 }
 
+/* The role key: "train" (the default) or "eval" (its batches are the eval set). */
+static int hello_role(json_t *v, ingest_hello *h, ifd_error *e)
+{
+    char got[96];
+    if (v == NULL || (json_is_string(v) && strcmp(json_string_value(v), "train") == 0))
+        return IFD_OK;
+    if (json_is_string(v) && strcmp(json_string_value(v), "eval") == 0) {
+        h->eval = 1;
+        return IFD_OK;
+    }
+    return ifd_error_set(e, IFD_EINVAL, "HELLO: role: expected \"train\" or \"eval\", got %s",
+                         ifd_json_describe(v, got, sizeof got));
+}
+
 /* The keys' types and ranges, once json_unpack_ex took them out. */
 static int hello_fields(const ingest_proto *pr, json_t *name, json_t *first_seq, json_t *replica,
                         json_t *shm, ingest_hello *h, ifd_error *e)
@@ -226,19 +240,21 @@ int ingest_hello_parse(const ingest_proto *pr, ingest_span json, json_t **root, 
                              je.column, je.text);
     char got[96];
     int rc;
-    json_t *name = NULL, *first_seq = NULL, *replica = NULL, *shm = NULL;
+    json_t *name = NULL, *first_seq = NULL, *replica = NULL, *shm = NULL, *role = NULL;
     if (!json_is_object(j)) {
         rc = ifd_error_set(e, IFD_EPROTO, "HELLO: expected a JSON object, got %s",
                            ifd_json_describe(j, got, sizeof got));
-    } else if (json_unpack_ex(j, &je, JSON_STRICT, "{s?o, s?o, s?o, s?o, s?o}", "name", &name,
+    } else if (json_unpack_ex(j, &je, JSON_STRICT, "{s?o, s?o, s?o, s?o, s?o, s?o}", "name", &name,
                               "schema", &h->schema, "first_seq", &first_seq, "replica", &replica,
-                              "shm", &shm) != 0) {
+                              "shm", &shm, "role", &role) != 0) {
         rc = ifd_error_set(e, IFD_EINVAL,
                            "HELLO: unknown key '%s' (expected name, schema, first_seq, replica, "
-                           "shm)",
+                           "shm, role)",
                            unknown_key(j));
     } else {
         rc = hello_fields(pr, name, first_seq, replica, shm, h, e);
+        if (rc == IFD_OK)
+            rc = hello_role(role, h, e);
     }
     if (rc) {
         json_decref(j);

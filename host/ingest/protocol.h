@@ -56,6 +56,7 @@ typedef struct ingest_hello {
     int64_t first_seq;
     int replica; /* per-core: the replica it feeds; -1 otherwise */
     int want_shm;
+    int eval;       /* "role": "eval" (else "train", the default) */
     json_t *schema; /* NULL or null: the program's */
 } ingest_hello;
 

@@ -119,6 +119,11 @@ int64_t ifd_producer_predictions(const ifd_producer *p);
  * every later HELLO; -1 (the default) sends no replica, as the other input modes require. The
  * daemon checks the value (IFD_EINVAL from hello). IFD_EINVAL for a value below -1. */
 int ifd_producer_set_replica(ifd_producer *p, int replica, ifd_error *err);
+/* "train" (the default) or "eval", sent in every later HELLO: an eval producer sends the eval
+ * set of evaluation during training (infeedd --eval-every N): its batches are kept in the
+ * daemon's memory and acknowledged at once, never trained on, and its END completes the eval
+ * set (docs/protocol.md, "Eval producers"). */
+int ifd_producer_set_role(ifd_producer *p, const char *role, ifd_error *err);
 
 /*
  * Shared memory (docs/protocol.md, "Shared memory"): a producer on the daemon's host can have the

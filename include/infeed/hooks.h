@@ -31,7 +31,9 @@ void ifd_run_context_set_next_loop_length(ifd_run_context *ctx, int64_t n);
  * likewise the most the next loop runs (the stop-at-step hook's distance to the last step). */
 void ifd_run_context_end_next_loop_by(ifd_run_context *ctx, int64_t step);
 /* Ends the run after the current loop. The end summary says reason "last_step" when reason is
- * "last_step" (the stop-at-step hook), else reason "stopped" with this reason as its message. */
+ * "last_step" (the stop-at-step hook), reason "early_stopping" with this reason as its message
+ * when it begins with "early_stopping" (infeedd's --early-stopping), else reason "stopped" with
+ * this reason as its message. */
 void ifd_run_context_request_stop(ifd_run_context *ctx, const char *reason);
 
 /* Every callback is optional and returns IFD_OK or an error (which ends the run). */

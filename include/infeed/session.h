@@ -29,7 +29,9 @@ typedef enum {
     IFD_END_LAST_STEP,   /* reached the last step */
     IFD_END_INPUT_ENDED, /* the batch source ended before the last step */
     IFD_END_STOPPED,     /* ifd_session_request_stop or a hook asked */
-    IFD_END_ERROR
+    IFD_END_ERROR,
+    IFD_END_EARLY_STOPPING /* a hook's stop reason began with "early_stopping" (infeedd's
+                              --early-stopping) */
 } ifd_end_reason;
 const char *ifd_end_reason_name(ifd_end_reason r);
 

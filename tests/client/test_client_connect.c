@@ -31,6 +31,7 @@ typedef struct hello_case {
     int64_t credit, next_seq, batch_size;
     int replicas;
     int replica; /* -1: none (no key) */
+    int eval;    /* role "eval" (else no key: train) */
     char errmsg[128];
 } hello_case;
 
@@ -64,7 +65,7 @@ static void script_hello(fake *f)
     fmsg_free(&m);
     FCHECK(f, json_is_object(o), "HELLO JSON does not parse: %s", je.text);
     /* shm: the fake's endpoint is local, so the default (auto) asks for a pool. */
-    size_t keys = c->replica >= 0 ? 5 : 4;
+    size_t keys = (c->replica >= 0 ? 5 : 4) + (c->eval ? 1 : 0);
     FCHECK(f, json_object_size(o) == keys, "HELLO has %zu keys, expected %zu", json_object_size(o),
            keys);
     FCHECK(f, json_is_true(json_object_get(o, "shm")), "HELLO shm: expected true (auto, local)");
@@ -72,6 +73,9 @@ static void script_hello(fake *f)
            c->replica < 0 || (json_is_integer(json_object_get(o, "replica")) &&
                               json_integer_value(json_object_get(o, "replica")) == c->replica),
            "HELLO replica");
+    const char *role = json_string_value(json_object_get(o, "role"));
+    FCHECK(f, c->eval ? role && strcmp(role, "eval") == 0 : role == NULL, "HELLO role: %s",
+           role ? role : "none");
     FCHECK(f,
            json_is_string(json_object_get(o, "name")) &&
                strcmp(json_string_value(json_object_get(o, "name")), c->name) == 0,
@@ -130,6 +134,7 @@ START_TEST(test_hello_welcome)
     c.batch_size = rand_between(&rng, 1, 4096);
     c.replicas = (int)rand_between(&rng, 1, 8);
     c.replica = (int)rand_between(&rng, -1, c.replicas - 1);
+    c.eval = (int)rand_between(&rng, 0, 1);
     snprintf(c.errmsg, sizeof c.errmsg, "schema: tensor 0 't0': expected dtype int32, got %d",
              (int)rand_between(&rng, 0, 99999));
 
@@ -141,6 +146,9 @@ START_TEST(test_hello_welcome)
     RASSERT(ifd_producer_set_replica(p, -2, &err) == IFD_EINVAL && strstr(err.msg, "replica"),
             "set_replica(-2): %s", err.msg);
     RC_OK(ifd_producer_set_replica(p, c.replica, &err), err);
+    RASSERT(ifd_producer_set_role(p, "predict", &err) == IFD_EINVAL && strstr(err.msg, "role"),
+            "set_role(predict): %s", err.msg);
+    RC_OK(ifd_producer_set_role(p, c.eval ? "eval" : "train", &err), err);
     int rc = ifd_producer_hello(p, c.schema, c.n, c.first_seq, 10000, &err);
     RASSERT(rc == IFD_EDTYPE, "hello answered by ERROR EDTYPE returned %s", ifd_errname(rc));
     RASSERT(strcmp(err.msg, c.errmsg) == 0, "hello's message '%s', expected '%s'", err.msg,

@@ -202,10 +202,10 @@ START_TEST(hello_json_is_one_object_of_known_keys)
                "HELLO: expected a JSON object, got");
     char key[20], extra[64], want[96];
     random_name(&r.rng, key, (int)rand_between(&r.rng, 1, 12));
-    key[0] = 'z'; /* none of the five */
+    key[0] = 'z'; /* none of the six */
     snprintf(extra, sizeof extra, ", \"%s\": 1", key);
     snprintf(want, sizeof want,
-             "HELLO: unknown key '%s' (expected name, schema, first_seq, replica, shm)", key);
+             "HELLO: unknown key '%s' (expected name, schema, first_seq, replica, shm, role)", key);
     EXPECT_ERR(hello(&r, hello_text(&r, extra), &h, &e), e, IFD_EINVAL, want);
 }
 END_TEST
@@ -225,6 +225,20 @@ START_TEST(hello_name_of_1_to_63_bytes_is_taken)
     RC_OK(ingest_hello_parse(&r.pr, (ingest_span){text, strlen(text)}, &root, &h, &e), e);
     ck_assert_str_eq(h.name, name);
     json_decref(root);
+}
+END_TEST
+
+/* role: "eval" marks an eval producer; "train" or no key a train producer. */
+START_TEST(hello_role_train_or_eval_is_taken)
+{
+    run r;
+    run_init(&r, ANY_MODE);
+    ingest_hello h;
+    ifd_error e;
+    const char *extras[] = {"", ", \"role\": \"train\"", ", \"role\": \"eval\""};
+    int i = (int)rand_between(&r.rng, 0, 2);
+    RC_OK(hello(&r, hello_text(&r, extras[i]), &h, &e), e);
+    ck_assert_int_eq(h.eval, i == 2);
 }
 END_TEST
 
@@ -257,13 +271,16 @@ static const key_rule key_rules[] = {
      {"-1", "1.5", "\"3\"", "true", "-9223372036854775808"},
      "HELLO: first_seq: expected an integer >= 0, got"},
     {"shm", {"1", "\"true\"", "null", "0", "{}"}, "HELLO: shm: expected true or false, got"},
+    {"role",
+     {"\"Eval\"", "1", "null", "\"predict\"", "[\"eval\"]"},
+     "HELLO: role: expected \"train\" or \"eval\", got"},
 };
 
 START_TEST(hello_key_of_the_wrong_type_is_named)
 {
     run r;
     run_init(&r, ANY_MODE);
-    const key_rule *k = &key_rules[_i % 3];
+    const key_rule *k = &key_rules[_i % (int)(sizeof key_rules / sizeof key_rules[0])];
     ingest_hello h;
     ifd_error e;
     char extra[128];
@@ -680,6 +697,7 @@ int main(void)
     tcase_add_loop_test(tc, hello_json_is_one_object_of_known_keys, 0, 20);
     tcase_add_loop_test(tc, hello_name_of_1_to_63_bytes_is_taken, 0, 20);
     tcase_add_loop_test(tc, hello_first_seq_from_0_is_taken, 0, 20);
+    tcase_add_loop_test(tc, hello_role_train_or_eval_is_taken, 0, 12);
     tcase_add_loop_test(tc, hello_key_of_the_wrong_type_is_named, 0, 30);
     tcase_add_loop_test(tc, hello_replica_is_for_per_core_only, 0, 30);
     tcase_add_loop_test(tc, hello_shm_true_asks_for_a_pool, 0, 10);

@@ -38,8 +38,9 @@ def _rebuild(cls, text: str, state: dict) -> InfeedError:
 class _EndOf:
     """What the BYE says of the run's end (``docs/protocol.md``, BYE; the end summary's keys):
     ``status`` (``"ok"`` or ``"error"``), ``reason`` (``last_step``, ``input_ended``,
-    ``stopped``, ``error``), ``global_step``, ``error`` (with status ``"error"``: the first
-    error, ``<source>: <sentence>``, else None); all None while no BYE has arrived."""
+    ``stopped``, ``early_stopping``, ``error``), ``global_step``, ``error`` (with status
+    ``"error"``: the first error, ``<source>: <sentence>``, else None); all None while no BYE
+    has arrived."""
 
     bye: Optional[dict]
 

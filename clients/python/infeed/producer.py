@@ -25,7 +25,7 @@ class Producer(Replies, InPlace):
     """Streams batches to infeedd over a ZeroMQ DEALER socket (ingest protocol version 1).
 
     ``Producer(endpoint, name=None, schema=None, first_seq=0, timeout=60.0, replica=None,
-    shm="auto", round_floats=False)``
+    shm="auto", round_floats=False, role="train")``
 
     - ``endpoint``: the daemon's ``--listen`` address, e.g. ``"tcp://127.0.0.1:5555"``.
     - ``name``: the producer's name (the daemon makes one up when it is None).
@@ -49,6 +49,10 @@ class Producer(Replies, InPlace):
     - ``replica``: ``per-core`` input mode: the replica (0 to replicas - 1) this producer's batches
       are for, sent in ``HELLO``; None (the other input modes) sends no replica. Each batch then
       has the WELCOME's ``batch_size`` rows (``global_batch_size / replicas``).
+    - ``role``: ``"train"`` (the default) or ``"eval"``: an eval producer sends the eval set of
+      evaluation during training (a daemon started with ``--eval-every N``): its batches are
+      checked, kept in the daemon's memory and acknowledged at once, never trained on; its
+      :meth:`end` completes the eval set (docs/protocol.md, "Eval producers").
     - CURVE, for a daemon started with ``--curve-secret-key`` (:mod:`infeed.keys`): the daemon's
       public key as ``server_key`` (Z85) or ``server_key_file`` (its ``.pub``), and this
       producer's key pair as ``keypair=(public, secret)`` (Z85) or ``key_file`` (a ``.key`` of
@@ -93,7 +97,10 @@ class Producer(Replies, InPlace):
                  replica: Optional[int] = None, server_key: Any = None,
                  server_key_file: Any = None, keypair: Any = None, key_file: Any = None,
                  connect_timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT,
-                 shm: Any = "auto", round_floats: bool = False):
+                 shm: Any = "auto", round_floats: bool = False, role: str = "train"):
+        if role not in ("train", "eval"):
+            raise ValueError(f"role: expected 'train' or 'eval', got {role!r}")
+        self.role = role
         if first_seq < 0:
             raise ValueError(f"first_seq: expected >= 0, got {first_seq}")
         if replica is not None and (isinstance(replica, bool) or not isinstance(replica, int)
@@ -258,6 +265,8 @@ class Producer(Replies, InPlace):
         if schema is not None:
             self._schema = normalize_schema(schema)
         extra: dict[str, Any] = {} if self.replica is None else {"replica": self.replica}
+        if self.role != "train":
+            extra["role"] = self.role
         ask = self._shm_mode is True or (self._shm_mode == "auto" and self._shm_broken is None
                                          and S.is_local(self.endpoint))
         if ask:
@@ -473,15 +482,19 @@ class Producer(Replies, InPlace):
                        not self._unacked or self.bye is not None, "waiting for predictions",
                        timeout)
 
-    def end(self, wait_bye: bool = True, timeout: Any = ...) -> Optional[dict]:
+    def end(self, wait_bye: Optional[bool] = None, timeout: Any = ...) -> Optional[dict]:
         """Sends END (once), waits until every batch sent is acknowledged and, with ``wait_bye``,
         until the daemon's BYE; returns the BYE JSON (also :attr:`bye`), or None when it has not
         come. With several producers the run (and so BYE) ends only when all have sent END: pass
-        ``wait_bye=False`` there. ``ECLOSED`` rejections are not raised here (the run ended);
+        ``wait_bye=False`` there. ``wait_bye`` None (the default) is True for a train producer
+        and False for an eval producer (``role="eval"``), whose END completes the eval set while
+        the run goes on. ``ECLOSED`` rejections are not raised here (the run ended);
         other pending errors are, and calling end() again goes on waiting. A BYE whose status is
         ``"error"`` raises :class:`RunFailed` (each call), so that a run that failed is never
         taken for one that ended well (the exit of a ``with`` block calls end())."""
         self._check_open()
+        if wait_bye is None:
+            wait_bye = self.role != "eval"
         if not self._ended:
             self._ended = True
             if self.welcome is not None and self.bye is None:
