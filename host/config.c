@@ -153,7 +153,9 @@ const config_opt config_opts[] = {
     OPT("host_calls", K_CALLS, run.host_calls, "NAME=SPEC[,SPEC...]",
         "train, eval: reduce outfeed tensor NAME with built-in host calls (mean, sum, min, max, "
         "last, histogram, quantiles, confusion, class_accuracy, precision_recall, top_k:K, auc; "
-        "docs/config.md) into the summary's host_calls; repeat the flag for several tensors",
+        "docs/config.md) into the summary's host_calls; repeat the flag for several tensors. "
+        "Not given, a classifier reports class=class_accuracy and confidence=histogram; none: "
+        "no host call",
         .flag = "host-call"),
     OPT("seed", K_U64, run.seed, "S", "seed of the parameter initialisation"),
     OPT("infeed_depth", K_INT, run.infeed_depth, "N", "shards buffered per replica"),

@@ -140,6 +140,8 @@ static int is_parameter(const char *piece, size_t len)
  * that "histogram:bins=10,range=0:1,mean" is two specs. */
 static int add_calls_flag(ifd_daemon_config *c, const char *val, const char *where, ifd_error *err)
 {
+    if (strcmp(val, "none") == 0)
+        return IFD_OK; /* no host call, not even the default ones */
     const char *eq = strchr(val, '=');
     if (eq == NULL || eq == val)
         return ifd_error_set(err, IFD_EINVAL,
@@ -630,6 +632,30 @@ static int load_plugins(ifd_daemon_config *c, ifd_error *err)
     return rc ? rc : load_libs(&c->host_call_libs, "host_call_lib", "flag --host-call-lib", err);
 }
 
+/* Without host_calls (neither the file nor a flag), a classifier's train and eval runs report
+ * per-class accuracy and a histogram of the confidence (docs/config.md, "Host calls"). */
+static int default_host_calls(ifd_daemon_config *c, ifd_error *err)
+{
+    const config_opt *o = config_find_key("host_calls", strlen("host_calls"));
+    ifd_program p;
+    ifd_error perr;
+    if (c->key_source[o - config_opts] != IFD_KEY_DEFAULT || c->run.mode == IFD_MODE_PREDICT ||
+        c->run.program == NULL ||
+        ifd_program_init(&p, c->run.program, &c->run.settings, &perr) != IFD_OK || !p.classifier)
+        return IFD_OK; /* set, or the validation pass's sentence */
+    int has_class = 0, has_conf = 0;
+    for (int i = 0; i < p.noutfeeds; i++) {
+        has_class |= strcmp(p.outfeeds[i].name, "class") == 0;
+        has_conf |= strcmp(p.outfeeds[i].name, "confidence") == 0;
+    }
+    int rc = IFD_OK;
+    if (has_class)
+        rc = add_call(c, "class", 5, "class_accuracy", 14, "host_calls (default)", err);
+    if (rc == IFD_OK && has_conf)
+        rc = add_call(c, "confidence", 10, "histogram", 9, "host_calls (default)", err);
+    return rc;
+}
+
 int ifd_daemon_config_parse_with(ifd_daemon_config *c, int argc, char **argv, FILE *out,
                                  int *exit_now, ifd_config_reader read, void *arg, ifd_error *err)
 {
@@ -643,5 +669,7 @@ int ifd_daemon_config_parse_with(ifd_daemon_config *c, int argc, char **argv, FI
         rc = apply_environment(c, err);
     if (rc == IFD_OK)
         rc = load_plugins(c, err);
+    if (rc == IFD_OK)
+        rc = default_host_calls(c, err);
     return rc ? rc : ifd_daemon_config_validate(c, err);
 }

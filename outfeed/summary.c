@@ -19,7 +19,9 @@ int ifd_summary_emit(ifd_summary_writer *w, json_t *obj, ifd_error *err)
         return ifd_error_set(err, IFD_ENOMEM, "summary: cannot build the JSON object");
     if (w->hosts > 1)
         json_object_set_new(obj, "host", json_integer(w->host));
-    char *line = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15));
+    /* 17 significant digits: every double reads back as the same double (a histogram's last
+     * limit, DBL_MAX, with 15 would read back as infinity, which JSON parsers refuse) */
+    char *line = json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(obj);
     if (line == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "summary: cannot serialise the JSON object");

@@ -59,19 +59,21 @@ def is_histogram(v) -> bool:
         isinstance(v.get("bucket"), list)
 
 
-def _leaves(prefix: str, v) -> Iterator[tuple[str, float]]:
-    """The numbers of a host call's value: a number, or the numbers of a list (``/0``, ``/1``...)
-    or an object (``/key``) of numbers, one level deep; histograms and matrices give nothing."""
+def _leaves(prefix: str, v, depth: int = 3) -> Iterator[tuple[str, float]]:
+    """The numbers of a host call's value: a number, or those of a list (``/0``, ``/1``...) or an
+    object (``/key``), a few levels deep (``class_accuracy/accuracy/3``); histograms and
+    matrices (lists of lists) give nothing."""
     if _finite(v):
         yield prefix, float(v)
+    elif depth == 0 or is_histogram(v):
+        return
     elif isinstance(v, list):
-        for i, x in enumerate(v):
-            if _finite(x):
-                yield f"{prefix}/{i}", float(x)
-    elif isinstance(v, dict) and not is_histogram(v):
+        if not any(isinstance(x, list) for x in v):
+            for i, x in enumerate(v):
+                yield from _leaves(f"{prefix}/{i}", x, depth - 1)
+    elif isinstance(v, dict):
         for k, x in v.items():
-            if _finite(x):
-                yield f"{prefix}/{k}", float(x)
+            yield from _leaves(f"{prefix}/{k}", x, depth - 1)
 
 
 def host_call_values(summary: dict) -> Iterator[tuple[str, object]]:
