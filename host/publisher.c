@@ -205,9 +205,16 @@ static int publish_tensor(ifd_publisher *p, const char *mode, int64_t step, cons
         p->tensor_limited++;
         go = 0;
     }
+    int grew = go && bytes > 2 * p->largest;
     if (go && bytes > p->largest)
         p->largest = bytes;
     ifd_mutex_unlock(&p->mu);
+    if (grew) /* the bound, said again whenever the largest message doubles */
+        IFD_LOG_INFO("publish: tensor messages hold at most %.1f MiB waiting in the outbox and "
+                     "%.1f MiB a subscriber in ZeroMQ's queue (%d messages of up to %zu bytes; "
+                     "docs/summaries.md, \"Tensor messages\")",
+                     (double)IFD_PUB_TENSOR_OUTBOX_BYTES / 1048576.0,
+                     (double)IFD_PUB_SNDHWM * (double)bytes / 1048576.0, IFD_PUB_SNDHWM, bytes);
     if (!go) {
         free(header);
         return IFD_OK;

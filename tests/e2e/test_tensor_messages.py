@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import threading
 
 import numpy as np
@@ -204,3 +205,60 @@ def test_daemon_publishes_the_concatenated_tensors(daemon, rng, replicas, mode):
         assert t["grad_norm"].shape == (1,) and np.isfinite(t["grad_norm"]).all()
     st = d.summaries()
     assert st[-1]["event"] == "end" and st[-1]["status"] == "ok", st[-1]
+
+
+def rss_mib(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+def test_a_subscriber_that_never_reads_stays_within_the_logged_bound(daemon, rng):
+    """A subscriber asks for a large tensor and reads nothing: the daemon drops what it cannot
+    send, and its memory grows by no more than the bound it logs (the outbox and one
+    subscriber's queue of the largest message), while far more than that was published."""
+    if not PROBE:
+        pytest.skip("the probe plugin is not built (set INFEED_PROBE_PLUGIN)")
+    rows = rng.choice([1024, 2048, 4096])
+    d = daemon(program_lib=PROBE, program="probe", features=3, classes=2, batch_size=rows,
+               steps=10 ** 9, iterations_per_loop=50, summary_every=0, learning_rate=0.001,
+               credit=8, host_call="none")
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVHWM, 1)
+    sub.setsockopt(zmq.RCVBUF, 4096)
+    sub.setsockopt(zmq.SUBSCRIBE, b"tensor:x3")
+    sub.connect(d.publish)
+    try:
+        wait_until(lambda: d.control({"cmd": "status"})["tensor_messages"]["subscribed"] == 1,
+                   "the daemon sees the subscription", d)
+        nrng = np.random.default_rng(rng.randrange(1 << 30))
+        batch = {"x": nrng.standard_normal((rows, 3)).astype(np.float32),
+                 "y": nrng.integers(0, 2, rows, dtype=np.int32)}
+        p = infeed.Producer(d.listen, name="flood", timeout=30)
+        p.send(batch)
+        wait_until(lambda: d.control({"cmd": "status"})["global_step"] >= 1, "a first step", d)
+        base = rss_mib(d.proc.pid)
+        want_bytes = 0
+        st = {}
+        while want_bytes < 200 * 2 ** 20:  # far beyond the bound: 200 MiB offered
+            for _ in range(50):
+                p.send(batch)
+            st = d.control({"cmd": "status"})
+            want_bytes = st["global_step"] * rows * 12
+        tm = st["tensor_messages"]
+        grown = rss_mib(d.proc.pid) - base
+        p.close()
+        d.control({"cmd": "stop"})
+        assert d.wait(60) == 0, d.log()
+    finally:
+        sub.close(0)
+    m = re.search(r"hold at most ([\d.]+) MiB waiting in the outbox and ([\d.]+) MiB a "
+                  r"subscriber", d.log(tail=None))
+    assert m, d.log()
+    bound = float(m.group(1)) + float(m.group(2))
+    print(f"rows {rows}: grew {grown:.1f} MiB, bound {bound:.1f} MiB, messages {tm}")
+    # far more went out than the bound holds (ZeroMQ drops silently what the queue cannot take)
+    assert tm["sent"] * tm["largest"] > 4 * bound * 2 ** 20, (tm, bound)
+    # the bound, and 16 MiB for the rest (batches in flight, the allocator's slack)
+    assert grown <= bound + 16, (grown, bound, tm)
