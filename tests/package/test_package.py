@@ -9,8 +9,9 @@ naming its stderr. Builds tests/package/consumer four times, out of tree: find_p
 with the shared and with the static targets, pkg-config with infeed-client + infeed and with
 infeed-client-static + infeed-static; runs each against the daemon (WELCOME, every batch
 ACKed), and the installed infeedctl asks it for its status. The daemon's log lines carry journald
-priority prefixes. Builds examples/custom_program (the mlp2 program plugin) out of tree with find_package(infeed),
-as its README says, and trains it with the installed infeedd --program-lib, under
+priority prefixes. Builds examples/custom_program (the mlp2 program plugin) and examples/host_call
+(the calibration host call) out of tree with find_package(infeed), as their READMEs say, and
+runs them with the installed infeedd (--program-lib, --host-call-lib), under
 MemoryDenyWriteExecute's rule (prctl PR_SET_MDWE) where the kernel has it, as the units of a
 build without cuda run it.
 
@@ -307,42 +308,36 @@ def deny_write_execute() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0)
 
 
-def test_custom_program_plugin_out_of_tree(prefix, tmp_path):
-    """examples/custom_program, built out of tree against the installed prefix with
-    find_package(infeed) as its README says, is loaded by the installed infeedd (--program-lib)
-    and trains: the loss of its last steps is below that of its first."""
-    seed = int(os.environ.get("IFD_TEST_SEED", random.randrange(1 << 31)))
-    print(f"seed {seed} (IFD_TEST_SEED={seed} repeats this run)")
-    rng = random.Random(seed)
-    b = tmp_path / "custom_program"
-    run([CMAKE, "-S", HERE.parent.parent / "examples/custom_program", "-B", b,
+def build_example(prefix: Path, tmp: Path, folder: str, module: str) -> Path:
+    """examples/FOLDER built out of tree against the installed prefix with find_package(infeed),
+    as its README says: the MODULE.so it makes."""
+    b = tmp / folder
+    run([CMAKE, "-S", HERE.parent.parent / "examples" / folder, "-B", b,
          f"-DCMAKE_PREFIX_PATH={prefix}", f"-DCMAKE_C_COMPILER={CC}", "-DCMAKE_BUILD_TYPE=Release",
          f"-DCMAKE_C_FLAGS={' '.join(SAN_FLAGS)}",
          f"-DCMAKE_MODULE_LINKER_FLAGS={' '.join(SAN_FLAGS)}"])
     run([CMAKE, "--build", b])
-    plugin = b / "mlp2.so"
+    plugin = b / f"{module}.so"
     assert plugin.is_file(), list(b.iterdir())
-    features, classes, hidden = rng.randint(3, 12), rng.randint(2, 5), rng.randint(4, 16)
-    batch, steps = rng.choice([8, 16, 32]), 300
-    summaries = tmp_path / "s.jsonl"
+    return plugin
+
+
+def train_installed(prefix: Path, tmp: Path, flags: list, make_batch) -> list[dict]:
+    """The installed infeedd with flags, fed make_batch() until the run ends; its summaries."""
+    summaries = tmp / "s.jsonl"
     daemon = subprocess.Popen(
-        [prefix / "bin/infeedd", "--program-lib", plugin, "--program", "mlp2", "--features",
-         str(features), "--classes", str(classes), "--hidden", str(hidden), "--batch-size",
-         str(batch), "--steps", str(steps), "--iterations-per-loop", "10", "--summary-every",
-         "50", "--learning-rate", "0.1", "--listen", "tcp://127.0.0.1:*", "--publish", "",
-         "--control", "", "--ready-file", tmp_path / "ready.json", "--summaries", summaries], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env=no_ld_path(), preexec_fn=deny_write_execute)
+        [prefix / "bin/infeedd", *flags, "--listen", "tcp://127.0.0.1:*", "--publish", "",
+         "--control", "", "--ready-file", tmp / "ready.json", "--summaries", summaries],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=no_ld_path(),
+        preexec_fn=deny_write_execute)
     try:
-        listen = wait_ready_file(tmp_path / "ready.json", daemon, 15,
+        listen = wait_ready_file(tmp / "ready.json", daemon, 15,
                                  lambda: daemon.stdout.read().decode(errors="replace")
                                  if daemon.poll() is not None else "")["listen"]
-        nrng = np.random.default_rng(seed)
-        w = nrng.standard_normal((features, classes))
         p = infeed.Producer(listen, name="plugin-test", timeout=30)
         try:
             while True:
-                x = nrng.standard_normal((batch, features)).astype(np.float32)
-                p.send(x=x, y=np.argmax(x @ w, axis=1).astype(np.int32))
+                p.send(make_batch())
         except infeed.RunEnded:
             pass
         p.close()
@@ -352,10 +347,60 @@ def test_custom_program_plugin_out_of_tree(prefix, tmp_path):
         if daemon.poll() is None:
             daemon.kill()
             daemon.wait()
-    train = [json.loads(ln) for ln in summaries.read_text().splitlines()]
+    return [json.loads(ln) for ln in summaries.read_text().splitlines()]
+
+
+def learnable(seed: int, batch: int, features: int, classes: int):
+    nrng = np.random.default_rng(seed)
+    w = nrng.standard_normal((features, classes))
+
+    def make():
+        x = nrng.standard_normal((batch, features)).astype(np.float32)
+        return {"x": x, "y": np.argmax(x @ w, axis=1).astype(np.int32)}
+    return make
+
+
+def test_custom_program_plugin_out_of_tree(prefix, tmp_path):
+    """examples/custom_program, built out of tree against the installed prefix with
+    find_package(infeed) as its README says, is loaded by the installed infeedd (--program-lib)
+    and trains: the loss of its last steps is below that of its first."""
+    seed = int(os.environ.get("IFD_TEST_SEED", random.randrange(1 << 31)))
+    print(f"seed {seed} (IFD_TEST_SEED={seed} repeats this run)")
+    rng = random.Random(seed)
+    plugin = build_example(prefix, tmp_path, "custom_program", "mlp2")
+    features, classes, hidden = rng.randint(3, 12), rng.randint(2, 5), rng.randint(4, 16)
+    batch, steps = rng.choice([8, 16, 32]), 300
+    train = train_installed(
+        prefix, tmp_path,
+        ["--program-lib", plugin, "--program", "mlp2", "--features", str(features), "--classes",
+         str(classes), "--hidden", str(hidden), "--batch-size", str(batch), "--steps", str(steps),
+         "--iterations-per-loop", "10", "--summary-every", "50", "--learning-rate", "0.1"],
+        learnable(seed, batch, features, classes))
     train = [s for s in train if s["event"] == "train"]
     assert train[-1]["global_step"] == steps, train
     assert train[-1]["loss"] < train[0]["loss"], [s["loss"] for s in train]
+
+
+def test_host_call_plugin_out_of_tree(prefix, tmp_path):
+    """examples/host_call, built out of tree against the installed prefix, runs in the installed
+    infeedd (--host-call-lib): its calibration counts every row of each summary, right as the
+    summary's accuracy says."""
+    rng = random.Random()
+    plugin = build_example(prefix, tmp_path, "host_call", "calibration")
+    features, classes = rng.randint(2, 8), rng.randint(2, 5)
+    batch, steps = rng.choice([8, 16]), rng.randint(20, 60)
+    summ = train_installed(
+        prefix, tmp_path,
+        ["--host-call-lib", plugin, "--program", "softmax", "--features", str(features),
+         "--classes", str(classes), "--batch-size", str(batch), "--steps", str(steps),
+         "--summary-every", "10", "--replicas", "2"],
+        learnable(rng.randrange(1 << 30), batch, features, classes))
+    train = [s for s in summ if s["event"] == "train"]
+    assert train and train[-1]["global_step"] == steps, summ[-1]
+    for s in train:
+        cal = s["host_calls"]["calibration"]
+        assert cal["right"] + cal["wrong"] == s["examples"], s
+        assert cal["right"] / s["examples"] == pytest.approx(s["accuracy"], abs=1e-9), s
 
 
 def test_install_right_after_the_demo_build(tmp_path):
