@@ -133,12 +133,14 @@ START_TEST(histogram_default_buckets_match_the_reference)
         for (int64_t i = 1; i < nl - 1; i++) {
             float f = (float)limits[i];
             int32_t k = (int32_t)fmin(fmax(round(limits[i]), -2e9), 2e9);
+            float *fx = TU_F(&v) + 3 * (i - 1);
+            int32_t *ix = TU_I(&v) + 3 * (i - 1);
             for (int d = 0; d < 3; d++) {
+                float near = d == 0 ? f : nextafterf(f, d == 1 ? -INFINITY : INFINITY);
                 if (dt == IFD_F32)
-                    TU_F(&v)
-                    [3 * (i - 1) + d] = d == 0 ? f : nextafterf(f, d == 1 ? -INFINITY : INFINITY);
+                    fx[d] = near;
                 else
-                    TU_I(&v)[3 * (i - 1) + d] = k + d - 1;
+                    ix[d] = k + d - 1;
             }
         }
     }
