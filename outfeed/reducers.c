@@ -24,6 +24,8 @@
 #define MAX_CONFUSION_CLASSES 1024
 #define MAX_THRESHOLDS 65536
 #define MAX_LABEL_NAME 63
+#define CELL_EMIN (-41) /* 2^-41 < 1e-12, the least positive limit */
+#define CELL_EMAX 67    /* 2^68 > the greatest limit below DBL_MAX (< 1e20) */
 #define RESERVOIR_SEED UINT64_C(0x686f737463616c6c)
 
 typedef enum {
@@ -84,6 +86,11 @@ struct ifd_reducer {
     int fixed;
     double lo, hi;
     int64_t nlimits, bins;
+    /* default buckets: npos positive limits below DBL_MAX (p = limits + npos + 2); cell[c]: how
+     * many of them are below the low end of magnitude cell c (a binary exponent in [CELL_EMIN,
+     * CELL_EMAX] and the mantissa's top 3 bits), so a value's bucket is a step or two from it */
+    int64_t npos;
+    int32_t *cell;
     int64_t f32_bad; /* the first float32 edge that is not finite or not above the one before; -1 */
     double *limits;
     float *edges_f;
@@ -314,6 +321,18 @@ static int default_limits(ifd_reducer *r)
     for (i = 0; i <= pos; i++)
         r->limits[i] = -p[pos - i];
     r->limits[pos + 1] = 0.0;
+    r->npos = pos;
+    r->cell = malloc(sizeof(int32_t) * 8 * (CELL_EMAX - CELL_EMIN + 1));
+    if (r->cell == NULL)
+        return IFD_ENOMEM;
+    int64_t c = 0;
+    for (int e = CELL_EMIN; e <= CELL_EMAX; e++)
+        for (int m = 0; m < 8; m++) {
+            double low = ldexp(1.0 + m / 8.0, e);
+            while (c < pos && p[c] < low)
+                c++;
+            r->cell[(e - CELL_EMIN) * 8 + m] = (int32_t)c;
+        }
     return IFD_OK;
 }
 
@@ -511,6 +530,7 @@ void ifd_reducer_destroy(ifd_reducer *r)
     free(r->tensor);
     free(r->spec);
     free(r->limits);
+    free(r->cell);
     free(r->edges_f);
     free(r->counts);
     free(r->q);
@@ -688,18 +708,32 @@ static inline double value_at(const ifd_tensor *t, int64_t i)
                                : (double)((const int32_t *)t->data)[i];
 }
 
-/* The bucket of TensorFlow's Histogram::Add: the first limit above v (std::upper_bound). */
-static int64_t upper_bound(const double *a, int64_t n, double v)
+/* How many positive default limits are below a > 0 (or at most a, with le): from a's cell, a
+ * cell spans a ratio of at most 1.125 and the limits grow by 1.1, so two steps at most. (No limit
+ * is a float32 or an int32, so with these values below and at most agree; le keeps the rule.) */
+static int64_t limits_below(const ifd_reducer *r, double a, int le)
 {
-    int64_t lo = 0, hi = n;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        if (v < a[mid])
-            hi = mid;
-        else
-            lo = mid + 1;
-    }
-    return lo;
+    const double *p = r->limits + r->npos + 2;
+    if (a < 0x1p-41)
+        return 0;
+    if (a >= 0x1p68)
+        return r->npos;
+    uint64_t bits;
+    memcpy(&bits, &a, sizeof bits);
+    int e = (int)((bits >> 52) & 0x7ff) - 1023, m = (int)((bits >> 49) & 7);
+    int64_t c = r->cell[(e - CELL_EMIN) * 8 + m];
+    while (c < r->npos && (p[c] < a || (le && p[c] == a)))
+        c++;
+    return c;
+}
+
+/* The bucket of TensorFlow's Histogram::Add for a finite v: the first limit above v
+ * (std::upper_bound), found from the limits' symmetry: -p[npos..0], 0, p[0..npos]. */
+static int64_t default_bucket(const ifd_reducer *r, double v)
+{
+    if (v < 0)
+        return r->npos + 1 - limits_below(r, -v, 0);
+    return r->npos + 2 + limits_below(r, v, 1);
 }
 
 /* numpy's bin for v: e[i] <= v < e[i + 1], the last bin closed; -1 below e[0], bins above
@@ -737,9 +771,7 @@ static void add_histogram(ifd_reducer *r, const ifd_tensor *t, int64_t n)
             r->max = v;
         int64_t b;
         if (!r->fixed) {
-            b = upper_bound(r->limits, r->nlimits, v);
-            if (b >= r->nlimits)
-                b = r->nlimits - 1; /* v == DBL_MAX: not a float32 or an int32 */
+            b = default_bucket(r, v);
         } else {
             if (t->dtype == IFD_F32)
                 FIXED_BIN(r->edges_f, ((const float *)t->data)[i], r->bins, r->lo, r->hi, b);

@@ -153,6 +153,19 @@ def test_histogram_default_buckets(tmp_path, seed, dtype):
         assert got["min"] is None and got["max"] is None
 
 
+def test_histogram_default_bucket_edges(tmp_path):
+    """Every finite default limit and its float32 neighbours: each bucket's two edges."""
+    limits = tf_default_limits()[1:-1].astype(np.float32)
+    x = np.concatenate([limits, np.nextafter(limits, np.float32(-np.inf)),
+                        np.nextafter(limits, np.float32(np.inf))])
+    got = reduce(tmp_path, "histogram", x, steps=4)
+    all_limits = tf_default_limits()
+    counts = np.bincount(np.searchsorted(all_limits, x.astype(np.float64), side="right"),
+                         minlength=len(all_limits))
+    want_l, want_c = collapse(all_limits, counts[: len(all_limits)])
+    assert got["bucket_limit"] == want_l and got["bucket"] == want_c
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("dtype", [np.float32, np.int32])
 def test_histogram_fixed_bins(tmp_path, seed, dtype):

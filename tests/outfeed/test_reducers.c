@@ -121,10 +121,30 @@ START_TEST(histogram_default_buckets_match_the_reference)
     ifd_rng rng;
     seed_rng(&rng);
     tu_vals v;
-    tu_vals_random(&v, &rng, _i % 2 ? IFD_I32 : IFD_F32, 300, 1);
+    ifd_dtype dt = _i % 2 ? IFD_I32 : IFD_F32;
     static double limits[2000];
     static int64_t counts[2000];
-    int64_t nl = tf_limits(limits), n = ifd_tensor_numel(&v.t), num = 0;
+    int64_t nl = tf_limits(limits);
+    if (_i < 8) {
+        tu_vals_random(&v, &rng, dt, 300, 1);
+    } else { /* every bucket's edges: each finite limit and its neighbours in the dtype */
+        int64_t dims[1] = {3 * (nl - 2)};
+        tu_vals_init(&v, dt, 1, dims);
+        for (int64_t i = 1; i < nl - 1; i++) {
+            float f = (float)limits[i];
+            int32_t k = (int32_t)fmin(fmax(round(limits[i]), -2e9), 2e9);
+            float *fx = TU_F(&v) + 3 * (i - 1);
+            int32_t *ix = TU_I(&v) + 3 * (i - 1);
+            for (int d = 0; d < 3; d++) {
+                float near = d == 0 ? f : nextafterf(f, d == 1 ? -INFINITY : INFINITY);
+                if (dt == IFD_F32)
+                    fx[d] = near;
+                else
+                    ix[d] = k + d - 1;
+            }
+        }
+    }
+    int64_t n = ifd_tensor_numel(&v.t), num = 0;
     memset(counts, 0, sizeof counts);
     double mn = INFINITY, mx = -INFINITY, sum = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -568,7 +588,7 @@ int main(void)
     TCase *tc = tu_tcase(s, "reducers", 60);
     tcase_add_loop_test(tc, statistics_match_the_reference, 0, 12);
     tcase_add_test(tc, non_finite_values);
-    tcase_add_loop_test(tc, histogram_default_buckets_match_the_reference, 0, 8);
+    tcase_add_loop_test(tc, histogram_default_buckets_match_the_reference, 0, 10);
     tcase_add_loop_test(tc, histogram_fixed_bins_match_the_reference, 0, 12);
     tcase_add_loop_test(tc, quantiles_match_sorting, 0, 12);
     tcase_add_test(tc, quantiles_past_max_keep_a_sample);
