@@ -48,9 +48,10 @@ class Job:
         for k, v in f.items():
             if v is None or v is False:
                 continue
-            argv.append("--" + k.replace("_", "-"))
-            if v is not True:
-                argv.append(str(v))
+            for one in v if isinstance(v, list) else [v]:  # a list: the flag repeated
+                argv.append("--" + k.replace("_", "-"))
+                if one is not True:
+                    argv.append(str(one))
         if gpu_per_rank:  # each rank sees its own GPU: the one of its local rank
             argv = ["sh", "-c", 'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$0" "$@"'
                     ] + argv
@@ -549,13 +550,31 @@ def eval_summary(job: Job, h: int) -> dict:
     return ev[0]
 
 
-@pytest.mark.parametrize("hosts,replicas", [(2, 1), (2, 2)])
+def same_values(got, want, where="host_calls"):
+    """Integers (counts) bit for bit, floats within 1e-6 relative, recursively."""
+    if isinstance(want, dict):
+        assert isinstance(got, dict) and sorted(got) == sorted(want), (where, got, want)
+        for k in want:
+            same_values(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), (where, got, want)
+        for i, (g, w) in enumerate(zip(got, want)):
+            same_values(g, w, f"{where}[{i}]")
+    elif isinstance(want, float):
+        assert got == pytest.approx(want, rel=1e-6, abs=1e-12), (where, got, want)
+    else:
+        assert got == want, (where, got, want)
+
+
+@pytest.mark.parametrize("hosts,replicas", [(2, 1), (2, 2), (4, 1)])
 def test_eval_over_hosts_equals_one_host(tmp_path, rng, hosts, replicas):
-    """Eval of one checkpoint on the same global batches: 2 hosts x R and 1 host x 2R give the
+    """Eval of one checkpoint on the same global batches: H hosts x R and 1 host x HR give the
     same eval summary (loss, accuracy, examples, steps) on every host, and the same host calls
     over the labels and confidences, concatenated across hosts (the last label is the global
-    batch's last row's)."""
-    calls = "label=sum,last,min,max" if reducers_built() else None
+    batch's last row's): 2x1, 2x2 and 4x1 against 1x2 and 1x4; the eval metrics' integer counts
+    (histograms, confusion) bit for bit, their float sums within 1e-6."""
+    calls = ["label=sum,last,min,max", "confidence=histogram,mean,histogram:bins=7,range=0:1",
+             "class=confusion,class_accuracy,precision_recall"] if reducers_built() else None
     R1 = hosts * replicas
     features, classes = rng.randint(1, 8), rng.randint(2, 5)
     batch = R1 * rng.randint(1, 4)
@@ -591,9 +610,11 @@ def test_eval_over_hosts_equals_one_host(tmp_path, rng, hosts, replicas):
         assert got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6), (got, want)
         if calls:
             y = np.concatenate([b[1] for b in batches])
-            assert got["host_calls"] == want["host_calls"] == {"label": {
+            assert want["host_calls"]["label"] == {
                 "sum": int(y.sum()), "last": int(y[-1]), "min": int(y.min()),
-                "max": int(y.max())}}, (got, want)
+                "max": int(y.max())}, want
+            assert sum(want["host_calls"]["confidence"]["histogram"]["bucket"]) == len(y)
+            same_values(got["host_calls"], want["host_calls"])
 
 
 def test_eval_input_ending_on_one_host_ends_all_at_the_same_step(tmp_path, rng):
