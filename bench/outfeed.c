@@ -15,6 +15,7 @@
  *
  *   bench_outfeed [--steps N] [--repeat N]
  */
+#include "bench/bench_util.h"
 #include "core/thread.h"
 #include "device/cpu/blas.h"
 #include <infeed/infeed.h>
@@ -73,20 +74,6 @@ typedef struct static_source {
     float x[BATCH * FEATURES];
     int32_t y[BATCH];
 } static_source;
-
-static int static_next(void *ctx, ifd_batch **out, ifd_error *err)
-{
-    (void)err;
-    *out = &((static_source *)ctx)->batch;
-    return IFD_OK;
-}
-
-static void static_abort(void *ctx)
-{
-    (void)ctx;
-}
-
-static const ifd_batch_source_ops static_ops = {.next = static_next, .abort = static_abort};
 
 static void source_init(static_source *s)
 {
@@ -157,7 +144,7 @@ static double run_once(int way, int64_t steps, int64_t *sunk)
     source_init(&src);
     ifd_session *s;
     ifd_error err;
-    if (ifd_session_create(&s, &cfg, (ifd_batch_source){&static_ops, &src}, &err)) {
+    if (ifd_session_create(&s, &cfg, bench_repeat_source(&src.batch), &err)) {
         fprintf(stderr, "bench_outfeed: %s\n", ifd_error_text(&err));
         exit(1);
     }
@@ -178,17 +165,6 @@ static double run_once(int way, int64_t steps, int64_t *sunk)
     free(k.buf);
     *sunk = k.bytes;
     return (double)steps * 1e9 / (double)(t1 - t0);
-}
-
-static double median(double *v, int n)
-{
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return v[n / 2];
 }
 
 int main(int argc, char **argv)
@@ -227,7 +203,7 @@ int main(int argc, char **argv)
            "target");
     double med[NWAYS], best[NWAYS];
     for (int w = 0; w < NWAYS; w++) {
-        med[w] = median(rate[w], repeat);
+        med[w] = bench_median(rate[w], repeat);
         best[w] = rate[w][repeat - 1];
     }
     int met = 1;

@@ -14,6 +14,7 @@
  *
  *   bench_overhead [--steps N] [--repeat N]
  */
+#include "bench/bench_util.h"
 #include "core/thread.h"
 #include "device/step.h"
 
@@ -25,20 +26,6 @@ typedef struct static_source {
     ifd_batch batch;
     float x[8], y[8];
 } static_source;
-
-static int static_next(void *ctx, ifd_batch **out, ifd_error *err)
-{
-    (void)err;
-    *out = &((static_source *)ctx)->batch;
-    return IFD_OK;
-}
-
-static void static_abort(void *ctx)
-{
-    (void)ctx;
-}
-
-static const ifd_batch_source_ops static_ops = {.next = static_next, .abort = static_abort};
 
 static void source_init(static_source *s, int rows)
 {
@@ -81,7 +68,7 @@ static double session_step_seconds(int replicas, int64_t ipl, int64_t steps, int
     source_init(&src, replicas);
     ifd_session *s;
     ifd_error err;
-    if (ifd_session_create(&s, &cfg, (ifd_batch_source){&static_ops, &src}, &err)) {
+    if (ifd_session_create(&s, &cfg, bench_repeat_source(&src.batch), &err)) {
         fprintf(stderr, "bench_overhead: %s\n", ifd_error_text(&err));
         exit(1);
     }
@@ -134,17 +121,6 @@ static double compute_step_seconds(int64_t steps)
     return (double)(t1 - t0) * 1e-9 / (double)steps;
 }
 
-static double median(double *v, int n)
-{
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && v[j - 1] > v[j]; j--) {
-            double t = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = t;
-        }
-    return v[n / 2];
-}
-
 int main(int argc, char **argv)
 {
     int64_t steps = 200000;
@@ -162,7 +138,7 @@ int main(int argc, char **argv)
     double samples[64];
     for (int k = 0; k < repeat; k++)
         samples[k] = compute_step_seconds(steps);
-    double compute = median(samples, repeat);
+    double compute = bench_median(samples, repeat);
     printf("compute of one replica's step (tiny linear program): %.3f us\n", compute * 1e6);
     printf("%-9s %-4s %12s %12s %12s %14s %10s\n", "ipl", "R", "steps/s", "best_steps/s", "us/step",
            "overhead_us", "vs_ipl1");
@@ -181,8 +157,8 @@ int main(int argc, char **argv)
         double med[NRUNS], fast[NRUNS], best[2] = {0, 0};
         int64_t best_ipl[2] = {0, 0};
         for (int i = 0; i < NRUNS; i++) {
-            med[i] = median(per[i], repeat);
-            fast[i] = per[i][0]; /* median() sorted the runs */
+            med[i] = bench_median(per[i], repeat);
+            fast[i] = per[i][0]; /* bench_median() sorted the runs */
             for (int m = 0; m < 2 && i < NFIXED; m++) {
                 double v = m ? fast[i] : med[i];
                 if (best[m] == 0 || v < best[m]) {
