@@ -3,9 +3,11 @@
  * K = 10) trains at batch 256 on R = 2 cpu replicas, iterations_per_loop 100, three ways side by
  * side in one run, each repeat running every way once in turn:
  *
- *   plain     softmax as built in (its outfeed: class, confidence and label, 3 values a row);
- *   out16     the same step and one more outfeed tensor, the row's 16 input floats (a program
- *             registered here that wraps softmax's functions and adds the copy);
+ *   plain     softmax as built in (its outfeed: class, confidence and label, 3 values a row),
+ *             with infeedd's default host calls (class_accuracy, a confidence histogram);
+ *   out16     the same and one more outfeed tensor, the row's 16 input floats (a program
+ *             registered here that wraps softmax's functions and adds the copy), written,
+ *             copied and concatenated every step;
  *   out16+sub out16 with a tensor sink that takes every tensor of every step (copies it out,
  *             as a subscriber's sink would before sending it).
  *
@@ -140,6 +142,11 @@ static double run_once(int way, int64_t steps, int64_t *sunk)
     cfg.steps = steps;
     cfg.optimizer.learning_rate = 0.01f;
     cfg.summary_every = 0;
+    /* infeedd's default host calls for a classifier: they take the outfeed, so every way
+     * writes, copies and concatenates the program's tensors (x16 too) */
+    cfg.host_calls[0] = (ifd_host_call){.tensor = "class", .spec = "class_accuracy"};
+    cfg.host_calls[1] = (ifd_host_call){.tensor = "confidence", .spec = "histogram"};
+    cfg.nhost_calls = 2;
     static static_source src;
     source_init(&src);
     ifd_session *s;
