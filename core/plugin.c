@@ -47,3 +47,53 @@ int ifd_plugin_open(const ifd_plugin_kind *k, const char *path, void **handle, v
     *init = entry;
     return IFD_OK;
 }
+
+static int run_outcome(const ifd_plugin_kind *k, const char *path, int rc, const ifd_error *perr,
+                       const ifd_error *refused, int registered, ifd_error *err)
+{
+    if (refused && refused->code != IFD_OK)
+        return ifd_error_set(err, IFD_EINVAL, "%s", refused->msg);
+    if (rc != IFD_OK)
+        return ifd_error_set(err, IFD_EINVAL, "%s '%s': its %s failed: %s", k->what, path,
+                             k->init_symbol, perr->msg[0] ? perr->msg : ifd_strerror(rc));
+    if (registered == 0)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "%s '%s': registers no %s: expected its %s to call reg->add at "
+                             "least once",
+                             k->what, path, k->registers, k->init_symbol);
+    return IFD_OK;
+}
+
+int ifd_plugin_load(const ifd_plugin_kind *k, ifd_plugin_set *set, const char *path,
+                    ifd_plugin_run_fn run, void *arg, int *fresh, ifd_error *err)
+{
+    *fresh = 0;
+    void *h, *entry;
+    int rc = ifd_plugin_open(k, path, &h, &entry, err);
+    if (rc)
+        return rc;
+    for (int i = 0; i < set->n; i++) {
+        if (set->handles[i] == h) {
+            dlclose(h); /* the reference this call took */
+            return IFD_OK;
+        }
+    }
+    if (set->n == IFD_PLUGIN_SET_MAX) {
+        rc = ifd_error_set(err, IFD_EINVAL, "%s '%s': at most %d libraries load", k->what, path,
+                           IFD_PLUGIN_SET_MAX);
+    } else {
+        ifd_error perr;
+        ifd_error_clear(&perr);
+        const ifd_error *refused = NULL;
+        int registered = 0;
+        rc = run(entry, arg, &perr, &refused, &registered);
+        rc = run_outcome(k, path, rc, &perr, refused, registered, err);
+    }
+    if (rc) {
+        dlclose(h);
+        return rc;
+    }
+    set->handles[set->n++] = h;
+    *fresh = 1;
+    return IFD_OK;
+}

@@ -2,7 +2,6 @@
 #include "core/rng.h"
 #include <infeed/program.h>
 
-#include <dlfcn.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -205,11 +204,8 @@ void ifd_program_init_glorot(float *w, int64_t fan_in, int64_t fan_out, uint64_t
 
 /* ---- plugins ------------------------------------------------------------------------------- */
 
-#define MAX_PLUGINS 16
-
 /* The handles of the plugins loaded so far (never closed: their classes stay registered). */
-static void *plugins[MAX_PLUGINS];
-static int nplugins;
+static ifd_plugin_set plugins; /* the libraries loaded */
 
 /* The classes one plugin's entry point registers, committed to the registry only when it
  * succeeds. */
@@ -295,62 +291,36 @@ static const ifd_plugin_kind program_plugins = {
     .header = "include/infeed/program.h",
     .abi_name = "program ABI",
     .abi_version = IFD_PROGRAM_ABI_VERSION,
+    .registers = "program",
 };
+
+static int run_program_init(void *entry, void *arg, ifd_error *perr, const ifd_error **refused,
+                            int *registered)
+{
+    pending *pd = arg;
+    ifd_program_plugin_init_fn init;
+    *(void **)&init = entry;
+    ifd_program_registry reg = {
+        .abi_version = IFD_PROGRAM_ABI_VERSION, .ctx = pd, .add = pending_add};
+    int rc = init(&reg, perr);
+    *refused = &pd->refused;
+    *registered = pd->n;
+    return rc;
+}
 
 int ifd_program_load_plugin(const char *path, ifd_error *err)
 {
-    void *h, *entry;
-    int rc = ifd_plugin_open(&program_plugins, path, &h, &entry, err);
-    if (rc)
-        return rc;
-    for (int i = 0; i < nplugins; i++) {
-        if (plugins[i] == h) {
-            dlclose(h); /* the reference this call took */
-            return IFD_OK;
-        }
-    }
-    ifd_program_plugin_init_fn init;
-    *(void **)&init = entry;
-    if (nplugins == MAX_PLUGINS) {
-        rc = ifd_error_set(err, IFD_EINVAL, "program library '%s': at most %d plugins load", path,
-                           MAX_PLUGINS);
-        goto fail;
-    }
     pending pd = {.path = path, .n = 0, .refused = {.code = IFD_OK}};
-    ifd_program_registry reg = {
-        .abi_version = IFD_PROGRAM_ABI_VERSION, .ctx = &pd, .add = pending_add};
-    ifd_error perr;
-    ifd_error_clear(&perr);
-    rc = init(&reg, &perr);
-    if (pd.refused.code != IFD_OK) {
-        rc = ifd_error_set(err, IFD_EINVAL, "%s", pd.refused.msg);
-        goto fail;
-    }
-    if (rc != IFD_OK) {
-        const char *msg = perr.msg[0] ? perr.msg : ifd_strerror(rc);
-        rc = ifd_error_set(err, IFD_EINVAL, "program library '%s': its %s failed: %s", path,
-                           IFD_PROGRAM_PLUGIN_INIT_SYMBOL, msg);
-        goto fail;
-    }
-    if (pd.n == 0) {
-        rc = ifd_error_set(err, IFD_EINVAL,
-                           "program library '%s': registers no program: expected its %s to call "
-                           "reg->add at least once",
-                           path, IFD_PROGRAM_PLUGIN_INIT_SYMBOL);
-        goto fail;
-    }
+    int fresh;
+    int rc = ifd_plugin_load(&program_plugins, &plugins, path, run_program_init, &pd, &fresh, err);
+    if (rc || !fresh)
+        return rc;
     char *own = strdup(path);
-    if (own == NULL) {
-        rc = ifd_error_set(err, IFD_ENOMEM, "program library '%s'", path);
-        goto fail;
-    }
+    if (own == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "program library '%s'", path);
     for (int i = 0; i < pd.n; i++) {
         origin[nregistered] = own;
         registry[nregistered++] = pd.cls[i];
     }
-    plugins[nplugins++] = h;
     return IFD_OK;
-fail:
-    dlclose(h);
-    return rc;
 }

@@ -5,16 +5,13 @@
 #include "core/plugin.h"
 #include <infeed/host_call.h>
 
-#include <dlfcn.h>
 #include <string.h>
 
 #define MAX_CLASSES 16
-#define MAX_LIBS 8
 
 static const ifd_host_call_class *classes[MAX_CLASSES];
 static int nclasses;
-static void *libs[MAX_LIBS];
-static int nlibs;
+static ifd_plugin_set libs; /* the libraries loaded */
 
 static const ifd_plugin_kind host_call_plugins = {
     .what = "host call library",
@@ -24,6 +21,7 @@ static const ifd_plugin_kind host_call_plugins = {
     .header = "include/infeed/host_call.h",
     .abi_name = "host call ABI",
     .abi_version = IFD_HOST_CALL_ABI_VERSION,
+    .registers = "host call",
 };
 
 /* What one plugin's entry point registers, kept apart until it returns: a failing plugin
@@ -92,55 +90,30 @@ static int pending_add(ifd_host_call_registry *reg, const ifd_host_call_class *c
     return rc;
 }
 
-int ifd_host_call_load_plugin(const char *path, ifd_error *err)
+static int run_host_call_init(void *entry, void *arg, ifd_error *perr, const ifd_error **refused,
+                              int *registered)
 {
-    void *h, *entry;
-    int rc = ifd_plugin_open(&host_call_plugins, path, &h, &entry, err);
-    if (rc)
-        return rc;
-    for (int i = 0; i < nlibs; i++) {
-        if (libs[i] == h) {
-            dlclose(h); /* the reference this call took */
-            return IFD_OK;
-        }
-    }
+    pending *pd = arg;
     ifd_host_call_plugin_init_fn init;
     *(void **)&init = entry;
-    if (nlibs == MAX_LIBS) {
-        rc = ifd_error_set(err, IFD_EINVAL, "host call library '%s': at most %d libraries load",
-                           path, MAX_LIBS);
-        goto fail;
-    }
-    pending pd = {.path = path, .n = 0, .refused = {.code = IFD_OK}};
     ifd_host_call_registry reg = {
-        .abi_version = IFD_HOST_CALL_ABI_VERSION, .ctx = &pd, .add = pending_add};
-    ifd_error perr;
-    ifd_error_clear(&perr);
-    rc = init(&reg, &perr);
-    if (pd.refused.code != IFD_OK) {
-        rc = ifd_error_set(err, IFD_EINVAL, "%s", pd.refused.msg);
-        goto fail;
-    }
-    if (rc != IFD_OK) {
-        rc = ifd_error_set(err, IFD_EINVAL, "host call library '%s': its %s failed: %s", path,
-                           IFD_HOST_CALL_PLUGIN_INIT_SYMBOL,
-                           perr.msg[0] ? perr.msg : ifd_strerror(rc));
-        goto fail;
-    }
-    if (pd.n == 0) {
-        rc = ifd_error_set(err, IFD_EINVAL,
-                           "host call library '%s': registers no host call: expected its %s to "
-                           "call reg->add at least once",
-                           path, IFD_HOST_CALL_PLUGIN_INIT_SYMBOL);
-        goto fail;
-    }
+        .abi_version = IFD_HOST_CALL_ABI_VERSION, .ctx = pd, .add = pending_add};
+    int rc = init(&reg, perr);
+    *refused = &pd->refused;
+    *registered = pd->n;
+    return rc;
+}
+
+int ifd_host_call_load_plugin(const char *path, ifd_error *err)
+{
+    pending pd = {.path = path, .n = 0, .refused = {.code = IFD_OK}};
+    int fresh;
+    int rc = ifd_plugin_load(&host_call_plugins, &libs, path, run_host_call_init, &pd, &fresh, err);
+    if (rc || !fresh)
+        return rc;
     for (int i = 0; i < pd.n; i++)
         classes[nclasses++] = pd.cls[i];
-    libs[nlibs++] = h;
     return IFD_OK;
-fail:
-    dlclose(h);
-    return rc;
 }
 
 int ifd_host_call_count(void)
