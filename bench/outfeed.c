@@ -17,6 +17,7 @@
  *   bench_outfeed [--steps N] [--repeat N]
  */
 #include "core/rng.h"
+#include "bench/static_source.h"
 #include "core/thread.h"
 #include <infeed/infeed.h>
 #include <infeed/program.h>
@@ -34,20 +35,6 @@ typedef struct static_source {
     float x[ROWS * D];
     int32_t y[ROWS];
 } static_source;
-
-static int static_next(void *ctx, ifd_batch **out, ifd_error *err)
-{
-    (void)err;
-    *out = &((static_source *)ctx)->batch;
-    return IFD_OK;
-}
-
-static void static_abort(void *ctx)
-{
-    (void)ctx;
-}
-
-static const ifd_batch_source_ops static_ops = {.next = static_next, .abort = static_abort};
 
 static void source_init(static_source *s)
 {
@@ -112,9 +99,10 @@ static double steps_per_sec(int take, int64_t steps)
     source_init(&src);
     ifd_session *s;
     ifd_error err;
+    ifd_batch_source one = {&ifd_bench_static_ops, &src.batch};
     int64_t seen = 0;
     ifd_tensor_sink sink = {taken, &seen};
-    if (ifd_session_create(&s, &cfg, (ifd_batch_source){&static_ops, &src}, &err) ||
+    if (ifd_session_create(&s, &cfg, one, &err) ||
         (take && ifd_session_add_tensor_sink(s, &sink))) {
         fprintf(stderr, "bench_outfeed: %s\n", ifd_error_text(&err));
         exit(1);

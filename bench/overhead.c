@@ -14,6 +14,7 @@
  *
  *   bench_overhead [--steps N] [--repeat N]
  */
+#include "bench/static_source.h"
 #include "core/thread.h"
 #include "device/step.h"
 
@@ -25,20 +26,6 @@ typedef struct static_source {
     ifd_batch batch;
     float x[8], y[8];
 } static_source;
-
-static int static_next(void *ctx, ifd_batch **out, ifd_error *err)
-{
-    (void)err;
-    *out = &((static_source *)ctx)->batch;
-    return IFD_OK;
-}
-
-static void static_abort(void *ctx)
-{
-    (void)ctx;
-}
-
-static const ifd_batch_source_ops static_ops = {.next = static_next, .abort = static_abort};
 
 static void source_init(static_source *s, int rows)
 {
@@ -81,7 +68,8 @@ static double session_step_seconds(int replicas, int64_t ipl, int64_t steps, int
     source_init(&src, replicas);
     ifd_session *s;
     ifd_error err;
-    if (ifd_session_create(&s, &cfg, (ifd_batch_source){&static_ops, &src}, &err)) {
+    ifd_batch_source one = {&ifd_bench_static_ops, &src.batch};
+    if (ifd_session_create(&s, &cfg, one, &err)) {
         fprintf(stderr, "bench_overhead: %s\n", ifd_error_text(&err));
         exit(1);
     }
