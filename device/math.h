@@ -16,9 +16,7 @@
 #define IFD_HD static inline
 #endif
 
-/* Softmax cross-entropy of one row. Writes gscale * (softmax - onehot) to dlogits (may alias
- * nothing else), returns the row's loss -log p[label] and sets *correct when the first argmax is
- * the label. */
+/* (ifd_math_argmax_row, then the cross-entropy row, below.) */
 /* The first argmax of logits[0..k) (k >= 1); *mx gets its value. */
 IFD_HD int64_t ifd_math_argmax_row(const float *logits, int64_t k, float *mx)
 {
@@ -33,8 +31,13 @@ IFD_HD int64_t ifd_math_argmax_row(const float *logits, int64_t k, float *mx)
     return arg;
 }
 
-IFD_HD float ifd_math_softmax_xent_row(const float *logits, int64_t k, int32_t label, float gscale,
-                                       float *dlogits, int *correct)
+/* Softmax cross-entropy of one row. Writes gscale * (softmax - onehot) to dlogits (may alias
+ * nothing else), returns the row's loss -log p[label] and sets *correct when the first argmax is
+ * the label; from the same pass, unless NULL, *cls = that argmax and *conf = its softmax
+ * probability (ifd_math_classify_row's bits). */
+IFD_HD float ifd_math_softmax_xent_classify_row(const float *logits, int64_t k, int32_t label,
+                                                float gscale, float *dlogits, int *correct,
+                                                int32_t *cls, float *conf)
 {
     float mx;
     int64_t arg = ifd_math_argmax_row(logits, k, &mx);
@@ -48,7 +51,18 @@ IFD_HD float ifd_math_softmax_xent_row(const float *logits, int64_t k, int32_t l
     for (int64_t j = 0; j < k; j++)
         dlogits[j] = gscale * (dlogits[j] * inv - (j == label ? 1.0f : 0.0f));
     *correct = (arg == label);
+    if (cls)
+        *cls = (int32_t)arg;
+    if (conf)
+        *conf = inv;
     return mx + logf(sum) - logits[label];
+}
+
+IFD_HD float ifd_math_softmax_xent_row(const float *logits, int64_t k, int32_t label, float gscale,
+                                       float *dlogits, int *correct)
+{
+    return ifd_math_softmax_xent_classify_row(logits, k, label, gscale, dlogits, correct,
+                                              (int32_t *)0, (float *)0);
 }
 
 /* Softmax of one row: probs[j] = exp(logits[j] - max) / sum_i exp(logits[i] - max), the same

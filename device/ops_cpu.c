@@ -152,8 +152,9 @@ static void cpu_l2_decay(void *ctx, int64_t n, float decay, float scale, const f
         grad[i] = ifd_math_l2_grad(w[i], grad[i], coef);
 }
 
-static void cpu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *logits,
-                             const int32_t *labels, float scale, float *dlogits, ifd_step_out *out)
+static void cpu_softmax_xent_classify(void *ctx, int64_t rows, int64_t k, const float *logits,
+                                      const int32_t *labels, float scale, float *dlogits,
+                                      ifd_step_out *out, int32_t *cls, float *conf)
 {
     (void)ctx;
     double loss = 0.0;
@@ -161,12 +162,19 @@ static void cpu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *lo
     float gscale = rows > 0 ? scale / (float)rows : 0.0f;
     for (int64_t r = 0; r < rows; r++) {
         int ok;
-        loss +=
-            ifd_math_softmax_xent_row(logits + r * k, k, labels[r], gscale, dlogits + r * k, &ok);
+        loss += ifd_math_softmax_xent_classify_row(logits + r * k, k, labels[r], gscale,
+                                                   dlogits + r * k, &ok, cls ? cls + r : NULL,
+                                                   conf ? conf + r : NULL);
         correct += ok;
     }
     out->loss = rows > 0 ? (float)(scale * loss / (double)rows) : 0.0f;
     out->correct = (float)correct;
+}
+
+static void cpu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *logits,
+                             const int32_t *labels, float scale, float *dlogits, ifd_step_out *out)
+{
+    cpu_softmax_xent_classify(ctx, rows, k, logits, labels, scale, dlogits, out, NULL, NULL);
 }
 
 static void cpu_softmax(void *ctx, int64_t rows, int64_t k, const float *logits, float *probs)
@@ -218,6 +226,7 @@ void ifd_cpu_ops_init(ifd_ops *ops, void *ctx)
     ops->tanh_grad = cpu_tanh_grad;
     ops->l2_decay = cpu_l2_decay;
     ops->classify = cpu_classify;
+    ops->softmax_xent_classify = cpu_softmax_xent_classify;
     ops->copy = cpu_copy;
 }
 

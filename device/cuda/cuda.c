@@ -247,6 +247,7 @@ static void replica_ops(cu_replica *rep)
     rep->ops.squared_error = ifd_cu_squared_error;
     rep->ops.classify = ifd_cu_classify;
     rep->ops.copy = ifd_cu_copy;
+    rep->ops.softmax_xent_classify = ifd_cu_softmax_xent_classify;
 }
 
 /* One replica on GPU `index`; what it made is freed by the backend's close whatever failed. */

@@ -41,6 +41,11 @@ cudaError_t ifd_cuda_l2_decay(cudaStream_t s, int64_t n, float decay, float scal
 cudaError_t ifd_cuda_softmax_xent(cudaStream_t s, int64_t rows, int64_t k, const float *logits,
                                   const int32_t *labels, float scale, float *dlogits,
                                   ifd_step_out *out);
+/* softmax_xent and classify's outputs (cls, conf: NULL or [rows]) in the same kernel. */
+cudaError_t ifd_cuda_softmax_xent_classify(cudaStream_t s, int64_t rows, int64_t k,
+                                           const float *logits, const int32_t *labels, float scale,
+                                           float *dlogits, ifd_step_out *out, int32_t *cls,
+                                           float *conf);
 /* probs[r,:] = softmax(logits[r,:]), one thread per row. */
 cudaError_t ifd_cuda_softmax(cudaStream_t s, int64_t rows, int64_t k, const float *logits,
                              float *probs);

@@ -101,7 +101,7 @@ __device__ static void block_sum(double *loss, long long *count)
 
 __global__ void softmax_xent_kernel(int64_t rows, int64_t k, const float *logits,
                                     const int32_t *labels, float scale, float *dlogits,
-                                    ifd_step_out *out)
+                                    ifd_step_out *out, int32_t *cls, float *conf)
 {
     __shared__ double loss[IFD_CUDA_THREADS];
     __shared__ long long correct[IFD_CUDA_THREADS];
@@ -110,7 +110,9 @@ __global__ void softmax_xent_kernel(int64_t rows, int64_t k, const float *logits
     long long c = 0;
     for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
         int ok = 0;
-        l += ifd_math_softmax_xent_row(logits + r * k, k, labels[r], gscale, dlogits + r * k, &ok);
+        l += ifd_math_softmax_xent_classify_row(logits + r * k, k, labels[r], gscale,
+                                                dlogits + r * k, &ok, cls ? cls + r : NULL,
+                                                conf ? conf + r : NULL);
         c += ok;
     }
     loss[threadIdx.x] = l;
@@ -331,8 +333,19 @@ extern "C" cudaError_t ifd_cuda_softmax_xent(cudaStream_t s, int64_t rows, int64
                                              float scale, float *dlogits, ifd_step_out *out)
 {
     clear_stale_error();
-    softmax_xent_kernel<<<1, IFD_CUDA_THREADS, 0, s>>>(rows, k, logits, labels, scale, dlogits,
-                                                       out);
+    softmax_xent_kernel<<<1, IFD_CUDA_THREADS, 0, s>>>(rows, k, logits, labels, scale, dlogits, out,
+                                                       NULL, NULL);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_softmax_xent_classify(cudaStream_t s, int64_t rows, int64_t k,
+                                                      const float *logits, const int32_t *labels,
+                                                      float scale, float *dlogits,
+                                                      ifd_step_out *out, int32_t *cls, float *conf)
+{
+    clear_stale_error();
+    softmax_xent_kernel<<<1, IFD_CUDA_THREADS, 0, s>>>(rows, k, logits, labels, scale, dlogits, out,
+                                                       cls, conf);
     return cudaGetLastError();
 }
 

@@ -109,6 +109,18 @@ void ifd_cu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *logits
                  "softmax_xent kernel");
 }
 
+void ifd_cu_softmax_xent_classify(void *ctx, int64_t rows, int64_t k, const float *logits,
+                                  const int32_t *labels, float scale, float *dlogits,
+                                  ifd_step_out *out, int32_t *cls, float *conf)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep,
+                 ifd_cuda_softmax_xent_classify(rep->cs, rows, k, logits, labels, scale, dlogits,
+                                                out, cls, conf),
+                 "softmax_xent_classify kernel");
+}
+
 void ifd_cu_softmax(void *ctx, int64_t rows, int64_t k, const float *logits, float *probs)
 {
     cu_replica *rep = ctx;

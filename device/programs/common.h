@@ -80,17 +80,18 @@ static inline int ifd_classifier_outfeeds_setup(ifd_program *p)
     return rc;
 }
 
-/* Writes them from logits [rows, K] and the int32 labels (device memory), when the runtime takes
- * outfeed tensors this step. */
-static inline void ifd_classifier_outfeeds_write(const ifd_ops *ops, const ifd_step_args *a,
-                                                 int64_t k, const float *logits,
-                                                 const int32_t *labels)
+/* A classifier's loss over logits [rows, K] against the int32 labels a->inputs[1] (writes
+ * a->out and dlogits), and, when the runtime takes outfeed tensors this step, them: class and
+ * confidence from the same pass over the logits, the label copied. */
+static inline void ifd_classifier_loss(const ifd_ops *ops, const ifd_step_args *a, int64_t k,
+                                       const float *logits, float *dlogits)
 {
-    if (a->outfeeds == NULL)
-        return;
-    ops->classify(ops->ctx, a->rows, k, logits, a->outfeeds[IFD_OUT_CLASS],
-                  a->outfeeds[IFD_OUT_CONFIDENCE]);
-    ops->copy(ops->ctx, a->outfeeds[IFD_OUT_LABEL], labels, a->rows * (int64_t)sizeof(int32_t));
+    void *const *o = a->outfeeds;
+    const int32_t *labels = a->inputs[1].data;
+    ops->softmax_xent_classify(ops->ctx, a->rows, k, logits, labels, a->scale, dlogits, a->out,
+                               o ? o[IFD_OUT_CLASS] : NULL, o ? o[IFD_OUT_CONFIDENCE] : NULL);
+    if (o)
+        ops->copy(ops->ctx, o[IFD_OUT_LABEL], labels, a->rows * (int64_t)sizeof(int32_t));
 }
 
 /* W Glorot-uniform from seed, b zero. */
@@ -127,8 +128,8 @@ static inline void ifd_dense_backward(const ifd_ops *ops, int64_t rows, int64_t 
 typedef void (*ifd_dense_loss)(const ifd_ops *ops, int64_t rows, int64_t k, const float *logits,
                                const void *y, float scale, float *dlogits, ifd_step_out *out);
 
-/* logits = x W + b; loss; dW = x^T dlogits; db = column sums of dlogits (not in eval: a->grads
- * NULL). */
+/* logits = x W + b; loss (NULL: the classifier's, ifd_classifier_loss); dW = x^T dlogits; db =
+ * column sums of dlogits (not in eval: a->grads NULL). */
 static inline void ifd_dense_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
                                   ifd_dense_loss loss)
 {
@@ -138,7 +139,10 @@ static inline void ifd_dense_step(const ifd_program *p, const ifd_ops *ops, cons
     float *logits = a->workspace, *dlogits = a->workspace + n * k;
 
     ifd_dense_forward(ops, n, d, k, x, w, b, logits);
-    loss(ops, n, k, logits, a->inputs[1].data, a->scale, dlogits, a->out);
+    if (loss)
+        loss(ops, n, k, logits, a->inputs[1].data, a->scale, dlogits, a->out);
+    else
+        ifd_classifier_loss(ops, a, k, logits, dlogits);
     if (a->grads == NULL)
         return;
     ifd_dense_backward(ops, n, d, k, x, dlogits, a->grads + p->params[0].offset,

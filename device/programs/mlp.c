@@ -76,8 +76,7 @@ static int mlp_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_arg
     int64_t n = a->rows;
     float *h = a->workspace, *dh = h + n * nh, *logits = dh + n * nh, *dlogits = logits + n * k;
     mlp_forward(p, ops, a, h, logits);
-    ops->softmax_xent(ops->ctx, n, k, logits, a->inputs[1].data, a->scale, dlogits, a->out);
-    ifd_classifier_outfeeds_write(ops, a, k, logits, a->inputs[1].data);
+    ifd_classifier_loss(ops, a, k, logits, dlogits);
     if (a->grads == NULL)
         return IFD_OK;
     float *g = a->grads;

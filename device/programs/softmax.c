@@ -13,18 +13,11 @@ static int softmax_check(const ifd_program *p, const ifd_tensor *in, int64_t row
     return ifd_program_check_labels(p, in, 1, rows, err);
 }
 
-static void xent(const ifd_ops *ops, int64_t rows, int64_t k, const float *logits, const void *y,
-                 float scale, float *dlogits, ifd_step_out *out)
-{
-    ops->softmax_xent(ops->ctx, rows, k, logits, y, scale, dlogits, out);
-}
-
 static int softmax_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
                         ifd_error *err)
 {
     (void)err;
-    ifd_dense_step(p, ops, a, xent);
-    ifd_classifier_outfeeds_write(ops, a, p->settings.classes, a->workspace, a->inputs[1].data);
+    ifd_dense_step(p, ops, a, NULL); /* the classifier's loss and outfeeds */
     return IFD_OK;
 }
 

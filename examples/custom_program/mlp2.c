@@ -144,11 +144,13 @@ static int mlp2_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_ar
     float *h1 = a->workspace, *dh1 = h1 + n * h, *h2 = dh1 + n * h, *dh2 = h2 + n * h;
     float *logits = dh2 + n * h, *dlogits = logits + n * k;
     forward(p, ops, a, h1, h2, logits);
-    ops->softmax_xent(ops->ctx, n, k, logits, a->inputs[1].data, a->scale, dlogits, a->out);
-    if (a->outfeeds != NULL) { /* class, confidence, label: see mlp2_setup */
-        ops->classify(ops->ctx, n, k, logits, a->outfeeds[0], a->outfeeds[1]);
-        ops->copy(ops->ctx, a->outfeeds[2], a->inputs[1].data, n * (int64_t)sizeof(int32_t));
-    }
+    /* the loss, and class and confidence from the same pass when the runtime takes the outfeed
+     * tensors (class, confidence, label: see mlp2_setup) */
+    void *const *o = a->outfeeds;
+    ops->softmax_xent_classify(ops->ctx, n, k, logits, a->inputs[1].data, a->scale, dlogits, a->out,
+                               o ? o[0] : NULL, o ? o[1] : NULL);
+    if (o)
+        ops->copy(ops->ctx, o[2], a->inputs[1].data, n * (int64_t)sizeof(int32_t));
     float *g = a->grads; /* NULL in eval: the loss only */
     if (g != NULL) {
         const float *pr = a->params;

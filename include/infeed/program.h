@@ -129,6 +129,11 @@ typedef struct ifd_ops {
     /* dst[0..bytes) = src[0..bytes), both device memory (for example a label input into an
      * outfeed tensor); the ranges do not overlap. */
     void (*copy)(void *ctx, void *dst, const void *src, int64_t bytes);
+    /* softmax_xent and classify in one pass over the logits (one exp an element, not two): the
+     * same out, dlogits, cls and conf as the two ops; cls and conf may be NULL. */
+    void (*softmax_xent_classify)(void *ctx, int64_t rows, int64_t k, const float *logits,
+                                  const int32_t *labels, float scale, float *dlogits,
+                                  ifd_step_out *out, int32_t *cls, float *conf);
 } ifd_ops;
 
 typedef struct ifd_program ifd_program;
@@ -227,8 +232,8 @@ int ifd_program_init(ifd_program *p, const char *name, const ifd_program_setting
  * notice; a plugin built for another version is refused. Version 2: ifd_error carries the key its
  * sentence is about (a plugin's own ifd_error is larger), ifd_program_check_setting. Version 3:
  * outfeed tensors (ifd_outfeed_spec, ifd_program.outfeeds, ifd_step_args.outfeeds,
- * ifd_program_add_outfeed), the ops classify and copy, and ifd_step_out's grad_norm, param_norm
- * and learning_rate.
+ * ifd_program_add_outfeed), the ops classify, copy and softmax_xent_classify, and ifd_step_out's
+ * grad_norm, param_norm and learning_rate.
  */
 #define IFD_PROGRAM_ABI_VERSION 3
 

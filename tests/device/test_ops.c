@@ -155,6 +155,49 @@ START_TEST(test_classify)
 }
 END_TEST
 
+/* softmax_xent_classify: softmax_xent's loss, correct and dlogits and classify's class and
+ * confidence, bit for bit, in one pass. */
+START_TEST(test_softmax_xent_classify)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_ops ops;
+    ifd_cpu_ops_init(&ops, NULL);
+    for (int trial = 0; trial < 20; trial++) {
+        int64_t rows = rand_between(&rng, 1, 100), k = rand_between(&rng, 1, 9);
+        float *z = tu_falloc(rows * k), *d1 = tu_falloc(rows * k), *d2 = tu_falloc(rows * k);
+        float *conf1 = tu_falloc(rows), *conf2 = tu_falloc(rows);
+        int32_t *y = calloc((size_t)rows, sizeof *y), *cls1 = calloc((size_t)rows, sizeof *cls1),
+                *cls2 = calloc((size_t)rows, sizeof *cls2);
+        for (int64_t i = 0; i < rows * k; i++)
+            z[i] = (float)tu_urand(&rng, -5, 5);
+        for (int64_t r = 0; r < rows; r++)
+            y[r] = (int32_t)rand_between(&rng, 0, k - 1);
+        float scale = (float)tu_urand(&rng, 0.1, 1.0);
+        ifd_step_out o1 = {0}, o2 = {0};
+        ops.softmax_xent(ops.ctx, rows, k, z, y, scale, d1, &o1);
+        ops.classify(ops.ctx, rows, k, z, cls1, conf1);
+        ops.softmax_xent_classify(ops.ctx, rows, k, z, y, scale, d2, &o2, cls2, conf2);
+        RASSERT(o1.loss == o2.loss && o1.correct == o2.correct &&
+                    memcmp(d1, d2, sizeof *d1 * (size_t)(rows * k)) == 0 &&
+                    memcmp(cls1, cls2, sizeof *cls1 * (size_t)rows) == 0 &&
+                    memcmp(conf1, conf2, sizeof *conf1 * (size_t)rows) == 0,
+                "rows %" PRId64 " k %" PRId64 ": the fused op differs", rows, k);
+        ifd_step_out o3 = {0}; /* and without the classify outputs */
+        ops.softmax_xent_classify(ops.ctx, rows, k, z, y, scale, d2, &o3, NULL, NULL);
+        RASSERT(o3.loss == o1.loss && o3.correct == o1.correct, "without outputs");
+        free(z);
+        free(d1);
+        free(d2);
+        free(conf1);
+        free(conf2);
+        free(y);
+        free(cls1);
+        free(cls2);
+    }
+}
+END_TEST
+
 START_TEST(test_copy)
 {
     ifd_rng rng;
@@ -182,6 +225,7 @@ int main(void)
     tcase_add_test(tc, test_l2_decay);
     tcase_add_test(tc, test_classify);
     tcase_add_test(tc, test_copy);
+    tcase_add_test(tc, test_softmax_xent_classify);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

@@ -4,6 +4,7 @@
  * batches the step took, for R = 1, 2, 4 and every input mode, in train and eval mode. */
 #include "device/step.h"
 #include "tests/util/probe_program.h"
+#include "tests/util/numbers.h"
 #include "tests/util/program_ref.h"
 #include "tests/util/testutil.h"
 
@@ -346,6 +347,64 @@ START_TEST(a_sink_takes_the_steps_it_wants)
     ck_assert_int_eq(g_with_outfeeds, cfg.replicas * want);
     tu_result_free(&res);
     tu_batches_free(bs, steps);
+/* The built-in classifiers' outfeeds from one direct step (train and eval): class, confidence
+ * and label against the double-precision logits of tests/util/program_ref.h. */
+START_TEST(classifiers_outfeed_class_confidence_label)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    const char *name = _i % 2 ? "mlp" : "softmax";
+    int64_t d = rand_between(&rng, 1, 9), k = rand_between(&rng, 2, 7),
+            rows = rand_between(&rng, 1, 40);
+    ifd_program p;
+    tu_make_program_h(&p, name, d, rand_between(&rng, 1, 8), k);
+    float *params = tu_falloc(p.nparam_floats), *grads = tu_falloc(p.nparam_floats);
+    p.cls->init_params(&p, params, ifd_rng_next(&rng));
+    tu_batch *tb = tu_batch_random(&p, rows, 0, &rng);
+    int64_t offs[IFD_MAX_OUTFEEDS];
+    unsigned char *area = calloc((size_t)ifd_program_outfeed_layout(&p, rows, offs), 1);
+    void *outs[IFD_MAX_OUTFEEDS];
+    for (int i = 0; i < p.noutfeeds; i++)
+        outs[i] = area + offs[i];
+    ifd_ops ops;
+    ifd_cpu_ops_init(&ops, NULL);
+    float *work = tu_falloc(p.cls->workspace_floats(&p, rows));
+    ifd_step_out out = {0};
+    ifd_step_args a = {.inputs = tb->b.tensors,
+                       .rows = rows,
+                       .params = params,
+                       .grads = _i % 4 < 2 ? grads : NULL, /* train or eval */
+                       .workspace = work,
+                       .scale = 1.0f,
+                       .out = &out,
+                       .outfeeds = outs};
+    ifd_error err;
+    RC_OK(p.cls->train_step(&p, &ops, &a, &err), err);
+    const int32_t *cls = outs[0], *label = outs[2], *y = tb->data[1];
+    const float *conf = outs[1], *x = tb->data[0];
+    for (int64_t r = 0; r < rows; r++) {
+        double z[16], mx = -INFINITY, second = -INFINITY, sum = 0.0;
+        int arg = 0;
+        tu_ref_logits(&p, x + r * d, params, z, NULL);
+        for (int j = 0; j < k; j++)
+            if (z[j] > mx)
+                second = mx, mx = z[j], arg = j;
+            else if (z[j] > second)
+                second = z[j];
+        for (int j = 0; j < k; j++)
+            sum += exp(z[j] - mx);
+        RASSERT(label[r] == y[r], "%s row %lld: label %d, y %d", name, (long long)r, label[r],
+                y[r]);
+        RASSERT(mx - second <= 1e-4 || cls[r] == arg, "%s row %lld: class %d, expected %d", name,
+                (long long)r, cls[r], arg);
+        RASSERT(fabs(conf[r] - 1.0 / sum) <= 1e-5, "%s row %lld: confidence %.7g, expected %.7g",
+                name, (long long)r, (double)conf[r], 1.0 / sum);
+    }
+    free(params);
+    free(grads);
+    free(area);
+    free(work);
+    tu_batch_free(tb);
 }
 END_TEST
 
@@ -383,6 +442,7 @@ int main(void)
     tcase_add_test(tc, tensor_sink_error_ends_the_run);
     tcase_add_test(tc, outfeeds_only_for_a_taker);
     tcase_add_loop_test(tc, a_sink_takes_the_steps_it_wants, 0, 8);
+    tcase_add_loop_test(tc, classifiers_outfeed_class_confidence_label, 0, 8);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }
