@@ -347,6 +347,9 @@ START_TEST(a_sink_takes_the_steps_it_wants)
     ck_assert_int_eq(g_with_outfeeds, cfg.replicas * want);
     tu_result_free(&res);
     tu_batches_free(bs, steps);
+}
+END_TEST
+
 /* The built-in classifiers' outfeeds from one direct step (train and eval): class, confidence
  * and label against the double-precision logits of tests/util/program_ref.h. */
 START_TEST(classifiers_outfeed_class_confidence_label)
