@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#ifdef IFD_HAVE_REDUCERS
 #include "outfeed/reducers.h"
 
 /* The class count the classifier reducers take: the program's, for classifiers. */
@@ -113,38 +112,3 @@ void ifd_reducer_set_fini(ifd_reducer_set *s)
         ifd_reducer_destroy(s->r[i]);
     s->n = 0;
 }
-
-#else /* a tree without outfeed/reducers.c: no built-in host call */
-
-int ifd_reducer_set_init(ifd_reducer_set *s, const ifd_outfeed_tensors *tens,
-                         const ifd_host_call *calls, int n, ifd_error *err)
-{
-    (void)tens;
-    memset(s, 0, sizeof *s);
-    if (n > 0)
-        return ifd_error_set_key(err, IFD_ENOTSUP, "host_calls",
-                                 "host call '%s' of tensor '%s': this build has no reducers",
-                                 calls[0].spec, calls[0].tensor);
-    return IFD_OK;
-}
-
-int ifd_reducer_set_add(ifd_reducer_set *s, const ifd_outfeed_tensors *tens, ifd_error *err)
-{
-    (void)s;
-    (void)tens;
-    (void)err;
-    return IFD_OK;
-}
-
-json_t *ifd_reducer_set_take(ifd_reducer_set *s)
-{
-    (void)s;
-    return NULL;
-}
-
-void ifd_reducer_set_fini(ifd_reducer_set *s)
-{
-    s->n = 0;
-}
-
-#endif

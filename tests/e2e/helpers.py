@@ -203,15 +203,6 @@ MPI_ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CO
 
 
 @functools.lru_cache(maxsize=None)
-def reducers_built() -> bool:
-    """Whether infeedd has the built-in host calls (outfeed/reducers.c, its own module): a tree
-    without it refuses every host call with that sentence."""
-    from conftest import run_infeedd
-    r = run_infeedd("--host-call", "nope=mean", "--program", "softmax", "--features", "2",
-                    "--classes", "2", "--steps", "1")
-    return "this build has no reducers" not in r.stderr + r.stdout
-
-
 def mpi_skip_reason():
     """Why infeedd cannot run under mpirun here (None: it can); asked once a session."""
     from conftest import infeedd_path

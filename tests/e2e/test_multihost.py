@@ -27,7 +27,7 @@ import ckpt
 import infeed
 from conftest import control_request as control
 from conftest import infeedd_path
-from helpers import MPI_ENV, mpi_skip_reason, reducers_built
+from helpers import MPI_ENV, mpi_skip_reason
 
 
 _REASON = mpi_skip_reason()
@@ -574,7 +574,7 @@ def test_eval_over_hosts_equals_one_host(tmp_path, rng, hosts, replicas):
     batch's last row's): 2x1, 2x2 and 4x1 against 1x2 and 1x4; the eval metrics' integer counts
     (histograms, confusion) bit for bit, their float sums within 1e-6."""
     calls = ["label=sum,last,min,max", "confidence=histogram,mean,histogram:bins=7,range=0:1",
-             "class=confusion,class_accuracy,precision_recall"] if reducers_built() else None
+             "class=confusion,class_accuracy,precision_recall"]
     R1 = hosts * replicas
     features, classes = rng.randint(1, 8), rng.randint(2, 5)
     batch = R1 * rng.randint(1, 4)
@@ -608,13 +608,12 @@ def test_eval_over_hosts_equals_one_host(tmp_path, rng, hosts, replicas):
         assert got["steps"] == want["steps"] and got["examples"] == want["examples"], (got, want)
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-5), (got, want)
         assert got["accuracy"] == pytest.approx(want["accuracy"], abs=1e-6), (got, want)
-        if calls:
-            y = np.concatenate([b[1] for b in batches])
-            assert want["host_calls"]["label"] == {
-                "sum": int(y.sum()), "last": int(y[-1]), "min": int(y.min()),
-                "max": int(y.max())}, want
-            assert sum(want["host_calls"]["confidence"]["histogram"]["bucket"]) == len(y)
-            same_values(got["host_calls"], want["host_calls"])
+        y = np.concatenate([b[1] for b in batches])
+        assert want["host_calls"]["label"] == {
+            "sum": int(y.sum()), "last": int(y[-1]), "min": int(y.min()),
+            "max": int(y.max())}, want
+        assert sum(want["host_calls"]["confidence"]["histogram"]["bucket"]) == len(y)
+        same_values(got["host_calls"], want["host_calls"])
 
 
 def test_eval_input_ending_on_one_host_ends_all_at_the_same_step(tmp_path, rng):
