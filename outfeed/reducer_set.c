@@ -38,6 +38,17 @@ int ifd_reducer_set_init(ifd_reducer_set *s, const ifd_outfeed_tensors *tens,
         rc = ifd_reducer_create(&r, c->tensor, c->spec, program_classes(tens->program), err);
         if (rc)
             goto fail;
+        for (int j = 0; j < s->n; j++) {
+            if (s->tensor[j] == t && strcmp(ifd_reducer_key(s->r[j]), ifd_reducer_key(r)) == 0) {
+                rc = ifd_error_set_key(err, IFD_EINVAL, "host_calls",
+                                       "host calls '%s' and '%s' of tensor '%s' would both be "
+                                       "its summary's '%s': expected one of them",
+                                       ifd_reducer_spec(s->r[j]), c->spec, c->tensor,
+                                       ifd_reducer_key(r));
+                ifd_reducer_destroy(r);
+                goto fail;
+            }
+        }
         s->r[s->n] = r;
         s->tensor[s->n] = t;
         s->label[s->n] = -1;
@@ -80,9 +91,8 @@ int ifd_reducer_set_add(ifd_reducer_set *s, const ifd_outfeed_tensors *tens, ifd
     for (int i = 0; i < s->n; i++) {
         const ifd_tensor *label = s->label[i] >= 0 ? &tens->tensors[s->label[i]] : NULL;
         int rc = ifd_reducer_add(s->r[i], &tens->tensors[s->tensor[i]], label, err);
-        if (rc)
-            return ifd_error_prefix(err, "host call '%s' of tensor '%s'", ifd_reducer_spec(s->r[i]),
-                                    ifd_reducer_tensor(s->r[i]));
+        if (rc) /* the reducer's sentence names the host call and its tensor */
+            return rc;
     }
     return IFD_OK;
 }

@@ -107,6 +107,9 @@ def test_eval_over_the_run(daemon, tmp_path, rng):
     (dict(host_call="confidence"), ["flag --host-call: expected NAME=SPEC[,SPEC...]"]),
     (dict(host_call="grad_norm=mean", mode="predict"), ["--host-call: expected none in predict"]),
     (dict(host_call="grad_norm=mean", mode="eval"), ["tensor 'grad_norm' of host call 'mean'"]),
+    (dict(host_call="confidence=histogram,histogram:bins=4,range=0:1"),
+     ["--host-call: host calls 'histogram' and 'histogram:bins=4,range=0:1' of tensor "
+      "'confidence' would both be its summary's 'histogram': expected one of them"]),
 ])
 def test_bad_host_calls(daemon, flags, words):
     d = daemon(program="softmax", features=3, classes=2, steps=1, wait_ready=False, **flags)
