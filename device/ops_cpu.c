@@ -255,34 +255,117 @@ void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t 
     }
 }
 
-/* The update on a team: ranges of IFD_TEAM_UPDATE_BLOCK floats (whole cache lines). */
-typedef struct update_split {
+/*
+ * Sums of squares, in double: x * x of a float is exact in double and no sum of them overflows
+ * (below 1e231 elements), so the sum is finite exactly when every element is: one pass gives
+ * both the finiteness check and the L2 norm. Four double lanes keep the loop free of a serial
+ * dependency; the order (lanes, then blocks of IFD_TEAM_UPDATE_BLOCK in order) depends on n
+ * alone, so the bits do not depend on the team.
+ */
+typedef double ifd_v4d __attribute__((vector_size(32)));
+
+static double sum_squares(const float *x, int64_t n)
+{
+    ifd_v4d a0 = {0}, a1 = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        ifd_v4d d0 = {x[i], x[i + 1], x[i + 2], x[i + 3]};
+        ifd_v4d d1 = {x[i + 4], x[i + 5], x[i + 6], x[i + 7]};
+        a0 += d0 * d0;
+        a1 += d1 * d1;
+    }
+    double s = 0.0;
+    for (; i < n; i++)
+        s += (double)x[i] * (double)x[i];
+    a0 += a1;
+    return s + ((a0[0] + a0[1]) + (a0[2] + a0[3]));
+}
+
+static int64_t block_len(int64_t n, int64_t i)
+{
+    int64_t lo = i * IFD_TEAM_UPDATE_BLOCK;
+    return n - lo < IFD_TEAM_UPDATE_BLOCK ? n - lo : IFD_TEAM_UPDATE_BLOCK;
+}
+
+int64_t ifd_cpu_blocks(int64_t n)
+{
+    return (n + IFD_TEAM_UPDATE_BLOCK - 1) / IFD_TEAM_UPDATE_BLOCK;
+}
+
+/* The update (when update) and the sum of squares of what follows it, block by block: of the
+ * gradients (update 0, check) or of the parameters after the update. */
+typedef struct block_split {
     const ifd_optimizer *opt;
     const int64_t *opt_step;
     int64_t n;
     float *params, *slot0, *slot1;
     const float *grads;
-} update_split;
+    int update;      /* 1: update params, then sum theirs; 0: sum x's */
+    const float *x;  /* update 0 */
+    double *partial; /* one sum a block */
+} block_split;
 
-static void update_block(void *arg, int64_t i)
+static double block_sum(const block_split *u, int64_t i)
 {
-    const update_split *u = arg;
-    int64_t lo = i * IFD_TEAM_UPDATE_BLOCK;
-    int64_t len = u->n - lo < IFD_TEAM_UPDATE_BLOCK ? u->n - lo : IFD_TEAM_UPDATE_BLOCK;
+    int64_t lo = i * IFD_TEAM_UPDATE_BLOCK, len = block_len(u->n, i);
+    if (!u->update)
+        return sum_squares(u->x + lo, len);
     ifd_cpu_optimizer_apply(NULL, u->opt, u->opt_step, len, u->params + lo, u->grads + lo,
                             u->slot0 ? u->slot0 + lo : NULL, u->slot1 ? u->slot1 + lo : NULL);
+    return sum_squares(u->params + lo, len); /* the block is in L1 still */
+}
+
+static void block_run(void *arg, int64_t i)
+{
+    const block_split *u = arg;
+    u->partial[i] = block_sum(u, i);
+}
+
+/* Runs u's blocks (on team when worth it) and sums their sums in block order. partial:
+ * ifd_cpu_blocks(n) doubles, or NULL for the caller alone (the same bits either way). */
+static double blocks_run(void *team, block_split *u, double *partial)
+{
+    int64_t blocks = ifd_cpu_blocks(u->n);
+    double total = 0.0;
+    if (partial == NULL || ifd_team_threads(team) == 1 || blocks <= 2) {
+        for (int64_t i = 0; i < blocks; i++)
+            total += block_sum(u, i);
+        return total;
+    }
+    u->partial = partial;
+    ifd_team_run(team, blocks, block_run, u);
+    for (int64_t i = 0; i < blocks; i++)
+        total += partial[i];
+    return total;
+}
+
+double ifd_cpu_check_grads_on(void *team, const float *grads, int64_t n, double *partial,
+                              ifd_step_out *out)
+{
+    block_split u = {.n = n, .x = grads, .update = 0};
+    double s = blocks_run(team, &u, partial);
+    out->skipped = isfinite(s) ? 0.0f : 1.0f;
+    out->grad_norm = (float)sqrt(s);
+    return s;
 }
 
 void ifd_cpu_optimizer_apply_on(void *team, const ifd_optimizer *opt, const int64_t *opt_step,
                                 int64_t n, float *params, const float *grads, float *slot0,
-                                float *slot1)
+                                float *slot1, const float *skip, double *partial, float *param_norm)
 {
-    if (ifd_team_threads(team) == 1 || n <= IFD_TEAM_UPDATE_BLOCK) {
-        ifd_cpu_optimizer_apply(NULL, opt, opt_step, n, params, grads, slot0, slot1);
-        return;
-    }
-    update_split u = {opt, opt_step, n, params, slot0, slot1, grads};
-    ifd_team_run(team, (n + IFD_TEAM_UPDATE_BLOCK - 1) / IFD_TEAM_UPDATE_BLOCK, update_block, &u);
+    int update = skip == NULL || *skip == 0.0f;
+    block_split u = {.opt = opt,
+                     .opt_step = opt_step,
+                     .n = n,
+                     .params = params,
+                     .slot0 = slot0,
+                     .slot1 = slot1,
+                     .grads = grads,
+                     .update = update,
+                     .x = params};
+    double s = blocks_run(team, &u, partial);
+    if (param_norm)
+        *param_norm = (float)sqrt(s);
 }
 
 void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
@@ -305,55 +388,6 @@ void ifd_cpu_guard_loss(void *ctx, ifd_step_out *out, float *grads)
         grads[0] = NAN;
 }
 
-/* x * 0 is 0 for a finite x and NaN for NaN and infinity, so the sum of them all is 0 exactly
- * when every element is finite; two vectors of 8 accumulators (GCC's vector extension, which
- * compiles to what the target has) keep the loop free of a serial dependency. */
-typedef float ifd_v8f __attribute__((vector_size(32)));
-
-static int all_finite(const float *x, int64_t n)
-{
-    ifd_v8f acc0 = {0}, acc1 = {0};
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        ifd_v8f a, b;
-        memcpy(&a, x + i, sizeof a);
-        memcpy(&b, x + i + 8, sizeof b);
-        acc0 += a * 0.0f;
-        acc1 += b * 0.0f;
-    }
-    float s = 0.0f;
-    for (; i < n; i++)
-        s += x[i] * 0.0f;
-    acc0 += acc1;
-    for (int j = 0; j < 8; j++)
-        s += acc0[j];
-    return s == 0.0f;
-}
-
-typedef struct finite_split {
-    const float *x;
-    int64_t n;
-    int bad; /* atomic */
-} finite_split;
-
-static void finite_block(void *arg, int64_t i)
-{
-    finite_split *f = arg;
-    int64_t lo = i * IFD_TEAM_UPDATE_BLOCK;
-    int64_t len = f->n - lo < IFD_TEAM_UPDATE_BLOCK ? f->n - lo : IFD_TEAM_UPDATE_BLOCK;
-    if (!all_finite(f->x + lo, len))
-        __atomic_store_n(&f->bad, 1, __ATOMIC_RELAXED);
-}
-
-int ifd_cpu_all_finite_on(void *team, const float *x, int64_t n)
-{
-    if (ifd_team_threads(team) == 1 || n <= 2 * IFD_TEAM_UPDATE_BLOCK)
-        return all_finite(x, n);
-    finite_split f = {x, n, 0};
-    ifd_team_run(team, (n + IFD_TEAM_UPDATE_BLOCK - 1) / IFD_TEAM_UPDATE_BLOCK, finite_block, &f);
-    return !__atomic_load_n(&f.bad, __ATOMIC_RELAXED);
-}
-
 int ifd_cpu_replica_threads(int replicas, int requested)
 {
     if (getenv("OPENBLAS_NUM_THREADS"))
@@ -373,24 +407,16 @@ int ifd_cpu_replica_threads(int replicas, int requested)
 static void plain_check_grads(void *ctx, const float *grads, int64_t n, ifd_step_out *out)
 {
     (void)ctx;
-    out->skipped = all_finite(grads, n) ? 0.0f : 1.0f;
+    ifd_cpu_check_grads_on(NULL, grads, n, NULL, out);
 }
 
 static void plain_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
                                   int64_t n, float *params, const float *grads, float *slot0,
-                                  float *slot1, const float *skip)
-{
-    if (skip == NULL || *skip == 0.0f)
-        ifd_cpu_optimizer_apply(ctx, opt, opt_step, n, params, grads, slot0, slot1);
-}
-
-void ifd_cpu_l2_norm(void *ctx, const float *x, int64_t n, float *dst)
+                                  float *slot1, const float *skip, float *param_norm)
 {
     (void)ctx;
-    double s = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        s += (double)x[i] * (double)x[i];
-    *dst = (float)sqrt(s);
+    ifd_cpu_optimizer_apply_on(NULL, opt, opt_step, n, params, grads, slot0, slot1, skip, NULL,
+                               param_norm);
 }
 
 void ifd_cpu_set_float(void *ctx, float *dst, float v)
@@ -405,6 +431,5 @@ void ifd_cpu_step_ops_init(ifd_step_ops *sops)
     sops->check_grads = plain_check_grads;
     sops->optimizer_apply = plain_optimizer_apply;
     sops->finish_step = ifd_cpu_finish_step;
-    sops->l2_norm = ifd_cpu_l2_norm;
     sops->set_float = ifd_cpu_set_float;
 }

@@ -56,12 +56,11 @@ int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops 
     rc = sops->allreduce_sum(sctx, st->grads, p->nparam_floats, err);
     if (rc)
         return rc;
+    /* The runtime's outfeed tensors come with the check and the update: every mirror holds the
+     * same sum, so the same norms. */
     sops->check_grads(sctx, st->grads, p->nparam_floats, out);
-    /* The runtime's outfeed tensors: every mirror holds the same sum, so the same norms. */
-    sops->l2_norm(sctx, st->grads, p->nparam_floats, &out->grad_norm);
     sops->optimizer_apply(sctx, opt, st->opt_step, p->nparam_floats, st->params, st->grads,
-                          st->slot0, st->slot1, &out->skipped);
-    sops->l2_norm(sctx, st->params, p->nparam_floats, &out->param_norm);
+                          st->slot0, st->slot1, &out->skipped, &out->param_norm);
     sops->set_float(sctx, &out->learning_rate, opt->learning_rate);
     sops->finish_step(sctx, st->step, st->opt_step, out, rows);
     return IFD_OK;

@@ -26,23 +26,23 @@ typedef struct ifd_step_ops {
      * not finite and every one skips the step; else out->loss_nonfinite = 0. */
     void (*guard_loss)(void *ctx, ifd_step_out *out, float *grads);
     /* After the all-reduce: out->skipped = 1 when an element of grads[0..n) is not finite, else
-     * 0 (device memory). Every mirror holds the same sum, so every one decides alike. */
+     * 0, and out->grad_norm = their L2 norm (device memory; the sum of squares in double, which
+     * is finite exactly when every element is: one pass). Every mirror holds the same sum, so
+     * every one decides alike. */
     void (*check_grads)(void *ctx, const float *grads, int64_t n, ifd_step_out *out);
     /* One optimizer update over n elements, unless *skip (device memory; NULL: never) is
      * nonzero: then params, slots and everything else are left alone. *opt_step (device memory)
      * counts the updates this mirror's slots have seen, so Adam's t is *opt_step + 1 (the
      * optimizer's own count, as TensorFlow's beta-power accumulators, not the global step: a run
-     * resumed at step 1000 with fresh slots starts at t = 1). Read only. */
+     * resumed at step 1000 with fresh slots starts at t = 1). Read only. Then *param_norm
+     * (device memory) = the L2 norm of the parameters after it (skipped or not). */
     void (*optimizer_apply)(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step, int64_t n,
                             float *params, const float *grads, float *slot0, float *slot1,
-                            const float *skip);
+                            const float *skip, float *param_norm);
     /* *step += 1, *opt_step += 1 unless out->skipped, and out->count = rows (device memory).
      * step and opt_step are NULL in eval and predict steps: out->count = rows only. */
     void (*finish_step)(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
                         int64_t rows);
-    /* *dst = the L2 norm of x[0..n) (device memory; the sum of squares in double, in element
-     * order on cpu). The train step's grad_norm and param_norm. */
-    void (*l2_norm)(void *ctx, const float *x, int64_t n, float *dst);
     /* *dst = v (device memory): the train step's learning_rate. */
     void (*set_float)(void *ctx, float *dst, float v);
 } ifd_step_ops;
@@ -113,23 +113,30 @@ int ifd_cpu_replica_threads(int replicas, int requested);
 void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
                              int64_t n, float *params, const float *grads, float *slot0,
                              float *slot1);
-/* As ifd_cpu_optimizer_apply, in ranges of IFD_TEAM_UPDATE_BLOCK floats shared by a team
- * (device/cpu/team.h; NULL: on the caller). Elementwise, so the bits are those of one call. */
+/* The step's passes over the parameter vector run in blocks of IFD_TEAM_UPDATE_BLOCK floats
+ * (whole cache lines) shared by a team (device/cpu/team.h; NULL: on the caller); ifd_cpu_blocks
+ * is their count. Each block's sum of squares (in double, in a fixed order) is taken while the
+ * block is in cache, and the blocks' are added in block order: the same bits with any team. */
 #define IFD_TEAM_UPDATE_BLOCK 8192
+int64_t ifd_cpu_blocks(int64_t n);
+/* As ifd_cpu_optimizer_apply (elementwise: the bits are those of one call), unless *skip is
+ * nonzero, and *param_norm (NULL: not wanted) = the L2 norm of params after it. partial:
+ * ifd_cpu_blocks(n) doubles of scratch for a team (NULL: on the caller alone). */
 void ifd_cpu_optimizer_apply_on(void *team, const ifd_optimizer *opt, const int64_t *opt_step,
                                 int64_t n, float *params, const float *grads, float *slot0,
-                                float *slot1);
+                                float *slot1, const float *skip, double *partial,
+                                float *param_norm);
+/* The cpu's check_grads over a team: out->skipped and out->grad_norm from one pass; returns
+ * the sum of squares. partial as above. */
+double ifd_cpu_check_grads_on(void *team, const float *grads, int64_t n, double *partial,
+                              ifd_step_out *out);
 void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
                          int64_t rows);
 /* The cpu's guard_loss (ctx unused). */
 void ifd_cpu_guard_loss(void *ctx, ifd_step_out *out, float *grads);
-void ifd_cpu_l2_norm(void *ctx, const float *x, int64_t n, float *dst);
 void ifd_cpu_set_float(void *ctx, float *dst, float v);
 /* guard_loss, check_grads, optimizer_apply and finish_step on the caller's thread (no team);
  * allreduce_sum is the caller's to set. For tests that run a step directly. */
 void ifd_cpu_step_ops_init(ifd_step_ops *sops);
-/* Whether every element of x[0..n) is finite, over a team (NULL: on the caller), in ranges of
- * IFD_TEAM_UPDATE_BLOCK floats. */
-int ifd_cpu_all_finite_on(void *team, const float *x, int64_t n);
 
 #endif

@@ -37,7 +37,8 @@ typedef struct cpu_replica {
     int64_t step;
     int64_t opt_step;
     ifd_ops ops;
-    ifd_team *team; /* shares the large products and the update; NULL: this thread alone */
+    ifd_team *team;  /* shares the large products and the update; NULL: this thread alone */
+    double *partial; /* the team's block sums (ifd_cpu_blocks of the parameters) */
     ifd_tensor views[IFD_MAX_INPUTS];
     int64_t last_ns;                       /* when the previous step ended (or the loop began) */
     int64_t pending_in_ns, pending_out_ns; /* this step's waits, published with its time */
@@ -86,16 +87,16 @@ static int cpu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err)
 static void cpu_check_grads(void *ctx, const float *grads, int64_t n, ifd_step_out *out)
 {
     cpu_replica *rep = ctx;
-    out->skipped = ifd_cpu_all_finite_on(rep->team, grads, n) ? 0.0f : 1.0f;
+    ifd_cpu_check_grads_on(rep->team, grads, n, rep->partial, out);
 }
 
 static void cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
                                 int64_t n, float *params, const float *grads, float *slot0,
-                                float *slot1, const float *skip)
+                                float *slot1, const float *skip, float *param_norm)
 {
     cpu_replica *rep = ctx;
-    if (skip == NULL || *skip == 0.0f)
-        ifd_cpu_optimizer_apply_on(rep->team, opt, opt_step, n, params, grads, slot0, slot1);
+    ifd_cpu_optimizer_apply_on(rep->team, opt, opt_step, n, params, grads, slot0, slot1, skip,
+                               rep->partial, param_norm);
 }
 
 /* Floats of one step's predictions (predict mode; else 0). */
@@ -282,7 +283,9 @@ static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *i
     rep->pred_mem =
         calloc((size_t)(pred_floats(cfg) * (cfg->outfeed_depth + 1) + 1), sizeof(float));
     rep->out_mem = calloc((size_t)(cd->out_bytes * (cfg->outfeed_depth + 1) + 1), 1);
-    if (rep->mem == NULL || rep->slots == NULL || rep->pred_mem == NULL || rep->out_mem == NULL)
+    rep->partial = calloc((size_t)ifd_cpu_blocks(np) + 1, sizeof(double));
+    if (rep->mem == NULL || rep->slots == NULL || rep->pred_mem == NULL || rep->out_mem == NULL ||
+        rep->partial == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "cpu backend: replica %d: %lld parameter floats",
                              index, (long long)np);
     ifd_replica_mem_carve(&rep->st, rep->mem, np);
@@ -348,6 +351,7 @@ static void cpu_close(ifd_device *dev)
         free(rep->slots);
         free(rep->pred_mem);
         free(rep->out_mem);
+        free(rep->partial);
         free(rep->mem);
         ifd_team_destroy(rep->team);
     }
@@ -378,7 +382,6 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
     cd->sops.check_grads = cpu_check_grads;
     cd->sops.optimizer_apply = cpu_optimizer_apply;
     cd->sops.finish_step = ifd_cpu_finish_step;
-    cd->sops.l2_norm = ifd_cpu_l2_norm;
     cd->sops.set_float = ifd_cpu_set_float;
     int rc = ifd_blas_select(cfg->blas_kernel, err);
     if (rc)

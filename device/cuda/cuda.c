@@ -535,7 +535,6 @@ static void plan_device(cu_dev *cd, const ifd_device_config *cfg)
     cd->sops.check_grads = ifd_cu_check_grads;
     cd->sops.optimizer_apply = ifd_cu_optimizer_apply;
     cd->sops.finish_step = ifd_cu_finish_step;
-    cd->sops.l2_norm = ifd_cu_l2_norm;
     cd->sops.set_float = ifd_cu_set_float;
     cd->out_bytes =
         cfg->mode == IFD_MODE_PREDICT

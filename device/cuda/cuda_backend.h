@@ -190,14 +190,13 @@ void ifd_cu_guard_loss(void *ctx, ifd_step_out *out, float *grads);
 void ifd_cu_check_grads(void *ctx, const float *grads, int64_t n, ifd_step_out *out);
 void ifd_cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step, int64_t n,
                             float *params, const float *grads, float *slot0, float *slot1,
-                            const float *skip);
+                            const float *skip, float *param_norm);
 void ifd_cu_classify(void *ctx, int64_t rows, int64_t k, const float *logits, int32_t *cls,
                      float *conf);
 void ifd_cu_copy(void *ctx, void *dst, const void *src, int64_t bytes);
 void ifd_cu_softmax_xent_classify(void *ctx, int64_t rows, int64_t k, const float *logits,
                                   const int32_t *labels, float scale, float *dlogits,
                                   ifd_step_out *out, int32_t *cls, float *conf);
-void ifd_cu_l2_norm(void *ctx, const float *x, int64_t n, float *dst);
 void ifd_cu_set_float(void *ctx, float *dst, float v);
 void ifd_cu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
                         int64_t rows);

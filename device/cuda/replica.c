@@ -181,11 +181,13 @@ void ifd_cu_check_grads(void *ctx, const float *grads, int64_t n, ifd_step_out *
     cu_replica *rep = ctx;
     if (rep->op_rc == IFD_OK)
         op_check(rep, ifd_cuda_check_grads(rep->cs, grads, n, out), "check_grads kernel");
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_l2_norm(rep->cs, n, grads, &out->grad_norm), "l2_norm kernel");
 }
 
 void ifd_cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step, int64_t n,
                             float *params, const float *grads, float *slot0, float *slot1,
-                            const float *skip)
+                            const float *skip, float *param_norm)
 {
     cu_replica *rep = ctx;
     if (rep->op_rc == IFD_OK)
@@ -193,6 +195,8 @@ void ifd_cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *
             rep,
             ifd_cuda_optimizer_apply(rep->cs, opt, opt_step, n, params, grads, slot0, slot1, skip),
             "optimizer kernel");
+    if (rep->op_rc == IFD_OK && param_norm)
+        op_check(rep, ifd_cuda_l2_norm(rep->cs, n, params, param_norm), "l2_norm kernel");
 }
 
 void ifd_cu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
@@ -202,13 +206,6 @@ void ifd_cu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_ou
     if (rep->op_rc == IFD_OK)
         op_check(rep, ifd_cuda_finish_step(rep->cs, step, opt_step, out, rows),
                  "finish_step kernel");
-}
-
-void ifd_cu_l2_norm(void *ctx, const float *x, int64_t n, float *dst)
-{
-    cu_replica *rep = ctx;
-    if (rep->op_rc == IFD_OK)
-        op_check(rep, ifd_cuda_l2_norm(rep->cs, n, x, dst), "l2_norm kernel");
 }
 
 void ifd_cu_set_float(void *ctx, float *dst, float v)

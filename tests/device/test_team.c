@@ -288,8 +288,20 @@ START_TEST(test_update_split_same_bits)
         int sgd = opt.kind == IFD_OPT_SGD, adam = opt.kind == IFD_OPT_ADAM;
         ifd_cpu_optimizer_apply(NULL, &opt, &step, n, p[0], g, sgd ? NULL : m[0],
                                 adam ? v[0] : NULL);
+        double *partial = malloc(sizeof(double) * (size_t)ifd_cpu_blocks(n));
+        float norm[2];
         ifd_cpu_optimizer_apply_on(team, &opt, &step, n, p[1], g, sgd ? NULL : m[1],
-                                   adam ? v[1] : NULL);
+                                   adam ? v[1] : NULL, NULL, partial, &norm[1]);
+        /* the norm of the updated parameters, the same bits on the caller alone */
+        float skip = 1.0f;
+        ifd_cpu_optimizer_apply_on(NULL, &opt, &step, n, p[0], g, NULL, NULL, &skip, NULL,
+                                   &norm[0]);
+        free(partial);
+        double sq = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            sq += (double)p[0][i] * (double)p[0][i];
+        ck_assert(norm[0] == norm[1]);
+        ck_assert_double_eq_tol(norm[0], sqrt(sq), 1e-6 * sqrt(sq) + 1e-30);
         ck_assert_msg(memcmp(p[0], p[1], nb) == 0 && memcmp(m[0], m[1], nb) == 0 &&
                           memcmp(v[0], v[1], nb) == 0,
                       "optimizer %d, %lld floats: the team's update differs from one call",
@@ -339,6 +351,7 @@ END_TEST
  * vector of accumulators included) fails it. */
 START_TEST(test_all_finite)
 {
+    /* check_grads: finite or not, and the norm, from one pass; the same bits with a team */
     ifd_rng rng;
     seed_rng(&rng);
     ifd_team *team;
@@ -349,17 +362,30 @@ START_TEST(test_all_finite)
                               : rand_between(&rng, 1, 6 * IFD_TEAM_UPDATE_BLOCK);
         float *x = tu_frand(&rng, n);
         x[rand_between(&rng, 0, n - 1)] = trial % 3 ? 3.0e38f : -3.0e38f; /* large is finite */
-        ck_assert(ifd_cpu_all_finite_on(NULL, x, n));
-        ck_assert(ifd_cpu_all_finite_on(team, x, n));
+        double *partial = malloc(sizeof(double) * (size_t)ifd_cpu_blocks(n));
+        ifd_step_out o[2];
+        ifd_cpu_check_grads_on(NULL, x, n, NULL, &o[0]);
+        ifd_cpu_check_grads_on(team, x, n, partial, &o[1]);
+        double sq = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            sq += (double)x[i] * (double)x[i];
+        ck_assert(o[0].skipped == 0.0f && o[1].skipped == 0.0f);
+        ck_assert(o[0].grad_norm == o[1].grad_norm);
+        ck_assert_double_eq_tol(o[0].grad_norm, sqrt(sq), 1e-6 * sqrt(sq));
         int64_t at = trial % 4 == 0 ? n - 1 : rand_between(&rng, 0, n - 1);
         x[at] = bad[rand_between(&rng, 0, 2)];
-        RASSERT(!ifd_cpu_all_finite_on(NULL, x, n), "%g at %lld of %lld passed", (double)x[at],
+        ifd_cpu_check_grads_on(NULL, x, n, NULL, &o[0]);
+        ifd_cpu_check_grads_on(team, x, n, partial, &o[1]);
+        RASSERT(o[0].skipped == 1.0f, "%g at %lld of %lld passed", (double)x[at], (long long)at,
+                (long long)n);
+        RASSERT(o[1].skipped == 1.0f, "team: %g at %lld of %lld passed", (double)x[at],
                 (long long)at, (long long)n);
-        RASSERT(!ifd_cpu_all_finite_on(team, x, n), "team: %g at %lld of %lld passed",
-                (double)x[at], (long long)at, (long long)n);
+        free(partial);
         free(x);
     }
-    ck_assert(ifd_cpu_all_finite_on(team, NULL, 0));
+    ifd_step_out e;
+    ifd_cpu_check_grads_on(team, NULL, 0, NULL, &e);
+    ck_assert(e.skipped == 0.0f && e.grad_norm == 0.0f);
     ifd_team_destroy(team);
 }
 END_TEST
