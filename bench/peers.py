@@ -117,6 +117,9 @@ def transports_of_client() -> set[str]:
     return have
 
 
+DAEMON_FLAGS: list = []  # --daemon-flag
+
+
 def run_infeedd(exe: str, job: dict, replicas: int, transport: str, steps: int, x, y,
                 tmp: Path, per_msg: int = 1) -> dict:
     b = job["batch"]
@@ -133,6 +136,7 @@ def run_infeedd(exe: str, job: dict, replicas: int, transport: str, steps: int, 
             "--max-steps-per-message", str(per_msg)]
     if job["hidden"]:
         argv += ["--hidden", str(job["hidden"])]
+    argv += DAEMON_FLAGS
     log_path = tmp / f"daemon-{job['program']}-{b}-{replicas}-{transport}-{per_msg}.log"
     log = open(log_path, "wb")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
@@ -242,9 +246,13 @@ def main() -> int:
                     help="steps one infeedd message carries (--max-steps-per-message; at most "
                          "8 MiB a message), comma-separated: each is a row (default 1,100)")
     ap.add_argument("--no-keras", action="store_true", help="infeedd only")
+    ap.add_argument("--daemon-flag", action="append", default=[], metavar="FLAG",
+                    help="one more flag for infeedd, such as --daemon-flag=--host-call=none "
+                         "(repeat for several)")
     ap.add_argument("--venv", default=str(ROOT / "bench" / ".venv-peers"))
     ap.add_argument("--json", default=None, help="also write the results to this file")
     a = ap.parse_args()
+    DAEMON_FLAGS.extend(a.daemon_flag)
     exe = a.infeedd or next((str(p) for p in (ROOT / "build-rel/host/infeedd",
                                               ROOT / "build/host/infeedd") if p.exists()), None)
     if exe is None:
