@@ -122,6 +122,20 @@ def test_eval_summaries_equal_eval_runs_on_checkpoints(daemon, tmp_path, rng, in
         assert e["accuracy"] == pytest.approx(r["accuracy"], rel=1e-6), (e, r)
 
 
+def test_automatic_loop_lengths_put_evals_on_the_multiples(daemon, rng):
+    """Loops the daemon sizes itself (--iterations-per-loop auto) end at each multiple of N: the
+    evals run at exactly N, 2N, ..."""
+    rows, every, seed = rng.randint(1, 4), rng.randint(2, 7), rng.randrange(1 << 20)
+    steps = every * rng.randint(2, 4) + rng.randint(0, every - 1)
+    d = daemon(**common("softmax", 1, rows, 3, 2), steps=steps, iterations_per_loop="auto",
+               eval_every=every)
+    send_eval_set(d.listen, eval_batches(seed, rng.randint(1, 3), rows, 3, 2))
+    train_stream(d.listen, steps, seed + 1, rows, 3, 2).join(60)
+    assert d.wait(60) == 0, d.log()
+    got = [e["global_step"] for e in evals_of(d)]
+    assert got == list(range(every, steps + 1, every)), (got, every, steps)
+
+
 def test_per_host_v2_eval_set_of_a_partial_step_is_skipped(daemon, rng):
     """per-host-v2 takes one batch a replica a step: an eval set that is not a multiple of the
     replicas is skipped with a warning, and training goes on."""
