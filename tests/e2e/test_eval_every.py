@@ -18,6 +18,14 @@ from conftest import run_infeedd
 from helpers import seeded_batch, stream_until_end, wait_log
 
 
+def charged(rows: int, features: int) -> int:
+    """What --eval-memory charges a batch of x float32 [rows, features] and y int32 [rows]: each
+    tensor rounded up to 64 bytes, and 2048 bytes of bookkeeping (docs/config.md)."""
+    def up(n):
+        return (n + 63) // 64 * 64
+    return up(4 * rows * features) + up(4 * rows) + 2048
+
+
 def eval_batches(seed: int, n: int, rows: int, features: int, classes: int) -> list:
     return [seeded_batch(seed + i, rows, features, classes) for i in range(n)]
 
@@ -200,7 +208,7 @@ def test_eval_set_over_the_bound_is_refused_and_training_goes_on(daemon, tmp_pat
     rows = replicas * rng.randint(1, 4)
     features, classes = rng.randint(2, 6), rng.randint(2, 4)
     steps, seed = rng.randint(6, 12), rng.randrange(1 << 20)
-    batch_bytes = rows * (4 * features + 4)
+    batch_bytes = charged(rows, features)
     fit = rng.randint(1, 3)
     limit = fit * batch_bytes + rng.randint(0, batch_bytes - 1)
     base = common("softmax", replicas, rows, features, classes, steps=steps,
@@ -222,7 +230,7 @@ def test_eval_set_over_the_bound_is_refused_and_training_goes_on(daemon, tmp_pat
     msg = e.value.message
     assert e.value.code == "ERANGE", e.value
     assert "--eval-memory" in msg and f"({limit} bytes)" in msg, msg
-    assert f"holds {fit * batch_bytes} bytes" in msg and f"is {batch_bytes} bytes" in msg, msg
+    assert f"holds {fit * batch_bytes} bytes" in msg and f"takes {batch_bytes} bytes" in msg, msg
     st = d.control({"cmd": "status"})["eval_set"]
     assert st["batches"] == fit and st["bytes"] == fit * batch_bytes, st
     assert st["max_bytes"] == limit and st["producers"] == 1 and not st["complete"], st
@@ -262,7 +270,7 @@ def test_keep_best_keeps_the_checkpoint_of_the_best_eval(daemon, tmp_path, rng, 
     neval = rng.randint(1, 4)
     send_eval_set(d.listen, eval_batches(seed + 99, neval, rows, features, classes))
     st = d.control({"cmd": "status"})["eval_set"]
-    assert st == {"batches": neval, "bytes": neval * rows * (4 * features + 4),
+    assert st == {"batches": neval, "bytes": neval * charged(rows, features),
                   "max_bytes": 1 << 30, "producers": 1, "ended": 1, "complete": True,
                   "incomplete": None}, st
     train_stream(d.listen, steps, seed, rows, features, classes).join(60)
