@@ -226,7 +226,8 @@ const config_opt config_opts[] = {
         "steps, and publish an eval summary (0: never)",
         RANGE(0, I64_MAX, "0 (never) or more steps")),
     OPT("eval_memory", K_I64, eval_memory, "BYTES",
-        "with --eval-every: the most tensor bytes the eval set may hold in daemon memory",
+        "with --eval-every: the most bytes the eval set may hold in daemon memory (a batch counts "
+        "its tensors, each rounded up to 64 bytes, and 2048 bytes of bookkeeping)",
         RANGE(1, I64_MAX, "1 or more bytes")),
     OPT("keep_best", K_STR, keep_best, "METRIC",
         "with --eval-every and --checkpoint-dir: after each eval that improved METRIC (an eval "

@@ -15,6 +15,10 @@ typedef struct eval_batch {
     ifd_tensor t[IFD_MAX_INPUTS]; /* their data: copies owned here */
 } eval_batch;
 
+/* the stored entry, and the replay's batch of it during an eval */
+_Static_assert(sizeof(eval_batch) + sizeof(ifd_batch) <= IFD_EVAL_BATCH_OVERHEAD,
+               "IFD_EVAL_BATCH_OVERHEAD covers a batch's bookkeeping");
+
 struct ifd_eval_set {
     ifd_mutex mu;
     ifd_cond cv;
@@ -103,11 +107,18 @@ void ifd_eval_set_abandon(ifd_eval_set *e, const char *producer, const char *why
     ifd_mutex_unlock(&e->mu);
 }
 
+/* Bytes of memory a tensor of len bytes takes here (64-byte aligned). */
+static size_t held(size_t len)
+{
+    return len ? (len + 63) / 64 * 64 : 64;
+}
+
+/* What a batch is charged: its tensors as held, and its bookkeeping. */
 static int64_t batch_bytes(const ifd_tensor *t, int n)
 {
-    int64_t sum = 0;
+    int64_t sum = IFD_EVAL_BATCH_OVERHEAD;
     for (int j = 0; j < n; j++)
-        sum += (int64_t)ifd_tensor_nbytes(&t[j]);
+        sum += (int64_t)held(ifd_tensor_nbytes(&t[j]));
     return sum;
 }
 
@@ -138,10 +149,11 @@ int ifd_eval_set_add(ifd_eval_set *e, const ifd_tensor *tensors, int ntensors, i
         rc = ifd_error_set(err, IFD_ERANGE,
                            "the eval set does not fit in --eval-memory (%" PRId64
                            " bytes): it holds %" PRId64 " bytes in %" PRId64
-                           " batches and this batch is %" PRId64
-                           " bytes; raise --eval-memory or send a smaller eval set (evaluation "
-                           "is skipped for the rest of this run, training goes on)",
-                           e->max_bytes, e->bytes, e->n, size);
+                           " batches and this batch takes %" PRId64
+                           " bytes (its tensors, each rounded up to 64 bytes, and %d for its "
+                           "bookkeeping); raise --eval-memory or send a smaller eval set "
+                           "(evaluation is skipped for the rest of this run, training goes on)",
+                           e->max_bytes, e->bytes, e->n, size, IFD_EVAL_BATCH_OVERHEAD);
         if (!e->refused)
             snprintf(e->refused_msg, sizeof e->refused_msg,
                      "batch %" PRId64 " from eval producer '%.64s' was refused: %.380s", seq,
@@ -160,7 +172,7 @@ int ifd_eval_set_add(ifd_eval_set *e, const ifd_tensor *tensors, int ntensors, i
     for (int j = 0; j < ntensors; j++) {
         size_t len = ifd_tensor_nbytes(&tensors[j]);
         b->t[j] = tensors[j];
-        b->t[j].data = aligned_alloc(64, (len + 63) / 64 * 64 + 64);
+        b->t[j].data = aligned_alloc(64, held(len));
         if (b->t[j].data == NULL) {
             for (int i = 0; i < j; i++)
                 free(b->t[i].data);

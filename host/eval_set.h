@@ -1,8 +1,8 @@
 /*
  * The eval set of evaluation during training (--eval-every, docs/design.md "Evaluation during
  * training"): the batches eval producers (HELLO "role": "eval") send, copied into daemon memory
- * once, in their arrival order, at most --eval-memory bytes of tensors, and replayed as the
- * batch source of every eval session.
+ * once, in their arrival order, at most --eval-memory bytes (bookkeeping counted), and replayed as
+ * the batch source of every eval session.
  *
  * Threads: the ingest's I/O thread adds batches and counts eval producers; the session's thread
  * waits for the set and replays it; close is any thread's. One mutex guards it all.
@@ -16,7 +16,12 @@
 
 typedef struct ifd_eval_set ifd_eval_set;
 
-/* max_bytes > 0: the tensor bytes it holds at most. */
+/* What --eval-memory charges a batch besides its tensors (each rounded up to 64 bytes): its
+ * entry in the set and its batch in a replay. */
+#define IFD_EVAL_BATCH_OVERHEAD 2048
+
+/* max_bytes > 0: the bytes it holds at most (each batch's tensors, each rounded up to 64 bytes,
+ * and IFD_EVAL_BATCH_OVERHEAD). */
 int ifd_eval_set_create(ifd_eval_set **out, int64_t max_bytes);
 void ifd_eval_set_destroy(ifd_eval_set *e);
 
@@ -47,7 +52,7 @@ void ifd_eval_set_close(ifd_eval_set *e);
  * the first time it has to wait (naming global_step, what it waits for). */
 int ifd_eval_set_wait(ifd_eval_set *e, int64_t global_step, int64_t *batches, ifd_error *err);
 
-/* The tensor bytes held. */
+/* The bytes held, as the bound counts them. */
 int64_t ifd_eval_set_bytes(ifd_eval_set *e);
 
 /* Any thread: the set as it is now (control's status). why (len bytes): why it is incomplete for

@@ -18,6 +18,14 @@ from conftest import run_infeedd
 from helpers import seeded_batch, stream_until_end, wait_log
 
 
+def charged(rows: int, features: int) -> int:
+    """What --eval-memory charges a batch of x float32 [rows, features] and y int32 [rows]: each
+    tensor rounded up to 64 bytes, and 2048 bytes of bookkeeping (docs/config.md)."""
+    def up(n):
+        return (n + 63) // 64 * 64
+    return up(4 * rows * features) + up(4 * rows) + 2048
+
+
 def eval_batches(seed: int, n: int, rows: int, features: int, classes: int) -> list:
     return [seeded_batch(seed + i, rows, features, classes) for i in range(n)]
 
@@ -122,6 +130,20 @@ def test_eval_summaries_equal_eval_runs_on_checkpoints(daemon, tmp_path, rng, in
         assert e["accuracy"] == pytest.approx(r["accuracy"], rel=1e-6), (e, r)
 
 
+def test_automatic_loop_lengths_put_evals_on_the_multiples(daemon, rng):
+    """Loops the daemon sizes itself (--iterations-per-loop auto) end at each multiple of N: the
+    evals run at exactly N, 2N, ..."""
+    rows, every, seed = rng.randint(1, 4), rng.randint(2, 7), rng.randrange(1 << 20)
+    steps = every * rng.randint(2, 4) + rng.randint(0, every - 1)
+    d = daemon(**common("softmax", 1, rows, 3, 2), steps=steps, iterations_per_loop="auto",
+               eval_every=every)
+    send_eval_set(d.listen, eval_batches(seed, rng.randint(1, 3), rows, 3, 2))
+    train_stream(d.listen, steps, seed + 1, rows, 3, 2).join(60)
+    assert d.wait(60) == 0, d.log()
+    got = [e["global_step"] for e in evals_of(d)]
+    assert got == list(range(every, steps + 1, every)), (got, every, steps)
+
+
 def test_per_host_v2_eval_set_of_a_partial_step_is_skipped(daemon, rng):
     """per-host-v2 takes one batch a replica a step: an eval set that is not a multiple of the
     replicas is skipped with a warning, and training goes on."""
@@ -186,7 +208,7 @@ def test_eval_set_over_the_bound_is_refused_and_training_goes_on(daemon, tmp_pat
     rows = replicas * rng.randint(1, 4)
     features, classes = rng.randint(2, 6), rng.randint(2, 4)
     steps, seed = rng.randint(6, 12), rng.randrange(1 << 20)
-    batch_bytes = rows * (4 * features + 4)
+    batch_bytes = charged(rows, features)
     fit = rng.randint(1, 3)
     limit = fit * batch_bytes + rng.randint(0, batch_bytes - 1)
     base = common("softmax", replicas, rows, features, classes, steps=steps,
@@ -208,7 +230,7 @@ def test_eval_set_over_the_bound_is_refused_and_training_goes_on(daemon, tmp_pat
     msg = e.value.message
     assert e.value.code == "ERANGE", e.value
     assert "--eval-memory" in msg and f"({limit} bytes)" in msg, msg
-    assert f"holds {fit * batch_bytes} bytes" in msg and f"is {batch_bytes} bytes" in msg, msg
+    assert f"holds {fit * batch_bytes} bytes" in msg and f"takes {batch_bytes} bytes" in msg, msg
     st = d.control({"cmd": "status"})["eval_set"]
     assert st["batches"] == fit and st["bytes"] == fit * batch_bytes, st
     assert st["max_bytes"] == limit and st["producers"] == 1 and not st["complete"], st
@@ -248,7 +270,7 @@ def test_keep_best_keeps_the_checkpoint_of_the_best_eval(daemon, tmp_path, rng, 
     neval = rng.randint(1, 4)
     send_eval_set(d.listen, eval_batches(seed + 99, neval, rows, features, classes))
     st = d.control({"cmd": "status"})["eval_set"]
-    assert st == {"batches": neval, "bytes": neval * rows * (4 * features + 4),
+    assert st == {"batches": neval, "bytes": neval * charged(rows, features),
                   "max_bytes": 1 << 30, "producers": 1, "ended": 1, "complete": True,
                   "incomplete": None}, st
     train_stream(d.listen, steps, seed, rows, features, classes).join(60)

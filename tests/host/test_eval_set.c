@@ -31,9 +31,15 @@ static void rbatch_make(rbatch *b, ifd_rng *rng, int64_t rows, int64_t d)
     ck_assert_int_eq(ifd_tensor_init(&b->t[1], IFD_I32, 1, dy, b->y), IFD_OK);
 }
 
+static int64_t up64(int64_t n)
+{
+    return (n + 63) / 64 * 64;
+}
+
+/* What the bound charges it: each tensor rounded up to 64 bytes, and the bookkeeping. */
 static int64_t rbatch_bytes(const rbatch *b)
 {
-    return b->rows * b->d * 4 + b->rows * 4;
+    return up64(b->rows * b->d * 4) + up64(b->rows * 4) + IFD_EVAL_BATCH_OVERHEAD;
 }
 
 static void rbatch_free(rbatch *b)
@@ -108,7 +114,7 @@ START_TEST(test_bound_refuses_with_the_sentence)
     seed_rng(&rng);
     int64_t d = rand_between(&rng, 1, 9), rows = rand_between(&rng, 1, 20);
     int fit = (int)rand_between(&rng, 0, 4);
-    int64_t one = rows * d * 4 + rows * 4;
+    int64_t one = up64(rows * d * 4) + up64(rows * 4) + IFD_EVAL_BATCH_OVERHEAD;
     int64_t bound = fit * one + rand_between(&rng, 0, one - 1);
     if (bound == 0)
         bound = 1;
@@ -125,7 +131,8 @@ START_TEST(test_bound_refuses_with_the_sentence)
     char want[256];
     snprintf(want, sizeof want,
              "the eval set does not fit in --eval-memory (%lld bytes): it holds %lld bytes in %d "
-             "batches and this batch is %lld bytes",
+             "batches and this batch takes %lld bytes (its tensors, each rounded up to 64 bytes, "
+             "and 2048 for its bookkeeping)",
              (long long)bound, (long long)(fit * one), fit, (long long)one);
     RASSERT(strstr(err.msg, want), "'%s' lacks '%s'", err.msg, want);
     ck_assert_int_eq(ifd_eval_set_bytes(e), fit * one);
