@@ -45,12 +45,16 @@ typedef struct ifd_shard {
     ifd_batch *batch;
     int64_t row0;
     int64_t rows;
-    /* Train, eval: 1 when someone takes this step's program outfeed tensors (a host call, a
-     * tensor sink that wants them now): the step gets ifd_step_args.outfeeds and its record the
-     * area; 0: the step gets NULL and writes none (no op, no copy) and the record carries no
-     * area. The infeed decides once a step, so every replica's shard of a step says the same. */
+    /* Train, eval: IFD_SHARD_OUTFEEDS when someone takes this step's program outfeed tensors
+     * (a host call, a tensor sink that wants them now): the step gets ifd_step_args.outfeeds
+     * and its record the area; without it the step gets NULL and writes none (no op, no copy)
+     * and the record carries no area. IFD_SHARD_TO_SINKS too when a tensor sink takes them
+     * (the record's to_sinks). The infeed decides once a step, so every replica's shard of a
+     * step says the same. */
     int outfeeds;
 } ifd_shard;
+
+enum { IFD_SHARD_OUTFEEDS = 1, IFD_SHARD_TO_SINKS = 2 };
 
 /* Which batch a shard came from, kept with the step's record so that a skipped step can name the
  * batch whose loss was not finite (the batch itself is released before that). */
@@ -81,8 +85,9 @@ typedef struct ifd_outfeed_rec {
      * is the shard's in every mode). NULL when the program declares none, when nobody takes them
      * (the shard's outfeeds 0), and in predict mode. */
     const void *outfeed;
-    int64_t end_ns;          /* when the step finished */
-    int64_t step_ns;         /* since the replica's previous step ended (or its loop began) */
+    int to_sinks;    /* the shard's IFD_SHARD_TO_SINKS: the tensor sinks take this step's tensors */
+    int64_t end_ns;  /* when the step finished */
+    int64_t step_ns; /* since the replica's previous step ended (or its loop began) */
     int64_t infeed_wait_ns;  /* of step_ns, waiting for the shard */
     int64_t outfeed_wait_ns; /* of step_ns, waiting for a free outfeed slot */
 } ifd_outfeed_rec;

@@ -120,8 +120,9 @@ static int padding_batch(ifd_infeed *f, int replica, ifd_batch **out, ifd_error 
 static int enqueue_shards(ifd_infeed *f, ifd_error *err)
 {
     int rc = IFD_OK;
-    int outfeeds = f->cfg.mode != IFD_MODE_PREDICT && f->cfg.outfeeds_wanted &&
-                   f->cfg.outfeeds_wanted(f->cfg.outfeeds_arg);
+    int outfeeds = f->cfg.mode != IFD_MODE_PREDICT && f->cfg.outfeeds_wanted
+                       ? f->cfg.outfeeds_wanted(f->cfg.outfeeds_arg)
+                       : 0;
     for (int r = 0; r < f->replicas; r++)
         f->shards[r].outfeeds = outfeeds;
     for (int r = 0; r < f->replicas && rc == IFD_OK; r++)

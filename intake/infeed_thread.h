@@ -22,8 +22,8 @@ typedef struct ifd_infeed_config {
     ifd_rendezvous *rv;
     /* Slept once before the first batch; ifd_infeed_stop ends the sleep early. */
     double initial_sleep_secs;
-    /* Asked once a step (train, eval), on the infeed thread: whether the step's program outfeed
-     * tensors are taken (ifd_shard.outfeeds). NULL: never. */
+    /* Asked once a step (train, eval), on the infeed thread: who takes the step's program
+     * outfeed tensors, IFD_SHARD_* bits (ifd_shard.outfeeds). NULL: nobody. */
     int (*outfeeds_wanted)(void *arg);
     void *outfeeds_arg;
 } ifd_infeed_config;

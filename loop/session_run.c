@@ -164,25 +164,24 @@ static void observe_loop(ifd_session *s, int64_t n)
                       ifd_loop_tuner_boundary_ns(&s->tuner) * 1e-3, (long long)next);
 }
 
-/* Runs device loops until a hook, a stop request, the input or an error ends the run. */
-/* The infeed's, once a step: whether the step writes the program's outfeed tensors: only for
- * someone who takes them, a host call (every step) or a tensor sink that wants them now (with
- * several hosts, any tensor sink, every step: the hosts exchange the same tensors). */
+/* The infeed's, once a step (IFD_SHARD_* bits): the step writes the program's outfeed tensors
+ * only for someone who takes them, a host call (every step) or a tensor sink that wants them
+ * now (with several hosts, any tensor sink, every step: the hosts exchange the same tensors). */
 static int outfeeds_taken(void *arg)
 {
     ifd_session *s = arg;
     if (s->cfg.mode == IFD_MODE_PREDICT)
         return 0;
-    if (s->cfg.nhost_calls > 0 || ifd_host_call_count() > 0)
-        return 1;
+    int bits = s->cfg.nhost_calls > 0 || ifd_host_call_count() > 0 ? IFD_SHARD_OUTFEEDS : 0;
     for (int i = 0; i < s->ntensor_sinks; i++) {
         const ifd_tensor_sink *t = &s->tensor_sinks[i];
         if (t->wants == NULL || ifd_hosts_many(s->cfg.hosts) || t->wants(t->ctx))
-            return 1;
+            return IFD_SHARD_OUTFEEDS | IFD_SHARD_TO_SINKS;
     }
-    return 0;
+    return bits;
 }
 
+/* Runs device loops until a hook, a stop request, the input or an error ends the run. */
 static void run_loops(ifd_session *s)
 {
     ifd_run_context *ctx = &s->ctx;

@@ -301,14 +301,37 @@ static int emit_window(ifd_outfeed *o, ifd_error *err)
     return rc;
 }
 
+/* Whether this step's tensors go to the tensor sinks: the infeed's verdict for the step, which
+ * every replica's record carries (ifd_shard.outfeeds). */
+static int sinks_take(const ifd_outfeed *o)
+{
+    return o->cfg.ntensor_sinks > 0 && o->recs[0].to_sinks;
+}
+
+/* The program's tensors the step copies: every one for the sinks, else the host calls'. */
+static void tensors_needed(ifd_outfeed *o, int sinks)
+{
+    ifd_outfeed_tensors *c = &o->tens;
+    for (int i = 0; i < c->program->noutfeeds; i++)
+        c->need[i] = (unsigned char)sinks;
+    for (int k = 0; !sinks && k < o->calls.n; k++) {
+        c->need[o->calls.tensor[k]] = 1;
+        if (o->calls.label[k] >= 0)
+            c->need[o->calls.label[k]] = 1;
+    }
+    for (int k = 0; !sinks && k < o->plugins.n; k++)
+        for (int j = 0; j < o->plugins.calls[k].cls->ntensors; j++)
+            c->need[o->plugins.calls[k].idx[j]] = 1;
+}
+
 /* The step's outfeed tensors, concatenated (outfeed/step_tensors.h), to the tensor sinks. */
 static int step_tensors(ifd_outfeed *o, int n, int skipped, ifd_error *err)
 {
+    int sinks = sinks_take(o);
+    tensors_needed(o, sinks);
     int rc = ifd_outfeed_tensors_step(&o->tens, o->recs, n, rendezvous_stopping, o->cfg.rv, err);
-    if (rc)
+    if (rc || !sinks)
         return rc;
-    if (o->cfg.program->noutfeeds > 0 && o->recs[0].outfeed == NULL)
-        return IFD_OK; /* a loop nobody took the program's tensors of (ifd_tensor_sink.wants) */
     ifd_step_tensors st = {
         .global_step = o->cfg.mode == IFD_MODE_TRAIN ? o->recs[0].step : o->steps_done + 1,
         .skipped = skipped,

@@ -32,6 +32,7 @@ int ifd_outfeed_tensors_init(ifd_outfeed_tensors *c, const ifd_program *p, ifd_m
     c->replicas = replicas;
     c->max_shard_rows = max_shard_rows;
     c->hosts = ifd_hosts_many(hosts) ? hosts : NULL;
+    memset(c->need, 1, sizeof c->need);
     int nhosts = c->hosts ? c->hosts->size : 1;
     ifd_program_outfeed_layout(p, max_shard_rows, c->offs);
     int nrt = mode == IFD_MODE_TRAIN ? IFD_OUTFEED_TENSORS_RUNTIME : 3;
@@ -107,7 +108,9 @@ static int64_t concat_local(ifd_outfeed_tensors *c, const ifd_outfeed_rec *recs,
     for (int r = 0; r < n; r++)
         rows += recs[r].rows;
     for (int i = 0; i < c->ntensors; i++) {
-        if (i < p->noutfeeds) {
+        if (i < p->noutfeeds && !c->need[i] && c->hosts == NULL) {
+            values[i] = c->per_row[i] ? rows : n; /* nobody reads it this step: not copied */
+        } else if (i < p->noutfeeds) {
             size_t off = 0;
             for (int r = 0; r < n; r++) {
                 size_t b = (size_t)(c->value_bytes[i] * (c->per_row[i] ? recs[r].rows : 1));

@@ -34,6 +34,9 @@ typedef struct ifd_outfeed_tensors {
     const struct ifd_hosts *hosts;
     size_t host_bytes;
     unsigned char *send, *recv;
+    /* One host: the program's tensors the next step copies (1 each after init; a tensor
+     * nobody reads this step keeps its buffer as it was). Several hosts copy all. */
+    unsigned char need[IFD_OUTFEED_TENSORS_MAX];
 } ifd_outfeed_tensors;
 
 /* Sets up c for program p in mode (train, eval) with replicas replicas of up to max_shard_rows

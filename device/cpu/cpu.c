@@ -169,8 +169,9 @@ static int cpu_step(ifd_replica *base, int64_t nth)
     slot->batch = NULL;
     slot->rows = sh.rows;
     slot->outfeed = NULL;
+    slot->to_sinks = (sh.outfeeds & IFD_SHARD_TO_SINKS) != 0;
     ifd_batch_tag_set(&slot->from, sh.batch);
-    if (cd->out_bytes > 0 && sh.outfeeds) {
+    if (cd->out_bytes > 0 && (sh.outfeeds & IFD_SHARD_OUTFEEDS)) {
         unsigned char *area = rep->out_mem + (size_t)(slot - rep->slots) * (size_t)cd->out_bytes;
         for (int i = 0; i < p->noutfeeds; i++)
             rep->out_ptrs[i] = area + cd->out_offs[i];

@@ -56,7 +56,7 @@ typedef struct cu_inslot {
     /* the step captured with this slot's pointers, or NULL: [1] with the program's outfeed
      * tensors, [0] without (a shard's outfeeds, decided a step) */
     cudaGraphExec_t graph[2];
-    int outfeeds; /* the shard's: the step writes the program's outfeed tensors */
+    int outfeeds; /* the shard's IFD_SHARD_* bits */
     /* predict mode */
     float *dpred; /* the step's predictions, [max_shard_rows, predict_cols] on the device */
     /* train, eval: the step's outfeed tensors (cd->out_bytes from dtens[0], one device block;
@@ -84,7 +84,8 @@ typedef struct cu_outslot {
     float *hpred;
     /* train, eval: the step's outfeed area copied back (pinned, cd->out_bytes) */
     unsigned char *hout;
-    int has_out; /* hout holds this step's outfeed tensors */
+    int has_out;  /* hout holds this step's outfeed tensors */
+    int to_sinks; /* the shard's IFD_SHARD_TO_SINKS */
     ifd_batch *batch;
     int64_t row0, rows;
     ifd_batch_tag from; /* the shard's batch (its input slot's) */

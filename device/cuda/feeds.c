@@ -191,6 +191,7 @@ static int cu_outfeed_dequeue(ifd_device *dev, int replica, ifd_outfeed_rec *rec
     rec->rows = o->rows;
     rec->pred = o->batch ? o->hpred : NULL;     /* valid while o is held: until the next dequeue */
     rec->outfeed = o->has_out ? o->hout : NULL; /* likewise */
+    rec->to_sinks = o->to_sinks;
     o->batch = NULL;
     time_step(rep, o, rec);
     rep->last_end_ns = rec->end_ns;

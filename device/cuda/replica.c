@@ -264,7 +264,9 @@ static int enqueue_step(cu_replica *rep, cu_inslot *s)
     const ifd_device_config *cfg = &rep->cd->dev->cfg;
     ifd_tensor views[IFD_MAX_INPUTS];
     shard_views(cfg, s, views);
-    rep->st.outfeeds = rep->cd->out_bytes > 0 && s->outfeeds ? (void *const *)s->dtens : NULL;
+    rep->st.outfeeds = rep->cd->out_bytes > 0 && (s->outfeeds & IFD_SHARD_OUTFEEDS)
+                           ? (void *const *)s->dtens
+                           : NULL;
     rep->op_rc = IFD_OK;
     int rc;
     switch (cfg->mode) {
@@ -304,7 +306,7 @@ static int run_step(cu_replica *rep, cu_inslot *s)
     rep->warmed = 1;
     if (!use_graph)
         return enqueue_step(rep, s);
-    cudaGraphExec_t *graph = &s->graph[s->outfeeds ? 1 : 0];
+    cudaGraphExec_t *graph = &s->graph[(s->outfeeds & IFD_SHARD_OUTFEEDS) ? 1 : 0];
     if (*graph == NULL) {
         cudaGraph_t g = NULL;
         CUDA_TRY_GOTO(rep->gpu, cudaStreamBeginCapture(rep->cs, cudaStreamCaptureModeThreadLocal),
@@ -387,7 +389,8 @@ static int replica_step(cu_replica *rep, int first, int64_t loop_ns)
         rep->gpu,
         cudaMemcpyAsync(o->host, s->dout, sizeof *o->host, cudaMemcpyDeviceToHost, rep->cs), rc,
         &rep->base.err, fail);
-    o->has_out = rep->cd->out_bytes > 0 && s->outfeeds;
+    o->has_out = rep->cd->out_bytes > 0 && (s->outfeeds & IFD_SHARD_OUTFEEDS);
+    o->to_sinks = (s->outfeeds & IFD_SHARD_TO_SINKS) != 0;
     if (o->has_out) /* the step's tensors, with its record */
         CUDA_TRY_GOTO(rep->gpu,
                       cudaMemcpyAsync(o->hout, s->dtens[0], (size_t)rep->cd->out_bytes,
