@@ -28,9 +28,11 @@ typedef struct cpu_replica {
     ifd_outfeed_rec *slots;
     float *pred_mem; /* predict: a [max_shard_rows, predict_cols] block per slot, then one for
                       * the record outfeed_dequeue hands out */
-    /* train, eval: each slot's outfeed area (out_bytes, the program's outfeed tensors at
-     * out_offs), then one for the record outfeed_dequeue hands out */
+    /* train, eval: outfeed_depth + 1 outfeed areas (out_bytes, the program's outfeed tensors at
+     * out_offs): areas[i] is slot i's, spare the one the record outfeed_dequeue handed out holds
+     * (a dequeue swaps the slot's filled area with it: nothing copied) */
     unsigned char *out_mem;
+    unsigned char **areas, *spare;
     void *out_ptrs[IFD_MAX_OUTFEEDS]; /* the current step's tensors (st.outfeeds) */
     float *mem;                       /* params, grads, slot0, slot1, workspace */
     ifd_replica_state st;
@@ -172,7 +174,7 @@ static int cpu_step(ifd_replica *base, int64_t nth)
     slot->to_sinks = (sh.outfeeds & IFD_SHARD_TO_SINKS) != 0;
     ifd_batch_tag_set(&slot->from, sh.batch);
     if (cd->out_bytes > 0 && (sh.outfeeds & IFD_SHARD_OUTFEEDS)) {
-        unsigned char *area = rep->out_mem + (size_t)(slot - rep->slots) * (size_t)cd->out_bytes;
+        unsigned char *area = rep->areas[slot - rep->slots];
         for (int i = 0; i < p->noutfeeds; i++)
             rep->out_ptrs[i] = area + cd->out_offs[i];
         slot->outfeed = area;
@@ -285,8 +287,13 @@ static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *i
         calloc((size_t)(pred_floats(cfg) * (cfg->outfeed_depth + 1) + 1), sizeof(float));
     rep->out_mem = calloc((size_t)(cd->out_bytes * (cfg->outfeed_depth + 1) + 1), 1);
     rep->partial = calloc((size_t)ifd_cpu_blocks(np) + 1, sizeof(double));
+    rep->areas = calloc((size_t)cfg->outfeed_depth, sizeof *rep->areas);
+    for (int i = 0; rep->areas && rep->out_mem && i < cfg->outfeed_depth; i++)
+        rep->areas[i] = rep->out_mem + (size_t)i * (size_t)cd->out_bytes;
+    if (rep->out_mem)
+        rep->spare = rep->out_mem + (size_t)cfg->outfeed_depth * (size_t)cd->out_bytes;
     if (rep->mem == NULL || rep->slots == NULL || rep->pred_mem == NULL || rep->out_mem == NULL ||
-        rep->partial == NULL)
+        rep->partial == NULL || rep->areas == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "cpu backend: replica %d: %lld parameter floats",
                              index, (long long)np);
     ifd_replica_mem_carve(&rep->st, rep->mem, np);
@@ -353,6 +360,7 @@ static void cpu_close(ifd_device *dev)
         free(rep->pred_mem);
         free(rep->out_mem);
         free(rep->partial);
+        free(rep->areas);
         free(rep->mem);
         ifd_team_destroy(rep->team);
     }
@@ -476,10 +484,12 @@ static int cpu_outfeed_dequeue(ifd_device *dev, int replica, ifd_outfeed_rec *re
         memcpy(keep, slot->pred, sizeof(float) * (size_t)(slot->rows * cfg->program->predict_cols));
         rec->pred = keep;
     }
-    if (slot->outfeed) { /* the same for the outfeed tensors */
-        unsigned char *keep = rep->out_mem + (size_t)dev->cfg.outfeed_depth * (size_t)cd->out_bytes;
-        memcpy(keep, slot->outfeed, (size_t)cd->out_bytes);
-        rec->outfeed = keep;
+    if (slot->outfeed) { /* the outfeed area goes with the record; the slot takes the spare */
+        unsigned char **area = &rep->areas[slot - rep->slots];
+        unsigned char *filled = *area;
+        *area = rep->spare;
+        rep->spare = filled;
+        rec->outfeed = filled;
     }
     ifd_queue_push(rep->out_free, &slot);
     return IFD_OK;
