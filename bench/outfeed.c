@@ -9,7 +9,11 @@
  *             registered here that wraps softmax's functions and adds the copy), written,
  *             copied and concatenated every step;
  *   out16+sub out16 with a tensor sink that takes every tensor of every step (copies it out,
- *             as a subscriber's sink would before sending it).
+ *             as a subscriber's sink would before sending it);
+ *   out16+pub out16 with infeedd's PUB socket as the tensor sink (host/publisher.c, a byte
+ *             rate of 4 GiB/s) and two SUB sockets on loopback tcp asking for every tensor, read
+ *             by a thread (the messages they got are printed: ZeroMQ drops what they cannot
+ *             take).
  *
  * The batch source hands out one prebuilt batch, so no producer is measured. Prints steps/s
  * (median and fastest of the repeats), each way's ratio to plain, the targets of issue 21 (out16
@@ -18,6 +22,7 @@
  *   bench_outfeed [--steps N] [--repeat N]
  */
 #include "bench/bench_util.h"
+#include "host/publisher.h"
 #include "core/thread.h"
 #include "device/cpu/blas.h"
 #include <infeed/infeed.h>
@@ -25,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zmq.h>
 
 enum { FEATURES = 16, CLASSES = 10, BATCH = 256, REPLICAS = 2, IPL = 100 };
 
@@ -125,8 +131,81 @@ static int take_all(void *ctx, const ifd_step_tensors *t, ifd_error *err)
 
 /* ---- runs ---- */
 
-enum { PLAIN, OUT16, OUT16_SUB, NWAYS };
-static const char *const way_names[NWAYS] = {"plain", "out16", "out16+sub"};
+enum { PLAIN, OUT16, OUT16_SUB, OUT16_PUB, NWAYS };
+static const char *const way_names[NWAYS] = {"plain", "out16", "out16+sub", "out16+pub"};
+
+/* ---- the PUB socket and its subscribers ---- */
+
+static const char *const all_tensors[] = {"class",      "confidence",   "label", "x16",
+                                          "loss",       "correct",      "count", "grad_norm",
+                                          "param_norm", "learning_rate"};
+enum { NALL = sizeof all_tensors / sizeof all_tensors[0] };
+
+typedef struct pub_run {
+    void *zctx, *subs[2];
+    ifd_publisher *pub;
+    ifd_thread reader;
+    int stop;    /* atomic */
+    int64_t got; /* messages read */
+} pub_run;
+
+static void *read_all(void *arg)
+{
+    pub_run *p = arg;
+    zmq_pollitem_t it[2] = {{.socket = p->subs[0], .events = ZMQ_POLLIN},
+                            {.socket = p->subs[1], .events = ZMQ_POLLIN}};
+    while (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) {
+        if (zmq_poll(it, 2, 20) <= 0)
+            continue;
+        for (int k = 0; k < 2; k++) {
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            while (zmq_msg_recv(&m, p->subs[k], ZMQ_DONTWAIT) >= 0)
+                if (!zmq_msg_more(&m))
+                    p->got++;
+            zmq_msg_close(&m);
+        }
+    }
+    return NULL;
+}
+
+static void pub_open(pub_run *p)
+{
+    memset(p, 0, sizeof *p);
+    ifd_error err;
+    p->zctx = zmq_ctx_new();
+    if (ifd_publisher_create(&p->pub, p->zctx, "tcp://127.0.0.1:*", NULL, NULL, 16, IFD_MODE_TRAIN,
+                             INT64_C(4) << 30, &err) ||
+        ifd_publisher_start(p->pub, &err)) {
+        fprintf(stderr, "bench_outfeed: publisher: %s\n", ifd_error_text(&err));
+        exit(1);
+    }
+    for (int k = 0; k < 2; k++) {
+        p->subs[k] = zmq_socket(p->zctx, ZMQ_SUB);
+        zmq_connect(p->subs[k], ifd_publisher_endpoint(p->pub));
+        for (int i = k * NALL / 2; i < (k + 1) * NALL / 2; i++) {
+            char topic[64];
+            snprintf(topic, sizeof topic, "tensor:%s", all_tensors[i]);
+            zmq_setsockopt(p->subs[k], ZMQ_SUBSCRIBE, topic, strlen(topic));
+        }
+    }
+    for (int i = 0; i < NALL; i++) /* the subscriptions arrive: then the run may start */
+        while (!ifd_publisher_tensor_wanted(p->pub, all_tensors[i]))
+            ifd_sleep_ns(1000000);
+    ifd_thread_start(&p->reader, "bench-sub", read_all, p);
+}
+
+static void pub_close(pub_run *p)
+{
+    __atomic_store_n(&p->stop, 1, __ATOMIC_RELEASE);
+    ifd_thread_join(&p->reader);
+    for (int k = 0; k < 2; k++)
+        zmq_close(p->subs[k]);
+    ifd_publisher_destroy(p->pub);
+    zmq_ctx_term(p->zctx);
+}
+
+static int64_t g_pub_sent; /* out16+pub: the messages the last run published */
 
 /* Steps a second of one whole session. */
 static double run_once(int way, int64_t steps, int64_t *sunk)
@@ -157,7 +236,11 @@ static double run_once(int way, int64_t steps, int64_t *sunk)
     }
     taker k = {0};
     ifd_tensor_sink sink = {.write = take_all, .ctx = &k};
-    if (way == OUT16_SUB && ifd_session_add_tensor_sink(s, &sink) != IFD_OK) {
+    pub_run pr;
+    if (way == OUT16_PUB)
+        pub_open(&pr);
+    if ((way == OUT16_SUB && ifd_session_add_tensor_sink(s, &sink) != IFD_OK) ||
+        (way == OUT16_PUB && ifd_session_add_tensor_sink(s, ifd_publisher_tensor_sink(pr.pub)))) {
         fprintf(stderr, "bench_outfeed: cannot add the tensor sink\n");
         exit(1);
     }
@@ -171,6 +254,13 @@ static double run_once(int way, int64_t steps, int64_t *sunk)
     ifd_session_destroy(s);
     free(k.buf);
     *sunk = k.bytes;
+    if (way == OUT16_PUB) {
+        ifd_publisher_tensors st;
+        ifd_publisher_tensor_stats(pr.pub, &st);
+        pub_close(&pr);
+        *sunk = pr.got;
+        g_pub_sent = st.sent;
+    }
     return (double)steps * 1e9 / (double)(t1 - t0);
 }
 
@@ -190,13 +280,15 @@ int main(int argc, char **argv)
     }
     register_out16();
     double rate[NWAYS][64];
-    int64_t sunk = 0;
+    int64_t sunk = 0, read = 0;
     for (int k = 0; k < repeat; k++)
         for (int w = 0; w < NWAYS; w++) {
             int64_t b;
             rate[w][k] = run_once(w, steps, &b);
             if (w == OUT16_SUB)
                 sunk = b;
+            if (w == OUT16_PUB)
+                read = b;
         }
     ifd_blas_info info;
     ifd_blas_info_get(&info);
@@ -206,6 +298,9 @@ int main(int argc, char **argv)
     printf("BLAS: %s\n", ifd_blas_describe(&info, blas, sizeof blas));
     printf("out16+sub: the sink took %.1f MB a run (%.0f bytes a step)\n", (double)sunk / 1e6,
            (double)sunk / (double)steps);
+    printf("out16+pub: %lld tensor messages published in the last run, %lld read by the "
+           "subscribers (%d a step)\n",
+           (long long)g_pub_sent, (long long)read, NALL);
     printf("%-10s %12s %12s %10s %10s %8s\n", "way", "steps/s", "best", "x plain", "slower",
            "target");
     double med[NWAYS], best[NWAYS];
@@ -216,7 +311,7 @@ int main(int argc, char **argv)
     int met = 1;
     for (int w = 0; w < NWAYS; w++) {
         double slower = 1.0 - med[w] / med[PLAIN];
-        double target = w == OUT16 ? 0.10 : w == OUT16_SUB ? 0.20 : 0.0;
+        double target = w == OUT16 ? 0.10 : 0.20;
         char t[16] = "-";
         if (w != PLAIN) {
             snprintf(t, sizeof t, "<=%.0f%%", target * 100);

@@ -174,30 +174,35 @@ static int rate_allows(ifd_publisher *p, size_t n)
     return 1;
 }
 
-static char *tensor_header(const char *mode, int64_t step, const char *name, const ifd_tensor *t)
+/* The tensor message's JSON header into buf (names are plain: IFD_NAME_MAX characters of a
+ * program's declaration, no quote or backslash, and the mode's and dtype's names). */
+static int tensor_header(char *buf, size_t len, const char *mode, int64_t step, const char *name,
+                         const ifd_tensor *t)
 {
-    json_t *shape = json_array();
-    for (int i = 0; i < t->shape.rank; i++)
-        json_array_append_new(shape, json_integer(t->shape.dims[i]));
-    json_t *h = json_pack("{s:s, s:s, s:s, s:I, s:s, s:o}", "event", "tensor", "mode", mode, "name",
-                          name, "global_step", (json_int_t)step, "dtype", ifd_dtype_name(t->dtype),
-                          "shape", shape);
-    char *text = h ? json_dumps(h, JSON_COMPACT) : NULL;
-    json_decref(h);
-    return text;
+    int n =
+        snprintf(buf, len,
+                 "{\"event\":\"tensor\",\"mode\":\"%s\",\"name\":\"%s\",\"global_step\":%" PRId64
+                 ",\"dtype\":\"%s\",\"shape\":[",
+                 mode, name, step, ifd_dtype_name(t->dtype));
+    for (int i = 0; i < t->shape.rank && n > 0 && (size_t)n < len; i++)
+        n += snprintf(buf + n, len - (size_t)n, "%s%" PRId64, i ? "," : "", t->shape.dims[i]);
+    if (n > 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, "]}");
+    return n > 0 && (size_t)n < len ? n : -1;
 }
 
 /* One tensor of one step. It is dropped, never waited for, when the byte rate or the outbox's
  * bytes would be exceeded. */
 static int publish_tensor(ifd_publisher *p, const char *mode, int64_t step, const char *name,
-                          const ifd_tensor *t, ifd_error *err)
+                          const ifd_tensor *t, int *pushed, ifd_error *err)
 {
     char topic[IFD_PUB_TOPIC_MAX + 8];
     int tn = snprintf(topic, sizeof topic, "tensor:%s", name);
-    char *header = tensor_header(mode, step, name, t);
-    if (header == NULL)
-        return ifd_error_set(err, IFD_ENOMEM, "publish: tensor '%s'", name);
-    size_t len[3] = {(size_t)tn, strlen(header), ifd_tensor_nbytes(t)};
+    char header[256];
+    int hn = tensor_header(header, sizeof header, mode, step, name, t);
+    if (hn < 0)
+        return ifd_error_set(err, IFD_EINTERNAL, "publish: tensor '%s': its header", name);
+    size_t len[3] = {(size_t)tn, (size_t)hn, ifd_tensor_nbytes(t)};
     size_t bytes = len[0] + len[1] + len[2];
     ifd_mutex_lock(&p->mu);
     int go = find_wanted(p, name) && !p->stopping;
@@ -215,19 +220,16 @@ static int publish_tensor(ifd_publisher *p, const char *mode, int64_t step, cons
                      "docs/summaries.md, \"Tensor messages\")",
                      (double)IFD_PUB_TENSOR_OUTBOX_BYTES / 1048576.0,
                      (double)IFD_PUB_SNDHWM * (double)bytes / 1048576.0, IFD_PUB_SNDHWM, bytes);
-    if (!go) {
-        free(header);
+    if (!go)
         return IFD_OK;
-    }
     const void *frames[3] = {topic, header, t->data};
     outmsg *m = outmsg_new(3, len, frames);
-    free(header);
     if (m == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "publish: tensor '%s'", name);
     ifd_mutex_lock(&p->mu);
     outbox_push(p, m);
     ifd_mutex_unlock(&p->mu);
-    wake(p);
+    *pushed = 1;
     return IFD_OK;
 }
 
@@ -244,14 +246,14 @@ static int tensor_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
     ifd_publisher *p = ctx;
     if (__atomic_load_n(&p->nwanted, __ATOMIC_RELAXED) == 0)
         return IFD_OK; /* the usual case, without a lock */
-    for (int i = 0; i < t->ntensors; i++) {
-        if (!ifd_publisher_tensor_wanted(p, t->names[i]))
-            continue;
-        int rc = publish_tensor(p, p->mode, t->global_step, t->names[i], &t->tensors[i], err);
-        if (rc)
-            return rc;
-    }
-    return IFD_OK;
+    int pushed = 0, rc = IFD_OK;
+    for (int i = 0; i < t->ntensors && rc == IFD_OK; i++)
+        if (ifd_publisher_tensor_wanted(p, t->names[i]))
+            rc = publish_tensor(p, p->mode, t->global_step, t->names[i], &t->tensors[i], &pushed,
+                                err);
+    if (pushed)
+        wake(p); /* once a step */
+    return rc;
 }
 
 /* A subscription (on = 1) or its end (0) to topic: counted when it asks for a tensor. */
