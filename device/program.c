@@ -140,7 +140,8 @@ int ifd_program_add_outfeed(ifd_program *p, const char *name, ifd_dtype dtype, i
     size_t len = name ? strlen(name) : 0;
     if (p->noutfeeds == IFD_MAX_OUTFEEDS || len == 0 || len >= IFD_NAME_MAX ||
         (dtype != IFD_F32 && dtype != IFD_I32) || (per_row != 0 && per_row != 1) || rank < 0 ||
-        rank >= IFD_MAX_RANK || (rank > 0 && dims == NULL))
+        rank >= IFD_MAX_RANK || (rank > 0 && dims == NULL) ||
+        strspn(name, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-") != len)
         return IFD_EINVAL;
     for (int i = 0; i < rank; i++)
         if (dims[i] < 1)

@@ -286,7 +286,8 @@ int ifd_program_add_label(ifd_program *p, const char *name, ifd_dtype dt, int ra
                           const int64_t *dims);
 int ifd_program_add_param(ifd_program *p, const char *name, int rank, const int64_t *dims);
 /* Declares an outfeed tensor (ifd_outfeed_spec): dtype IFD_F32 or IFD_I32, per_row 1 or 0, rank
- * 0 to IFD_MAX_RANK - 1 dims each >= 1, a name of 1 to IFD_NAME_MAX - 1 characters that no other
+ * 0 to IFD_MAX_RANK - 1 dims each >= 1, a name of 1 to IFD_NAME_MAX - 1 letters, digits, '_',
+ * '.' or '-' (it goes into JSON and subscription topics as it is) that no other
  * outfeed tensor of p has and that is none of the runtime's own ("loss", "correct", "count",
  * "grad_norm", "param_norm", "learning_rate"). IFD_EINVAL otherwise, or when p has
  * IFD_MAX_OUTFEEDS already. */

@@ -187,6 +187,9 @@ START_TEST(test_outfeed_decls)
     ck_assert_int_eq(ifd_program_add_outfeed(&p, "a", IFD_I32, 1, 0, NULL), IFD_EINVAL); /* taken */
     ck_assert_int_eq(ifd_program_add_outfeed(&p, "loss", IFD_F32, 0, 0, NULL), IFD_EINVAL);
     ck_assert_int_eq(ifd_program_add_outfeed(&p, "grad_norm", IFD_F32, 0, 0, NULL), IFD_EINVAL);
+    /* a name that JSON or a subscription topic would have to escape */
+    ck_assert_int_eq(ifd_program_add_outfeed(&p, "a\"b", IFD_F32, 1, 0, NULL), IFD_EINVAL);
+    ck_assert_int_eq(ifd_program_add_outfeed(&p, "a b", IFD_F32, 1, 0, NULL), IFD_EINVAL);
     ck_assert_int_eq(ifd_program_add_outfeed(&p, "", IFD_F32, 0, 0, NULL), IFD_EINVAL);
     ck_assert_int_eq(ifd_program_add_outfeed(&p, "b", IFD_I64, 0, 0, NULL), IFD_EINVAL);
     ck_assert_int_eq(ifd_program_add_outfeed(&p, "b", IFD_F32, 2, 0, NULL), IFD_EINVAL);
