@@ -26,7 +26,7 @@ import pytest
 import zmq
 
 import infeed
-from helpers import stream_until_end, wait_until
+from helpers import sanitized, stream_until_end, wait_until
 from infeed.subscriber import parse_tensor
 
 PROBE = os.environ.get("INFEED_PROBE_PLUGIN")
@@ -260,5 +260,7 @@ def test_a_subscriber_that_never_reads_stays_within_the_logged_bound(daemon, rng
     print(f"rows {rows}: grew {grown:.1f} MiB, bound {bound:.1f} MiB, messages {tm}")
     # far more went out than the bound holds (ZeroMQ drops silently what the queue cannot take)
     assert tm["sent"] * tm["largest"] > 4 * bound * 2 ** 20, (tm, bound)
-    # the bound, and 16 MiB for the rest (batches in flight, the allocator's slack)
-    assert grown <= bound + 16, (grown, bound, tm)
+    # the bound, and 16 MiB for the rest (batches in flight, the allocator's slack); a
+    # sanitizer's allocator keeps what is freed (its quarantine), so there only the logged bound
+    # and the publishing are checked
+    assert sanitized() or grown <= bound + 16, (grown, bound, tm)
