@@ -26,9 +26,9 @@ typedef struct ifd_step_ops {
      * not finite and every one skips the step; else out->loss_nonfinite = 0. */
     void (*guard_loss)(void *ctx, ifd_step_out *out, float *grads);
     /* After the all-reduce: out->skipped = 1 when an element of grads[0..n) is not finite, else
-     * 0, and out->grad_norm = their L2 norm (device memory; the sum of squares in double, which
-     * is finite exactly when every element is: one pass). Every mirror holds the same sum, so
-     * every one decides alike. */
+     * 0, and out->grad_norm = their L2 norm (device memory; one pass: on cpu the sum of squares
+     * in float lanes, again in double where that is not finite, within 1.5e-5 relative). Every
+     * mirror holds the same sum, so every one decides alike. */
     void (*check_grads)(void *ctx, const float *grads, int64_t n, ifd_step_out *out);
     /* One optimizer update over n elements, unless *skip (device memory; NULL: never) is
      * nonzero: then params, slots and everything else are left alone. *opt_step (device memory)
