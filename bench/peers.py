@@ -36,6 +36,7 @@ build:
     cmake --build build-rel -j --target infeedd bench_blas
     python3 bench/peers.py [--infeedd build-rel/host/infeedd] [--steps N] [--jobs mlp32,...]
                            [--replicas 1,2] [--transports tcp,ipc,shm] [--no-keras] [--json F]
+                           [--daemon-flag=--host-call=none ...]
 """
 
 from __future__ import annotations
