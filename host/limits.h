@@ -23,8 +23,8 @@
  * IFD_SUB_COST (measured: 24 KiB for a subscription of 1000 distinct bytes). */
 #define IFD_PUB_SUBS_HELD (IFD_PUB_SUBS_MAX + IFD_PUB_RCVHWM + (2 * IFD_PUB_RCVBUF + 8192) / 1024)
 #define IFD_SUB_COST ((size_t)24 << 10)
-#define IFD_PUB_SNDHWM 256                 /* summaries queued per subscriber */
-#define IFD_OUTBOX_MAX 4096                /* summaries waiting for the publisher thread */
+#define IFD_PUB_SNDHWM 256  /* summaries queued per subscriber */
+#define IFD_OUTBOX_MAX 4096 /* summaries waiting for the publisher thread */
 /* Tensor messages (docs/summaries.md, "Tensor messages"): a subscription to "tensor:NAME" asks
  * for NAME; at most IFD_PUB_TENSORS_MAX names at once (more are not published), each shorter
  * than IFD_PUB_TOPIC_MAX; the bytes of tensor messages waiting for the publisher thread, and the
