@@ -106,46 +106,36 @@ json_t *ifd_ingest_endpoints_json(const ifd_ingest *g)
     return j;
 }
 
-static json_t *status_json(ifd_ingest *g)
+/* The cpu backend's BLAS (NULL on other backends). */
+static json_t *blas_json(const ifd_ingest *g)
 {
-    json_t *j = json_object();
-    json_object_set_new(j, "ok", json_true());
-    json_object_set_new(j, "pid", json_integer(getpid()));
-    json_object_set_new(j, "endpoints", ifd_ingest_endpoints_json(g));
-    json_object_set_new(j, "state", json_string(g->stop_ns ? "stopping" : "running"));
-    json_object_set_new(j, "mode", json_string(ifd_mode_name(g->cfg->run.mode)));
-    json_object_set_new(j, "program", json_string(g->pr.program->cls->name));
-    json_object_set_new(j, "backend", json_string(g->cfg->run.backend));
-    json_object_set_new(j, "replicas", json_integer(g->cfg->run.replicas));
-    if (strcmp(g->cfg->run.backend, "cpu") == 0) {
-        ifd_blas_info b;
-        char line[256];
-        ifd_blas_info_get(&b);
-        json_object_set_new(j, "blas",
-                            json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "library", b.library,
-                                      "kernel", b.kernel, "picked", b.picked, "how", b.how,
-                                      "cpu_isa", ifd_isa_name(b.cpu_isa), "kernel_isa",
-                                      ifd_isa_name(b.kernel_isa), "text",
-                                      ifd_blas_describe(&b, line, sizeof line)));
-    }
-    if (g->sock.pub) {
-        ifd_publisher_tensors t;
-        ifd_publisher_tensor_stats(g->sock.pub, &t);
-        json_object_set_new(j, "tensor_messages",
-                            json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:I}", "subscribed",
-                                      t.subscribed, "sent", (json_int_t)t.sent, "dropped",
-                                      (json_int_t)t.dropped, "limited", (json_int_t)t.limited,
-                                      "outbox_bytes", (json_int_t)t.outbox_bytes, "largest",
-                                      (json_int_t)t.largest, "rate", (json_int_t)t.rate));
-    }
-    json_object_set_new(j, "global_step", json_integer(ifd_session_global_step(g->session)));
-    json_object_set_new(j, "loop", json_integer(ifd_session_loop_index(g->session)));
-    const ifd_config *run = &g->cfg->run;
-    json_object_set_new(j, "last_step",
-                        run->mode != IFD_MODE_TRAIN ? json_null()
-                        : run->last_step > 0        ? json_integer(run->last_step)
-                                             : json_integer(g->stats.first_step + run->steps));
-    json_object_set_new(j, "input_mode", json_string(ifd_input_mode_name(g->cfg->run.input_mode)));
+    if (strcmp(g->cfg->run.backend, "cpu") != 0)
+        return NULL;
+    ifd_blas_info b;
+    char line[256];
+    ifd_blas_info_get(&b);
+    return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s}", "library", b.library, "kernel",
+                     b.kernel, "picked", b.picked, "how", b.how, "cpu_isa", ifd_isa_name(b.cpu_isa),
+                     "kernel_isa", ifd_isa_name(b.kernel_isa), "text",
+                     ifd_blas_describe(&b, line, sizeof line));
+}
+
+/* The PUB socket's tensor messages (NULL without --publish). */
+static json_t *tensor_messages_json(const ifd_ingest *g)
+{
+    if (g->sock.pub == NULL)
+        return NULL;
+    ifd_publisher_tensors t;
+    ifd_publisher_tensor_stats(g->sock.pub, &t);
+    return json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:I}", "subscribed", t.subscribed, "sent",
+                     (json_int_t)t.sent, "dropped", (json_int_t)t.dropped, "limited",
+                     (json_int_t)t.limited, "outbox_bytes", (json_int_t)t.outbox_bytes, "largest",
+                     (json_int_t)t.largest, "rate", (json_int_t)t.rate);
+}
+
+/* The batch queue's depth (batch_queue, and per replica in per-core mode). */
+static void queue_json(ifd_ingest *g, json_t *j)
+{
     size_t qlen = 0;
     json_t *per = g->fifo.nlanes > 1 ? json_array() : json_null();
     ifd_mutex_lock(&g->fifo.mu);
@@ -157,6 +147,11 @@ static json_t *status_json(ifd_ingest *g)
     ifd_mutex_unlock(&g->fifo.mu);
     json_object_set_new(j, "batch_queue", json_integer((json_int_t)qlen));
     json_object_set_new(j, "batch_queue_per_replica", per);
+}
+
+/* Whether the infeed waits for input, how long and for which replica's batch. */
+static void waiting_json(ifd_ingest *g, json_t *j)
+{
     int waiting_replica = -1;
     int64_t since = 0;
     int waiting = ifd_session_infeed_waiting(g->session, &waiting_replica, &since);
@@ -170,16 +165,18 @@ static json_t *status_json(ifd_ingest *g)
                         waiting && g->fifo.nlanes > 1 && waiting_replica >= 0
                             ? json_integer(waiting_replica)
                             : json_null());
-    json_object_set_new(j, "batch_queue_limit",
-                        json_integer((json_int_t)g->cfg->max_producers * g->pr.credit));
-    json_object_set_new(j, "input_closed", json_boolean(g->input_closed));
+}
+
+/* The producers, each a JSON object; *connected: those welcomed and not ended. */
+static json_t *producers_json(const ifd_ingest *g, int *connected)
+{
     json_t *ps = json_array();
-    int connected = 0;
+    *connected = 0;
     for (int i = 0; i < g->cfg->max_producers; i++) {
-        producer *p = &g->producers[i];
+        const producer *p = &g->producers[i];
         if (!p->used)
             continue;
-        connected += p->welcomed && !p->ended;
+        *connected += p->welcomed && !p->ended;
         json_t *pj =
             json_pack("{s:s, s:b, s:i, s:i, s:I, s:I, s:I, s:I}", "name", p->name, "ended",
                       p->ended, "credit", p->credit, "in_flight", p->in_flight, "last_seq",
@@ -190,9 +187,12 @@ static json_t *status_json(ifd_ingest *g)
         json_object_set_new(pj, "shm", json_boolean(p->pool != NULL));
         json_array_append_new(ps, pj);
     }
-    json_object_set_new(j, "producers_connected", json_integer(connected));
-    json_object_set_new(j, "eval_set", eval_set_json(g));
-    json_object_set_new(j, "producers", ps);
+    return ps;
+}
+
+/* Each replica's rings as they are now. */
+static json_t *rings_json(const ifd_ingest *g)
+{
     json_t *rings = json_array();
     for (int r = 0; r < g->cfg->run.replicas; r++) {
         ifd_ring_depths d;
@@ -203,7 +203,45 @@ static json_t *status_json(ifd_ingest *g)
                                  (json_int_t)d.infeed_capacity, "outfeed", (json_int_t)d.outfeed,
                                  "outfeed_capacity", (json_int_t)d.outfeed_capacity));
     }
-    json_object_set_new(j, "rings", rings);
+    return rings;
+}
+
+/* The status request's answer (docs/protocol.md, the control socket), its keys in this order. */
+static json_t *status_json(ifd_ingest *g)
+{
+    const ifd_config *run = &g->cfg->run;
+    json_t *j = json_object();
+    json_object_set_new(j, "ok", json_true());
+    json_object_set_new(j, "pid", json_integer(getpid()));
+    json_object_set_new(j, "endpoints", ifd_ingest_endpoints_json(g));
+    json_object_set_new(j, "state", json_string(g->stop_ns ? "stopping" : "running"));
+    json_object_set_new(j, "mode", json_string(ifd_mode_name(run->mode)));
+    json_object_set_new(j, "program", json_string(g->pr.program->cls->name));
+    json_object_set_new(j, "backend", json_string(run->backend));
+    json_object_set_new(j, "replicas", json_integer(run->replicas));
+    json_t *blas = blas_json(g), *tm = tensor_messages_json(g);
+    if (blas)
+        json_object_set_new(j, "blas", blas);
+    if (tm)
+        json_object_set_new(j, "tensor_messages", tm);
+    json_object_set_new(j, "global_step", json_integer(ifd_session_global_step(g->session)));
+    json_object_set_new(j, "loop", json_integer(ifd_session_loop_index(g->session)));
+    json_object_set_new(j, "last_step",
+                        run->mode != IFD_MODE_TRAIN ? json_null()
+                        : run->last_step > 0        ? json_integer(run->last_step)
+                                             : json_integer(g->stats.first_step + run->steps));
+    json_object_set_new(j, "input_mode", json_string(ifd_input_mode_name(run->input_mode)));
+    queue_json(g, j);
+    waiting_json(g, j);
+    json_object_set_new(j, "batch_queue_limit",
+                        json_integer((json_int_t)g->cfg->max_producers * g->pr.credit));
+    json_object_set_new(j, "input_closed", json_boolean(g->input_closed));
+    int connected;
+    json_t *ps = producers_json(g, &connected);
+    json_object_set_new(j, "producers_connected", json_integer(connected));
+    json_object_set_new(j, "eval_set", eval_set_json(g));
+    json_object_set_new(j, "producers", ps);
+    json_object_set_new(j, "rings", rings_json(g));
     json_object_set_new(j, "batches_accepted", json_integer(g->stats.accepted));
     json_object_set_new(j, "batches_rejected", json_integer(g->stats.rejected));
     json_object_set_new(j, "bytes_copied_unaligned", json_integer(g->stats.copied_bytes));
