@@ -396,14 +396,13 @@ int ifd_daemon_config_validate(const ifd_daemon_config *c, ifd_error *err)
     ifd_error scratch;
     if (err == NULL)
         err = &scratch;
-    for (size_t i = 0; i < sizeof rules_before / sizeof rules_before[0]; i++)
-        if (rules_before[i](c, err))
-            return IFD_EINVAL;
-    for (int i = 0; i < config_nopts; i++)
-        if (check_option(c, &config_opts[i], err))
-            return IFD_EINVAL;
-    for (size_t i = 0; i < sizeof rules_after / sizeof rules_after[0]; i++)
-        if (rules_after[i](c, err))
-            return IFD_EINVAL;
-    return IFD_OK;
+    /* each rule's own code, the one its sentence carries (a host call's dtype: IFD_EDTYPE) */
+    int rc = IFD_OK;
+    for (size_t i = 0; rc == IFD_OK && i < sizeof rules_before / sizeof rules_before[0]; i++)
+        rc = rules_before[i](c, err);
+    for (int i = 0; rc == IFD_OK && i < config_nopts; i++)
+        rc = check_option(c, &config_opts[i], err);
+    for (size_t i = 0; rc == IFD_OK && i < sizeof rules_after / sizeof rules_after[0]; i++)
+        rc = rules_after[i](c, err);
+    return rc;
 }

@@ -497,6 +497,17 @@ START_TEST(host_calls_file_and_flags)
     ck_assert_msg(strstr(err.msg, "key 'host_calls': tensor 'a': element 0: expected a host call "
                                   "spec (a string), got"),
                   "%s", err.msg);
+    /* The reducers' verdict comes back with the code its sentence carries (the fuzzer's
+     * finding: IFD_EINVAL returned, IFD_EDTYPE in err), from a flag and from the file. */
+    const char *top[] = {"--host-call", "class=top_k:2", NULL};
+    const char *top_file = file_with(json, sizeof json, "host_calls", "{\"class\": \"top_k:2\"}");
+    for (int i = 0; i < 2; i++) {
+        rc = i ? parse(top_file, NULL, &err) : parse(NULL, top, &err);
+        ck_assert_int_eq(rc, IFD_EDTYPE);
+        ck_assert_int_eq(err.code, rc);
+        ck_assert_msg(strstr(err.msg, "tensor 'class', 'top_k:2': expected float32 scores"), "%s",
+                      err.msg);
+    }
 }
 END_TEST
 
