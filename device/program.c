@@ -120,6 +120,7 @@ int ifd_program_add_param(ifd_program *p, const char *name, int rank, const int6
     ifd_param_spec *ps = &p->params[p->nparams++];
     snprintf(ps->name, sizeof ps->name, "%s", name);
     ps->rank = rank;
+    ps->flags = 0;
     ps->count = 1;
     for (int i = 0; i < rank; i++) {
         ps->dims[i] = dims[i];

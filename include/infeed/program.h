@@ -41,7 +41,12 @@ typedef struct ifd_param_spec {
     int64_t dims[2];
     int64_t offset; /* in floats, into the flat vector */
     int64_t count;
+    unsigned flags; /* IFD_PARAM_* (0 from ifd_program_add_param) */
 } ifd_param_spec;
+
+/* ifd_param_spec.flags: the optimizer leaves this parameter out of decoupled weight decay
+ * (AdamW's), as biases and norm gains are. */
+#define IFD_PARAM_NO_DECAY 1u
 
 /* One outfeed tensor a program declares: float32 or int32, and either one value of shape dims a
  * row (per_row 1: the step writes [rows, dims...]) or one value of shape dims a replica-step
