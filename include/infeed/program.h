@@ -139,6 +139,50 @@ typedef struct ifd_ops {
     void (*softmax_xent_classify)(void *ctx, int64_t rows, int64_t k, const float *logits,
                                   const int32_t *labels, float scale, float *dlogits,
                                   ifd_step_out *out, int32_t *cls, float *conf);
+
+    /* ---- the transformer's ops (ABI 4); sums in a fixed order, so results repeat bit for bit */
+    /* y[0..n) += alpha * x[0..n) (a residual connection: alpha 1). */
+    void (*add)(void *ctx, int64_t n, float alpha, const float *x, float *y);
+    /* batch products C_i = alpha * op(A_i) * op(B_i) + beta * C_i, i < batch, as gemm, with
+     * A_i = a + i * stride_a, B_i = b + i * stride_b, C_i = c + i * stride_c (strides in floats;
+     * the matrices themselves dense, row-major). */
+    void (*gemm_strided_batched)(void *ctx, int trans_a, int trans_b, int64_t m, int64_t n,
+                                 int64_t k, float alpha, const float *a, int64_t stride_a,
+                                 const float *b, int64_t stride_b, float beta, float *c,
+                                 int64_t stride_c, int64_t batch);
+    /* out[r, :] = table[ids[r], :], r < rows (ids checked by the program's check_batch). */
+    void (*embedding)(void *ctx, int64_t rows, int64_t dim, const int32_t *ids, const float *table,
+                      float *out);
+    /* dtable[ids[r], :] += dout[r, :]: a scatter-add whose sums run in row order (the same bits
+     * on every run and backend thread count). */
+    void (*embedding_grad)(void *ctx, int64_t rows, int64_t dim, const int32_t *ids,
+                           const float *dout, float *dtable);
+    /* Layer norm of each row's dim values: y = (x - mean) * rstd * gamma + beta, rstd =
+     * 1 / sqrt(var + eps), var the biased variance (Keras, PyTorch); mean and rstd ([rows]) kept
+     * for the backward; y may be x. */
+    void (*layernorm)(void *ctx, int64_t rows, int64_t dim, const float *x, const float *gamma,
+                      const float *beta, float eps, float *y, float *mean, float *rstd);
+    /* From the forward's x, mean and rstd: dx written (dx may be dy), dgamma and dbeta ([dim])
+     * added to. */
+    void (*layernorm_grad)(void *ctx, int64_t rows, int64_t dim, const float *x, const float *gamma,
+                           const float *mean, const float *rstd, const float *dy, float *dx,
+                           float *dgamma, float *dbeta);
+    /* Exact GELU (Keras' approximate=False): y = x / 2 * (1 + erf(x / sqrt 2)), y may be x; the
+     * gradient from the forward's input: dx = dy * (Phi(x) + x * phi(x)), dx may be dy. */
+    void (*gelu)(void *ctx, int64_t n, const float *x, float *y);
+    void (*gelu_grad)(void *ctx, int64_t n, const float *x, const float *dy, float *dx);
+    /* Causal self-attention of batch sequences of t positions, heads heads of width dh (C =
+     * heads * dh). qkv [batch * t, 3C]: each row's query, key and value, head h's in columns
+     * [h dh, (h + 1) dh) of each third; out [batch * t, C], head h's output in its columns.
+     * Scores scaled by 1 / sqrt(dh), position i attends to j <= i; probs ([batch, heads, t, t])
+     * keeps the softmax for the backward (zero above the diagonal). */
+    void (*attention)(void *ctx, int64_t batch, int64_t t, int64_t heads, int64_t dh,
+                      const float *qkv, float *probs, float *out);
+    /* From qkv and the forward's probs: dqkv ([batch * t, 3C], written) from dout
+     * ([batch * t, C]); work: batch * heads * t * t floats of scratch. */
+    void (*attention_grad)(void *ctx, int64_t batch, int64_t t, int64_t heads, int64_t dh,
+                           const float *qkv, const float *probs, const float *dout, float *dqkv,
+                           float *work);
 } ifd_ops;
 
 typedef struct ifd_program ifd_program;
