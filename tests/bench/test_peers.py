@@ -1,0 +1,146 @@
+"""bench/peers.py's charlm jobs without running the benchmark:
+
+- infeedd's command line carries the job's program config and every optimizer flag of
+  CHARLM_FLAGS with CHARLM_OPTIMIZER's values (decay over the run's steps), then --daemon-flag's;
+- --jobs: "charlm" names both charlm jobs, names are kept once and in order, an unknown one is
+  named in the error;
+- the FLOP count a token is 6 N + 12 L T C with N counted from charlm_ref's parameter list;
+- a message of steps stays under the 8 MiB bound;
+- with a Keras environment (bench/.venv-peers, or IFD_KERAS_PYTHON: the Python that has keras,
+  jax and tensorflow): bench/keras_charlm.py's model has charlm_ref's loss, gradients and
+  predict output at the same weights, on JAX and TensorFlow, on random small shapes;
+- with an infeedd that has the program charlm (INFEEDD, else build/host/infeedd): a short charlm
+  job runs through infeed.feed and reports its tokens/s and a finite loss.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "tests" / "util"))
+import charlm_ref  # noqa: E402
+import peers  # noqa: E402
+
+
+def flag_values(argv: list) -> dict:
+    """--flag value pairs of a command line (every flag here takes a value)."""
+    out = {}
+    for i, a in enumerate(argv):
+        if a.startswith("--"):
+            assert a not in out, f"{a} twice"
+            out[a] = argv[i + 1]
+    return out
+
+
+@pytest.mark.parametrize("name", ["charlm8", "charlm32"])
+def test_infeedd_command_line(name, tmp_path, monkeypatch):
+    rng = random.Random(name)
+    job = peers.JOBS[name]
+    steps, replicas = rng.randint(1, 5000), rng.randint(1, 4)
+    monkeypatch.setattr(peers, "DAEMON_FLAGS", ["--host-call", "none"])
+    argv = peers.charlm_argv("infeedd", job, replicas, steps, "ipc:///x", tmp_path / "s.jsonl",
+                             peers.charlm_steps_per_message(job))
+    assert argv[0] == "infeedd" and argv[-2:] == ["--host-call", "none"]
+    f = flag_values(argv[1:])
+    assert f["--program"] == "charlm"
+    assert json.loads(f[peers.CHARLM_FLAGS["program_config"]]) == {
+        k: job[k] for k in ("layers", "heads", "width", "block", "vocab")}
+    assert f["--batch-size"] == str(job["batch"]) and f["--steps"] == str(steps)
+    assert f["--replicas"] == str(replicas)
+    assert f["--iterations-per-loop"] == str(job["ipl"])
+    for key, flag in peers.CHARLM_FLAGS.items():
+        if isinstance(flag, tuple):  # a flag with its fixed value
+            assert f[flag[0]] == flag[1]
+        elif key == "decay_steps":
+            assert f[flag] == str(steps)
+        elif key != "program_config":
+            assert float(f[flag]) == peers.CHARLM_OPTIMIZER[key], key
+    assert set(peers.CHARLM_OPTIMIZER) <= set(peers.CHARLM_FLAGS)
+
+
+def test_jobs_option():
+    assert peers.parse_jobs("charlm") == ["charlm8", "charlm32"]
+    assert peers.parse_jobs("charlm32,mlp32,charlm,mlp32") == ["charlm32", "mlp32", "charlm8"]
+    assert peers.parse_jobs("") == []
+    with pytest.raises(ValueError, match="unknown job 'charlm64'"):
+        peers.parse_jobs("charlm8,charlm64")
+    assert all(j in peers.JOBS for j in peers.DEFAULT_JOBS)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_flops_per_token(seed):
+    rng = random.Random(seed)
+    heads = rng.randint(1, 8)
+    job = dict(layers=rng.randint(1, 6), heads=heads, width=heads * rng.randint(1, 32),
+               block=rng.randint(1, 256), vocab=rng.randint(2, 1000))
+    specs = charlm_ref.param_specs(job["layers"], job["width"], job["block"], job["vocab"])
+    n = sum(math.prod(shape) for name, shape, _ in specs
+            if len(shape) == 2 and not name.endswith("_emb"))  # the matrices; lookups aren't
+    want = 6 * n + 12 * job["layers"] * job["block"] * job["width"]
+    assert peers.flops_per_token(job) == want
+
+
+def test_steps_per_message_fit_a_message():
+    for name in ("charlm8", "charlm32"):
+        job = peers.JOBS[name]
+        k = peers.charlm_steps_per_message(job)
+        assert 1 <= k <= job["ipl"]
+        assert k * job["batch"] * job["block"] * 2 * 4 <= peers.MSG_BYTES
+    big = dict(peers.JOBS["charlm32"], batch=4096, block=1024)
+    assert peers.charlm_steps_per_message(big) == 1
+
+
+def keras_python():
+    p = os.environ.get("IFD_KERAS_PYTHON") or str(ROOT / "bench" / ".venv-peers" / "bin" / "python")
+    return p if os.path.isfile(p) else None
+
+
+@pytest.mark.skipif(keras_python() is None, reason="no Keras environment (bench/.venv-peers)")
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_keras_model_is_the_reference(backend):
+    rng = random.Random(backend)
+    heads = rng.randint(1, 3)
+    job = dict(layers=rng.randint(1, 2), heads=heads, width=heads * rng.randint(2, 4),
+               block=rng.randint(2, 6), vocab=rng.randint(2, 12), batch=rng.randint(1, 3),
+               seed=rng.randint(0, 1000))
+    env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
+               CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
+    out = subprocess.run([keras_python(), str(ROOT / "bench" / "keras_charlm.py"), "--check",
+                          json.dumps(job)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["backend"] == backend
+    assert r["loss_rel"] < 1e-5, r
+    names = [n for n, _, _ in charlm_ref.param_specs(job["layers"], job["width"], job["block"],
+                                                     job["vocab"])]
+    assert sorted(r["grad_rel"]) == sorted(names)
+    worst = max(r["grad_rel"].items(), key=lambda kv: kv[1])
+    assert worst[1] < 1e-4, worst
+    assert r["predict_abs"] < 1e-5, r
+
+
+def infeedd_with_charlm():
+    exe = os.environ.get("INFEEDD") or str(ROOT / "build" / "host" / "infeedd")
+    if not os.path.isfile(exe):
+        return None
+    out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=30)
+    return exe if "charlm" in out.stdout + out.stderr else None
+
+
+@pytest.mark.skipif(infeedd_with_charlm() is None, reason="no infeedd with the program charlm")
+def test_infeedd_charlm_run(tmp_path):
+    job = dict(peers.JOBS["charlm8"], ipl=5)
+    res = peers.run_infeedd_charlm(infeedd_with_charlm(), job, 1, 10, tmp_path)
+    assert res["tokens_per_sec"] > 0
+    assert res["loss"] is not None and math.isfinite(res["loss"])
+    assert res["loss"] < math.log(job["vocab"]) + 0.5
