@@ -7,7 +7,8 @@
   change the later ones);
 - predict on the first k tokens is the full sequence's distribution at position k - 1;
 - at the program's initialization the loss is near ln(vocab);
-- its parameters are charlm_setup's (device/programs/charlm.c), by name and order.
+- its parameters are charlm_setup's (device/programs/charlm.c), by name and order, and
+  flatten / unflatten lay them out as the program does (one vector, in that order).
 """
 
 from __future__ import annotations
@@ -144,3 +145,20 @@ def test_parameters_are_charlm_setups():
     c_names = [n for n in names if n not in layer]
     c_names[2:2] = [f"h0.{n}" for n in layer]
     assert c_names == expect
+
+
+def test_flat_layout_round_trips():
+    rng = np.random.default_rng(9)
+    layers, width, block, vocab = 2, 6, 5, 7
+    params = ref.init_params(layers, width, block, vocab, rng)
+    flat = ref.flatten(params, layers, width, block, vocab)
+    specs = ref.param_specs(layers, width, block, vocab)
+    assert flat.size == sum(math.prod(s) for _, s, _ in specs)
+    assert flat[:vocab * width].reshape(vocab, width).tolist() == params["tok_emb"].tolist()
+    assert flat[-vocab:].tolist() == params["head.b"].tolist()
+    back = ref.unflatten(flat, layers, width, block, vocab)
+    assert list(back) == [n for n, _, _ in specs]
+    for n in params:
+        np.testing.assert_array_equal(back[n], params[n])
+    with pytest.raises(ValueError, match="expected %d values" % flat.size):
+        ref.unflatten(flat[:-1], layers, width, block, vocab)

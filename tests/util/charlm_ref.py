@@ -15,7 +15,8 @@ dh = C / H:
 
 with layer norms of eps 1e-5 over the biased variance. Parameters are a dict by the program's
 names (param_specs gives them in the program's order, with shapes, initializers and whether
-weight decay applies). Used by tests/device/test_charlm_ref.py (finite differences) and
+weight decay applies; flatten and unflatten convert to and from the program's layout, one
+vector in that order, as a checkpoint holds it). Used by tests/device/test_charlm_ref.py (finite differences) and
 bench/keras_charlm.py's check (the Keras model is the same model).
 """
 
@@ -67,6 +68,30 @@ def init_params(layers: int, width: int, block: int, vocab: int,
             out[name] = rng.normal(0.0, std, shape)
         else:
             out[name] = np.full(shape, 1.0 if init == "ones" else 0.0)
+    return out
+
+
+def flatten(params: Dict[str, np.ndarray], layers: int, width: int, block: int,
+            vocab: int) -> np.ndarray:
+    """The parameters as the program lays them out: one vector, each parameter's values in
+    row-major order at its offset, in charlm_setup's order."""
+    return np.concatenate([np.asarray(params[n]).reshape(-1)
+                           for n, _, _ in param_specs(layers, width, block, vocab)])
+
+
+def unflatten(flat, layers: int, width: int, block: int, vocab: int) -> Dict[str, np.ndarray]:
+    """The dict by name of a vector laid out as flatten's (a checkpoint's parameters)."""
+    flat = np.asarray(flat)
+    specs = param_specs(layers, width, block, vocab)
+    total = sum(int(np.prod(shape)) for _, shape, _ in specs)
+    if flat.size != total:
+        raise ValueError(f"charlm_ref.unflatten: expected {total} values for layers {layers}, "
+                         f"width {width}, block {block}, vocab {vocab}, got {flat.size}")
+    out, at = {}, 0
+    for name, shape, _ in specs:
+        n = int(np.prod(shape))
+        out[name] = flat[at:at + n].reshape(shape)
+        at += n
     return out
 
 
