@@ -9,6 +9,10 @@
 - with a Keras environment (bench/.venv-peers, or IFD_KERAS_PYTHON: the Python that has keras,
   jax and tensorflow): bench/keras_charlm.py's model has charlm_ref's loss, gradients and
   predict output at the same weights, on JAX and TensorFlow, on random small shapes;
+- the infeedd side's plumbing, with a fake infeedd (tests/e2e/fake_daemon.py on the command
+  line's --listen): the corpus's windows arrive as tokens and targets (the next byte at every
+  position) in messages of the steps asked, and the run's tokens/s, loss, wait and BLAS line
+  are read back from its summaries and log;
 - with an infeedd that has the program charlm (INFEEDD, else build/host/infeedd): a short charlm
   job runs through infeed.feed and reports its tokens/s and a finite loss.
 """
@@ -144,3 +148,69 @@ def test_infeedd_charlm_run(tmp_path):
     assert res["tokens_per_sec"] > 0
     assert res["loss"] is not None and math.isfinite(res["loss"])
     assert res["loss"] < math.log(job["vocab"]) + 0.5
+
+
+FAKE_INFEEDD = r"""
+import json, sys, threading
+sys.path[:0] = [%(e2e)r, %(client)r]
+import numpy as np
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+from fake_daemon import FakeDaemon
+from infeed import protocol as P
+
+argv = sys.argv[1:]
+f = {argv[i]: argv[i + 1] for i in range(len(argv) - 1) if argv[i].startswith("--")}
+t = json.loads(f["--program-config"])["block"]
+b, k, steps = int(f["--batch-size"]), int(f["--max-steps-per-message"]), int(f["--steps"])
+schema = [P.schema_entry("tokens", "int32", [t]), P.schema_entry("targets", "int32", [t])]
+
+
+class OnListen(FakeDaemon):
+    def _run(self):  # in the fake's own thread, before it polls: the endpoint and a monitor
+        self.sock.bind(f["--listen"])
+        self.mon = self.sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.ready.set()
+        super()._run()
+
+
+OnListen.ready = threading.Event()
+d = OnListen(schema=schema, batch_size=b, max_steps=k, credit=2 * k, last_step=steps // k)
+print("cpu backend: BLAS fake 1.0", flush=True)
+d.ready.wait()
+# the producer's disconnection, once it has the BYE that last_step sends (a close sooner could
+# drop the BYE)
+while recv_monitor_message(d.mon)["event"] != zmq.EVENT_DISCONNECTED:
+    pass
+assert d._ended
+d.close()
+shifted, rows = True, []
+for seq, n, frames in d.batches:
+    tok = np.frombuffer(frames[0], np.int32).reshape(n, t)
+    tgt = np.frombuffer(frames[1], np.int32).reshape(n, t)
+    shifted &= bool((tok[:, 1:] == tgt[:, :-1]).all() and tok.min() >= 0 and tgt.max() < 256)
+    rows.append(n)
+with open(f["--summaries"], "w") as fh:
+    fh.write(json.dumps({"event": "train", "loss": 1.5, "infeed_wait_fraction": 0.25}) + "\n")
+with open(f["--summaries"] + ".fake.json", "w") as fh:
+    json.dump({"rows": rows, "shifted": shifted, "argv": argv}, fh)
+"""
+
+
+@pytest.mark.parametrize("name", ["charlm8", "charlm32"])
+def test_infeedd_side_with_a_fake_daemon(name, tmp_path):
+    exe = tmp_path / "fake-infeedd"
+    exe.write_text(f"#!{sys.executable}\n" + FAKE_INFEEDD % {
+        "e2e": str(ROOT / "tests" / "e2e"), "client": str(ROOT / "clients" / "python")})
+    exe.chmod(0o755)
+    job = dict(peers.JOBS[name], ipl=random.Random(name).randint(2, 6))
+    k = peers.charlm_steps_per_message(job)
+    steps = 3 * k
+    res = peers.run_infeedd_charlm(str(exe), job, 1, steps, tmp_path)
+    assert res["loss"] == 1.5 and res["wait"] == 0.25 and res["blas"] == "fake 1.0"
+    assert res["tokens_per_sec"] > 0
+    got = json.loads(next(tmp_path.glob("*.fake.json")).read_text())
+    assert got["shifted"]
+    assert len(got["rows"]) >= 3 and all(n == k * job["batch"] for n in got["rows"])
+    assert json.loads(got["argv"][got["argv"].index("--program-config") + 1])["block"] == \
+        job["block"]
