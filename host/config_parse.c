@@ -648,6 +648,7 @@ static int default_host_calls(ifd_daemon_config *c, ifd_error *err)
         has_class |= strcmp(p.outfeeds[i].name, "class") == 0;
         has_conf |= strcmp(p.outfeeds[i].name, "confidence") == 0;
     }
+    ifd_program_free(&p);
     int rc = IFD_OK;
     if (has_class)
         rc = add_call(c, "class", 5, "class_accuracy", 14, "host_calls (default)", err);

@@ -323,7 +323,10 @@ def mutations(head: dict) -> list:
         ("a count off by one", m(lambda h: h["params"][-1].update(count=h["params"][-1]["count"]
                                                                   + 1)), False),
         ("a 32-byte name", m(lambda h: h["params"][0].update(name="n" * 32)), False),
-        ("a shape of rank 3", m(lambda h: h["params"][0].update(shape=[1, 1, 1])), False),
+        # ranks up to 4 (program ABI 4): the same one float in a rank-4 shape is taken
+        ("a shape of rank 4", m(lambda h: h["params"][0].update(shape=[1, 1, 1, h["params"][0][
+            "count"]])), True),
+        ("a shape of rank 5", m(lambda h: h["params"][0].update(shape=[1, 1, 1, 1, 1])), False),
         ("a dimension 0", m(lambda h: h["params"][0].update(shape=[0])), False),
         ("a dimension over 2^40", m(lambda h: h["params"][0].update(shape=[1 << 21, 1 << 20])),
          False),
@@ -484,10 +487,12 @@ def test_export_command_errors_and_no_partial_files(tmp_path, rng):
 
 
 def test_parameters_of_any_name_are_exported(tmp_path, rng):
-    """np.savez's own keywords ("file", "allow_pickle") and a rank-0 parameter are names and
-    shapes a program may declare."""
+    """np.savez's own keywords ("file", "allow_pickle"), a rank-0 parameter, ranks 3 and 4 and
+    more than 8 parameters (program ABI 4) are names and shapes a program may declare."""
     shapes = [("file", []), ("allow_pickle", [rng.randint(1, 5)]),
               ("w", [rng.randint(1, 4), rng.randint(1, 4)])]
+    shapes += [(f"t{i}", [rng.randint(1, 3) for _ in range(rng.randint(1, 4))])
+               for i in range(rng.randint(6, 12))]
     head = ckpt.header("custom", {"features": 3}, shapes, 7, {})
     params = np.random.default_rng(rng.randrange(1 << 30)).standard_normal(
         head["nparam_floats"]).astype(np.float32)

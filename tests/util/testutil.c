@@ -148,6 +148,7 @@ tu_batch **tu_batches_random(const ifd_config *cfg, int64_t n, uint64_t seed)
     ck_assert_ptr_nonnull(bs);
     for (int64_t i = 0; i < n; i++)
         bs[i] = tu_batch_random(&p, cfg->batch_size, i, &rng);
+    ifd_program_free(&p);
     return bs;
 }
 
