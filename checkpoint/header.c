@@ -44,6 +44,9 @@ json_t *ifd_ckpt_header_json(const ifd_checkpoint *c)
     json_t *settings =
         json_pack("{s:I, s:I, s:I}", "features", (json_int_t)c->settings.features, "classes",
                   (json_int_t)c->settings.classes, "hidden", (json_int_t)c->settings.hidden);
+    if (settings && c->program_config) /* the program's own settings: an object, when given */
+        json_object_set_new(settings, "program_config",
+                            json_loads(c->program_config, JSON_DECODE_ANY, NULL));
     json_t *h = json_pack(
         "{s:s, s:s, s:o, s:o, s:I, s:o, s:I, s:I, s:o, s:f}", "format", "infeed-checkpoint",
         "program", c->program, "settings", settings, "params", params, "nparam_floats",
@@ -186,6 +189,18 @@ static int parse_program(ifd_checkpoint *c, json_t *h, const char *path, ifd_err
         rc = ifd_ckpt_header_int(s, "classes", 0, big, &c->settings.classes, path, err);
     if (rc == IFD_OK)
         rc = ifd_ckpt_header_int(s, "hidden", 0, big, &c->settings.hidden, path, err);
+    json_t *pc = json_object_get(s, "program_config");
+    if (rc || pc == NULL) /* none: a checkpoint of a program without settings of its own */
+        return rc;
+    if (!json_is_object(pc))
+        return ifd_error_set(err, IFD_EPROTO,
+                             "checkpoint '%s': header: 'settings.program_config': expected an "
+                             "object",
+                             path);
+    char *text = json_dumps(pc, JSON_COMPACT | JSON_SORT_KEYS);
+    rc = text ? ifd_ckpt_set_program_config(c, text, err)
+              : ifd_error_set(err, IFD_ENOMEM, "checkpoint '%s': header", path);
+    free(text);
     return rc;
 }
 

@@ -36,6 +36,17 @@ ifd_checkpoint *ifd_ckpt_alloc(int64_t nparam_floats, int nslots, ifd_error *err
     return c;
 }
 
+int ifd_ckpt_set_program_config(ifd_checkpoint *c, const char *text, ifd_error *err)
+{
+    char *copy = NULL;
+    if (text && strcmp(text, "{}") != 0 && (copy = strdup(text)) == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "checkpoint: program_config");
+    free(c->program_config);
+    c->program_config = copy;
+    c->settings.config = copy;
+    return IFD_OK;
+}
+
 int ifd_ckpt_set_params(ifd_checkpoint *c, const ifd_param_spec *specs, int n, ifd_error *err)
 {
     ifd_param_spec *copy = malloc(sizeof *copy * (size_t)(n > 0 ? n : 1));
@@ -65,6 +76,10 @@ int ifd_checkpoint_create(ifd_checkpoint **out, const ifd_config *cfg, int64_t g
     int nslots = ifd_optimizer_slots(cfg->optimizer.kind);
     ifd_checkpoint *c = ifd_ckpt_alloc(p.nparam_floats, nslots, err);
     rc = c ? ifd_ckpt_set_params(c, p.params, p.nparams, err) : IFD_ENOMEM;
+    if (rc == IFD_OK) {
+        c->settings = cfg->settings;
+        rc = ifd_ckpt_set_program_config(c, ifd_program_config_text(&p), err);
+    }
     if (rc) {
         ifd_checkpoint_free(c);
         ifd_program_free(&p);
@@ -72,7 +87,6 @@ int ifd_checkpoint_create(ifd_checkpoint **out, const ifd_config *cfg, int64_t g
     }
     snprintf(c->program, sizeof c->program, "%s", p.cls->name);
     ifd_program_free(&p);
-    c->settings = cfg->settings;
     c->optimizer = cfg->optimizer;
     c->global_step = global_step;
     c->opt_step = opt_step;
@@ -90,6 +104,7 @@ void ifd_checkpoint_free(ifd_checkpoint *c)
         return;
     free(c->params);
     free(c->params_spec);
+    free(c->program_config);
     for (int h = 0; h < c->nhosts; h++)
         free(c->tables[h].producers);
     free(c->tables);
@@ -273,6 +288,19 @@ static const char *shape_text(const ifd_param_spec *p, char *buf, size_t len)
     return buf;
 }
 
+/* c was written with p's settings (program_config): another model would not fit it. */
+static int check_program_config(const ifd_checkpoint *c, const ifd_program *p, ifd_error *err)
+{
+    const char *have = c->program_config ? c->program_config : "{}";
+    const char *want = ifd_program_config_text(p);
+    if (strcmp(have, want) == 0)
+        return IFD_OK;
+    return ifd_error_set(err, IFD_EINVAL,
+                         "checkpoint: program_config: the checkpoint has %.200s, this run %.200s "
+                         "(a resume takes the program settings it was written with)",
+                         have, want);
+}
+
 /* c's parameters are p's: names, ranks and dimensions, in order. */
 static int check_params(const ifd_checkpoint *c, const ifd_program *p, ifd_error *err)
 {
@@ -312,6 +340,8 @@ int ifd_checkpoint_check(const ifd_checkpoint *c, const ifd_config *cfg, ifd_err
                                  names[i], have[i] > 0 ? have[i] : 0, want[i] > 0 ? want[i] : 0);
     ifd_program p;
     int rc = ifd_program_init(&p, prog, &cfg->settings, err);
+    if (rc == IFD_OK)
+        rc = check_program_config(c, &p, err);
     if (rc == IFD_OK)
         rc = check_params(c, &p, err);
     ifd_program_free(&p);

@@ -1,5 +1,6 @@
 #include "core/plugin.h"
 #include "core/rng.h"
+#include "device/program_config.h"
 #include <infeed/program.h>
 
 #include <inttypes.h>
@@ -88,7 +89,11 @@ int ifd_program_init(ifd_program *p, const char *name, const ifd_program_setting
     p->cls = cls;
     if (s)
         p->settings = *s;
-    int rc = cls->setup(p, err);
+    int rc = ifd_program_config_parse(p, s ? s->config : NULL, err);
+    if (rc == IFD_OK)
+        rc = cls->setup(p, err);
+    if (rc == IFD_OK)
+        rc = ifd_program_config_unread(p, err);
     if (rc) {
         ifd_program_free(p); /* nothing for the caller to free */
         return rc;
@@ -111,6 +116,7 @@ void ifd_program_free(ifd_program *p)
     if (p == NULL)
         return;
     free(p->params);
+    ifd_program_config_free(p);
     memset(p, 0, sizeof *p);
 }
 

@@ -411,6 +411,15 @@ static int apply_json_key(ifd_daemon_config *c, const char *key, const json_t *v
         rc = apply_json_libs(c, o, v, where, err);
     } else if (o->kind == K_CALLS) {
         rc = apply_json_calls(c, v, where, err);
+    } else if ((o->flags & OPT_OBJECT) && !json_is_string(v)) {
+        char got[96];
+        if (!json_is_object(v))
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "%s: expected a JSON object (or its text), got %s", where,
+                                 ifd_json_describe(v, got, sizeof got));
+        char *text = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
+        rc = text ? set_value(c, o, text, where, err) : ifd_error_set(err, IFD_ENOMEM, "%s", where);
+        free(text);
     } else {
         char buf[64], got[96];
         const char *want = NULL, *val = json_text(o, v, buf, sizeof buf, &want);

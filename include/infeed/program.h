@@ -18,6 +18,7 @@
 
 #include <infeed/tensor.h>
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define IFD_MAX_INPUTS 8
@@ -81,6 +82,10 @@ typedef struct ifd_program_settings {
     int64_t features; /* D */
     int64_t classes;  /* K: classes for classifiers, outputs for linear */
     int64_t hidden;   /* hidden width (mlp) */
+    /* The program's own settings (ABI 4; --program-config, program_config): a JSON object's
+     * text, or NULL for none. Borrowed; ifd_program_init parses it, and the setup reads it with
+     * ifd_program_config_int and its kin. */
+    const char *config;
 } ifd_program_settings;
 
 /* What one replica's step writes to its outfeed, in device memory. loss is already multiplied
@@ -203,6 +208,7 @@ typedef struct ifd_ops {
 } ifd_ops;
 
 typedef struct ifd_program ifd_program;
+typedef struct ifd_program_config ifd_program_config; /* the runtime's (program_config.c) */
 
 /* One replica's step. */
 typedef struct ifd_step_args {
@@ -270,6 +276,7 @@ struct ifd_program {
     int64_t predict_cols; /* floats per row the predict step writes (0: no predict step) */
     int noutfeeds;
     ifd_outfeed_spec outfeeds[IFD_MAX_OUTFEEDS]; /* ifd_program_add_outfeed, in order */
+    ifd_program_config *config;                  /* settings.config, parsed (the readers below) */
 };
 
 /* Makes cls findable by name (built-ins are registered already). IFD_EINVAL when the name is
@@ -290,7 +297,8 @@ int ifd_program_check_setting(const char *program, const char *key, int64_t v, i
  * failed one leaves p holding nothing (freeing it too is harmless). */
 int ifd_program_init(ifd_program *p, const char *name, const ifd_program_settings *s,
                      ifd_error *err);
-/* Frees what ifd_program_init allocated (the parameter list); p is zeroed. NULL is a no-op. */
+/* Frees what ifd_program_init allocated (the parameter list, the parsed config); p is zeroed.
+ * NULL is a no-op. */
 void ifd_program_free(ifd_program *p);
 /* The initial flat parameter vector (host memory, nparam_floats): the class's init_params when
  * it has one, then every parameter with a declared initializer, each a function of (seed, its
@@ -315,7 +323,9 @@ void ifd_program_init_params(const ifd_program *p, float *params, uint64_t seed)
  * parameter ranks up to IFD_PARAM_MAX_RANK, per-parameter initializers and flags
  * (ifd_param_spec.init and .flags, ifd_program_add_param_with, ifd_program_init_params; a class's
  * init_params optional), and the ops add, gemm_strided_batched, embedding, embedding_grad,
- * layernorm, layernorm_grad, gelu, gelu_grad, attention and attention_grad.
+ * layernorm, layernorm_grad, gelu, gelu_grad, attention and attention_grad; program settings as
+ * a JSON object (ifd_program_settings.config, ifd_program.config, ifd_program_config_int and
+ * its kin, ifd_program_config_text).
  */
 #define IFD_PROGRAM_ABI_VERSION 4
 
@@ -359,6 +369,28 @@ typedef int (*ifd_program_plugin_init_fn)(ifd_program_registry *reg, ifd_error *
  * another program has (a built-in one or another plugin's), registers nothing or its entry point
  * fails. Loading the same file again does nothing. Not thread-safe, like ifd_program_register. */
 int ifd_program_load_plugin(const char *path, ifd_error *err);
+
+/*
+ * A setup's readers of settings.config, the program's own settings (a JSON object): each takes
+ * key's value into *out, def when the object has no such key, or fails with IFD_EINVAL and a
+ * sentence naming the program, the setting, what it expects and what it got ("program 'charlm':
+ * program_config setting 'layers': expected an integer from 1 to 64, got 0"; infeedd says
+ * --program-config or program_config as the user gave it). A key the setup never reads is
+ * refused after it ("... setting 'layrs': the program has no such setting (it reads layers,
+ * heads)"), so a program reads every key it knows, even when it does not use it this time.
+ */
+int ifd_program_config_int(ifd_program *p, const char *key, int64_t def, int64_t min, int64_t max,
+                           int64_t *out, ifd_error *err);
+/* A number (an integer is taken too) in [min, max]. */
+int ifd_program_config_float(ifd_program *p, const char *key, double def, double min, double max,
+                             double *out, ifd_error *err);
+int ifd_program_config_bool(ifd_program *p, const char *key, int def, int *out, ifd_error *err);
+/* A string of at most len - 1 bytes, into buf. */
+int ifd_program_config_string(ifd_program *p, const char *key, const char *def, char *buf,
+                              size_t len, ifd_error *err);
+/* The settings' canonical text (compact JSON, keys sorted): "{}" for none. What checkpoints
+ * record and compare. */
+const char *ifd_program_config_text(const ifd_program *p);
 
 /* Helpers for setup functions. */
 int ifd_program_add_input(ifd_program *p, const char *name, ifd_dtype dt, int rank,

@@ -311,6 +311,9 @@ def mutations(head: dict) -> list:
         ("hidden 2^40 + 1", m(lambda h: h["settings"].update(hidden=(1 << 40) + 1)), False),
         ("classes a real", m(lambda h: h["settings"].update(classes=2.0)), False),
         ("features a boolean", m(lambda h: h["settings"].update(features=True)), False),
+        ("program settings", m(lambda h: h["settings"].update(program_config={"layers": 2})),
+         True),
+        ("program settings a list", m(lambda h: h["settings"].update(program_config=[2])), False),
         ("slots wrong", m(lambda h: h["optimizer"].update(slots=h["optimizer"]["slots"] + 1)),
          False),
         ("a learning rate as text", m(lambda h: h["optimizer"].update(learning_rate="0.1")),
@@ -484,6 +487,23 @@ def test_export_command_errors_and_no_partial_files(tmp_path, rng):
     assert r.returncode == 1 and r.stderr.startswith(f"infeed.export: checkpoint '{bad}': "), \
         r.stderr
     assert sorted(os.listdir(tmp_path)) == ["bad.ifdckpt", "good.ifdckpt"], os.listdir(tmp_path)
+
+
+def test_program_settings_are_loaded_and_exported(tmp_path, rng):
+    """A checkpoint's program_config (program ABI 4) is settings["program_config"], and goes into
+    the safetensors metadata with the other settings."""
+    pc = {"layers": rng.randint(1, 8), "heads": rng.randint(1, 4), "name": "x"}
+    head = ckpt.header("custom", {"features": 3}, [("w", [2, 3])], 7, {})
+    head["settings"]["program_config"] = pc
+    ckpt.write(tmp_path / "c.ifdckpt", head, np.zeros(6, np.float32))
+    c = infeed.checkpoint.load(tmp_path / "c.ifdckpt")
+    assert c.settings["program_config"] == pc
+    st = pytest.importorskip("safetensors.numpy")
+    infeed.export.export(tmp_path / "c.ifdckpt", safetensors=tmp_path / "c.safetensors")
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "c.safetensors"), framework="numpy") as f:
+        assert json.loads(f.metadata()["settings"])["program_config"] == pc
+    del st
 
 
 def test_parameters_of_any_name_are_exported(tmp_path, rng):

@@ -63,7 +63,8 @@ class Checkpoint:
     SGD: none). ``producers`` maps a producer name to the highest sequence number a step in the
     checkpoint consumed (its stream resumes at that + 1); with ``hosts`` above 1 it is empty and
     ``host_producers[h]`` holds host h's. ``settings`` holds ``features``, ``classes`` and
-    ``hidden`` (0: unset). ``header`` is the whole JSON header; ``skipped``, when loaded from a
+    ``hidden`` (0: unset), and ``program_config`` (a dict) when the run gave the program settings
+    of its own. ``header`` is the whole JSON header; ``skipped``, when loaded from a
     folder, the errors of the newer checkpoints that did not load."""
 
     path: str
@@ -196,6 +197,11 @@ def _program(h: dict, path) -> tuple:
     s = h.get("settings")
     settings = {k: _int(s, k, 0, MAX_FLOATS, path, "settings.")
                 for k in ("features", "classes", "hidden")}
+    pc = s.get("program_config", _MISSING)
+    if pc is not _MISSING:  # the program's own settings (program ABI 4), when it was given some
+        if not isinstance(pc, dict):
+            raise _error(path, "header: 'settings.program_config'", "an object", _what(pc))
+        settings["program_config"] = pc
     return prog, settings
 
 
