@@ -134,6 +134,21 @@ int ifd_program_add_input(ifd_program *p, const char *name, ifd_dtype dt, int ra
     return IFD_OK;
 }
 
+int ifd_program_add_ids(ifd_program *p, const char *name, int label, int rank, const int64_t *dims,
+                        int64_t limit)
+{
+    if (limit < 1 || limit > (int64_t)INT32_MAX + 1 || (rank > 0 && dims == NULL))
+        return IFD_EINVAL;
+    for (int i = 0; i < rank; i++)
+        if (dims[i] < 1)
+            return IFD_EINVAL;
+    int rc = label ? ifd_program_add_label(p, name, IFD_I32, rank, dims)
+                   : ifd_program_add_input(p, name, IFD_I32, rank, dims);
+    if (rc == IFD_OK)
+        p->input_limit[p->ninputs - 1] = limit;
+    return rc;
+}
+
 int ifd_program_add_label(ifd_program *p, const char *name, ifd_dtype dt, int rank,
                           const int64_t *dims)
 {

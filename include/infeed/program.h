@@ -123,7 +123,8 @@ typedef struct ifd_ops {
                  const float *a, const float *b, float beta, float *c);
     /* x[r,c] += bias[c] */
     void (*bias_add)(void *ctx, int64_t rows, int64_t cols, const float *bias, float *x);
-    /* out[c] = sum over r of x[r,c] (the bias gradient) */
+    /* out[c] = sum over r of x[r,c] (the bias gradient); rows 0 writes zeros (x unread), which
+     * is how a step zeroes a gradient before a scatter-add such as embedding_grad. */
     void (*col_sum)(void *ctx, int64_t rows, int64_t cols, const float *x, float *out);
     /* y = max(x, 0); dx = dy where y > 0, else 0 */
     void (*relu)(void *ctx, int64_t n, const float *x, float *y);
@@ -268,6 +269,9 @@ struct ifd_program {
     /* Bit i set: input i is a label, taken in train and eval mode only (predict mode takes the
      * other inputs, in spec order). */
     unsigned labels;
+    /* Input i from ifd_program_add_ids: every value lies in [0, input_limit[i]) (token ids),
+     * which the runtime checks in every mode before a step sees the batch; 0: any value. */
+    int64_t input_limit[IFD_MAX_INPUTS];
     int nparams;
     ifd_param_spec *params; /* nparams of them, in declaration order (heap: ifd_program_free) */
     int params_cap;
@@ -325,7 +329,9 @@ void ifd_program_init_params(const ifd_program *p, float *params, uint64_t seed)
  * init_params optional), and the ops add, gemm_strided_batched, embedding, embedding_grad,
  * layernorm, layernorm_grad, gelu, gelu_grad, attention and attention_grad; program settings as
  * a JSON object (ifd_program_settings.config, ifd_program.config, ifd_program_config_int and
- * its kin, ifd_program_config_text).
+ * its kin, ifd_program_config_text); int32 inputs of any per-row shape with a value range the
+ * runtime checks in every mode (ifd_program.input_limit, ifd_program_add_ids); col_sum over 0 rows
+ * zeroes its output (documented, as both backends did).
  */
 #define IFD_PROGRAM_ABI_VERSION 4
 
@@ -401,6 +407,13 @@ int ifd_program_add_label(ifd_program *p, const char *name, ifd_dtype dt, int ra
 /* Declares a parameter of rank 1 to IFD_PARAM_MAX_RANK, dims each >= 1, a name of 1 to
  * IFD_NAME_MAX - 1 bytes that no other parameter of p has, initialised by the class's
  * init_params and with no flags. IFD_EINVAL otherwise; IFD_ENOMEM. */
+/* An int32 input (label 1: a label, which predict mode does not take) of any per-row shape (rank
+ * 0 to IFD_MAX_RANK - 1, dims >= 1: token ids [T]) whose every value must lie in [0, limit)
+ * (limit >= 1: the vocabulary). The runtime checks each batch's values in every mode, before
+ * any step sees them, with a sentence naming the tensor, the row, the element and the value, so a
+ * step may index tables with them. IFD_EINVAL for a bad rank, dims or limit. */
+int ifd_program_add_ids(ifd_program *p, const char *name, int label, int rank, const int64_t *dims,
+                        int64_t limit);
 int ifd_program_add_param(ifd_program *p, const char *name, int rank, const int64_t *dims);
 /* As ifd_program_add_param, with the parameter's initializer (the runtime applies it; a normal's
  * std must be finite and > 0) and flags (IFD_PARAM_*). */
