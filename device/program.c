@@ -115,6 +115,8 @@ void ifd_program_free(ifd_program *p)
 {
     if (p == NULL)
         return;
+    if (p->state && p->cls && p->cls->free_state)
+        p->cls->free_state(p);
     free(p->params);
     ifd_program_config_free(p);
     memset(p, 0, sizeof *p);

@@ -259,6 +259,10 @@ typedef struct ifd_program_class {
      * argmax. */
     int (*predict_step)(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
                         ifd_error *err);
+    /* Optional (ABI 4): frees p->state, what setup allocated there (the settings it read from
+     * settings.config, for its steps); ifd_program_free calls it when p->state is not NULL, also
+     * after a setup that failed. */
+    void (*free_state)(ifd_program *p);
 } ifd_program_class;
 
 struct ifd_program {
@@ -281,6 +285,7 @@ struct ifd_program {
     int noutfeeds;
     ifd_outfeed_spec outfeeds[IFD_MAX_OUTFEEDS]; /* ifd_program_add_outfeed, in order */
     ifd_program_config *config;                  /* settings.config, parsed (the readers below) */
+    void *state; /* the program's own (setup's), freed by its class's free_state */
 };
 
 /* Makes cls findable by name (built-ins are registered already). IFD_EINVAL when the name is
@@ -331,7 +336,8 @@ void ifd_program_init_params(const ifd_program *p, float *params, uint64_t seed)
  * a JSON object (ifd_program_settings.config, ifd_program.config, ifd_program_config_int and
  * its kin, ifd_program_config_text); int32 inputs of any per-row shape with a value range the
  * runtime checks in every mode (ifd_program.input_limit, ifd_program_add_ids); col_sum over 0 rows
- * zeroes its output (documented, as both backends did).
+ * zeroes its output (documented, as both backends did); a program's own state (ifd_program.state,
+ * ifd_program_class.free_state).
  */
 #define IFD_PROGRAM_ABI_VERSION 4
 

@@ -38,6 +38,11 @@ static int cfg_setup(ifd_program *p, ifd_error *err)
     if (rc == IFD_OK)
         rc = ifd_program_config_string(p, "act", "gelu", got.act, sizeof got.act, err);
     ifd_param_init ones = {.kind = IFD_INIT_ONES};
+    if (rc == IFD_OK) { /* what the steps would read: the program's state */
+        int64_t *layers = malloc(sizeof *layers);
+        *layers = got.layers;
+        p->state = layers;
+    }
     for (int64_t i = 0; rc == IFD_OK && i < got.layers; i++) {
         char name[32];
         snprintf(name, sizeof name, "w%" PRId64, i);
@@ -59,10 +64,19 @@ static int cfg_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_arg
     return IFD_OK;
 }
 
+static int freed; /* free_state calls */
+
+static void cfg_free_state(ifd_program *p)
+{
+    free(p->state);
+    freed++;
+}
+
 static const ifd_program_class cfgprog = {.name = "cfgprog",
                                           .setup = cfg_setup,
                                           .workspace_floats = cfg_workspace,
-                                          .train_step = cfg_step};
+                                          .train_step = cfg_step,
+                                          .free_state = cfg_free_state};
 
 static void register_once(void)
 {
@@ -117,6 +131,8 @@ START_TEST(settings_are_read_with_defaults)
     ck_assert(fabs(got.rate - rate) < 1e-12 && got.bias == 0 && strcmp(got.act, "relu") == 0);
     ck_assert_int_eq(p.nparams, layers);
     ck_assert_int_eq(p.nparam_floats, layers * width);
+    ck_assert_int_eq(*(const int64_t *)p.state, layers);
+    int before = freed;
     char want[256];
     snprintf(want, sizeof want,
              "{\"act\":\"relu\",\"bias\":false,\"layers\":%" PRId64 ",\"rate\":", layers);
@@ -126,6 +142,8 @@ START_TEST(settings_are_read_with_defaults)
     RASSERT(strstr(ifd_program_config_text(&p), want) != NULL, "%s", ifd_program_config_text(&p));
     ifd_program_free(&p);
     ck_assert_ptr_null(p.config);
+    ck_assert_int_eq(freed, before + 1); /* the state freed by the class */
+    ck_assert_ptr_null(p.state);
     ck_assert_int_eq(init_with(&p, "cfgprog", "{\"rate\": 1}", &err), IFD_OK); /* an integer */
     ck_assert(got.rate == 1.0);
     ifd_program_free(&p);
