@@ -8,19 +8,12 @@
 #include "device/cpu/team.h"
 #include "device/nn_cpu.h"
 #include "device/step.h"
+#include "tests/util/numbers.h"
 #include "tests/util/testutil.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-static float *randf(ifd_rng *rng, int64_t n, double scale)
-{
-    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof *x);
-    for (int64_t i = 0; i < n; i++)
-        x[i] = (float)((ifd_rng_uniform(rng) * 2.0 - 1.0) * scale);
-    return x;
-}
 
 static float *copyf(const float *x, int64_t n)
 {
@@ -57,7 +50,8 @@ START_TEST(add_and_gelu)
     tables_init(&t, &rng);
     int64_t n = rand_between(&rng, 1, 200000);
     float alpha = (float)(ifd_rng_uniform(&rng) * 4.0 - 2.0);
-    float *x = randf(&rng, n, 4.0), *y0 = randf(&rng, n, 4.0), *dy = randf(&rng, n, 1.0);
+    float *x = tu_frand_scaled(&rng, n, 4.0), *y0 = tu_frand_scaled(&rng, n, 4.0),
+          *dy = tu_frand_scaled(&rng, n, 1.0);
     float *want = malloc((size_t)n * 4), *wantg = malloc((size_t)n * 4);
     ifd_nn_gelu(n, x, want);
     ifd_nn_gelu_grad(n, x, dy, wantg);
@@ -99,7 +93,8 @@ START_TEST(gemm_strided_batched_is_a_loop_of_gemm)
     float alpha = (float)(ifd_rng_uniform(&rng) * 2.0 - 1.0);
     float beta = ifd_rng_below(&rng, 2) ? 0.0f : 0.5f;
     int64_t na = sa * batch, nb = (sb ? sb * batch : k * n), nc = sc * batch;
-    float *a = randf(&rng, na, 1.0), *b = randf(&rng, nb, 1.0), *c0 = randf(&rng, nc, 1.0);
+    float *a = tu_frand_scaled(&rng, na, 1.0), *b = tu_frand_scaled(&rng, nb, 1.0),
+          *c0 = tu_frand_scaled(&rng, nc, 1.0);
     float *want = copyf(c0, nc);
     for (int64_t i = 0; i < batch; i++)
         t.ops[0].gemm(NULL, ta, tb, m, n, k, alpha, a + i * sa, b + i * sb, beta, want + i * sc);
@@ -138,10 +133,11 @@ START_TEST(embedding_and_layernorm)
     for (int64_t r = 0; r < rows; r++)
         ids[r] = (int32_t)ifd_rng_below(&rng, (uint64_t)vocab);
     int64_t n = rows * dim;
-    float *table = randf(&rng, vocab * dim, 1.0), *dout = randf(&rng, n, 1.0);
-    float *dt0 = randf(&rng, vocab * dim, 1.0), *x = randf(&rng, n, 2.0);
-    float *g = randf(&rng, dim, 1.5), *b = randf(&rng, dim, 1.0), *dy = randf(&rng, n, 1.0);
-    float *dg0 = randf(&rng, dim, 1.0), *db0 = randf(&rng, dim, 1.0);
+    float *table = tu_frand_scaled(&rng, vocab * dim, 1.0), *dout = tu_frand_scaled(&rng, n, 1.0);
+    float *dt0 = tu_frand_scaled(&rng, vocab * dim, 1.0), *x = tu_frand_scaled(&rng, n, 2.0);
+    float *g = tu_frand_scaled(&rng, dim, 1.5), *b = tu_frand_scaled(&rng, dim, 1.0),
+          *dy = tu_frand_scaled(&rng, n, 1.0);
+    float *dg0 = tu_frand_scaled(&rng, dim, 1.0), *db0 = tu_frand_scaled(&rng, dim, 1.0);
     /* the one-thread functions' bits */
     float *emb = malloc((size_t)n * 4), *dt = copyf(dt0, vocab * dim), *y = malloc((size_t)n * 4);
     float *mean = malloc((size_t)rows * 4), *rstd = malloc((size_t)rows * 4);
@@ -186,7 +182,7 @@ START_TEST(attention_forward_and_backward)
             heads = rand_between(&rng, 1, 4), dh = rand_between(&rng, 1, 24);
     int64_t c = heads * dh, nin = batch * tt * 3 * c, nout = batch * tt * c;
     int64_t np = batch * heads * tt * tt;
-    float *qkv = randf(&rng, nin, 1.5), *dout = randf(&rng, nout, 1.0);
+    float *qkv = tu_frand_scaled(&rng, nin, 1.5), *dout = tu_frand_scaled(&rng, nout, 1.0);
     float *out = malloc((size_t)nout * 4), *probs = malloc((size_t)np * 4);
     float *dqkv = malloc((size_t)nin * 4), *work = malloc((size_t)(tt * tt) * 4);
     ifd_nn_attention(batch, tt, heads, dh, qkv, probs, out);

@@ -5,6 +5,7 @@
  * settings and refuse a run with others.
  */
 #include "tests/util/files.h"
+#include "tests/util/program_ref.h"
 #include "tests/util/testutil.h"
 
 #include <infeed/checkpoint.h>
@@ -51,19 +52,6 @@ static int cfg_setup(ifd_program *p, ifd_error *err)
     return rc;
 }
 
-static int64_t cfg_workspace(const ifd_program *p, int64_t rows)
-{
-    (void)p;
-    return rows;
-}
-
-static int cfg_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
-                    ifd_error *err)
-{
-    (void)p, (void)ops, (void)a, (void)err;
-    return IFD_OK;
-}
-
 static int freed; /* free_state calls */
 
 static void cfg_free_state(ifd_program *p)
@@ -74,8 +62,8 @@ static void cfg_free_state(ifd_program *p)
 
 static const ifd_program_class cfgprog = {.name = "cfgprog",
                                           .setup = cfg_setup,
-                                          .workspace_floats = cfg_workspace,
-                                          .train_step = cfg_step,
+                                          .workspace_floats = tu_program_rows_workspace,
+                                          .train_step = tu_program_no_step,
                                           .free_state = cfg_free_state};
 
 static void register_once(void)

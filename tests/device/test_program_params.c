@@ -7,6 +7,7 @@
 #include "checkpoint/object.h"
 #include "tests/util/checkpoints.h"
 #include "tests/util/files.h"
+#include "tests/util/program_ref.h"
 #include "tests/util/testutil.h"
 
 #include <infeed/checkpoint.h>
@@ -55,23 +56,10 @@ static int params4_setup(ifd_program *p, ifd_error *err)
     return IFD_OK;
 }
 
-static int64_t params4_workspace(const ifd_program *p, int64_t rows)
-{
-    (void)p;
-    return rows;
-}
-
-static int params4_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
-                        ifd_error *err)
-{
-    (void)p, (void)ops, (void)a, (void)err;
-    return IFD_OK;
-}
-
 static const ifd_program_class params4 = {.name = "params4",
                                           .setup = params4_setup,
-                                          .workspace_floats = params4_workspace,
-                                          .train_step = params4_step};
+                                          .workspace_floats = tu_program_rows_workspace,
+                                          .train_step = tu_program_no_step};
 
 /* "noinit": one parameter without an initializer, and no init_params. */
 static int noinit_setup(ifd_program *p, ifd_error *err)
@@ -83,8 +71,8 @@ static int noinit_setup(ifd_program *p, ifd_error *err)
 
 static const ifd_program_class noinit = {.name = "noinit",
                                          .setup = noinit_setup,
-                                         .workspace_floats = params4_workspace,
-                                         .train_step = params4_step};
+                                         .workspace_floats = tu_program_rows_workspace,
+                                         .train_step = tu_program_no_step};
 
 static void register_once(void)
 {

@@ -6,6 +6,7 @@
  * way; --help listing every option with its default.
  */
 #include "host/config_internal.h"
+#include "tests/util/program_ref.h"
 #include "tests/util/testutil.h"
 
 #include <check.h>
@@ -581,22 +582,11 @@ static void layered_init(const ifd_program *p, float *params, uint64_t seed)
     (void)p, (void)seed;
     params[0] = 0.0f;
 }
-static int64_t layered_workspace(const ifd_program *p, int64_t rows)
-{
-    (void)p;
-    return rows;
-}
-static int layered_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
-                        ifd_error *err)
-{
-    (void)p, (void)ops, (void)a, (void)err;
-    return IFD_OK;
-}
 static const ifd_program_class layered = {.name = "layered",
                                           .setup = layered_setup,
                                           .init_params = layered_init,
-                                          .workspace_floats = layered_workspace,
-                                          .train_step = layered_step};
+                                          .workspace_floats = tu_program_rows_workspace,
+                                          .train_step = tu_program_no_step};
 
 /* program_config from the flag (its text as given) and the file (an object, kept as its
  * canonical text, or a string); the program's sentences name the flag or the key as given. */
