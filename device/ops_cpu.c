@@ -265,6 +265,14 @@ static void nn_run(void *team, nn_split *s, ifd_team_fn fn)
     ifd_team_run(team, chunks, fn, s);
 }
 
+/* Columns a chunk of a pass over every row: 16 at least (a cache line of each row), about
+ * IFD_NN_CHUNK_FLOATS floats. */
+static int64_t nn_cols(int64_t rows)
+{
+    int64_t cols = (IFD_NN_CHUNK_FLOATS / (rows + 1) + 15) / 16 * 16;
+    return cols < 16 ? 16 : cols;
+}
+
 static void nn_range(const nn_split *s, int64_t c, int64_t *lo, int64_t *hi)
 {
     *lo = c * s->per;
@@ -358,7 +366,7 @@ static void cpu_embedding_grad(void *ctx, int64_t rows, int64_t dim, const int32
                                const float *dout, float *dtable)
 {
     nn_split s = {.n = dim,
-                  .per = nn_per(dim, (IFD_NN_CHUNK_FLOATS / (rows + 1) + 15) / 16 * 16),
+                  .per = nn_per(dim, nn_cols(rows)),
                   .rows = rows,
                   .dim = dim,
                   .ids = ids,
@@ -414,7 +422,7 @@ static void cpu_layernorm_grad(void *ctx, int64_t rows, int64_t dim, const float
                                const float *dy, float *dx, float *dgamma, float *dbeta)
 {
     nn_split s = {.n = dim,
-                  .per = nn_per(dim, (IFD_NN_CHUNK_FLOATS / (rows + 1) + 15) / 16 * 16),
+                  .per = nn_per(dim, nn_cols(rows)),
                   .rows = rows,
                   .dim = dim,
                   .x = x,
