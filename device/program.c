@@ -139,7 +139,8 @@ int ifd_program_add_input(ifd_program *p, const char *name, ifd_dtype dt, int ra
 int ifd_program_add_ids(ifd_program *p, const char *name, int label, int rank, const int64_t *dims,
                         int64_t limit)
 {
-    if (limit < 1 || limit > (int64_t)INT32_MAX + 1 || (rank > 0 && dims == NULL))
+    if (limit < 1 || limit > (int64_t)INT32_MAX + 1 || rank < 0 || rank >= IFD_MAX_RANK ||
+        (rank > 0 && dims == NULL))
         return IFD_EINVAL;
     for (int i = 0; i < rank; i++)
         if (dims[i] < 1)

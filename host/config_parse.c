@@ -650,8 +650,12 @@ static int default_host_calls(ifd_daemon_config *c, ifd_error *err)
     ifd_error perr;
     if (c->key_source[o - config_opts] != IFD_KEY_DEFAULT || c->run.mode == IFD_MODE_PREDICT ||
         c->run.program == NULL ||
-        ifd_program_init(&p, c->run.program, &c->run.settings, &perr) != IFD_OK || !p.classifier)
+        ifd_program_init(&p, c->run.program, &c->run.settings, &perr) != IFD_OK)
         return IFD_OK; /* set, or the validation pass's sentence */
+    if (!p.classifier) {
+        ifd_program_free(&p);
+        return IFD_OK;
+    }
     int has_class = 0, has_conf = 0;
     for (int i = 0; i < p.noutfeeds; i++) {
         has_class |= strcmp(p.outfeeds[i].name, "class") == 0;

@@ -617,6 +617,7 @@ START_TEST(a_message_of_k_steps_takes_k_sequence_numbers)
         ck_assert_ptr_eq(t[i].data, m.data[i] + ingest_tensor_bytes(&r.pr, i, j * r.pr.batch_rows));
     }
     msg_free(&m);
+    ifd_program_free(&r.prog);
 }
 END_TEST
 
