@@ -279,6 +279,21 @@ static void nn_range(const nn_split *s, int64_t c, int64_t *lo, int64_t *hi)
     *hi = *lo + s->per < s->n ? *lo + s->per : s->n;
 }
 
+static void fill_chunk(void *arg, int64_t c)
+{
+    const nn_split *s = arg;
+    int64_t lo, hi;
+    nn_range(s, c, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++)
+        s->y[i] = s->alpha;
+}
+
+static void cpu_fill(void *ctx, int64_t n, float value, float *x)
+{
+    nn_split s = {.n = n, .per = nn_per(n, 4 * IFD_NN_CHUNK_FLOATS), .alpha = value, .y = x};
+    nn_run(ctx, &s, fill_chunk);
+}
+
 static void add_chunk(void *arg, int64_t c)
 {
     const nn_split *s = arg;
@@ -533,6 +548,7 @@ void ifd_cpu_ops_init(ifd_ops *ops, void *ctx)
     ops->classify = cpu_classify;
     ops->softmax_xent_classify = cpu_softmax_xent_classify;
     ops->copy = cpu_copy;
+    ops->fill = cpu_fill;
     ops->add = cpu_add;
     ops->gemm_strided_batched = cpu_gemm_strided_batched;
     ops->embedding = cpu_embedding;

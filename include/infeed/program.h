@@ -123,8 +123,7 @@ typedef struct ifd_ops {
                  const float *a, const float *b, float beta, float *c);
     /* x[r,c] += bias[c] */
     void (*bias_add)(void *ctx, int64_t rows, int64_t cols, const float *bias, float *x);
-    /* out[c] = sum over r of x[r,c] (the bias gradient); rows 0 writes zeros (x unread), which
-     * is how a step zeroes a gradient before a scatter-add such as embedding_grad. */
+    /* out[c] = sum over r of x[r,c] (the bias gradient) */
     void (*col_sum)(void *ctx, int64_t rows, int64_t cols, const float *x, float *out);
     /* y = max(x, 0); dx = dy where y > 0, else 0 */
     void (*relu)(void *ctx, int64_t n, const float *x, float *y);
@@ -333,13 +332,12 @@ void ifd_program_init_params(const ifd_program *p, float *params, uint64_t seed)
  * parameters (ifd_program.params a list that ifd_program_free frees; IFD_MAX_PARAMS is gone),
  * parameter ranks up to IFD_PARAM_MAX_RANK, per-parameter initializers and flags
  * (ifd_param_spec.init and .flags, ifd_program_add_param_with, ifd_program_init_params; a class's
- * init_params optional), and the ops add, gemm_strided_batched, embedding, embedding_grad,
+ * init_params optional), and the ops fill, add, gemm_strided_batched, embedding, embedding_grad,
  * layernorm, layernorm_grad, gelu, gelu_grad, attention and attention_grad; program settings as
  * a JSON object (ifd_program_settings.config, ifd_program.config, ifd_program_config_int and
  * its kin, ifd_program_config_text); int32 inputs of any per-row shape with a value range the
- * runtime checks in every mode (ifd_program.input_limit, ifd_program_add_ids); col_sum over 0 rows
- * zeroes its output (documented, as both backends did); a program's own state (ifd_program.state,
- * ifd_program_class.free_state).
+ * runtime checks in every mode (ifd_program.input_limit, ifd_program_add_ids); the op fill; a
+ * program's own state (ifd_program.state, ifd_program_class.free_state).
  */
 #define IFD_PROGRAM_ABI_VERSION 4
 

@@ -1,9 +1,9 @@
 /*
  * The transformer's ops through the cpu backend's op table (ifd_cpu_ops_init), on random shapes
- * and data: each gives the bits of the one-thread functions of device/nn_cpu.c (which
- * test_nn_ops checks against double-precision references and finite differences), with no team
- * and with a team of random size; gemm_strided_batched gives the bits of a loop of gemm (and is
- * near a double-precision product), add is near its double-precision sum.
+ * and data, with no team and with a team of random size: fill writes its value; the others give
+ * the bits of the one-thread functions of device/nn_cpu.c (which test_nn_ops checks against
+ * double-precision references and finite differences); gemm_strided_batched gives the bits of a
+ * loop of gemm (and is near a double-precision product), add is near its double-precision sum.
  */
 #include "device/cpu/team.h"
 #include "device/nn_cpu.h"
@@ -42,7 +42,7 @@ static void tables_init(tables *t, ifd_rng *rng)
     ifd_cpu_ops_init(&t->ops[1], t->team);
 }
 
-START_TEST(add_and_gelu)
+START_TEST(fill_add_and_gelu)
 {
     ifd_rng rng;
     seed_rng(&rng);
@@ -64,6 +64,12 @@ START_TEST(add_and_gelu)
                     "add[%lld]", (long long)j);
         t.ops[i].gelu(t.ops[i].ctx, n, x, g);
         same_bits("gelu", g, want, n);
+        float value = (float)(ifd_rng_uniform(&rng) * 2.0 - 1.0);
+        t.ops[i].fill(t.ops[i].ctx, n, value, dx);
+        for (int64_t j = 0; j < n; j++)
+            RASSERT(dx[j] == value, "fill[%lld]: %g, not %g", (long long)j, (double)dx[j],
+                    (double)value);
+        memcpy(dx, dy, (size_t)n * sizeof *dx);
         t.ops[i].gelu_grad(t.ops[i].ctx, n, x, dx, dx); /* dx may be dy */
         same_bits("gelu_grad", dx, wantg, n);
         t.ops[i].gelu(t.ops[i].ctx, n, g, g); /* y may be x */
@@ -207,7 +213,7 @@ int main(void)
 {
     Suite *s = suite_create("nn_op_table");
     TCase *tc = tu_tcase(s, "ops", 60);
-    tcase_add_loop_test(tc, add_and_gelu, 0, 6);
+    tcase_add_loop_test(tc, fill_add_and_gelu, 0, 6);
     tcase_add_loop_test(tc, gemm_strided_batched_is_a_loop_of_gemm, 0, 10);
     tcase_add_loop_test(tc, embedding_and_layernorm, 0, 8);
     tcase_add_loop_test(tc, attention_forward_and_backward, 0, 8);

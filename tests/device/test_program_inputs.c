@@ -2,7 +2,7 @@
  * ABI 4's int32 inputs of any per-row shape (token ids [T]) with a value range: the runtime's
  * batch check takes them in every mode and refuses a value out of range with a sentence naming
  * the tensor, the row, the element and the value; the tokens program (tests/util/tokens_program.c)
- * steps over them through the cpu op table (embedding, its scatter-add, col_sum's zeros) against
+ * steps over them through the cpu op table (fill, embedding, its scatter-add) against
  * a double-precision reference, its parameter initialised by the runtime.
  */
 #include "device/batch_check.h"

@@ -46,7 +46,7 @@ static int tokens_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_
     ops->embedding(ops->ctx, n, 1, ids, a->params, pred);
     ops->squared_error(ops->ctx, n, 1, pred, a->inputs[1].data, a->scale, dpred, a->out);
     if (a->grads) {
-        ops->col_sum(ops->ctx, 0, s.vocab, pred, a->grads); /* zeros */
+        ops->fill(ops->ctx, s.vocab, 0.0f, a->grads); /* embedding_grad adds to it */
         ops->embedding_grad(ops->ctx, n, 1, ids, dpred, a->grads);
     }
     return IFD_OK;
