@@ -117,6 +117,7 @@ static void src_init(bench_src *s, const ifd_config *cfg, int64_t total)
                 ((float *)data)[j] = (float)((j * 2654435761u) % 2000) / 1000.0f - 1.0f;
         ifd_tensor_init(&s->t[i], in->dtype, in->rank + 1, dims, data);
     }
+    ifd_program_free(&p);
 }
 
 static void src_fini(bench_src *s)

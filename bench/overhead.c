@@ -118,6 +118,7 @@ static double compute_step_seconds(int64_t steps)
         ifd_step_train(&p, &ops, &sops, NULL, &st, &cfg.optimizer, 1.0f, src.batch.tensors, 1, &out,
                        &err);
     int64_t t1 = ifd_clock_ns();
+    ifd_program_free(&p);
     return (double)(t1 - t0) * 1e-9 / (double)steps;
 }
 

@@ -5,6 +5,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <time.h>
 
 json_t *ifd_ckpt_header_json(const ifd_checkpoint *c)
@@ -43,6 +44,9 @@ json_t *ifd_ckpt_header_json(const ifd_checkpoint *c)
     json_t *settings =
         json_pack("{s:I, s:I, s:I}", "features", (json_int_t)c->settings.features, "classes",
                   (json_int_t)c->settings.classes, "hidden", (json_int_t)c->settings.hidden);
+    if (settings && c->program_config) /* the program's own settings: an object, when given */
+        json_object_set_new(settings, "program_config",
+                            json_loads(c->program_config, JSON_DECODE_ANY, NULL));
     json_t *h = json_pack(
         "{s:s, s:s, s:o, s:o, s:I, s:o, s:I, s:I, s:o, s:f}", "format", "infeed-checkpoint",
         "program", c->program, "settings", settings, "params", params, "nparam_floats",
@@ -87,23 +91,29 @@ static int get_float(json_t *obj, const char *key, float *out, const char *path,
 /* The parameter list: names, shapes, offsets and counts that tile nparam_floats. */
 static int parse_params(ifd_checkpoint *c, json_t *params, const char *path, ifd_error *err)
 {
-    if (!json_is_array(params) || json_array_size(params) > IFD_MAX_PARAMS)
+    if (!json_is_array(params) || json_array_size(params) > IFD_CHECKPOINT_MAX_PARAMS)
         return ifd_error_set(err, IFD_EPROTO,
                              "checkpoint '%s': header: 'params': expected an array of at most %d "
                              "parameters",
-                             path, IFD_MAX_PARAMS);
+                             path, IFD_CHECKPOINT_MAX_PARAMS);
     int64_t at = 0;
+    ifd_param_spec *specs = calloc(json_array_size(params) + 1, sizeof *specs);
+    if (specs == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "checkpoint '%s': header: 'params'", path);
+    int rc = IFD_OK;
+    free(c->params_spec);
+    c->params_spec = specs;
     c->nparams = (int)json_array_size(params);
     for (int i = 0; i < c->nparams; i++) {
         json_t *e = json_array_get(params, (size_t)i);
         ifd_param_spec *ps = &c->params_spec[i];
         json_t *name = json_object_get(e, "name"), *shape = json_object_get(e, "shape");
         if (!json_is_string(name) || json_string_length(name) >= IFD_NAME_MAX ||
-            !json_is_array(shape) || json_array_size(shape) > 2)
+            !json_is_array(shape) || json_array_size(shape) > IFD_PARAM_MAX_RANK)
             return ifd_error_set(err, IFD_EPROTO,
                                  "checkpoint '%s': header: 'params[%d]': expected a name of at "
-                                 "most %d bytes and a shape of rank 0 to 2",
-                                 path, i, IFD_NAME_MAX - 1);
+                                 "most %d bytes and a shape of rank 0 to %d",
+                                 path, i, IFD_NAME_MAX - 1, IFD_PARAM_MAX_RANK);
         snprintf(ps->name, sizeof ps->name, "%s", json_string_value(name));
         ps->rank = (int)json_array_size(shape);
         /* A parameter has at most 2^40 floats (as nparam_floats), so count cannot overflow. */
@@ -124,7 +134,7 @@ static int parse_params(ifd_checkpoint *c, json_t *params, const char *path, ifd
             ps->dims[d] = json_integer_value(dim);
             count *= ps->dims[d];
         }
-        int rc = ifd_ckpt_header_int(e, "offset", at, at, &ps->offset, path, err);
+        rc = ifd_ckpt_header_int(e, "offset", at, at, &ps->offset, path, err);
         if (rc == IFD_OK)
             rc = ifd_ckpt_header_int(e, "count", count, count, &ps->count, path, err);
         if (rc)
@@ -179,6 +189,18 @@ static int parse_program(ifd_checkpoint *c, json_t *h, const char *path, ifd_err
         rc = ifd_ckpt_header_int(s, "classes", 0, big, &c->settings.classes, path, err);
     if (rc == IFD_OK)
         rc = ifd_ckpt_header_int(s, "hidden", 0, big, &c->settings.hidden, path, err);
+    json_t *pc = json_object_get(s, "program_config");
+    if (rc || pc == NULL) /* none: a checkpoint of a program without settings of its own */
+        return rc;
+    if (!json_is_object(pc))
+        return ifd_error_set(err, IFD_EPROTO,
+                             "checkpoint '%s': header: 'settings.program_config': expected an "
+                             "object",
+                             path);
+    char *text = json_dumps(pc, JSON_COMPACT | JSON_SORT_KEYS);
+    rc = text ? ifd_ckpt_set_program_config(c, text, err)
+              : ifd_error_set(err, IFD_ENOMEM, "checkpoint '%s': header", path);
+    free(text);
     return rc;
 }
 

@@ -36,27 +36,57 @@ ifd_checkpoint *ifd_ckpt_alloc(int64_t nparam_floats, int nslots, ifd_error *err
     return c;
 }
 
+int ifd_ckpt_set_program_config(ifd_checkpoint *c, const char *text, ifd_error *err)
+{
+    char *copy = NULL;
+    if (text && strcmp(text, "{}") != 0 && (copy = strdup(text)) == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "checkpoint: program_config");
+    free(c->program_config);
+    c->program_config = copy;
+    c->settings.config = copy;
+    return IFD_OK;
+}
+
+int ifd_ckpt_set_params(ifd_checkpoint *c, const ifd_param_spec *specs, int n, ifd_error *err)
+{
+    ifd_param_spec *copy = malloc(sizeof *copy * (size_t)(n > 0 ? n : 1));
+    if (copy == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "checkpoint: %d parameters", n);
+    if (n > 0)
+        memcpy(copy, specs, sizeof *copy * (size_t)n);
+    free(c->params_spec);
+    c->params_spec = copy;
+    c->nparams = n;
+    return IFD_OK;
+}
+
 int ifd_checkpoint_create(ifd_checkpoint **out, const ifd_config *cfg, int64_t global_step,
                           int64_t opt_step, const float *params, const float *slots, ifd_error *err)
 {
     *out = NULL;
-    ifd_program p;
-    int rc = ifd_program_init(&p, cfg->program, &cfg->settings, err);
-    if (rc)
-        return rc;
     if (global_step < 0 || opt_step < 0)
         return ifd_error_set(err, IFD_EINVAL,
                              "checkpoint: global_step and opt_step: expected >= 0, got %lld and "
                              "%lld",
                              (long long)global_step, (long long)opt_step);
+    ifd_program p;
+    int rc = ifd_program_init(&p, cfg->program, &cfg->settings, err);
+    if (rc)
+        return rc;
     int nslots = ifd_optimizer_slots(cfg->optimizer.kind);
     ifd_checkpoint *c = ifd_ckpt_alloc(p.nparam_floats, nslots, err);
-    if (c == NULL)
-        return IFD_ENOMEM;
+    rc = c ? ifd_ckpt_set_params(c, p.params, p.nparams, err) : IFD_ENOMEM;
+    if (rc == IFD_OK) {
+        c->settings = cfg->settings;
+        rc = ifd_ckpt_set_program_config(c, ifd_program_config_text(&p), err);
+    }
+    if (rc) {
+        ifd_checkpoint_free(c);
+        ifd_program_free(&p);
+        return rc;
+    }
     snprintf(c->program, sizeof c->program, "%s", p.cls->name);
-    c->settings = cfg->settings;
-    c->nparams = p.nparams;
-    memcpy(c->params_spec, p.params, sizeof p.params);
+    ifd_program_free(&p);
     c->optimizer = cfg->optimizer;
     c->global_step = global_step;
     c->opt_step = opt_step;
@@ -73,6 +103,8 @@ void ifd_checkpoint_free(ifd_checkpoint *c)
     if (c == NULL)
         return;
     free(c->params);
+    free(c->params_spec);
+    free(c->program_config);
     for (int h = 0; h < c->nhosts; h++)
         free(c->tables[h].producers);
     free(c->tables);
@@ -248,13 +280,46 @@ int ifd_checkpoint_set_producer(ifd_checkpoint *c, const char *name, int64_t seq
 
 static const char *shape_text(const ifd_param_spec *p, char *buf, size_t len)
 {
-    if (p->rank == 0)
-        snprintf(buf, len, "[]");
-    else if (p->rank == 1)
-        snprintf(buf, len, "[%" PRId64 "]", p->dims[0]);
-    else
-        snprintf(buf, len, "[%" PRId64 ", %" PRId64 "]", p->dims[0], p->dims[1]);
+    size_t at = (size_t)snprintf(buf, len, "[");
+    for (int d = 0; d < p->rank && at < len; d++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%" PRId64, d ? ", " : "", p->dims[d]);
+    if (at < len)
+        snprintf(buf + at, len - at, "]");
     return buf;
+}
+
+/* c was written with p's settings (program_config): another model would not fit it. */
+static int check_program_config(const ifd_checkpoint *c, const ifd_program *p, ifd_error *err)
+{
+    const char *have = c->program_config ? c->program_config : "{}";
+    const char *want = ifd_program_config_text(p);
+    if (strcmp(have, want) == 0)
+        return IFD_OK;
+    return ifd_error_set(err, IFD_EINVAL,
+                         "checkpoint: program_config: the checkpoint has %.200s, this run %.200s "
+                         "(a resume takes the program settings it was written with)",
+                         have, want);
+}
+
+/* c's parameters are p's: names, ranks and dimensions, in order. */
+static int check_params(const ifd_checkpoint *c, const ifd_program *p, ifd_error *err)
+{
+    if (p->nparams != c->nparams || p->nparam_floats != c->nparam_floats)
+        return ifd_error_set(err, IFD_EINVAL,
+                             "checkpoint: parameters: the checkpoint has %d tensors of %" PRId64
+                             " floats, this run's program %d of %" PRId64,
+                             c->nparams, c->nparam_floats, p->nparams, p->nparam_floats);
+    for (int i = 0; i < p->nparams; i++) {
+        const ifd_param_spec *a = &c->params_spec[i], *b = &p->params[i];
+        char sa[128], sb[128];
+        if (strcmp(a->name, b->name) != 0 || a->rank != b->rank ||
+            strcmp(shape_text(a, sa, sizeof sa), shape_text(b, sb, sizeof sb)) != 0)
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "checkpoint: parameter %d: the checkpoint has '%s' %s, this run "
+                                 "'%s' %s",
+                                 i, a->name, sa, b->name, sb);
+    }
+    return IFD_OK;
 }
 
 int ifd_checkpoint_check(const ifd_checkpoint *c, const ifd_config *cfg, ifd_error *err)
@@ -275,23 +340,13 @@ int ifd_checkpoint_check(const ifd_checkpoint *c, const ifd_config *cfg, ifd_err
                                  names[i], have[i] > 0 ? have[i] : 0, want[i] > 0 ? want[i] : 0);
     ifd_program p;
     int rc = ifd_program_init(&p, prog, &cfg->settings, err);
+    if (rc == IFD_OK)
+        rc = check_program_config(c, &p, err);
+    if (rc == IFD_OK)
+        rc = check_params(c, &p, err);
+    ifd_program_free(&p);
     if (rc)
         return rc;
-    if (p.nparams != c->nparams || p.nparam_floats != c->nparam_floats)
-        return ifd_error_set(err, IFD_EINVAL,
-                             "checkpoint: parameters: the checkpoint has %d tensors of %" PRId64
-                             " floats, this run's program %d of %" PRId64,
-                             c->nparams, c->nparam_floats, p.nparams, p.nparam_floats);
-    for (int i = 0; i < p.nparams; i++) {
-        const ifd_param_spec *a = &c->params_spec[i], *b = &p.params[i];
-        char sa[64], sb[64];
-        if (strcmp(a->name, b->name) != 0 || a->rank != b->rank ||
-            strcmp(shape_text(a, sa, sizeof sa), shape_text(b, sb, sizeof sb)) != 0)
-            return ifd_error_set(err, IFD_EINVAL,
-                                 "checkpoint: parameter %d: the checkpoint has '%s' %s, this run "
-                                 "'%s' %s",
-                                 i, a->name, sa, b->name, sb);
-    }
     if (cfg->mode == IFD_MODE_TRAIN && cfg->optimizer.kind != c->optimizer.kind)
         return ifd_error_set(err, IFD_EINVAL,
                              "checkpoint: optimizer: the checkpoint's slots are %s's (%d), this "

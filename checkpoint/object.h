@@ -27,9 +27,10 @@ typedef struct ifd_ckpt_table {
 
 struct ifd_checkpoint {
     char program[64];
-    ifd_program_settings settings;
+    ifd_program_settings settings; /* settings.config is program_config */
+    char *program_config;          /* the program's settings' canonical text; NULL: none (owned) */
     int nparams;
-    ifd_param_spec params_spec[IFD_MAX_PARAMS];
+    ifd_param_spec *params_spec; /* nparams of them (owned) */
     int64_t nparam_floats;
     ifd_optimizer optimizer;
     int nslots;
@@ -44,6 +45,15 @@ struct ifd_checkpoint {
 
 /* A zeroed checkpoint with room for the floats (one host's empty table), or NULL with err
  * filled (IFD_ENOMEM). */
+/* The most parameters a checkpoint's header may list. */
+#define IFD_CHECKPOINT_MAX_PARAMS (1 << 20)
+
+/* Sets c's program settings to a copy of text (NULL or "{}": none); IFD_ENOMEM with err. */
+int ifd_ckpt_set_program_config(ifd_checkpoint *c, const char *text, ifd_error *err);
+
+/* Sets c's parameter list to a copy of n specs (IFD_ENOMEM with err filled). */
+int ifd_ckpt_set_params(ifd_checkpoint *c, const ifd_param_spec *specs, int n, ifd_error *err);
+
 ifd_checkpoint *ifd_ckpt_alloc(int64_t nparam_floats, int nslots, ifd_error *err);
 
 #endif

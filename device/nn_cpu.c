@@ -12,15 +12,21 @@ void ifd_nn_embedding(int64_t rows, int64_t dim, const int32_t *ids, const float
         memcpy(out + r * dim, table + (int64_t)ids[r] * dim, (size_t)dim * sizeof(float));
 }
 
-void ifd_nn_embedding_grad(int64_t rows, int64_t dim, const int32_t *ids, const float *dout,
-                           float *dtable)
+void ifd_nn_embedding_grad_cols(int64_t rows, int64_t dim, int64_t c0, int64_t c1,
+                                const int32_t *ids, const float *dout, float *dtable)
 {
     for (int64_t r = 0; r < rows; r++) {
         float *d = dtable + (int64_t)ids[r] * dim;
         const float *g = dout + r * dim;
-        for (int64_t c = 0; c < dim; c++)
+        for (int64_t c = c0; c < c1; c++)
             d[c] += g[c];
     }
+}
+
+void ifd_nn_embedding_grad(int64_t rows, int64_t dim, const int32_t *ids, const float *dout,
+                           float *dtable)
+{
+    ifd_nn_embedding_grad_cols(rows, dim, 0, dim, ids, dout, dtable);
 }
 
 void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const float *gamma,
@@ -46,11 +52,27 @@ void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const float *ga
     }
 }
 
-void ifd_nn_layernorm_grad(int64_t rows, int64_t dim, const float *x, const float *gamma,
-                           const float *mean, const float *rstd, const float *dy, float *dx,
-                           float *dgamma, float *dbeta)
+void ifd_nn_layernorm_grad_params(int64_t rows, int64_t dim, int64_t c0, int64_t c1, const float *x,
+                                  const float *mean, const float *rstd, const float *dy,
+                                  float *dgamma, float *dbeta)
 {
+    (void)dim;
     for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim, *dyr = dy + r * dim;
+        float m = mean[r], rs = rstd[r];
+        for (int64_t c = c0; c < c1; c++) {
+            float xhat = (xr[c] - m) * rs;
+            dgamma[c] += dyr[c] * xhat;
+            dbeta[c] += dyr[c];
+        }
+    }
+}
+
+void ifd_nn_layernorm_grad_input(int64_t r0, int64_t r1, int64_t dim, const float *x,
+                                 const float *gamma, const float *mean, const float *rstd,
+                                 const float *dy, float *dx)
+{
+    for (int64_t r = r0; r < r1; r++) {
         const float *xr = x + r * dim, *dyr = dy + r * dim;
         float m = mean[r], rs = rstd[r];
         double sum_g = 0.0, sum_gx = 0.0; /* of dxhat and of dxhat * xhat over the row */
@@ -58,8 +80,6 @@ void ifd_nn_layernorm_grad(int64_t rows, int64_t dim, const float *x, const floa
             float xhat = (xr[c] - m) * rs, g = dyr[c] * gamma[c];
             sum_g += g;
             sum_gx += (double)g * xhat;
-            dgamma[c] += dyr[c] * xhat;
-            dbeta[c] += dyr[c];
         }
         float mg = (float)(sum_g / (double)dim), mgx = (float)(sum_gx / (double)dim);
         float *dxr = dx + r * dim;
@@ -68,6 +88,15 @@ void ifd_nn_layernorm_grad(int64_t rows, int64_t dim, const float *x, const floa
             dxr[c] = rs * (dyr[c] * gamma[c] - mg - xhat * mgx);
         }
     }
+}
+
+void ifd_nn_layernorm_grad(int64_t rows, int64_t dim, const float *x, const float *gamma,
+                           const float *mean, const float *rstd, const float *dy, float *dx,
+                           float *dgamma, float *dbeta)
+{
+    /* the parameters' gradients first: dx may be dy */
+    ifd_nn_layernorm_grad_params(rows, dim, 0, dim, x, mean, rstd, dy, dgamma, dbeta);
+    ifd_nn_layernorm_grad_input(0, rows, dim, x, gamma, mean, rstd, dy, dx);
 }
 
 #define IFD_SQRT1_2 0.70710678118654752440f
@@ -113,49 +142,58 @@ static void causal_softmax_row(float *s, int64_t i, int64_t t)
         s[j] = 0.0f;
 }
 
-void ifd_nn_attention(int64_t batch, int64_t t, int64_t heads, int64_t dh, const float *qkv,
-                      float *probs, float *out)
+void ifd_nn_attention_head(int64_t t, int64_t heads, int64_t dh, int64_t b, int64_t h,
+                           const float *qkv, float *probs, float *out)
 {
     int64_t c = heads * dh, ld = 3 * c;
     float scale = 1.0f / sqrtf((float)dh);
-    for (int64_t b = 0; b < batch; b++) {
-        for (int64_t h = 0; h < heads; h++) {
-            const float *q = qkv + b * t * ld + h * dh, *k = q + c, *v = q + 2 * c;
-            float *p = probs + (b * heads + h) * t * t;
-            gemm(0, 1, t, t, dh, scale, q, ld, k, ld, 0.0f, p, t);
-            for (int64_t i = 0; i < t; i++)
-                causal_softmax_row(p + i * t, i, t);
-            gemm(0, 0, t, dh, t, 1.0f, p, t, v, ld, 0.0f, out + b * t * c + h * dh, c);
-        }
+    const float *q = qkv + b * t * ld + h * dh, *k = q + c, *v = q + 2 * c;
+    float *p = probs + (b * heads + h) * t * t;
+    gemm(0, 1, t, t, dh, scale, q, ld, k, ld, 0.0f, p, t);
+    for (int64_t i = 0; i < t; i++)
+        causal_softmax_row(p + i * t, i, t);
+    gemm(0, 0, t, dh, t, 1.0f, p, t, v, ld, 0.0f, out + b * t * c + h * dh, c);
+}
+
+void ifd_nn_attention(int64_t batch, int64_t t, int64_t heads, int64_t dh, const float *qkv,
+                      float *probs, float *out)
+{
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t h = 0; h < heads; h++)
+            ifd_nn_attention_head(t, heads, dh, b, h, qkv, probs, out);
+}
+
+void ifd_nn_attention_grad_head(int64_t t, int64_t heads, int64_t dh, int64_t b, int64_t h,
+                                const float *qkv, const float *probs, const float *dout,
+                                float *dqkv, float *work)
+{
+    int64_t c = heads * dh, ld = 3 * c;
+    float scale = 1.0f / sqrtf((float)dh);
+    const float *q = qkv + b * t * ld + h * dh, *k = q + c, *v = q + 2 * c;
+    const float *p = probs + (b * heads + h) * t * t;
+    const float *dout_h = dout + b * t * c + h * dh;
+    float *dq = dqkv + b * t * ld + h * dh, *dk = dq + c, *dv = dq + 2 * c;
+    gemm(1, 0, t, dh, t, 1.0f, p, t, dout_h, c, 0.0f, dv, ld);   /* P^T dO */
+    gemm(0, 1, t, t, dh, 1.0f, dout_h, c, v, ld, 0.0f, work, t); /* dP = dO V^T */
+    for (int64_t i = 0; i < t; i++) {                            /* dS = P (dP - rowsum(P dP)) */
+        const float *pr = p + i * t;
+        float *dr = work + i * t;
+        double dot = 0.0;
+        for (int64_t j = 0; j <= i; j++)
+            dot += (double)pr[j] * dr[j];
+        for (int64_t j = 0; j <= i; j++)
+            dr[j] = pr[j] * (dr[j] - (float)dot);
+        for (int64_t j = i + 1; j < t; j++)
+            dr[j] = 0.0f;
     }
+    gemm(0, 0, t, dh, t, scale, work, t, k, ld, 0.0f, dq, ld); /* dQ = s dS K */
+    gemm(1, 0, t, dh, t, scale, work, t, q, ld, 0.0f, dk, ld); /* dK = s dS^T Q */
 }
 
 void ifd_nn_attention_grad(int64_t batch, int64_t t, int64_t heads, int64_t dh, const float *qkv,
                            const float *probs, const float *dout, float *dqkv, float *work)
 {
-    int64_t c = heads * dh, ld = 3 * c;
-    float scale = 1.0f / sqrtf((float)dh);
-    for (int64_t b = 0; b < batch; b++) {
-        for (int64_t h = 0; h < heads; h++) {
-            const float *q = qkv + b * t * ld + h * dh, *k = q + c, *v = q + 2 * c;
-            const float *p = probs + (b * heads + h) * t * t;
-            const float *dout_h = dout + b * t * c + h * dh;
-            float *dq = dqkv + b * t * ld + h * dh, *dk = dq + c, *dv = dq + 2 * c;
-            gemm(1, 0, t, dh, t, 1.0f, p, t, dout_h, c, 0.0f, dv, ld);   /* P^T dO */
-            gemm(0, 1, t, t, dh, 1.0f, dout_h, c, v, ld, 0.0f, work, t); /* dP = dO V^T */
-            for (int64_t i = 0; i < t; i++) { /* dS = P (dP - rowsum(P dP)) */
-                const float *pr = p + i * t;
-                float *dr = work + i * t;
-                double dot = 0.0;
-                for (int64_t j = 0; j <= i; j++)
-                    dot += (double)pr[j] * dr[j];
-                for (int64_t j = 0; j <= i; j++)
-                    dr[j] = pr[j] * (dr[j] - (float)dot);
-                for (int64_t j = i + 1; j < t; j++)
-                    dr[j] = 0.0f;
-            }
-            gemm(0, 0, t, dh, t, scale, work, t, k, ld, 0.0f, dq, ld); /* dQ = s dS K */
-            gemm(1, 0, t, dh, t, scale, work, t, q, ld, 0.0f, dk, ld); /* dK = s dS^T Q */
-        }
-    }
+    for (int64_t b = 0; b < batch; b++)
+        for (int64_t h = 0; h < heads; h++)
+            ifd_nn_attention_grad_head(t, heads, dh, b, h, qkv, probs, dout, dqkv, work);
 }

@@ -17,6 +17,9 @@ void ifd_nn_embedding(int64_t rows, int64_t dim, const int32_t *ids, const float
 /* dtable[ids[r], :] += dout[r, :], in row order (a deterministic scatter-add). */
 void ifd_nn_embedding_grad(int64_t rows, int64_t dim, const int32_t *ids, const float *dout,
                            float *dtable);
+/* The same for columns [c0, c1) only (rows in order): column ranges split over threads. */
+void ifd_nn_embedding_grad_cols(int64_t rows, int64_t dim, int64_t c0, int64_t c1,
+                                const int32_t *ids, const float *dout, float *dtable);
 
 /* Layer norm over each row's dim values: y = (x - mean) * rstd * gamma + beta, rstd =
  * 1 / sqrt(var + eps) (the biased variance, as Keras and PyTorch); mean and rstd ([rows]) are
@@ -28,6 +31,15 @@ void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const float *ga
 void ifd_nn_layernorm_grad(int64_t rows, int64_t dim, const float *x, const float *gamma,
                            const float *mean, const float *rstd, const float *dy, float *dx,
                            float *dgamma, float *dbeta);
+/* ifd_nn_layernorm_grad in two parts that split over threads with the same bits: dgamma and
+ * dbeta (added to) of columns [c0, c1), rows in order; and dx of rows [r0, r1). The parameters'
+ * part reads dy, so when dx is dy it runs first. */
+void ifd_nn_layernorm_grad_params(int64_t rows, int64_t dim, int64_t c0, int64_t c1, const float *x,
+                                  const float *mean, const float *rstd, const float *dy,
+                                  float *dgamma, float *dbeta);
+void ifd_nn_layernorm_grad_input(int64_t r0, int64_t r1, int64_t dim, const float *x,
+                                 const float *gamma, const float *mean, const float *rstd,
+                                 const float *dy, float *dx);
 
 /* GELU, exact (Keras' default approximate=False): y = x / 2 * (1 + erf(x / sqrt 2)); y may be
  * x. The gradient from the forward's input x: dx = dy * (Phi(x) + x * phi(x)); dx may be dy. */
@@ -47,5 +59,12 @@ void ifd_nn_attention(int64_t batch, int64_t t, int64_t heads, int64_t dh, const
  * work: t * t floats. */
 void ifd_nn_attention_grad(int64_t batch, int64_t t, int64_t heads, int64_t dh, const float *qkv,
                            const float *probs, const float *dout, float *dqkv, float *work);
+/* The two above for one sequence b and one head h: each writes its own part of probs and out
+ * (dqkv), so heads run on threads of their own with the same bits (work: t * t floats each). */
+void ifd_nn_attention_head(int64_t t, int64_t heads, int64_t dh, int64_t b, int64_t h,
+                           const float *qkv, float *probs, float *out);
+void ifd_nn_attention_grad_head(int64_t t, int64_t heads, int64_t dh, int64_t b, int64_t h,
+                                const float *qkv, const float *probs, const float *dout,
+                                float *dqkv, float *work);
 
 #endif

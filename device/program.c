@@ -1,10 +1,12 @@
 #include "core/plugin.h"
 #include "core/rng.h"
+#include "device/program_config.h"
 #include <infeed/program.h>
 
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_PROGRAMS 32
@@ -13,10 +15,12 @@ extern const ifd_program_class ifd_program_linear;
 extern const ifd_program_class ifd_program_softmax;
 extern const ifd_program_class ifd_program_read;
 extern const ifd_program_class ifd_program_mlp;
+extern const ifd_program_class ifd_program_charlm;
 
-static const ifd_program_class *registry[MAX_PROGRAMS] = {&ifd_program_linear, &ifd_program_softmax,
-                                                          &ifd_program_mlp, &ifd_program_read};
-#define NBUILTIN 4
+static const ifd_program_class *registry[MAX_PROGRAMS] = {
+    &ifd_program_linear, &ifd_program_softmax, &ifd_program_mlp, &ifd_program_read,
+    &ifd_program_charlm};
+#define NBUILTIN 5
 static int nregistered = NBUILTIN;
 /* Where each registered class came from: NULL for the built-ins and ifd_program_register, the
  * plugin's path otherwise (owned). */
@@ -25,7 +29,7 @@ static char *origin[MAX_PROGRAMS];
 static int class_complete(const ifd_program_class *cls)
 {
     return cls != NULL && cls->name != NULL && cls->setup != NULL && cls->train_step != NULL &&
-           cls->init_params != NULL && cls->workspace_floats != NULL;
+           cls->workspace_floats != NULL;
 }
 
 int ifd_program_register(const ifd_program_class *cls)
@@ -87,7 +91,37 @@ int ifd_program_init(ifd_program *p, const char *name, const ifd_program_setting
     p->cls = cls;
     if (s)
         p->settings = *s;
-    return cls->setup(p, err);
+    int rc = ifd_program_config_parse(p, s ? s->config : NULL, err);
+    if (rc == IFD_OK)
+        rc = cls->setup(p, err);
+    if (rc == IFD_OK)
+        rc = ifd_program_config_unread(p, err);
+    if (rc) {
+        ifd_program_free(p); /* nothing for the caller to free */
+        return rc;
+    }
+    if (cls->init_params == NULL)
+        for (int i = 0; i < p->nparams; i++)
+            if (p->params[i].init.kind == IFD_INIT_PROGRAM) {
+                ifd_error_set(err, IFD_EINVAL,
+                              "program '%s': parameter '%s' declares no initializer, and "
+                              "the program has no init_params: expected one of the two",
+                              cls->name, p->params[i].name);
+                ifd_program_free(p);
+                return IFD_EINVAL;
+            }
+    return IFD_OK;
+}
+
+void ifd_program_free(ifd_program *p)
+{
+    if (p == NULL)
+        return;
+    if (p->state && p->cls && p->cls->free_state)
+        p->cls->free_state(p);
+    free(p->params);
+    ifd_program_config_free(p);
+    memset(p, 0, sizeof *p);
 }
 
 int ifd_program_add_input(ifd_program *p, const char *name, ifd_dtype dt, int rank,
@@ -104,6 +138,22 @@ int ifd_program_add_input(ifd_program *p, const char *name, ifd_dtype dt, int ra
     return IFD_OK;
 }
 
+int ifd_program_add_ids(ifd_program *p, const char *name, int label, int rank, const int64_t *dims,
+                        int64_t limit)
+{
+    if (limit < 1 || limit > (int64_t)INT32_MAX + 1 || rank < 0 || rank >= IFD_MAX_RANK ||
+        (rank > 0 && dims == NULL))
+        return IFD_EINVAL;
+    for (int i = 0; i < rank; i++)
+        if (dims[i] < 1)
+            return IFD_EINVAL;
+    int rc = label ? ifd_program_add_label(p, name, IFD_I32, rank, dims)
+                   : ifd_program_add_input(p, name, IFD_I32, rank, dims);
+    if (rc == IFD_OK)
+        p->input_limit[p->ninputs - 1] = limit;
+    return rc;
+}
+
 int ifd_program_add_label(ifd_program *p, const char *name, ifd_dtype dt, int rank,
                           const int64_t *dims)
 {
@@ -113,22 +163,47 @@ int ifd_program_add_label(ifd_program *p, const char *name, ifd_dtype dt, int ra
     return rc;
 }
 
-int ifd_program_add_param(ifd_program *p, const char *name, int rank, const int64_t *dims)
+int ifd_program_add_param_with(ifd_program *p, const char *name, int rank, const int64_t *dims,
+                               ifd_param_init init, unsigned flags)
 {
-    if (p->nparams == IFD_MAX_PARAMS || rank < 1 || rank > 2)
+    size_t len = name ? strlen(name) : 0;
+    if (len == 0 || len >= IFD_NAME_MAX || rank < 1 || rank > IFD_PARAM_MAX_RANK || dims == NULL ||
+        init.kind < IFD_INIT_PROGRAM || init.kind > IFD_INIT_GLOROT ||
+        (init.kind == IFD_INIT_NORMAL && !(isfinite(init.std) && init.std > 0.0f)) ||
+        ifd_program_param(p, name) != NULL)
         return IFD_EINVAL;
-    ifd_param_spec *ps = &p->params[p->nparams++];
-    snprintf(ps->name, sizeof ps->name, "%s", name);
-    ps->rank = rank;
-    ps->flags = 0;
-    ps->count = 1;
+    int64_t count = 1;
     for (int i = 0; i < rank; i++) {
-        ps->dims[i] = dims[i];
-        ps->count *= dims[i];
+        if (dims[i] < 1 || dims[i] > ((int64_t)1 << 40) / count)
+            return IFD_EINVAL;
+        count *= dims[i];
     }
+    if (p->nparams == p->params_cap) {
+        int cap = p->params_cap ? 2 * p->params_cap : 8;
+        ifd_param_spec *more = realloc(p->params, sizeof *more * (size_t)cap);
+        if (more == NULL)
+            return IFD_ENOMEM;
+        p->params = more;
+        p->params_cap = cap;
+    }
+    ifd_param_spec *ps = &p->params[p->nparams++];
+    memset(ps, 0, sizeof *ps);
+    memcpy(ps->name, name, len + 1);
+    ps->rank = rank;
+    ps->flags = flags;
+    ps->init = init;
+    ps->count = count;
+    for (int i = 0; i < rank; i++)
+        ps->dims[i] = dims[i];
     ps->offset = p->nparam_floats;
     p->nparam_floats += ps->count;
     return IFD_OK;
+}
+
+int ifd_program_add_param(ifd_program *p, const char *name, int rank, const int64_t *dims)
+{
+    ifd_param_init init = {.kind = IFD_INIT_PROGRAM};
+    return ifd_program_add_param_with(p, name, rank, dims, init, 0);
 }
 
 /* The runtime's own tensors, which a program's may not shadow (outfeed/outfeed_tensors.c). */
@@ -204,6 +279,61 @@ void ifd_program_init_glorot(float *w, int64_t fan_in, int64_t fan_out, uint64_t
         w[i] = (float)((2.0 * ifd_rng_uniform(&rng) - 1.0) * a);
 }
 
+/* A parameter's own stream: the seed and its name's FNV-1a hash, mixed. */
+static uint64_t param_seed(uint64_t seed, const char *name)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const char *c = name; *c; c++)
+        h = (h ^ (uint8_t)*c) * 1099511628211ull;
+    return seed ^ (h * 0x9e3779b97f4a7c15ull);
+}
+
+static void init_one(const ifd_param_spec *ps, float *w, uint64_t seed)
+{
+    switch (ps->init.kind) {
+    case IFD_INIT_PROGRAM:
+        return;
+    case IFD_INIT_ZEROS:
+    case IFD_INIT_ONES:
+        for (int64_t i = 0; i < ps->count; i++)
+            w[i] = ps->init.kind == IFD_INIT_ONES ? 1.0f : 0.0f;
+        return;
+    case IFD_INIT_NORMAL: { /* Box-Muller, both values of a pair used */
+        ifd_rng rng;
+        ifd_rng_seed(&rng, param_seed(seed, ps->name));
+        for (int64_t i = 0; i < ps->count; i += 2) {
+            double u1 = 1.0 - ifd_rng_uniform(&rng), u2 = ifd_rng_uniform(&rng);
+            double r = sqrt(-2.0 * log(u1)) * (double)ps->init.std, a = 2.0 * M_PI * u2;
+            w[i] = (float)(r * cos(a));
+            if (i + 1 < ps->count)
+                w[i + 1] = (float)(r * sin(a));
+        }
+        return;
+    }
+    case IFD_INIT_GLOROT: {
+        int64_t receptive = 1;
+        for (int d = 0; d + 2 < ps->rank; d++)
+            receptive *= ps->dims[d];
+        int64_t fan_in = ps->rank == 1 ? ps->dims[0] : receptive * ps->dims[ps->rank - 2];
+        int64_t fan_out = receptive * ps->dims[ps->rank - 1];
+        ifd_rng rng;
+        ifd_rng_seed(&rng, param_seed(seed, ps->name));
+        double a = sqrt(6.0 / (double)(fan_in + fan_out));
+        for (int64_t i = 0; i < ps->count; i++)
+            w[i] = (float)((2.0 * ifd_rng_uniform(&rng) - 1.0) * a);
+        return;
+    }
+    }
+}
+
+void ifd_program_init_params(const ifd_program *p, float *params, uint64_t seed)
+{
+    if (p->cls->init_params)
+        p->cls->init_params(p, params, seed);
+    for (int i = 0; i < p->nparams; i++)
+        init_one(&p->params[i], params + p->params[i].offset, seed);
+}
+
 /* ---- plugins ------------------------------------------------------------------------------- */
 
 /* The handles of the plugins loaded so far (never closed: their classes stay registered). */
@@ -240,13 +370,11 @@ static int pending_add(ifd_program_registry *reg, const ifd_program_class *cls, 
 static int check_class(pending *pd, const ifd_program_class *cls, ifd_error *err)
 {
     if (!class_complete(cls))
-        return ifd_error_set(err, IFD_EINVAL,
-                             "program library '%s': registers a program class%s%s%s without %s",
-                             pd->path, cls && cls->name ? " '" : "",
-                             cls && cls->name ? cls->name : "", cls && cls->name ? "'" : "",
-                             cls == NULL ? "a class (NULL)"
-                                         : "all of name, setup, init_params, workspace_floats and "
-                                           "train_step");
+        return ifd_error_set(
+            err, IFD_EINVAL, "program library '%s': registers a program class%s%s%s without %s",
+            pd->path, cls && cls->name ? " '" : "", cls && cls->name ? cls->name : "",
+            cls && cls->name ? "'" : "",
+            cls == NULL ? "a class (NULL)" : "all of name, setup, workspace_floats and train_step");
     const ifd_program_class *had = ifd_program_find(cls->name);
     if (had != NULL) {
         const char *from = NULL;

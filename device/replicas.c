@@ -68,7 +68,7 @@ const float *ifd_replica_initial_params(const ifd_device_config *cfg, float *scr
 {
     if (cfg->init_params)
         return cfg->init_params;
-    cfg->program->cls->init_params(cfg->program, scratch, cfg->seed);
+    ifd_program_init_params(cfg->program, scratch, cfg->seed);
     return scratch;
 }
 

@@ -55,7 +55,7 @@ static void check_producers(const ifd_checkpoint *c)
 /* The counts, the parameter list tiling the vector, every float readable. */
 static void check_floats(const ifd_checkpoint *c)
 {
-    if (c->nparams < 0 || c->nparams > IFD_MAX_PARAMS || c->nparam_floats < 0 ||
+    if (c->nparams < 0 || c->nparams > IFD_CHECKPOINT_MAX_PARAMS || c->nparam_floats < 0 ||
         c->global_step < 0 || c->opt_step < 0)
         abort();
     if (c->nslots != ifd_optimizer_slots(c->optimizer.kind) ||
@@ -127,6 +127,7 @@ static void check_against_programs(const ifd_checkpoint *c)
     if (ifd_program_init(&prog, cfg.program, &cfg.settings, &perr) == IFD_OK &&
         (rc == IFD_OK) != same_params(&prog, c))
         abort();
+    ifd_program_free(&prog);
     cfg.program = "softmax";
     cfg.settings = (ifd_program_settings){.features = 4, .classes = 3};
     ifd_error_clear(&err);

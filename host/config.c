@@ -112,6 +112,11 @@ const config_opt config_opts[] = {
         "program setting: classes (softmax, mlp) or outputs (linear)", .flags = OPT_UNSET),
     OPT("hidden", K_I64, run.settings.hidden, "H",
         "program setting: hidden width (mlp; plugins may read it too)", .flags = OPT_UNSET),
+    OPT("program_config", K_STR, run.settings.config, "JSON",
+        "the program's own settings, a JSON object (in the file an object or its text), which the "
+        "program checks: e.g. '{\"layers\": 2, \"heads\": 4}'; recorded in checkpoints, and a "
+        "resume with other settings is refused",
+        .flags = OPT_OBJECT),
     OPT("mode", K_ENUM, run.mode, "MODE",
         "train; eval (--steps steps in one loop, one summary); predict (until every producer "
         "ended, predictions back to each producer)",

@@ -46,7 +46,8 @@ enum {
     OPT_RANGE = 1,    /* K_INT, K_I64, K_F64: the validation pass checks [min, max] */
     OPT_OPEN_MIN = 2, /* with OPT_RANGE: min itself is refused */
     OPT_NONEMPTY = 4, /* K_STR: "" is refused (NULL, unset, is not) */
-    OPT_UNSET = 8     /* K_I64: 0 is "unset" (--help says so) */
+    OPT_UNSET = 8,    /* K_I64: 0 is "unset" (--help says so) */
+    OPT_OBJECT = 16   /* K_STR: the file may give a JSON object, kept as its text */
 };
 
 typedef struct config_opt {

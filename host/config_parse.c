@@ -411,6 +411,15 @@ static int apply_json_key(ifd_daemon_config *c, const char *key, const json_t *v
         rc = apply_json_libs(c, o, v, where, err);
     } else if (o->kind == K_CALLS) {
         rc = apply_json_calls(c, v, where, err);
+    } else if ((o->flags & OPT_OBJECT) && !json_is_string(v)) {
+        char got[96];
+        if (!json_is_object(v))
+            return ifd_error_set(err, IFD_EINVAL,
+                                 "%s: expected a JSON object (or its text), got %s", where,
+                                 ifd_json_describe(v, got, sizeof got));
+        char *text = json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS);
+        rc = text ? set_value(c, o, text, where, err) : ifd_error_set(err, IFD_ENOMEM, "%s", where);
+        free(text);
     } else {
         char buf[64], got[96];
         const char *want = NULL, *val = json_text(o, v, buf, sizeof buf, &want);
@@ -641,13 +650,18 @@ static int default_host_calls(ifd_daemon_config *c, ifd_error *err)
     ifd_error perr;
     if (c->key_source[o - config_opts] != IFD_KEY_DEFAULT || c->run.mode == IFD_MODE_PREDICT ||
         c->run.program == NULL ||
-        ifd_program_init(&p, c->run.program, &c->run.settings, &perr) != IFD_OK || !p.classifier)
+        ifd_program_init(&p, c->run.program, &c->run.settings, &perr) != IFD_OK)
         return IFD_OK; /* set, or the validation pass's sentence */
+    if (!p.classifier) {
+        ifd_program_free(&p);
+        return IFD_OK;
+    }
     int has_class = 0, has_conf = 0;
     for (int i = 0; i < p.noutfeeds; i++) {
         has_class |= strcmp(p.outfeeds[i].name, "class") == 0;
         has_conf |= strcmp(p.outfeeds[i].name, "confidence") == 0;
     }
+    ifd_program_free(&p);
     int rc = IFD_OK;
     if (has_class)
         rc = add_call(c, "class", 5, "class_accuracy", 14, "host_calls (default)", err);

@@ -210,13 +210,17 @@ static int check_program(const ifd_daemon_config *c, ifd_error *err)
         for (int d = 0; d < p.inputs[i].rank; d++)
             row *= p.inputs[i].dims[d] > 0 ? p.inputs[i].dims[d] : 1;
         int64_t most = MAX_BATCH_TENSOR_BYTES / row;
-        if (c->run.batch_size > most)
-            return config_fail(
-                c, err, "batch_size",
-                "expected at most %" PRId64 " rows (tensor '%s' has %" PRId64
-                " bytes a row, and a batch's tensor at most 2^40 bytes), got %" PRId64,
-                most, p.inputs[i].name, row, c->run.batch_size);
+        if (c->run.batch_size > most) {
+            int rc =
+                config_fail(c, err, "batch_size",
+                            "expected at most %" PRId64 " rows (tensor '%s' has %" PRId64
+                            " bytes a row, and a batch's tensor at most 2^40 bytes), got %" PRId64,
+                            most, p.inputs[i].name, row, c->run.batch_size);
+            ifd_program_free(&p);
+            return rc;
+        }
     }
+    ifd_program_free(&p);
     return IFD_OK;
 }
 
@@ -231,6 +235,7 @@ static int check_host_calls(const ifd_daemon_config *c, ifd_error *err)
         return IFD_OK; /* check_program's sentence */
     int rc =
         ifd_outfeed_host_calls_check(&p, c->run.mode, c->run.host_calls, c->run.nhost_calls, err);
+    ifd_program_free(&p);
     if (rc == IFD_OK)
         return IFD_OK;
     ifd_daemon_config_name_keys(c, err);

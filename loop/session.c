@@ -230,6 +230,7 @@ fail_device:
     ifd_stop_relay_fini(&s->relay);
     ifd_rendezvous_destroy(s->rv);
 fail_program:
+    ifd_program_free(&s->program);
     free(s);
     return rc;
 }
@@ -368,5 +369,6 @@ void ifd_session_destroy(ifd_session *s)
     ifd_rendezvous_destroy(s->rv);
     free(s->clock_run);
     free(s->clock_first);
+    ifd_program_free(&s->program);
     free(s);
 }

@@ -16,7 +16,9 @@
 #include "core/rng.h"
 #include "device/programs/common.h"
 
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #define CHARLM_EPS 1e-5f
 #define CHARLM_STD 0.02f
@@ -43,15 +45,16 @@ typedef struct charlm_dims {
     int64_t layers, heads, width, block, vocab;
 } charlm_dims;
 
+/* The settings, as setup read and checked them (kept in p->state). */
 static charlm_dims charlm_get(const ifd_program *p)
 {
-    charlm_dims d;
-    ifd_program_config_get(p, "layers", &d.layers);
-    ifd_program_config_get(p, "heads", &d.heads);
-    ifd_program_config_get(p, "width", &d.width);
-    ifd_program_config_get(p, "block", &d.block);
-    ifd_program_config_get(p, "vocab", &d.vocab);
-    return d;
+    return *(const charlm_dims *)p->state;
+}
+
+static void charlm_free_state(ifd_program *p)
+{
+    free(p->state);
+    p->state = NULL;
 }
 
 static int lp(const charlm_dims *d, int64_t layer, int which)
@@ -69,28 +72,36 @@ static int add_param(ifd_program *p, const char *name, int rank, int64_t d0, int
                      ifd_param_init init, unsigned flags)
 {
     int64_t dims[2] = {d0, d1};
-    return ifd_program_add_param_init(p, name, rank, dims, init, flags);
+    return ifd_program_add_param_with(p, name, rank, dims, init, flags);
 }
 
 static int charlm_setup(ifd_program *p, ifd_error *err)
 {
+    charlm_dims d;
     static const struct {
         const char *key;
         int64_t def, min, max;
-    } keys[] = {{"layers", 2, 1, 64},  {"heads", 4, 1, 256},   {"width", 128, 1, 8192},
-                {"block", 64, 1, 4096}, {"vocab", 256, 2, 1 << 20}};
+        size_t at;
+    } keys[] = {{"layers", 2, 1, 64, offsetof(charlm_dims, layers)},
+                {"heads", 4, 1, 256, offsetof(charlm_dims, heads)},
+                {"width", 128, 1, 8192, offsetof(charlm_dims, width)},
+                {"block", 64, 1, 4096, offsetof(charlm_dims, block)},
+                {"vocab", 256, 2, 1 << 20, offsetof(charlm_dims, vocab)}};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
-        int64_t v;
-        int rc = ifd_program_config_int(p, keys[i].key, keys[i].def, keys[i].min, keys[i].max, &v,
-                                        err);
+        int rc = ifd_program_config_int(p, keys[i].key, keys[i].def, keys[i].min, keys[i].max,
+                                        (int64_t *)((char *)&d + keys[i].at), err);
         if (rc)
             return rc;
     }
-    charlm_dims d = charlm_get(p);
     if (d.width % d.heads != 0)
-        return ifd_program_config_fail(p, "heads", err,
-                                       "expected a divisor of width %lld, got %lld",
-                                       (long long)d.width, (long long)d.heads);
+        return ifd_error_set(err, IFD_EINVAL,
+                             "program 'charlm': program_config setting 'heads': expected a "
+                             "divisor of width %lld, got %lld",
+                             (long long)d.width, (long long)d.heads);
+    p->state = malloc(sizeof d);
+    if (p->state == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "program 'charlm': out of memory");
+    *(charlm_dims *)p->state = d;
     int64_t t = d.block, c = d.width, v = d.vocab;
     ifd_program_add_input(p, "tokens", IFD_I32, 1, &t);
     ifd_program_add_label(p, "targets", IFD_I32, 1, &t);
@@ -352,6 +363,7 @@ const ifd_program_class ifd_program_charlm = {
                    "tokens int32 [block], targets int32 [block] in [0, vocab), the next token "
                    "at each position; predict: the next-token distribution [vocab]",
     .setup = charlm_setup,
+    .free_state = charlm_free_state,
     .workspace_floats = charlm_workspace,
     .check_batch = charlm_check,
     .train_step = charlm_step,

@@ -51,6 +51,14 @@ static inline int ifd_dense_io_setup(ifd_program *p, ifd_dtype y_dtype, int y_ra
     return IFD_OK;
 }
 
+/* A bias [n]: zeros (the runtime's; init_params writes the same zeros, for callers that run it
+ * alone), no weight decay. */
+static inline int ifd_program_add_bias(ifd_program *p, const char *name, int64_t n)
+{
+    ifd_param_init zeros = {.kind = IFD_INIT_ZEROS};
+    return ifd_program_add_param_with(p, name, 1, &n, zeros, IFD_PARAM_NO_DECAY);
+}
+
 /* The inputs of ifd_dense_io_setup and the parameters W [D,K] and b [K]. */
 static inline int ifd_dense_setup(ifd_program *p, ifd_dtype y_dtype, int y_rank,
                                   int64_t min_classes, int classifier, ifd_error *err)
@@ -59,10 +67,11 @@ static inline int ifd_dense_setup(ifd_program *p, ifd_dtype y_dtype, int y_rank,
     if (rc)
         return rc;
     int64_t wdims[2] = {p->settings.features, p->settings.classes};
-    ifd_program_add_param(p, "W", 2, wdims);
-    ifd_program_add_param(p, "b", 1, &wdims[1]);
+    rc = ifd_program_add_param(p, "W", 2, wdims);
+    if (rc == IFD_OK)
+        rc = ifd_program_add_bias(p, "b", wdims[1]);
     p->classifier = classifier;
-    return IFD_OK;
+    return rc;
 }
 
 /* A classifier's outfeed tensors, in this order: "class" (int32 a row, the argmax of the

@@ -15,12 +15,15 @@ static int mlp_setup(ifd_program *p, ifd_error *err)
         return rc;
     int64_t d = p->settings.features, h = p->settings.hidden, k = p->settings.classes;
     int64_t w1[2] = {d, h}, w2[2] = {h, k};
-    ifd_program_add_param(p, "W1", 2, w1);
-    ifd_program_add_param(p, "b1", 1, &h);
-    ifd_program_add_param(p, "W2", 2, w2);
-    ifd_program_add_param(p, "b2", 1, &k);
+    rc = ifd_program_add_param(p, "W1", 2, w1);
+    if (rc == IFD_OK)
+        rc = ifd_program_add_bias(p, "b1", h);
+    if (rc == IFD_OK)
+        rc = ifd_program_add_param(p, "W2", 2, w2);
+    if (rc == IFD_OK)
+        rc = ifd_program_add_bias(p, "b2", k);
     p->classifier = 1;
-    return ifd_classifier_outfeeds_setup(p);
+    return rc ? rc : ifd_classifier_outfeeds_setup(p);
 }
 
 /* W2's seed: a hash of seed, so that W2 is not W1's sequence shifted by a few numbers. */

@@ -46,13 +46,17 @@ static int mlp2_setup(ifd_program *p, ifd_error *err)
         return rc;
     ifd_program_add_input(p, "x", IFD_F32, 1, &d);
     ifd_program_add_label(p, "y", IFD_I32, 0, NULL);
+    /* Weights from mlp2_init_params; biases zeros, initialised by the runtime and left out of
+     * the optimizer's decoupled weight decay (ABI 4's per-parameter initializers and flags). */
     int64_t w1[2] = {d, h}, w2[2] = {h, h}, w3[2] = {h, k};
-    ifd_program_add_param(p, "W1", 2, w1);
-    ifd_program_add_param(p, "b1", 1, &h);
-    ifd_program_add_param(p, "W2", 2, w2);
-    ifd_program_add_param(p, "b2", 1, &h);
-    ifd_program_add_param(p, "W3", 2, w3);
-    ifd_program_add_param(p, "b3", 1, &k);
+    ifd_param_init zeros = {.kind = IFD_INIT_ZEROS};
+    if (ifd_program_add_param(p, "W1", 2, w1) ||
+        ifd_program_add_param_with(p, "b1", 1, &h, zeros, IFD_PARAM_NO_DECAY) ||
+        ifd_program_add_param(p, "W2", 2, w2) ||
+        ifd_program_add_param_with(p, "b2", 1, &h, zeros, IFD_PARAM_NO_DECAY) ||
+        ifd_program_add_param(p, "W3", 2, w3) ||
+        ifd_program_add_param_with(p, "b3", 1, &k, zeros, IFD_PARAM_NO_DECAY))
+        return ifd_error_set(err, IFD_ENOMEM, "mlp2: cannot declare its parameters");
     p->classifier = 1;
     p->predict_cols = k;
     if (ifd_program_add_outfeed(p, "class", IFD_I32, 1, 0, NULL) ||

@@ -39,6 +39,7 @@ static size_t batch_sizes(const ifd_daemon_config *c, size_t *total, int *tensor
         if (bytes > most)
             most = bytes;
     }
+    ifd_program_free(&p);
     return most;
 }
 

@@ -18,11 +18,13 @@
 
 #include <infeed/tensor.h>
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define IFD_MAX_INPUTS 8
-#define IFD_MAX_PARAMS 8
 #define IFD_NAME_MAX 32
+/* A parameter's rank: 1 to IFD_PARAM_MAX_RANK. */
+#define IFD_PARAM_MAX_RANK 4
 #define IFD_MAX_OUTFEEDS 8
 
 /* One tensor the program takes from the infeed: its name, dtype and per-row shape (the batch
@@ -34,14 +36,30 @@ typedef struct ifd_input_spec {
     int64_t dims[IFD_MAX_RANK];
 } ifd_input_spec;
 
+/* How the runtime initialises a parameter (ifd_program_add_param_with). */
+typedef enum ifd_param_init_kind {
+    IFD_INIT_PROGRAM = 0, /* the class's init_params writes it (ifd_program_add_param's) */
+    IFD_INIT_ZEROS,
+    IFD_INIT_ONES,
+    IFD_INIT_NORMAL, /* normal, mean 0, standard deviation std */
+    IFD_INIT_GLOROT, /* Glorot-uniform: fan_in dims[rank-2], fan_out dims[rank-1], each times
+                      * the product of the dims before them (a rank-1 parameter: both dims[0]) */
+} ifd_param_init_kind;
+
+typedef struct ifd_param_init {
+    ifd_param_init_kind kind;
+    float std; /* IFD_INIT_NORMAL's; > 0 */
+} ifd_param_init;
+
 /* One float32 parameter: a row-major block of the program's flat parameter vector. */
 typedef struct ifd_param_spec {
     char name[IFD_NAME_MAX];
     int rank;
-    int64_t dims[2];
+    int64_t dims[IFD_PARAM_MAX_RANK];
     int64_t offset; /* in floats, into the flat vector */
     int64_t count;
-    unsigned flags; /* IFD_PARAM_* (0 from ifd_program_add_param) */
+    unsigned flags;      /* IFD_PARAM_* (0 from ifd_program_add_param) */
+    ifd_param_init init; /* IFD_INIT_PROGRAM from ifd_program_add_param */
 } ifd_param_spec;
 
 /* ifd_param_spec.flags: the optimizer leaves this parameter out of decoupled weight decay
@@ -64,6 +82,10 @@ typedef struct ifd_program_settings {
     int64_t features; /* D */
     int64_t classes;  /* K: classes for classifiers, outputs for linear */
     int64_t hidden;   /* hidden width (mlp) */
+    /* The program's own settings (ABI 4; --program-config, program_config): a JSON object's
+     * text, or NULL for none. Borrowed; ifd_program_init parses it, and the setup reads it with
+     * ifd_program_config_int and its kin. */
+    const char *config;
 } ifd_program_settings;
 
 /* What one replica's step writes to its outfeed, in device memory. loss is already multiplied
@@ -188,6 +210,7 @@ typedef struct ifd_ops {
 } ifd_ops;
 
 typedef struct ifd_program ifd_program;
+typedef struct ifd_program_config ifd_program_config; /* the runtime's (program_config.c) */
 
 /* One replica's step. */
 typedef struct ifd_step_args {
@@ -218,7 +241,10 @@ typedef struct ifd_program_class {
     const char *description;
     /* Validates p->settings and fills inputs, params, nparam_floats and classifier. */
     int (*setup)(ifd_program *p, ifd_error *err);
-    /* Host memory: the initial flat parameter vector, a function of seed alone. */
+    /* Optional when every parameter declares its initializer (ifd_program_add_param_with): host
+     * memory, the initial flat parameter vector, a function of seed alone. It writes the
+     * parameters declared IFD_INIT_PROGRAM (it may write the others: the runtime writes them
+     * after it). */
     void (*init_params)(const ifd_program *p, float *params, uint64_t seed);
     /* Floats of workspace a step over rows rows needs. */
     int64_t (*workspace_floats)(const ifd_program *p, int64_t rows);
@@ -234,6 +260,10 @@ typedef struct ifd_program_class {
      * argmax. */
     int (*predict_step)(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
                         ifd_error *err);
+    /* Optional (ABI 4): frees p->state, what setup allocated there (the settings it read from
+     * settings.config, for its steps); ifd_program_free calls it when p->state is not NULL, also
+     * after a setup that failed. */
+    void (*free_state)(ifd_program *p);
 } ifd_program_class;
 
 struct ifd_program {
@@ -244,13 +274,19 @@ struct ifd_program {
     /* Bit i set: input i is a label, taken in train and eval mode only (predict mode takes the
      * other inputs, in spec order). */
     unsigned labels;
+    /* Input i from ifd_program_add_ids: every value lies in [0, input_limit[i]) (token ids),
+     * which the runtime checks in every mode before a step sees the batch; 0: any value. */
+    int64_t input_limit[IFD_MAX_INPUTS];
     int nparams;
-    ifd_param_spec params[IFD_MAX_PARAMS];
+    ifd_param_spec *params; /* nparams of them, in declaration order (heap: ifd_program_free) */
+    int params_cap;
     int64_t nparam_floats;
     int classifier;
     int64_t predict_cols; /* floats per row the predict step writes (0: no predict step) */
     int noutfeeds;
     ifd_outfeed_spec outfeeds[IFD_MAX_OUTFEEDS]; /* ifd_program_add_outfeed, in order */
+    ifd_program_config *config;                  /* settings.config, parsed (the readers below) */
+    void *state; /* the program's own (setup's), freed by its class's free_state */
 };
 
 /* Makes cls findable by name (built-ins are registered already). IFD_EINVAL when the name is
@@ -267,9 +303,17 @@ int ifd_program_check_setting(const char *program, const char *key, int64_t v, i
                               int64_t max, ifd_error *err);
 /* How ifd_program_check_setting's sentence ends for a setting of 0 (one not set). */
 #define IFD_PROGRAM_NOT_SET ", and it is not set"
-/* Finds the class and runs its setup. */
+/* Finds the class and runs its setup. A successful call is paired with one ifd_program_free; a
+ * failed one leaves p holding nothing (freeing it too is harmless). */
 int ifd_program_init(ifd_program *p, const char *name, const ifd_program_settings *s,
                      ifd_error *err);
+/* Frees what ifd_program_init allocated (the parameter list, the parsed config); p is zeroed.
+ * NULL is a no-op. */
+void ifd_program_free(ifd_program *p);
+/* The initial flat parameter vector (host memory, nparam_floats): the class's init_params when
+ * it has one, then every parameter with a declared initializer, each a function of (seed, its
+ * name) alone. */
+void ifd_program_init_params(const ifd_program *p, float *params, uint64_t seed);
 
 /*
  * Programs as plugins. A shared library (built against these headers, for example with CMake's
@@ -284,9 +328,18 @@ int ifd_program_init(ifd_program *p, const char *name, const ifd_program_setting
  * sentence is about (a plugin's own ifd_error is larger), ifd_program_check_setting. Version 3:
  * outfeed tensors (ifd_outfeed_spec, ifd_program.outfeeds, ifd_step_args.outfeeds,
  * ifd_program_add_outfeed), the ops classify, copy and softmax_xent_classify, and ifd_step_out's
- * grad_norm, param_norm and learning_rate.
+ * grad_norm, param_norm and learning_rate. Version 4 (the transformer's, issue 22): any number of
+ * parameters (ifd_program.params a list that ifd_program_free frees; IFD_MAX_PARAMS is gone),
+ * parameter ranks up to IFD_PARAM_MAX_RANK, per-parameter initializers and flags
+ * (ifd_param_spec.init and .flags, ifd_program_add_param_with, ifd_program_init_params; a class's
+ * init_params optional), and the ops fill, add, gemm_strided_batched, embedding, embedding_grad,
+ * layernorm, layernorm_grad, gelu, gelu_grad, attention and attention_grad; program settings as
+ * a JSON object (ifd_program_settings.config, ifd_program.config, ifd_program_config_int and
+ * its kin, ifd_program_config_text); int32 inputs of any per-row shape with a value range the
+ * runtime checks in every mode (ifd_program.input_limit, ifd_program_add_ids); the op fill; a
+ * program's own state (ifd_program.state, ifd_program_class.free_state).
  */
-#define IFD_PROGRAM_ABI_VERSION 3
+#define IFD_PROGRAM_ABI_VERSION 4
 
 typedef struct ifd_program_registry ifd_program_registry;
 struct ifd_program_registry {
@@ -329,13 +382,49 @@ typedef int (*ifd_program_plugin_init_fn)(ifd_program_registry *reg, ifd_error *
  * fails. Loading the same file again does nothing. Not thread-safe, like ifd_program_register. */
 int ifd_program_load_plugin(const char *path, ifd_error *err);
 
+/*
+ * A setup's readers of settings.config, the program's own settings (a JSON object): each takes
+ * key's value into *out, def when the object has no such key, or fails with IFD_EINVAL and a
+ * sentence naming the program, the setting, what it expects and what it got ("program 'charlm':
+ * program_config setting 'layers': expected an integer from 1 to 64, got 0"; infeedd says
+ * --program-config or program_config as the user gave it). A key the setup never reads is
+ * refused after it ("... setting 'layrs': the program has no such setting (it reads layers,
+ * heads)"), so a program reads every key it knows, even when it does not use it this time.
+ */
+int ifd_program_config_int(ifd_program *p, const char *key, int64_t def, int64_t min, int64_t max,
+                           int64_t *out, ifd_error *err);
+/* A number (an integer is taken too) in [min, max]. */
+int ifd_program_config_float(ifd_program *p, const char *key, double def, double min, double max,
+                             double *out, ifd_error *err);
+int ifd_program_config_bool(ifd_program *p, const char *key, int def, int *out, ifd_error *err);
+/* A string of at most len - 1 bytes, into buf. */
+int ifd_program_config_string(ifd_program *p, const char *key, const char *def, char *buf,
+                              size_t len, ifd_error *err);
+/* The settings' canonical text (compact JSON, keys sorted): "{}" for none. What checkpoints
+ * record and compare. */
+const char *ifd_program_config_text(const ifd_program *p);
+
 /* Helpers for setup functions. */
 int ifd_program_add_input(ifd_program *p, const char *name, ifd_dtype dt, int rank,
                           const int64_t *dims);
 /* As ifd_program_add_input, for a label (an input predict mode does not take). */
 int ifd_program_add_label(ifd_program *p, const char *name, ifd_dtype dt, int rank,
                           const int64_t *dims);
+/* Declares a parameter of rank 1 to IFD_PARAM_MAX_RANK, dims each >= 1, a name of 1 to
+ * IFD_NAME_MAX - 1 bytes that no other parameter of p has, initialised by the class's
+ * init_params and with no flags. IFD_EINVAL otherwise; IFD_ENOMEM. */
+/* An int32 input (label 1: a label, which predict mode does not take) of any per-row shape (rank
+ * 0 to IFD_MAX_RANK - 1, dims >= 1: token ids [T]) whose every value must lie in [0, limit)
+ * (limit >= 1: the vocabulary). The runtime checks each batch's values in every mode, before
+ * any step sees them, with a sentence naming the tensor, the row, the element and the value, so a
+ * step may index tables with them. IFD_EINVAL for a bad rank, dims or limit. */
+int ifd_program_add_ids(ifd_program *p, const char *name, int label, int rank, const int64_t *dims,
+                        int64_t limit);
 int ifd_program_add_param(ifd_program *p, const char *name, int rank, const int64_t *dims);
+/* As ifd_program_add_param, with the parameter's initializer (the runtime applies it; a normal's
+ * std must be finite and > 0) and flags (IFD_PARAM_*). */
+int ifd_program_add_param_with(ifd_program *p, const char *name, int rank, const int64_t *dims,
+                               ifd_param_init init, unsigned flags);
 /* Declares an outfeed tensor (ifd_outfeed_spec): dtype IFD_F32 or IFD_I32, per_row 1 or 0, rank
  * 0 to IFD_MAX_RANK - 1 dims each >= 1, a name of 1 to IFD_NAME_MAX - 1 letters, digits, '_',
  * '.' or '-' (it goes into JSON and subscription topics as it is) that no other

@@ -275,6 +275,7 @@ START_TEST(no_end_checkpoint_after_a_dropped_step)
     tu_result_free(&res);
     tu_batches_free(bs, have);
     tu_rm_dir(dir);
+    ifd_program_free(&p);
 }
 END_TEST
 

@@ -1,7 +1,7 @@
 /* Plugins the loader must refuse, one a build (tests/CMakeLists.txt compiles this file once per
- * BAD_* kind): no entry point, another ABI version, a built-in's name, another plugin's name, a
- * failing entry point, none registered, an incomplete class, a name registered twice, a refusal
- * the entry point ignores. */
+ * BAD_* kind): no entry point, another ABI version (a future one, the old ABI 3), a built-in's
+ * name, another plugin's name, a failing entry point, none registered, an incomplete class, a name
+ * registered twice, a refusal the entry point ignores. */
 #include <infeed/program.h>
 
 #include <stddef.h>
@@ -89,9 +89,15 @@ int not_an_entry_point(ifd_program_registry *reg, ifd_error *err)
 {
     return reg_init(reg, err);
 }
-#elif defined(BAD_ABI)
-/* What IFD_PROGRAM_PLUGIN writes, for a future ABI. */
-__attribute__((visibility("default"))) const unsigned ifd_program_plugin_abi = 99;
+#elif defined(BAD_ABI) || defined(BAD_ABI3)
+/* What IFD_PROGRAM_PLUGIN writes, for a future ABI (99) or the one before the transformer's
+ * (3). */
+#if defined(BAD_ABI3)
+#define BAD_ABI_VERSION 3
+#else
+#define BAD_ABI_VERSION 99
+#endif
+__attribute__((visibility("default"))) const unsigned ifd_program_plugin_abi = BAD_ABI_VERSION;
 __attribute__((visibility("default"))) int ifd_program_plugin_init(ifd_program_registry *reg,
                                                                    ifd_error *err);
 int ifd_program_plugin_init(ifd_program_registry *reg, ifd_error *err)

@@ -48,6 +48,7 @@ static void fixture_open(fixture *f, int replicas, int depth, int64_t rows_per_r
 static void fixture_close(fixture *f)
 {
     ifd_device_destroy(f->dev);
+    ifd_program_free(&f->prog);
     for (int i = 0; i < f->nbatches; i++) {
         ck_assert_int_eq(f->batches[i]->b.refs, 1); /* every shard reference was dropped */
         tu_batch_free(f->batches[i]);
@@ -215,6 +216,7 @@ START_TEST(backend_selection)
     ck_assert_int_eq(ifd_device_read_params(dev, 1, p, &err), IFD_EINVAL);
     ck_assert_ptr_nonnull(strstr(err.msg, "got 1"));
     ifd_device_destroy(dev);
+    ifd_program_free(&prog);
 }
 END_TEST
 
@@ -275,6 +277,7 @@ START_TEST(replica_error_stops_peers_without_a_listener)
     ifd_device_destroy(dev);
     ck_assert_int_eq(tb->b.refs, 1);
     tu_batch_free(tb);
+    ifd_program_free(&prog);
 }
 END_TEST
 

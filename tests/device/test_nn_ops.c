@@ -5,19 +5,12 @@
  * scatter-add with repeated ids against the reference's sums.
  */
 #include "device/nn_cpu.h"
+#include "tests/util/numbers.h"
 #include "tests/util/testutil.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-static float *randf(ifd_rng *rng, int64_t n, double scale)
-{
-    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof *x);
-    for (int64_t i = 0; i < n; i++)
-        x[i] = (float)((ifd_rng_uniform(rng) * 2.0 - 1.0) * scale);
-    return x;
-}
 
 static double *to_double(const float *x, int64_t n)
 {
@@ -136,11 +129,13 @@ START_TEST(embedding_and_its_scatter_add)
     int32_t *ids = malloc((size_t)rows * sizeof *ids);
     for (int64_t r = 0; r < rows; r++)
         ids[r] = (int32_t)ifd_rng_below(&rng, (uint64_t)vocab);
-    float *table = randf(&rng, vocab * dim, 1.0), *out = randf(&rng, rows * dim, 1.0);
+    float *table = tu_frand_scaled(&rng, vocab * dim, 1.0),
+          *out = tu_frand_scaled(&rng, rows * dim, 1.0);
     ifd_nn_embedding(rows, dim, ids, table, out);
     for (int64_t r = 0; r < rows; r++)
         ck_assert(memcmp(out + r * dim, table + ids[r] * dim, (size_t)dim * 4) == 0);
-    float *dout = randf(&rng, rows * dim, 1.0), *dtable = randf(&rng, vocab * dim, 1.0);
+    float *dout = tu_frand_scaled(&rng, rows * dim, 1.0),
+          *dtable = tu_frand_scaled(&rng, vocab * dim, 1.0);
     double *want = to_double(dtable, vocab * dim);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < dim; c++)
@@ -176,7 +171,8 @@ START_TEST(layernorm_forward_and_gradients)
     seed_rng(&rng);
     int64_t rows = rand_between(&rng, 1, 9), dim = rand_between(&rng, 2, 33);
     int64_t n = rows * dim;
-    float *x = randf(&rng, n, 2.0), *g = randf(&rng, dim, 1.5), *b = randf(&rng, dim, 1.0);
+    float *x = tu_frand_scaled(&rng, n, 2.0), *g = tu_frand_scaled(&rng, dim, 1.5),
+          *b = tu_frand_scaled(&rng, dim, 1.0);
     for (int64_t i = 0; i < n; i++)
         x[i] += (float)(i % dim) * 0.1f; /* a mean away from 0 */
     float *y = malloc((size_t)n * 4), *mean = malloc((size_t)rows * 4),
@@ -186,7 +182,7 @@ START_TEST(layernorm_forward_and_gradients)
     double *yd = malloc((size_t)n * sizeof *yd);
     ref_layernorm(rows, dim, xd, gd, bd, 1e-5, yd);
     close_to("layernorm y", y, yd, n, 1e-5, 1e-5);
-    float *dy = randf(&rng, n, 1.0), *dx = malloc((size_t)n * 4);
+    float *dy = tu_frand_scaled(&rng, n, 1.0), *dx = malloc((size_t)n * 4);
     float *dg = calloc((size_t)dim, 4), *db = calloc((size_t)dim, 4);
     ifd_nn_layernorm_grad(rows, dim, x, g, mean, rstd, dy, dx, dg, db);
     double *gy = to_double(dy, n);
@@ -213,7 +209,8 @@ START_TEST(gelu_forward_and_gradient)
     ifd_rng rng;
     seed_rng(&rng);
     int64_t n = rand_between(&rng, 1, 300);
-    float *x = randf(&rng, n, 5.0), *y = malloc((size_t)n * 4), *dy = randf(&rng, n, 1.0);
+    float *x = tu_frand_scaled(&rng, n, 5.0), *y = malloc((size_t)n * 4),
+          *dy = tu_frand_scaled(&rng, n, 1.0);
     float *dx = malloc((size_t)n * 4);
     ifd_nn_gelu(n, x, y);
     double *xd = to_double(x, n), *yd = malloc((size_t)n * sizeof *yd), *gd = to_double(dy, n);
@@ -246,7 +243,7 @@ START_TEST(attention_forward_and_gradient)
     att_ctx a = {rand_between(&rng, 1, 3), rand_between(&rng, 1, 9), rand_between(&rng, 1, 3),
                  rand_between(&rng, 1, 8)};
     int64_t c = a.heads * a.dh, nin = a.batch * a.t * 3 * c, nout = a.batch * a.t * c;
-    float *qkv = randf(&rng, nin, 1.5), *out = malloc((size_t)nout * 4);
+    float *qkv = tu_frand_scaled(&rng, nin, 1.5), *out = malloc((size_t)nout * 4);
     float *probs = malloc((size_t)(a.batch * a.heads * a.t * a.t) * 4);
     ifd_nn_attention(a.batch, a.t, a.heads, a.dh, qkv, probs, out);
     double *qd = to_double(qkv, nin), *od = malloc((size_t)nout * sizeof *od);
@@ -256,7 +253,7 @@ START_TEST(attention_forward_and_gradient)
         for (int64_t i = 0; i < a.t; i++)
             for (int64_t j = i + 1; j < a.t; j++)
                 ck_assert(probs[(bh * a.t + i) * a.t + j] == 0.0f);
-    float *dout = randf(&rng, nout, 1.0), *dqkv = malloc((size_t)nin * 4);
+    float *dout = tu_frand_scaled(&rng, nout, 1.0), *dqkv = malloc((size_t)nin * 4);
     float *work = malloc((size_t)(a.t * a.t) * 4);
     ifd_nn_attention_grad(a.batch, a.t, a.heads, a.dh, qkv, probs, dout, dqkv, work);
     double *gd = to_double(dout, nout);

@@ -105,6 +105,10 @@ START_TEST(test_load_errors)
     snprintf(abi, sizeof abi, "built for program ABI version 99, expected version %d",
              IFD_PROGRAM_ABI_VERSION);
     load_fails(IFD_PLUGIN_DIR "/ifd_bad_plugin_abi.so", abi, NULL);
+    /* A plugin built before the transformer's ABI (4): both versions named. */
+    ck_assert_int_eq(IFD_PROGRAM_ABI_VERSION, 4);
+    load_fails(IFD_PLUGIN_DIR "/ifd_bad_plugin_abi3.so",
+               "built for program ABI version 3, expected version 4", NULL);
     load_fails(IFD_PLUGIN_DIR "/ifd_bad_plugin_builtin.so",
                "registers program 'mlp', the name of a built-in program", NULL);
     load_fails(IFD_PLUGIN_DIR "/ifd_bad_plugin_fail.so",
@@ -298,6 +302,7 @@ START_TEST(test_mlp2_gradients)
         free(params);
         free(grads);
         free(g2);
+        ifd_program_free(&p);
     }
 }
 END_TEST
@@ -325,6 +330,7 @@ START_TEST(test_mlp2_setup_errors)
     ck_assert_int_eq(p.cls->check_batch(&p, tb->b.tensors, 5, &err), IFD_ERANGE);
     ck_assert_str_eq(err.msg, "tensor 'y' row 3: label 3 is out of range, expected 0 <= label < 3");
     tu_batch_free(tb);
+    ifd_program_free(&p);
 }
 END_TEST
 

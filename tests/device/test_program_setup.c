@@ -82,6 +82,7 @@ START_TEST(test_softmax_check_batch)
     y[bad_row] = saved;
     ck_assert_int_eq(p.cls->check_batch(&p, tb->b.tensors, rows, &err), IFD_OK);
     tu_batch_free(tb);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -134,6 +135,7 @@ START_TEST(test_setup_errors)
                       (long long)c->given, err.msg);
     ck_assert_msg(strstr(err.msg, c->program) != NULL, "sentence should name the program: '%s'",
                   err.msg);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -173,6 +175,7 @@ START_TEST(test_setup_unknown_program)
                   "sentence should list registered programs too: '%s'", err.msg);
     tu_make_program(&p, "extra_prog", 3, 2);
     ck_assert_ptr_eq(p.cls, &extra);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -224,11 +227,14 @@ START_TEST(test_outfeed_decls)
         ck_assert_int_eq(p.outfeeds[i].per_row, 1);
         ck_assert_int_eq(p.outfeeds[i].rank, 0);
     }
+    ifd_program_free(&p);
     tu_make_program(&p, "softmax", 3, 2);
     ck_assert_int_eq(p.noutfeeds, 3);
+    ifd_program_free(&p);
     tu_make_program(&p, "linear", 3, 2);
     ck_assert_int_eq(p.noutfeeds, 0);
     ck_assert_int_eq(ifd_program_outfeed_layout(&p, 50, offs), 0);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -301,6 +307,7 @@ START_TEST(test_setup_layout)
     free(a1);
     free(a2);
     free(a3);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -377,6 +384,7 @@ START_TEST(test_mlp_layout)
     free(a2);
     free(a3);
     free(w2same);
+    ifd_program_free(&p);
 }
 END_TEST
 

@@ -137,6 +137,7 @@ static void check_gradients(const char *name, int tag, int i)
     free(params);
     free(grads);
     free(scratch);
+    ifd_program_free(&p);
 }
 
 START_TEST(test_grad_linear)
@@ -202,6 +203,7 @@ static void check_loss(const char *name, int tag, int i)
     tu_batch_free(tb);
     free(params);
     free(grads);
+    ifd_program_free(&p);
 }
 
 START_TEST(test_loss_linear)
@@ -254,6 +256,7 @@ static void case_free(case_data *c)
 {
     tu_batch_free(c->tb);
     free(c->params);
+    ifd_program_free(&c->p);
 }
 
 static const char *const all_programs[] = {"linear", "softmax", "mlp"};
@@ -382,6 +385,7 @@ START_TEST(test_softmax_ties)
     free(params);
     free(grads);
     tu_batch_free(tb);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -423,6 +427,7 @@ START_TEST(test_read_program)
     tu_batch_free(tb);
     free(params);
     free(grads);
+    ifd_program_free(&p);
 }
 END_TEST
 

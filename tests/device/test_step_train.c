@@ -223,6 +223,7 @@ static ifd_step_out trainer_eval(trainer *t, const data *b)
 
 static void trainer_free(trainer *t)
 {
+    ifd_program_free(&t->p);
     free(t->st.params);
     free(t->st.grads);
     free(t->st.slot0);

@@ -311,6 +311,9 @@ def mutations(head: dict) -> list:
         ("hidden 2^40 + 1", m(lambda h: h["settings"].update(hidden=(1 << 40) + 1)), False),
         ("classes a real", m(lambda h: h["settings"].update(classes=2.0)), False),
         ("features a boolean", m(lambda h: h["settings"].update(features=True)), False),
+        ("program settings", m(lambda h: h["settings"].update(program_config={"layers": 2})),
+         True),
+        ("program settings a list", m(lambda h: h["settings"].update(program_config=[2])), False),
         ("slots wrong", m(lambda h: h["optimizer"].update(slots=h["optimizer"]["slots"] + 1)),
          False),
         ("a learning rate as text", m(lambda h: h["optimizer"].update(learning_rate="0.1")),
@@ -323,7 +326,10 @@ def mutations(head: dict) -> list:
         ("a count off by one", m(lambda h: h["params"][-1].update(count=h["params"][-1]["count"]
                                                                   + 1)), False),
         ("a 32-byte name", m(lambda h: h["params"][0].update(name="n" * 32)), False),
-        ("a shape of rank 3", m(lambda h: h["params"][0].update(shape=[1, 1, 1])), False),
+        # ranks up to 4 (program ABI 4): the same one float in a rank-4 shape is taken
+        ("a shape of rank 4", m(lambda h: h["params"][0].update(shape=[1, 1, 1, h["params"][0][
+            "count"]])), True),
+        ("a shape of rank 5", m(lambda h: h["params"][0].update(shape=[1, 1, 1, 1, 1])), False),
         ("a dimension 0", m(lambda h: h["params"][0].update(shape=[0])), False),
         ("a dimension over 2^40", m(lambda h: h["params"][0].update(shape=[1 << 21, 1 << 20])),
          False),
@@ -483,11 +489,30 @@ def test_export_command_errors_and_no_partial_files(tmp_path, rng):
     assert sorted(os.listdir(tmp_path)) == ["bad.ifdckpt", "good.ifdckpt"], os.listdir(tmp_path)
 
 
+def test_program_settings_are_loaded_and_exported(tmp_path, rng):
+    """A checkpoint's program_config (program ABI 4) is settings["program_config"], and goes into
+    the safetensors metadata with the other settings."""
+    pc = {"layers": rng.randint(1, 8), "heads": rng.randint(1, 4), "name": "x"}
+    head = ckpt.header("custom", {"features": 3}, [("w", [2, 3])], 7, {})
+    head["settings"]["program_config"] = pc
+    ckpt.write(tmp_path / "c.ifdckpt", head, np.zeros(6, np.float32))
+    c = infeed.checkpoint.load(tmp_path / "c.ifdckpt")
+    assert c.settings["program_config"] == pc
+    st = pytest.importorskip("safetensors.numpy")
+    infeed.export.export(tmp_path / "c.ifdckpt", safetensors=tmp_path / "c.safetensors")
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "c.safetensors"), framework="numpy") as f:
+        assert json.loads(f.metadata()["settings"])["program_config"] == pc
+    del st
+
+
 def test_parameters_of_any_name_are_exported(tmp_path, rng):
-    """np.savez's own keywords ("file", "allow_pickle") and a rank-0 parameter are names and
-    shapes a program may declare."""
+    """np.savez's own keywords ("file", "allow_pickle"), a rank-0 parameter, ranks 3 and 4 and
+    more than 8 parameters (program ABI 4) are names and shapes a program may declare."""
     shapes = [("file", []), ("allow_pickle", [rng.randint(1, 5)]),
               ("w", [rng.randint(1, 4), rng.randint(1, 4)])]
+    shapes += [(f"t{i}", [rng.randint(1, 3) for _ in range(rng.randint(1, 4))])
+               for i in range(rng.randint(6, 12))]
     head = ckpt.header("custom", {"features": 3}, shapes, 7, {})
     params = np.random.default_rng(rng.randrange(1 << 30)).standard_normal(
         head["nparam_floats"]).astype(np.float32)

@@ -89,6 +89,7 @@ START_TEST(device_open_fails_without_leaving_a_device)
     ck_assert_int_eq(ifd_device_create(&dev, "cuda", &dc, &err), IFD_ECUDA);
     ck_assert_ptr_null(dev);
     ifd_device_destroy(dev);
+    ifd_program_free(&prog);
 }
 END_TEST
 

@@ -427,6 +427,7 @@ START_TEST(predict_matches_cpu)
         tu_result_free(&cpu);
         tu_result_free(&gpu);
         tu_batches_free(bs, nb);
+        ifd_program_free(&p);
     }
 }
 END_TEST

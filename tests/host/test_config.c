@@ -6,6 +6,7 @@
  * way; --help listing every option with its default.
  */
 #include "host/config_internal.h"
+#include "tests/util/program_ref.h"
 #include "tests/util/testutil.h"
 
 #include <check.h>
@@ -204,8 +205,9 @@ START_TEST(option_bad_values_name_the_key)
             if (o->kind == K_ENUM)
                 RASSERT(strstr(err.msg, o->names->choices), "%s: '%s'", arg, err.msg);
         }
-        /* a JSON object is no option's value but host_calls', which no array is */
-        int calls = o->kind == K_CALLS;
+        /* a JSON object is no option's value but host_calls' and program_config's, which no
+         * array is */
+        int calls = o->kind == K_CALLS || (o->flags & OPT_OBJECT);
         RASSERT(parse(file_with(json, sizeof json, o->key, calls ? "[]" : "{}"), NULL, &err) ==
                     IFD_EINVAL,
                 "%s: {} is refused", o->key);
@@ -568,6 +570,68 @@ START_TEST(help_lists_every_option_and_its_default)
 }
 END_TEST
 
+/* "layered": reads program_config's layers (1..64), for program_config_flag_and_key. */
+static int layered_setup(ifd_program *p, ifd_error *err)
+{
+    int64_t layers, d = 1;
+    int rc = ifd_program_config_int(p, "layers", 2, 1, 64, &layers, err);
+    return rc ? rc : ifd_program_add_param(p, "w", 1, &d);
+}
+static void layered_init(const ifd_program *p, float *params, uint64_t seed)
+{
+    (void)p, (void)seed;
+    params[0] = 0.0f;
+}
+static const ifd_program_class layered = {.name = "layered",
+                                          .setup = layered_setup,
+                                          .init_params = layered_init,
+                                          .workspace_floats = tu_program_rows_workspace,
+                                          .train_step = tu_program_no_step};
+
+/* program_config from the flag (its text as given) and the file (an object, kept as its
+ * canonical text, or a string); the program's sentences name the flag or the key as given. */
+START_TEST(program_config_flag_and_key)
+{
+    ck_assert_int_eq(ifd_program_register(&layered), IFD_OK);
+    ifd_daemon_config c;
+    ifd_error err;
+    const char *flag_ok[] = {"--program", "layered", "--program-config", "{\"layers\": 7}", NULL};
+    RASSERT(parse_into(&c, NULL, flag_ok, &err) == IFD_OK, "%s", err.msg);
+    ck_assert_str_eq(c.run.settings.config, "{\"layers\": 7}");
+    ifd_daemon_config_free(&c);
+    const char *file_ok = "{\"program\": \"layered\", \"program_config\": {\"layers\": 9}, "
+                          "\"features\": 4, \"classes\": 3, \"steps\": 10}";
+    RASSERT(parse_into(&c, file_ok, NULL, &err) == IFD_OK, "%s", err.msg);
+    ck_assert_str_eq(c.run.settings.config, "{\"layers\":9}");
+    ifd_daemon_config_free(&c);
+    const char *file_text = "{\"program\": \"layered\", \"program_config\": \"{}\", "
+                            "\"features\": 4, \"classes\": 3, \"steps\": 10}";
+    RASSERT(parse_into(&c, file_text, NULL, &err) == IFD_OK, "%s", err.msg);
+    ck_assert_str_eq(c.run.settings.config, "{}");
+    ifd_daemon_config_free(&c);
+    /* refusals: the program's, naming the flag or the key; text that is no object; a number */
+    const char *flag_bad[] = {"--program", "layered", "--program-config", "{\"layers\": 0}", NULL};
+    ck_assert_int_eq(parse(NULL, flag_bad, &err), IFD_EINVAL);
+    ck_assert_str_eq(err.msg, "program 'layered': --program-config setting 'layers': expected an "
+                              "integer from 1 to 64, got 0");
+    const char *file_bad = "{\"program\": \"softmax\", \"program_config\": {\"layers\": 2}, "
+                           "\"features\": 4, \"classes\": 3, \"steps\": 10}";
+    ck_assert_int_eq(parse(file_bad, NULL, &err), IFD_EINVAL);
+    ck_assert_str_eq(err.msg, "program 'softmax': program_config setting 'layers': the program has "
+                              "no such setting (it reads none)");
+    const char *flag_list[] = {"--program-config", "[2]", NULL};
+    ck_assert_int_eq(parse(NULL, flag_list, &err), IFD_EINVAL);
+    RASSERT(strncmp(err.msg, "--program-config: expected a JSON object of the program's settings",
+                    66) == 0,
+            "%s", err.msg);
+    const char *file_num = "{\"program_config\": 2, \"features\": 4, \"classes\": 3, "
+                           "\"steps\": 10}";
+    ck_assert_int_eq(parse(file_num, NULL, &err), IFD_EINVAL);
+    RASSERT(strstr(err.msg, "key 'program_config': expected a JSON object (or its text), got "),
+            "%s", err.msg);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("config");
@@ -581,6 +645,7 @@ int main(void)
     tcase_add_test(tc, old_field_names_set_the_new_ones);
     tcase_add_test(tc, config_md_lists_every_option);
     tcase_add_test(tc, host_calls_file_and_flags);
+    tcase_add_test(tc, program_config_flag_and_key);
     tcase_add_test(tc, help_lists_every_option_and_its_default);
     return tu_run_suite(s);
 }

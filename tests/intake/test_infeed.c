@@ -27,6 +27,7 @@ START_TEST(check_accepts_a_good_batch)
     ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_OK);
     ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 0, IFD_MODE_TRAIN, &err), IFD_OK);
     tu_batch_free(tb);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -56,6 +57,7 @@ START_TEST(padding_copies_and_drops_the_pinned_flag)
         memcmp(padded->tensors[0].data, tb->b.tensors[0].data, (size_t)(rows * f) * sizeof(float)),
         0);
     ifd_batch_unref(padded); /* releases tb with it (tu_batch's release frees it) */
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -97,6 +99,7 @@ START_TEST(check_names_what_is_wrong)
     ck_assert_int_eq(ifd_program_check_batch(&p, &tb->b, 8, IFD_MODE_TRAIN, &err), IFD_ERANGE);
     ck_assert_msg(strstr(err.msg, "row 5") && strstr(err.msg, "label -1"), "%s", err.msg);
     tu_batch_free(tb);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -132,6 +135,7 @@ START_TEST(per_host_shards_are_views)
     }
     ck_assert_int_eq(next, tb->b.rows);
     tu_batch_free(tb);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -153,6 +157,7 @@ START_TEST(per_host_rejects_uneven_batches)
                       strstr(err.msg, "got 1"),
                   "%s", err.msg);
     tu_batch_free(tb);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -198,6 +203,7 @@ START_TEST(batch_queue_source)
     src.ops->abort(src.ctx);
     ck_assert_int_eq(src.ops->next(src.ctx, &got, &err), IFD_ESTOPPED);
     ifd_batch_queue_destroy(q);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -248,6 +254,7 @@ START_TEST(one_batch_a_replica_modes)
     }
     for (int i = 0; i < n; i++)
         tu_batch_free(tb[i]);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -284,6 +291,7 @@ START_TEST(per_core_and_stop_rules)
         ck_assert_ptr_eq(shards[r].batch, bs[0]);
     for (int i = 0; i < 3; i++)
         tu_batch_free(tb[i]);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -343,6 +351,7 @@ START_TEST(per_replica_queue)
     /* destroy releases what is left */
     ifd_batch_queue_destroy(q);
     ck_assert_int_eq(released, 2 * replicas - 3);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -391,6 +400,8 @@ START_TEST(check_values_finds_the_first_bad_float)
     y[rand_between(&rng, 0, rows - 1)] = 0x7fc00000;
     ck_assert_int_eq(ifd_infeed_check_values(&p, &tb->b, IFD_MODE_TRAIN, 0, &err), IFD_OK);
     tu_batch_free(tb);
+    ifd_program_free(&p);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -443,6 +454,8 @@ START_TEST(a_batch_the_source_checked_is_not_checked_again)
             "%d checks for %d unchecked batches of %lld", checks, unchecked, (long long)n);
     tu_result_free(&res);
     tu_batches_free(bs, n);
+    ifd_program_free(&p);
+    ifd_program_free(&p);
 }
 END_TEST
 

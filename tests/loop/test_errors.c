@@ -176,6 +176,7 @@ START_TEST(injected_error_ends_the_run)
     ifd_sink_destroy(log);
     free(bs);
     ck_assert_int_eq(tu_thread_count_settle(baseline), baseline);
+    ifd_program_free(&prog);
 }
 END_TEST
 
@@ -205,6 +206,7 @@ START_TEST(no_thread_left_after_a_good_run)
     for (int i = 0; i < 5; i++)
         tu_batch_free(bs[i]);
     ck_assert_int_eq(tu_thread_count_settle(baseline), baseline);
+    ifd_program_free(&prog);
 }
 END_TEST
 

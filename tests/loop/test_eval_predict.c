@@ -138,6 +138,7 @@ START_TEST(eval_matches_reference)
     free(init);
     tu_result_free(&res);
     tu_batches_free(bs, steps);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -252,6 +253,7 @@ static void check_predict(const char *prog, int replicas, int64_t batch, int64_t
     free(c.got);
     tu_result_free(&res);
     tu_batches_free(bs, nb);
+    ifd_program_free(&p);
 }
 
 /* The case: 1000 rows, batch 64, R = 4. */
@@ -293,6 +295,7 @@ START_TEST(predict_rejects_labels)
     RASSERT(strstr(res.err.msg, "predict") && strstr(res.err.msg, "2 tensors"), "%s", res.err.msg);
     tu_result_free(&res);
     tu_batch_free(b);
+    ifd_program_free(&p);
 }
 END_TEST
 

@@ -450,6 +450,7 @@ START_TEST(predict_predicts_every_row)
             (long long)n, (long long)cfg.batch_size, (long long)c.rows, (long long)c.batches);
     tu_result_free(&r);
     tu_batches_free(b, n);
+    ifd_program_free(&p);
 }
 END_TEST
 

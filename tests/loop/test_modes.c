@@ -198,6 +198,7 @@ START_TEST(replicas_see_their_rows)
     }
     tu_result_free(&res);
     tu_batches_free(bs, n);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -285,6 +286,7 @@ START_TEST(same_params_as_per_host)
     tu_result_free(&b);
     tu_batches_free(bs, n);
     tu_batches_free(host, steps);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -325,6 +327,7 @@ START_TEST(input_ends_inside_a_step)
     RASSERT(res.mirrors_identical, "mirrors differ");
     tu_result_free(&res);
     tu_batches_free(bs, n);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -390,6 +393,7 @@ START_TEST(predict_in_every_mode)
     RASSERT(res.released == n, "%d of %lld batches released", res.released, (long long)n);
     tu_result_free(&res);
     tu_batches_free(bs, n);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -422,6 +426,7 @@ START_TEST(wrong_rows_name_the_mode)
     ck_assert_int_eq(res.released, 1);
     tu_result_free(&res);
     tu_batch_free(b);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -465,6 +470,7 @@ START_TEST(per_core_needs_next_for)
     ck_assert_msg(strstr(err.msg, "replica 1: expected 0 to 0"), "%s", err.msg);
     ifd_session_destroy(s);
     ifd_batch_queue_destroy(q);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -534,6 +540,7 @@ START_TEST(per_core_names_the_starving_replica)
     ifd_session_destroy(rn.s);
     ifd_batch_queue_destroy(q);
     ck_assert_int_eq(released, R);
+    ifd_program_free(&p);
 }
 END_TEST
 

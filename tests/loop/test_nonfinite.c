@@ -128,6 +128,7 @@ START_TEST(skipped_steps_change_nothing)
         ifd_program_init(&p, cfg.program, &cfg.settings, &err);
         ref.nparams = p.nparam_floats; /* every step skipped: the initial parameters stay */
         ref.params = NULL;
+        ifd_program_free(&p);
     }
     if (ref.params)
         RASSERT(memcmp(got.params, ref.params, sizeof(float) * (size_t)ref.nparams) == 0,

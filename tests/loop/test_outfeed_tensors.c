@@ -228,6 +228,7 @@ static void run_probe(ifd_mode run_mode, int i)
     tu_result_free(&res);
     tu_batches_free(bs, n);
     free(c.params);
+    ifd_program_free(&c.p);
 }
 
 START_TEST(train_tensors_concatenated)
@@ -408,6 +409,7 @@ START_TEST(classifiers_outfeed_class_confidence_label)
     free(area);
     free(work);
     tu_batch_free(tb);
+    ifd_program_free(&p);
 }
 END_TEST
 

@@ -108,6 +108,7 @@ START_TEST(mlp_mean_matches_one_replica)
     tu_result_free(&one);
     tu_result_free(&many);
     tu_batches_free(bs, cfg.steps);
+    ifd_program_free(&p);
 }
 END_TEST
 
@@ -151,6 +152,7 @@ START_TEST(sum_reports_the_sum)
     tu_result_free(&mean);
     tu_result_free(&sum);
     tu_batches_free(bs, 1);
+    ifd_program_free(&p);
 }
 END_TEST
 

@@ -161,6 +161,7 @@ static void run_with(const ifd_config *cfg, int64_t nbatches, recorder *rec, int
     }
     ifd_sink_destroy(sink);
     free(batches);
+    ifd_program_free(&prog);
 }
 
 static void run_out_free(run_out *o)

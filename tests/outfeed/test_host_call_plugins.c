@@ -201,12 +201,14 @@ START_TEST(the_runner_binds_steps_and_summarizes)
         ck_assert_double_eq_tol(number(cal, "confidence_right"), cr / (double)right, 1e-6);
     json_decref(calls);
     ifd_plugin_calls_fini(&pc);
+    ifd_program_free(&f.p);
     /* a program without label: refused, naming the tensor, the program and what it has */
     fake_run_init(&f, names, 1);
     ifd_error_clear(&err);
     ck_assert_int_eq(ifd_plugin_calls_init(&pc, &f.c, &info, &err), IFD_EINVAL);
     ck_assert_str_eq(err.msg, "host call 'calibration' takes tensor 'class', which program "
                               "'softmax' does not outfeed (it outfeeds confidence)");
+    ifd_program_free(&f.p);
 }
 END_TEST
 

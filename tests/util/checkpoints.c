@@ -88,6 +88,7 @@ ifd_checkpoint *tu_ckpt_random(const ifd_config *cfg, ifd_rng *rng)
     ck_assert_int_eq(ifd_checkpoint_select_host(c, 0, &err), IFD_OK);
     free(params);
     free(slots);
+    ifd_program_free(&p);
     return c;
 }
 

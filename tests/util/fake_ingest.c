@@ -207,6 +207,7 @@ void fake_ingest_free(fake_ingest *f)
     ifd_cond_fini(&g->fifo.cv);
     ifd_mutex_fini(&g->fifo.mu);
     free(g);
+    ifd_program_free(&f->program);
     for (int i = 0; i < f->nreplies; i++)
         json_decref(f->replies[i].json);
     fake_current = NULL;

@@ -61,6 +61,7 @@ void tu_live_finish(tu_live *l)
     if (!l->joined)
         pthread_join(l->runner, NULL);
     ifd_session_destroy(l->s);
+    ifd_program_free(&l->prog);
     ifd_batch_queue_destroy(l->q);
     ifd_sink_destroy(l->sink);
 }

@@ -18,12 +18,17 @@ float *tu_falloc(int64_t n)
     return tu_xmalloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
 }
 
-float *tu_frand(ifd_rng *rng, int64_t n)
+float *tu_frand_scaled(ifd_rng *rng, int64_t n, double scale)
 {
     float *p = tu_falloc(n);
     for (int64_t i = 0; i < n; i++)
-        p[i] = (float)(2.0 * ifd_rng_uniform(rng) - 1.0);
+        p[i] = (float)((ifd_rng_uniform(rng) * 2.0 - 1.0) * scale);
     return p;
+}
+
+float *tu_frand(ifd_rng *rng, int64_t n)
+{
+    return tu_frand_scaled(rng, n, 1.0);
 }
 
 void tu_fill_nan(float *x, int64_t n)

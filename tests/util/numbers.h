@@ -14,6 +14,8 @@ void *tu_xmalloc(size_t n);
 float *tu_falloc(int64_t n);
 /* n floats uniform in [-1, 1). */
 float *tu_frand(ifd_rng *rng, int64_t n);
+/* n floats uniform in [-scale, scale). */
+float *tu_frand_scaled(ifd_rng *rng, int64_t n, double scale);
 /* Sets x[0..n) to NaN: memory a step must write before it reads. */
 void tu_fill_nan(float *x, int64_t n);
 

@@ -21,6 +21,12 @@ static inline uint64_t tu_test_seed(int tag, int i)
     return BASE_SEED + 1000003ull * (uint64_t)tag + (uint64_t)i;
 }
 
+/* For test programs that are set up and never stepped: rows floats of workspace, and a step that
+ * does nothing. */
+int64_t tu_program_rows_workspace(const ifd_program *p, int64_t rows);
+int tu_program_no_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
+                       ifd_error *err);
+
 /* ifd_program_init over D features, K classes and (mlp) H hidden units, or the test fails. */
 void tu_make_program_h(ifd_program *p, const char *name, int64_t d, int64_t h, int64_t k);
 void tu_make_program(ifd_program *p, const char *name, int64_t d, int64_t k);

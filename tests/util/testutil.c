@@ -56,7 +56,9 @@ tu_batch *tu_batch_random(const ifd_program *p, int64_t rows, int64_t seq, ifd_r
         } else if (in->dtype == IFD_I32) {
             int32_t *v = tb->data[i];
             for (size_t j = 0; j < n; j++)
-                v[j] = (int32_t)ifd_rng_below(rng, (uint64_t)p->settings.classes);
+                v[j] = (int32_t)ifd_rng_below(
+                    rng,
+                    (uint64_t)(p->input_limit[i] > 0 ? p->input_limit[i] : p->settings.classes));
         } else {
             memset(tb->data[i], 0, n * ifd_dtype_size(in->dtype));
         }
@@ -148,6 +150,7 @@ tu_batch **tu_batches_random(const ifd_config *cfg, int64_t n, uint64_t seed)
     ck_assert_ptr_nonnull(bs);
     for (int64_t i = 0; i < n; i++)
         bs[i] = tu_batch_random(&p, cfg->batch_size, i, &rng);
+    ifd_program_free(&p);
     return bs;
 }
 

@@ -40,7 +40,8 @@ PREAMBLE = 16  # magic, version, header length
 CRC_LEN = 4
 HEADER_MAX = 16 << 20
 MAX_FLOATS = 1 << 40
-MAX_PARAMS = 8  # IFD_MAX_PARAMS
+MAX_PARAMS = 1 << 20  # IFD_CHECKPOINT_MAX_PARAMS
+PARAM_MAX_RANK = 4  # IFD_PARAM_MAX_RANK
 NAME_MAX = 32  # IFD_NAME_MAX: a parameter's name is at most 31 bytes
 PROGRAM_MAX = 64  # a program's name is at most 63 bytes
 PRODUCER_NAME_MAX = 63  # IFD_CHECKPOINT_NAME_MAX
@@ -62,7 +63,8 @@ class Checkpoint:
     SGD: none). ``producers`` maps a producer name to the highest sequence number a step in the
     checkpoint consumed (its stream resumes at that + 1); with ``hosts`` above 1 it is empty and
     ``host_producers[h]`` holds host h's. ``settings`` holds ``features``, ``classes`` and
-    ``hidden`` (0: unset). ``header`` is the whole JSON header; ``skipped``, when loaded from a
+    ``hidden`` (0: unset), and ``program_config`` (a dict) when the run gave the program settings
+    of its own. ``header`` is the whole JSON header; ``skipped``, when loaded from a
     folder, the errors of the newer checkpoints that did not load."""
 
     path: str
@@ -195,6 +197,11 @@ def _program(h: dict, path) -> tuple:
     s = h.get("settings")
     settings = {k: _int(s, k, 0, MAX_FLOATS, path, "settings.")
                 for k in ("features", "classes", "hidden")}
+    pc = s.get("program_config", _MISSING)
+    if pc is not _MISSING:  # the program's own settings (program ABI 4), when it was given some
+        if not isinstance(pc, dict):
+            raise _error(path, "header: 'settings.program_config'", "an object", _what(pc))
+        settings["program_config"] = pc
     return prog, settings
 
 
@@ -226,8 +233,9 @@ def _params(params, n: int, path) -> list:
         if not isinstance(name, str) or len(name.encode()) >= NAME_MAX:
             raise _error(path, f"header: 'params[{i}].name'",
                          f"a name of at most {NAME_MAX - 1} bytes", _what(name))
-        if not isinstance(shape, list) or len(shape) > 2:
-            raise _error(path, f"header: 'params[{i}].shape'", "a shape of rank 0 to 2",
+        if not isinstance(shape, list) or len(shape) > PARAM_MAX_RANK:
+            raise _error(path, f"header: 'params[{i}].shape'",
+                         f"a shape of rank 0 to {PARAM_MAX_RANK}",
                          _what(shape) if not isinstance(shape, list) else f"rank {len(shape)}")
         count = 1
         for d, dim in enumerate(shape):
