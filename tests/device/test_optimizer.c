@@ -10,6 +10,8 @@
 #include "tests/util/numbers.h"
 #include "tests/util/testutil.h"
 
+#include <infeed/checkpoint.h>
+
 #include <check.h>
 #include <float.h>
 #include <math.h>
@@ -405,14 +407,146 @@ START_TEST(test_skipped_reports_rate)
 }
 END_TEST
 
+/* Through a session (the cpu backend's wiring of the program's flags): from random parameters
+ * and slots, one AdamW step with weight decay and one without leave the flagged bias with the
+ * same bits and the weights apart; the mirrors of every replica agree. */
+START_TEST(test_session_leaves_flagged_params_alone)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int replicas = (int)rand_between(&rng, 1, 3);
+    ifd_config cfg;
+    tu_config_train(&cfg, "softmax-nodecay", IFD_OPT_ADAMW, rand_between(&rng, 1, 8),
+                    rand_between(&rng, 2, 6), replicas * rand_between(&rng, 1, 4), 1, 7);
+    cfg.replicas = replicas;
+    cfg.steps = 1;
+    cfg.optimizer.learning_rate = 0.1f;
+    cfg.optimizer.weight_decay = 0.5f;
+    ifd_program p;
+    ifd_error err;
+    RC_OK(ifd_program_init(&p, cfg.program, &cfg.settings, &err), err);
+    int64_t n = p.nparam_floats;
+    mirror start;
+    mirror_random(&rng, &start, n);
+    float *slots = tu_falloc(2 * n);
+    memcpy(slots, start.m, sizeof(float) * (size_t)n);
+    memcpy(slots + n, start.v, sizeof(float) * (size_t)n);
+    ifd_checkpoint *c;
+    RC_OK(ifd_checkpoint_create(&c, &cfg, 0, rand_between(&rng, 0, 100), start.p, slots, &err),
+          err);
+    cfg.restore = c;
+    tu_batch **bs = tu_batches_random(&cfg, 1, g_seed);
+    tu_result a, b;
+    tu_run(&cfg, bs, 1, &a);
+    cfg.optimizer.weight_decay = 0.0f;
+    tu_run(&cfg, bs, 1, &b);
+    RASSERT(a.rc == IFD_OK && b.rc == IFD_OK && a.mirrors_identical && b.mirrors_identical, "%s %s",
+            a.err.msg, b.err.msg);
+    int flagged = 0;
+    for (int i = 0; i < p.nparams; i++) {
+        const ifd_param_spec *ps = &p.params[i];
+        size_t bytes = sizeof(float) * (size_t)ps->count;
+        int same = memcmp(a.params + ps->offset, b.params + ps->offset, bytes) == 0;
+        flagged += (ps->flags & IFD_PARAM_NO_DECAY) != 0;
+        RASSERT(same == ((ps->flags & IFD_PARAM_NO_DECAY) != 0),
+                "%d replicas, parameter '%s' (flags %u): weight decay %s its bits", replicas,
+                ps->name, ps->flags, same ? "left" : "changed");
+    }
+    RASSERT(flagged == 1, "%d parameters flagged", flagged);
+    tu_result_free(&a);
+    tu_result_free(&b);
+    tu_batches_free(bs, 1);
+    ifd_checkpoint_free(c);
+    mirror_free(&start);
+    free(slots);
+}
+END_TEST
+
+/* ifd_config_validate over the new keys: each refusal names its key, what was expected and
+ * what was given; the combinations a schedule needs pass. */
+START_TEST(test_config_rules)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_error err;
+    for (int trial = 0; trial < 50; trial++) {
+        ifd_config cfg;
+        tu_config_train(&cfg, "softmax", IFD_OPT_ADAMW, 3, 2, 4, 1, 1);
+        ifd_optimizer *o = &cfg.optimizer;
+        o->lr_schedule = (ifd_lr_schedule)rand_between(&rng, 1, 2);
+        o->warmup_steps = rand_between(&rng, 0, 1000);
+        o->decay_steps = o->warmup_steps + rand_between(&rng, 1, 1000);
+        o->min_learning_rate = o->learning_rate * (float)tu_urand(&rng, 0.0, 1.0);
+        o->clip_norm = (float)tu_urand(&rng, 0.0, 5.0);
+        RASSERT(ifd_config_validate(&cfg, &err) == IFD_OK, "a valid schedule: %s", err.msg);
+        ifd_config bad = cfg;
+        char want[160];
+        switch (trial % 6) {
+        case 0: /* the decay must end after the warmup */
+            bad.optimizer.decay_steps = rand_between(&rng, 0, o->warmup_steps);
+            snprintf(want, sizeof want,
+                     "decay_steps: expected more than warmup_steps (%lld) with lr_schedule %s",
+                     (long long)o->warmup_steps, ifd_lr_schedule_name(o->lr_schedule));
+            break;
+        case 1:
+            bad.optimizer.min_learning_rate = o->learning_rate * (float)tu_urand(&rng, 1.5, 9.0);
+            snprintf(want, sizeof want,
+                     "min_learning_rate: expected at most learning_rate (%g), the rate "
+                     "lr_schedule %s decays from, got %g",
+                     (double)o->learning_rate, ifd_lr_schedule_name(o->lr_schedule),
+                     (double)bad.optimizer.min_learning_rate);
+            break;
+        case 2: /* a constant rate takes no decay_steps */
+            bad.optimizer.lr_schedule = IFD_LR_CONSTANT;
+            snprintf(want, sizeof want,
+                     "decay_steps: expected 0 (unset) with lr_schedule constant, which does not "
+                     "decay (cosine or linear do), got %lld",
+                     (long long)o->decay_steps);
+            break;
+        case 3:
+            bad.optimizer.clip_norm = -(float)tu_urand(&rng, 0.01, 5.0);
+            snprintf(want, sizeof want, "clip_norm: expected 0 (no clipping) or a positive norm");
+            break;
+        case 4:
+            bad.optimizer.weight_decay = -(float)tu_urand(&rng, 0.01, 5.0);
+            snprintf(want, sizeof want, "weight_decay: expected 0 or more, got");
+            /* adam has no weight decay to check */
+            ifd_config adam = bad;
+            adam.optimizer.kind = IFD_OPT_ADAM;
+            RASSERT(ifd_config_validate(&adam, &err) == IFD_OK, "adam: %s", err.msg);
+            break;
+        default:
+            bad.optimizer.warmup_steps = -rand_between(&rng, 1, 100);
+            snprintf(want, sizeof want, "warmup_steps: expected 0 or more, got %lld",
+                     (long long)bad.optimizer.warmup_steps);
+            break;
+        }
+        RASSERT(ifd_config_validate(&bad, &err) == IFD_EINVAL && strstr(err.msg, want),
+                "case %d: '%s', want '%s'", trial % 6, err.msg, want);
+    }
+    ifd_config cfg;
+    tu_config_train(&cfg, "softmax", IFD_OPT_ADAMW, 3, 2, 4, 1, 1);
+    cfg.optimizer.lr_schedule = (ifd_lr_schedule)3;
+    RASSERT(ifd_config_validate(&cfg, &err) == IFD_EINVAL &&
+                strstr(err.msg, "lr_schedule: expected constant, cosine or linear, got 3"),
+            "%s", err.msg);
+    cfg.optimizer.lr_schedule = IFD_LR_CONSTANT;
+    cfg.optimizer.warmup_steps = 10; /* a warmup to a constant rate */
+    RASSERT(ifd_config_validate(&cfg, &err) == IFD_OK, "%s", err.msg);
+}
+END_TEST
+
 int main(void)
 {
+    tu_register_softmax_nodecay("softmax-nodecay");
     Suite *s = suite_create("optimizer");
     TCase *tc = tu_tcase(s, "schedules", 60);
     tcase_add_test(tc, test_schedule_values);
     tc = tu_tcase(s, "adamw", 60);
     tcase_add_test(tc, test_nodecay_ranges);
     tcase_add_test(tc, test_adamw);
+    tcase_add_test(tc, test_session_leaves_flagged_params_alone);
+    tcase_add_test(tc, test_config_rules);
     tc = tu_tcase(s, "clipping", 60);
     tcase_add_test(tc, test_clip_norm);
     tcase_add_test(tc, test_skipped_reports_rate);

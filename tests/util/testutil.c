@@ -363,6 +363,27 @@ int tu_register_softmax_like(const char *name, tu_step_fn step)
     return ifd_program_register(cls);
 }
 
+/* softmax's setup, with its rank-1 parameters (the bias) left out of weight decay */
+static int nodecay_setup(ifd_program *p, ifd_error *err)
+{
+    int rc = like_setup(p, err);
+    for (int i = 0; rc == IFD_OK && i < p->nparams; i++)
+        if (p->params[i].rank == 1)
+            p->params[i].flags |= IFD_PARAM_NO_DECAY;
+    return rc;
+}
+
+int tu_register_softmax_nodecay(const char *name)
+{
+    ifd_program_class *cls = calloc(1, sizeof *cls); /* lives as long as the registry */
+    cls->name = name;
+    cls->setup = nodecay_setup;
+    cls->init_params = like_init;
+    cls->workspace_floats = like_workspace;
+    cls->train_step = tu_softmax_step;
+    return ifd_program_register(cls);
+}
+
 uint64_t g_seed;
 
 void seed_rng(ifd_rng *rng)
