@@ -13,11 +13,11 @@ int ifd_optimizer_slots(ifd_optimizer_kind kind)
     }
 }
 
-int64_t ifd_optimizer_nodecay_ranges(const ifd_program *p, int64_t *ranges)
+int64_t ifd_optimizer_nodecay_ranges(const ifd_param_spec *params, int nparams, int64_t *ranges)
 {
     int64_t n = 0;
-    for (int i = 0; i < p->nparams; i++) {
-        const ifd_param_spec *ps = &p->params[i];
+    for (int i = 0; i < nparams; i++) {
+        const ifd_param_spec *ps = &params[i];
         if (!(ps->flags & IFD_PARAM_NO_DECAY) || ps->count <= 0)
             continue;
         /* insertion by offset: a program's parameters are few and mostly in order already */

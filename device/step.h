@@ -71,9 +71,10 @@ struct ifd_replica_state {
 
 /* Optimizer slot vectors the kind needs (0, 1 or 2). */
 int ifd_optimizer_slots(ifd_optimizer_kind kind);
-/* The element ranges of p's parameters flagged IFD_PARAM_NO_DECAY, sorted, adjacent ones
- * merged: [lo, hi) pairs into ranges (room for 2 * p->nparams); returns their count. */
-int64_t ifd_optimizer_nodecay_ranges(const ifd_program *p, int64_t *ranges);
+/* The element ranges of the parameters params[0..nparams) flagged IFD_PARAM_NO_DECAY (a
+ * program's p->params), sorted, adjacent ones merged: [lo, hi) pairs into ranges (room for
+ * 2 * nparams); returns their count. */
+int64_t ifd_optimizer_nodecay_ranges(const ifd_param_spec *params, int nparams, int64_t *ranges);
 
 /* One training step of one replica. A program that returns a code reserved for the runtime's
  * own stop (stopped, canceled, closed, input ended) gets IFD_EINTERNAL instead, so that it

@@ -426,7 +426,7 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
         return ifd_error_set(err, IFD_ENOMEM, "cpu backend: %d replicas of %lld parameter floats",
                              cd->replicas, (long long)p->nparam_floats);
     }
-    cd->nnodecay = ifd_optimizer_nodecay_ranges(p, cd->nodecay);
+    cd->nnodecay = ifd_optimizer_nodecay_ranges(p->params, p->nparams, cd->nodecay);
     ifd_replicas_init(&cd->set, dev, cd->reps, sizeof *cd->reps, &cpu_replica_ops, IFD_SPIN_NS);
     const float *start = ifd_replica_initial_params(cfg, init);
     for (int r = 0; r < cd->replicas; r++) {

@@ -144,7 +144,8 @@ static int replica_state(cu_dev *cd, cu_replica *rep, const float *init, ifd_err
         return ifd_error_set(err, IFD_ENOMEM, "cuda backend: GPU %d: step counters", gpu);
     steps[0] = cfg->initial_step;
     steps[1] = cfg->init_opt_step;
-    int64_t nodecay = ifd_optimizer_nodecay_ranges(cfg->program, steps + 2);
+    int64_t nodecay =
+        ifd_optimizer_nodecay_ranges(cfg->program->params, cfg->program->nparams, steps + 2);
     CUDA_TRY_GOTO(gpu, cudaMalloc((void **)&rep->dsteps, nsteps * sizeof *steps), rc, err,
                   free_steps);
     CUDA_TRY_GOTO(gpu,

@@ -98,24 +98,29 @@ START_TEST(test_schedule_values)
 }
 END_TEST
 
-/* A program's parameter list: nparams parameters tiling n floats, each flagged no-decay with
- * probability 1/2. */
-static void random_params(ifd_rng *rng, ifd_program *p, int64_t n)
+/* A program's parameter list (the list is any length: more than a built-in program has). */
+#define MAX_SPECS 24
+typedef struct spec_list {
+    int n;
+    ifd_param_spec p[MAX_SPECS];
+} spec_list;
+
+/* 1 to MAX_SPECS parameters tiling n floats, each flagged no-decay with probability 1/2. */
+static void random_params(ifd_rng *rng, spec_list *l, int64_t n)
 {
-    memset(p, 0, sizeof *p);
-    p->nparams = (int)rand_between(rng, 1, n < IFD_MAX_PARAMS ? n : IFD_MAX_PARAMS);
+    memset(l, 0, sizeof *l);
+    l->n = (int)rand_between(rng, 1, n < MAX_SPECS ? n : MAX_SPECS);
     int64_t at = 0;
-    for (int i = 0; i < p->nparams; i++) {
-        int64_t left = n - at, rest = p->nparams - i - 1;
-        int64_t c = i == p->nparams - 1 ? left : rand_between(rng, 1, left - rest);
-        p->params[i] = (ifd_param_spec){.rank = 1,
-                                        .dims = {c},
-                                        .offset = at,
-                                        .count = c,
-                                        .flags = (unsigned)(rand_between(rng, 0, 1))};
+    for (int i = 0; i < l->n; i++) {
+        int64_t left = n - at, rest = l->n - i - 1;
+        int64_t c = i == l->n - 1 ? left : rand_between(rng, 1, left - rest);
+        l->p[i] = (ifd_param_spec){.rank = 1,
+                                   .dims = {c},
+                                   .offset = at,
+                                   .count = c,
+                                   .flags = (unsigned)(rand_between(rng, 0, 1))};
         at += c;
     }
-    p->nparam_floats = n;
 }
 
 /* The ranges name exactly the flagged parameters' elements, sorted, disjoint and merged. */
@@ -125,23 +130,23 @@ START_TEST(test_nodecay_ranges)
     seed_rng(&rng);
     for (int trial = 0; trial < 200; trial++) {
         int64_t n = rand_between(&rng, 1, 5000);
-        ifd_program p;
+        spec_list p;
         random_params(&rng, &p, n);
         if (trial % 2) /* the spec list need not be in offset order */
-            for (int i = p.nparams - 1; i > 0; i--) {
+            for (int i = p.n - 1; i > 0; i--) {
                 int j = (int)rand_between(&rng, 0, i);
-                ifd_param_spec t = p.params[i];
-                p.params[i] = p.params[j];
-                p.params[j] = t;
+                ifd_param_spec t = p.p[i];
+                p.p[i] = p.p[j];
+                p.p[j] = t;
             }
-        int64_t r[2 * IFD_MAX_PARAMS];
-        int64_t nr = ifd_optimizer_nodecay_ranges(&p, r);
+        int64_t r[2 * MAX_SPECS];
+        int64_t nr = ifd_optimizer_nodecay_ranges(p.p, p.n, r);
         for (int64_t j = 0; j < nr; j++)
             RASSERT(r[2 * j] < r[2 * j + 1] && (j == 0 || r[2 * j] > r[2 * j - 1]),
                     "range %lld [%lld, %lld) is empty, out of order or touches the one before",
                     (long long)j, (long long)r[2 * j], (long long)r[2 * j + 1]);
-        for (int i = 0; i < p.nparams; i++) {
-            const ifd_param_spec *ps = &p.params[i];
+        for (int i = 0; i < p.n; i++) {
+            const ifd_param_spec *ps = &p.p[i];
             for (int64_t e = ps->offset; e < ps->offset + ps->count; e++)
                 RASSERT(ifd_math_in_ranges(r, nr, e) == (int)(ps->flags & IFD_PARAM_NO_DECAY),
                         "element %lld of parameter %d (flags %u): in the ranges %d", (long long)e,
@@ -278,10 +283,10 @@ START_TEST(test_adamw)
     for (int trial = 0; trial < 8; trial++) {
         int64_t n = trial < 4 ? rand_between(&rng, 1, 300)
                               : rand_between(&rng, IFD_TEAM_UPDATE_BLOCK + 1, 40000);
-        ifd_program prog;
+        spec_list prog;
         random_params(&rng, &prog, n);
-        int64_t r[2 * IFD_MAX_PARAMS];
-        int64_t nr = ifd_optimizer_nodecay_ranges(&prog, r);
+        int64_t r[2 * MAX_SPECS];
+        int64_t nr = ifd_optimizer_nodecay_ranges(prog.p, prog.n, r);
         ifd_optimizer o = random_optimizer(&rng, IFD_OPT_ADAMW);
         int64_t t = o.warmup_steps + rand_between(&rng, 0, 50), t0 = t;
         mirror in, x, y, z, w;
