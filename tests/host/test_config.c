@@ -337,6 +337,11 @@ static const struct {
      "--steps and --last-step: expected exactly one of them, "
      "got both",
      "steps and last_step: expected exactly one of them, got both"},
+    {{"weight_decay", "0.01", "optimizer", "adam"},
+     "--weight-decay: expected --optimizer adamw (the optimizer with decoupled weight decay), got "
+     "--optimizer adam",
+     "weight_decay: expected optimizer adamw (the optimizer with decoupled weight decay), got "
+     "optimizer adam"},
     {{"admin_keys", "k.pub"},
      "--admin-keys: expected --curve-secret-key with it",
      "admin_keys: expected curve_secret_key with it"},
