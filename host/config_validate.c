@@ -282,6 +282,20 @@ static int check_input_bound(const ifd_daemon_config *c, ifd_error *err)
     return IFD_OK;
 }
 
+/* weight_decay given for an optimizer that has none would be ignored: said instead (Keras 3
+ * decays with any optimizer; here only adamw does). */
+static int check_weight_decay(const ifd_daemon_config *c, ifd_error *err)
+{
+    const config_opt *o = config_find_key("weight_decay", strlen("weight_decay"));
+    if (o && c->key_source[o - config_opts] != IFD_KEY_DEFAULT &&
+        c->run.optimizer.kind != IFD_OPT_ADAMW)
+        return config_fail(c, err, "weight_decay",
+                           "expected {optimizer} adamw (the optimizer with decoupled weight "
+                           "decay), got {optimizer} %s",
+                           ifd_optimizer_name(c->run.optimizer.kind));
+    return IFD_OK;
+}
+
 static int check_predictions(const ifd_daemon_config *c, ifd_error *err)
 {
     if (c->predictions && c->run.mode != IFD_MODE_PREDICT)
@@ -378,9 +392,9 @@ typedef int (*config_rule)(const ifd_daemon_config *c, ifd_error *err);
  * keys alone (the table) and the rules between them. */
 static const config_rule rules_before[] = {check_loop, check_runtime, check_steps, check_program,
                                            check_host_calls};
-static const config_rule rules_after[] = {check_credit,      check_producers, check_input_bound,
-                                          check_predictions, check_start,     check_security,
-                                          check_eval};
+static const config_rule rules_after[] = {check_credit,       check_producers,   check_input_bound,
+                                          check_weight_decay, check_predictions, check_start,
+                                          check_security,     check_eval};
 
 /* The key a config error's sentence is about (the daemon and the runtime give a setting one
  * name), named as the user gave it. */

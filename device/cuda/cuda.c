@@ -137,13 +137,27 @@ static int replica_state(cu_dev *cd, cu_replica *rep, const float *init, ifd_err
                                  (size_t)ifd_replica_slot_floats(cfg) * sizeof(float),
                                  cudaMemcpyHostToDevice),
                       rc, err, out);
-    int64_t steps[2] = {cfg->initial_step, cfg->init_opt_step};
-    CUDA_TRY_GOTO(gpu, cudaMalloc((void **)&rep->dsteps, sizeof steps), rc, err, out);
-    CUDA_TRY_GOTO(gpu, cudaMemcpy(rep->dsteps, steps, sizeof steps, cudaMemcpyHostToDevice), rc,
-                  err, out);
+    /* the step counters, then AdamW's ranges left out of decay */
+    size_t nsteps = 2 + 2 * (size_t)cfg->program->nparams;
+    int64_t *steps = malloc(nsteps * sizeof *steps);
+    if (steps == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "cuda backend: GPU %d: step counters", gpu);
+    steps[0] = cfg->initial_step;
+    steps[1] = cfg->init_opt_step;
+    int64_t nodecay =
+        ifd_optimizer_nodecay_ranges(cfg->program->params, cfg->program->nparams, steps + 2);
+    CUDA_TRY_GOTO(gpu, cudaMalloc((void **)&rep->dsteps, nsteps * sizeof *steps), rc, err,
+                  free_steps);
+    CUDA_TRY_GOTO(gpu,
+                  cudaMemcpy(rep->dsteps, steps, nsteps * sizeof *steps, cudaMemcpyHostToDevice),
+                  rc, err, free_steps);
     ifd_replica_mem_carve(&rep->st, rep->dmem, np);
     rep->st.step = &rep->dsteps[0];
     rep->st.opt_step = &rep->dsteps[1];
+    rep->st.nodecay = &rep->dsteps[2];
+    rep->st.nnodecay = nodecay;
+free_steps:
+    free(steps);
 out:
     return rc;
 }
@@ -535,7 +549,6 @@ static void plan_device(cu_dev *cd, const ifd_device_config *cfg)
     cd->sops.check_grads = ifd_cu_check_grads;
     cd->sops.optimizer_apply = ifd_cu_optimizer_apply;
     cd->sops.finish_step = ifd_cu_finish_step;
-    cd->sops.set_float = ifd_cu_set_float;
     cd->out_bytes =
         cfg->mode == IFD_MODE_PREDICT
             ? 0

@@ -101,7 +101,7 @@ typedef struct cu_replica {
     ncclComm_t comm; /* NULL with one replica on one host */
     void *blas_ws;
     float *dmem;     /* params, grads, slot0, slot1, workspace */
-    int64_t *dsteps; /* step, opt_step */
+    int64_t *dsteps; /* step, opt_step, then st.nodecay's ranges */
     ifd_replica_state st;
     int nin, nout;
     cu_inslot *in;
@@ -189,16 +189,14 @@ void ifd_cu_squared_error(void *ctx, int64_t rows, int64_t k, const float *pred,
 int ifd_cu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err);
 void ifd_cu_guard_loss(void *ctx, ifd_step_out *out, float *grads);
 void ifd_cu_check_grads(void *ctx, const float *grads, int64_t n, ifd_step_out *out);
-void ifd_cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step, int64_t n,
-                            float *params, const float *grads, float *slot0, float *slot1,
-                            const float *skip, float *param_norm);
+void ifd_cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const ifd_replica_state *st,
+                            int64_t n, ifd_step_out *out);
 void ifd_cu_classify(void *ctx, int64_t rows, int64_t k, const float *logits, int32_t *cls,
                      float *conf);
 void ifd_cu_copy(void *ctx, void *dst, const void *src, int64_t bytes);
 void ifd_cu_softmax_xent_classify(void *ctx, int64_t rows, int64_t k, const float *logits,
                                   const int32_t *labels, float scale, float *dlogits,
                                   ifd_step_out *out, int32_t *cls, float *conf);
-void ifd_cu_set_float(void *ctx, float *dst, float v);
 void ifd_cu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
                         int64_t rows);
 /* The input layout. */

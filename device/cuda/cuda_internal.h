@@ -55,15 +55,16 @@ cudaError_t ifd_cuda_squared_error(cudaStream_t s, int64_t rows, int64_t k, cons
  * thread per row. */
 cudaError_t ifd_cuda_classify(cudaStream_t s, int64_t rows, int64_t k, const float *logits,
                               int32_t *cls, float *conf);
-/* *dst = the L2 norm of x[0..n) (one block, the sum in double in a fixed order); *dst = v. */
+/* *dst = the L2 norm of x[0..n) (one block, the sum in double in a fixed order). */
 cudaError_t ifd_cuda_l2_norm(cudaStream_t s, int64_t n, const float *x, float *dst);
-cudaError_t ifd_cuda_set_float(cudaStream_t s, float *dst, float v);
-/* One optimizer update; Adam reads its t from *opt_step (device memory) inside the kernel, and
- * nothing changes when *skip (device memory, NULL: never) is nonzero. */
+/* One optimizer update (device/step.h's optimizer_apply, but param_norm): the kernel reads
+ * *opt_step (the schedule's step, Adam's t - 1), out->skipped (nonzero: nothing changes) and
+ * out->grad_norm (clipping), and writes out->learning_rate; AdamW leaves the nnodecay ranges
+ * at nodecay (device memory) out of decay. */
 cudaError_t ifd_cuda_optimizer_apply(cudaStream_t s, const ifd_optimizer *opt,
                                      const int64_t *opt_step, int64_t n, float *params,
                                      const float *grads, float *slot0, float *slot1,
-                                     const float *skip);
+                                     const int64_t *nodecay, int64_t nnodecay, ifd_step_out *out);
 /* device/step.h's guard_loss and check_grads (out->skipped is cleared by guard_loss). */
 cudaError_t ifd_cuda_guard_loss(cudaStream_t s, ifd_step_out *out, float *grads);
 cudaError_t ifd_cuda_check_grads(cudaStream_t s, const float *grads, int64_t n, ifd_step_out *out);

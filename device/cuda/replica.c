@@ -185,18 +185,17 @@ void ifd_cu_check_grads(void *ctx, const float *grads, int64_t n, ifd_step_out *
         op_check(rep, ifd_cuda_l2_norm(rep->cs, n, grads, &out->grad_norm), "l2_norm kernel");
 }
 
-void ifd_cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step, int64_t n,
-                            float *params, const float *grads, float *slot0, float *slot1,
-                            const float *skip, float *param_norm)
+void ifd_cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const ifd_replica_state *st,
+                            int64_t n, ifd_step_out *out)
 {
     cu_replica *rep = ctx;
     if (rep->op_rc == IFD_OK)
-        op_check(
-            rep,
-            ifd_cuda_optimizer_apply(rep->cs, opt, opt_step, n, params, grads, slot0, slot1, skip),
-            "optimizer kernel");
-    if (rep->op_rc == IFD_OK && param_norm)
-        op_check(rep, ifd_cuda_l2_norm(rep->cs, n, params, param_norm), "l2_norm kernel");
+        op_check(rep,
+                 ifd_cuda_optimizer_apply(rep->cs, opt, st->opt_step, n, st->params, st->grads,
+                                          st->slot0, st->slot1, st->nodecay, st->nnodecay, out),
+                 "optimizer kernel");
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_l2_norm(rep->cs, n, st->params, &out->param_norm), "l2_norm kernel");
 }
 
 void ifd_cu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
@@ -206,13 +205,6 @@ void ifd_cu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_ou
     if (rep->op_rc == IFD_OK)
         op_check(rep, ifd_cuda_finish_step(rep->cs, step, opt_step, out, rows),
                  "finish_step kernel");
-}
-
-void ifd_cu_set_float(void *ctx, float *dst, float v)
-{
-    cu_replica *rep = ctx;
-    if (rep->op_rc == IFD_OK)
-        op_check(rep, ifd_cuda_set_float(rep->cs, dst, v), "set_float kernel");
 }
 
 /* ---- input layout ---------------------------------------------------------------------------- */

@@ -93,6 +93,8 @@ double tu_max_rel_diff(const float *a, const float *b, int64_t n, double floor);
 typedef int (*tu_step_fn)(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
                           ifd_error *err);
 int tu_register_softmax_like(const char *name, tu_step_fn step);
+/* softmax under another name, its bias flagged IFD_PARAM_NO_DECAY (AdamW leaves it alone). */
+int tu_register_softmax_nodecay(const char *name);
 int tu_softmax_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
                     ifd_error *err);
 
