@@ -33,10 +33,13 @@ def model_flags(m: dict, **more) -> dict:
 
 
 def token_batches(seed: int, steps: int, batch: int, m: dict) -> list:
+    """Random tokens; each target a function of its token (something to learn)."""
     r = np.random.default_rng(seed)
-    return [{"tokens": r.integers(0, m["vocab"], (batch, m["block"]), dtype=np.int32),
-             "targets": r.integers(0, m["vocab"], (batch, m["block"]), dtype=np.int32)}
-            for _ in range(steps)]
+    out = []
+    for _ in range(steps):
+        t = r.integers(0, m["vocab"], (batch, m["block"]), dtype=np.int32)
+        out.append({"tokens": t, "targets": ((3 * t + 1) % m["vocab"]).astype(np.int32)})
+    return out
 
 
 def send_all(d, batches, name="text") -> None:
@@ -103,7 +106,7 @@ def test_charlm_loss_with_1_and_4_replicas(daemon, rng):
                                  decay_steps=steps))
         send_all(d, data)
         assert d.wait() == 0, d.log()
-        losses.append([(s["step"], s["loss"]) for s in d.summaries()
+        losses.append([(s["global_step"], s["loss"]) for s in d.summaries()
                        if s.get("event") == "train"])
     assert len(losses[0]) == steps and [s for s, _ in losses[0]] == [s for s, _ in losses[1]]
     np.testing.assert_allclose([v for _, v in losses[1]], [v for _, v in losses[0]], rtol=1e-5)
