@@ -128,3 +128,47 @@ def test_small_charlm_learns_more_than_byte_frequencies(daemon):
     assert d.wait() == 0, d.log()
     last = [s for s in d.summaries() if s.get("event") == "train"][-1]
     assert last["loss"] < h - 0.2, (last["loss"], h)
+
+
+def test_charlm_two_hosts_equal_one_host_with_two_replicas(tmp_path, rng):
+    """2 hosts x 1 replica under mpirun and 1 host x 2 replicas: the same per-step losses and
+    the same parameters bit for bit (docs/multihost.md)."""
+    from helpers import mpi_skip_reason
+    reason = mpi_skip_reason()
+    if reason is not None:
+        pytest.skip(str(reason))
+    import threading
+
+    from test_multihost import Job, last_params, train_losses
+    m = random_model(rng)
+    steps, batch = rng.randint(5, 15), 2 * rng.randint(1, 3)
+    data = token_batches(rng.randrange(1 << 30), steps, batch, m)
+    common = model_flags(m, batch_size=batch, steps=steps, iterations_per_loop=rng.randint(1, 4),
+                         summary_every=1, optimizer="adamw", learning_rate=0.01,
+                         weight_decay=0.1, clip_norm=0.5, lr_schedule="cosine", warmup_steps=2,
+                         decay_steps=steps)
+    runs = {}
+    for hosts, replicas in [(2, 1), (1, 2)]:
+        job = Job(tmp_path / f"{hosts}x{replicas}", hosts, replicas=replicas,
+                  checkpoint_dir=f"{tmp_path}/{hosts}x{replicas}/ck-{{rank}}", **common)
+
+        def run(h, job=job, hosts=hosts):
+            r = batch // hosts
+            with infeed.Producer(job.listen(h), name=f"text-{h}", timeout=30) as p:
+                for b in data:
+                    p.send(tokens=b["tokens"][h * r:(h + 1) * r],
+                           targets=b["targets"][h * r:(h + 1) * r])
+        ts = [threading.Thread(target=run, args=(h,)) for h in range(hosts)]
+        for t in ts:
+            t.start()
+        rc = job.wait(120)
+        for t in ts:
+            t.join(10)
+        assert rc == 0, job.log()
+        runs[hosts] = job
+    want = train_losses(runs[1])
+    assert len(want) == steps
+    ref = last_params(runs[1].tmp / "ck-0")
+    for h in range(2):
+        np.testing.assert_allclose(train_losses(runs[2], h), want, rtol=1e-5)
+        assert np.array_equal(last_params(runs[2].tmp / f"ck-{h}")["params"], ref["params"]), h
