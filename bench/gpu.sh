@@ -260,39 +260,34 @@ if [ "$mode" = rehearse ]; then
 fi
 
 # ---- 4. the GPU tests
+# ctest_step STEP REGEX LIMIT LOG: the tests matching REGEX under a time limit of LIMIT seconds
+# (each test LIMIT - 10), their output in LOG; a skipped test fails the step (ctest counts a
+# skip as not failed, but with a GPU here a skip is an error).
+ctest_step() {
+  local step=$1 regex=$2 limit=$3 log=$4 rc
+  set +e
+  (cd "$dir" && timeout "$limit" ctest -V --timeout "$((limit - 10))" -R "$regex") >"$log" 2>&1
+  rc=$?
+  set -e
+  grep -E '^[0-9]+/[0-9]+ Test|tests passed|:[FE]:|test_[a-z_]+: ' "$log" || true
+  if [ "$rc" != 0 ]; then
+    grep -E ':[FE]:' "$log" | head -20
+    record "$step" FAILED "ctest exit $rc (${log##*/})"
+  elif grep -q "Skipped\|Not Run" "$log"; then
+    record "$step" FAILED "a test skipped although nvidia-smi sees a GPU (${log##*/})"
+  elif ! grep -q '% tests passed' "$log"; then
+    record "$step" FAILED "no test matches $regex (${log##*/})"
+  else
+    record "$step" ok "$(grep -E '% tests passed' "$log")"
+  fi
+}
 if [ "$tests" = 1 ]; then
   # the transformer's ops first, on their own (seconds), so that their result stands even when
   # the longer suite below runs out of time
   echo "== the transformer's ops on cuda against nn_cpu (log: $out/nn_ops.log)"
-  set +e
-  (cd "$dir" && timeout 60 ctest -V --timeout 50 -R '^test_cuda_nn_ops$') >"$out/nn_ops.log" 2>&1
-  rc=$?
-  set -e
-  grep -E '^[0-9]+/[0-9]+ Test|tests passed|:[FE]:|test_cuda_nn_ops: ' "$out/nn_ops.log" || true
-  if [ "$rc" != 0 ]; then
-    record nn_ops FAILED "ctest exit $rc (nn_ops.log)"
-  elif grep -q "Skipped\|Not Run" "$out/nn_ops.log"; then
-    record nn_ops FAILED "test_cuda_nn_ops skipped although nvidia-smi sees a GPU"
-  else
-    record nn_ops ok "$(grep -E 'tests passed' "$out/nn_ops.log")"
-  fi
-
+  ctest_step nn_ops '^test_cuda_nn_ops$' 60 "$out/nn_ops.log"
   echo "== GPU tests (log: $out/tests.log)"
-  set +e
-  (cd "$dir" && timeout 250 ctest -V --timeout 240 -R '^(test_gpu|test_cuda_errors)$') \
-    >"$out/tests.log" 2>&1
-  rc=$?
-  set -e
-  grep -E '^[0-9]+/[0-9]+ Test|tests passed|:[FE]:|test_gpu: ' "$out/tests.log" || true
-  if [ "$rc" != 0 ]; then
-    grep -E ':[FE]:' "$out/tests.log" | head -20
-    record gpu_tests FAILED "ctest exit $rc (tests.log)"
-  elif grep -q "Skipped\|Not Run" "$out/tests.log"; then
-    # ctest counts a skipped test as not failed: with a GPU here a skip is an error
-    record gpu_tests FAILED "test_gpu skipped although nvidia-smi sees a GPU"
-  else
-    record gpu_tests ok "$(grep -E 'tests passed' "$out/tests.log")"
-  fi
+  ctest_step gpu_tests '^(test_gpu|test_cuda_errors)$' 250 "$out/tests.log"
 
   echo "== cuda against cpu through infeedd (log: $out/e2e.log)"
   set +e
