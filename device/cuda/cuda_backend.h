@@ -9,7 +9,8 @@
  *   feeds.c     the infeed thread (staging shards), the outfeed thread (step records, their
  *               timing), the session's thread (read_state, stats, abort, host memory
  *               registration) and the backend's table
- *   kernels.cu  the kernels and their launchers (cuda_internal.h)
+ *   kernels.cu  the kernels and their launchers (cuda_internal.h); nn_kernels.cu the
+ *               transformer's; launch.cuh what the two share
  *
  * The cuda backend: one replica per visible GPU, driven by one host thread each (as the cpu
  * backend), so that every NCCL communicator and every stream capture belongs to one thread.

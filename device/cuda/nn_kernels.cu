@@ -17,37 +17,20 @@
 // code has no fused multiply-add, so the elementwise formulas round as nn_cpu.c's do; erff and
 // expf may still differ from glibc's in the last place.
 #include "device/cuda/cuda_internal.h"
+#include "device/cuda/launch.cuh"
 
 #include <math.h>
 
-#define NN_THREADS 256
-#define NN_MAX_BLOCKS 65535
 #define WARP 32
 #define FULL_MASK 0xffffffffu
 
-// Blocks of NN_THREADS for n items (n > 0), at most NN_MAX_BLOCKS (the kernels stride).
-static unsigned int blocks_for(int64_t n)
-{
-    int64_t b = (n + NN_THREADS - 1) / NN_THREADS;
-    return (unsigned int)(b < NN_MAX_BLOCKS ? b : NN_MAX_BLOCKS);
-}
-
-// Blocks for one warp a row over rows rows.
+// Blocks for one warp a row over rows rows (rows > 0), at most IFD_CUDA_MAX_BLOCKS (the warps
+// stride).
 static unsigned int warp_blocks_for(int64_t rows)
 {
-    int64_t b = (rows + NN_THREADS / WARP - 1) / (NN_THREADS / WARP);
-    return (unsigned int)(b < NN_MAX_BLOCKS ? b : NN_MAX_BLOCKS);
+    int64_t b = (rows + IFD_CUDA_THREADS / WARP - 1) / (IFD_CUDA_THREADS / WARP);
+    return (unsigned int)(b < IFD_CUDA_MAX_BLOCKS ? b : IFD_CUDA_MAX_BLOCKS);
 }
-
-// As kernels.cu: a stale non-sticky error from an earlier runtime call must not fail this launch.
-static void clear_stale_error(void)
-{
-    (void)cudaGetLastError();
-}
-
-#define STRIDE(i, n)                                                                               \
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n);                      \
-         i += (int64_t)gridDim.x * blockDim.x)
 
 // One warp a row: r runs over rows, the same value in every lane of the warp (so shuffles with
 // the full mask are safe inside the loop).
@@ -74,7 +57,7 @@ __device__ static float warp_max(float v)
 
 __global__ void add_kernel(int64_t n, float alpha, const float *x, float *y)
 {
-    STRIDE(i, n)
+    GRID_STRIDE(i, n)
     {
         y[i] += alpha * x[i];
     }
@@ -83,7 +66,7 @@ __global__ void add_kernel(int64_t n, float alpha, const float *x, float *y)
 __global__ void embedding_kernel(int64_t rows, int64_t dim, const int32_t *ids, const float *table,
                                  float *out)
 {
-    STRIDE(i, rows * dim)
+    GRID_STRIDE(i, rows * dim)
     {
         int64_t r = i / dim, c = i - r * dim;
         out[i] = table[(int64_t)ids[r] * dim + c];
@@ -94,8 +77,8 @@ __global__ void embedding_kernel(int64_t rows, int64_t dim, const int32_t *ids, 
 // ...; for row r it first asks whether an earlier row holds the same id v (a block-wide scan of
 // ids[0..r), stopping at the first chunk with one: for a frequent id that is the first chunk). If
 // none does, r is v's first row and the block owns dtable's row v: it walks ids[r..rows) in
-// chunks of NN_THREADS, gathers the matching rows of each chunk in order into shared memory (a
-// ballot and prefix count per warp), and each thread adds them, in that order, into its columns
+// chunks of IFD_CUDA_THREADS, gathers the matching rows of each chunk in order into shared memory
+// (a ballot and prefix count per warp), and each thread adds them, in that order, into its columns
 // of row v. No other block writes row v, and each element's additions are nn_cpu.c's, in its
 // order: the same bits as the cpu backend, every run. Cost: the owners' scans are at most
 // (distinct ids) x rows id comparisons, the others' usually one chunk; the additions read dout
@@ -103,8 +86,8 @@ __global__ void embedding_kernel(int64_t rows, int64_t dim, const int32_t *ids, 
 __global__ void embedding_grad_kernel(int64_t rows, int64_t dim, const int32_t *ids,
                                       const float *dout, float *dtable)
 {
-    __shared__ int64_t match[NN_THREADS];
-    __shared__ int warp_hits[NN_THREADS / WARP];
+    __shared__ int64_t match[IFD_CUDA_THREADS];
+    __shared__ int warp_hits[IFD_CUDA_THREADS / WARP];
     int lane = (int)(threadIdx.x % WARP), warp = (int)(threadIdx.x / WARP);
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         int32_t v = ids[r];
@@ -242,7 +225,7 @@ __global__ void layernorm_params_kernel(int64_t rows, int64_t dim, const float *
 
 __global__ void gelu_kernel(int64_t n, const float *x, float *y)
 {
-    STRIDE(i, n)
+    GRID_STRIDE(i, n)
     {
         y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * SQRT1_2));
     }
@@ -250,7 +233,7 @@ __global__ void gelu_kernel(int64_t n, const float *x, float *y)
 
 __global__ void gelu_grad_kernel(int64_t n, const float *x, const float *dy, float *dx)
 {
-    STRIDE(i, n)
+    GRID_STRIDE(i, n)
     {
         float cdf = 0.5f * (1.0f + erff(x[i] * SQRT1_2));
         float pdf = INV_SQRT2PI * expf(-0.5f * x[i] * x[i]);
@@ -307,7 +290,7 @@ extern "C" cudaError_t ifd_cuda_add(cudaStream_t s, int64_t n, float alpha, cons
 {
     clear_stale_error();
     if (n > 0)
-        add_kernel<<<blocks_for(n), NN_THREADS, 0, s>>>(n, alpha, x, y);
+        add_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(n, alpha, x, y);
     return cudaGetLastError();
 }
 
@@ -316,7 +299,8 @@ extern "C" cudaError_t ifd_cuda_embedding(cudaStream_t s, int64_t rows, int64_t 
 {
     clear_stale_error();
     if (rows > 0 && dim > 0)
-        embedding_kernel<<<blocks_for(rows * dim), NN_THREADS, 0, s>>>(rows, dim, ids, table, out);
+        embedding_kernel<<<grid_for(rows * dim), IFD_CUDA_THREADS, 0, s>>>(rows, dim, ids, table,
+                                                                           out);
     return cudaGetLastError();
 }
 
@@ -325,8 +309,8 @@ extern "C" cudaError_t ifd_cuda_embedding_grad(cudaStream_t s, int64_t rows, int
 {
     clear_stale_error();
     if (rows > 0 && dim > 0) {
-        unsigned int grid = (unsigned int)(rows < NN_MAX_BLOCKS ? rows : NN_MAX_BLOCKS);
-        embedding_grad_kernel<<<grid, NN_THREADS, 0, s>>>(rows, dim, ids, dout, dtable);
+        unsigned int grid = (unsigned int)(rows < IFD_CUDA_MAX_BLOCKS ? rows : IFD_CUDA_MAX_BLOCKS);
+        embedding_grad_kernel<<<grid, IFD_CUDA_THREADS, 0, s>>>(rows, dim, ids, dout, dtable);
     }
     return cudaGetLastError();
 }
@@ -337,8 +321,8 @@ extern "C" cudaError_t ifd_cuda_layernorm(cudaStream_t s, int64_t rows, int64_t 
 {
     clear_stale_error();
     if (rows > 0 && dim > 0)
-        layernorm_kernel<<<warp_blocks_for(rows), NN_THREADS, 0, s>>>(rows, dim, x, gamma, beta,
-                                                                      eps, y, mean, rstd);
+        layernorm_kernel<<<warp_blocks_for(rows), IFD_CUDA_THREADS, 0, s>>>(
+            rows, dim, x, gamma, beta, eps, y, mean, rstd);
     return cudaGetLastError();
 }
 
@@ -352,11 +336,11 @@ extern "C" cudaError_t ifd_cuda_layernorm_grad(cudaStream_t s, int64_t rows, int
     if (rows > 0 && dim > 0) {
         /* dgamma and dbeta first: dx may be dy */
         int64_t b = (dim + LN_COLS - 1) / LN_COLS;
-        unsigned int grid = (unsigned int)(b < NN_MAX_BLOCKS ? b : NN_MAX_BLOCKS);
+        unsigned int grid = (unsigned int)(b < IFD_CUDA_MAX_BLOCKS ? b : IFD_CUDA_MAX_BLOCKS);
         layernorm_params_kernel<<<grid, LN_COLS * LN_LANES, 0, s>>>(rows, dim, x, mean, rstd, dy,
                                                                     dgamma, dbeta);
-        layernorm_dx_kernel<<<warp_blocks_for(rows), NN_THREADS, 0, s>>>(rows, dim, x, gamma, mean,
-                                                                         rstd, dy, dx);
+        layernorm_dx_kernel<<<warp_blocks_for(rows), IFD_CUDA_THREADS, 0, s>>>(rows, dim, x, gamma,
+                                                                               mean, rstd, dy, dx);
     }
     return cudaGetLastError();
 }
@@ -365,7 +349,7 @@ extern "C" cudaError_t ifd_cuda_gelu(cudaStream_t s, int64_t n, const float *x, 
 {
     clear_stale_error();
     if (n > 0)
-        gelu_kernel<<<blocks_for(n), NN_THREADS, 0, s>>>(n, x, y);
+        gelu_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(n, x, y);
     return cudaGetLastError();
 }
 
@@ -374,7 +358,7 @@ extern "C" cudaError_t ifd_cuda_gelu_grad(cudaStream_t s, int64_t n, const float
 {
     clear_stale_error();
     if (n > 0)
-        gelu_grad_kernel<<<blocks_for(n), NN_THREADS, 0, s>>>(n, x, dy, dx);
+        gelu_grad_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(n, x, dy, dx);
     return cudaGetLastError();
 }
 
@@ -382,7 +366,7 @@ extern "C" cudaError_t ifd_cuda_causal_softmax(cudaStream_t s, int64_t nseq, int
 {
     clear_stale_error();
     if (nseq > 0 && t > 0)
-        causal_softmax_kernel<<<warp_blocks_for(nseq * t), NN_THREADS, 0, s>>>(nseq, t, p);
+        causal_softmax_kernel<<<warp_blocks_for(nseq * t), IFD_CUDA_THREADS, 0, s>>>(nseq, t, p);
     return cudaGetLastError();
 }
 
@@ -391,6 +375,7 @@ extern "C" cudaError_t ifd_cuda_causal_softmax_grad(cudaStream_t s, int64_t nseq
 {
     clear_stale_error();
     if (nseq > 0 && t > 0)
-        causal_softmax_grad_kernel<<<warp_blocks_for(nseq * t), NN_THREADS, 0, s>>>(nseq, t, p, dp);
+        causal_softmax_grad_kernel<<<warp_blocks_for(nseq * t), IFD_CUDA_THREADS, 0, s>>>(nseq, t,
+                                                                                          p, dp);
     return cudaGetLastError();
 }
