@@ -285,7 +285,7 @@ if [ "$tests" = 1 ]; then
   # the transformer's ops first, on their own (seconds), so that their result stands even when
   # the longer suite below runs out of time
   echo "== the transformer's ops on cuda against nn_cpu (log: $out/nn_ops.log)"
-  ctest_step nn_ops '^test_cuda_nn_ops$' 60 "$out/nn_ops.log"
+  ctest_step nn_ops '^test_cuda_nn_ops$' 90 "$out/nn_ops.log"
   echo "== GPU tests (log: $out/tests.log)"
   ctest_step gpu_tests '^(test_gpu|test_cuda_errors)$' 250 "$out/tests.log"
 
