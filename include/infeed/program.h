@@ -141,6 +141,8 @@ typedef struct ifd_ops {
                                   ifd_step_out *out, int32_t *cls, float *conf);
 
     /* ---- the transformer's ops (ABI 4); sums in a fixed order, so results repeat bit for bit */
+    /* x[0..n) = value (gradients an op adds to, such as embedding_grad's, start from 0). */
+    void (*fill)(void *ctx, int64_t n, float value, float *x);
     /* y[0..n) += alpha * x[0..n) (a residual connection: alpha 1). */
     void (*add)(void *ctx, int64_t n, float alpha, const float *x, float *y);
     /* batch products C_i = alpha * op(A_i) * op(B_i) + beta * C_i, i < batch, as gemm, with
