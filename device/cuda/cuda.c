@@ -249,6 +249,7 @@ static void replica_ops(cu_replica *rep)
     rep->ops.classify = ifd_cu_classify;
     rep->ops.copy = ifd_cu_copy;
     rep->ops.softmax_xent_classify = ifd_cu_softmax_xent_classify;
+    rep->ops.fill = ifd_cu_fill;
     rep->ops.add = ifd_cu_add;
     rep->ops.gemm_strided_batched = ifd_cu_gemm_strided_batched;
     rep->ops.embedding = ifd_cu_embedding;

@@ -187,6 +187,7 @@ void ifd_cu_softmax(void *ctx, int64_t rows, int64_t k, const float *logits, flo
 void ifd_cu_squared_error(void *ctx, int64_t rows, int64_t k, const float *pred, const float *y,
                           float scale, float *dpred, ifd_step_out *out);
 /* The transformer's ops (ABI 4). */
+void ifd_cu_fill(void *ctx, int64_t n, float value, float *x);
 void ifd_cu_add(void *ctx, int64_t n, float alpha, const float *x, float *y);
 void ifd_cu_gemm_strided_batched(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k,
                                  float alpha, const float *a, int64_t stride_a, const float *b,

@@ -72,6 +72,7 @@ cudaError_t ifd_cuda_finish_step(cudaStream_t s, int64_t *step, int64_t *opt_ste
                                  ifd_step_out *out, int64_t rows);
 
 /* The transformer's kernels (nn_kernels.cu): device/nn_cpu.h's ops, the same arguments. */
+cudaError_t ifd_cuda_fill(cudaStream_t s, int64_t n, float value, float *x);
 cudaError_t ifd_cuda_add(cudaStream_t s, int64_t n, float alpha, const float *x, float *y);
 cudaError_t ifd_cuda_embedding(cudaStream_t s, int64_t rows, int64_t dim, const int32_t *ids,
                                const float *table, float *out);

@@ -1,7 +1,7 @@
 // The transformer's kernels (issue 22): the cuda backend's versions of device/nn_cpu.c's loops
-// (residual add, embedding and its gradient, layer norm, GELU, the attention's causal softmax and
-// its gradient); the attention's matrix products are cuBLAS calls in replica.c. The semantics and
-// argument order are nn_cpu.h's. Every sum runs in an order fixed by the shapes alone (never by
+// (fill, residual add, embedding and its gradient, layer norm, GELU, the attention's causal softmax
+// and its gradient); the attention's matrix products are cuBLAS calls in replica.c. The semantics
+// and argument order are nn_cpu.h's. Every sum runs in an order fixed by the shapes alone (never by
 // thread timing: no float atomics), so a run repeats bit for bit on the same GPU:
 //
 //   embedding_grad  the row that first holds an id owns that vocabulary row of dtable: its block
@@ -53,6 +53,14 @@ __device__ static float warp_max(float v)
     for (int o = WARP / 2; o > 0; o >>= 1)
         v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
     return v;
+}
+
+__global__ void fill_kernel(int64_t n, float value, float *x)
+{
+    GRID_STRIDE(i, n)
+    {
+        x[i] = value;
+    }
 }
 
 __global__ void add_kernel(int64_t n, float alpha, const float *x, float *y)
@@ -283,6 +291,14 @@ __global__ void causal_softmax_grad_kernel(int64_t nseq, int64_t t, const float 
         for (int64_t j = lane; j < t; j += WARP)
             dr[j] = j <= i ? pr[j] * (dr[j] - d) : 0.0f;
     }
+}
+
+extern "C" cudaError_t ifd_cuda_fill(cudaStream_t s, int64_t n, float value, float *x)
+{
+    clear_stale_error();
+    if (n > 0)
+        fill_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(n, value, x);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t ifd_cuda_add(cudaStream_t s, int64_t n, float alpha, const float *x,

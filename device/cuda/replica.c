@@ -190,6 +190,13 @@ void ifd_cu_gemm_strided_batched(void *ctx, int ta, int tb, int64_t m, int64_t n
                  beta, c, n, stride_c, batch);
 }
 
+void ifd_cu_fill(void *ctx, int64_t n, float value, float *x)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_fill(rep->cs, n, value, x), "fill kernel");
+}
+
 void ifd_cu_add(void *ctx, int64_t n, float alpha, const float *x, float *y)
 {
     cu_replica *rep = ctx;

@@ -6,7 +6,7 @@
  * Tolerances: |cuda - cpu| <= REL_TOL * max |cpu| over the tensor, for the ops whose sums or
  * library functions (erff, expf, cuBLAS's blocking) run in another order than the host's; the
  * strided batched product, whose host side is a double-precision loop here, within REL_TOL of the
- * sum of its terms' magnitudes. Bit for bit: add and embedding (no sum), embedding_grad (the
+ * sum of its terms' magnitudes. Bit for bit: fill, add and embedding (no sum), embedding_grad (the
  * host's additions in the host's order, see nn_kernels.cu), and every op's second run on the same
  * inputs (no float atomics). Exits 77 (CTest: skipped) where no GPU is usable.
  */
@@ -107,6 +107,30 @@ static void bits_equal(const char *what, const void *a, const void *b, int64_t n
         RASSERT(memcmp(&x[i], &y[i], sizeof(float)) == 0, "%s[%lld]: %.9g and %.9g", what,
                 (long long)i, (double)x[i], (double)y[i]);
 }
+
+/* x[lo, hi) = value, the floats around it untouched. */
+START_TEST(fill_writes_its_range)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    open_set();
+    int64_t n = rand_between(&rng, 1, 100000), lo = rand_between(&rng, 0, n - 1);
+    int64_t hi = rand_between(&rng, lo, n);
+    float value = (float)(ifd_rng_uniform(&rng) * 4.0 - 2.0);
+    float *x = randf(&rng, n, 3.0), *got = malloc((size_t)n * 4);
+    float *dx = dev_put(x, n * 4);
+    g_ops->fill(g_ops->ctx, hi - lo, value, dx + lo);
+    sync_ok("fill");
+    dev_get(got, dx, n * 4);
+    for (int64_t i = lo; i < hi; i++)
+        x[i] = value;
+    bits_equal("fill", got, x, n);
+    cudaFree(dx);
+    free(x);
+    free(got);
+    close_set();
+}
+END_TEST
 
 /* y += alpha x: the same bits as the host (one product and one sum an element, no FMA). */
 START_TEST(add_matches_host)
@@ -468,6 +492,7 @@ int main(void)
     }
     Suite *s = suite_create("cuda_nn_ops");
     TCase *tc = tu_tcase(s, "ops", 120);
+    tcase_add_test(tc, fill_writes_its_range);
     tcase_add_test(tc, add_matches_host);
     tcase_add_test(tc, gemm_strided_batched_matches_host);
     tcase_add_test(tc, gemm_strided_batched_refuses_huge);
@@ -475,7 +500,7 @@ int main(void)
     tcase_add_loop_test(tc, layernorm_matches_host, 0, 4);
     tcase_add_loop_test(tc, gelu_matches_host, 0, 2);
     tcase_add_loop_test(tc, attention_matches_host, 0, 4);
-    /* One process, unlike tu_run_suite's fork a test: CUDA initialises once, not 16 times (each
+    /* One process, unlike tu_run_suite's fork a test: CUDA initialises once, not 17 times (each
      * can take seconds on a GPU without persistence mode). A failed check still ends only its
      * own test; the test's device memory then leaks, which the failure makes moot. */
     SRunner *sr = srunner_create(s);
