@@ -503,10 +503,5 @@ int main(void)
     /* One process, unlike tu_run_suite's fork a test: CUDA initialises once, not 17 times (each
      * can take seconds on a GPU without persistence mode). A failed check still ends only its
      * own test; the test's device memory then leaks, which the failure makes moot. */
-    SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return tu_run_suite_as(s, CK_NOFORK);
 }
