@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "core/thread.h"
 #include "device/cuda/cuda_backend.h"
+#include "device/cuda/opset.h"
 #include <infeed/hosts.h>
 
 #include <stdio.h>
@@ -244,7 +245,7 @@ static int replica_rings(cu_replica *rep, int index, ifd_error *err)
     return IFD_OK;
 }
 
-/* The op set the program's step calls (device/cuda/ops.cu). */
+/* The op set the program's step calls (replica.c). */
 static void replica_ops(cu_replica *rep)
 {
     rep->ops.ctx = rep;
@@ -262,6 +263,17 @@ static void replica_ops(cu_replica *rep)
     rep->ops.classify = ifd_cu_classify;
     rep->ops.copy = ifd_cu_copy;
     rep->ops.softmax_xent_classify = ifd_cu_softmax_xent_classify;
+    rep->ops.fill = ifd_cu_fill;
+    rep->ops.add = ifd_cu_add;
+    rep->ops.gemm_strided_batched = ifd_cu_gemm_strided_batched;
+    rep->ops.embedding = ifd_cu_embedding;
+    rep->ops.embedding_grad = ifd_cu_embedding_grad;
+    rep->ops.layernorm = ifd_cu_layernorm;
+    rep->ops.layernorm_grad = ifd_cu_layernorm_grad;
+    rep->ops.gelu = ifd_cu_gelu;
+    rep->ops.gelu_grad = ifd_cu_gelu_grad;
+    rep->ops.attention = ifd_cu_attention;
+    rep->ops.attention_grad = ifd_cu_attention_grad;
 }
 
 /* One replica on GPU `index`; what it made is freed by the backend's close whatever failed. */
@@ -372,6 +384,19 @@ static int hosts_nccl_id(cu_dev *cd, const ifd_hosts *h, ncclUniqueId *id, ifd_e
     return rc;
 }
 
+/* What replica_streams made (the caller has waited for the streams). */
+static void replica_streams_free(cu_replica *rep)
+{
+    if (rep->blas)
+        cublasDestroy(rep->blas);
+    cudaFree(rep->blas_ws);
+    if (rep->xs)
+        cudaStreamDestroy(rep->xs);
+    if (rep->cs)
+        cudaStreamDestroy(rep->cs);
+    (void)cudaGetLastError();
+}
+
 static void replica_free(cu_replica *rep)
 {
     if (rep->in == NULL) {
@@ -420,14 +445,7 @@ static void replica_free(cu_replica *rep)
     cudaFree(rep->dout);
     cudaFree(rep->dsteps);
     cudaFree(rep->dmem);
-    if (rep->blas)
-        cublasDestroy(rep->blas);
-    cudaFree(rep->blas_ws);
-    if (rep->xs)
-        cudaStreamDestroy(rep->xs);
-    if (rep->cs)
-        cudaStreamDestroy(rep->cs);
-    (void)cudaGetLastError();
+    replica_streams_free(rep);
     ifd_queue_destroy(rep->in_free);
     ifd_queue_destroy(rep->in_full);
     ifd_queue_destroy(rep->out_free);
@@ -642,4 +660,58 @@ int ifd_cu_open(ifd_device *dev, ifd_error *err)
     IFD_LOG_INFO("cuda backend: %d replicas on %d visible GPUs, %lld parameters, graphs %s",
                  cd->replicas, visible, (long long)p->nparam_floats, cd->graphs ? "on" : "off");
     return IFD_OK;
+}
+
+/* ---- the op set outside a session (device/cuda/opset.h) ------------------------------------- */
+
+struct ifd_cuda_opset {
+    cu_replica rep; /* its streams, cuBLAS handle and op table only */
+};
+
+int ifd_cuda_opset_open(int gpu, ifd_cuda_opset **out, ifd_error *err)
+{
+    *out = NULL;
+    ifd_cuda_opset *o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "cuda backend: op set");
+    o->rep.gpu = gpu;
+    int rc = replica_streams(&o->rep, err);
+    if (rc != IFD_OK) {
+        ifd_cuda_opset_close(o);
+        return rc;
+    }
+    replica_ops(&o->rep);
+    *out = o;
+    return IFD_OK;
+}
+
+const ifd_ops *ifd_cuda_opset_ops(const ifd_cuda_opset *o)
+{
+    return &o->rep.ops;
+}
+
+int ifd_cuda_opset_sync(ifd_cuda_opset *o, ifd_error *err)
+{
+    cu_replica *rep = &o->rep;
+    int rc = IFD_OK;
+    CUDA_TRY_GOTO(rep->gpu, cudaSetDevice(rep->gpu), rc, err, out);
+    CUDA_TRY_GOTO(rep->gpu, cudaStreamSynchronize(rep->cs), rc, err, out);
+out:
+    if (rep->op_rc != IFD_OK) { /* an op's failure is the first */
+        rc = rep->op_rc;
+        *err = rep->op_err;
+    }
+    rep->op_rc = IFD_OK;
+    return rc;
+}
+
+void ifd_cuda_opset_close(ifd_cuda_opset *o)
+{
+    if (o == NULL)
+        return;
+    cudaSetDevice(o->rep.gpu);
+    if (o->rep.cs)
+        cudaStreamSynchronize(o->rep.cs);
+    replica_streams_free(&o->rep);
+    free(o);
 }

@@ -9,7 +9,8 @@
  *   feeds.c     the infeed thread (staging shards), the outfeed thread (step records, their
  *               timing), the session's thread (read_state, stats, abort, host memory
  *               registration) and the backend's table
- *   kernels.cu  the kernels and their launchers (cuda_internal.h)
+ *   kernels.cu  the kernels and their launchers (cuda_internal.h); nn_kernels.cu the
+ *               transformer's; launch.cuh what the two share
  *
  * The cuda backend: one replica per visible GPU, driven by one host thread each (as the cpu
  * backend), so that every NCCL communicator and every stream capture belongs to one thread.
@@ -185,6 +186,29 @@ void ifd_cu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *logits
 void ifd_cu_softmax(void *ctx, int64_t rows, int64_t k, const float *logits, float *probs);
 void ifd_cu_squared_error(void *ctx, int64_t rows, int64_t k, const float *pred, const float *y,
                           float scale, float *dpred, ifd_step_out *out);
+/* The transformer's ops (ABI 4). */
+void ifd_cu_fill(void *ctx, int64_t n, float value, float *x);
+void ifd_cu_add(void *ctx, int64_t n, float alpha, const float *x, float *y);
+void ifd_cu_gemm_strided_batched(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                                 float alpha, const float *a, int64_t stride_a, const float *b,
+                                 int64_t stride_b, float beta, float *c, int64_t stride_c,
+                                 int64_t batch);
+void ifd_cu_embedding(void *ctx, int64_t rows, int64_t dim, const int32_t *ids, const float *table,
+                      float *out);
+void ifd_cu_embedding_grad(void *ctx, int64_t rows, int64_t dim, const int32_t *ids,
+                           const float *dout, float *dtable);
+void ifd_cu_layernorm(void *ctx, int64_t rows, int64_t dim, const float *x, const float *gamma,
+                      const float *beta, float eps, float *y, float *mean, float *rstd);
+void ifd_cu_layernorm_grad(void *ctx, int64_t rows, int64_t dim, const float *x, const float *gamma,
+                           const float *mean, const float *rstd, const float *dy, float *dx,
+                           float *dgamma, float *dbeta);
+void ifd_cu_gelu(void *ctx, int64_t n, const float *x, float *y);
+void ifd_cu_gelu_grad(void *ctx, int64_t n, const float *x, const float *dy, float *dx);
+void ifd_cu_attention(void *ctx, int64_t batch, int64_t t, int64_t heads, int64_t dh,
+                      const float *qkv, float *probs, float *out);
+void ifd_cu_attention_grad(void *ctx, int64_t batch, int64_t t, int64_t heads, int64_t dh,
+                           const float *qkv, const float *probs, const float *dout, float *dqkv,
+                           float *work);
 /* The replication ops (device/step.h). */
 int ifd_cu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err);
 void ifd_cu_guard_loss(void *ctx, ifd_step_out *out, float *grads);

@@ -72,6 +72,30 @@ cudaError_t ifd_cuda_check_grads(cudaStream_t s, const float *grads, int64_t n, 
 cudaError_t ifd_cuda_finish_step(cudaStream_t s, int64_t *step, int64_t *opt_step,
                                  ifd_step_out *out, int64_t rows);
 
+/* The transformer's kernels (nn_kernels.cu): device/nn_cpu.h's ops, the same arguments. */
+cudaError_t ifd_cuda_fill(cudaStream_t s, int64_t n, float value, float *x);
+cudaError_t ifd_cuda_add(cudaStream_t s, int64_t n, float alpha, const float *x, float *y);
+cudaError_t ifd_cuda_embedding(cudaStream_t s, int64_t rows, int64_t dim, const int32_t *ids,
+                               const float *table, float *out);
+/* Deterministic without atomics: each vocabulary row is summed by one block, in row order. */
+cudaError_t ifd_cuda_embedding_grad(cudaStream_t s, int64_t rows, int64_t dim, const int32_t *ids,
+                                    const float *dout, float *dtable);
+cudaError_t ifd_cuda_layernorm(cudaStream_t s, int64_t rows, int64_t dim, const float *x,
+                               const float *gamma, const float *beta, float eps, float *y,
+                               float *mean, float *rstd);
+cudaError_t ifd_cuda_layernorm_grad(cudaStream_t s, int64_t rows, int64_t dim, const float *x,
+                                    const float *gamma, const float *mean, const float *rstd,
+                                    const float *dy, float *dx, float *dgamma, float *dbeta);
+cudaError_t ifd_cuda_gelu(cudaStream_t s, int64_t n, const float *x, float *y);
+cudaError_t ifd_cuda_gelu_grad(cudaStream_t s, int64_t n, const float *x, const float *dy,
+                               float *dx);
+/* p: nseq [t, t] score matrices, each row i replaced by the softmax of its entries 0..i and
+ * zeros after (the causal mask). */
+cudaError_t ifd_cuda_causal_softmax(cudaStream_t s, int64_t nseq, int64_t t, float *p);
+/* dp (the gradient of causal_softmax's output p) becomes the gradient of its scores, in place. */
+cudaError_t ifd_cuda_causal_softmax_grad(cudaStream_t s, int64_t nseq, int64_t t, const float *p,
+                                         float *dp);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,31 +1,8 @@
 // The cuda backend's kernels. Every formula comes from device/math.h, the same functions the cpu
 // backend loops over; these files only decide which thread runs which row or element.
 #include "device/cuda/cuda_internal.h"
+#include "device/cuda/launch.cuh"
 #include "device/math.h"
-
-#define IFD_CUDA_THREADS 256
-#define IFD_CUDA_MAX_BLOCKS 4096
-
-// Blocks for a grid-stride loop over n items (n > 0).
-static unsigned int grid_for(int64_t n)
-{
-    int64_t b = (n + IFD_CUDA_THREADS - 1) / IFD_CUDA_THREADS;
-    return (unsigned int)(b < IFD_CUDA_MAX_BLOCKS ? b : IFD_CUDA_MAX_BLOCKS);
-}
-
-// A launcher reports its launch's error with cudaGetLastError(), which returns the thread's last
-// non-sticky error from any earlier runtime call too. Libraries called on this thread between two
-// launches (NCCL's enqueue polls an internal event with cudaEventQuery in some releases and leaves
-// cudaErrorNotReady behind) would then fail the next kernel for nothing: clear it first. A sticky
-// error is not cleared by this and still fails the launch.
-static void clear_stale_error(void)
-{
-    (void)cudaGetLastError();
-}
-
-#define GRID_STRIDE(i, n)                                                                          \
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n);                      \
-         i += (int64_t)gridDim.x * blockDim.x)
 
 __global__ void bias_add_kernel(int64_t rows, int64_t cols, const float *bias, float *x)
 {

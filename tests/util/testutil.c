@@ -409,8 +409,13 @@ TCase *tu_tcase(Suite *s, const char *name, int timeout_s)
 
 int tu_run_suite(Suite *s)
 {
+    return tu_run_suite_as(s, CK_FORK);
+}
+
+int tu_run_suite_as(Suite *s, enum fork_status fs)
+{
     SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK);
+    srunner_set_fork_status(sr, fs);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

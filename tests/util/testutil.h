@@ -146,5 +146,8 @@ static inline int64_t rand_between(ifd_rng *rng, int64_t lo, int64_t hi)
 TCase *tu_tcase(Suite *s, const char *name, int timeout_s);
 /* Standard main: runs the suite in fork mode. */
 int tu_run_suite(Suite *s);
+/* As tu_run_suite, in fork mode fs (CK_NOFORK: every test in this process, for a suite whose
+ * setup is too costly to repeat a test, such as initialising CUDA). */
+int tu_run_suite_as(Suite *s, enum fork_status fs);
 
 #endif
