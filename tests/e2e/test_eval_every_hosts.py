@@ -17,7 +17,8 @@ import pytest
 
 import ckpt
 import infeed
-from helpers import mpi_skip_reason, seeded_batch
+from conftest import control_request as control
+from helpers import mpi_skip_reason, seeded_batch, wait_log
 from test_eval_every import eval_steps
 from test_multihost import Job, same_values
 
@@ -217,3 +218,87 @@ def test_keep_best_and_early_stopping_agree_on_every_host(tmp_path, rng):
                                                              for k in range(H)], b
     if not per_rank:
         assert not (tmp_path / "ck-1").exists()
+
+
+def test_a_host_that_cannot_evaluate_makes_every_host_skip(tmp_path, rng):
+    """per-host-v2 takes one batch a replica a step: a host whose share is not a multiple of the
+    replicas cannot evaluate it, and every host skips every eval (the others' logs name it),
+    training going on to the last step on both."""
+    s = Setup(rng, input_mode="per-host-v2")
+    s.R = 2
+    s.batch = H * s.R * rng.randint(1, 2)
+    s.per_batch = s.shard = s.batch // H // s.R
+    s.per_step = s.R
+    bad = rng.randrange(H)
+    n = [2 * rng.randint(0, 2) for _ in range(H)]
+    n[bad] = 2 * rng.randint(0, 2) + 1
+    seed = rng.randrange(1 << 20)
+    eval_sets = [[seeded_batch(seed + 100 * h + i, s.per_batch, s.features, s.classes)
+                  for i in range(n[h])] for h in range(H)]
+    steps, every = rng.randint(3, 6), rng.randint(1, 2)
+    job = Job(tmp_path / "run", H, **s.flags(steps=steps, iterations_per_loop=1,
+                                             eval_every=every))
+    ts, errors = feed_hosts(job, s, steps, seed, eval_sets)
+    assert job.wait(120) == 0, job.log()
+    for t in ts:
+        t.join(10)
+    assert not errors, errors
+    log = job.log()
+    for h in range(H):
+        assert evals(job, h) == [], (h, job.summaries(h))
+        end = job.summaries(h)[-1]
+        assert end["reason"] == "last_step" and end["global_step"] == steps, end
+    assert (f"eval at global step {every} skipped: the eval set holds {n[bad]} batches, and "
+            "per-host-v2 input takes 2 a step") in log, log
+    assert (f"eval at global step {every} skipped: host {bad} cannot evaluate its eval set") \
+        in log, log
+
+
+def test_a_stop_ends_a_hosts_wait_for_its_eval_set(tmp_path, rng):
+    """Host `late`'s eval producer never comes: at the first due eval that host waits for its
+    set and the other waits for it; a stop asked on either host reaches both (the stop relay),
+    ends the wait, every host skips the eval and stops at the same step."""
+    s = Setup(rng, input_mode="per-host")
+    every = rng.randint(1, 3)
+    late, asker = rng.randrange(H), rng.randrange(H)
+    seed = rng.randrange(1 << 20)
+    job = Job(tmp_path / "run", H, **s.flags(last_step=1000, iterations_per_loop=1,
+                                             eval_every=every))
+    stop = threading.Event()
+    errors = []
+
+    def run(h):
+        try:
+            if h != late:
+                ev = infeed.Producer(job.listen(h), name=f"eval-{h}", timeout=30, role="eval")
+                ev.send(seeded_batch(seed + h, s.per_batch, s.features, s.classes))
+                ev.end()
+                ev.close()
+            with infeed.Producer(job.listen(h), name=train_name(h, None), timeout=30) as p:
+                for i in range(1000):
+                    if stop.is_set():
+                        break
+                    p.send(seeded_batch(seed + 1000 * h + i, s.per_batch, s.features,
+                                        s.classes))
+        except infeed.RunEnded:
+            pass
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(f"host {h}: {e!r}")
+
+    ts = [threading.Thread(target=run, args=(h,), daemon=True) for h in range(H)]
+    for t in ts:
+        t.start()
+    wait_log(job, f"eval due at global step {every}: training waits for the eval set", 60)
+    assert control(f"ipc://{job.tmp}/ctl-{asker}", {"cmd": "stop"}) == {"ok": True}
+    rc = job.wait(60)
+    stop.set()
+    for t in ts:
+        t.join(10)
+    assert rc == 0, job.log()
+    assert not errors, errors
+    log = job.log()
+    assert f"eval at global step {every} skipped: the run is stopping" in log, log
+    for h in range(H):
+        assert evals(job, h) == [], (h, job.summaries(h))
+        end = job.summaries(h)[-1]
+        assert end["reason"] == "stopped" and end["global_step"] == every, (h, end)
