@@ -4,8 +4,9 @@ share of the eval set (of different lengths, one possibly empty: the shorter hos
 are padding that counts nowhere). Every eval summary, at the requested steps and at the end of
 the run, is the same on every host and equals a separate one-host --mode eval run over the union
 of the two shares on the checkpoint of that step (1e-6); keep-best keeps the same best on every
-host, as a 2-host checkpoint; early stopping ends every host at the same step. Skipped when
-mpirun is missing or infeedd was built without MPI."""
+host, as a 2-host checkpoint; early stopping ends every host at the same step; a host that
+cannot evaluate its share makes every host skip; a stop ends a host's wait for its eval set on
+every host. Skipped when mpirun is missing or infeedd was built without MPI."""
 
 from __future__ import annotations
 
