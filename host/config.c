@@ -261,7 +261,8 @@ const config_opt config_opts[] = {
     OPT("eval_every", K_I64, eval_every, "N",
         "train: evaluate the current parameters on the eval set (the batches of producers whose "
         "HELLO says \"role\": \"eval\") at the first loop end at or past every multiple of N "
-        "steps, and publish an eval summary (0: never)",
+        "steps and at a last step off a multiple, and publish an eval summary (0: never; several "
+        "hosts: each evaluates its own eval producers' share, the summary is the union's)",
         RANGE(0, I64_MAX, "0 (never) or more steps")),
     OPT("eval_memory", K_I64, eval_memory, "BYTES",
         "with --eval-every: the most bytes the eval set may hold in daemon memory (a batch counts "

@@ -344,20 +344,15 @@ static int check_security(const ifd_daemon_config *c, ifd_error *err)
     return IFD_OK;
 }
 
-/* Evaluation during training: eval_every is train's, on the input modes whose step is one
- * batch; keep_best and early_stopping need it (keep_best a folder too), each a metric name. */
+/* Evaluation during training: eval_every is train's (every input mode: per-core's eval session
+ * runs per-host-v2, host/eval_hook.c); keep_best and early_stopping need it (keep_best a folder
+ * too), each a metric name. */
 static int check_eval(const ifd_daemon_config *c, ifd_error *err)
 {
     if (c->eval_every > 0 && c->run.mode != IFD_MODE_TRAIN)
         return config_fail(c, err, "eval_every",
                            "evaluates during training: expected 0 in %s mode, got %" PRId64,
                            ifd_mode_name(c->run.mode), c->eval_every);
-    if (c->eval_every > 0 && c->run.input_mode == IFD_INPUT_PER_CORE)
-        return config_fail(c, err, "eval_every",
-                           "the eval set is replayed in its arrival order, not a stream a "
-                           "replica: expected {input_mode} per-host, per-host-v2 or broadcast, "
-                           "got %s",
-                           ifd_input_mode_name(c->run.input_mode));
     if (c->keep_best && c->eval_every == 0)
         return config_fail(c, err, "keep_best",
                            "keeps the best eval's checkpoint: expected {eval_every} N with it, "
