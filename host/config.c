@@ -110,7 +110,8 @@ const config_opt config_opts[] = {
     OPT("backend", K_STR, run.backend, "NAME", "device backend: cpu or cuda"),
     OPT("replicas", K_INT, run.replicas, "N", "replicas (cpu: threads; cuda: GPUs)"),
     OPT("program", K_STR, run.program, "NAME",
-        "the model: linear, softmax, mlp, read (benchmark) or one a --program-lib registers"),
+        "the model: linear, softmax, mlp, read (benchmark), charlm (a transformer LM: "
+        "--program-config) or one a --program-lib registers"),
     OPT("program_lib", K_LIBS, program_libs, "PATH.so",
         "load a program plugin (a shared library built against include/infeed/program.h: "
         "examples/custom_program); repeat the flag for several"),

@@ -58,7 +58,9 @@ def main(argv=None) -> int:
             (_, out), = list(p.predictions())
             text.append(draw(out["outputs"][0], args.temperature, rng))
         p.end()
-    sys.stdout.write(text.decode("utf-8", errors="replace") + "\n")
+    sys.stdout.flush()
+    sys.stdout.buffer.write(bytes(text) + b"\n")  # the bytes as generated
+    sys.stdout.buffer.flush()
     return 0
 
 

@@ -33,6 +33,7 @@ echo "== train: charlm $MODEL, batch 8, AdamW, warmup then cosine decay"
   --iterations-per-loop 50 --summary-every 250 --optimizer adamw --learning-rate 0.003 \
   --weight-decay 0.1 --clip-norm 1.0 --lr-schedule cosine --warmup-steps 100 \
   --decay-steps 2000 --min-learning-rate 0.0003 --checkpoint-dir "$CK" \
+  --host-call learning_rate=last --host-call grad_norm=mean \
   --listen 'tcp://127.0.0.1:*' --publish 'tcp://127.0.0.1:*' --control '' \
   --ready-file "$READY" --log-level warn --summaries "$SUMMARIES" "$@" &
 daemon=$!
@@ -47,7 +48,10 @@ import infeed
 with infeed.Subscriber(sys.argv[1], timeout=600) as sub:
     for s in sub:
         if s.get("event") == "train":
+            hc = s.get("host_calls", {})
             print(f"step {s['global_step']:5d}  loss {s['loss']:.3f} nats  "
+                  f"lr {hc.get('learning_rate', {}).get('last', 0):.5f}  "
+                  f"grad norm {hc.get('grad_norm', {}).get('mean', 0):.3f}  "
                   f"{s.get('examples_per_sec', 0) * 64:,.0f} tokens/s", flush=True)
         if s.get("event") == "end":
             print(f"end: {s.get('reason')} at step {s.get('global_step')}", flush=True)

@@ -67,7 +67,7 @@ START_TEST(test_load_registers)
     load_ok(MLP2_PATH);
     char again[512];
     ck_assert_str_eq(ifd_program_names(again, sizeof again), names);
-    ck_assert_str_eq(names, "linear, softmax, mlp, read, mlp2");
+    ck_assert_str_eq(names, "linear, softmax, mlp, read, charlm, mlp2");
     /* A built-in is still there. */
     ck_assert_ptr_nonnull(ifd_program_find("mlp"));
 }

@@ -172,3 +172,34 @@ def test_charlm_two_hosts_equal_one_host_with_two_replicas(tmp_path, rng):
     for h in range(2):
         np.testing.assert_allclose(train_losses(runs[2], h), want, rtol=1e-5)
         assert np.array_equal(last_params(runs[2].tmp / f"ck-{h}")["params"], ref["params"]), h
+
+
+def test_example_producer_and_sampler(daemon, tmp_path, rng):
+    """examples/charlm: produce.py trains a small model until the daemon's --steps end the run;
+    sample.py generates --length bytes from its checkpoint through predict mode, the same text
+    for the same seed."""
+    import subprocess
+
+    m = {"layers": 1, "heads": 2, "width": 16, "block": rng.randint(8, 24), "vocab": 256}
+    ck = tmp_path / "ck"
+    d = daemon(steps=30, batch_size=4, checkpoint_dir=str(ck),
+               **model_flags(m, optimizer="adamw", learning_rate=3e-3))
+    ex = ROOT / "examples" / "charlm"
+    r = subprocess.run([sys.executable, str(ex / "produce.py"), "--endpoint", d.listen,
+                        "--block", str(m["block"]), "--corpus", str(ROOT / "README.md")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "the run ended first" in r.stdout and "unigram entropy" in r.stdout, r.stdout
+    assert d.wait() == 0, d.log()
+    texts = []
+    for _ in range(2):
+        d = daemon(mode="predict", batch_size=1, iterations_per_loop=1, checkpoint_dir=str(ck),
+                   **model_flags(m))
+        r = subprocess.run([sys.executable, str(ex / "sample.py"), "--endpoint", d.listen,
+                            "--block", str(m["block"]), "--length", "25", "--prompt", "infeed",
+                            "--seed", "7"], capture_output=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert d.wait() == 0, d.log()
+        texts.append(r.stdout)
+    assert texts[0] == texts[1] and texts[0].startswith(b"infeed"), texts
+    assert len(texts[0]) == len("infeed") + 25 + 1 and texts[0].endswith(b"\n"), texts

@@ -124,7 +124,7 @@ def test_two_plugins_one_name():
 def test_plugin_program_without_program_lib():
     r = run_infeedd("--program", "mlp2", "--steps", "5", "--features", "2", "--classes", "2")
     assert r.returncode == 2
-    assert r.stderr == "infeedd: --program: expected one of linear, softmax, mlp, read, got " \
+    assert r.stderr == "infeedd: --program: expected one of linear, softmax, mlp, read, charlm, got " \
         "'mlp2' (a program of your own: load its plugin with --program-lib PATH.so)\n", r.stderr
 
 
