@@ -7,7 +7,11 @@
  *   h1 = tanh(x W1 + b1)      W1 [D,H], b1 [H]
  *   h2 = relu(h1 W2 + b2)     W2 [H,H], b2 [H]
  *   logits = h2 W3 + b3       W3 [H,K], b3 [K]
- *   loss = mean softmax cross-entropy + MLP2_WEIGHT_DECAY / 2 * (|W1|^2 + |W2|^2 + |W3|^2)
+ *   loss = mean softmax cross-entropy + decay / 2 * (|W1|^2 + |W2|^2 + |W3|^2)
+ *
+ * decay is the program's own setting weight_decay (infeedd --program-config '{"weight_decay":
+ * 0.01}', a number in [0, 1]; MLP2_WEIGHT_DECAY by default), read in setup and kept in the
+ * program's state for the steps (program ABI 4).
  *
  * Every train and eval step outfeeds three tensors a row (ifd_program_add_outfeed): "class", the
  * argmax of the logits (int32), "confidence", its softmax probability (float32), and "label", a
@@ -21,11 +25,22 @@
 #include <infeed/program.h>
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MLP2_MAX_DIM (1 << 20)
 
 enum { W1, B1, W2, B2, W3, B3 };
+
+/* What the steps read of the settings (p->state). */
+typedef struct mlp2_state {
+    float decay;
+} mlp2_state;
+
+static void mlp2_free_state(ifd_program *p)
+{
+    free(p->state);
+}
 
 /* A setting in [min, MLP2_MAX_DIM]; 0 is a setting the daemon was not given. The library's check
  * names the setting so that infeedd can say which flag or key it was. */
@@ -42,8 +57,16 @@ static int mlp2_setup(ifd_program *p, ifd_error *err)
         rc = need("classes", k, 2, err);
     if (rc == IFD_OK)
         rc = need("hidden", h, 1, err);
+    double decay;
+    if (rc == IFD_OK)
+        rc = ifd_program_config_float(p, "weight_decay", MLP2_WEIGHT_DECAY, 0.0, 1.0, &decay, err);
     if (rc)
         return rc;
+    mlp2_state *st = malloc(sizeof *st);
+    if (st == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "mlp2: state");
+    st->decay = (float)decay;
+    p->state = st;
     ifd_program_add_input(p, "x", IFD_F32, 1, &d);
     ifd_program_add_label(p, "y", IFD_I32, 0, NULL);
     /* Weights from mlp2_init_params; biases zeros, initialised by the runtime and left out of
@@ -168,11 +191,12 @@ static int mlp2_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_ar
                    g + p->params[B1].offset);
     }
     /* After the loss op (which sets out->loss) and the gradients (to which it adds). */
-    if (MLP2_WEIGHT_DECAY > 0.0f) {
+    float decay = ((const mlp2_state *)p->state)->decay;
+    if (decay > 0.0f) {
         static const int weights[] = {W1, W2, W3};
         for (int i = 0; i < 3; i++) {
             const ifd_param_spec *ps = &p->params[weights[i]];
-            ops->l2_decay(ops->ctx, ps->count, MLP2_WEIGHT_DECAY, a->scale, a->params + ps->offset,
+            ops->l2_decay(ops->ctx, ps->count, decay, a->scale, a->params + ps->offset,
                           g ? g + ps->offset : NULL, a->out);
         }
     }
@@ -201,6 +225,7 @@ static const ifd_program_class mlp2_class = {
     .check_batch = mlp2_check,
     .train_step = mlp2_step,
     .predict_step = mlp2_predict,
+    .free_state = mlp2_free_state,
 };
 
 static int mlp2_register(ifd_program_registry *reg, ifd_error *err)

@@ -307,6 +307,58 @@ START_TEST(test_mlp2_gradients)
 }
 END_TEST
 
+/* mlp2's own setting weight_decay (program_config, kept in the program's state): the loss of
+ * random weights differs from the default's by the penalty's difference; bad values and unknown
+ * keys are refused with the library's sentences. */
+START_TEST(test_mlp2_weight_decay_setting)
+{
+    load_ok(MLP2_PATH);
+    ifd_rng rng;
+    seed_rng(&rng);
+    int64_t d = rand_between(&rng, 1, 8), h = rand_between(&rng, 1, 10);
+    int64_t k = rand_between(&rng, 2, 6), rows = rand_between(&rng, 1, 30);
+    double decay = (double)rand_between(&rng, 1, 1000) / 1000.0;
+    char text[64];
+    snprintf(text, sizeof text, "{\"weight_decay\": %.3f}", decay);
+    ifd_program_settings s = {.features = d, .classes = k, .hidden = h};
+    ifd_program p, q;
+    ifd_error err;
+    ifd_error_clear(&err);
+    RASSERT(ifd_program_init(&p, "mlp2", &s, &err) == IFD_OK, "%s", err.msg);
+    s.config = text;
+    RASSERT(ifd_program_init(&q, "mlp2", &s, &err) == IFD_OK, "%s", err.msg);
+    float *params = malloc(sizeof(float) * (size_t)p.nparam_floats);
+    ifd_program_init_params(&p, params, ifd_rng_next(&rng));
+    tu_batch *tb = tu_batch_random(&p, rows, 0, &rng);
+    ifd_step_out a, b;
+    float scale = (float)(1.0 / (double)rand_between(&rng, 1, 4));
+    tu_run_any_step(&p, tb->b.tensors, rows, params, NULL, scale, &a, NULL);
+    tu_run_any_step(&q, tb->b.tensors, rows, params, NULL, scale, &b, NULL);
+    double sq = 0.0;
+    for (int i = 0; i < 3; i++) {
+        const ifd_param_spec *ps = &p.params[2 * i];
+        for (int64_t j = 0; j < ps->count; j++)
+            sq += (double)params[ps->offset + j] * params[ps->offset + j];
+    }
+    double want = scale * 0.5 * (decay - (double)MLP2_WEIGHT_DECAY) * sq;
+    RASSERT(fabs(((double)b.loss - a.loss) - want) <= 1e-4 * (fabs(b.loss) + fabs(a.loss)) + 1e-6,
+            "loss %.9g with decay %g, %.9g with %g: difference %.9g, want %.9g", (double)b.loss,
+            decay, (double)a.loss, (double)MLP2_WEIGHT_DECAY, (double)b.loss - a.loss, want);
+    free(params);
+    tu_batch_free(tb);
+    ifd_program_free(&p);
+    ifd_program_free(&q);
+    s.config = "{\"weight_decay\": 2}";
+    ck_assert_int_eq(ifd_program_init(&p, "mlp2", &s, &err), IFD_EINVAL);
+    ck_assert_str_eq(err.msg, "program 'mlp2': program_config setting 'weight_decay': expected a "
+                              "number from 0 to 1, got 2");
+    s.config = "{\"decay\": 0.1}";
+    ck_assert_int_eq(ifd_program_init(&p, "mlp2", &s, &err), IFD_EINVAL);
+    ck_assert_str_eq(err.msg, "program 'mlp2': program_config setting 'decay': the program has no "
+                              "such setting (it reads weight_decay)");
+}
+END_TEST
+
 START_TEST(test_mlp2_setup_errors)
 {
     load_ok(MLP2_PATH);
@@ -344,6 +396,7 @@ int main(void)
     tcase_add_test(tc, test_load_errors);
     tcase_add_test(tc, test_mlp2_gradients);
     tcase_add_test(tc, test_mlp2_setup_errors);
+    tcase_add_loop_test(tc, test_mlp2_weight_decay_setting, 0, 5);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);
 }

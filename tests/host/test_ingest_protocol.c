@@ -207,7 +207,7 @@ START_TEST(hello_json_is_one_object_of_known_keys)
     snprintf(want, sizeof want,
              "HELLO: unknown key '%s' (expected name, schema, first_seq, replica, shm, role)", key);
     EXPECT_ERR(hello(&r, hello_text(&r, extra), &h, &e), e, IFD_EINVAL, want);
-ifd_program_free(&r.prog);
+    ifd_program_free(&r.prog);
 }
 END_TEST
 
@@ -226,7 +226,7 @@ START_TEST(hello_name_of_1_to_63_bytes_is_taken)
     RC_OK(ingest_hello_parse(&r.pr, (ingest_span){text, strlen(text)}, &root, &h, &e), e);
     ck_assert_str_eq(h.name, name);
     json_decref(root);
-ifd_program_free(&r.prog);
+    ifd_program_free(&r.prog);
 }
 END_TEST
 
@@ -241,7 +241,7 @@ START_TEST(hello_role_train_or_eval_is_taken)
     int i = (int)rand_between(&r.rng, 0, 2);
     RC_OK(hello(&r, hello_text(&r, extras[i]), &h, &e), e);
     ck_assert_int_eq(h.eval, i == 2);
-ifd_program_free(&r.prog);
+    ifd_program_free(&r.prog);
 }
 END_TEST
 
@@ -256,7 +256,7 @@ START_TEST(hello_first_seq_from_0_is_taken)
     snprintf(extra, sizeof extra, ", \"first_seq\": %" PRId64, seq);
     RC_OK(hello(&r, hello_text(&r, extra), &h, &e), e);
     ck_assert_int_eq(h.first_seq, seq);
-ifd_program_free(&r.prog);
+    ifd_program_free(&r.prog);
 }
 END_TEST
 
@@ -290,7 +290,7 @@ START_TEST(hello_key_of_the_wrong_type_is_named)
     char extra[128];
     snprintf(extra, sizeof extra, ", \"%s\": %s", k->key, k->bad[rand_between(&r.rng, 0, 4)]);
     EXPECT_ERR(hello(&r, hello_text(&r, extra), &h, &e), e, IFD_EINVAL, k->sentence);
-ifd_program_free(&r.prog);
+    ifd_program_free(&r.prog);
 }
 END_TEST
 
@@ -332,7 +332,7 @@ START_TEST(hello_replica_is_for_per_core_only)
         RC_OK(hello(&r, "{}", &h, &e), e);
         ck_assert_int_eq(h.replica, -1);
     }
-ifd_program_free(&r.prog);
+    ifd_program_free(&r.prog);
 }
 END_TEST
 
@@ -345,7 +345,7 @@ START_TEST(hello_shm_true_asks_for_a_pool)
     int want = (int)rand_between(&r.rng, 0, 1);
     RC_OK(hello(&r, hello_text(&r, want ? ", \"shm\": true" : ", \"shm\": false"), &h, &e), e);
     ck_assert_int_eq(h.want_shm, want);
-ifd_program_free(&r.prog);
+    ifd_program_free(&r.prog);
 }
 END_TEST
 
@@ -425,7 +425,7 @@ START_TEST(hello_schema_matches_the_program_exactly)
     char want[64];
     snprintf(want, sizeof want, "schema: expected %d tensors for program 'softmax'", r.pr.nin);
     EXPECT_ERR(hello(&r, hello_text(&r, ", \"schema\": []"), &h, &e), e, IFD_ESHAPE, want);
-ifd_program_free(&r.prog);
+    ifd_program_free(&r.prog);
 }
 END_TEST
 
@@ -443,7 +443,7 @@ START_TEST(hello_schema_in_predict_mode_has_no_labels)
     ifd_error e;
     EXPECT_ERR(hello(&r, hello_text(&r, schema_text(&t, 0, NULL)), &h, &e), e, IFD_ESHAPE,
                "schema: expected 1 tensors for program 'softmax' in predict mode");
-ifd_program_free(&r.prog);
+    ifd_program_free(&r.prog);
 }
 END_TEST
 
@@ -520,7 +520,7 @@ START_TEST(batch_rows_are_k_batches_or_a_partial_in_predict)
              r.pr.mode == IFD_MODE_PREDICT ? "1 to " : "", b);
     RASSERT(strstr(why, want) && strstr(why, "got"), "'%s' lacks '%s'", why, want);
     msg_free(&m);
-ifd_program_free(&r.prog);
+    ifd_program_free(&r.prog);
 }
 END_TEST
 
@@ -559,7 +559,7 @@ START_TEST(batch_checks_come_in_the_documented_order)
             "fault %d: expected %s '%s', got %s '%s'", first, ifd_errname(codes[first]),
             parts[first], ifd_errname(rc), why);
     msg_free(&m);
-ifd_program_free(&r.prog);
+    ifd_program_free(&r.prog);
 }
 END_TEST
 
@@ -580,7 +580,7 @@ START_TEST(batch_frame_bytes_name_the_tensor)
              r.pr.in[i]->name, m.frames[i].len, want, m.bh.rows);
     RASSERT(strstr(why, expect), "'%s' lacks '%s'", why, expect);
     msg_free(&m);
-ifd_program_free(&r.prog);
+    ifd_program_free(&r.prog);
 }
 END_TEST
 
@@ -596,7 +596,7 @@ START_TEST(batch_shm_skips_the_frame_checks)
     ck_assert_int_eq(ingest_batch_check(&r.pr, &bh, 1, NULL, 0, why, sizeof why), IFD_OK);
     bh.flags = 1;
     ck_assert_int_eq(ingest_batch_check(&r.pr, &bh, 1, NULL, 0, why, sizeof why), IFD_EINVAL);
-ifd_program_free(&r.prog);
+    ifd_program_free(&r.prog);
 }
 END_TEST
 
@@ -710,7 +710,7 @@ START_TEST(values_are_checked_by_the_program)
     x[at] = 11 + (float)rand_between(&r.rng, 0, 100);
     EXPECT_ERR(ingest_batch_check_values(&r.pr, &whole, &e), e, IFD_ERANGE, "tensor 'x' row");
     msg_free(&m);
-ifd_program_free(&r.prog);
+    ifd_program_free(&r.prog);
 }
 END_TEST
 
