@@ -103,8 +103,10 @@ static int charlm_setup(ifd_program *p, ifd_error *err)
         return ifd_error_set(err, IFD_ENOMEM, "program 'charlm': out of memory");
     *(charlm_dims *)p->state = d;
     int64_t t = d.block, c = d.width, v = d.vocab;
-    ifd_program_add_input(p, "tokens", IFD_I32, 1, &t);
-    ifd_program_add_label(p, "targets", IFD_I32, 1, &t);
+    /* ids in [0, vocab): the runtime checks every batch, predict's too, before a step */
+    if (ifd_program_add_ids(p, "tokens", 0, 1, &t, v) != IFD_OK ||
+        ifd_program_add_ids(p, "targets", 1, 1, &t, v) != IFD_OK)
+        return ifd_error_set(err, IFD_EINVAL, "program 'charlm': cannot declare its inputs");
     ifd_param_init normal = {IFD_INIT_NORMAL, CHARLM_STD}, zeros = {IFD_INIT_ZEROS, 0},
                    ones = {IFD_INIT_ONES, 0};
     int rc = add_param(p, "tok_emb", 2, v, c, normal, 0);
@@ -336,27 +338,6 @@ static int charlm_predict(const ifd_program *p, const ifd_ops *ops, const ifd_st
     return IFD_OK;
 }
 
-/* Every token and target lies in [0, vocab); the sentence names the first that does not. */
-static int charlm_check(const ifd_program *p, const ifd_tensor *in, int64_t rows, ifd_error *err)
-{
-    charlm_dims d = charlm_get(p);
-    int nin = p->ninputs < 2 ? p->ninputs : 2;
-    for (int i = 0; i < nin; i++) {
-        const int32_t *v = in[i].data;
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t j = 0; j < d.block; j++) {
-                int32_t id = v[r * d.block + j];
-                if (id < 0 || id >= d.vocab)
-                    return ifd_error_set(err, IFD_ERANGE,
-                                         "tensor '%s' row %lld position %lld: token %d is out of "
-                                         "range, expected 0 <= token < vocab %lld",
-                                         p->inputs[i].name, (long long)r, (long long)j, (int)id,
-                                         (long long)d.vocab);
-            }
-    }
-    return IFD_OK;
-}
-
 const ifd_program_class ifd_program_charlm = {
     .name = "charlm",
     .description = "a GPT-style decoder (program_config: layers, heads, width, block, vocab): "
@@ -365,7 +346,6 @@ const ifd_program_class ifd_program_charlm = {
     .setup = charlm_setup,
     .free_state = charlm_free_state,
     .workspace_floats = charlm_workspace,
-    .check_batch = charlm_check,
     .train_step = charlm_step,
     .predict_step = charlm_predict,
 };

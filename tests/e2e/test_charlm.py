@@ -75,6 +75,14 @@ def test_charlm_matches_the_numpy_reference(daemon, tmp_path, rng):
 
     d = daemon(mode="predict", **common)
     with infeed.Producer(d.listen, name="predictor", timeout=20) as p:
+        bad = data[1]["tokens"].copy()
+        row, pos = rng.randrange(batch), rng.randrange(m["block"])
+        bad[row, pos] = m["vocab"]  # refused before any step indexes the tables with it
+        p.send(tokens=bad)
+        with pytest.raises(infeed.InfeedError) as ei:
+            p.wait()
+        assert ei.value.code == "ERANGE" and f"tensor 'tokens' row {row} element {pos}: " \
+            f"{m['vocab']} is out of range" in str(ei.value), ei.value
         p.send(tokens=data[1]["tokens"])
         (_, out), = list(p.predictions())
         p.end()
