@@ -251,7 +251,13 @@ def run_infeedd_charlm(exe: str, job: dict, replicas: int, steps: int, tmp: Path
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
         t0 = time.perf_counter()
-        res = infeed.feed(listen, data, name="bench", timeout=120)
+        try:
+            res = infeed.feed(listen, data, name="bench", timeout=120)
+        except (infeed.InfeedError, TimeoutError) as e:
+            if proc.poll() is None:
+                raise
+            raise RuntimeError(f"infeedd (charlm) exited {proc.returncode}: "
+                               f"{log_path.read_text()[-2000:]}") from e
         dt = time.perf_counter() - t0  # the BYE has arrived: the run's last step is done
         rc = proc.wait(timeout=600)
     finally:

@@ -137,7 +137,9 @@ def infeedd_with_charlm():
     exe = os.environ.get("INFEEDD") or str(ROOT / "build" / "host" / "infeedd")
     if not os.path.isfile(exe):
         return None
-    out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=30)
+    # the refusal of an unknown program names the built-in ones
+    out = subprocess.run([exe, "--program", "no-such-program"], capture_output=True, text=True,
+                         timeout=30)
     return exe if "charlm" in out.stdout + out.stderr else None
 
 
