@@ -23,8 +23,9 @@
 #      (so nothing needs LD_LIBRARY_PATH); NCCL from the toolkit, else from Python's
 #      nvidia-nccl package;
 #   3. every carried library must resolve inside the prefix (ldd), and pyzmq from it;
-#   4. the GPU tests (test_gpu: cuda against cpu on the same runs, 20 and 400 steps, eval and
-#      predict; test_cuda_errors), where a skip is a failure;
+#   4. the GPU tests (test_cuda_nn_ops: the transformer's ops on cuda against device/nn_cpu.c,
+#      called directly, first and on its own; test_gpu: cuda against cpu on the same runs, 20 and
+#      400 steps, eval and predict; test_cuda_errors), where a skip is a failure;
 #   5. tests/e2e/test_cuda.py: infeedd --backend cuda against --backend cpu through the Python
 #      client, every step's loss (a skip is a failure);
 #   6. several hosts on cuda (tests/e2e/test_multihost.py), where MPI and 2 GPUs are present
@@ -35,11 +36,11 @@
 #   8. bench_blas (bench/blas.c): this machine's CPU, its OpenBLAS kernel as shipped and as
 #      corrected, beside every other kernel it runs (a second CPU model for docs/design.md's
 #      BLAS table).
-# Every step runs under a time limit (all together about 9 minutes at most; a run on one H100
+# Every step runs under a time limit (all together about 10 minutes at most; a run on one H100
 # should take a few) and the later steps run after a failed one; the exit status is 1 when any
 # failed. Results: $OUT if set (the device tool's folder), else
 # build-gpu-bench/results: gpu.log (all this script printed, ending with one line a step),
-# build.log, tests.log, e2e.log, bench_gpu.txt, bench_blas.txt, deps.txt.
+# build.log, nn_ops.log, tests.log, e2e.log, bench_gpu.txt, bench_blas.txt, deps.txt.
 #
 # Environment: OUT (results), IFD_GPU_DEPS (default .gpu-deps), IFD_GPU_BUILD (default
 # build-gpu-bench), IFD_GPU_NO_DPKG=1 (unpack with Python even where dpkg-deb exists).
@@ -189,8 +190,8 @@ record build ok "$(($(date +%s) - bt0)) s"
   carried=$(for d in ${IFD_DEPS_LIBDIRS//:/ }; do ls "$d"; done | grep '\.so' | sort -u)
   bad=0
   for f in "$dir/host/infeedd" "$dir/libinfeed.so" "$dir/tests/gpu/test_gpu" \
-           "$dir/tests/gpu/test_cuda_errors" "$dir/device/cuda/bench_gpu" \
-           "$dir/tests/plugins/ifd_mlp2.so"; do
+           "$dir/tests/gpu/test_cuda_nn_ops" "$dir/tests/gpu/test_cuda_errors" \
+           "$dir/device/cuda/bench_gpu" "$dir/tests/plugins/ifd_mlp2.so"; do
     echo "== ${f#"$dir"/}"
     while read -r name arrow path _; do
       [ "$arrow" = "=>" ] || continue
@@ -227,6 +228,8 @@ if [ "$mode" = rehearse ]; then
   rc=$?
   timeout 60 "$dir/tests/gpu/test_gpu" >>"$out/tests.log" 2>&1
   rc_gpu=$?
+  timeout 60 "$dir/tests/gpu/test_cuda_nn_ops" >>"$out/tests.log" 2>&1
+  rc_nn=$?
   set -e
   cat "$out/tests.log"
   if [ "$rc" = 0 ]; then record cuda_errors ok "the no-GPU error path (test_cuda_errors)"
@@ -234,6 +237,8 @@ if [ "$mode" = rehearse ]; then
   why=$(grep -o 'no usable GPU (.*)' "$out/tests.log" | head -1)
   if [ "$rc_gpu" = 77 ]; then record first_cuda ok "test_gpu stops at the first CUDA call: $why"
   else record first_cuda FAILED "test_gpu exit $rc_gpu, expected 77 (no GPU: skipped)"; fi
+  if [ "$rc_nn" = 77 ]; then record nn_ops ok "test_cuda_nn_ops stops at the first CUDA call"
+  else record nn_ops FAILED "test_cuda_nn_ops exit $rc_nn, expected 77 (no GPU: skipped)"; fi
   # the Python client (carried pyzmq) against infeedd on cpu, and the cuda flag without a GPU
   if timeout 240 "${e2e_env[@]}" python3 -m pytest -q -rs -p no:cacheprovider \
        tests/e2e/test_training.py tests/e2e/test_cuda.py \
@@ -255,23 +260,34 @@ if [ "$mode" = rehearse ]; then
 fi
 
 # ---- 4. the GPU tests
-if [ "$tests" = 1 ]; then
-  echo "== GPU tests (log: $out/tests.log)"
+# ctest_step STEP REGEX LIMIT LOG: the tests matching REGEX under a time limit of LIMIT seconds
+# (each test LIMIT - 10), their output in LOG; a skipped test fails the step (ctest counts a
+# skip as not failed, but with a GPU here a skip is an error).
+ctest_step() {
+  local step=$1 regex=$2 limit=$3 log=$4 rc
   set +e
-  (cd "$dir" && timeout 250 ctest -V --timeout 240 -R '^(test_gpu|test_cuda_errors)$') \
-    >"$out/tests.log" 2>&1
+  (cd "$dir" && timeout "$limit" ctest -V --timeout "$((limit - 10))" -R "$regex") >"$log" 2>&1
   rc=$?
   set -e
-  grep -E '^[0-9]+/[0-9]+ Test|tests passed|:[FE]:|test_gpu: ' "$out/tests.log" || true
+  grep -E '^[0-9]+/[0-9]+ Test|tests passed|:[FE]:|test_[a-z_]+: ' "$log" || true
   if [ "$rc" != 0 ]; then
-    grep -E ':[FE]:' "$out/tests.log" | head -20
-    record gpu_tests FAILED "ctest exit $rc (tests.log)"
-  elif grep -q "Skipped\|Not Run" "$out/tests.log"; then
-    # ctest counts a skipped test as not failed: with a GPU here a skip is an error
-    record gpu_tests FAILED "test_gpu skipped although nvidia-smi sees a GPU"
+    grep -E ':[FE]:' "$log" | head -20
+    record "$step" FAILED "ctest exit $rc (${log##*/})"
+  elif grep -q "Skipped\|Not Run" "$log"; then
+    record "$step" FAILED "a test skipped although nvidia-smi sees a GPU (${log##*/})"
+  elif ! grep -q '% tests passed' "$log"; then
+    record "$step" FAILED "no test matches $regex (${log##*/})"
   else
-    record gpu_tests ok "$(grep -E 'tests passed' "$out/tests.log")"
+    record "$step" ok "$(grep -E '% tests passed' "$log")"
   fi
+}
+if [ "$tests" = 1 ]; then
+  # the transformer's ops first, on their own (seconds), so that their result stands even when
+  # the longer suite below runs out of time
+  echo "== the transformer's ops on cuda against nn_cpu (log: $out/nn_ops.log)"
+  ctest_step nn_ops '^test_cuda_nn_ops$' 90 "$out/nn_ops.log"
+  echo "== GPU tests (log: $out/tests.log)"
+  ctest_step gpu_tests '^(test_gpu|test_cuda_errors)$' 250 "$out/tests.log"
 
   echo "== cuda against cpu through infeedd (log: $out/e2e.log)"
   set +e

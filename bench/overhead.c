@@ -104,7 +104,7 @@ static double compute_step_seconds(int64_t steps)
     ifd_program_init(&p, "linear", &cfg.settings, &err);
     float params[2] = {0.1f, 0.0f}, grads[2], s0[2], s1[2], ws[4];
     int64_t step = 0, opt_step = 0;
-    ifd_replica_state st = {params, grads, s0, s1, ws, &step, &opt_step, NULL};
+    ifd_replica_state st = {params, grads, s0, s1, ws, &step, &opt_step, NULL, NULL, 0};
     ifd_ops ops;
     ifd_cpu_ops_init(&ops, NULL);
     ifd_step_ops sops;

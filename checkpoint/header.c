@@ -41,6 +41,14 @@ json_t *ifd_ckpt_header_json(const ifd_checkpoint *c)
         "{s:s, s:i, s:f, s:f, s:f, s:f, s:f}", "kind", ifd_optimizer_name(o->kind), "slots",
         c->nslots, "learning_rate", (double)o->learning_rate, "momentum", (double)o->momentum,
         "beta1", (double)o->beta1, "beta2", (double)o->beta2, "epsilon", (double)o->epsilon);
+    if (opt) { /* the schedule, decay and clipping: absent from older checkpoints (read as off) */
+        json_object_set_new(opt, "weight_decay", json_real((double)o->weight_decay));
+        json_object_set_new(opt, "clip_norm", json_real((double)o->clip_norm));
+        json_object_set_new(opt, "lr_schedule", json_string(ifd_lr_schedule_name(o->lr_schedule)));
+        json_object_set_new(opt, "warmup_steps", json_integer(o->warmup_steps));
+        json_object_set_new(opt, "decay_steps", json_integer(o->decay_steps));
+        json_object_set_new(opt, "min_learning_rate", json_real((double)o->min_learning_rate));
+    }
     json_t *settings =
         json_pack("{s:I, s:I, s:I}", "features", (json_int_t)c->settings.features, "classes",
                   (json_int_t)c->settings.classes, "hidden", (json_int_t)c->settings.hidden);
@@ -85,6 +93,26 @@ static int get_float(json_t *obj, const char *key, float *out, const char *path,
                              "checkpoint '%s': header: 'optimizer.%s': expected a number", path,
                              key);
     *out = (float)json_number_value(v);
+    return IFD_OK;
+}
+
+/* The keys a checkpoint written before them lacks: absent, the feature was off. */
+static int get_float_opt(json_t *obj, const char *key, float *out, const char *path, ifd_error *err)
+{
+    *out = 0.0f;
+    return json_object_get(obj, key) ? get_float(obj, key, out, path, err) : IFD_OK;
+}
+
+static int get_steps_opt(json_t *obj, const char *key, int64_t *out, const char *path,
+                         ifd_error *err)
+{
+    json_t *v = json_object_get(obj, key);
+    *out = v ? json_integer_value(v) : 0;
+    if (v && (!json_is_integer(v) || *out < 0))
+        return ifd_error_set(err, IFD_EPROTO,
+                             "checkpoint '%s': header: 'optimizer.%s': expected an integer, 0 or "
+                             "more",
+                             path, key);
     return IFD_OK;
 }
 
@@ -210,8 +238,8 @@ static int parse_optimizer(ifd_checkpoint *c, json_t *o, const char *path, ifd_e
     json_t *kind = json_object_get(o, "kind");
     if (!json_is_string(kind) || ifd_optimizer_parse(json_string_value(kind), &c->optimizer.kind))
         return ifd_error_set(err, IFD_EPROTO,
-                             "checkpoint '%s': header: 'optimizer.kind': expected sgd, momentum "
-                             "or adam",
+                             "checkpoint '%s': header: 'optimizer.kind': expected sgd, momentum, "
+                             "adam or adamw",
                              path);
     int want = ifd_optimizer_slots(c->optimizer.kind);
     json_t *slots = json_object_get(o, "slots");
@@ -225,8 +253,21 @@ static int parse_optimizer(ifd_checkpoint *c, json_t *o, const char *path, ifd_e
         get_float(o, "momentum", &c->optimizer.momentum, path, err) ||
         get_float(o, "beta1", &c->optimizer.beta1, path, err) ||
         get_float(o, "beta2", &c->optimizer.beta2, path, err) ||
-        get_float(o, "epsilon", &c->optimizer.epsilon, path, err))
+        get_float(o, "epsilon", &c->optimizer.epsilon, path, err) ||
+        get_float_opt(o, "weight_decay", &c->optimizer.weight_decay, path, err) ||
+        get_float_opt(o, "clip_norm", &c->optimizer.clip_norm, path, err) ||
+        get_float_opt(o, "min_learning_rate", &c->optimizer.min_learning_rate, path, err) ||
+        get_steps_opt(o, "warmup_steps", &c->optimizer.warmup_steps, path, err) ||
+        get_steps_opt(o, "decay_steps", &c->optimizer.decay_steps, path, err))
         return err ? err->code : IFD_EPROTO;
+    json_t *sched = json_object_get(o, "lr_schedule");
+    c->optimizer.lr_schedule = IFD_LR_CONSTANT;
+    if (sched && (!json_is_string(sched) ||
+                  ifd_lr_schedule_parse(json_string_value(sched), &c->optimizer.lr_schedule)))
+        return ifd_error_set(err, IFD_EPROTO,
+                             "checkpoint '%s': header: 'optimizer.lr_schedule': expected "
+                             "constant, cosine or linear",
+                             path);
     return IFD_OK;
 }
 

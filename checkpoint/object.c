@@ -322,6 +322,24 @@ static int check_params(const ifd_checkpoint *c, const ifd_program *p, ifd_error
     return IFD_OK;
 }
 
+/* Train mode: the learning-rate schedule is a function of the update count the checkpoint
+ * carries, so a resumed run follows the same one (its rates may change, as learning_rate). */
+static int check_schedule(const ifd_checkpoint *c, const ifd_config *cfg, ifd_error *err)
+{
+    const ifd_optimizer *a = &c->optimizer, *b = &cfg->optimizer;
+    if (a->lr_schedule == b->lr_schedule && a->warmup_steps == b->warmup_steps &&
+        (a->lr_schedule == IFD_LR_CONSTANT || a->decay_steps == b->decay_steps))
+        return IFD_OK;
+    return ifd_error_set(
+        err, IFD_EINVAL,
+        "checkpoint: optimizer: the checkpoint's learning-rate schedule is %s "
+        "with warmup_steps %" PRId64 " and decay_steps %" PRId64 ", this run's %s with %" PRId64
+        " and %" PRId64 " (a resumed run continues the schedule at update %" PRId64
+        ": give it the same lr_schedule, warmup_steps and decay_steps)",
+        ifd_lr_schedule_name(a->lr_schedule), a->warmup_steps, a->decay_steps,
+        ifd_lr_schedule_name(b->lr_schedule), b->warmup_steps, b->decay_steps, c->opt_step);
+}
+
 int ifd_checkpoint_check(const ifd_checkpoint *c, const ifd_config *cfg, ifd_error *err)
 {
     const char *prog = cfg->program ? cfg->program : "(none)";
@@ -354,5 +372,7 @@ int ifd_checkpoint_check(const ifd_checkpoint *c, const ifd_config *cfg, ifd_err
                              ifd_optimizer_name(c->optimizer.kind), c->nslots,
                              ifd_optimizer_name(cfg->optimizer.kind),
                              ifd_optimizer_slots(cfg->optimizer.kind));
+    if (cfg->mode == IFD_MODE_TRAIN)
+        return check_schedule(c, cfg, err);
     return IFD_OK;
 }

@@ -28,7 +28,9 @@ NAMES(ifd_mode, ifd_mode_name, ifd_mode_parse, "train", "eval", "predict")
 NAMES(ifd_input_mode, ifd_input_mode_name, ifd_input_mode_parse, "per-host", "per-host-v2",
       "per-core", "broadcast")
 NAMES(ifd_loss_reduction, ifd_loss_reduction_name, ifd_loss_reduction_parse, "mean", "sum")
-NAMES(ifd_optimizer_kind, ifd_optimizer_name, ifd_optimizer_parse, "sgd", "momentum", "adam")
+NAMES(ifd_optimizer_kind, ifd_optimizer_name, ifd_optimizer_parse, "sgd", "momentum", "adam",
+      "adamw")
+NAMES(ifd_lr_schedule, ifd_lr_schedule_name, ifd_lr_schedule_parse, "constant", "cosine", "linear")
 
 int ifd_input_batches_per_step(ifd_input_mode mode, int replicas)
 {

@@ -66,4 +66,5 @@ void ifd_batch_tag_set(ifd_batch_tag *t, const ifd_batch *b)
     memcpy(t->producer, name, n);
     t->producer[n] = '\0';
     t->seq = b->seq;
+    t->padding = (b->flags & IFD_BATCH_PADDED) && b->valid_rows == 0;
 }

@@ -61,6 +61,7 @@ enum { IFD_SHARD_OUTFEEDS = 1, IFD_SHARD_TO_SINKS = 2 };
 typedef struct ifd_batch_tag {
     char producer[48]; /* "" when the source names none */
     int64_t seq;
+    int padding; /* every row of the batch is padding (IFD_BATCH_PADDED, valid_rows 0) */
 } ifd_batch_tag;
 
 void ifd_batch_tag_set(ifd_batch_tag *t, const ifd_batch *b);

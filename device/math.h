@@ -176,4 +176,60 @@ IFD_HD void ifd_math_adam(float *p, float *m, float *v, float g, float lr_t, flo
     *p -= lr_t * *m / (sqrtf(*v) + eps);
 }
 
+/* AdamW (Keras 3's AdamW, Loshchilov and Hutter's decoupled weight decay): p -= p * wd * lr
+ * with the schedule's rate lr (not Adam's lr_t), then Adam's update with the same g. wd = 0
+ * (a parameter left out of decay) gives Adam's bits for a finite p. */
+IFD_HD void ifd_math_adamw(float *p, float *m, float *v, float g, float lr_t, float beta1,
+                           float beta2, float eps, float wd, float lr)
+{
+    *p = *p - *p * wd * lr;
+    ifd_math_adam(p, m, v, g, lr_t, beta1, beta2, eps);
+}
+
+/* Clipping by global norm: the factor the gradients are multiplied by, clip / norm when norm is
+ * above clip, else 1 (clip <= 0: no clipping). TensorFlow's clip_by_global_norm computes
+ * clip * min(1 / norm, 1 / clip): the same up to one rounding. */
+IFD_HD float ifd_math_clip_scale(float norm, float clip)
+{
+    return clip > 0.0f && norm > clip ? clip / norm : 1.0f;
+}
+
+/* The learning rate of update t (0-based: the updates done before it), in double, rounded once:
+ * lr * t / warmup while t < warmup; then lr (constant, schedule 0), or from lr down to min_lr
+ * at t = decay_steps by half a cosine (schedule 1: min_lr + (lr - min_lr) * (1 + cos(pi f)) / 2,
+ * f = (t - warmup) / (decay_steps - warmup), at most 1) or linearly (schedule 2:
+ * min_lr + (lr - min_lr) * (1 - f)). Optax's warmup_cosine_decay_schedule with init_value 0,
+ * peak_value lr, end_value min_lr; Keras's CosineDecay with initial_learning_rate 0,
+ * warmup_target lr, decay_steps decay_steps - warmup, alpha min_lr / lr. decay_steps > warmup
+ * when schedule is not 0 (ifd_config_validate). */
+IFD_HD float ifd_math_lr_at(int schedule, float lr, float min_lr, int64_t warmup,
+                            int64_t decay_steps, int64_t t)
+{
+    if (t < warmup)
+        return (float)((double)lr * ((double)t / (double)warmup));
+    if (schedule == 0)
+        return lr;
+    int64_t span = decay_steps - warmup, done = t - warmup < span ? t - warmup : span;
+    double f = (double)done / (double)span;
+    double k = schedule == 1 ? 0.5 * (1.0 + cos(3.14159265358979323846 * f)) : 1.0 - f;
+    return (float)((double)min_lr + ((double)lr - (double)min_lr) * k);
+}
+
+/* Whether element i lies in one of the sorted, disjoint ranges [r[2j], r[2j+1]), j < nranges
+ * (AdamW's parameters left out of decay): a binary search, for a kernel's thread. */
+IFD_HD int ifd_math_in_ranges(const int64_t *r, int64_t nranges, int64_t i)
+{
+    int64_t lo = 0, hi = nranges;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (i < r[2 * mid])
+            hi = mid;
+        else if (i >= r[2 * mid + 1])
+            lo = mid + 1;
+        else
+            return 1;
+    }
+    return 0;
+}
+
 #endif

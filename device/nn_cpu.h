@@ -2,7 +2,7 @@
  * The transformer's ops on the host (issue 22): embedding lookup and its gradient, layer norm,
  * GELU, causal self-attention, each forward and backward, on row-major float32 arrays in host
  * memory. Plain functions of their arguments, one thread each; the cpu backend's op table wraps
- * them (and the cuda backend has the same ops in kernels.cu). Every sum runs in a fixed order
+ * them (the cuda backend has its own in cuda/nn_kernels.cu). Every sum runs in a fixed order
  * (rows in order; the embedding gradient's scatter-add in row order), so results repeat bit for
  * bit run to run.
  */

@@ -561,29 +561,87 @@ void ifd_cpu_ops_init(ifd_ops *ops, void *ctx)
     ops->attention_grad = cpu_attention_grad;
 }
 
+/* One update's scalars, the same for every element: the schedule's rate, Adam's step size, the
+ * clipping factor, and the ranges left out of weight decay. */
+typedef struct update_plan {
+    const ifd_optimizer *opt;
+    float lr, lr_t, scale;
+    const int64_t *nodecay;
+    int64_t nnodecay;
+} update_plan;
+
+static update_plan plan_update(const ifd_optimizer *opt, const int64_t *opt_step,
+                               const float *grad_norm, const int64_t *nodecay, int64_t nnodecay)
+{
+    update_plan u = {.opt = opt, .scale = 1.0f, .nodecay = nodecay, .nnodecay = nnodecay};
+    u.lr = ifd_math_lr_at((int)opt->lr_schedule, opt->learning_rate, opt->min_learning_rate,
+                          opt->warmup_steps, opt->decay_steps, *opt_step);
+    if (opt->kind == IFD_OPT_ADAM || opt->kind == IFD_OPT_ADAMW)
+        u.lr_t = ifd_math_adam_lr(u.lr, opt->beta1, opt->beta2, *opt_step + 1);
+    if (grad_norm)
+        u.scale = ifd_math_clip_scale(*grad_norm, opt->clip_norm);
+    return u;
+}
+
+/* Elements [lo, hi) with weight decay wd (adamw; 0: left out). */
+static void update_elems(const update_plan *u, float wd, int64_t lo, int64_t hi, float *params,
+                         const float *grads, float *slot0, float *slot1)
+{
+    const ifd_optimizer *o = u->opt;
+    float lr = u->lr, s = u->scale;
+    switch (o->kind) {
+    case IFD_OPT_SGD:
+        for (int64_t i = lo; i < hi; i++)
+            ifd_math_sgd(&params[i], grads[i] * s, lr);
+        break;
+    case IFD_OPT_MOMENTUM:
+        for (int64_t i = lo; i < hi; i++)
+            ifd_math_momentum(&params[i], &slot0[i], grads[i] * s, lr, o->momentum);
+        break;
+    case IFD_OPT_ADAM:
+        for (int64_t i = lo; i < hi; i++)
+            ifd_math_adam(&params[i], &slot0[i], &slot1[i], grads[i] * s, u->lr_t, o->beta1,
+                          o->beta2, o->epsilon);
+        break;
+    case IFD_OPT_ADAMW:
+        for (int64_t i = lo; i < hi; i++)
+            ifd_math_adamw(&params[i], &slot0[i], &slot1[i], grads[i] * s, u->lr_t, o->beta1,
+                           o->beta2, o->epsilon, wd, lr);
+        break;
+    }
+}
+
+/* Elements [lo, hi) of the vectors: the stretches between the ranges left out of decay with
+ * the optimizer's weight_decay, those ranges with none. */
+static void update_range(const update_plan *u, int64_t lo, int64_t hi, float *params,
+                         const float *grads, float *slot0, float *slot1)
+{
+    float wd = u->opt->kind == IFD_OPT_ADAMW ? u->opt->weight_decay : 0.0f;
+    int64_t at = lo;
+    for (int64_t j = 0; j < u->nnodecay && at < hi; j++) {
+        int64_t a = u->nodecay[2 * j], b = u->nodecay[2 * j + 1];
+        if (b <= at)
+            continue;
+        if (a > at) {
+            update_elems(u, wd, at, a < hi ? a : hi, params, grads, slot0, slot1);
+            at = a < hi ? a : hi;
+        }
+        if (at < hi) {
+            update_elems(u, 0.0f, at, b < hi ? b : hi, params, grads, slot0, slot1);
+            at = b < hi ? b : hi;
+        }
+    }
+    if (at < hi)
+        update_elems(u, wd, at, hi, params, grads, slot0, slot1);
+}
+
 void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
                              int64_t n, float *params, const float *grads, float *slot0,
                              float *slot1)
 {
     (void)ctx;
-    float lr = opt->learning_rate;
-    switch (opt->kind) {
-    case IFD_OPT_SGD:
-        for (int64_t i = 0; i < n; i++)
-            ifd_math_sgd(&params[i], grads[i], lr);
-        break;
-    case IFD_OPT_MOMENTUM:
-        for (int64_t i = 0; i < n; i++)
-            ifd_math_momentum(&params[i], &slot0[i], grads[i], lr, opt->momentum);
-        break;
-    case IFD_OPT_ADAM: {
-        float lr_t = ifd_math_adam_lr(lr, opt->beta1, opt->beta2, *opt_step + 1);
-        for (int64_t i = 0; i < n; i++)
-            ifd_math_adam(&params[i], &slot0[i], &slot1[i], grads[i], lr_t, opt->beta1, opt->beta2,
-                          opt->epsilon);
-        break;
-    }
-    }
+    update_plan u = plan_update(opt, opt_step, NULL, NULL, 0);
+    update_range(&u, 0, n, params, grads, slot0, slot1);
 }
 
 /*
@@ -650,8 +708,7 @@ int64_t ifd_cpu_blocks(int64_t n)
 /* The update (when update) and the sum of squares of what follows it, block by block: of the
  * gradients (update 0, check) or of the parameters after the update. */
 typedef struct block_split {
-    const ifd_optimizer *opt;
-    const int64_t *opt_step;
+    const update_plan *plan;
     int64_t n;
     float *params, *slot0, *slot1;
     const float *grads;
@@ -665,8 +722,7 @@ static double block_sum(const block_split *u, int64_t i)
     int64_t lo = i * IFD_TEAM_UPDATE_BLOCK, len = block_len(u->n, i);
     if (!u->update)
         return sum_squares(u->x + lo, len);
-    ifd_cpu_optimizer_apply(NULL, u->opt, u->opt_step, len, u->params + lo, u->grads + lo,
-                            u->slot0 ? u->slot0 + lo : NULL, u->slot1 ? u->slot1 + lo : NULL);
+    update_range(u->plan, lo, lo + len, u->params, u->grads, u->slot0, u->slot1);
     return sum_squares(u->params + lo, len); /* the block is in L1 still */
 }
 
@@ -704,23 +760,39 @@ double ifd_cpu_check_grads_on(void *team, const float *grads, int64_t n, double 
     return s;
 }
 
+/* The update of u (unless skip) and the norm of the parameters after it. */
+static void update_blocks(void *team, const update_plan *u, const ifd_replica_state *st, int64_t n,
+                          const float *skip, double *partial, float *param_norm)
+{
+    block_split b = {.plan = u,
+                     .n = n,
+                     .params = st->params,
+                     .slot0 = st->slot0,
+                     .slot1 = st->slot1,
+                     .grads = st->grads,
+                     .update = skip == NULL || *skip == 0.0f,
+                     .x = st->params};
+    double s = blocks_run(team, &b, partial);
+    if (param_norm)
+        *param_norm = (float)sqrt(s);
+}
+
 void ifd_cpu_optimizer_apply_on(void *team, const ifd_optimizer *opt, const int64_t *opt_step,
                                 int64_t n, float *params, const float *grads, float *slot0,
                                 float *slot1, const float *skip, double *partial, float *param_norm)
 {
-    int update = skip == NULL || *skip == 0.0f;
-    block_split u = {.opt = opt,
-                     .opt_step = opt_step,
-                     .n = n,
-                     .params = params,
-                     .slot0 = slot0,
-                     .slot1 = slot1,
-                     .grads = grads,
-                     .update = update,
-                     .x = params};
-    double s = blocks_run(team, &u, partial);
-    if (param_norm)
-        *param_norm = (float)sqrt(s);
+    update_plan u = plan_update(opt, opt_step, NULL, NULL, 0);
+    ifd_replica_state st = {
+        .params = params, .grads = (float *)grads, .slot0 = slot0, .slot1 = slot1};
+    update_blocks(team, &u, &st, n, skip, partial, param_norm);
+}
+
+void ifd_cpu_update_on(void *team, const ifd_optimizer *opt, const ifd_replica_state *st, int64_t n,
+                       double *partial, ifd_step_out *out)
+{
+    update_plan u = plan_update(opt, st->opt_step, &out->grad_norm, st->nodecay, st->nnodecay);
+    out->learning_rate = u.lr;
+    update_blocks(team, &u, st, n, &out->skipped, partial, &out->param_norm);
 }
 
 void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
@@ -765,19 +837,11 @@ static void plain_check_grads(void *ctx, const float *grads, int64_t n, ifd_step
     ifd_cpu_check_grads_on(NULL, grads, n, NULL, out);
 }
 
-static void plain_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
-                                  int64_t n, float *params, const float *grads, float *slot0,
-                                  float *slot1, const float *skip, float *param_norm)
+static void plain_optimizer_apply(void *ctx, const ifd_optimizer *opt, const ifd_replica_state *st,
+                                  int64_t n, ifd_step_out *out)
 {
     (void)ctx;
-    ifd_cpu_optimizer_apply_on(NULL, opt, opt_step, n, params, grads, slot0, slot1, skip, NULL,
-                               param_norm);
-}
-
-void ifd_cpu_set_float(void *ctx, float *dst, float v)
-{
-    (void)ctx;
-    *dst = v;
+    ifd_cpu_update_on(NULL, opt, st, n, NULL, out);
 }
 
 void ifd_cpu_step_ops_init(ifd_step_ops *sops)
@@ -786,5 +850,4 @@ void ifd_cpu_step_ops_init(ifd_step_ops *sops)
     sops->check_grads = plain_check_grads;
     sops->optimizer_apply = plain_optimizer_apply;
     sops->finish_step = ifd_cpu_finish_step;
-    sops->set_float = ifd_cpu_set_float;
 }

@@ -6,10 +6,43 @@ int ifd_optimizer_slots(ifd_optimizer_kind kind)
     case IFD_OPT_MOMENTUM:
         return 1;
     case IFD_OPT_ADAM:
+    case IFD_OPT_ADAMW:
         return 2;
     default:
         return 0;
     }
+}
+
+int64_t ifd_optimizer_nodecay_ranges(const ifd_param_spec *params, int nparams, int64_t *ranges)
+{
+    int64_t n = 0;
+    for (int i = 0; i < nparams; i++) {
+        const ifd_param_spec *ps = &params[i];
+        if (!(ps->flags & IFD_PARAM_NO_DECAY) || ps->count <= 0)
+            continue;
+        /* insertion by offset: a program's parameters are few and mostly in order already */
+        int64_t j = n;
+        while (j > 0 && ranges[2 * (j - 1)] > ps->offset) {
+            ranges[2 * j] = ranges[2 * (j - 1)];
+            ranges[2 * j + 1] = ranges[2 * (j - 1) + 1];
+            j--;
+        }
+        ranges[2 * j] = ps->offset;
+        ranges[2 * j + 1] = ps->offset + ps->count;
+        n++;
+    }
+    int64_t m = 0; /* merge ranges that touch */
+    for (int64_t j = 0; j < n; j++) {
+        if (m > 0 && ranges[2 * j] <= ranges[2 * m - 1]) {
+            if (ranges[2 * j + 1] > ranges[2 * m - 1])
+                ranges[2 * m - 1] = ranges[2 * j + 1];
+            continue;
+        }
+        ranges[2 * m] = ranges[2 * j];
+        ranges[2 * m + 1] = ranges[2 * j + 1];
+        m++;
+    }
+    return m;
 }
 
 int ifd_step_inputs(const ifd_program *p, ifd_mode mode, int idx[IFD_MAX_INPUTS])
@@ -59,9 +92,7 @@ int ifd_step_train(const ifd_program *p, const ifd_ops *ops, const ifd_step_ops 
     /* The runtime's outfeed tensors come with the check and the update: every mirror holds the
      * same sum, so the same norms. */
     sops->check_grads(sctx, st->grads, p->nparam_floats, out);
-    sops->optimizer_apply(sctx, opt, st->opt_step, p->nparam_floats, st->params, st->grads,
-                          st->slot0, st->slot1, &out->skipped, &out->param_norm);
-    sops->set_float(sctx, &out->learning_rate, opt->learning_rate);
+    sops->optimizer_apply(sctx, opt, st, p->nparam_floats, out);
     sops->finish_step(sctx, st->step, st->opt_step, out, rows);
     return IFD_OK;
 }

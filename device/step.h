@@ -15,6 +15,8 @@
 
 #include <infeed/infeed.h>
 
+typedef struct ifd_replica_state ifd_replica_state;
+
 typedef struct ifd_step_ops {
     /* In place: buf = sum over replicas of buf, in replica order, so every mirror gets the same
      * bits. Collective: every replica calls it once per step. IFD_OK, IFD_ESTOPPED (aborted),
@@ -30,25 +32,26 @@ typedef struct ifd_step_ops {
      * in float lanes, again in double where that is not finite, within 1.5e-5 relative). Every
      * mirror holds the same sum, so every one decides alike. */
     void (*check_grads)(void *ctx, const float *grads, int64_t n, ifd_step_out *out);
-    /* One optimizer update over n elements, unless *skip (device memory; NULL: never) is
-     * nonzero: then params, slots and everything else are left alone. *opt_step (device memory)
-     * counts the updates this mirror's slots have seen, so Adam's t is *opt_step + 1 (the
-     * optimizer's own count, as TensorFlow's beta-power accumulators, not the global step: a run
-     * resumed at step 1000 with fresh slots starts at t = 1). Read only. Then *param_norm
-     * (device memory) = the L2 norm of the parameters after it (skipped or not). */
-    void (*optimizer_apply)(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step, int64_t n,
-                            float *params, const float *grads, float *slot0, float *slot1,
-                            const float *skip, float *param_norm);
+    /* One optimizer update of st's mirror (n elements), unless out->skipped is nonzero (device
+     * memory): then params, slots and everything else are left alone. *st->opt_step (device
+     * memory) counts the updates this mirror's slots have seen: Adam's t is *opt_step + 1 (the
+     * optimizer's own count, as TensorFlow's beta-power accumulators, not the global step: a
+     * run resumed at step 1000 with fresh slots starts at t = 1), and the learning rate is the
+     * schedule's at *opt_step (device/math.h, ifd_math_lr_at). Read only. The gradients are
+     * scaled by ifd_math_clip_scale(out->grad_norm, opt->clip_norm) (the grads vector itself is
+     * left alone); adamw decays every element outside st->nodecay. Writes out->learning_rate
+     * (the rate used, skipped or not) and out->param_norm (the L2 norm of the parameters
+     * after it). */
+    void (*optimizer_apply)(void *ctx, const ifd_optimizer *opt, const ifd_replica_state *st,
+                            int64_t n, ifd_step_out *out);
     /* *step += 1, *opt_step += 1 unless out->skipped, and out->count = rows (device memory).
      * step and opt_step are NULL in eval and predict steps: out->count = rows only. */
     void (*finish_step)(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
                         int64_t rows);
-    /* *dst = v (device memory): the train step's learning_rate. */
-    void (*set_float)(void *ctx, float *dst, float v);
 } ifd_step_ops;
 
 /* One replica's mirror, in device memory. */
-typedef struct ifd_replica_state {
+struct ifd_replica_state {
     float *params;
     float *grads;
     float *slot0; /* momentum / adam m */
@@ -59,10 +62,19 @@ typedef struct ifd_replica_state {
     /* The current step's outfeed tensors (ifd_step_args.outfeeds), set by the backend before
      * each train or eval step; NULL: the step writes none. */
     void *const *outfeeds;
-} ifd_replica_state;
+    /* AdamW's parameters left out of weight decay (IFD_PARAM_NO_DECAY): nnodecay sorted,
+     * disjoint element ranges [nodecay[2j], nodecay[2j+1]) (ifd_optimizer_nodecay_ranges), in
+     * device memory; 0 and NULL: every element decays. */
+    const int64_t *nodecay;
+    int64_t nnodecay;
+};
 
 /* Optimizer slot vectors the kind needs (0, 1 or 2). */
 int ifd_optimizer_slots(ifd_optimizer_kind kind);
+/* The element ranges of the parameters params[0..nparams) flagged IFD_PARAM_NO_DECAY (a
+ * program's p->params), sorted, adjacent ones merged: [lo, hi) pairs into ranges (room for
+ * 2 * nparams); returns their count. */
+int64_t ifd_optimizer_nodecay_ranges(const ifd_param_spec *params, int nparams, int64_t *ranges);
 
 /* One training step of one replica. A program that returns a code reserved for the runtime's
  * own stop (stopped, canceled, closed, input ended) gets IFD_EINTERNAL instead, so that it
@@ -110,6 +122,8 @@ void ifd_cpu_ops_init(ifd_ops *ops, void *ctx);
  * only products large enough to gain, along the side that keeps packing small, lets a helper
  * slowed by the producer on its core take fewer blocks, and sleeps when there is no work. */
 int ifd_cpu_replica_threads(int replicas, int requested);
+/* One update of n elements at the schedule's rate for *opt_step: no clipping, and (adamw) every
+ * element decays. */
 void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
                              int64_t n, float *params, const float *grads, float *slot0,
                              float *slot1);
@@ -121,11 +135,15 @@ void ifd_cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t 
 int64_t ifd_cpu_blocks(int64_t n);
 /* As ifd_cpu_optimizer_apply (elementwise: the bits are those of one call), unless *skip is
  * nonzero, and *param_norm (NULL: not wanted) = the L2 norm of params after it. partial:
- * ifd_cpu_blocks(n) doubles of scratch for a team (NULL: on the caller alone). */
+ * ifd_cpu_blocks(n) doubles of scratch for a team (NULL: on the caller alone). No clipping,
+ * and every element decays (adamw). */
 void ifd_cpu_optimizer_apply_on(void *team, const ifd_optimizer *opt, const int64_t *opt_step,
                                 int64_t n, float *params, const float *grads, float *slot0,
                                 float *slot1, const float *skip, double *partial,
                                 float *param_norm);
+/* The cpu's optimizer_apply (ifd_step_ops) over a team; partial as above. */
+void ifd_cpu_update_on(void *team, const ifd_optimizer *opt, const ifd_replica_state *st, int64_t n,
+                       double *partial, ifd_step_out *out);
 /* The cpu's check_grads over a team: out->skipped and out->grad_norm from one pass; returns
  * the sum of squares. partial as above. */
 double ifd_cpu_check_grads_on(void *team, const float *grads, int64_t n, double *partial,
@@ -134,7 +152,6 @@ void ifd_cpu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_o
                          int64_t rows);
 /* The cpu's guard_loss (ctx unused). */
 void ifd_cpu_guard_loss(void *ctx, ifd_step_out *out, float *grads);
-void ifd_cpu_set_float(void *ctx, float *dst, float v);
 /* guard_loss, check_grads, optimizer_apply and finish_step on the caller's thread (no team);
  * allreduce_sum is the caller's to set. For tests that run a step directly. */
 void ifd_cpu_step_ops_init(ifd_step_ops *sops);

@@ -70,6 +70,11 @@ static void config_seeds(void)
                 (const char *const[]){"--iterations-per-loop", "1.5s",
                                       "--iterations-per-loop=500ms", "--max-loop-seconds", "2",
                                       NULL});
+    config_seed("optimizer-features",
+                "{\"optimizer\": \"adamw\", \"weight_decay\": 0.01, \"clip_norm\": 1.0, "
+                "\"lr_schedule\": \"cosine\", \"warmup_steps\": 10, \"decay_steps\": 100, "
+                "\"min_learning_rate\": 0.001}",
+                (const char *const[]){"--lr-schedule", "linear", "--decay-steps", "5", NULL});
     config_seed("bad-key", "{\"replicas\": 2, \"bogus_key\": 1}", NULL);
     config_seed("bad-type", "{\"replicas\": \"two\", \"momentum\": [1]}", NULL);
     config_seed("bad-json", "{\"replicas\": 2,\n  \"steps\": }\n", NULL);
@@ -126,6 +131,8 @@ static void checkpoint_seeds(void)
 {
     checkpoint_seed("softmax-adam.ifdckpt", "softmax",
                     (ifd_program_settings){.features = 4, .classes = 3}, IFD_OPT_ADAM, 2);
+    checkpoint_seed("softmax-adamw.ifdckpt", "softmax",
+                    (ifd_program_settings){.features = 3, .classes = 2}, IFD_OPT_ADAMW, 1);
     checkpoint_seed("linear-sgd.ifdckpt", "linear",
                     (ifd_program_settings){.features = 3, .classes = 1}, IFD_OPT_SGD, 0);
     checkpoint_seed("mlp-momentum.ifdckpt", "mlp",

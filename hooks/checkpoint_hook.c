@@ -37,9 +37,8 @@ typedef struct wire_pos {
 /* Several hosts: c holds this host's positions in its table; afterwards it holds every host's
  * (the largest table's size agreed with an all-reduce, then an all-gather of the tables padded
  * to it, on the LOOP channel: the session's thread, between loops, on every host in turn). */
-static int gather_positions(ckpt_hook *h, ifd_checkpoint *c, ifd_error *err)
+static int gather_positions(const ifd_hosts *hs, ifd_checkpoint *c, ifd_error *err)
 {
-    const ifd_hosts *hs = h->o.hosts;
     int64_t n = ifd_checkpoint_producer_count(c);
     int64_t most = n;
     int rc =
@@ -81,6 +80,23 @@ static int gather_positions(ckpt_hook *h, ifd_checkpoint *c, ifd_error *err)
     return rc;
 }
 
+int ifd_checkpoint_add_positions(ifd_checkpoint *c, const ifd_hosts *hosts,
+                                 int (*positions)(void *arg, ifd_checkpoint *c, ifd_error *err),
+                                 void *positions_arg, ifd_error *err)
+{
+    int rc = IFD_OK;
+    if (ifd_hosts_many(hosts)) {
+        rc = ifd_checkpoint_set_hosts(c, hosts->size, err);
+        if (rc == IFD_OK)
+            rc = ifd_checkpoint_select_host(c, hosts->rank, err);
+    }
+    if (rc == IFD_OK && positions)
+        rc = positions(positions_arg, c, err);
+    if (rc == IFD_OK && ifd_hosts_many(hosts))
+        rc = gather_positions(hosts, c, err);
+    return rc;
+}
+
 static int save(ckpt_hook *h, ifd_run_context *ctx, ifd_error *err)
 {
     int64_t t0 = ifd_clock_ns();
@@ -88,15 +104,7 @@ static int save(ckpt_hook *h, ifd_run_context *ctx, ifd_error *err)
     int rc = ifd_run_context_checkpoint(ctx, &c, err);
     if (rc)
         return rc;
-    if (many(h)) {
-        rc = ifd_checkpoint_set_hosts(c, h->o.hosts->size, err);
-        if (rc == IFD_OK)
-            rc = ifd_checkpoint_select_host(c, h->o.hosts->rank, err);
-    }
-    if (rc == IFD_OK && h->o.positions)
-        rc = h->o.positions(h->o.positions_arg, c, err);
-    if (rc == IFD_OK && many(h))
-        rc = gather_positions(h, c, err);
+    rc = ifd_checkpoint_add_positions(c, h->o.hosts, h->o.positions, h->o.positions_arg, err);
     if (rc == IFD_OK && !writes(h)) {
         h->saved_step = ifd_checkpoint_global_step(c);
         ifd_checkpoint_free(c);

@@ -50,6 +50,17 @@ static const char *optimizer_name(int v)
 {
     return ifd_optimizer_name((ifd_optimizer_kind)v);
 }
+static int parse_schedule(const char *s, int *out)
+{
+    ifd_lr_schedule v;
+    int rc = ifd_lr_schedule_parse(s, &v);
+    *out = (int)v;
+    return rc;
+}
+static const char *schedule_name(int v)
+{
+    return ifd_lr_schedule_name((ifd_lr_schedule)v);
+}
 static const char *reduction_name(int v)
 {
     return ifd_loss_reduction_name((ifd_loss_reduction)v);
@@ -58,7 +69,9 @@ static const char *reduction_name(int v)
 static const config_names modes = {parse_mode, mode_name, "train, eval or predict"};
 static const config_names input_modes = {parse_input_mode, input_mode_name,
                                          "per-host, per-host-v2, per-core or broadcast"};
-static const config_names optimizers = {parse_optimizer, optimizer_name, "sgd, momentum or adam"};
+static const config_names optimizers = {parse_optimizer, optimizer_name,
+                                        "sgd, momentum, adam or adamw"};
+static const config_names schedules = {parse_schedule, schedule_name, "constant, cosine or linear"};
 static const config_names reductions = {parse_reduction, reduction_name, "mean or sum"};
 static const config_names log_levels = {ifd_log_level_parse, ifd_log_level_name,
                                         "error, warn, info or debug"};
@@ -140,13 +153,33 @@ const config_opt config_opts[] = {
     OPT("last_step", K_I64, run.last_step, "N", "the global step to stop at", .flags = OPT_UNSET),
     OPT("initial_global_step", K_I64, run.initial_global_step, "N",
         "the global step the run starts from"),
-    OPT("optimizer", K_ENUM, run.optimizer.kind, "NAME", "sgd, momentum or adam",
-        .names = &optimizers),
-    OPT("learning_rate", K_F32, run.optimizer.learning_rate, "LR", "learning rate"),
+    OPT("optimizer", K_ENUM, run.optimizer.kind, "NAME",
+        "sgd, momentum, adam or adamw (adam with decoupled weight decay)", .names = &optimizers),
+    OPT("learning_rate", K_F32, run.optimizer.learning_rate, "LR",
+        "learning rate (with --lr-schedule: the rate after the warmup, where a decay starts)"),
     OPT("momentum", K_F32, run.optimizer.momentum, "M", "momentum optimizer: momentum"),
-    OPT("beta1", K_F32, run.optimizer.beta1, "B1", "adam: beta1"),
-    OPT("beta2", K_F32, run.optimizer.beta2, "B2", "adam: beta2"),
-    OPT("epsilon", K_F32, run.optimizer.epsilon, "EPS", "adam: epsilon"),
+    OPT("beta1", K_F32, run.optimizer.beta1, "B1", "adam, adamw: beta1"),
+    OPT("beta2", K_F32, run.optimizer.beta2, "B2", "adam, adamw: beta2"),
+    OPT("epsilon", K_F32, run.optimizer.epsilon, "EPS", "adam, adamw: epsilon"),
+    OPT("weight_decay", K_F32, run.optimizer.weight_decay, "WD",
+        "adamw: each update first takes p * WD * (the update's learning rate) from every "
+        "parameter but those the program leaves out (biases, norms)"),
+    OPT("clip_norm", K_F32, run.optimizer.clip_norm, "C",
+        "scale the all-reduced gradients by C / their global L2 norm when that is above C (the "
+        "summaries' grad_norm is the norm before; 0: no clipping)"),
+    OPT("lr_schedule", K_ENUM, run.optimizer.lr_schedule, "NAME",
+        "constant, cosine or linear: the learning rate rises linearly from 0 over "
+        "--warmup-steps updates, then stays (constant) or falls to --min-learning-rate at "
+        "update --decay-steps (cosine, linear) and stays there",
+        .names = &schedules),
+    OPT("warmup_steps", K_I64, run.optimizer.warmup_steps, "N",
+        "updates of linear warmup from 0 to --learning-rate (0: none)"),
+    OPT("decay_steps", K_I64, run.optimizer.decay_steps, "N",
+        "cosine, linear: the update at which the decay reaches --min-learning-rate, warmup "
+        "included (more than --warmup-steps)",
+        .flags = OPT_UNSET),
+    OPT("min_learning_rate", K_F32, run.optimizer.min_learning_rate, "LR",
+        "cosine, linear: the rate the decay ends at, at most --learning-rate"),
     OPT("loss_reduction", K_ENUM, run.loss_reduction, "R",
         "mean (loss scaled by 1/replicas) or sum", .names = &reductions),
     OPT("max_skipped_steps", K_I64, run.max_skipped_steps, "N",
@@ -228,7 +261,8 @@ const config_opt config_opts[] = {
     OPT("eval_every", K_I64, eval_every, "N",
         "train: evaluate the current parameters on the eval set (the batches of producers whose "
         "HELLO says \"role\": \"eval\") at the first loop end at or past every multiple of N "
-        "steps, and publish an eval summary (0: never)",
+        "steps and at a last step off a multiple, and publish an eval summary (0: never; several "
+        "hosts: each evaluates its own eval producers' share, the summary is the union's)",
         RANGE(0, I64_MAX, "0 (never) or more steps")),
     OPT("eval_memory", K_I64, eval_memory, "BYTES",
         "with --eval-every: the most bytes the eval set may hold in daemon memory (a batch counts "

@@ -53,7 +53,8 @@ typedef struct ifd_daemon_config {
                                folder without {rank}, every host of one with it) */
     const char *checkpoint; /* start from this checkpoint file */
     /* Evaluation during training (docs/design.md): every eval_every steps (0: off), at the first
-     * loop end at or past each multiple, an eval of the current parameters over the eval set
+     * loop end at or past each multiple (and at a last step off one), an eval of the current
+     * parameters over the eval set
      * (eval producers' batches, at most eval_memory bytes); keep_best (a metric, NULL: off)
      * keeps the best eval's checkpoint in checkpoint_dir/best; early_stopping ("METRIC:PATIENCE",
      * NULL: off) ends the run after PATIENCE evals without improvement. */

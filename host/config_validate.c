@@ -282,6 +282,20 @@ static int check_input_bound(const ifd_daemon_config *c, ifd_error *err)
     return IFD_OK;
 }
 
+/* weight_decay given for an optimizer that has none would be ignored: said instead (Keras 3
+ * decays with any optimizer; here only adamw does). */
+static int check_weight_decay(const ifd_daemon_config *c, ifd_error *err)
+{
+    const config_opt *o = config_find_key("weight_decay", strlen("weight_decay"));
+    if (o && c->key_source[o - config_opts] != IFD_KEY_DEFAULT &&
+        c->run.optimizer.kind != IFD_OPT_ADAMW)
+        return config_fail(c, err, "weight_decay",
+                           "expected {optimizer} adamw (the optimizer with decoupled weight "
+                           "decay), got {optimizer} %s",
+                           ifd_optimizer_name(c->run.optimizer.kind));
+    return IFD_OK;
+}
+
 static int check_predictions(const ifd_daemon_config *c, ifd_error *err)
 {
     if (c->predictions && c->run.mode != IFD_MODE_PREDICT)
@@ -330,20 +344,15 @@ static int check_security(const ifd_daemon_config *c, ifd_error *err)
     return IFD_OK;
 }
 
-/* Evaluation during training: eval_every is train's, on the input modes whose step is one
- * batch; keep_best and early_stopping need it (keep_best a folder too), each a metric name. */
+/* Evaluation during training: eval_every is train's (every input mode: per-core's eval session
+ * runs per-host-v2, host/eval_hook.c); keep_best and early_stopping need it (keep_best a folder
+ * too), each a metric name. */
 static int check_eval(const ifd_daemon_config *c, ifd_error *err)
 {
     if (c->eval_every > 0 && c->run.mode != IFD_MODE_TRAIN)
         return config_fail(c, err, "eval_every",
                            "evaluates during training: expected 0 in %s mode, got %" PRId64,
                            ifd_mode_name(c->run.mode), c->eval_every);
-    if (c->eval_every > 0 && c->run.input_mode == IFD_INPUT_PER_CORE)
-        return config_fail(c, err, "eval_every",
-                           "the eval set is replayed in its arrival order, not a stream a "
-                           "replica: expected {input_mode} per-host, per-host-v2 or broadcast, "
-                           "got %s",
-                           ifd_input_mode_name(c->run.input_mode));
     if (c->keep_best && c->eval_every == 0)
         return config_fail(c, err, "keep_best",
                            "keeps the best eval's checkpoint: expected {eval_every} N with it, "
@@ -378,9 +387,9 @@ typedef int (*config_rule)(const ifd_daemon_config *c, ifd_error *err);
  * keys alone (the table) and the rules between them. */
 static const config_rule rules_before[] = {check_loop, check_runtime, check_steps, check_program,
                                            check_host_calls};
-static const config_rule rules_after[] = {check_credit,      check_producers, check_input_bound,
-                                          check_predictions, check_start,     check_security,
-                                          check_eval};
+static const config_rule rules_after[] = {check_credit,       check_producers,   check_input_bound,
+                                          check_weight_decay, check_predictions, check_start,
+                                          check_security,     check_eval};
 
 /* The key a config error's sentence is about (the daemon and the runtime give a setting one
  * name), named as the user gave it. */

@@ -3,6 +3,7 @@
 
 #include "core/log.h"
 #include "core/thread.h"
+#include <infeed/hosts.h>
 
 #include <errno.h>
 #include <inttypes.h>
@@ -70,12 +71,57 @@ int ifd_sink_shared_create(ifd_sink **out, ifd_sink *inner)
     return rc;
 }
 
+/* ---- the eval sessions' hosts ------------------------------------------------------------- */
+
+/* Several hosts: the eval session's view of them, the train run's hosts with its OUTFEED and STOP
+ * traffic moved to channels of its own (infeed/hosts.h): the train session's outfeed thread may
+ * still be summing its last loop, and its stop relay makes rounds through the whole run. Its
+ * STEP and LOOP traffic stays: the train session's replicas are between loops, and the session's
+ * thread, which owns LOOP, is the one running the eval. */
+static int eval_channel(int channel)
+{
+    return channel == IFD_HOSTS_OUTFEED ? IFD_HOSTS_EVAL_OUTFEED
+           : channel == IFD_HOSTS_STOP  ? IFD_HOSTS_EVAL_STOP
+                                        : channel;
+}
+
+static int eh_allgather(void *ctx, int channel, const void *send, void *recv, size_t bytes,
+                        ifd_hosts_stop_fn stop, void *stop_arg, ifd_error *err)
+{
+    const ifd_hosts *in = ctx;
+    return in->ops->allgather(in->ctx, eval_channel(channel), send, recv, bytes, stop, stop_arg,
+                              err);
+}
+
+static int eh_allreduce_i64(void *ctx, int channel, int64_t *vals, int n, ifd_hosts_op op,
+                            ifd_hosts_stop_fn stop, void *stop_arg, ifd_error *err)
+{
+    const ifd_hosts *in = ctx;
+    return in->ops->allreduce_i64(in->ctx, eval_channel(channel), vals, n, op, stop, stop_arg, err);
+}
+
+static int eh_broadcast(void *ctx, int channel, void *buf, size_t bytes, int root,
+                        ifd_hosts_stop_fn stop, void *stop_arg, ifd_error *err)
+{
+    const ifd_hosts *in = ctx;
+    return in->ops->broadcast(in->ctx, eval_channel(channel), buf, bytes, root, stop, stop_arg,
+                              err);
+}
+
+static const ifd_hosts_ops eval_hosts_ops = {
+    .allgather = eh_allgather, .allreduce_i64 = eh_allreduce_i64, .broadcast = eh_broadcast};
+static const ifd_hosts_ops eval_hosts_ops_nobcast = {.allgather = eh_allgather,
+                                                     .allreduce_i64 = eh_allreduce_i64};
+
 /* ---- the hook ----------------------------------------------------------------------------- */
 
 typedef struct eval_hook {
     ifd_eval_hook_options o;
     char *best_dir, *keep_best;
-    int64_t next_due; /* the next multiple of every */
+    int64_t next_due;  /* the next multiple of every */
+    int64_t last_step; /* the run's last step (its natural end) */
+    int64_t last_eval; /* the global step of the last eval tried, -1: none */
+    ifd_hosts hosts;   /* several hosts: the eval sessions' (size 0: one host) */
     /* keep_best */
     int have_best;
     double best;
@@ -93,23 +139,34 @@ static void ask_loop_end(eval_hook *h, ifd_run_context *ctx)
     ifd_run_context_end_next_loop_by(ctx, h->next_due);
 }
 
-/* Batches a step takes: per-host-v2 one a replica, the other input modes one. */
-static int64_t batches_a_step(const eval_hook *h)
+/* The eval session's input mode: the train run's, but per-host-v2 for per-core (the eval set is
+ * one stream in arrival order, not one a replica; per-host-v2 takes the same batches of
+ * batch_size / replicas rows, one a replica a step). */
+static ifd_input_mode eval_input_mode(const eval_hook *h)
 {
-    return h->o.run.input_mode == IFD_INPUT_PER_HOST_V2 ? h->o.run.replicas : 1;
+    return h->o.run.input_mode == IFD_INPUT_PER_CORE ? IFD_INPUT_PER_HOST_V2 : h->o.run.input_mode;
 }
 
-/* The eval session over the set's n batches from ck's parameters: its eval summary (a new
- * reference) into *out. */
-static int run_eval(eval_hook *h, const ifd_checkpoint *ck, int64_t n, json_t **out, ifd_error *err)
+/* Batches an eval step takes: per-host-v2 (and so per-core) one a replica, the others one. */
+static int64_t batches_a_step(const eval_hook *h)
+{
+    return eval_input_mode(h) == IFD_INPUT_PER_HOST_V2 ? h->o.run.replicas : 1;
+}
+
+/* The eval session of `steps` steps from ck's parameters over the set (padded after its batches
+ * when the hosts agreed on more steps than it fills): its eval summary (a new reference) into
+ * *out. */
+static int run_eval(eval_hook *h, const ifd_checkpoint *ck, int64_t steps, json_t **out,
+                    ifd_error *err)
 {
     ifd_config ec = h->o.run;
     ec.mode = IFD_MODE_EVAL;
-    ec.steps = n / batches_a_step(h);
+    ec.input_mode = eval_input_mode(h);
+    ec.steps = steps;
     ec.last_step = 0;
     ec.initial_global_step = 0;
     ec.restore = ck;
-    ec.hosts = NULL;
+    ec.hosts = h->hosts.size > 1 ? &h->hosts : NULL;
     ec.watchdog = 0;
     ec.initial_infeed_sleep = 0;
     ifd_eval_replay *r = NULL;
@@ -124,6 +181,9 @@ static int run_eval(eval_hook *h, const ifd_checkpoint *ck, int64_t n, json_t **
     }
     if ((rc = ifd_session_create(&s, &ec, ifd_eval_replay_source(r), err)) != IFD_OK)
         goto out;
+    ifd_eval_replay_pad(r, ifd_session_program(s),
+                        ifd_input_batch_rows(ec.input_mode, ec.batch_size, ec.replicas),
+                        steps * batches_a_step(h));
     if ((rc = ifd_session_add_sink(s, mem)) != IFD_OK) {
         ifd_error_set(err, rc, "eval: cannot add its sink");
         goto out;
@@ -211,11 +271,17 @@ static int keep_best(eval_hook *h, ifd_checkpoint *ck, const json_t *summary, in
     int rc = metric_of(summary, h->keep_best, "keep_best", &v, err);
     if (rc || !improves(h->keep_best, h->have_best, h->best, v))
         return rc;
+    /* several hosts: each has the same summary, so each is here, and gathers the positions */
+    if ((rc = ifd_checkpoint_add_positions(ck, h->o.run.hosts, h->o.positions, h->o.positions_arg,
+                                           err)) != IFD_OK)
+        return rc;
+    h->have_best = 1;
+    h->best = v;
+    if (ifd_hosts_many(h->o.run.hosts) && !h->o.write)
+        return IFD_OK;
     if (mkdir(h->best_dir, 0755) != 0 && errno != EEXIST)
         return ifd_error_set(err, IFD_EIO, "keep_best: cannot create '%s': %s", h->best_dir,
                              strerror(errno));
-    if (h->o.positions && (rc = h->o.positions(h->o.positions_arg, ck, err)) != IFD_OK)
-        return rc;
     char path[4200];
     snprintf(path, sizeof path, "%s/best%s", h->best_dir, IFD_CHECKPOINT_SUFFIX);
     if ((rc = ifd_checkpoint_write(ck, path, err)) != IFD_OK ||
@@ -223,8 +289,6 @@ static int keep_best(eval_hook *h, ifd_checkpoint *ck, const json_t *summary, in
         return rc;
     IFD_LOG_INFO("keep_best: %s %g at global step %" PRId64 " is the best so far: %s", h->keep_best,
                  v, step, path);
-    h->have_best = 1;
-    h->best = v;
     return IFD_OK;
 }
 
@@ -254,35 +318,76 @@ static int early_stopping(eval_hook *h, ifd_run_context *ctx, const json_t *summ
     return IFD_OK;
 }
 
+/* Several hosts: every host's eval steps agreed (one all-reduce MAX on the LOOP channel, the
+ * session's thread: every host's hook calls it at the same loop end): *steps the most any host's
+ * set fills, *bad_host the highest host that cannot evaluate (-1: none), *empty whether every
+ * set is empty. One host: its own. */
+static int agree_steps(eval_hook *h, int bad, int64_t *steps, int *bad_host, int *empty,
+                       ifd_error *err)
+{
+    *bad_host = bad ? 0 : -1;
+    *empty = *steps == 0;
+    if (h->hosts.size <= 1)
+        return IFD_OK;
+    const ifd_hosts *in = h->hosts.ctx;
+    int64_t v[3] = {bad ? in->rank + 1 : 0, *steps, *steps > 0};
+    int rc = in->ops->allreduce_i64(in->ctx, IFD_HOSTS_LOOP, v, 3, IFD_HOSTS_MAX, NULL, NULL, err);
+    if (rc)
+        return ifd_error_prefix(err, "eval: the hosts' eval steps");
+    *bad_host = (int)v[0] - 1;
+    *steps = v[1];
+    *empty = v[2] == 0;
+    return IFD_OK;
+}
+
 static int evaluate(eval_hook *h, ifd_run_context *ctx, int64_t step, ifd_error *err)
 {
+    h->last_eval = step;
     int64_t n = 0;
     ifd_error why;
     ifd_error_clear(&why);
-    if (ifd_eval_set_wait(h->o.set, step, &n, &why) != IFD_OK || n == 0) {
-        IFD_LOG_WARN("eval at global step %" PRId64 " skipped: %s", step,
-                     n == 0 && why.code == IFD_OK ? "the eval set is empty" : why.msg);
+    int bad = ifd_eval_set_wait(h->o.set, step, &n, &why) != IFD_OK;
+    if (!bad && n % batches_a_step(h) != 0) {
+        bad = 1;
+        ifd_error_set(&why, IFD_EINVAL,
+                      "the eval set holds %" PRId64 " batches, and %s input takes %" PRId64
+                      " a step (one a replica): expected a multiple of %" PRId64,
+                      n, ifd_input_mode_name(h->o.run.input_mode), batches_a_step(h),
+                      batches_a_step(h));
+    }
+    int64_t steps = bad ? 0 : n / batches_a_step(h);
+    int bad_host, empty;
+    int rc = agree_steps(h, bad, &steps, &bad_host, &empty, err);
+    if (rc)
+        return rc;
+    if (bad) {
+        IFD_LOG_WARN("eval at global step %" PRId64 " skipped: %s", step, why.msg);
         return IFD_OK;
     }
-    if (n % batches_a_step(h) != 0) {
-        IFD_LOG_WARN("eval at global step %" PRId64 " skipped: the eval set holds %" PRId64
-                     " batches, and per-host-v2 input takes %" PRId64
-                     " a step (one a replica): expected a multiple of %" PRId64,
-                     step, n, batches_a_step(h), batches_a_step(h));
+    if (bad_host >= 0) {
+        IFD_LOG_WARN("eval at global step %" PRId64 " skipped: host %d cannot evaluate its eval "
+                     "set (its log says why), and every host skips it",
+                     step, bad_host);
+        return IFD_OK;
+    }
+    if (empty) {
+        IFD_LOG_WARN("eval at global step %" PRId64 " skipped: the eval set is empty%s", step,
+                     h->hosts.size > 1 ? " on every host" : "");
         return IFD_OK;
     }
     int64_t t0 = ifd_clock_ns();
     ifd_checkpoint *ck;
-    int rc = ifd_run_context_checkpoint(ctx, &ck, err);
+    rc = ifd_run_context_checkpoint(ctx, &ck, err);
     if (rc)
         return rc;
     json_t *summary = NULL;
-    rc = run_eval(h, ck, n, &summary, err);
+    rc = run_eval(h, ck, steps, &summary, err);
     if (rc == IFD_OK) {
         json_object_set_new(summary, "global_step", json_integer(step));
         json_object_set_new(summary, "during_train", json_true());
         rc = emit(h, summary, err);
-        IFD_LOG_INFO("eval at global step %" PRId64 ": %" PRId64 " batches in %.1f ms", step, n,
+        IFD_LOG_INFO("eval at global step %" PRId64 ": %" PRId64 " batches%s in %.1f ms", step, n,
+                     n < steps * batches_a_step(h) ? " and padding to the hosts' steps" : "",
                      (double)(ifd_clock_ns() - t0) / 1e6);
     }
     if (rc == IFD_OK && h->keep_best)
@@ -316,6 +421,8 @@ static int ev_after_create_session(void *arg, ifd_run_context *ctx, ifd_error *e
     eval_hook *h = arg;
     if (h->keep_best)
         read_sidecar(h);
+    h->last_step =
+        h->o.run.steps > 0 ? ifd_run_context_global_step(ctx) + h->o.run.steps : h->o.run.last_step;
     ask_loop_end(h, ctx);
     return IFD_OK;
 }
@@ -326,6 +433,19 @@ static int ev_after_run(void *arg, ifd_run_context *ctx, ifd_error *err)
     int64_t step = ifd_run_context_global_step(ctx), due = h->next_due;
     ask_loop_end(h, ctx);
     return step >= due ? evaluate(h, ctx, step, err) : IFD_OK;
+}
+
+/* The end of a run that reached its last step off a multiple of every (or whose eval there was
+ * not tried): one more eval, of the final parameters, as Estimator's train_and_evaluate ends
+ * with. Not after a failure, a stop or the input's end (the run did not finish its steps). */
+static int ev_end(void *arg, ifd_run_context *ctx, ifd_error *err)
+{
+    eval_hook *h = arg;
+    int64_t step = ifd_run_context_global_step(ctx);
+    if (ifd_run_context_failed(ctx) || step != h->last_step || step == h->last_eval)
+        return IFD_OK;
+    IFD_LOG_INFO("eval at the end of the run, global step %" PRId64, step);
+    return evaluate(h, ctx, step, err);
 }
 
 static void ev_destroy(void *arg)
@@ -345,6 +465,12 @@ int ifd_hook_eval_every(ifd_hook *out, const ifd_eval_hook_options *o, ifd_error
     if (h == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "eval hook");
     h->o = *o;
+    h->last_eval = -1;
+    if (ifd_hosts_many(o->run.hosts)) {
+        h->hosts = *o->run.hosts;
+        h->hosts.ops = o->run.hosts->ops->broadcast ? &eval_hosts_ops : &eval_hosts_ops_nobcast;
+        h->hosts.ctx = (void *)o->run.hosts;
+    }
     if (o->early_stopping &&
         ifd_eval_parse_early_stopping(o->early_stopping, h->early_metric, sizeof h->early_metric,
                                       &h->patience) != 0) {
@@ -376,6 +502,7 @@ int ifd_hook_eval_every(ifd_hook *out, const ifd_eval_hook_options *o, ifd_error
         .name = "eval_every",
         .after_create_session = ev_after_create_session,
         .after_run = ev_after_run,
+        .end = ev_end,
         .destroy = ev_destroy,
         .arg = h,
     };

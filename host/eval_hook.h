@@ -31,9 +31,13 @@ typedef struct ifd_eval_hook_options {
     const char *checkpoint_dir; /* keep_best: the best goes into checkpoint_dir/best */
     const char *keep_best;      /* a metric, or NULL */
     const char *early_stopping; /* "METRIC:PATIENCE", or NULL */
-    /* optional: adds the producers' positions to the best checkpoint (as the checkpoint hook) */
+    /* optional: adds the producers' positions to the best checkpoint (as the checkpoint hook;
+     * several hosts: every host's, gathered, ifd_checkpoint_add_positions) */
     int (*positions)(void *arg, ifd_checkpoint *c, ifd_error *err);
     void *positions_arg;
+    /* several hosts (run.hosts): whether this host writes the best checkpoint (infeedd's
+     * checkpoint_writer: rank 0 for a shared folder, every host with {rank}) */
+    int write;
 } ifd_eval_hook_options;
 
 /* o is copied (its strings too). */

@@ -3,6 +3,7 @@
 
 #include "core/log.h"
 #include "core/thread.h"
+#include "intake/shard.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -254,6 +255,9 @@ struct ifd_eval_replay {
     ifd_batch *b; /* one a stored batch, views of its tensors */
     int64_t n, next;
     int aborted;
+    /* ifd_eval_replay_pad: padding batches after the stored ones, up to total */
+    const ifd_program *program;
+    int64_t pad_rows, total;
 };
 
 static void replay_release(ifd_batch *b, void *arg)
@@ -264,17 +268,20 @@ static void replay_release(ifd_batch *b, void *arg)
 
 static int replay_try_next(void *ctx, ifd_batch **out, ifd_error *err)
 {
-    (void)err;
     ifd_eval_replay *r = ctx;
     int rc;
     ifd_mutex_lock(&r->mu);
-    if (r->aborted)
+    if (r->aborted) {
         rc = IFD_ESTOPPED;
-    else if (r->next == r->n)
-        rc = IFD_EEOF;
-    else {
+    } else if (r->next < r->n) {
         *out = &r->b[r->next++];
         rc = IFD_OK;
+    } else if (r->next < r->total) {
+        rc = ifd_infeed_padding_batch(r->program, IFD_MODE_EVAL, r->pad_rows, out, err);
+        if (rc == IFD_OK)
+            r->next++;
+    } else {
+        rc = IFD_EEOF;
     }
     ifd_mutex_unlock(&r->mu);
     return rc;
@@ -322,8 +329,18 @@ int ifd_eval_replay_create(ifd_eval_replay **out, ifd_eval_set *e, ifd_error *er
     ifd_mutex_unlock(&e->mu);
     ifd_mutex_init(&r->mu);
     r->n = n;
+    r->total = n;
     *out = r;
     return IFD_OK;
+}
+
+void ifd_eval_replay_pad(ifd_eval_replay *r, const ifd_program *p, int64_t rows, int64_t total)
+{
+    ifd_mutex_lock(&r->mu);
+    r->program = p;
+    r->pad_rows = rows;
+    r->total = total;
+    ifd_mutex_unlock(&r->mu);
 }
 
 ifd_batch_source ifd_eval_replay_source(ifd_eval_replay *r)

@@ -64,11 +64,16 @@ typedef struct ifd_eval_set_state {
 } ifd_eval_set_state;
 void ifd_eval_set_get_state(ifd_eval_set *e, ifd_eval_set_state *st, char *why, size_t len);
 
-/* A replay of a complete set: a batch source handing out its batches in arrival order, then
- * IFD_EEOF. The set must outlive it and stay complete. */
+/* A replay of a complete set: a batch source handing out its batches in arrival order (then
+ * padding: ifd_eval_replay_pad), then IFD_EEOF. The set must outlive it and stay complete. */
 typedef struct ifd_eval_replay ifd_eval_replay;
 int ifd_eval_replay_create(ifd_eval_replay **out, ifd_eval_set *e, ifd_error *err);
 ifd_batch_source ifd_eval_replay_source(ifd_eval_replay *r);
+/* Several hosts: after the set's batches, padding batches (`rows` rows of zeros that count
+ * nowhere: intake/shard.h, ifd_infeed_padding_batch, shaped for p's eval inputs) until `total`
+ * batches were handed out, so that a host whose set is shorter runs the eval's agreed steps.
+ * Before the replay is read. */
+void ifd_eval_replay_pad(ifd_eval_replay *r, const ifd_program *p, int64_t rows, int64_t total);
 void ifd_eval_replay_destroy(ifd_eval_replay *r);
 
 #endif

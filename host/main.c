@@ -264,11 +264,6 @@ static int configure(daemon_run *d, int argc, char **argv, int *exit_now)
         return rc;
     if ((rc = ifd_daemon_apply_hosts(&d->cfg, d->hosts, &d->err)) != IFD_OK)
         return rc;
-    if (d->hosts->size > 1 && d->cfg.eval_every > 0)
-        return ifd_error_set_key(&d->err, IFD_EINVAL, "eval_every",
-                                 "evaluation during training runs on one host for now: expected "
-                                 "0 with %d hosts, got %lld",
-                                 d->hosts->size, (long long)d->cfg.eval_every);
     ifd_log_set_level(d->cfg.log_level);
     if (d->hosts->size > 1)
         IFD_LOG_INFO("host %d of %d: batch size %lld of the global %lld", d->hosts->rank,
@@ -411,7 +406,8 @@ static int add_eval_hook(daemon_run *d)
                                .keep_best = c->keep_best,
                                .early_stopping = c->early_stopping,
                                .positions = ifd_ingest_positions,
-                               .positions_arg = d->g};
+                               .positions_arg = d->g,
+                               .write = c->checkpoint_writer};
     for (int i = 0; i < 2; i++)
         if (d->shared[i])
             o.sinks[o.nsinks++] = d->shared[i];

@@ -59,17 +59,19 @@ static int mpi_error(ifd_error *err, int code, const char *what, int channel)
     int len = 0;
     if (MPI_Error_string(code, text, &len) != MPI_SUCCESS)
         snprintf(text, sizeof text, "MPI error %d", code);
-    static const char *const names[] = {"step", "loop", "outfeed", "stop"};
+    static const char *const names[IFD_HOSTS_NCHANNELS] = {"step", "loop",         "outfeed",
+                                                           "stop", "eval outfeed", "eval stop"};
     return ifd_error_set(err, IFD_EIO, "%s on the %s channel: %s", what, names[channel], text);
 }
 
 /* Waits for req, polling stop: spins a while (hosts usually arrive together), then sleeps 50 us
- * between tests. The STOP channel's rounds are not latency-critical and often wait for a host
+ * between tests. The STOP channels' rounds are not latency-critical and often wait for a host
  * that is still in its pause between rounds: 1 ms between tests, from the first. */
 static int wait_req(MPI_Request *req, int channel, ifd_hosts_stop_fn stop, void *stop_arg)
 {
-    long spin = channel == IFD_HOSTS_STOP ? 0 : 2000;
-    long pause_ns = channel == IFD_HOSTS_STOP ? 1000000 : 50000;
+    int slow = channel == IFD_HOSTS_STOP || channel == IFD_HOSTS_EVAL_STOP;
+    long spin = slow ? 0 : 2000;
+    long pause_ns = slow ? 1000000 : 50000;
     for (long i = 0;; i++) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);

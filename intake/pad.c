@@ -84,18 +84,29 @@ int ifd_infeed_pad_batch(const ifd_program *p, ifd_mode mode, ifd_batch *b, int6
     return IFD_OK;
 }
 
-int ifd_infeed_stop_batch(const ifd_program *p, ifd_mode mode, int64_t rows, ifd_batch **out,
-                          ifd_error *err)
+int ifd_infeed_padding_batch(const ifd_program *p, ifd_mode mode, int64_t rows, ifd_batch **out,
+                             ifd_error *err)
 {
     made_batch *m;
     int rc = make_batch(p, mode, rows, &m, err);
     if (rc)
         return rc;
     m->b.seq = -1;
-    m->b.flags = IFD_BATCH_STOP | IFD_BATCH_PADDED;
+    m->b.flags = IFD_BATCH_PADDED | IFD_BATCH_CHECKED;
     m->b.valid_rows = 0;
-    m->b.producer = "(stopping signal)";
-    ifd_batch_ref(&m->b, 1);
+    m->b.producer = "(padding)";
     *out = &m->b;
+    return IFD_OK;
+}
+
+int ifd_infeed_stop_batch(const ifd_program *p, ifd_mode mode, int64_t rows, ifd_batch **out,
+                          ifd_error *err)
+{
+    int rc = ifd_infeed_padding_batch(p, mode, rows, out, err);
+    if (rc)
+        return rc;
+    (*out)->flags = IFD_BATCH_STOP | IFD_BATCH_PADDED;
+    (*out)->producer = "(stopping signal)";
+    ifd_batch_ref(*out, 1);
     return IFD_OK;
 }

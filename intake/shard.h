@@ -17,6 +17,13 @@ int ifd_infeed_pad_batch(const ifd_program *p, ifd_mode mode, ifd_batch *b, int6
 int ifd_infeed_stop_batch(const ifd_program *p, ifd_mode mode, int64_t rows, ifd_batch **out,
                           ifd_error *err);
 
+/* Eval mode, several hosts (host/eval_hook.c): a batch of `rows` rows of zeros that are all
+ * padding (IFD_BATCH_PADDED, valid_rows 0, IFD_BATCH_CHECKED), with no reference (as a batch
+ * source hands one out), freed when its last reference goes. Its steps count no row: the
+ * outfeed leaves a shard of it out of the metrics and tensors (ifd_batch_tag.padding). */
+int ifd_infeed_padding_batch(const ifd_program *p, ifd_mode mode, int64_t rows, ifd_batch **out,
+                             ifd_error *err);
+
 /* One step's shards, one per replica, from the step's nbatches batches (which must be
  * ifd_input_batches_per_step(mode, replicas)), without copying:
  * - per-host: bs[0] split in replicas runs of rows / replicas consecutive rows; rows not

@@ -34,6 +34,8 @@ void ifd_config_defaults(ifd_config *cfg)
         .beta1 = 0.9f,
         .beta2 = 0.999f,
         .epsilon = 1e-8f,
+        .weight_decay = 0.004f, /* Keras's AdamW */
+        .lr_schedule = IFD_LR_CONSTANT,
     };
     cfg->loss_reduction = IFD_REDUCE_MEAN;
     cfg->summary_every = 100;
@@ -85,7 +87,11 @@ static int uses_momentum(const ifd_config *c)
 }
 static int uses_adam(const ifd_config *c)
 {
-    return c->optimizer.kind == IFD_OPT_ADAM;
+    return c->optimizer.kind == IFD_OPT_ADAM || c->optimizer.kind == IFD_OPT_ADAMW;
+}
+static int uses_adamw(const ifd_config *c)
+{
+    return c->optimizer.kind == IFD_OPT_ADAMW;
 }
 
 #define CFG(field) offsetof(ifd_config, field)
@@ -112,6 +118,14 @@ static const config_range config_ranges[] = {
     {"beta2", RANGE_F32, CFG(optimizer.beta2), 0, 1, OPEN_MAX, "0 <= beta2 < 1", uses_adam},
     {"epsilon", RANGE_F32, CFG(optimizer.epsilon), 0, FLT_MAX, OPEN_MIN, "a positive number",
      uses_adam},
+    {"weight_decay", RANGE_F32, CFG(optimizer.weight_decay), 0, FLT_MAX, 0, "0 or more",
+     uses_adamw},
+    {"clip_norm", RANGE_F32, CFG(optimizer.clip_norm), 0, FLT_MAX, 0,
+     "0 (no clipping) or a positive norm", NULL},
+    {"warmup_steps", RANGE_I64, CFG(optimizer.warmup_steps), 0, I64_MAX, 0, "0 or more", NULL},
+    {"decay_steps", RANGE_I64, CFG(optimizer.decay_steps), 0, I64_MAX, 0, "0 or more", NULL},
+    {"min_learning_rate", RANGE_F32, CFG(optimizer.min_learning_rate), 0, FLT_MAX, 0, "0 or more",
+     NULL},
     {"summary_every", RANGE_I64, CFG(summary_every), 0, I64_MAX, 0, "0 or more", NULL},
     {"infeed_depth", RANGE_INT, CFG(infeed_depth), 1, MAX_DEPTH, 0, "1 to 65536", NULL},
     {"outfeed_depth", RANGE_INT, CFG(outfeed_depth), 1, MAX_DEPTH, 0, "1 to 65536", NULL},
@@ -188,10 +202,15 @@ static int check_names(const ifd_config *cfg, ifd_error *err)
             err, IFD_EINVAL, "loop_kind",
             "expected IFD_LOOP_STEPS, IFD_LOOP_AUTO or IFD_LOOP_SECONDS, got %d",
             (int)cfg->loop_kind);
-    if ((int)cfg->optimizer.kind < IFD_OPT_SGD || cfg->optimizer.kind > IFD_OPT_ADAM)
+    if ((int)cfg->optimizer.kind < IFD_OPT_SGD || cfg->optimizer.kind > IFD_OPT_ADAMW)
         return ifd_error_set_key(err, IFD_EINVAL, "optimizer",
-                                 "expected sgd, momentum or adam, got %d",
+                                 "expected sgd, momentum, adam or adamw, got %d",
                                  (int)cfg->optimizer.kind);
+    if ((int)cfg->optimizer.lr_schedule < IFD_LR_CONSTANT ||
+        cfg->optimizer.lr_schedule > IFD_LR_LINEAR)
+        return ifd_error_set_key(err, IFD_EINVAL, "lr_schedule",
+                                 "expected constant, cosine or linear, got %d",
+                                 (int)cfg->optimizer.lr_schedule);
     if ((int)cfg->loss_reduction < IFD_REDUCE_MEAN || cfg->loss_reduction > IFD_REDUCE_SUM)
         return ifd_error_set_key(err, IFD_EINVAL, "loss_reduction", "expected mean or sum, got %d",
                                  (int)cfg->loss_reduction);
@@ -227,6 +246,39 @@ static int check_steps(const ifd_config *cfg, ifd_error *err)
     return IFD_OK;
 }
 
+/* The schedule's keys together: a decay runs from warmup_steps to decay_steps, down to
+ * min_learning_rate; a constant rate has neither. */
+static int check_schedule(const ifd_config *cfg, ifd_error *err)
+{
+    const ifd_optimizer *o = &cfg->optimizer;
+    const char *name = ifd_lr_schedule_name(o->lr_schedule);
+    if (o->lr_schedule == IFD_LR_CONSTANT) {
+        if (o->decay_steps != 0)
+            return ifd_error_set_key(err, IFD_EINVAL, "decay_steps",
+                                     "expected 0 (unset) with lr_schedule constant, which does "
+                                     "not decay (cosine or linear do), got %lld",
+                                     (long long)o->decay_steps);
+        if (o->min_learning_rate != 0.0f)
+            return ifd_error_set_key(err, IFD_EINVAL, "min_learning_rate",
+                                     "expected 0 (unset) with lr_schedule constant, which does "
+                                     "not decay (cosine or linear do), got %g",
+                                     (double)o->min_learning_rate);
+        return IFD_OK;
+    }
+    if (o->decay_steps <= o->warmup_steps)
+        return ifd_error_set_key(err, IFD_EINVAL, "decay_steps",
+                                 "expected more than warmup_steps (%lld) with lr_schedule %s "
+                                 "(the decay ends at update decay_steps, warmup included), "
+                                 "got %lld",
+                                 (long long)o->warmup_steps, name, (long long)o->decay_steps);
+    if (o->min_learning_rate > o->learning_rate)
+        return ifd_error_set_key(err, IFD_EINVAL, "min_learning_rate",
+                                 "expected at most learning_rate (%g), the rate lr_schedule %s "
+                                 "decays from, got %g",
+                                 (double)o->learning_rate, name, (double)o->min_learning_rate);
+    return IFD_OK;
+}
+
 /* Several hosts: a rank in [0, size) and the collectives the run needs. */
 static int check_hosts(const ifd_config *cfg, ifd_error *err)
 {
@@ -255,6 +307,8 @@ int ifd_config_validate(const ifd_config *cfg, ifd_error *err)
         rc = check_batch_split(cfg, err);
     if (rc == IFD_OK)
         rc = check_steps(cfg, err);
+    if (rc == IFD_OK)
+        rc = check_schedule(cfg, err);
     if (rc == IFD_OK)
         rc = check_hosts(cfg, err);
     return rc;

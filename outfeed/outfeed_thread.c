@@ -374,6 +374,13 @@ static int outfeed_step(ifd_outfeed *o, ifd_error *err)
         /* broadcast: every replica trained on the same rows; replica 0's copy is the step's
          * (each row counted once), its loss times R being the replicas' sum */
         int n = o->cfg.input_mode == IFD_INPUT_BROADCAST ? 1 : o->replicas;
+        /* eval on several hosts: a shard of a padding batch (a host whose eval set is shorter
+         * than another's) counts no row, loss or value (outfeed/step_tensors.c skips it) */
+        for (int r = 0; r < o->replicas && o->cfg.mode == IFD_MODE_EVAL; r++)
+            if (o->recs[r].from.padding) {
+                o->recs[r].rows = 0;
+                o->recs[r].out.loss = o->recs[r].out.correct = o->recs[r].out.count = 0.0f;
+            }
         int skipped = 0;
         for (int r = 0; r < o->replicas; r++)
             skipped |= o->cfg.mode == IFD_MODE_TRAIN ? o->recs[r].out.skipped != 0.0f

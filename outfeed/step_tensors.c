@@ -37,7 +37,7 @@ int ifd_outfeed_tensors_init(ifd_outfeed_tensors *c, const ifd_program *p, ifd_m
     ifd_program_outfeed_layout(p, max_shard_rows, c->offs);
     int nrt = mode == IFD_MODE_TRAIN ? IFD_OUTFEED_TENSORS_RUNTIME : 3;
     c->ntensors = p->noutfeeds + nrt;
-    size_t host_bytes = sizeof(int64_t);
+    size_t host_bytes = 2 * sizeof(int64_t); /* the host's rows and replica-steps */
     for (int i = 0; i < c->ntensors; i++) {
         int64_t values; /* the most one host has */
         if (i < p->noutfeeds) {
@@ -99,20 +99,28 @@ static void view(ifd_outfeed_tensors *c, int i, int64_t values)
     ifd_tensor_init(&c->tensors[i], dt, rank, dims, c->bufs[i]);
 }
 
-/* This host's step: each tensor's values in replica order; returns the rows. */
+/* This host's step: each tensor's values in replica order; returns the rows, and in *kept the
+ * replica-steps that count (a record of a padding batch, eval on several hosts, has none: its
+ * rows and its per-replica-step values are left out). */
 static int64_t concat_local(ifd_outfeed_tensors *c, const ifd_outfeed_rec *recs, int n,
-                            int64_t values[IFD_OUTFEED_TENSORS_MAX])
+                            int64_t values[IFD_OUTFEED_TENSORS_MAX], int64_t *kept)
 {
     const ifd_program *p = c->program;
-    int64_t rows = 0;
+    int64_t rows = 0, k_n = 0;
     for (int r = 0; r < n; r++)
-        rows += recs[r].rows;
+        if (!recs[r].from.padding) {
+            rows += recs[r].rows;
+            k_n++;
+        }
+    *kept = k_n;
     for (int i = 0; i < c->ntensors; i++) {
         if (i < p->noutfeeds && !c->need[i] && c->hosts == NULL) {
-            values[i] = c->per_row[i] ? rows : n; /* nobody reads it this step: not copied */
+            values[i] = c->per_row[i] ? rows : k_n; /* nobody reads it this step: not copied */
         } else if (i < p->noutfeeds) {
             size_t off = 0;
             for (int r = 0; r < n; r++) {
+                if (recs[r].from.padding)
+                    continue;
                 size_t b = (size_t)(c->value_bytes[i] * (c->per_row[i] ? recs[r].rows : 1));
                 if (recs[r].outfeed) /* NULL: nobody takes them this run (zeros) */
                     memcpy(c->bufs[i] + off, (const unsigned char *)recs[r].outfeed + c->offs[i],
@@ -121,20 +129,21 @@ static int64_t concat_local(ifd_outfeed_tensors *c, const ifd_outfeed_rec *recs,
                     memset(c->bufs[i] + off, 0, b);
                 off += b;
             }
-            values[i] = c->per_row[i] ? rows : n;
+            values[i] = c->per_row[i] ? rows : k_n;
         } else {
             int k = i - p->noutfeeds;
             float *f = (float *)(void *)c->bufs[i];
-            values[i] = k < 3 ? n : 1;
-            for (int r = 0; r < values[i]; r++)
-                f[r] = runtime_value(&recs[r].out, k);
+            values[i] = 0;
+            for (int r = 0; r < (k < 3 ? n : 1); r++)
+                if (k >= 3 || !recs[r].from.padding)
+                    f[values[i]++] = runtime_value(&recs[r].out, k);
         }
     }
     return rows;
 }
 
 /* Every host's part in rank order, into the tensors' buffers. */
-static int concat_hosts(ifd_outfeed_tensors *c, int64_t rows,
+static int concat_hosts(ifd_outfeed_tensors *c, int64_t rows, int64_t kept,
                         int64_t values[IFD_OUTFEED_TENSORS_MAX], int (*stop)(void *),
                         void *stop_arg, ifd_error *err)
 {
@@ -142,7 +151,8 @@ static int concat_hosts(ifd_outfeed_tensors *c, int64_t rows,
     unsigned char *at = c->send;
     memcpy(at, &rows, sizeof rows);
     at += sizeof rows;
-    int64_t n = values[c->program->noutfeeds]; /* replica-steps: "loss" has one each */
+    memcpy(at, &kept, sizeof kept);
+    at += sizeof kept;
     for (int i = 0; i < c->ntensors && exchanged(c, i); i++) {
         size_t most = (size_t)(c->value_bytes[i] *
                                (c->per_row[i] ? c->replicas * c->max_shard_rows : c->replicas));
@@ -157,11 +167,13 @@ static int concat_hosts(ifd_outfeed_tensors *c, int64_t rows,
         values[i] = 0;
     for (int k = 0; k < h->size; k++) {
         const unsigned char *from = c->recv + (size_t)k * c->host_bytes;
-        int64_t hrows;
+        int64_t hrows, hkept;
         memcpy(&hrows, from, sizeof hrows);
         from += sizeof hrows;
+        memcpy(&hkept, from, sizeof hkept);
+        from += sizeof hkept;
         for (int i = 0; i < c->ntensors && exchanged(c, i); i++) {
-            int64_t hv = c->per_row[i] ? hrows : n;
+            int64_t hv = c->per_row[i] ? hrows : hkept;
             size_t most = (size_t)(c->value_bytes[i] *
                                    (c->per_row[i] ? c->replicas * c->max_shard_rows : c->replicas));
             memcpy(c->bufs[i] + values[i] * c->value_bytes[i], from,
@@ -176,10 +188,10 @@ static int concat_hosts(ifd_outfeed_tensors *c, int64_t rows,
 int ifd_outfeed_tensors_step(ifd_outfeed_tensors *c, const ifd_outfeed_rec *recs, int n,
                              int (*stop)(void *), void *stop_arg, ifd_error *err)
 {
-    int64_t values[IFD_OUTFEED_TENSORS_MAX];
-    int64_t rows = concat_local(c, recs, n, values);
+    int64_t values[IFD_OUTFEED_TENSORS_MAX], kept;
+    int64_t rows = concat_local(c, recs, n, values, &kept);
     if (c->hosts) {
-        int rc = concat_hosts(c, rows, values, stop, stop_arg, err);
+        int rc = concat_hosts(c, rows, kept, values, stop, stop_arg, err);
         if (rc)
             return rc;
     }

@@ -29,8 +29,8 @@ typedef struct ifd_outfeed_tensors {
     int64_t offs[IFD_MAX_OUTFEEDS]; /* the device's layout of a replica's area */
     int64_t max_shard_rows;
     int replicas;
-    /* Several hosts: one host's part of a step, packed (its row count, then each exchanged
-     * tensor at its largest), sent and received by an all-gather. */
+    /* Several hosts: one host's part of a step, packed (its row count and replica-steps, then
+     * each exchanged tensor at its largest), sent and received by an all-gather. */
     const struct ifd_hosts *hosts;
     size_t host_bytes;
     unsigned char *send, *recv;
@@ -46,8 +46,9 @@ int ifd_outfeed_tensors_init(ifd_outfeed_tensors *c, const ifd_program *p, ifd_m
 void ifd_outfeed_tensors_fini(ifd_outfeed_tensors *c);
 
 /* One step's records recs[0..n) (n: the replicas whose tensors count, 1 in broadcast mode) into
- * c->tensors; with several hosts, every host's in rank order (a collective on the OUTFEED
- * channel: every host calls it at every step; stop as in ifd_hosts_ops). */
+ * c->tensors, a record of a padding batch (from.padding: eval on several hosts) left out; with
+ * several hosts, every host's in rank order (a collective on the OUTFEED channel: every host calls
+ * it at every step; stop as in ifd_hosts_ops). */
 int ifd_outfeed_tensors_step(ifd_outfeed_tensors *c, const ifd_outfeed_rec *recs, int n,
                              int (*stop)(void *), void *stop_arg, ifd_error *err);
 

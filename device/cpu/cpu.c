@@ -56,6 +56,8 @@ struct cpu_dev {
     cpu_replica *reps;
     ifd_cpu_allreduce ar;
     ifd_step_ops sops;
+    int64_t *nodecay; /* the replicas' st.nodecay, shared (read only) */
+    int64_t nnodecay;
     int64_t out_bytes; /* a step's outfeed area (0: the program declares none, or predict) */
     int64_t out_offs[IFD_MAX_OUTFEEDS];
     int infeed_ended; /* atomic */
@@ -92,13 +94,11 @@ static void cpu_check_grads(void *ctx, const float *grads, int64_t n, ifd_step_o
     ifd_cpu_check_grads_on(rep->team, grads, n, rep->partial, out);
 }
 
-static void cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step,
-                                int64_t n, float *params, const float *grads, float *slot0,
-                                float *slot1, const float *skip, float *param_norm)
+static void cpu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const ifd_replica_state *st,
+                                int64_t n, ifd_step_out *out)
 {
     cpu_replica *rep = ctx;
-    ifd_cpu_optimizer_apply_on(rep->team, opt, opt_step, n, params, grads, slot0, slot1, skip,
-                               rep->partial, param_norm);
+    ifd_cpu_update_on(rep->team, opt, st, n, rep->partial, out);
 }
 
 /* Floats of one step's predictions (predict mode; else 0). */
@@ -299,6 +299,8 @@ static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *i
     ifd_replica_mem_carve(&rep->st, rep->mem, np);
     rep->st.step = &rep->step;
     rep->st.opt_step = &rep->opt_step;
+    rep->st.nodecay = cd->nodecay;
+    rep->st.nnodecay = cd->nnodecay;
     memcpy(rep->st.params, init, sizeof(float) * (size_t)np);
     if (cfg->init_slots)
         memcpy(rep->st.slot0, cfg->init_slots,
@@ -367,6 +369,8 @@ static void cpu_close(ifd_device *dev)
     ifd_replicas_fini(&cd->set);
     free(cd->reps);
     cd->reps = NULL;
+    free(cd->nodecay);
+    cd->nodecay = NULL;
     if (cd->ar.hosts && cd->ar.host_calls > 0)
         IFD_LOG_INFO("all-reduce across %d hosts: %lld steps, %.1f us a step in the collective "
                      "(%lld bytes sent a step)",
@@ -391,7 +395,6 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
     cd->sops.check_grads = cpu_check_grads;
     cd->sops.optimizer_apply = cpu_optimizer_apply;
     cd->sops.finish_step = ifd_cpu_finish_step;
-    cd->sops.set_float = ifd_cpu_set_float;
     int rc = ifd_blas_select(cfg->blas_kernel, err);
     if (rc)
         return rc;
@@ -406,8 +409,9 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
 
     float *init = malloc(sizeof(float) * (size_t)(p->nparam_floats + 1));
     cd->reps = calloc((size_t)cd->replicas, sizeof *cd->reps);
+    cd->nodecay = malloc(sizeof(int64_t) * (size_t)(2 * p->nparams + 1));
     int ar_ok = 0;
-    if (init == NULL || cd->reps == NULL ||
+    if (init == NULL || cd->reps == NULL || cd->nodecay == NULL ||
         ifd_cpu_allreduce_init(&cd->ar, cd->replicas,
                                cfg->mode == IFD_MODE_TRAIN ? p->nparam_floats : 0) ||
         (ar_ok = 1,
@@ -417,9 +421,12 @@ static int cpu_open(ifd_device *dev, ifd_error *err)
         free(init);
         free(cd->reps);
         cd->reps = NULL;
+        free(cd->nodecay);
+        cd->nodecay = NULL;
         return ifd_error_set(err, IFD_ENOMEM, "cpu backend: %d replicas of %lld parameter floats",
                              cd->replicas, (long long)p->nparam_floats);
     }
+    cd->nnodecay = ifd_optimizer_nodecay_ranges(p->params, p->nparams, cd->nodecay);
     ifd_replicas_init(&cd->set, dev, cd->reps, sizeof *cd->reps, &cpu_replica_ops, IFD_SPIN_NS);
     const float *start = ifd_replica_initial_params(cfg, init);
     for (int r = 0; r < cd->replicas; r++) {

@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "core/thread.h"
 #include "device/cuda/cuda_backend.h"
+#include "device/cuda/opset.h"
 #include <infeed/hosts.h>
 
 #include <stdio.h>
@@ -137,13 +138,27 @@ static int replica_state(cu_dev *cd, cu_replica *rep, const float *init, ifd_err
                                  (size_t)ifd_replica_slot_floats(cfg) * sizeof(float),
                                  cudaMemcpyHostToDevice),
                       rc, err, out);
-    int64_t steps[2] = {cfg->initial_step, cfg->init_opt_step};
-    CUDA_TRY_GOTO(gpu, cudaMalloc((void **)&rep->dsteps, sizeof steps), rc, err, out);
-    CUDA_TRY_GOTO(gpu, cudaMemcpy(rep->dsteps, steps, sizeof steps, cudaMemcpyHostToDevice), rc,
-                  err, out);
+    /* the step counters, then AdamW's ranges left out of decay */
+    size_t nsteps = 2 + 2 * (size_t)cfg->program->nparams;
+    int64_t *steps = malloc(nsteps * sizeof *steps);
+    if (steps == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "cuda backend: GPU %d: step counters", gpu);
+    steps[0] = cfg->initial_step;
+    steps[1] = cfg->init_opt_step;
+    int64_t nodecay =
+        ifd_optimizer_nodecay_ranges(cfg->program->params, cfg->program->nparams, steps + 2);
+    CUDA_TRY_GOTO(gpu, cudaMalloc((void **)&rep->dsteps, nsteps * sizeof *steps), rc, err,
+                  free_steps);
+    CUDA_TRY_GOTO(gpu,
+                  cudaMemcpy(rep->dsteps, steps, nsteps * sizeof *steps, cudaMemcpyHostToDevice),
+                  rc, err, free_steps);
     ifd_replica_mem_carve(&rep->st, rep->dmem, np);
     rep->st.step = &rep->dsteps[0];
     rep->st.opt_step = &rep->dsteps[1];
+    rep->st.nodecay = &rep->dsteps[2];
+    rep->st.nnodecay = nodecay;
+free_steps:
+    free(steps);
 out:
     return rc;
 }
@@ -230,7 +245,7 @@ static int replica_rings(cu_replica *rep, int index, ifd_error *err)
     return IFD_OK;
 }
 
-/* The op set the program's step calls (device/cuda/ops.cu). */
+/* The op set the program's step calls (replica.c). */
 static void replica_ops(cu_replica *rep)
 {
     rep->ops.ctx = rep;
@@ -248,6 +263,17 @@ static void replica_ops(cu_replica *rep)
     rep->ops.classify = ifd_cu_classify;
     rep->ops.copy = ifd_cu_copy;
     rep->ops.softmax_xent_classify = ifd_cu_softmax_xent_classify;
+    rep->ops.fill = ifd_cu_fill;
+    rep->ops.add = ifd_cu_add;
+    rep->ops.gemm_strided_batched = ifd_cu_gemm_strided_batched;
+    rep->ops.embedding = ifd_cu_embedding;
+    rep->ops.embedding_grad = ifd_cu_embedding_grad;
+    rep->ops.layernorm = ifd_cu_layernorm;
+    rep->ops.layernorm_grad = ifd_cu_layernorm_grad;
+    rep->ops.gelu = ifd_cu_gelu;
+    rep->ops.gelu_grad = ifd_cu_gelu_grad;
+    rep->ops.attention = ifd_cu_attention;
+    rep->ops.attention_grad = ifd_cu_attention_grad;
 }
 
 /* One replica on GPU `index`; what it made is freed by the backend's close whatever failed. */
@@ -358,6 +384,19 @@ static int hosts_nccl_id(cu_dev *cd, const ifd_hosts *h, ncclUniqueId *id, ifd_e
     return rc;
 }
 
+/* What replica_streams made (the caller has waited for the streams). */
+static void replica_streams_free(cu_replica *rep)
+{
+    if (rep->blas)
+        cublasDestroy(rep->blas);
+    cudaFree(rep->blas_ws);
+    if (rep->xs)
+        cudaStreamDestroy(rep->xs);
+    if (rep->cs)
+        cudaStreamDestroy(rep->cs);
+    (void)cudaGetLastError();
+}
+
 static void replica_free(cu_replica *rep)
 {
     if (rep->in == NULL) {
@@ -406,14 +445,7 @@ static void replica_free(cu_replica *rep)
     cudaFree(rep->dout);
     cudaFree(rep->dsteps);
     cudaFree(rep->dmem);
-    if (rep->blas)
-        cublasDestroy(rep->blas);
-    cudaFree(rep->blas_ws);
-    if (rep->xs)
-        cudaStreamDestroy(rep->xs);
-    if (rep->cs)
-        cudaStreamDestroy(rep->cs);
-    (void)cudaGetLastError();
+    replica_streams_free(rep);
     ifd_queue_destroy(rep->in_free);
     ifd_queue_destroy(rep->in_full);
     ifd_queue_destroy(rep->out_free);
@@ -535,7 +567,6 @@ static void plan_device(cu_dev *cd, const ifd_device_config *cfg)
     cd->sops.check_grads = ifd_cu_check_grads;
     cd->sops.optimizer_apply = ifd_cu_optimizer_apply;
     cd->sops.finish_step = ifd_cu_finish_step;
-    cd->sops.set_float = ifd_cu_set_float;
     cd->out_bytes =
         cfg->mode == IFD_MODE_PREDICT
             ? 0
@@ -629,4 +660,58 @@ int ifd_cu_open(ifd_device *dev, ifd_error *err)
     IFD_LOG_INFO("cuda backend: %d replicas on %d visible GPUs, %lld parameters, graphs %s",
                  cd->replicas, visible, (long long)p->nparam_floats, cd->graphs ? "on" : "off");
     return IFD_OK;
+}
+
+/* ---- the op set outside a session (device/cuda/opset.h) ------------------------------------- */
+
+struct ifd_cuda_opset {
+    cu_replica rep; /* its streams, cuBLAS handle and op table only */
+};
+
+int ifd_cuda_opset_open(int gpu, ifd_cuda_opset **out, ifd_error *err)
+{
+    *out = NULL;
+    ifd_cuda_opset *o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "cuda backend: op set");
+    o->rep.gpu = gpu;
+    int rc = replica_streams(&o->rep, err);
+    if (rc != IFD_OK) {
+        ifd_cuda_opset_close(o);
+        return rc;
+    }
+    replica_ops(&o->rep);
+    *out = o;
+    return IFD_OK;
+}
+
+const ifd_ops *ifd_cuda_opset_ops(const ifd_cuda_opset *o)
+{
+    return &o->rep.ops;
+}
+
+int ifd_cuda_opset_sync(ifd_cuda_opset *o, ifd_error *err)
+{
+    cu_replica *rep = &o->rep;
+    int rc = IFD_OK;
+    CUDA_TRY_GOTO(rep->gpu, cudaSetDevice(rep->gpu), rc, err, out);
+    CUDA_TRY_GOTO(rep->gpu, cudaStreamSynchronize(rep->cs), rc, err, out);
+out:
+    if (rep->op_rc != IFD_OK) { /* an op's failure is the first */
+        rc = rep->op_rc;
+        *err = rep->op_err;
+    }
+    rep->op_rc = IFD_OK;
+    return rc;
+}
+
+void ifd_cuda_opset_close(ifd_cuda_opset *o)
+{
+    if (o == NULL)
+        return;
+    cudaSetDevice(o->rep.gpu);
+    if (o->rep.cs)
+        cudaStreamSynchronize(o->rep.cs);
+    replica_streams_free(&o->rep);
+    free(o);
 }

@@ -9,7 +9,8 @@
  *   feeds.c     the infeed thread (staging shards), the outfeed thread (step records, their
  *               timing), the session's thread (read_state, stats, abort, host memory
  *               registration) and the backend's table
- *   kernels.cu  the kernels and their launchers (cuda_internal.h)
+ *   kernels.cu  the kernels and their launchers (cuda_internal.h); nn_kernels.cu the
+ *               transformer's; launch.cuh what the two share
  *
  * The cuda backend: one replica per visible GPU, driven by one host thread each (as the cpu
  * backend), so that every NCCL communicator and every stream capture belongs to one thread.
@@ -101,7 +102,7 @@ typedef struct cu_replica {
     ncclComm_t comm; /* NULL with one replica on one host */
     void *blas_ws;
     float *dmem;     /* params, grads, slot0, slot1, workspace */
-    int64_t *dsteps; /* step, opt_step */
+    int64_t *dsteps; /* step, opt_step, then st.nodecay's ranges */
     ifd_replica_state st;
     int nin, nout;
     cu_inslot *in;
@@ -185,20 +186,41 @@ void ifd_cu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *logits
 void ifd_cu_softmax(void *ctx, int64_t rows, int64_t k, const float *logits, float *probs);
 void ifd_cu_squared_error(void *ctx, int64_t rows, int64_t k, const float *pred, const float *y,
                           float scale, float *dpred, ifd_step_out *out);
+/* The transformer's ops (ABI 4). */
+void ifd_cu_fill(void *ctx, int64_t n, float value, float *x);
+void ifd_cu_add(void *ctx, int64_t n, float alpha, const float *x, float *y);
+void ifd_cu_gemm_strided_batched(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                                 float alpha, const float *a, int64_t stride_a, const float *b,
+                                 int64_t stride_b, float beta, float *c, int64_t stride_c,
+                                 int64_t batch);
+void ifd_cu_embedding(void *ctx, int64_t rows, int64_t dim, const int32_t *ids, const float *table,
+                      float *out);
+void ifd_cu_embedding_grad(void *ctx, int64_t rows, int64_t dim, const int32_t *ids,
+                           const float *dout, float *dtable);
+void ifd_cu_layernorm(void *ctx, int64_t rows, int64_t dim, const float *x, const float *gamma,
+                      const float *beta, float eps, float *y, float *mean, float *rstd);
+void ifd_cu_layernorm_grad(void *ctx, int64_t rows, int64_t dim, const float *x, const float *gamma,
+                           const float *mean, const float *rstd, const float *dy, float *dx,
+                           float *dgamma, float *dbeta);
+void ifd_cu_gelu(void *ctx, int64_t n, const float *x, float *y);
+void ifd_cu_gelu_grad(void *ctx, int64_t n, const float *x, const float *dy, float *dx);
+void ifd_cu_attention(void *ctx, int64_t batch, int64_t t, int64_t heads, int64_t dh,
+                      const float *qkv, float *probs, float *out);
+void ifd_cu_attention_grad(void *ctx, int64_t batch, int64_t t, int64_t heads, int64_t dh,
+                           const float *qkv, const float *probs, const float *dout, float *dqkv,
+                           float *work);
 /* The replication ops (device/step.h). */
 int ifd_cu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err);
 void ifd_cu_guard_loss(void *ctx, ifd_step_out *out, float *grads);
 void ifd_cu_check_grads(void *ctx, const float *grads, int64_t n, ifd_step_out *out);
-void ifd_cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step, int64_t n,
-                            float *params, const float *grads, float *slot0, float *slot1,
-                            const float *skip, float *param_norm);
+void ifd_cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const ifd_replica_state *st,
+                            int64_t n, ifd_step_out *out);
 void ifd_cu_classify(void *ctx, int64_t rows, int64_t k, const float *logits, int32_t *cls,
                      float *conf);
 void ifd_cu_copy(void *ctx, void *dst, const void *src, int64_t bytes);
 void ifd_cu_softmax_xent_classify(void *ctx, int64_t rows, int64_t k, const float *logits,
                                   const int32_t *labels, float scale, float *dlogits,
                                   ifd_step_out *out, int32_t *cls, float *conf);
-void ifd_cu_set_float(void *ctx, float *dst, float v);
 void ifd_cu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
                         int64_t rows);
 /* The input layout. */

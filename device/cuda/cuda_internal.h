@@ -55,21 +55,46 @@ cudaError_t ifd_cuda_squared_error(cudaStream_t s, int64_t rows, int64_t k, cons
  * thread per row. */
 cudaError_t ifd_cuda_classify(cudaStream_t s, int64_t rows, int64_t k, const float *logits,
                               int32_t *cls, float *conf);
-/* *dst = the L2 norm of x[0..n) (one block, the sum in double in a fixed order); *dst = v. */
+/* *dst = the L2 norm of x[0..n) (one block, the sum in double in a fixed order). */
 cudaError_t ifd_cuda_l2_norm(cudaStream_t s, int64_t n, const float *x, float *dst);
-cudaError_t ifd_cuda_set_float(cudaStream_t s, float *dst, float v);
-/* One optimizer update; Adam reads its t from *opt_step (device memory) inside the kernel, and
- * nothing changes when *skip (device memory, NULL: never) is nonzero. */
+/* One optimizer update (device/step.h's optimizer_apply, but param_norm): the kernel reads
+ * *opt_step (the schedule's step, Adam's t - 1), out->skipped (nonzero: nothing changes) and
+ * out->grad_norm (clipping), and writes out->learning_rate; AdamW leaves the nnodecay ranges
+ * at nodecay (device memory) out of decay. */
 cudaError_t ifd_cuda_optimizer_apply(cudaStream_t s, const ifd_optimizer *opt,
                                      const int64_t *opt_step, int64_t n, float *params,
                                      const float *grads, float *slot0, float *slot1,
-                                     const float *skip);
+                                     const int64_t *nodecay, int64_t nnodecay, ifd_step_out *out);
 /* device/step.h's guard_loss and check_grads (out->skipped is cleared by guard_loss). */
 cudaError_t ifd_cuda_guard_loss(cudaStream_t s, ifd_step_out *out, float *grads);
 cudaError_t ifd_cuda_check_grads(cudaStream_t s, const float *grads, int64_t n, ifd_step_out *out);
 /* *step += 1, *opt_step += 1 unless out->skipped (each when not NULL), out->count = rows. */
 cudaError_t ifd_cuda_finish_step(cudaStream_t s, int64_t *step, int64_t *opt_step,
                                  ifd_step_out *out, int64_t rows);
+
+/* The transformer's kernels (nn_kernels.cu): device/nn_cpu.h's ops, the same arguments. */
+cudaError_t ifd_cuda_fill(cudaStream_t s, int64_t n, float value, float *x);
+cudaError_t ifd_cuda_add(cudaStream_t s, int64_t n, float alpha, const float *x, float *y);
+cudaError_t ifd_cuda_embedding(cudaStream_t s, int64_t rows, int64_t dim, const int32_t *ids,
+                               const float *table, float *out);
+/* Deterministic without atomics: each vocabulary row is summed by one block, in row order. */
+cudaError_t ifd_cuda_embedding_grad(cudaStream_t s, int64_t rows, int64_t dim, const int32_t *ids,
+                                    const float *dout, float *dtable);
+cudaError_t ifd_cuda_layernorm(cudaStream_t s, int64_t rows, int64_t dim, const float *x,
+                               const float *gamma, const float *beta, float eps, float *y,
+                               float *mean, float *rstd);
+cudaError_t ifd_cuda_layernorm_grad(cudaStream_t s, int64_t rows, int64_t dim, const float *x,
+                                    const float *gamma, const float *mean, const float *rstd,
+                                    const float *dy, float *dx, float *dgamma, float *dbeta);
+cudaError_t ifd_cuda_gelu(cudaStream_t s, int64_t n, const float *x, float *y);
+cudaError_t ifd_cuda_gelu_grad(cudaStream_t s, int64_t n, const float *x, const float *dy,
+                               float *dx);
+/* p: nseq [t, t] score matrices, each row i replaced by the softmax of its entries 0..i and
+ * zeros after (the causal mask). */
+cudaError_t ifd_cuda_causal_softmax(cudaStream_t s, int64_t nseq, int64_t t, float *p);
+/* dp (the gradient of causal_softmax's output p) becomes the gradient of its scores, in place. */
+cudaError_t ifd_cuda_causal_softmax_grad(cudaStream_t s, int64_t nseq, int64_t t, const float *p,
+                                         float *dp);
 
 #ifdef __cplusplus
 }

@@ -1,31 +1,8 @@
 // The cuda backend's kernels. Every formula comes from device/math.h, the same functions the cpu
 // backend loops over; these files only decide which thread runs which row or element.
 #include "device/cuda/cuda_internal.h"
+#include "device/cuda/launch.cuh"
 #include "device/math.h"
-
-#define IFD_CUDA_THREADS 256
-#define IFD_CUDA_MAX_BLOCKS 4096
-
-// Blocks for a grid-stride loop over n items (n > 0).
-static unsigned int grid_for(int64_t n)
-{
-    int64_t b = (n + IFD_CUDA_THREADS - 1) / IFD_CUDA_THREADS;
-    return (unsigned int)(b < IFD_CUDA_MAX_BLOCKS ? b : IFD_CUDA_MAX_BLOCKS);
-}
-
-// A launcher reports its launch's error with cudaGetLastError(), which returns the thread's last
-// non-sticky error from any earlier runtime call too. Libraries called on this thread between two
-// launches (NCCL's enqueue polls an internal event with cudaEventQuery in some releases and leaves
-// cudaErrorNotReady behind) would then fail the next kernel for nothing: clear it first. A sticky
-// error is not cleared by this and still fails the launch.
-static void clear_stale_error(void)
-{
-    (void)cudaGetLastError();
-}
-
-#define GRID_STRIDE(i, n)                                                                          \
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n);                      \
-         i += (int64_t)gridDim.x * blockDim.x)
 
 __global__ void bias_add_kernel(int64_t rows, int64_t cols, const float *bias, float *x)
 {
@@ -187,37 +164,50 @@ __global__ void l2_norm_kernel(int64_t n, const float *x, float *dst)
         *dst = (float)sqrt(sq[0]);
 }
 
-__global__ void set_float_kernel(float *dst, float v)
-{
-    *dst = v;
-}
-
+/* One update (device/step.h's optimizer_apply): the schedule's rate at *opt_step (block 0's
+ * thread 0 reports it in out->learning_rate, skipped or not), the gradients scaled by the
+ * clipping factor of out->grad_norm, AdamW's decay outside the nodecay ranges. */
 __global__ void optimizer_kernel(ifd_optimizer opt, const int64_t *opt_step, int64_t n,
                                  float *params, const float *grads, float *slot0, float *slot1,
-                                 const float *skip)
+                                 const int64_t *nodecay, int64_t nnodecay, ifd_step_out *out)
 {
-    if (skip != NULL && *skip != 0.0f)
+    int64_t t = *opt_step;
+    float lr = ifd_math_lr_at((int)opt.lr_schedule, opt.learning_rate, opt.min_learning_rate,
+                              opt.warmup_steps, opt.decay_steps, t);
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        out->learning_rate = lr;
+    if (out->skipped != 0.0f)
         return; /* a skipped step (guard_loss_kernel, check_grads_kernel) */
-    float lr = opt.learning_rate;
+    float s = ifd_math_clip_scale(out->grad_norm, opt.clip_norm);
     switch (opt.kind) {
     case IFD_OPT_SGD:
         GRID_STRIDE(i, n)
         {
-            ifd_math_sgd(&params[i], grads[i], lr);
+            ifd_math_sgd(&params[i], grads[i] * s, lr);
         }
         break;
     case IFD_OPT_MOMENTUM:
         GRID_STRIDE(i, n)
         {
-            ifd_math_momentum(&params[i], &slot0[i], grads[i], lr, opt.momentum);
+            ifd_math_momentum(&params[i], &slot0[i], grads[i] * s, lr, opt.momentum);
         }
         break;
     case IFD_OPT_ADAM: {
-        float lr_t = ifd_math_adam_lr(lr, opt.beta1, opt.beta2, *opt_step + 1);
+        float lr_t = ifd_math_adam_lr(lr, opt.beta1, opt.beta2, t + 1);
         GRID_STRIDE(i, n)
         {
-            ifd_math_adam(&params[i], &slot0[i], &slot1[i], grads[i], lr_t, opt.beta1, opt.beta2,
-                          opt.epsilon);
+            ifd_math_adam(&params[i], &slot0[i], &slot1[i], grads[i] * s, lr_t, opt.beta1,
+                          opt.beta2, opt.epsilon);
+        }
+        break;
+    }
+    case IFD_OPT_ADAMW: {
+        float lr_t = ifd_math_adam_lr(lr, opt.beta1, opt.beta2, t + 1);
+        GRID_STRIDE(i, n)
+        {
+            float wd = ifd_math_in_ranges(nodecay, nnodecay, i) ? 0.0f : opt.weight_decay;
+            ifd_math_adamw(&params[i], &slot0[i], &slot1[i], grads[i] * s, lr_t, opt.beta1,
+                           opt.beta2, opt.epsilon, wd, lr);
         }
         break;
     }
@@ -370,12 +360,13 @@ extern "C" cudaError_t ifd_cuda_squared_error(cudaStream_t s, int64_t rows, int6
 extern "C" cudaError_t ifd_cuda_optimizer_apply(cudaStream_t s, const ifd_optimizer *opt,
                                                 const int64_t *opt_step, int64_t n, float *params,
                                                 const float *grads, float *slot0, float *slot1,
-                                                const float *skip)
+                                                const int64_t *nodecay, int64_t nnodecay,
+                                                ifd_step_out *out)
 {
     clear_stale_error();
-    if (n > 0)
-        optimizer_kernel<<<grid_for(n), IFD_CUDA_THREADS, 0, s>>>(*opt, opt_step, n, params, grads,
-                                                                  slot0, slot1, skip);
+    /* n = 0 still reports the learning rate */
+    optimizer_kernel<<<n > 0 ? grid_for(n) : 1, IFD_CUDA_THREADS, 0, s>>>(
+        *opt, opt_step, n, params, grads, slot0, slot1, nodecay, nnodecay, out);
     return cudaGetLastError();
 }
 
@@ -392,13 +383,6 @@ extern "C" cudaError_t ifd_cuda_l2_norm(cudaStream_t s, int64_t n, const float *
 {
     clear_stale_error();
     l2_norm_kernel<<<1, IFD_CUDA_THREADS, 0, s>>>(n, x, dst);
-    return cudaGetLastError();
-}
-
-extern "C" cudaError_t ifd_cuda_set_float(cudaStream_t s, float *dst, float v)
-{
-    clear_stale_error();
-    set_float_kernel<<<1, 1, 0, s>>>(dst, v);
     return cudaGetLastError();
 }
 

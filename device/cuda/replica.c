@@ -8,6 +8,7 @@
 #include "device/cuda/cuda_backend.h"
 
 #include <limits.h>
+#include <math.h>
 
 /* ---- the op set (include/infeed/program.h) on the compute stream ---------------------------- */
 
@@ -153,6 +154,184 @@ void ifd_cu_copy(void *ctx, void *dst, const void *src, int64_t bytes)
                  "cudaMemcpyAsync (copy op)");
 }
 
+/* ---- the transformer's ops (ABI 4; kernels in nn_kernels.cu) ----------------------------------
+ */
+
+/* cublasSgemmStridedBatched on row-major operands with their own leading dimensions: the swap of
+ * ifd_cu_gemm (column-major C^T = op(B)^T op(A)^T), each matrix of the batch stride floats after
+ * the previous one. */
+static void gemm_batched(cu_replica *rep, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                         float alpha, const float *a, int64_t lda, int64_t stride_a, const float *b,
+                         int64_t ldb, int64_t stride_b, float beta, float *c, int64_t ldc,
+                         int64_t stride_c, int64_t batch)
+{
+    if (rep->op_rc || batch <= 0)
+        return;
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX ||
+        ldc > INT_MAX || batch > INT_MAX) {
+        op_fail(rep, IFD_EINVAL, "cublasSgemmStridedBatched",
+                "a dimension, leading dimension or batch count exceeds INT_MAX");
+        return;
+    }
+    cublasStatus_t st = cublasSgemmStridedBatched(
+        rep->blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, (int)n, (int)m,
+        (int)k, &alpha, b, ld(ldb), stride_b, a, ld(lda), stride_a, &beta, c, ld(ldc), stride_c,
+        (int)batch);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        op_fail(rep, IFD_ECUDA, "cublasSgemmStridedBatched", cublasGetStatusString(st));
+}
+
+void ifd_cu_gemm_strided_batched(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                                 float alpha, const float *a, int64_t stride_a, const float *b,
+                                 int64_t stride_b, float beta, float *c, int64_t stride_c,
+                                 int64_t batch)
+{
+    gemm_batched(ctx, ta, tb, m, n, k, alpha, a, ta ? m : k, stride_a, b, tb ? k : n, stride_b,
+                 beta, c, n, stride_c, batch);
+}
+
+void ifd_cu_fill(void *ctx, int64_t n, float value, float *x)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_fill(rep->cs, n, value, x), "fill kernel");
+}
+
+void ifd_cu_add(void *ctx, int64_t n, float alpha, const float *x, float *y)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_add(rep->cs, n, alpha, x, y), "add kernel");
+}
+
+void ifd_cu_embedding(void *ctx, int64_t rows, int64_t dim, const int32_t *ids, const float *table,
+                      float *out)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_embedding(rep->cs, rows, dim, ids, table, out), "embedding kernel");
+}
+
+void ifd_cu_embedding_grad(void *ctx, int64_t rows, int64_t dim, const int32_t *ids,
+                           const float *dout, float *dtable)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_embedding_grad(rep->cs, rows, dim, ids, dout, dtable),
+                 "embedding_grad kernel");
+}
+
+void ifd_cu_layernorm(void *ctx, int64_t rows, int64_t dim, const float *x, const float *gamma,
+                      const float *beta, float eps, float *y, float *mean, float *rstd)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_layernorm(rep->cs, rows, dim, x, gamma, beta, eps, y, mean, rstd),
+                 "layernorm kernel");
+}
+
+void ifd_cu_layernorm_grad(void *ctx, int64_t rows, int64_t dim, const float *x, const float *gamma,
+                           const float *mean, const float *rstd, const float *dy, float *dx,
+                           float *dgamma, float *dbeta)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep,
+                 ifd_cuda_layernorm_grad(rep->cs, rows, dim, x, gamma, mean, rstd, dy, dx, dgamma,
+                                         dbeta),
+                 "layernorm_grad kernel");
+}
+
+void ifd_cu_gelu(void *ctx, int64_t n, const float *x, float *y)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_gelu(rep->cs, n, x, y), "gelu kernel");
+}
+
+void ifd_cu_gelu_grad(void *ctx, int64_t n, const float *x, const float *dy, float *dx)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_gelu_grad(rep->cs, n, x, dy, dx), "gelu_grad kernel");
+}
+
+/*
+ * The attention's per-(sequence, head) matrices as strided batches. Head h of sequence b has its
+ * query, key and value [t, dh] at qkv + b t ld + h dh (+ C, + 2C; row stride ld = 3C), its output
+ * at out + b t C + h dh (row stride C) and its [t, t] probabilities at probs + (b heads + h) t t.
+ * One batched product covers the sequences of one head (or, with fewer sequences than heads, the
+ * heads of one sequence): outer products of inner matrices each, at these offsets and strides.
+ */
+typedef struct attn_plan {
+    int64_t outer, inner;
+    int64_t qkv_off, qkv_stride; /* qkv and dqkv */
+    int64_t out_off, out_stride; /* out and dout */
+    int64_t p_off, p_stride;     /* probs and work */
+} attn_plan;
+
+static attn_plan attn_plan_for(int64_t batch, int64_t t, int64_t heads, int64_t dh)
+{
+    int64_t c = heads * dh, ld = 3 * c;
+    if (heads <= batch) /* outer: heads; inner: sequences */
+        return (attn_plan){heads, batch, dh, t * ld, dh, t * c, t * t, heads * t * t};
+    return (attn_plan){batch, heads, t * ld, dh, t * c, dh, heads * t * t, t * t};
+}
+
+void ifd_cu_attention(void *ctx, int64_t batch, int64_t t, int64_t heads, int64_t dh,
+                      const float *qkv, float *probs, float *out)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc || batch <= 0 || t <= 0 || heads <= 0 || dh <= 0)
+        return;
+    int64_t c = heads * dh, ld = 3 * c;
+    float scale = 1.0f / sqrtf((float)dh);
+    attn_plan pl = attn_plan_for(batch, t, heads, dh);
+    for (int64_t o = 0; o < pl.outer; o++) { /* S = scale Q K^T */
+        const float *q = qkv + o * pl.qkv_off;
+        gemm_batched(rep, 0, 1, t, t, dh, scale, q, ld, pl.qkv_stride, q + c, ld, pl.qkv_stride,
+                     0.0f, probs + o * pl.p_off, t, pl.p_stride, pl.inner);
+    }
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_causal_softmax(rep->cs, batch * heads, t, probs),
+                 "causal_softmax kernel");
+    for (int64_t o = 0; o < pl.outer; o++) /* O = P V */
+        gemm_batched(rep, 0, 0, t, dh, t, 1.0f, probs + o * pl.p_off, t, pl.p_stride,
+                     qkv + o * pl.qkv_off + 2 * c, ld, pl.qkv_stride, 0.0f, out + o * pl.out_off, c,
+                     pl.out_stride, pl.inner);
+}
+
+void ifd_cu_attention_grad(void *ctx, int64_t batch, int64_t t, int64_t heads, int64_t dh,
+                           const float *qkv, const float *probs, const float *dout, float *dqkv,
+                           float *work)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc || batch <= 0 || t <= 0 || heads <= 0 || dh <= 0)
+        return;
+    int64_t c = heads * dh, ld = 3 * c;
+    float scale = 1.0f / sqrtf((float)dh);
+    attn_plan pl = attn_plan_for(batch, t, heads, dh);
+    for (int64_t o = 0; o < pl.outer; o++) {
+        const float *v = qkv + o * pl.qkv_off + 2 * c, *p = probs + o * pl.p_off;
+        const float *d_o = dout + o * pl.out_off;
+        gemm_batched(rep, 1, 0, t, dh, t, 1.0f, p, t, pl.p_stride, d_o, c, pl.out_stride, 0.0f,
+                     dqkv + o * pl.qkv_off + 2 * c, ld, pl.qkv_stride, pl.inner); /* dV = P^T dO */
+        gemm_batched(rep, 0, 1, t, t, dh, 1.0f, d_o, c, pl.out_stride, v, ld, pl.qkv_stride, 0.0f,
+                     work + o * pl.p_off, t, pl.p_stride, pl.inner); /* dP = dO V^T */
+    }
+    if (rep->op_rc == IFD_OK) /* dS = P (dP - rowsum(P dP)) */
+        op_check(rep, ifd_cuda_causal_softmax_grad(rep->cs, batch * heads, t, probs, work),
+                 "causal_softmax_grad kernel");
+    for (int64_t o = 0; o < pl.outer; o++) {
+        const float *q = qkv + o * pl.qkv_off, *ds = work + o * pl.p_off;
+        float *dq = dqkv + o * pl.qkv_off;
+        gemm_batched(rep, 0, 0, t, dh, t, scale, ds, t, pl.p_stride, q + c, ld, pl.qkv_stride, 0.0f,
+                     dq, ld, pl.qkv_stride, pl.inner); /* dQ = scale dS K */
+        gemm_batched(rep, 1, 0, t, dh, t, scale, ds, t, pl.p_stride, q, ld, pl.qkv_stride, 0.0f,
+                     dq + c, ld, pl.qkv_stride, pl.inner); /* dK = scale dS^T Q */
+    }
+}
+
 /* ---- the replication ops (device/step.h) ----------------------------------------------------- */
 
 int ifd_cu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err)
@@ -185,18 +364,17 @@ void ifd_cu_check_grads(void *ctx, const float *grads, int64_t n, ifd_step_out *
         op_check(rep, ifd_cuda_l2_norm(rep->cs, n, grads, &out->grad_norm), "l2_norm kernel");
 }
 
-void ifd_cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const int64_t *opt_step, int64_t n,
-                            float *params, const float *grads, float *slot0, float *slot1,
-                            const float *skip, float *param_norm)
+void ifd_cu_optimizer_apply(void *ctx, const ifd_optimizer *opt, const ifd_replica_state *st,
+                            int64_t n, ifd_step_out *out)
 {
     cu_replica *rep = ctx;
     if (rep->op_rc == IFD_OK)
-        op_check(
-            rep,
-            ifd_cuda_optimizer_apply(rep->cs, opt, opt_step, n, params, grads, slot0, slot1, skip),
-            "optimizer kernel");
-    if (rep->op_rc == IFD_OK && param_norm)
-        op_check(rep, ifd_cuda_l2_norm(rep->cs, n, params, param_norm), "l2_norm kernel");
+        op_check(rep,
+                 ifd_cuda_optimizer_apply(rep->cs, opt, st->opt_step, n, st->params, st->grads,
+                                          st->slot0, st->slot1, st->nodecay, st->nnodecay, out),
+                 "optimizer kernel");
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_l2_norm(rep->cs, n, st->params, &out->param_norm), "l2_norm kernel");
 }
 
 void ifd_cu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_out *out,
@@ -206,13 +384,6 @@ void ifd_cu_finish_step(void *ctx, int64_t *step, int64_t *opt_step, ifd_step_ou
     if (rep->op_rc == IFD_OK)
         op_check(rep, ifd_cuda_finish_step(rep->cs, step, opt_step, out, rows),
                  "finish_step kernel");
-}
-
-void ifd_cu_set_float(void *ctx, float *dst, float v)
-{
-    cu_replica *rep = ctx;
-    if (rep->op_rc == IFD_OK)
-        op_check(rep, ifd_cuda_set_float(rep->cs, dst, v), "set_float kernel");
 }
 
 /* ---- input layout ---------------------------------------------------------------------------- */

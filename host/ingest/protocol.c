@@ -151,11 +151,14 @@ static const char *unknown_key(json_t *o)
     return "?";
 }
 
-/* The replica key: per-core input needs one in [0, replicas); the others take none. */
+/* The replica key: per-core input needs one in [0, replicas) (an eval producer may leave it out:
+ * the eval set is one pool, h->eval is parsed first); the others take none. */
 static int hello_replica(const ingest_proto *pr, json_t *v, ingest_hello *h, ifd_error *e)
 {
     char got[96];
     int per_core = pr->input_mode == IFD_INPUT_PER_CORE;
+    if (per_core && h->eval && (v == NULL || json_is_null(v)))
+        return IFD_OK;
     if (!per_core) {
         if (v == NULL || json_is_null(v))
             return IFD_OK;
@@ -252,9 +255,9 @@ int ingest_hello_parse(const ingest_proto *pr, ingest_span json, json_t **root, 
                            "shm, role)",
                            unknown_key(j));
     } else {
-        rc = hello_fields(pr, name, first_seq, replica, shm, h, e);
+        rc = hello_role(role, h, e);
         if (rc == IFD_OK)
-            rc = hello_role(role, h, e);
+            rc = hello_fields(pr, name, first_seq, replica, shm, h, e);
     }
     if (rc) {
         json_decref(j);

@@ -16,8 +16,10 @@
 extern "C" {
 #endif
 
-#define IFD_BATCH_STOP 0x1u   /* stopping signal (predict mode): the device loop ends on it */
-#define IFD_BATCH_PADDED 0x2u /* rows [valid_rows, rows) are padding (predict mode) */
+#define IFD_BATCH_STOP 0x1u /* stopping signal (predict mode): the device loop ends on it */
+/* rows [valid_rows, rows) are padding (predict mode; in eval mode a batch of padding only, which
+ * the eval during training of several hosts steps through: its rows count nowhere) */
+#define IFD_BATCH_PADDED 0x2u
 /* Its float32 tensors are in host memory registered with the session's device
  * (ifd_session_register_host_memory): the cuda backend copies them to the device directly,
  * without staging them in its own pinned buffers. */

@@ -150,6 +150,15 @@ typedef struct ifd_checkpoint_options {
     int write; /* with hosts: whether this host writes into dir */
 } ifd_checkpoint_options;
 
+/* c's producer positions as the checkpoint hook writes them: positions(arg, c) (optional) adds
+ * this host's; with several hosts (hosts spans more than one) c is first made a checkpoint of
+ * hosts->size tables with this host's selected, and afterwards holds every host's, all-gathered
+ * on the LOOP channel (every host calls it at the same loop boundary, from the session's
+ * thread). infeedd's --keep-best writes its best checkpoint with it. */
+int ifd_checkpoint_add_positions(ifd_checkpoint *c, const struct ifd_hosts *hosts,
+                                 int (*positions)(void *arg, ifd_checkpoint *c, ifd_error *err),
+                                 void *positions_arg, ifd_error *err);
+
 /* The seed's CheckpointSaverHook at loop granularity: after a loop that reached or crossed a
  * multiple of every, and at the end of a run that ended without an error and ran a step since
  * the last checkpoint, writes replica 0's state with ifd_checkpoint_save. o is copied (dir too). */

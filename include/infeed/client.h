@@ -116,8 +116,9 @@ void ifd_producer_on_prediction(ifd_producer *p, ifd_prediction_fn fn, void *arg
 int64_t ifd_producer_predictions(const ifd_producer *p);
 
 /* per-core input mode: the replica (0 to replicas - 1) this producer's batches are for, sent in
- * every later HELLO; -1 (the default) sends no replica, as the other input modes require. The
- * daemon checks the value (IFD_EINVAL from hello). IFD_EINVAL for a value below -1. */
+ * every later HELLO; -1 (the default) sends no replica, as the other input modes (and a per-core
+ * eval producer, whose batches join the one eval set) require. The daemon checks the value
+ * (IFD_EINVAL from hello). IFD_EINVAL for a value below -1. */
 int ifd_producer_set_replica(ifd_producer *p, int replica, ifd_error *err);
 /* "train" (the default) or "eval", sent in every later HELLO: an eval producer sends the eval
  * set of evaluation during training (infeedd --eval-every N): its batches are kept in the

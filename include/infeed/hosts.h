@@ -18,6 +18,12 @@
  *                      every few tens of milliseconds while the run goes, so that a stop asked
  *                      on one host reaches the others even while their loops wait for input.
  *                      Not latency-critical: an implementation may poll it slowly (MPI: 1 ms)
+ *   IFD_HOSTS_EVAL_OUTFEED, IFD_HOSTS_EVAL_STOP
+ *                      infeedd's evaluation during training (host/eval_hook.c): its eval
+ *                      sessions, run on the train session's thread between loops, use these
+ *                      for their OUTFEED and STOP traffic (and the train session's STEP and LOOP
+ *                      channels, idle then), since the train session's outfeed thread may still
+ *                      be summing its last loop and its stop relay goes on through the run
  *
  * A collective waits for every host. stop(stop_arg) (optional, called while it waits, must not
  * block) returning non-zero gives up the wait with IFD_ESTOPPED: the collective is then left
@@ -35,7 +41,15 @@
 extern "C" {
 #endif
 
-enum { IFD_HOSTS_STEP = 0, IFD_HOSTS_LOOP, IFD_HOSTS_OUTFEED, IFD_HOSTS_STOP, IFD_HOSTS_NCHANNELS };
+enum {
+    IFD_HOSTS_STEP = 0,
+    IFD_HOSTS_LOOP,
+    IFD_HOSTS_OUTFEED,
+    IFD_HOSTS_STOP,
+    IFD_HOSTS_EVAL_OUTFEED,
+    IFD_HOSTS_EVAL_STOP,
+    IFD_HOSTS_NCHANNELS
+};
 
 typedef enum { IFD_HOSTS_MIN = 0, IFD_HOSTS_MAX, IFD_HOSTS_SUM } ifd_hosts_op;
 

@@ -19,7 +19,9 @@ typedef enum {
     IFD_INPUT_BROADCAST
 } ifd_input_mode;
 typedef enum { IFD_REDUCE_MEAN = 0, IFD_REDUCE_SUM } ifd_loss_reduction;
-typedef enum { IFD_OPT_SGD = 0, IFD_OPT_MOMENTUM, IFD_OPT_ADAM } ifd_optimizer_kind;
+typedef enum { IFD_OPT_SGD = 0, IFD_OPT_MOMENTUM, IFD_OPT_ADAM, IFD_OPT_ADAMW } ifd_optimizer_kind;
+/* The learning rate's course over the optimizer's updates (docs/config.md, "Optimizer"). */
+typedef enum { IFD_LR_CONSTANT = 0, IFD_LR_COSINE, IFD_LR_LINEAR } ifd_lr_schedule;
 
 const char *ifd_mode_name(ifd_mode m);
 int ifd_mode_parse(const char *s, ifd_mode *out);
@@ -29,6 +31,8 @@ const char *ifd_loss_reduction_name(ifd_loss_reduction r);
 int ifd_loss_reduction_parse(const char *s, ifd_loss_reduction *out);
 const char *ifd_optimizer_name(ifd_optimizer_kind k);
 int ifd_optimizer_parse(const char *s, ifd_optimizer_kind *out);
+const char *ifd_lr_schedule_name(ifd_lr_schedule k);
+int ifd_lr_schedule_parse(const char *s, ifd_lr_schedule *out);
 
 /*
  * What one step takes from the batch source, per input mode (R replicas, global batch B):

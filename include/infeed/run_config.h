@@ -45,9 +45,24 @@ typedef struct ifd_optimizer {
     ifd_optimizer_kind kind;
     float learning_rate;
     float momentum; /* momentum */
-    float beta1;    /* adam */
-    float beta2;    /* adam */
-    float epsilon;  /* adam */
+    float beta1;    /* adam, adamw */
+    float beta2;    /* adam, adamw */
+    float epsilon;  /* adam, adamw */
+    /* adamw: decoupled weight decay (Loshchilov and Hutter; Keras's AdamW): before the Adam
+     * update, p -= p * weight_decay * lr (lr: the schedule's rate at this update), except in
+     * the parameters a program flags IFD_PARAM_NO_DECAY. */
+    float weight_decay;
+    /* > 0: the all-reduced gradients are scaled by clip_norm / their global L2 norm when that
+     * is above clip_norm (TensorFlow's clip_by_global_norm); 0: no clipping. */
+    float clip_norm;
+    /* The rate of update t (t = 0, 1, ...: the optimizer's own count, as Adam's) is
+     * learning_rate * t / warmup_steps while t < warmup_steps, then: constant, learning_rate;
+     * cosine or linear, from learning_rate down to min_learning_rate at t = decay_steps (which
+     * counts the warmup, as Optax's warmup_cosine_decay_schedule), and min_learning_rate after. */
+    ifd_lr_schedule lr_schedule;
+    int64_t warmup_steps;
+    int64_t decay_steps;
+    float min_learning_rate;
 } ifd_optimizer;
 
 /* A built-in host call (docs/config.md, "Host calls"): a reducer, by its spec ("mean",

@@ -359,6 +359,48 @@ START_TEST(check_names_the_difference)
 }
 END_TEST
 
+/* Train mode continues the checkpoint's learning-rate schedule: another lr_schedule,
+ * warmup_steps or decay_steps is refused with a sentence naming both; the rates, the decay and
+ * the clipping may change, as the learning rate; eval and predict take any. */
+START_TEST(check_refuses_another_schedule)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_config cfg;
+    tu_ckpt_random_config(&cfg, &rng);
+    cfg.optimizer.lr_schedule = (ifd_lr_schedule)rand_between(&rng, 1, 2);
+    cfg.optimizer.warmup_steps = rand_between(&rng, 0, 50);
+    cfg.optimizer.decay_steps = cfg.optimizer.warmup_steps + rand_between(&rng, 1, 1000);
+    ifd_checkpoint *c = tu_ckpt_random(&cfg, &rng);
+    ifd_error err;
+    for (int change = 0; change < 3; change++) {
+        ifd_config other = cfg;
+        if (change == 0)
+            other.optimizer.lr_schedule = IFD_LR_CONSTANT;
+        else if (change == 1)
+            other.optimizer.warmup_steps++;
+        else
+            other.optimizer.decay_steps += rand_between(&rng, 1, 9);
+        RASSERT(ifd_checkpoint_check(c, &other, &err) == IFD_EINVAL, "change %d accepted", change);
+        char want[128];
+        snprintf(want, sizeof want, "schedule is %s with warmup_steps %lld and decay_steps %lld",
+                 ifd_lr_schedule_name(cfg.optimizer.lr_schedule),
+                 (long long)cfg.optimizer.warmup_steps, (long long)cfg.optimizer.decay_steps);
+        RASSERT(strstr(err.msg, want) &&
+                    strstr(err.msg, ifd_lr_schedule_name(other.optimizer.lr_schedule)),
+                "change %d: '%s', want '%s'", change, err.msg, want);
+        other.mode = IFD_MODE_EVAL;
+        RASSERT(ifd_checkpoint_check(c, &other, &err) == IFD_OK, "eval: %s", err.msg);
+    }
+    ifd_config other = cfg;
+    other.optimizer.min_learning_rate /= 2;
+    other.optimizer.clip_norm += 1.0f;
+    other.optimizer.weight_decay *= 3;
+    RASSERT(ifd_checkpoint_check(c, &other, &err) == IFD_OK, "%s", err.msg);
+    ifd_checkpoint_free(c);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("checkpoint_format");
@@ -370,5 +412,6 @@ int main(void)
     tcase_add_test(tc, shape_of_too_many_floats);
     tcase_add_test(tc, bad_host_tables);
     tcase_add_test(tc, check_names_the_difference);
+    tcase_add_test(tc, check_refuses_another_schedule);
     return tu_run_suite(s);
 }

@@ -8,6 +8,7 @@
 #include "checkpoint/object.h" /* tests set a checkpoint's step in place */
 #include "tests/util/checkpoints.h"
 #include "tests/util/files.h"
+#include "tests/util/numbers.h"
 
 #include <jansson.h>
 #include <stdlib.h>
@@ -90,7 +91,9 @@ START_TEST(hook_schedule)
 END_TEST
 
 /* Interrupted at a checkpoint and resumed from it, a run ends with the same bits as one that
- * was not: the parameters, the optimizer slots and its update count, the global step. */
+ * was not: the parameters, the optimizer slots and its update count, the global step. AdamW
+ * runs with clipping, a cosine schedule that warms up and decays across the cut, and a bias
+ * left out of decay. */
 START_TEST(resume_equals_uninterrupted)
 {
     ifd_rng rng;
@@ -99,9 +102,20 @@ START_TEST(resume_equals_uninterrupted)
     int replicas = (int)rand_between(&rng, 1, 3);
     int64_t total = rand_between(&rng, 6, 30), cut = rand_between(&rng, 1, total - 1);
     ifd_config cfg;
-    tu_config_train(&cfg, rand_between(&rng, 0, 1) ? "softmax" : "linear", kind,
+    const char *prog = rand_between(&rng, 0, 1) ? "softmax" : "linear";
+    tu_config_train(&cfg, kind == IFD_OPT_ADAMW ? "softmax-nodecay" : prog, kind,
                     rand_between(&rng, 1, 6), rand_between(&rng, 2, 5), 2 * replicas * 3,
                     rand_between(&rng, 1, 5), 3);
+    if (kind == IFD_OPT_ADAMW) {
+        ifd_optimizer *o = &cfg.optimizer;
+        o->learning_rate = 0.05f;
+        o->weight_decay = (float)tu_urand(&rng, 0.01, 0.3);
+        o->clip_norm = (float)tu_urand(&rng, 0.05, 1.0);
+        o->lr_schedule = IFD_LR_COSINE;
+        o->warmup_steps = rand_between(&rng, 0, cut);
+        o->decay_steps = rand_between(&rng, o->warmup_steps + 1, total + 5);
+        o->min_learning_rate = o->learning_rate * (float)tu_urand(&rng, 0.0, 0.5);
+    }
     cfg.replicas = replicas;
     cfg.steps = 0;
     cfg.last_step = total;
@@ -317,10 +331,11 @@ END_TEST
 int main(void)
 {
     tu_register_softmax_like("ckpt-fault", failing_step);
+    tu_register_softmax_nodecay("softmax-nodecay");
     Suite *s = suite_create("checkpoint_resume");
     TCase *tc = tu_tcase(s, "hook", 60);
     tcase_add_test(tc, hook_schedule);
-    tcase_add_loop_test(tc, resume_equals_uninterrupted, IFD_OPT_SGD, IFD_OPT_ADAM + 1);
+    tcase_add_loop_test(tc, resume_equals_uninterrupted, IFD_OPT_SGD, IFD_OPT_ADAMW + 1);
     tcase_add_test(tc, session_refuses_a_misfit);
     tcase_add_test(tc, end_checkpoint_when_the_input_ends);
     tcase_add_loop_test(tc, no_end_checkpoint_after_a_dropped_step, 0, 8);

@@ -348,6 +348,14 @@ def mutations(head: dict) -> list:
         ("nparam_floats off by one", m(lambda h: h.update(nparam_floats=h["nparam_floats"] + 1)),
          False),
         ("an optimizer kind unknown", m(lambda h: h["optimizer"].update(kind="rmsprop")), False),
+        # the optimizer features (absent, as written above: off)
+        ("a cosine schedule", m(lambda h: h["optimizer"].update(
+            lr_schedule="cosine", warmup_steps=3, decay_steps=9, min_learning_rate=0.01,
+            weight_decay=0.1, clip_norm=1.5)), True),
+        ("an lr_schedule unknown", m(lambda h: h["optimizer"].update(lr_schedule="exp")), False),
+        ("warmup_steps -1", m(lambda h: h["optimizer"].update(warmup_steps=-1)), False),
+        ("decay_steps a real", m(lambda h: h["optimizer"].update(decay_steps=2.5)), False),
+        ("clip_norm as text", m(lambda h: h["optimizer"].update(clip_norm="1")), False),
         # what jansson refuses and Python's json module takes
         ("a duplicate key", text.replace('"format"', '"global_step": 1, "format"', 1).encode(),
          False),

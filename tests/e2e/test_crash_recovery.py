@@ -12,6 +12,10 @@ floats. The final parameters and optimizer slots are compared bit for bit. Each 
 digits than that, so equal text means equal losses. Any tolerance would only hide a resume that
 skipped or repeated a batch or an optimizer update; those move the next loss by about 1e-4.
 
+The SIGKILL test runs twice: with Adam, and with the optimizer features of docs/config.md
+(AdamW, clipping by global norm that bites on some steps only, a cosine schedule whose warmup
+and decay span the checkpoints), whose state must survive the resume as bit for bit.
+
 Trials are randomized; the seed is in every assertion message (INFEED_TEST_SEED=... repeats it).
 """
 
@@ -43,6 +47,24 @@ IPL = 2        # --iterations-per-loop: checkpoints land exactly on the multiple
 def batch(seq: int) -> dict:
     """The stream's batch with sequence number seq: the same bytes whenever it is made."""
     return seeded_batch(5000 + seq, BATCH, FEATURES, CLASSES)
+
+
+# The optimizers the SIGKILL test runs with: the flags each adds to flags().
+WARMUP, DECAY = 6, 30
+OPTIMIZERS = {
+    "adam": {},
+    "adamw_clip_cosine": dict(optimizer="adamw", weight_decay=0.05, clip_norm=0.9,
+                              lr_schedule="cosine", warmup_steps=WARMUP, decay_steps=DECAY,
+                              min_learning_rate=0.005),
+}
+
+
+def cosine_rate(t: int, lr: float = 0.05, floor: float = 0.005) -> float:
+    """The schedule's rate of update t (docs/config.md, "Optimizer features")."""
+    if t < WARMUP:
+        return lr * t / WARMUP
+    f = min(t - WARMUP, DECAY - WARMUP) / (DECAY - WARMUP)
+    return floor + (lr - floor) * (1 + np.cos(np.pi * f)) / 2
 
 
 def flags(folder, **kw) -> dict:
@@ -122,12 +144,11 @@ class Streamer(threading.Thread):
         assert not self.is_alive()
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """One uninterrupted run: its per-step losses and its final checkpoint (and folder)."""
+def make_reference(tmp: Path, extra: dict) -> dict:
+    """One uninterrupted run with the flags extra adds: its per-step losses, its final
+    checkpoint (and folder), and its summaries."""
     from conftest import Daemon
-    tmp = tmp_path_factory.mktemp("reference")
-    d = Daemon(tmp, flags(tmp / "ck"))
+    d = Daemon(tmp, flags(tmp / "ck", **extra))
     try:
         t0 = time.monotonic()
         p = stream(d.listen)
@@ -142,7 +163,35 @@ def reference(tmp_path_factory):
     assert [int(f.stem[5:]) for f in files] == list(range(EVERY, LAST + 1, EVERY)), files
     end = ckpt.read(files[-1])
     assert end["global_step"] == LAST and end["producers"] == {"loader-0": LAST - 1}
-    return {"losses": want, "end": end, "folder": tmp / "ck", "seconds": took}
+    summaries = [json.loads(ln) for ln in d.summaries_path.read_text().splitlines()]
+    return {"losses": want, "end": end, "folder": tmp / "ck", "seconds": took,
+            "summaries": summaries}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """One uninterrupted run: its per-step losses and its final checkpoint (and folder)."""
+    return make_reference(tmp_path_factory.mktemp("reference"), OPTIMIZERS["adam"])
+
+
+@pytest.fixture(scope="module")
+def reference_adamw_clip_cosine(tmp_path_factory):
+    """As reference, with AdamW, clipping and a cosine schedule; its summaries report each
+    step's rate (the schedule's, from update 0) and gradient norm, and the clipping bites on
+    some steps and not on others, so the run exercises both."""
+    tmp = tmp_path_factory.mktemp("reference_adamw")
+    config = tmp / "host_calls.json"
+    config.write_text(json.dumps({"host_calls": {"learning_rate": "last", "grad_norm": "last"}}))
+    ref = make_reference(tmp, dict(OPTIMIZERS["adamw_clip_cosine"], config=str(config)))
+    train = [s for s in ref["summaries"] if s.get("event") == "train"]
+    rates = {s["global_step"]: s["host_calls"]["learning_rate"]["last"] for s in train}
+    norms = [s["host_calls"]["grad_norm"]["last"] for s in train]
+    for step, rate in rates.items():
+        assert rate == pytest.approx(cosine_rate(step - 1), rel=1e-6, abs=1e-12), (step, rate)
+    clip = OPTIMIZERS["adamw_clip_cosine"]["clip_norm"]
+    assert any(n > clip for n in norms) and any(n < clip for n in norms), norms
+    assert ref["end"]["optimizer"]["kind"] == "adamw", ref["end"]["optimizer"]
+    return ref
 
 
 def check_resumed(d, p, start: int, ref: dict, folder: Path, ctx: str) -> None:
@@ -169,13 +218,16 @@ def killed_prefix_matches(d, ref: dict, ctx: str) -> None:
         assert v == ref["losses"][s], f"{ctx}: killed run, step {s}: {v} != {ref['losses'][s]}"
 
 
-def test_sigkill_at_random_moments_then_resume(daemon, tmp_path, reference, seeded):
+@pytest.mark.parametrize("opt", list(OPTIMIZERS))
+def test_sigkill_at_random_moments_then_resume(daemon, tmp_path, request, seeded, opt):
     seed, rng = seeded
+    reference = request.getfixturevalue("reference" if opt == "adam" else f"reference_{opt}")
+    extra = OPTIMIZERS[opt]
     trials = 8
     resumed_mid_run = 0
     for trial in range(trials):
         folder = tmp_path / f"trial{trial}"
-        d1 = daemon(**flags(folder))
+        d1 = daemon(**flags(folder, **extra))
         # The kill lands a random 0 to 3 ms after the producer sent a random number of batches
         # (0: around HELLO), 2 ms apart, while the daemon trains on them: anywhere in a step, a
         # loop boundary or a checkpoint write.
@@ -188,7 +240,7 @@ def test_sigkill_at_random_moments_then_resume(daemon, tmp_path, reference, seed
         time.sleep(after)  # a random moment to kill it at, on purpose
         d1.signal(signal.SIGKILL)
         rc = d1.wait()
-        ctx = (f"seed {seed}, trial {trial}: SIGKILL {after * 1000:.1f} ms after batch {k} "
+        ctx = (f"{opt}, seed {seed}, trial {trial}: SIGKILL {after * 1000:.1f} ms after batch {k} "
                f"was sent ({len(st.sent)} by then)")
         st.stop()
         if rc == 0:  # the run ended before the kill: nothing to resume
@@ -205,7 +257,7 @@ def test_sigkill_at_random_moments_then_resume(daemon, tmp_path, reference, seed
             assert np.array_equal(end["params"], reference["end"]["params"]), ctx
             continue
         # a fresh start when the kill came before the first checkpoint
-        d2 = daemon(**flags(folder, resume=bool(files)))
+        d2 = daemon(**flags(folder, resume=bool(files), **extra))
         p2 = stream(d2.listen)
         check_resumed(d2, p2, start, reference, folder, ctx)
         resumed_mid_run += start > 0

@@ -1,5 +1,5 @@
 """infeedd on the cuda backend against the cpu backend, through the daemon and the Python client:
-the same run (softmax and mlp, 300 steps, one train summary a step, data a linear teacher labels,
+the same run (softmax and mlp, 300 steps; charlm, 100 steps within 1e-3, one train summary a step, data a linear teacher labels,
 the same seed) gives each step's loss within the tolerances of tests/gpu/test_gpu.c's long runs
 (calibrated there: softmax 1e-4, mlp 5e-2, relative), the same number of steps and examples, and
 a loss that falls on both. Skipped where nvidia-smi lists no GPU; bench/gpu.sh runs this file on
@@ -58,3 +58,39 @@ def test_cuda_losses_match_cpu(daemon, rng, program):
                            f"{cuda[np.argmax(bad)]:.9g}, cpu {cpu[np.argmax(bad)]:.9g}")
     for backend, v in losses.items():
         assert v[-20:].mean() < 0.8 * v[:20].mean(), (backend, v[:20].mean(), v[-20:].mean())
+
+
+def test_cuda_charlm_matches_cpu(daemon, rng):
+    """charlm (the transformer) on cuda against cpu: 100 steps of AdamW with clipping and a
+    cosine schedule on a byte corpus, each step's loss within 1e-3 relative (issue 22)."""
+    import json
+    import sys
+
+    from conftest import ROOT
+    sys.path.insert(0, str(ROOT / "examples" / "charlm"))
+    import corpus
+
+    steps, batch = 100, 8
+    model = {"layers": 2, "heads": 4, "width": 64, "block": 32, "vocab": 256}
+    flags = dict(program="charlm", program_config=json.dumps(model), batch_size=batch,
+                 steps=steps, iterations_per_loop=rng.choice([1, 10, 50]), summary_every=1,
+                 optimizer="adamw", learning_rate=3e-3, weight_decay=0.1, clip_norm=1.0,
+                 lr_schedule="cosine", warmup_steps=10, decay_steps=steps,
+                 seed=rng.randrange(1 << 30))
+    text = corpus.load(limit=1 << 20)
+    windows = corpus.windows(text, model["block"], batch, rng.randrange(1 << 30))
+    data = [next(windows) for _ in range(steps)]
+    losses = {}
+    for backend in ("cpu", "cuda"):
+        d = daemon(backend=backend, **flags)
+        p, sent = stream_until_end(d.listen, lambda i: data[i], max_batches=steps, timeout=60)
+        assert d.wait(120) == 0, d.log()
+        train = [s for s in d.summaries() if s["event"] == "train"]
+        assert [s["global_step"] for s in train] == list(range(1, steps + 1)), backend
+        losses[backend] = np.array([s["loss"] for s in train])
+    cpu, cuda = losses["cpu"], losses["cuda"]
+    bad = np.abs(cuda - cpu) > 1e-3 * np.abs(cpu)
+    assert not bad.any(), (f"{bad.sum()} of {steps} steps differ by more than 1e-3 relative; "
+                           f"the first at step {np.argmax(bad) + 1}: cuda "
+                           f"{cuda[np.argmax(bad)]:.9g}, cpu {cpu[np.argmax(bad)]:.9g}")
+    assert cpu[-10:].mean() < cpu[:10].mean(), cpu

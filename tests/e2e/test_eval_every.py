@@ -43,12 +43,23 @@ def send_eval_set(endpoint: str, batches: list, name: str = "evaluator",
 
 
 def train_stream(endpoint: str, steps: int, seed: int, rows: int, features: int,
-                 classes: int) -> threading.Thread:
-    """A thread streaming `steps` batches as 'trainer', then END."""
+                 classes: int, per_core: int = 0) -> threading.Thread:
+    """A thread streaming `steps` batches as 'trainer', then END; per_core R: `steps` batches a
+    replica, from R producers 'trainer-r' (batch seed + i * R + r to replica r)."""
     def run():
-        with infeed.Producer(endpoint, name="trainer", timeout=30) as p:
-            for i in range(steps):
-                p.send(seeded_batch(seed + i, rows, features, classes))
+        if not per_core:
+            with infeed.Producer(endpoint, name="trainer", timeout=30) as p:
+                for i in range(steps):
+                    p.send(seeded_batch(seed + i, rows, features, classes))
+            return
+        ps = [infeed.Producer(endpoint, name=f"trainer-{r}", timeout=30, replica=r)
+              for r in range(per_core)]
+        for i in range(steps):
+            for r, p in enumerate(ps):
+                p.send(seeded_batch(seed + i * per_core + r, rows, features, classes))
+        for p in ps:
+            p.end()
+            p.close()
     t = threading.Thread(target=run, daemon=True)
     t.start()
     return t
@@ -56,13 +67,16 @@ def train_stream(endpoint: str, steps: int, seed: int, rows: int, features: int,
 
 def eval_steps(steps: int, ipl: int, every: int) -> list:
     """The global steps an eval runs at: the first loop end at or past each multiple of every
-    (loops of ipl steps, the last one shortened to end at steps)."""
+    (loops of ipl steps, the last one shortened to end at steps), and the last step (the eval at
+    the end of the run) when no eval ran there."""
     out, due, b = [], every, 0
     while b < steps:
         b = min(b + ipl, steps)
         if b >= due:
             out.append(b)
             due = (b // every + 1) * every
+    if not out or out[-1] != steps:
+        out.append(steps)
     return out
 
 
@@ -79,14 +93,19 @@ def common(program, replicas, rows, features, classes, **kw) -> dict:
     return f
 
 
-@pytest.mark.parametrize("input_mode", ["per-host", "per-host-v2", "broadcast"])
+@pytest.mark.parametrize("input_mode", ["per-host", "per-host-v2", "broadcast", "per-core"])
 def test_eval_summaries_equal_eval_runs_on_checkpoints(daemon, tmp_path, rng, input_mode):
+    """Every eval (at the multiples, and at the end of the run) equals a separate --mode eval run
+    on the checkpoint of its step. per-core: the eval producer names no replica, the eval session
+    runs per-host-v2 (one eval batch a replica a step, in arrival order), and so does the
+    reference run."""
     program = rng.choice(["softmax", "mlp"])
     replicas = rng.randint(1, 3)
     rows = replicas * rng.randint(1, 6)  # the global batch
-    # rows a batch has (WELCOME's batch_size), and batches a step takes
+    # rows a batch has (WELCOME's batch_size), and eval batches a step takes
     per_batch = rows if input_mode == "per-host" else rows // replicas
-    per_step = replicas if input_mode == "per-host-v2" else 1
+    per_step = replicas if input_mode in ("per-host-v2", "per-core") else 1
+    per_core = replicas if input_mode == "per-core" else 0
     features, classes = rng.randint(2, 8), rng.randint(2, 5)
     every, ipl, steps = rng.randint(2, 5), rng.randint(1, 4), rng.randint(8, 16)
     neval = per_step * rng.randint(1, 4)
@@ -98,9 +117,9 @@ def test_eval_summaries_equal_eval_runs_on_checkpoints(daemon, tmp_path, rng, in
                keep_checkpoints=1000)
     # The trainer first: the first eval is due before the eval set is there, and training waits
     # for it (the rule of docs/design.md), then the eval producer sends it.
-    t = train_stream(d.listen, steps * per_step, seed, per_batch, features, classes)
-    if eval_steps(steps, ipl, every):
-        wait_log(d, "training waits for the eval set")
+    train_batches = steps * (replicas if input_mode == "per-host-v2" else 1)
+    t = train_stream(d.listen, train_batches, seed, per_batch, features, classes, per_core)
+    wait_log(d, "training waits for the eval set")
     ev_batches = eval_batches(seed + 10000, neval, per_batch, features, classes)
     p = send_eval_set(d.listen, ev_batches)
     assert p.welcome["role"] == "eval", p.welcome
@@ -119,7 +138,8 @@ def test_eval_summaries_equal_eval_runs_on_checkpoints(daemon, tmp_path, rng, in
         assert e["steps"] == neval // per_step, e
         path = folder / f"ckpt-{e['global_step']:012d}.ifdckpt"
         assert path.exists(), sorted(folder.iterdir())
-        ref = daemon(**base, mode="eval", steps=neval // per_step, checkpoint=str(path))
+        ref_base = dict(base, input_mode="per-host-v2") if per_core else base
+        ref = daemon(**ref_base, mode="eval", steps=neval // per_step, checkpoint=str(path))
         send_eval_set(ref.listen, ev_batches, role="train")
         assert ref.wait() == 0, ref.log()
         (r,) = evals_of(ref)
@@ -141,7 +161,10 @@ def test_automatic_loop_lengths_put_evals_on_the_multiples(daemon, rng):
     train_stream(d.listen, steps, seed + 1, rows, 3, 2).join(60)
     assert d.wait(60) == 0, d.log()
     got = [e["global_step"] for e in evals_of(d)]
-    assert got == list(range(every, steps + 1, every)), (got, every, steps)
+    want = list(range(every, steps + 1, every))
+    if steps % every:  # and one at the end of the run
+        want.append(steps)
+    assert got == want, (got, every, steps)
 
 
 def test_per_host_v2_eval_set_of_a_partial_step_is_skipped(daemon, rng):
@@ -276,7 +299,7 @@ def test_keep_best_keeps_the_checkpoint_of_the_best_eval(daemon, tmp_path, rng, 
     train_stream(d.listen, steps, seed, rows, features, classes).join(60)
     assert d.wait(60) == 0, d.log()
     evals = evals_of(d)
-    assert len(evals) == steps // every, evals
+    assert [e["global_step"] for e in evals] == eval_steps(steps, 1, every), evals
     values = [e[metric] for e in evals]
     i = best_index(values, minimize=metric == "loss")
     side = json.loads((folder / "best" / "best.json").read_text())
@@ -343,8 +366,6 @@ def test_eval_every_config_errors(tmp_path):
     cases = [
         (["--mode", "eval", "--eval-every", "2", "--checkpoint", str(tmp_path / "x")],
          "--eval-every: evaluates during training: expected 0 in eval mode, got 2"),
-        (["--eval-every", "2", "--input-mode", "per-core"],
-         "expected --input-mode per-host, per-host-v2 or broadcast, got per-core"),
         (["--keep-best", "loss"], "--keep-best: keeps the best eval's checkpoint: expected "
                                   "--eval-every N with it, got none"),
         (["--eval-every", "2", "--keep-best", "loss"], "expected --checkpoint-dir with it"),
@@ -377,3 +398,32 @@ def test_help_names_the_eval_flags():
     for flag in ("--eval-every N", "--eval-memory BYTES", "--keep-best METRIC",
                  "--early-stopping METRIC:PATIENCE"):
         assert flag in out, flag
+
+
+def test_a_run_ending_off_a_multiple_ends_with_an_eval(daemon, tmp_path, rng):
+    """The last step is not a multiple of N: after the evals at the multiples, one more at the
+    end of the run, of the final parameters (as Estimator's train_and_evaluate ends), equal to a
+    --mode eval run on the end checkpoint."""
+    every = rng.randint(2, 5)
+    steps = every * rng.randint(1, 3) + rng.randint(1, every - 1)
+    rows, features, classes = rng.randint(1, 5), rng.randint(2, 6), rng.randint(2, 4)
+    seed, neval = rng.randrange(1 << 20), rng.randint(1, 3)
+    base = common("softmax", 1, rows, features, classes)
+    folder = tmp_path / "ck"
+    d = daemon(**base, steps=steps, iterations_per_loop=1, eval_every=every, learning_rate=0.3,
+               checkpoint_dir=str(folder))
+    ev = eval_batches(seed + 3000, neval, rows, features, classes)
+    send_eval_set(d.listen, ev)
+    train_stream(d.listen, steps, seed, rows, features, classes).join(60)
+    assert d.wait(60) == 0, d.log()
+    evals = evals_of(d)
+    assert [e["global_step"] for e in evals] == list(range(every, steps, every)) + [steps], evals
+    assert f"eval at the end of the run, global step {steps}" in d.log(), d.log()
+    ref = daemon(**base, mode="eval", steps=neval,
+                 checkpoint=str(folder / f"ckpt-{steps:012d}.ifdckpt"))
+    send_eval_set(ref.listen, ev, role="train")
+    assert ref.wait() == 0, ref.log()
+    (r,) = evals_of(ref)
+    assert evals[-1]["examples"] == r["examples"], (evals[-1], r)
+    assert evals[-1]["loss"] == pytest.approx(r["loss"], rel=1e-6), (evals[-1], r)
+    assert evals[-1]["accuracy"] == pytest.approx(r["accuracy"], rel=1e-6), (evals[-1], r)

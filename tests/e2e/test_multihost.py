@@ -404,15 +404,6 @@ def test_global_batch_not_divisible_by_hosts_x_replicas(tmp_path):
     assert "--batch-size: 6 is not divisible by 2 hosts x 2 replicas" in job.log(), job.log()
 
 
-def test_eval_every_is_refused_with_several_hosts(tmp_path, rng):
-    every = rng.randint(1, 50)
-    job = Job(tmp_path, 2, program="softmax", features=3, classes=2, batch_size=4, steps=5,
-              eval_every=every)
-    assert job.wait(30) != 0
-    assert ("--eval-every: evaluation during training runs on one host for now: expected 0 with "
-            f"2 hosts, got {every}") in job.log(), job.log()
-
-
 def stream_hosts(job: Job, batches, n: int, resume_seqs: dict, timeout: float = 30,
                  hold: threading.Event | None = None):
     """feed() of global batches 0..n-1 on every host, recording WELCOME's next_seq."""

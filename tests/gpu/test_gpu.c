@@ -4,6 +4,7 @@
  * eval summaries and predictions must agree too. Exits 77 (CTest: skipped) where no GPU is
  * usable. */
 #include "tests/gpu/gpu_probe.h"
+#include "tests/util/numbers.h"
 #include "tests/util/testutil.h"
 
 #include <jansson.h>
@@ -145,6 +146,39 @@ START_TEST(cuda_matches_cpu)
             tu_result_free(&cpu);
             tu_batches_free(bs, cfg.steps);
         }
+    }
+}
+END_TEST
+
+/* AdamW with a bias left out of decay, clipping by global norm (the norm read on the device)
+ * and a cosine or linear schedule warming up and decaying inside the run: cuda as cpu, with
+ * and without graphs (the schedule's step is read on the device at every replay). */
+START_TEST(optimizer_features_match_cpu)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int max_r = g_gpus < 2 ? g_gpus : 2;
+    ifd_config cfg;
+    tu_config_train(&cfg, "softmax-nodecay", IFD_OPT_ADAMW, rand_between(&rng, 1, 30),
+                    rand_between(&rng, 2, 10), 12 * rand_between(&rng, 1, 4), 1 + 9 * (_i % 2),
+                    5 + (uint64_t)_i);
+    cfg.replicas = (int)rand_between(&rng, 1, max_r);
+    cfg.steps = 40;
+    cfg.optimizer.learning_rate = 0.01f;
+    cfg.optimizer.weight_decay = (float)tu_urand(&rng, 0.01, 0.2);
+    cfg.optimizer.clip_norm = (float)tu_urand(&rng, 0.05, 1.0);
+    cfg.optimizer.lr_schedule = _i / 2 ? IFD_LR_LINEAR : IFD_LR_COSINE;
+    cfg.optimizer.warmup_steps = rand_between(&rng, 0, 10);
+    cfg.optimizer.decay_steps = cfg.optimizer.warmup_steps + rand_between(&rng, 1, 30);
+    cfg.optimizer.min_learning_rate = 0.001f;
+    for (int graphs = 0; graphs <= 1; graphs++) {
+        char what[160];
+        snprintf(what, sizeof what, "adamw/%s clip %g R=%d ipl=%lld graphs=%d",
+                 ifd_lr_schedule_name(cfg.optimizer.lr_schedule), (double)cfg.optimizer.clip_norm,
+                 cfg.replicas, (long long)cfg.iterations_per_loop, graphs);
+        tu_result gpu;
+        run_both(&cfg, cfg.steps, g_seed + (uint64_t)_i, graphs, what, &gpu);
+        tu_result_free(&gpu);
     }
 }
 END_TEST
@@ -470,11 +504,13 @@ int main(void)
         return 77;
     }
     printf("test_gpu: %d GPU%s visible\n", g_gpus, g_gpus == 1 ? "" : "s");
+    tu_register_softmax_nodecay("softmax-nodecay");
     Suite *s = suite_create("gpu");
     TCase *tc = tcase_create("cuda_vs_cpu");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, cuda_matches_cpu, 0, 6);
     tcase_add_loop_test(tc, long_training_matches_cpu, 0, 4);
+    tcase_add_loop_test(tc, optimizer_features_match_cpu, 0, 4);
     tcase_add_loop_test(tc, skipped_steps_match_cpu, 0, 4);
     tcase_add_loop_test(tc, one_slot_rings, 0, 2);
     tcase_add_loop_test(tc, input_ends_mid_loop, 0, 2);

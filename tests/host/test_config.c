@@ -257,6 +257,10 @@ static const struct {
     {"infeed_depth", NULL, 65537, 1 << 20, "1 to 65536"},
     {"outfeed_depth", NULL, -9, 0, "1 to 65536"},
     {"learning_rate", NULL, -9, 0, "a positive number"},
+    {"clip_norm", NULL, -9, -1, "0 (no clipping) or a positive norm"},
+    {"warmup_steps", NULL, -99, -1, "0 or more"},
+    {"decay_steps", NULL, -99, -1, "0 or more"},
+    {"min_learning_rate", NULL, -9, -1, "0 or more"},
     {"summary_every", NULL, -99, -1, "0 or more"},
     {"initial_global_step", NULL, -99, -1, "0 or more"},
     {"max_skipped_steps", NULL, -99, -1, "0 (never end the run) or more"},
@@ -335,6 +339,11 @@ static const struct {
      "--steps and --last-step: expected exactly one of them, "
      "got both",
      "steps and last_step: expected exactly one of them, got both"},
+    {{"weight_decay", "0.01", "optimizer", "adam"},
+     "--weight-decay: expected --optimizer adamw (the optimizer with decoupled weight decay), got "
+     "--optimizer adam",
+     "weight_decay: expected optimizer adamw (the optimizer with decoupled weight decay), got "
+     "optimizer adam"},
     {{"admin_keys", "k.pub"},
      "--admin-keys: expected --curve-secret-key with it",
      "admin_keys: expected curve_secret_key with it"},

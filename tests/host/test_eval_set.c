@@ -1,6 +1,7 @@
 /* The eval set of evaluation during training (host/eval_set.c): copies kept in arrival order and
  * replayed as a batch source, the --eval-memory bound and its sentence, and a wait that a
  * producer's END or a close wakes. */
+#include "core/batch.h"
 #include "core/thread.h"
 #include "host/eval_set.h"
 #include "tests/util/testutil.h"
@@ -100,6 +101,70 @@ START_TEST(test_replay_in_arrival_order)
         ifd_eval_replay_destroy(r);
     }
     free(x0);
+    for (int i = 0; i < n; i++)
+        rbatch_free(&b[i]);
+    ifd_eval_set_destroy(e);
+}
+END_TEST
+
+/* Several hosts: a replay padded to more batches than the set holds hands out the set's
+ * batches, then padding batches of the rows asked for, shaped as the program's eval inputs, of
+ * zeros, all padding (IFD_BATCH_PADDED, no valid row, checked), freed on their release (the
+ * sanitizer builds check), then IFD_EEOF. An empty set pads from the first batch. */
+START_TEST(test_replay_pads_to_the_agreed_batches)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    ifd_program_settings st = {.features = rand_between(&rng, 1, 9),
+                               .classes = rand_between(&rng, 2, 6)};
+    ifd_program p;
+    ifd_error err;
+    RC_OK(ifd_program_init(&p, "softmax", &st, &err), err);
+    int n = (int)rand_between(&rng, 0, 5), pad = (int)rand_between(&rng, 1, 6);
+    int64_t rows = rand_between(&rng, 1, 17);
+    rbatch b[5];
+    ifd_eval_set *e;
+    ck_assert_int_eq(ifd_eval_set_create(&e, INT64_MAX), IFD_OK);
+    RC_OK(ifd_eval_set_join(e, "ev", &err), err);
+    for (int i = 0; i < n; i++) {
+        rbatch_make(&b[i], &rng, rows, st.features);
+        RC_OK(ifd_eval_set_add(e, b[i].t, 2, rows, "ev", i, &err), err);
+    }
+    ifd_eval_set_end(e);
+    ifd_eval_replay *r;
+    RC_OK(ifd_eval_replay_create(&r, e, &err), err);
+    ifd_eval_replay_pad(r, &p, rows, n + pad);
+    ifd_batch_source src = ifd_eval_replay_source(r);
+    for (int i = 0; i < n + pad; i++) {
+        ifd_batch *out;
+        RC_OK(i % 2 ? src.ops->next(src.ctx, &out, &err) : src.ops->try_next(src.ctx, &out, &err),
+              err);
+        ck_assert_int_eq(out->rows, rows);
+        ck_assert_int_eq(out->ntensors, 2);
+        if (i < n) {
+            ck_assert(!(out->flags & IFD_BATCH_PADDED));
+            RASSERT(memcmp(out->tensors[0].data, b[i].x, (size_t)(rows * st.features) * 4) == 0,
+                    "batch %d: x differs", i);
+        } else {
+            ck_assert_uint_eq(out->flags, IFD_BATCH_PADDED | IFD_BATCH_CHECKED);
+            ck_assert_int_eq(out->valid_rows, 0);
+            ck_assert_int_eq(out->tensors[0].dtype, IFD_F32);
+            ck_assert_int_eq(out->tensors[0].shape.dims[0], rows);
+            ck_assert_int_eq(out->tensors[0].shape.dims[1], st.features);
+            ck_assert_int_eq(out->tensors[1].dtype, IFD_I32);
+            const float *x = out->tensors[0].data;
+            const int32_t *y = out->tensors[1].data;
+            for (int64_t k = 0; k < rows * st.features; k++)
+                RASSERT(x[k] == 0.0f, "padding %d: x[%lld] = %g", i, (long long)k, (double)x[k]);
+            for (int64_t k = 0; k < rows; k++)
+                RASSERT(y[k] == 0, "padding %d: y[%lld] = %d", i, (long long)k, y[k]);
+        }
+        ifd_batch_ref(out, 1); /* as the infeed does: the last unref releases it */
+        ifd_batch_unref(out);
+    }
+    ifd_batch *out;
+    ck_assert_int_eq(src.ops->next(src.ctx, &out, &err), IFD_EEOF);
+    ifd_eval_replay_destroy(r);
     for (int i = 0; i < n; i++)
         rbatch_free(&b[i]);
     ifd_eval_set_destroy(e);
@@ -277,6 +342,7 @@ int main(void)
     Suite *s = suite_create("eval_set");
     TCase *tc = tu_tcase(s, "eval_set", 30);
     tcase_add_loop_test(tc, test_replay_in_arrival_order, 0, 10);
+    tcase_add_loop_test(tc, test_replay_pads_to_the_agreed_batches, 0, 10);
     tcase_add_loop_test(tc, test_bound_refuses_with_the_sentence, 0, 10);
     tcase_add_loop_test(tc, test_wait_wakes_on_the_last_end, 0, 10);
     tcase_add_loop_test(tc, test_close_wakes_the_wait, 0, 10);

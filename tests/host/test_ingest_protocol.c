@@ -313,6 +313,19 @@ START_TEST(hello_replica_is_for_per_core_only)
         snprintf(text, sizeof text, "{\"replica\": %d}", out);
         EXPECT_ERR(hello(&r, text, &h, &e), e, IFD_EINVAL, "HELLO: replica: per-core input with");
         EXPECT_ERR(hello(&r, "{\"replica\": null}", &h, &e), e, IFD_EINVAL, "expected an integer");
+        /* an eval producer feeds the one eval set: it may name no replica (or one) */
+        RC_OK(hello(&r,
+                    rand_between(&r.rng, 0, 1) ? "{\"role\": \"eval\"}"
+                                               : "{\"role\": \"eval\", \"replica\": null}",
+                    &h, &e),
+              e);
+        ck_assert_int_eq(h.replica, -1);
+        ck_assert_int_eq(h.eval, 1);
+        snprintf(text, sizeof text, "{\"role\": \"eval\", \"replica\": %d}", rep);
+        RC_OK(hello(&r, text, &h, &e), e);
+        ck_assert_int_eq(h.replica, rep);
+        EXPECT_ERR(hello(&r, "{\"role\": \"train\"}", &h, &e), e, IFD_EINVAL,
+                   "naming the replica this producer feeds, got no key");
     } else {
         EXPECT_ERR(hello(&r, text, &h, &e), e, IFD_EINVAL,
                    "which takes no replica; expected null or no key");

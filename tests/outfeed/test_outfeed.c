@@ -1,6 +1,7 @@
 /* Host calls (concatenation in replica order, metrics) and the summary sinks. */
 #include "outfeed/outfeed_thread.h"
 #include "outfeed/hostcall.h"
+#include "outfeed/step_tensors.h"
 #include "tests/util/testutil.h"
 
 #include <math.h>
@@ -129,12 +130,72 @@ START_TEST(one_failing_sink_does_not_starve_the_others)
 }
 END_TEST
 
+/* Eval on several hosts: the records of a padding batch's shards (from.padding) count nothing in
+ * a step's concatenated tensors: no row of a per-row tensor, no value of a per-replica-step one
+ * (the program's and the runtime's loss, correct, count); the others' come in replica order. */
+START_TEST(padding_records_are_left_out_of_the_step)
+{
+    ifd_rng rng;
+    ifd_rng_seed(&rng, 40 + (uint64_t)_i);
+    ifd_program p;
+    memset(&p, 0, sizeof p);
+    int64_t w = 1 + (int64_t)ifd_rng_below(&rng, 4), dims[1] = {w};
+    ck_assert_int_eq(ifd_program_add_outfeed(&p, "row", IFD_F32, 1, 1, dims), IFD_OK);
+    ck_assert_int_eq(ifd_program_add_outfeed(&p, "rs", IFD_I32, 0, 0, NULL), IFD_OK);
+    int R = 2 + (int)ifd_rng_below(&rng, 5);
+    int64_t max_rows = 1 + (int64_t)ifd_rng_below(&rng, 9);
+    int64_t offs[IFD_MAX_OUTFEEDS];
+    int64_t area = ifd_program_outfeed_layout(&p, max_rows, offs);
+    unsigned char *mem = calloc((size_t)R, (size_t)area);
+    ifd_outfeed_rec recs[6];
+    memset(recs, 0, sizeof recs);
+    float want_rows[6 * 9 * 4];
+    int32_t want_rs[6];
+    float want_loss[6];
+    int64_t nrows = 0, nkept = 0;
+    for (int r = 0; r < R; r++) {
+        ifd_outfeed_rec *rec = &recs[r];
+        rec->from.padding = r == 0 ? 0 : ifd_rng_below(&rng, 2) == 0; /* replica 0 counts */
+        rec->rows = 1 + (int64_t)ifd_rng_below(&rng, (uint64_t)max_rows);
+        rec->out.loss = (float)ifd_rng_uniform(&rng);
+        rec->out.count = (float)rec->rows;
+        rec->outfeed = mem + (size_t)r * (size_t)area;
+        float *row = (float *)(void *)(mem + (size_t)r * (size_t)area + offs[0]);
+        int32_t *rs = (int32_t *)(void *)(mem + (size_t)r * (size_t)area + offs[1]);
+        for (int64_t k = 0; k < rec->rows * w; k++)
+            row[k] = (float)(r * 1000 + k);
+        *rs = 7 * r + 1;
+        if (rec->from.padding)
+            continue;
+        memcpy(want_rows + nrows * w, row, (size_t)(rec->rows * w) * sizeof(float));
+        nrows += rec->rows;
+        want_rs[nkept] = *rs;
+        want_loss[nkept++] = rec->out.loss;
+    }
+    ifd_outfeed_tensors c;
+    ck_assert_int_eq(ifd_outfeed_tensors_init(&c, &p, IFD_MODE_EVAL, R, max_rows, NULL), IFD_OK);
+    ifd_error err;
+    ck_assert_int_eq(ifd_outfeed_tensors_step(&c, recs, R, NULL, NULL, &err), IFD_OK);
+    int row = ifd_outfeed_tensors_find(&c, "row"), rs = ifd_outfeed_tensors_find(&c, "rs"),
+        loss = ifd_outfeed_tensors_find(&c, "loss");
+    ck_assert_int_eq(c.tensors[row].shape.dims[0], nrows);
+    ck_assert_int_eq(c.tensors[rs].shape.dims[0], nkept);
+    ck_assert_int_eq(c.tensors[loss].shape.dims[0], nkept);
+    ck_assert(memcmp(c.tensors[row].data, want_rows, (size_t)(nrows * w) * sizeof(float)) == 0);
+    ck_assert(memcmp(c.tensors[rs].data, want_rs, (size_t)nkept * sizeof(int32_t)) == 0);
+    ck_assert(memcmp(c.tensors[loss].data, want_loss, (size_t)nkept * sizeof(float)) == 0);
+    ifd_outfeed_tensors_fini(&c);
+    free(mem);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("outfeed");
     TCase *tc = tcase_create("outfeed");
     tcase_set_timeout(tc, 30);
     tcase_add_loop_test(tc, concat_in_replica_order, 0, 10);
+    tcase_add_loop_test(tc, padding_records_are_left_out_of_the_step, 0, 20);
     tcase_add_test(tc, jsonl_sink_appends_lines);
     tcase_add_test(tc, one_failing_sink_does_not_starve_the_others);
     suite_add_tcase(s, tc);

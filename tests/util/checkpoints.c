@@ -1,4 +1,5 @@
 #include "tests/util/checkpoints.h"
+#include "device/step.h"
 
 #include "tests/util/testutil.h"
 
@@ -39,8 +40,18 @@ void tu_ckpt_random_config(ifd_config *cfg, ifd_rng *rng)
     cfg->program = rand_between(rng, 0, 1) ? "softmax" : "linear";
     cfg->settings.features = rand_between(rng, 1, 40);
     cfg->settings.classes = rand_between(rng, 2, 12);
-    cfg->optimizer.kind = (ifd_optimizer_kind)rand_between(rng, 0, 2);
+    cfg->optimizer.kind = (ifd_optimizer_kind)rand_between(rng, 0, 3);
     cfg->optimizer.learning_rate = (float)rand_between(rng, 1, 1000) / 1000.0f;
+    /* the optimizer features, as a valid config has them */
+    ifd_optimizer *o = &cfg->optimizer;
+    o->weight_decay = (float)rand_between(rng, 0, 1000) / 7000.0f;
+    o->clip_norm = rand_between(rng, 0, 1) ? 0.0f : (float)rand_between(rng, 1, 1000) / 300.0f;
+    o->lr_schedule = (ifd_lr_schedule)rand_between(rng, 0, 2);
+    o->warmup_steps = rand_between(rng, 0, 1) ? 0 : rand_between(rng, 1, INT64_C(1) << 40);
+    if (o->lr_schedule != IFD_LR_CONSTANT) {
+        o->decay_steps = o->warmup_steps + rand_between(rng, 1, INT64_C(1) << 40);
+        o->min_learning_rate = o->learning_rate * (float)rand_between(rng, 0, 1000) / 1000.0f;
+    }
     cfg->steps = 1;
 }
 
@@ -54,9 +65,7 @@ ifd_checkpoint *tu_ckpt_random(const ifd_config *cfg, ifd_rng *rng)
     ifd_program p;
     ifd_error err;
     ck_assert_int_eq(ifd_program_init(&p, cfg->program, &cfg->settings, &err), IFD_OK);
-    int64_t n = p.nparam_floats, ns = n * (cfg->optimizer.kind == IFD_OPT_ADAM       ? 2
-                                           : cfg->optimizer.kind == IFD_OPT_MOMENTUM ? 1
-                                                                                     : 0);
+    int64_t n = p.nparam_floats, ns = n * ifd_optimizer_slots(cfg->optimizer.kind);
     float *params = malloc(sizeof(float) * (size_t)n),
           *slots = malloc(sizeof(float) * (size_t)(ns + 1));
     for (int64_t i = 0; i < n; i++)
@@ -102,6 +111,12 @@ void tu_ckpt_assert_same(const ifd_checkpoint *a, const ifd_checkpoint *b)
     const ifd_optimizer *oa = ifd_checkpoint_optimizer(a), *ob = ifd_checkpoint_optimizer(b);
     ck_assert_int_eq(oa->kind, ob->kind);
     ck_assert_float_eq(oa->learning_rate, ob->learning_rate);
+    ck_assert_float_eq(oa->weight_decay, ob->weight_decay);
+    ck_assert_float_eq(oa->clip_norm, ob->clip_norm);
+    ck_assert_int_eq(oa->lr_schedule, ob->lr_schedule);
+    ck_assert_int_eq(oa->warmup_steps, ob->warmup_steps);
+    ck_assert_int_eq(oa->decay_steps, ob->decay_steps);
+    ck_assert_float_eq(oa->min_learning_rate, ob->min_learning_rate);
     int64_t n = ifd_checkpoint_nparam_floats(a);
     ck_assert_int_eq(n, ifd_checkpoint_nparam_floats(b));
     ck_assert_int_eq(ifd_checkpoint_slot_count(a), ifd_checkpoint_slot_count(b));

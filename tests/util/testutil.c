@@ -355,15 +355,36 @@ int tu_softmax_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_arg
     return ifd_program_find("softmax")->train_step(p, ops, a, err);
 }
 
-int tu_register_softmax_like(const char *name, tu_step_fn step)
+static int register_like(const char *name, int (*setup)(ifd_program *, ifd_error *),
+                         tu_step_fn step)
 {
     ifd_program_class *cls = calloc(1, sizeof *cls); /* lives as long as the registry */
     cls->name = name;
-    cls->setup = like_setup;
+    cls->setup = setup;
     cls->init_params = like_init;
     cls->workspace_floats = like_workspace;
     cls->train_step = step;
     return ifd_program_register(cls);
+}
+
+int tu_register_softmax_like(const char *name, tu_step_fn step)
+{
+    return register_like(name, like_setup, step);
+}
+
+/* softmax's setup, with its rank-1 parameters (the bias) left out of weight decay */
+static int nodecay_setup(ifd_program *p, ifd_error *err)
+{
+    int rc = like_setup(p, err);
+    for (int i = 0; rc == IFD_OK && i < p->nparams; i++)
+        if (p->params[i].rank == 1)
+            p->params[i].flags |= IFD_PARAM_NO_DECAY;
+    return rc;
+}
+
+int tu_register_softmax_nodecay(const char *name)
+{
+    return register_like(name, nodecay_setup, tu_softmax_step);
 }
 
 uint64_t g_seed;
@@ -388,8 +409,13 @@ TCase *tu_tcase(Suite *s, const char *name, int timeout_s)
 
 int tu_run_suite(Suite *s)
 {
+    return tu_run_suite_as(s, CK_FORK);
+}
+
+int tu_run_suite_as(Suite *s, enum fork_status fs)
+{
     SRunner *sr = srunner_create(s);
-    srunner_set_fork_status(sr, CK_FORK);
+    srunner_set_fork_status(sr, fs);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

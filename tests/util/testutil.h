@@ -93,6 +93,8 @@ double tu_max_rel_diff(const float *a, const float *b, int64_t n, double floor);
 typedef int (*tu_step_fn)(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
                           ifd_error *err);
 int tu_register_softmax_like(const char *name, tu_step_fn step);
+/* softmax under another name, its bias flagged IFD_PARAM_NO_DECAY (AdamW leaves it alone). */
+int tu_register_softmax_nodecay(const char *name);
 int tu_softmax_step(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a,
                     ifd_error *err);
 
@@ -144,5 +146,8 @@ static inline int64_t rand_between(ifd_rng *rng, int64_t lo, int64_t hi)
 TCase *tu_tcase(Suite *s, const char *name, int timeout_s);
 /* Standard main: runs the suite in fork mode. */
 int tu_run_suite(Suite *s);
+/* As tu_run_suite, in fork mode fs (CK_NOFORK: every test in this process, for a suite whose
+ * setup is too costly to repeat a test, such as initialising CUDA). */
+int tu_run_suite_as(Suite *s, enum fork_status fs);
 
 #endif

@@ -48,7 +48,7 @@ PRODUCER_NAME_MAX = 63  # IFD_CHECKPOINT_NAME_MAX
 MAX_HOSTS = 65536  # IFD_CHECKPOINT_MAX_HOSTS
 INT64_MAX = (1 << 63) - 1
 # the optimizer kinds and the slot vectors each keeps, in the file's order
-SLOTS = {"sgd": (), "momentum": ("m",), "adam": ("m", "v")}
+SLOTS = {"sgd": (), "momentum": ("m",), "adam": ("m", "v"), "adamw": ("m", "v")}
 
 _NAME = re.compile(r"ckpt-([0-9]{12,18})" + re.escape(SUFFIX))
 
@@ -209,7 +209,8 @@ def _optimizer(o, path) -> dict:
     o = o if isinstance(o, dict) else {}
     kind = o.get("kind", _MISSING)
     if not isinstance(kind, str) or kind not in SLOTS:
-        raise _error(path, "header: 'optimizer.kind'", "sgd, momentum or adam", _what(kind))
+        raise _error(path, "header: 'optimizer.kind'", "sgd, momentum, adam or adamw",
+                     _what(kind))
     slots = o.get("slots", _MISSING)
     if not _is_int(slots) or slots != len(SLOTS[kind]):
         raise _error(path, "header: 'optimizer.slots'",
@@ -217,6 +218,16 @@ def _optimizer(o, path) -> dict:
     out = {"kind": kind, "slots": slots}
     for k in ("learning_rate", "momentum", "beta1", "beta2", "epsilon"):
         out[k] = _number(o, k, path)
+    # the schedule, decay and clipping: absent from checkpoints older than them (off)
+    for k in ("weight_decay", "clip_norm", "min_learning_rate"):
+        out[k] = _number(o, k, path) if k in o else 0.0
+    for k in ("warmup_steps", "decay_steps"):
+        out[k] = _int(o, k, 0, 2**63 - 1, path, "optimizer.") if k in o else 0
+    sched = o.get("lr_schedule", "constant")
+    if sched not in ("constant", "cosine", "linear"):
+        raise _error(path, "header: 'optimizer.lr_schedule'", "constant, cosine or linear",
+                     _what(sched))
+    out["lr_schedule"] = sched
     return out
 
 

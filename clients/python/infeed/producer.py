@@ -47,8 +47,9 @@ class Producer(Replies, InPlace):
       ``timeout``.
     - ``on_ack``: called with each ACKed sequence number, as the ACK is handled.
     - ``replica``: ``per-core`` input mode: the replica (0 to replicas - 1) this producer's batches
-      are for, sent in ``HELLO``; None (the other input modes) sends no replica. Each batch then
-      has the WELCOME's ``batch_size`` rows (``global_batch_size / replicas``).
+      are for, sent in ``HELLO``; None (the other input modes, and a per-core eval producer: the
+      eval set is one pool) sends no replica. Each batch then has the WELCOME's ``batch_size``
+      rows (``global_batch_size / replicas``).
     - ``role``: ``"train"`` (the default) or ``"eval"``: an eval producer sends the eval set of
       evaluation during training (a daemon started with ``--eval-every N``): its batches are
       checked, kept in the daemon's memory and acknowledged at once, never trained on; its
