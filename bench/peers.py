@@ -89,8 +89,9 @@ JOB_GROUPS = {"charlm": ("charlm8", "charlm32")}  # --jobs charlm
 TARGETS = {"softmax32": 5.0, "mlp32": 1.5, "mlp1024": 1.1,  # x Keras/JAX (issue 18)
            "charlm8": 1.5, "charlm32": 1.2}  # (issue 22)
 SGEMM_TARGETS = {"charlm32": 0.60}  # achieved fraction of the measured sgemm rate (issue 22)
-# the charlm jobs' optimizer, for infeedd and Keras alike (decay_steps: the run's steps, which
-# counts the warmup as infeedd does; bench/keras_charlm.py converts for Keras's CosineDecay)
+# the charlm jobs' optimizer, for infeedd and Keras alike (decay_steps: the run's steps, at least
+# warmup_steps + 1, counting the warmup as infeedd does; bench/keras_charlm.py converts for
+# Keras's CosineDecay)
 CHARLM_OPTIMIZER = dict(learning_rate=1e-3, beta1=0.9, beta2=0.95, epsilon=1e-8,
                         weight_decay=0.1, clip_norm=1.0, warmup_steps=20,
                         min_learning_rate=1e-4)
@@ -227,9 +228,14 @@ def charlm_argv(exe: str, job: dict, replicas: int, steps: int, listen: str, sum
             "--iterations-per-loop", str(job["ipl"]), "--summary-every", "0", "--log-level",
             "info", "--max-steps-per-message", str(per_msg)]
     argv += list(CHARLM_FLAGS["optimizer"]) + list(CHARLM_FLAGS["lr_schedule"])
-    for key, value in dict(CHARLM_OPTIMIZER, decay_steps=steps).items():
+    for key, value in dict(CHARLM_OPTIMIZER, decay_steps=charlm_decay_steps(steps)).items():
         argv += [CHARLM_FLAGS[key], str(value)]
     return argv + DAEMON_FLAGS
+
+
+def charlm_decay_steps(steps: int) -> int:
+    """The cosine's end, warmup included: the run's last step, after the warmup at least."""
+    return max(steps, CHARLM_OPTIMIZER["warmup_steps"] + 1)
 
 
 def charlm_steps_per_message(job: dict) -> int:
@@ -276,7 +282,7 @@ def run_infeedd_charlm(exe: str, job: dict, replicas: int, steps: int, tmp: Path
 
 def run_keras_charlm(py: Path, backend: str, job: dict, steps: int) -> dict:
     """bench/keras_charlm.py on one backend: tokens/s of a timed fit after a warm-up fit."""
-    spec = dict(job, **CHARLM_OPTIMIZER, steps=steps)
+    spec = dict(job, **CHARLM_OPTIMIZER, steps=steps, decay_steps=charlm_decay_steps(steps))
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3",
                CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
     out = subprocess.run([str(py), str(ROOT / "bench" / "keras_charlm.py"), json.dumps(spec)],

@@ -50,7 +50,12 @@ def flag_values(argv: list) -> dict:
 def test_infeedd_command_line(name, tmp_path, monkeypatch):
     rng = random.Random(name)
     job = peers.JOBS[name]
-    steps, replicas = rng.randint(1, 5000), rng.randint(1, 4)
+    warmup = peers.CHARLM_OPTIMIZER["warmup_steps"]
+    for steps in (rng.randint(1, warmup), rng.randint(warmup + 1, 5000)):
+        check_command_line(job, steps, rng.randint(1, 4), tmp_path, monkeypatch)
+
+
+def check_command_line(job, steps, replicas, tmp_path, monkeypatch):
     monkeypatch.setattr(peers, "DAEMON_FLAGS", ["--host-call", "none"])
     argv = peers.charlm_argv("infeedd", job, replicas, steps, "ipc:///x", tmp_path / "s.jsonl",
                              peers.charlm_steps_per_message(job))
@@ -65,8 +70,8 @@ def test_infeedd_command_line(name, tmp_path, monkeypatch):
     for key, flag in peers.CHARLM_FLAGS.items():
         if isinstance(flag, tuple):  # a flag with its fixed value
             assert f[flag[0]] == flag[1]
-        elif key == "decay_steps":
-            assert f[flag] == str(steps)
+        elif key == "decay_steps":  # the run's end, after the warmup at least
+            assert f[flag] == str(max(steps, peers.CHARLM_OPTIMIZER["warmup_steps"] + 1))
         elif key != "program_config":
             assert float(f[flag]) == peers.CHARLM_OPTIMIZER[key], key
     assert set(peers.CHARLM_OPTIMIZER) <= set(peers.CHARLM_FLAGS)
