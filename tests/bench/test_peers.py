@@ -5,7 +5,8 @@
 - --jobs: "charlm" names both charlm jobs, names are kept once and in order, an unknown one is
   named in the error;
 - the FLOP count a token is 6 N + 12 L T C with N counted from charlm_ref's parameter list;
-- a message of steps stays under the 8 MiB bound;
+- a message of steps stays under the 8 MiB bound; --rounds runs the peers in turn and keeps
+  each one's fastest round;
 - with a Keras environment (bench/.venv-peers, or IFD_KERAS_PYTHON: the Python that has keras,
   jax and tensorflow): bench/keras_charlm.py's model has charlm_ref's loss, gradients and
   predict output at the same weights, on JAX and TensorFlow, on random small shapes;
@@ -97,6 +98,32 @@ def test_flops_per_token(seed):
             if len(shape) == 2 and not name.endswith("_emb"))  # the matrices; lookups aren't
     want = 6 * n + 12 * job["layers"] * job["block"] * job["width"]
     assert peers.flops_per_token(job) == want
+
+
+def test_rounds_alternate_the_peers_and_keep_the_fastest(monkeypatch, tmp_path):
+    rng = random.Random(7)
+    rounds, calls = rng.randint(2, 4), []
+    speed = {}
+
+    def fake(label):
+        def run(*args, **kw):
+            calls.append(label)
+            tps = rng.uniform(1, 100)
+            speed.setdefault(label, []).append(tps)
+            return {"tokens_per_sec": tps}
+        return run
+
+    monkeypatch.setattr(peers, "run_infeedd_charlm",
+                        lambda exe, job, r, steps, tmp: fake(f"R{r}")())
+    monkeypatch.setattr(peers, "run_keras_charlm",
+                        lambda py, backend, job, steps: fake(backend)())
+    row = peers.run_charlm_job("infeedd", "python", "charlm8", 10, "1,2", tmp_path, rounds)
+    assert calls == ["R1", "R2", "jax", "tensorflow"] * rounds
+    for where, key, label in ((row["infeedd"], "R1/feed", "R1"), (row["infeedd"], "R2/feed", "R2"),
+                              (row["keras"], "jax", "jax"), (row["keras"], "tensorflow", "tensorflow")):
+        assert where[key]["rounds"] == speed[label]
+        assert where[key]["tokens_per_sec"] == max(speed[label])
+    assert peers.run_charlm_job(None, None, "charlm8", 10, "1", tmp_path, 2)["infeedd"] == {}
 
 
 def test_steps_per_message_fit_a_message():
