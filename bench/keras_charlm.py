@@ -34,11 +34,6 @@ from keras import ops  # noqa: E402
 STD = 0.02
 EPS = 1e-5
 
-# the optimizer of the bench (peers.py passes the same to infeedd)
-DEFAULTS = dict(learning_rate=1e-3, beta1=0.9, beta2=0.95, epsilon=1e-8, weight_decay=0.1,
-                clip_norm=1.0, warmup_steps=20, min_learning_rate=1e-4, seed=1)
-
-
 class PositionEmbedding(keras.layers.Layer):
     """x + pos_emb, pos_emb [block, width] drawn from RandomNormal(0.02)."""
 
@@ -122,7 +117,8 @@ def variables_by_name(model, layers):
 
 def compile_model(model, job):
     """AdamW (no decay on biases and norms), global-norm clipping, warmup then cosine."""
-    o = dict(DEFAULTS, **job)
+    o = job  # learning_rate, beta1, beta2, epsilon, weight_decay, clip_norm, warmup_steps,
+    # decay_steps (warmup included), min_learning_rate: peers.py's CHARLM_OPTIMIZER
     schedule = keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0, warmup_target=o["learning_rate"],
         warmup_steps=o["warmup_steps"],
@@ -154,7 +150,8 @@ def bench(job):
     of job["warmup"] executions that compiles."""
     keras.utils.set_random_seed(job.get("seed", 1))
     model = compile_model(build_model(job["layers"], job["heads"], job["width"], job["block"],
-                                      job["vocab"]), dict(job, decay_steps=job["steps"]))
+                                      job["vocab"]),
+                          dict(job, decay_steps=job.get("decay_steps", job["steps"])))
     b, ipl = job["batch"], job["ipl"]
     steps = max(ipl, job["steps"] // ipl * ipl)
     x, y = windows(job, steps * b, job.get("seed", 1))

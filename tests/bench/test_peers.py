@@ -5,7 +5,8 @@
 - --jobs: "charlm" names both charlm jobs, names are kept once and in order, an unknown one is
   named in the error;
 - the FLOP count a token is 6 N + 12 L T C with N counted from charlm_ref's parameter list;
-- a message of steps stays under the 8 MiB bound;
+- a message of steps stays under the 8 MiB bound; --rounds runs the peers in turn and keeps
+  each one's fastest round;
 - with a Keras environment (bench/.venv-peers, or IFD_KERAS_PYTHON: the Python that has keras,
   jax and tensorflow): bench/keras_charlm.py's model has charlm_ref's loss, gradients and
   predict output at the same weights, on JAX and TensorFlow, on random small shapes;
@@ -50,7 +51,12 @@ def flag_values(argv: list) -> dict:
 def test_infeedd_command_line(name, tmp_path, monkeypatch):
     rng = random.Random(name)
     job = peers.JOBS[name]
-    steps, replicas = rng.randint(1, 5000), rng.randint(1, 4)
+    warmup = peers.CHARLM_OPTIMIZER["warmup_steps"]
+    for steps in (rng.randint(1, warmup), rng.randint(warmup + 1, 5000)):
+        check_command_line(job, steps, rng.randint(1, 4), tmp_path, monkeypatch)
+
+
+def check_command_line(job, steps, replicas, tmp_path, monkeypatch):
     monkeypatch.setattr(peers, "DAEMON_FLAGS", ["--host-call", "none"])
     argv = peers.charlm_argv("infeedd", job, replicas, steps, "ipc:///x", tmp_path / "s.jsonl",
                              peers.charlm_steps_per_message(job))
@@ -65,8 +71,8 @@ def test_infeedd_command_line(name, tmp_path, monkeypatch):
     for key, flag in peers.CHARLM_FLAGS.items():
         if isinstance(flag, tuple):  # a flag with its fixed value
             assert f[flag[0]] == flag[1]
-        elif key == "decay_steps":
-            assert f[flag] == str(steps)
+        elif key == "decay_steps":  # the run's end, after the warmup at least
+            assert f[flag] == str(max(steps, peers.CHARLM_OPTIMIZER["warmup_steps"] + 1))
         elif key != "program_config":
             assert float(f[flag]) == peers.CHARLM_OPTIMIZER[key], key
     assert set(peers.CHARLM_OPTIMIZER) <= set(peers.CHARLM_FLAGS)
@@ -92,6 +98,32 @@ def test_flops_per_token(seed):
             if len(shape) == 2 and not name.endswith("_emb"))  # the matrices; lookups aren't
     want = 6 * n + 12 * job["layers"] * job["block"] * job["width"]
     assert peers.flops_per_token(job) == want
+
+
+def test_rounds_alternate_the_peers_and_keep_the_fastest(monkeypatch, tmp_path):
+    rng = random.Random(7)
+    rounds, calls = rng.randint(2, 4), []
+    speed = {}
+
+    def fake(label):
+        def run(*args, **kw):
+            calls.append(label)
+            tps = rng.uniform(1, 100)
+            speed.setdefault(label, []).append(tps)
+            return {"tokens_per_sec": tps}
+        return run
+
+    monkeypatch.setattr(peers, "run_infeedd_charlm",
+                        lambda exe, job, r, steps, tmp: fake(f"R{r}")())
+    monkeypatch.setattr(peers, "run_keras_charlm",
+                        lambda py, backend, job, steps: fake(backend)())
+    row = peers.run_charlm_job("infeedd", "python", "charlm8", 10, "1,2", tmp_path, rounds)
+    assert calls == ["R1", "R2", "jax", "tensorflow"] * rounds
+    for where, key, label in ((row["infeedd"], "R1/feed", "R1"), (row["infeedd"], "R2/feed", "R2"),
+                              (row["keras"], "jax", "jax"), (row["keras"], "tensorflow", "tensorflow")):
+        assert where[key]["rounds"] == speed[label]
+        assert where[key]["tokens_per_sec"] == max(speed[label])
+    assert peers.run_charlm_job(None, None, "charlm8", 10, "1", tmp_path, 2)["infeedd"] == {}
 
 
 def test_steps_per_message_fit_a_message():
@@ -137,7 +169,9 @@ def infeedd_with_charlm():
     exe = os.environ.get("INFEEDD") or str(ROOT / "build" / "host" / "infeedd")
     if not os.path.isfile(exe):
         return None
-    out = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=30)
+    # the refusal of an unknown program names the built-in ones
+    out = subprocess.run([exe, "--program", "no-such-program"], capture_output=True, text=True,
+                         timeout=30)
     return exe if "charlm" in out.stdout + out.stderr else None
 
 
