@@ -17,9 +17,9 @@ extern const ifd_program_class ifd_program_read;
 extern const ifd_program_class ifd_program_mlp;
 extern const ifd_program_class ifd_program_charlm;
 
-static const ifd_program_class *registry[MAX_PROGRAMS] = {
-    &ifd_program_linear, &ifd_program_softmax, &ifd_program_mlp, &ifd_program_read,
-    &ifd_program_charlm};
+static const ifd_program_class *registry[MAX_PROGRAMS] = {&ifd_program_linear, &ifd_program_softmax,
+                                                          &ifd_program_mlp, &ifd_program_read,
+                                                          &ifd_program_charlm};
 #define NBUILTIN 5
 static int nregistered = NBUILTIN;
 /* Where each registered class came from: NULL for the built-ins and ifd_program_register, the

@@ -331,8 +331,8 @@ static int charlm_predict(const ifd_program *p, const ifd_ops *ops, const ifd_st
     charlm_ws f;
     charlm_forward(p, ops, &d, a->inputs[0].data, a->params, a->workspace, b, &f);
     ops->gemm_strided_batched(ops->ctx, 0, 0, 1, d.vocab, c, 1.0f, f.hf + (t - 1) * c, t * c,
-                              param(p, a->params, final_param(&d, 2)), 0, 0.0f, f.logits,
-                              d.vocab, b);
+                              param(p, a->params, final_param(&d, 2)), 0, 0.0f, f.logits, d.vocab,
+                              b);
     ops->bias_add(ops->ctx, b, d.vocab, param(p, a->params, final_param(&d, 3)), f.logits);
     ops->softmax(ops->ctx, b, d.vocab, f.logits, a->predictions);
     return IFD_OK;
