@@ -68,16 +68,67 @@ static int final_param(const charlm_dims *d, int which) /* 0 ln_f g, 1 ln_f b, 2
     return P_LAYERS + (int)d->layers * L_NPARAMS + which;
 }
 
-static int add_param(ifd_program *p, const char *name, int rank, int64_t d0, int64_t d1,
-                     ifd_param_init init, unsigned flags)
+/* One parameter of the model: its name, rank and dims (C, 3C, 4C, V or T by letter) and its
+ * initializer: 'n' normal(0, 0.02), 'z' zeros, 'o' ones. Biases and norms (not 'n') carry
+ * IFD_PARAM_NO_DECAY. */
+typedef struct charlm_param {
+    const char *name;
+    int rank;
+    char d0, d1, init;
+} charlm_param;
+
+static const charlm_param first_params[] = {{"tok_emb", 2, 'v', 'c', 'n'},
+                                            {"pos_emb", 2, 't', 'c', 'n'}};
+static const charlm_param layer_params[L_NPARAMS] = {
+    {"ln1.g", 1, 'c', 0, 'o'}, {"ln1.b", 1, 'c', 0, 'z'},    {"qkv.W", 2, 'c', '3', 'n'},
+    {"qkv.b", 1, '3', 0, 'z'}, {"proj.W", 2, 'c', 'c', 'n'}, {"proj.b", 1, 'c', 0, 'z'},
+    {"ln2.g", 1, 'c', 0, 'o'}, {"ln2.b", 1, 'c', 0, 'z'},    {"fc.W", 2, 'c', '4', 'n'},
+    {"fc.b", 1, '4', 0, 'z'},  {"out.W", 2, '4', 'c', 'n'},  {"out.b", 1, 'c', 0, 'z'}};
+static const charlm_param last_params[] = {{"ln_f.g", 1, 'c', 0, 'o'},
+                                           {"ln_f.b", 1, 'c', 0, 'z'},
+                                           {"head.W", 2, 'c', 'v', 'n'},
+                                           {"head.b", 1, 'v', 0, 'z'}};
+
+static int64_t dim_of(const charlm_dims *d, char code)
 {
-    int64_t dims[2] = {d0, d1};
-    return ifd_program_add_param_with(p, name, rank, dims, init, flags);
+    switch (code) {
+    case 'c':
+        return d->width;
+    case '3':
+        return 3 * d->width;
+    case '4':
+        return 4 * d->width;
+    case 'v':
+        return d->vocab;
+    default:
+        return d->block;
+    }
 }
 
-static int charlm_setup(ifd_program *p, ifd_error *err)
+/* Declares n parameters of table, each name after prefix ("" or "h0."). */
+static int declare(ifd_program *p, const charlm_dims *d, const char *prefix,
+                   const charlm_param *table, int n)
 {
-    charlm_dims d;
+    for (int i = 0; i < n; i++) {
+        const charlm_param *q = &table[i];
+        char name[IFD_NAME_MAX];
+        snprintf(name, sizeof name, "%s%s", prefix, q->name);
+        int64_t dims[2] = {dim_of(d, q->d0), q->rank > 1 ? dim_of(d, q->d1) : 0};
+        ifd_param_init init = {q->init == 'n'   ? IFD_INIT_NORMAL
+                               : q->init == 'o' ? IFD_INIT_ONES
+                                                : IFD_INIT_ZEROS,
+                               q->init == 'n' ? CHARLM_STD : 0.0f};
+        int rc = ifd_program_add_param_with(p, name, q->rank, dims, init,
+                                            q->init == 'n' ? 0 : IFD_PARAM_NO_DECAY);
+        if (rc)
+            return rc;
+    }
+    return IFD_OK;
+}
+
+/* The program_config settings, each in its range, heads a divisor of width. */
+static int charlm_read(ifd_program *p, charlm_dims *d, ifd_error *err)
+{
     static const struct {
         const char *key;
         int64_t def, min, max;
@@ -89,52 +140,42 @@ static int charlm_setup(ifd_program *p, ifd_error *err)
                 {"vocab", 256, 2, 1 << 20, offsetof(charlm_dims, vocab)}};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         int rc = ifd_program_config_int(p, keys[i].key, keys[i].def, keys[i].min, keys[i].max,
-                                        (int64_t *)((char *)&d + keys[i].at), err);
+                                        (int64_t *)((char *)d + keys[i].at), err);
         if (rc)
             return rc;
     }
-    if (d.width % d.heads != 0)
+    if (d->width % d->heads != 0)
         return ifd_error_set(err, IFD_EINVAL,
                              "program 'charlm': program_config setting 'heads': expected a "
                              "divisor of width %lld, got %lld",
-                             (long long)d.width, (long long)d.heads);
+                             (long long)d->width, (long long)d->heads);
+    return IFD_OK;
+}
+
+static int charlm_setup(ifd_program *p, ifd_error *err)
+{
+    charlm_dims d;
+    int rc = charlm_read(p, &d, err);
+    if (rc)
+        return rc;
     p->state = malloc(sizeof d);
     if (p->state == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "program 'charlm': out of memory");
     *(charlm_dims *)p->state = d;
-    int64_t t = d.block, c = d.width, v = d.vocab;
     /* ids in [0, vocab): the runtime checks every batch, predict's too, before a step */
-    if (ifd_program_add_ids(p, "tokens", 0, 1, &t, v) != IFD_OK ||
-        ifd_program_add_ids(p, "targets", 1, 1, &t, v) != IFD_OK)
+    if (ifd_program_add_ids(p, "tokens", 0, 1, &d.block, d.vocab) != IFD_OK ||
+        ifd_program_add_ids(p, "targets", 1, 1, &d.block, d.vocab) != IFD_OK)
         return ifd_error_set(err, IFD_EINVAL, "program 'charlm': cannot declare its inputs");
-    ifd_param_init normal = {IFD_INIT_NORMAL, CHARLM_STD}, zeros = {IFD_INIT_ZEROS, 0},
-                   ones = {IFD_INIT_ONES, 0};
-    int rc = add_param(p, "tok_emb", 2, v, c, normal, 0);
-    rc = rc ? rc : add_param(p, "pos_emb", 2, t, c, normal, 0);
+    rc = declare(p, &d, "", first_params, 2);
     for (int64_t l = 0; rc == IFD_OK && l < d.layers; l++) {
-        char n[IFD_NAME_MAX];
-#define NAME(s) (snprintf(n, sizeof n, "h%lld.%s", (long long)l, s), n)
-        rc = add_param(p, NAME("ln1.g"), 1, c, 0, ones, IFD_PARAM_NO_DECAY);
-        rc = rc ? rc : add_param(p, NAME("ln1.b"), 1, c, 0, zeros, IFD_PARAM_NO_DECAY);
-        rc = rc ? rc : add_param(p, NAME("qkv.W"), 2, c, 3 * c, normal, 0);
-        rc = rc ? rc : add_param(p, NAME("qkv.b"), 1, 3 * c, 0, zeros, IFD_PARAM_NO_DECAY);
-        rc = rc ? rc : add_param(p, NAME("proj.W"), 2, c, c, normal, 0);
-        rc = rc ? rc : add_param(p, NAME("proj.b"), 1, c, 0, zeros, IFD_PARAM_NO_DECAY);
-        rc = rc ? rc : add_param(p, NAME("ln2.g"), 1, c, 0, ones, IFD_PARAM_NO_DECAY);
-        rc = rc ? rc : add_param(p, NAME("ln2.b"), 1, c, 0, zeros, IFD_PARAM_NO_DECAY);
-        rc = rc ? rc : add_param(p, NAME("fc.W"), 2, c, 4 * c, normal, 0);
-        rc = rc ? rc : add_param(p, NAME("fc.b"), 1, 4 * c, 0, zeros, IFD_PARAM_NO_DECAY);
-        rc = rc ? rc : add_param(p, NAME("out.W"), 2, 4 * c, c, normal, 0);
-        rc = rc ? rc : add_param(p, NAME("out.b"), 1, c, 0, zeros, IFD_PARAM_NO_DECAY);
-#undef NAME
+        char prefix[24];
+        snprintf(prefix, sizeof prefix, "h%lld.", (long long)l);
+        rc = declare(p, &d, prefix, layer_params, L_NPARAMS);
     }
-    rc = rc ? rc : add_param(p, "ln_f.g", 1, c, 0, ones, IFD_PARAM_NO_DECAY);
-    rc = rc ? rc : add_param(p, "ln_f.b", 1, c, 0, zeros, IFD_PARAM_NO_DECAY);
-    rc = rc ? rc : add_param(p, "head.W", 2, c, v, normal, 0);
-    rc = rc ? rc : add_param(p, "head.b", 1, v, 0, zeros, IFD_PARAM_NO_DECAY);
+    rc = rc ? rc : declare(p, &d, "", last_params, 4);
     if (rc)
         return ifd_error_set(err, rc, "program 'charlm': cannot declare its parameters");
-    p->predict_cols = v;
+    p->predict_cols = d.vocab;
     return IFD_OK;
 }
 

@@ -135,16 +135,22 @@ def test_initial_loss_is_near_log_vocab():
 
 
 def test_parameters_are_charlm_setups():
-    """The names in the order device/programs/charlm.c declares them (h%lld.* per layer)."""
+    """The names, ranks and initializers of device/programs/charlm.c's tables (first_params,
+    layer_params per layer as h%lld.*, last_params), in its order (tests/e2e/test_charlm.py
+    checks the daemon's checkpoint against param_specs too)."""
     src = (ROOT / "device" / "programs" / "charlm.c").read_text()
-    setup = src[src.index("static int charlm_setup"):]
-    setup = setup[:setup.index("\n}\n")]
-    names = re.findall(r'add_param\(p, (?:NAME\()?"([^"]+)"', setup)
-    layer = [n for n in names if "." in n and not n.startswith(("ln_f", "head"))]
-    expect = [n for n, _, _ in ref.param_specs(1, 8, 4, 16)]
-    c_names = [n for n in names if n not in layer]
-    c_names[2:2] = [f"h0.{n}" for n in layer]
-    assert c_names == expect
+    inits = {"n": "normal", "z": "zeros", "o": "ones"}
+
+    def table(name):
+        body = src[src.index(f"charlm_param {name}"):]
+        body = body[:body.index("};")]
+        return [(n, int(r), inits[i]) for n, r, i in
+                re.findall(r'\{"([^"]+)", (\d), [^}]*\'([nzo])\'\}', body)]
+    layer = table("layer_params")
+    got = table("first_params") + [(f"h0.{n}", r, i) for n, r, i in layer] + \
+        table("last_params")
+    expect = [(n, len(shape), init) for n, shape, init in ref.param_specs(1, 8, 4, 16)]
+    assert got == expect
 
 
 def test_flat_layout_round_trips():
