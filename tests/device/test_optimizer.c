@@ -464,6 +464,7 @@ START_TEST(test_session_leaves_flagged_params_alone)
     ifd_checkpoint_free(c);
     mirror_free(&start);
     free(slots);
+    ifd_program_free(&p);
 }
 END_TEST
 

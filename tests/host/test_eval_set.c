@@ -168,6 +168,7 @@ START_TEST(test_replay_pads_to_the_agreed_batches)
     for (int i = 0; i < n; i++)
         rbatch_free(&b[i]);
     ifd_eval_set_destroy(e);
+    ifd_program_free(&p);
 }
 END_TEST
 
