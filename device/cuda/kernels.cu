@@ -365,8 +365,9 @@ extern "C" cudaError_t ifd_cuda_optimizer_apply(cudaStream_t s, const ifd_optimi
 {
     clear_stale_error();
     /* n = 0 still reports the learning rate */
-    optimizer_kernel<<<n > 0 ? grid_for(n) : 1, IFD_CUDA_THREADS, 0, s>>>(
-        *opt, opt_step, n, params, grads, slot0, slot1, nodecay, nnodecay, out);
+    unsigned int grid = n > 0 ? grid_for(n) : 1;
+    optimizer_kernel<<<grid, IFD_CUDA_THREADS, 0, s>>>(*opt, opt_step, n, params, grads, slot0,
+                                                       slot1, nodecay, nnodecay, out);
     return cudaGetLastError();
 }
 
