@@ -101,8 +101,11 @@ def test_charlm_matches_the_numpy_reference(daemon, tmp_path, rng):
 
 def test_charlm_loss_with_1_and_4_replicas(daemon, rng):
     """The same batches on 1 and 4 replicas: every step's loss agrees within 1e-5 relative
-    over 50 steps (AdamW, clipping and a cosine schedule)."""
+    over 50 steps (AdamW, clipping and a cosine schedule). At least 4 features: a layer norm over
+    2 maps every vector to about (-1, 1), so its input gradient is rounding noise, which Adam's
+    normalisation turns into full-size steps that differ with the summation order."""
     m = random_model(rng)
+    m["width"] = max(m["width"], 4)  # heads is 1, 2 or 4
     steps, batch = 50, 4 * rng.randint(1, 2)
     data = token_batches(rng.randrange(1 << 30), steps, batch, m)
     losses = []
