@@ -378,8 +378,7 @@ static void format_loop(const ifd_daemon_config *d, char *buf, size_t len)
         snprintf(buf, len, "%" PRId64, d->run.iterations_per_loop);
 }
 
-/* o's value in d, as --help prints the default */
-static void format_value(const config_opt *o, const ifd_daemon_config *d, char *buf, size_t len)
+void config_format_value(const config_opt *o, const ifd_daemon_config *d, char *buf, size_t len)
 {
     const char *field = (const char *)d + o->off;
     const char *s = NULL;
@@ -456,7 +455,7 @@ void ifd_daemon_config_usage(FILE *out)
         config_flag_name(&config_opts[i], flag, sizeof flag);
         snprintf(left, sizeof left, "%s%s%s", flag, config_opts[i].metavar[0] ? " " : "",
                  config_opts[i].metavar);
-        format_value(&config_opts[i], &d, def, sizeof def);
+        config_format_value(&config_opts[i], &d, def, sizeof def);
         const char *range = config_range(&config_opts[i]);
         fprintf(out, "  %-38s %s%s%s%s (default: %s)\n", left, config_opts[i].help,
                 range ? " [" : "", range ? range : "", range ? "]" : "", def);

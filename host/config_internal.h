@@ -77,6 +77,8 @@ const config_opt *config_find_flag(const char *flag, size_t len);
 /* What the validation pass expects of o's number ("1 to 4096": the daemon's table, or the
  * runtime's for a key of ifd_config), or NULL: --help prints it. */
 const char *config_range(const config_opt *o);
+/* o's value in d, as --help prints the default ("unset", "none", "auto", "0.1", "sgd", ...) */
+void config_format_value(const config_opt *o, const ifd_daemon_config *d, char *buf, size_t len);
 /* "--iterations-per-loop" */
 void config_flag_name(const config_opt *o, char *buf, size_t len);
 /* The name the user gave o: "--last-step" (a flag, or unset without a config file) or

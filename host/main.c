@@ -10,6 +10,7 @@
  */
 #include "core/log.h"
 #include "host/config.h"
+#include "host/config_agree.h"
 #include "host/conns.h"
 #include "host/eval_hook.h"
 #include "host/mpi_hosts.h"
@@ -313,9 +314,13 @@ static int load_checkpoint(daemon_run *d)
 /* Several hosts: every host's config can start the run, or none starts. */
 static int agree_hosts(daemon_run *d)
 {
-    int bad = d->hosts->size > 1 ? hosts_setup_failed(d->hosts, 0) : -1;
-    if (bad < 0)
+    if (d->hosts->size <= 1)
         return IFD_OK;
+    int bad = hosts_setup_failed(d->hosts, 0);
+    if (bad < 0) /* every host can start: they must start the same run */
+        return ifd_config_agree(
+            &d->cfg, d->ck ? ifd_checkpoint_global_step(d->ck) : d->cfg.run.initial_global_step,
+            d->hosts, &d->err);
     return ifd_error_set(&d->err, IFD_EINVAL,
                          "host %d of %d cannot start the run (a config error: see its message); "
                          "host %d stops too",

@@ -37,13 +37,34 @@ pytestmark = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
 class Job:
     """infeedd on H hosts (H = 1: a plain infeedd), ipc endpoints under tmp."""
 
-    def __init__(self, tmp: Path, hosts: int, gpu_per_rank: bool = False, **flags):
+    def __init__(self, tmp: Path, hosts: int, gpu_per_rank: bool = False,
+                 rank_flags: dict | None = None, **flags):
+        """rank_flags: {rank: {flag: value}}, flags that rank alone gets on top of flags (an
+        MPMD mpirun line, one program a rank)."""
         self.tmp, self.hosts = tmp, hosts
         tmp.mkdir(parents=True, exist_ok=True)
         f = {"listen": f"ipc://{tmp}/in-{{rank}}", "control": f"ipc://{tmp}/ctl-{{rank}}",
              "publish": "", "summaries": f"{tmp}/summaries-{{rank}}.jsonl",
              "log_level": "info"}
         f.update(flags)
+        argv = self._argv(f, gpu_per_rank)
+        if hosts > 1 and rank_flags:
+            ranks = [["-np", "1"] + self._argv({**f, **rank_flags.get(r, {})}, gpu_per_rank)
+                     for r in range(hosts)]
+            argv = ["mpirun", "--allow-run-as-root", "--oversubscribe"] + [
+                a for r, one in enumerate(ranks) for a in ([":"] if r else []) + one]
+        elif hosts > 1:
+            argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(hosts)] + argv
+        else:
+            argv = [a.replace("{rank}", "0") for a in argv]
+        self.log_path = tmp / "job.log"
+        self._log = open(self.log_path, "wb")
+        print("starting:", " ".join(argv))
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=MPI_ENV, start_new_session=True)
+
+    @staticmethod
+    def _argv(f: dict, gpu_per_rank: bool) -> list:
         argv = [infeedd_path()]
         for k, v in f.items():
             if v is None or v is False:
@@ -55,15 +76,7 @@ class Job:
         if gpu_per_rank:  # each rank sees its own GPU: the one of its local rank
             argv = ["sh", "-c", 'CUDA_VISIBLE_DEVICES=$OMPI_COMM_WORLD_LOCAL_RANK exec "$0" "$@"'
                     ] + argv
-        if hosts > 1:
-            argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(hosts)] + argv
-        else:
-            argv = [a.replace("{rank}", "0") for a in argv]
-        self.log_path = tmp / "job.log"
-        self._log = open(self.log_path, "wb")
-        print("starting:", " ".join(argv))
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=MPI_ENV, start_new_session=True)
+        return argv
 
     def listen(self, h: int) -> str:
         return f"ipc://{self.tmp}/in-{h}"
@@ -402,6 +415,62 @@ def test_global_batch_not_divisible_by_hosts_x_replicas(tmp_path):
     rc = job.wait(30)
     assert rc != 0
     assert "--batch-size: 6 is not divisible by 2 hosts x 2 replicas" in job.log(), job.log()
+
+
+SHARED = [  # settings every host must share, in the order the sentence names them, and values
+    # other than the run's below
+    ("program_config", "--program-config", '{"layers": 1, "heads": 1, "width": 4, "block": 4, '
+     '"vocab": 11}'), ("steps", "--steps", 6), ("optimizer", "--optimizer", "sgd"),
+    ("learning_rate", "--learning-rate", 0.25), ("summary_every", "--summary-every", 7),
+    ("seed", "--seed", 99), ("checkpoint_every", "--checkpoint-every", 3)]
+
+
+@pytest.mark.parametrize("hosts", [2, 3])
+def test_hosts_that_differ_in_a_shared_setting_are_refused(tmp_path, rng, hosts):
+    """One rank given other values of one or two settings every host must share (they decide the
+    math or the collectives): every rank exits 2 before any socket opens, naming the flags and
+    its own values; the same program_config in other spacing and key order is the same."""
+    base = {"program": "charlm", "program_config": '{"vocab": 9, "block": 4, "width": 4, '
+            '"heads": 1, "layers": 1}', "batch_size": 2 * hosts, "steps": 5,
+            "learning_rate": 0.5, "seed": 1, "summary_every": 1, "optimizer": "adamw",
+            "checkpoint_every": 0}
+    odd = rng.randrange(hosts)
+    picked = rng.sample(SHARED, rng.randint(1, 2))
+    print(f"rank {odd} of {hosts} differs in {[p[0] for p in picked]}")
+    job = Job(tmp_path, hosts, rank_flags={odd: {k: v for k, _, v in picked}}, **base)
+    assert job.wait(60) == 2, job.log()
+    log = job.log()
+    for r in range(hosts):
+        theirs = {k: (v if r == odd else base[k]) for k, _, v in picked}
+        named = sorted(picked, key=SHARED.index)
+        mine = ", ".join(f"{flag} {shown(k, theirs[k])}" for k, flag, _ in named)
+        names = ", ".join(flag for _, flag, _ in named)
+        sentence = (f"the hosts differ in {names}: every host of a run must give the same "
+                    f"(docs/multihost.md); host {r} of {hosts} has {mine}. No host starts")
+        assert sentence in log, (sentence, log)
+    assert "waiting for producers" not in log and "MPI_ABORT" not in log, log
+
+    # the same settings, program_config in another order and spacing: the run starts and ends
+    same = Job(tmp_path / "same", hosts, rank_flags={odd: {"program_config": json.dumps(
+        json.loads(base["program_config"]), indent=1, sort_keys=True)}}, **{**base, "steps": 2})
+    wait_log_text(same, "waiting for producers", hosts)
+    same.kill()
+
+
+def shown(key: str, value) -> str:
+    """A setting's value as infeedd's sentence shows it (program_config parsed, keys sorted)."""
+    if key == "program_config":
+        return json.dumps(json.loads(value), sort_keys=True, separators=(",", ":"))
+    return str(value)
+
+
+def wait_log_text(job: Job, text: str, times: int = 1, timeout: float = 30) -> None:
+    """Until the job's log holds text that many times (each rank logs its own)."""
+    deadline = time.monotonic() + timeout
+    while job.log().count(text) < times:
+        assert job.proc.poll() is None, job.log()
+        assert time.monotonic() < deadline, f"no '{text}' within {timeout} s: {job.log()}"
+        time.sleep(0.05)
 
 
 def stream_hosts(job: Job, batches, n: int, resume_seqs: dict, timeout: float = 30,

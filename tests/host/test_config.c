@@ -5,6 +5,7 @@
  * expected and what arrived; the runtime's sentences and the rules between keys named the same
  * way; --help listing every option with its default.
  */
+#include "host/config_agree.h"
 #include "host/config_internal.h"
 #include "tests/util/program_ref.h"
 #include "tests/util/testutil.h"
@@ -641,6 +642,137 @@ START_TEST(program_config_flag_and_key)
 }
 END_TEST
 
+/* Several hosts' shared settings (host/config_agree.c): two configs that differ in one shared
+ * setting (a random value of its kind) differ in that setting's hash alone; program_config
+ * compares as parsed; a float's last bit counts; endpoints and other per-host keys do not. */
+static int shared_differences(const char *const *a, int64_t step_a, const char *const *b,
+                              int64_t step_b, const char **first)
+{
+    ifd_config_shared_key ka[64], kb[64];
+    ck_assert_int_le(ifd_config_nshared(), 64);
+    ifd_daemon_config ca, cb;
+    ifd_error err;
+    RASSERT(parse_into(&ca, NULL, a, &err) == IFD_OK, "%s", err.msg);
+    RASSERT(parse_into(&cb, NULL, b, &err) == IFD_OK, "%s", err.msg);
+    int n = ifd_config_shared(&ca, step_a, ka);
+    ck_assert_int_eq(ifd_config_shared(&cb, step_b, kb), n);
+    ck_assert_int_eq(n, ifd_config_nshared());
+    int differ = 0;
+    for (int i = 0; i < n; i++) {
+        ck_assert_str_eq(ka[i].key, kb[i].key);
+        if (ka[i].hash != kb[i].hash && differ++ == 0)
+            *first = ka[i].key;
+    }
+    ifd_daemon_config_free(&ca);
+    ifd_daemon_config_free(&cb);
+    return differ;
+}
+
+START_TEST(shared_settings_differ_only_where_values_do)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    const char *first = NULL;
+    char v1[32], v2[32];
+    struct {
+        const char *flag, *key;
+        const char *a, *b;
+    } cases[] = {
+        {"--learning-rate", "learning_rate", v1, v2},
+        {"--seed", "seed", v1, v2},
+        {"--replicas", "replicas", "1", "2"},
+        {"--optimizer", "optimizer", "sgd", "adam"},
+        {"--summary-every", "summary_every", v1, v2},
+        {"--host-call", "host_calls", "class=mean", "class=sum"},
+        {"--publish", "publish", "", "tcp://127.0.0.1:7000"},
+        {"--iterations-per-loop", "iterations_per_loop", "auto", "100"},
+    };
+    for (int t = 0; t < 50; t++) {
+        int c = (int)rand_between(&rng, 0, (int64_t)(sizeof cases / sizeof cases[0]) - 1);
+        int64_t x = rand_between(&rng, 1, 1000), y = x + rand_between(&rng, 1, 1000);
+        if (strcmp(cases[c].key, "learning_rate") == 0) { /* one float's next value */
+            snprintf(v1, sizeof v1, "%.9g", (double)x / 1000.0);
+            snprintf(v2, sizeof v2, "%.9g", (double)nextafterf((float)x / 1000.0f, 2.0f));
+        } else {
+            snprintf(v1, sizeof v1, "%" PRId64, x);
+            snprintf(v2, sizeof v2, "%" PRId64, y);
+        }
+        const char *a[] = {cases[c].flag, cases[c].a, NULL},
+                   *b[] = {cases[c].flag, cases[c].b, NULL};
+        RASSERT(shared_differences(a, 0, b, 0, &first) == 1, "%s %s vs %s", cases[c].flag,
+                cases[c].a, cases[c].b);
+        ck_assert_str_eq(first, cases[c].key);
+        RASSERT(shared_differences(a, 0, a, 0, &first) == 0, "%s", cases[c].flag);
+    }
+    /* the starting step (a checkpoint's) */
+    int64_t step = rand_between(&rng, 0, 1 << 20);
+    ck_assert_int_eq(shared_differences(NULL, step, NULL, step + 1, &first), 1);
+    ck_assert_str_eq(first, "the starting global step");
+    /* program_config as parsed: spacing and key order do not count, a value does */
+    const char *p1[] = {"--program", "charlm", "--program-config",
+                        "{\"layers\": 1, \"heads\": 2, \"width\": 4, \"block\": 3, \"vocab\": 9}",
+                        NULL},
+               *p2[] = {"--program", "charlm", "--program-config",
+                        "{ \"vocab\":9,\n \"block\":3, \"width\":4,\"heads\":2,\"layers\":1 }",
+                        NULL},
+               *p3[] = {"--program", "charlm", "--program-config",
+                        "{\"layers\": 1, \"heads\": 2, \"width\": 4, \"block\": 3, \"vocab\": 8}",
+                        NULL};
+    ck_assert_int_eq(shared_differences(p1, 0, p2, 0, &first), 0);
+    ck_assert_int_eq(shared_differences(p1, 0, p3, 0, &first), 1);
+    ck_assert_str_eq(first, "program_config");
+    /* a host's own endpoints, files, limits and threads are its own */
+    const char *
+        own_a[] = {"--listen", "ipc:///tmp/a",      "--publish", "tcp://127.0.0.1:7001", "--credit",
+                   "5",        "--replica-threads", "1",         "--watchdog",           "3",
+                   NULL},
+       *own_b[] = {"--listen", "ipc:///tmp/b",      "--publish", "tcp://127.0.0.1:7002", "--credit",
+                   "9",        "--replica-threads", "2",         "--watchdog",           "0",
+                   NULL};
+    ck_assert_int_eq(shared_differences(own_a, 0, own_b, 0, &first), 0);
+}
+END_TEST
+
+/* ifd_config_agree over a fake job of two hosts whose other host holds b's settings: the
+ * sentence names every differing flag and this host's values, in the table's order. */
+static int64_t other_host[128];
+static int fake_allreduce(void *ctx, int channel, int64_t *vals, int n, ifd_hosts_op op,
+                          ifd_hosts_stop_fn stop, void *stop_arg, ifd_error *err)
+{
+    (void)ctx, (void)stop, (void)stop_arg, (void)err;
+    ck_assert_int_eq(channel, IFD_HOSTS_LOOP);
+    ck_assert_int_eq(op, IFD_HOSTS_MIN);
+    for (int i = 0; i < n; i++)
+        vals[i] = vals[i] < other_host[i] ? vals[i] : other_host[i];
+    return IFD_OK;
+}
+
+START_TEST(agree_names_the_settings_that_differ)
+{
+    const char *a[] = {"--seed", "7", "--learning-rate", "0.5", "--steps", "20", NULL},
+               *b[] = {"--seed", "8", "--learning-rate", "0.5", "--steps", "30", NULL};
+    ifd_daemon_config ca, cb;
+    ifd_error err;
+    ck_assert_int_eq(parse_into(&ca, NULL, a, &err), IFD_OK);
+    ck_assert_int_eq(parse_into(&cb, NULL, b, &err), IFD_OK);
+    ifd_config_shared_key kb[64];
+    int n = ifd_config_shared(&cb, 0, kb);
+    for (int i = 0; i < n; i++) {
+        other_host[i] = kb[i].hash;
+        other_host[n + i] = -kb[i].hash;
+    }
+    static const ifd_hosts_ops ops = {.allreduce_i64 = fake_allreduce};
+    ifd_hosts h = {.ops = &ops, .rank = 1, .size = 2};
+    ck_assert_int_eq(ifd_config_agree(&ca, 0, &h, &err), IFD_EINVAL);
+    ck_assert_str_eq(err.msg, "the hosts differ in --steps, --seed: every host of a run must give "
+                              "the same (docs/multihost.md); host 1 of 2 has --steps 20, --seed "
+                              "7. No host starts");
+    ck_assert_int_eq(ifd_config_agree(&cb, 0, &h, &err), IFD_OK);
+    ifd_daemon_config_free(&ca);
+    ifd_daemon_config_free(&cb);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("config");
@@ -656,5 +788,7 @@ int main(void)
     tcase_add_test(tc, host_calls_file_and_flags);
     tcase_add_test(tc, program_config_flag_and_key);
     tcase_add_test(tc, help_lists_every_option_and_its_default);
+    tcase_add_test(tc, shared_settings_differ_only_where_values_do);
+    tcase_add_test(tc, agree_names_the_settings_that_differ);
     return tu_run_suite(s);
 }
