@@ -55,7 +55,7 @@ enum { NSHARED = sizeof shared_keys / sizeof shared_keys[0] };
 
 int ifd_config_nshared(void)
 {
-    return NSHARED + 2;
+    return NSHARED + 1;
 }
 
 /* FNV-1a, 62 bits (so that its negation fits an int64_t: one MIN finds both ends) */
@@ -114,11 +114,6 @@ int ifd_config_shared(const ifd_daemon_config *c, int64_t start_step, ifd_config
             snprintf(exact, sizeof exact, "%s", k->value);
         k->hash = hash_text(exact);
     }
-    /* publish on or off: with several hosts the tensor messages' exchange is a collective */
-    out[n] = (ifd_config_shared_key){.key = "publish"};
-    snprintf(out[n].value, sizeof out[n].value, "%s", c->publish && c->publish[0] ? "on" : "off");
-    out[n].hash = hash_text(out[n].value);
-    n++;
     /* the global step the run starts from: the checkpoint's when it resumes */
     out[n] = (ifd_config_shared_key){.key = "the starting global step"};
     snprintf(out[n].value, sizeof out[n].value, "%" PRId64, start_step);
@@ -129,9 +124,9 @@ int ifd_config_shared(const ifd_daemon_config *c, int64_t start_step, ifd_config
 int ifd_config_agree(const ifd_daemon_config *c, int64_t start_step, const ifd_hosts *h,
                      ifd_error *err)
 {
-    ifd_config_shared_key keys[NSHARED + 2];
+    ifd_config_shared_key keys[NSHARED + 1];
     int n = ifd_config_shared(c, start_step, keys);
-    int64_t v[2 * (NSHARED + 2)];
+    int64_t v[2 * (NSHARED + 1)];
     for (int i = 0; i < n; i++) {
         v[i] = keys[i].hash;
         v[n + i] = -keys[i].hash; /* MIN of the negation: the MAX */

@@ -684,7 +684,6 @@ START_TEST(shared_settings_differ_only_where_values_do)
         {"--optimizer", "optimizer", "sgd", "adam"},
         {"--summary-every", "summary_every", v1, v2},
         {"--host-call", "host_calls", "class=mean", "class=sum"},
-        {"--publish", "publish", "", "tcp://127.0.0.1:7000"},
         {"--iterations-per-loop", "iterations_per_loop", "auto", "100"},
     };
     for (int t = 0; t < 50; t++) {
