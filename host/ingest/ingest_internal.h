@@ -144,7 +144,9 @@ typedef struct position {
  * frames; shm_frames: pool slots) and frees it (`free`) when the last step lets go. */
 typedef struct host_frames host_frames;
 struct host_frames {
-    int refs;                      /* atomic: the step batches still holding the tensors */
+    int refs;                      /* atomic: the step batches still holding the tensors (they let
+                                      go on the I/O thread, when acknowledged, or at the end) */
+    int unreleased;                /* atomic: its steps the runtime has not released yet */
     char *data[IFD_MAX_INPUTS];    /* tensor i's first row: a frame, a copy or a pool slot */
     void *copies[IFD_MAX_INPUTS];  /* a frame libzmq left unaligned (or a pool's integer
                                       tensor), copied */
@@ -161,7 +163,7 @@ struct host_batch {
     producer *p;
     int pos;         /* the producer's position entry */
     int done;        /* atomic: released by the runtime */
-    host_frames *fr; /* its message's frames; NULL once let go */
+    host_frames *fr; /* its message's frames; NULL once let go (I/O thread: ingest_send_acks) */
     int slot;        /* BATCH_SHM: its slot in fr->pool, else -1 */
     char name[IFD_PROTO_NAME_MAX + 1];
     host_batch *pnext; /* the producer's list */
@@ -255,6 +257,10 @@ struct ifd_ingest {
     ingest_stats stats;
     ingest_outboxes out;
     int acks_pending; /* atomic: a release asked the I/O thread for ACKs */
+    /* acknowledged batches kept for the next ones (I/O thread; at most pr.credit of them): a
+     * batch is allocated and freed on the I/O thread, not once a step (ingest_host_batch_take) */
+    host_batch *spare;
+    int nspare;
 
     /* The protocol's state: the producer table (I/O thread) */
     producer *producers;
@@ -395,9 +401,14 @@ void ingest_shm_handle_batch(ifd_ingest *g, const producer_rid *from, ingest_spa
 
 /* batch_fifo.c */
 void ingest_host_frames_free(host_frames *fr);
-int ingest_host_batch_free_frames(host_batch *hb);
+void ingest_host_batch_free_frames(host_batch *hb);
 void ingest_prediction_free(prediction_msg *m);
 void ingest_host_batch_free(host_batch *hb);
+/* I/O thread: a zeroed batch (a spare one, else allocated; NULL: out of memory); an acknowledged
+ * one kept as a spare (or freed beyond pr.credit of them); the spares freed (destroy). */
+host_batch *ingest_host_batch_take(ifd_ingest *g);
+void ingest_host_batch_recycle(ifd_ingest *g, host_batch *hb);
+void ingest_host_batch_spares_free(ifd_ingest *g);
 void ingest_host_batch_release(ifd_batch *b, void *arg);
 void ingest_fifo_push(ifd_ingest *g, host_batch *hb);
 void ingest_fifo_flush(ifd_ingest *g);

@@ -200,6 +200,7 @@ void fake_ingest_free(fake_ingest *f)
     }
     free(g->fifo.lanes);
     free(g->producers);
+    ingest_host_batch_spares_free(g);
     ingest_producers_free(g);
     ingest_ended_conns_free(g);
     ifd_mutex_fini(&g->end.mu);
@@ -238,6 +239,8 @@ typedef struct copied_frames {
 
 static void copied_free(host_frames *fr)
 {
+    if (fake_current)
+        fake_current->frames_freed++;
     free(fr);
 }
 

@@ -32,6 +32,7 @@ typedef struct fake_ingest {
     ifd_program program;
     fake_reply replies[FAKE_REPLIES_MAX];
     int nreplies;
+    int frames_freed; /* BATCH messages whose frames fake_batch made were freed */
 } fake_ingest;
 
 /* The replies' log and the connections' answers, for the whole process (one ingest at a time). */
