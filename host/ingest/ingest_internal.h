@@ -191,6 +191,10 @@ typedef struct ingest_sockets {
     int64_t hoarders_ns;          /* the last pass of ingest_close_hoarders */
     int efd;
     size_t max_frame;
+    /* zmq_transport.c: freed BATCH frame holders kept for the next messages (I/O thread; at
+     * most pr.credit of them) */
+    void *frames_spare;
+    int nframes_spare;
     ifd_thread thread;
     int started; /* main thread */
 } ingest_sockets;
@@ -294,6 +298,8 @@ void *ingest_io_main(void *arg);
 /* zmq_transport.c: a burst of at most RECV_BURST messages read and handled (zmq_transport.h
  * has the rest). */
 void ingest_recv_burst(ifd_ingest *g);
+/* zmq_transport.c: its spare frame holders freed (destroy, once no batch holds frames). */
+void ingest_zmq_spares_free(ifd_ingest *g);
 /* lifecycle.c: the program the schema comes from (ifd_ingest_start sets it; the fuzz harness
  * too). */
 void ingest_attach_program(ifd_ingest *g, const ifd_program *program);
@@ -428,8 +434,8 @@ int ingest_batch_sequence(ifd_ingest *g, producer *p, const producer_rid *from,
 void ingest_batch_accept(ifd_ingest *g, producer *p, const producer_rid *from,
                          const ifd_proto_batch *bh, int k, int skip, host_frames *fr, int take_rc,
                          int first_slot);
-/* An aligned copy of len bytes (a frame libzmq left unaligned, a pool's integer tensor), counted
- * in status's copied bytes; NULL when out of memory. */
+/* A copy of len bytes aligned for any dtype (a frame libzmq left unaligned, a pool's integer
+ * tensor), counted in status's copied bytes; NULL when out of memory. */
 void *ingest_copy_aligned(ifd_ingest *g, const void *src, size_t len);
 void ingest_send_acks(ifd_ingest *g);
 
