@@ -112,11 +112,26 @@ void ingest_host_batch_release(ifd_batch *b, void *arg)
         __atomic_store_n(&fr->slot_busy[hb->slot], -1, __ATOMIC_RELEASE);
     int last = __atomic_sub_fetch(&fr->unreleased, 1, __ATOMIC_ACQ_REL) == 0;
     __atomic_store_n(&hb->done, 1, __ATOMIC_RELEASE);
-    /* The I/O thread is woken to ACK once a message is consumed: a message of several steps
+    /* The I/O thread is asked to ACK once a message is consumed: a message of several steps
      * is acknowledged when its last step is, with one ACK (or sooner, on the I/O thread's next
-     * pass), not with a wake-up and an ACK a step. */
-    if (last && __atomic_exchange_n(&g->acks_pending, 1, __ATOMIC_ACQ_REL) == 0)
+     * pass), not with a wake-up and an ACK a step. It is woken (an eventfd write, and a read and
+     * a pass there) only when it waits or is about to: a busy one sees acks_pending before it
+     * polls (ingest_io_wait_ms). Sequentially consistent on both sides, so that the release
+     * sees it waiting or it sees the release. */
+    if (last && __atomic_exchange_n(&g->acks_pending, 1, __ATOMIC_SEQ_CST) == 0 &&
+        __atomic_load_n(&g->io_waiting, __ATOMIC_SEQ_CST))
         ifd_ingest_wake(g);
+}
+
+int ingest_io_wait_ms(ifd_ingest *g, int ms)
+{
+    __atomic_store_n(&g->io_waiting, 1, __ATOMIC_SEQ_CST);
+    return __atomic_load_n(&g->acks_pending, __ATOMIC_SEQ_CST) ? 0 : ms;
+}
+
+void ingest_io_awake(ifd_ingest *g)
+{
+    __atomic_store_n(&g->io_waiting, 0, __ATOMIC_RELAXED);
 }
 
 static int src_pop(ifd_ingest *g, int lane, ifd_batch **out, int wait, ifd_error *err)

@@ -261,6 +261,7 @@ struct ifd_ingest {
     ingest_stats stats;
     ingest_outboxes out;
     int acks_pending; /* atomic: a release asked the I/O thread for ACKs */
+    int io_waiting;   /* atomic: the I/O thread is about to poll, or polling (ingest_io_wait_ms) */
     /* acknowledged batches kept for the next ones (I/O thread; at most pr.credit of them): a
      * batch is allocated and freed on the I/O thread, not once a step (ingest_host_batch_take) */
     host_batch *spare;
@@ -416,6 +417,10 @@ host_batch *ingest_host_batch_take(ifd_ingest *g);
 void ingest_host_batch_recycle(ifd_ingest *g, host_batch *hb);
 void ingest_host_batch_spares_free(ifd_ingest *g);
 void ingest_host_batch_release(ifd_batch *b, void *arg);
+/* I/O thread, around its poll: the timeout to poll with (0 when a release asked for ACKs while
+ * the thread was busy: such a release wakes nobody), and the end of the wait. */
+int ingest_io_wait_ms(ifd_ingest *g, int ms);
+void ingest_io_awake(ifd_ingest *g);
 void ingest_fifo_push(ifd_ingest *g, host_batch *hb);
 void ingest_fifo_flush(ifd_ingest *g);
 void ingest_close_input(ifd_ingest *g, const char *why);

@@ -273,6 +273,42 @@ START_TEST(released_frames_are_freed_by_the_ack_pass)
 }
 END_TEST
 
+/* A release asks for ACKs and wakes the I/O thread only when it waits (or is about to): a busy
+ * one is not woken, and polls without waiting next. Once a pass, whatever the releases. */
+START_TEST(a_release_wakes_the_io_thread_only_when_it_waits)
+{
+    t x;
+    setup(&x, IFD_INPUT_PER_HOST);
+    hello_named(&x, "c1", "p", 0);
+    int ms = (int)rand_between(&x.rng, 1, 1000);
+    int64_t seq = 0;
+    for (int round = 0; round < 6; round++) {
+        int waiting = (int)rand_between(&x.rng, 0, 1);
+        int n = (int)rand_between(&x.rng, 1, x.f.g->pr.credit);
+        for (int i = 0; i < n; i++)
+            batch(&x, "c1", seq + i, 1);
+        ck_assert_int_eq(ingest_io_wait_ms(x.f.g, ms), ms); /* nothing asked: it may wait */
+        if (!waiting)
+            ingest_io_awake(x.f.g); /* it found messages: busy with them */
+        int wakes = x.f.wakes;
+        ifd_batch_source src = ifd_ingest_source(x.f.g);
+        ifd_batch *b;
+        ifd_error err;
+        while (src.ops->try_next(src.ctx, &b, &err) == IFD_OK)
+            b->release(b, b->release_arg);
+        ck_assert_int_eq(x.f.wakes - wakes, waiting);
+        ck_assert_int_eq(__atomic_load_n(&x.f.g->acks_pending, __ATOMIC_ACQUIRE), 1);
+        /* the next wait does not wait: the ACKs are due */
+        ck_assert_int_eq(ingest_io_wait_ms(x.f.g, ms), 0);
+        ingest_io_awake(x.f.g);
+        ingest_send_acks(x.f.g);
+        ck_assert_int_eq(fake_last(&x.f, "c1")->seq, seq + n - 1);
+        seq += n;
+    }
+    teardown(&x);
+}
+END_TEST
+
 /* Acknowledged batches are kept for the next ones (at most the credit of them) and start clean:
  * a reused one is not acknowledged before it is consumed, and carries its own seq. */
 START_TEST(acknowledged_batches_are_reused_clean)
@@ -503,6 +539,7 @@ int main(void)
     tcase_add_loop_test(tc, per_core_batches_go_to_their_replicas_queue, 0, 10);
     tcase_add_loop_test(tc, released_frames_are_freed_by_the_ack_pass, 0, 10);
     tcase_add_loop_test(tc, acknowledged_batches_are_reused_clean, 0, 10);
+    tcase_add_loop_test(tc, a_release_wakes_the_io_thread_only_when_it_waits, 0, 10);
     tc = tu_tcase(s, "end", 30);
     tcase_add_loop_test(tc, end_closes_the_stream_and_then_the_input, 0, 10);
     tcase_add_loop_test(tc, expect_producers_keeps_the_input_open_until_that_many_ended, 0, 10);

@@ -33,6 +33,7 @@ typedef struct fake_ingest {
     fake_reply replies[FAKE_REPLIES_MAX];
     int nreplies;
     int frames_freed; /* BATCH messages whose frames fake_batch made were freed */
+    int wakes;        /* ifd_ingest_wake calls */
 } fake_ingest;
 
 /* The replies' log and the connections' answers, for the whole process (one ingest at a time). */
