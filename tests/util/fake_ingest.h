@@ -55,8 +55,9 @@ void fake_end(fake_ingest *f, const char *rid);
 
 /* The last reply to rid (NULL: none). */
 const fake_reply *fake_last(fake_ingest *f, const char *rid);
-/* Every batch in the FIFO taken (lane -1: the single FIFO) and released, then the ACKs sent;
- * returns how many. */
+/* Every batch in the FIFO taken (lane -1: the single FIFO) and released, then (consume) the
+ * ACKs sent; returns how many. */
+int fake_release(fake_ingest *f, int lane);
 int fake_consume(fake_ingest *f, int lane);
 
 #endif
