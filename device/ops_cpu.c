@@ -815,11 +815,21 @@ void ifd_cpu_guard_loss(void *ctx, ifd_step_out *out, float *grads)
         grads[0] = NAN;
 }
 
+/* OpenBLAS's own: stops and joins its server threads (what its fork handler calls before every
+ * fork; a later multithreaded call starts them again). Weak: another BLAS lacks it. */
+extern int blas_thread_shutdown_(void) __attribute__((weak));
+
 int ifd_cpu_replica_threads(int replicas, int requested)
 {
     if (getenv("OPENBLAS_NUM_THREADS"))
         return 1;
     openblas_set_num_threads(1);
+    /* On one thread OpenBLAS never hands its servers work, but each spins on sched_yield for
+     * about 2^28 cycles after it starts (at load) or after its last job before it sleeps: at the
+     * daemon's start about 0.15 s of a core, while the first batches arrive (bench/README.md,
+     * "4 KiB against the 0.8 target"). */
+    if (blas_thread_shutdown_)
+        blas_thread_shutdown_();
     int n = requested;
     if (n <= 0) {
         cpu_set_t set;

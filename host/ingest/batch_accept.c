@@ -104,7 +104,7 @@ int ingest_batch_sequence(ifd_ingest *g, producer *p, const producer_rid *from,
 static host_batch *make_step(ifd_ingest *g, producer *p, const ifd_proto_batch *bh, host_frames *fr,
                              int64_t step, int64_t step_rows, int slot)
 {
-    host_batch *b = calloc(1, sizeof *b);
+    host_batch *b = ingest_host_batch_take(g);
     if (b == NULL)
         return NULL;
     ifd_batch_init(&b->b);
@@ -124,7 +124,7 @@ static host_batch *make_step(ifd_ingest *g, producer *p, const ifd_proto_batch *
     b->b.release_arg = b;
     b->b.user = b;
     if (ingest_view_tensors(&g->pr, fr->data, step * step_rows, step_rows, b->b.tensors)) {
-        free(b);
+        ingest_host_batch_recycle(g, b);
         return NULL;
     }
     return b;
@@ -134,7 +134,7 @@ static host_batch *make_step(ifd_ingest *g, producer *p, const ifd_proto_batch *
 static void enqueue_steps(ifd_ingest *g, producer *p, const producer_rid *from, host_frames *fr,
                           host_batch **hb, int n, int skip, int64_t last)
 {
-    fr->refs = n;
+    fr->refs = fr->unreleased = n;
     if (skip) { /* the steps taken before cost no credit now */
         p->credit += skip;
         ingest_reply_credit(g, from, (uint32_t)skip);
@@ -234,7 +234,8 @@ void ingest_batch_accept(ifd_ingest *g, producer *p, const producer_rid *from,
     }
     if (rc) {
         for (int j = 0; j < n; j++)
-            free(hb[j]);
+            if (hb[j])
+                ingest_host_batch_recycle(g, hb[j]);
         ingest_host_frames_free(fr);
         ingest_batch_reject(g, p, from, k, rc, bh->seq, ifd_error_text(&e));
     } else {
@@ -314,7 +315,7 @@ void ingest_send_acks(ifd_ingest *g)
                 ingest_reply_prediction(g, &r, hb->pred);
                 hb->pred = NULL;
             }
-            ingest_host_batch_free(hb);
+            ingest_host_batch_recycle(g, hb);
         }
         if (n && p->rid_len) {
             producer_rid r = ingest_rid_of(p);
@@ -326,7 +327,9 @@ void ingest_send_acks(ifd_ingest *g)
 
 void *ingest_copy_aligned(ifd_ingest *g, const void *src, size_t len)
 {
-    void *c = aligned_alloc(64, (len + 63) / 64 * 64);
+    /* malloc's alignment (max_align_t) suffices for every dtype; aligned_alloc's memalign path
+     * cost 2 % of the daemon's time at 4 KiB (where 3 frames in 4 arrive unaligned) */
+    void *c = malloc(len ? len : 1);
     if (c) {
         memcpy(c, src, len);
         g->stats.copied_bytes += (int64_t)len;

@@ -29,20 +29,22 @@ void ingest_host_frames_free(host_frames *fr)
     fr->free(fr);
 }
 
-/* Lets go of hb's share of its message's frames (once: the release or the free); 1 when that
- * was the last share (the message is consumed), else 0. */
-int ingest_host_batch_free_frames(host_batch *hb)
+/* Lets go of hb's share of its message's frames (once: when it is acknowledged, or dropped at
+ * the end); the last share frees them. Not on the runtime's thread: the frames and the copies
+ * were allocated on the I/O thread (or libzmq's), whose allocator arena a free from a replica
+ * would contend for (bench/README.md, "4 KiB against the 0.8 target"). */
+void ingest_host_batch_free_frames(host_batch *hb)
 {
     host_frames *fr = hb->fr;
     hb->fr = NULL;
-    if (fr && fr->slot_busy &&
-        hb->slot >= 0) /* its slot is free (the producer waits for the ACK) */
+    if (fr == NULL)
+        return;
+    /* never released (dropped at the end): its slot is free; a released one freed it then, and
+     * the slot may hold a newer step now */
+    if (fr->slot_busy && hb->slot >= 0 && !__atomic_load_n(&hb->done, __ATOMIC_ACQUIRE))
         __atomic_store_n(&fr->slot_busy[hb->slot], -1, __ATOMIC_RELEASE);
-    if (fr && __atomic_sub_fetch(&fr->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+    if (__atomic_sub_fetch(&fr->refs, 1, __ATOMIC_ACQ_REL) == 0)
         ingest_host_frames_free(fr);
-        return 1;
-    }
-    return 0;
 }
 
 void ingest_prediction_free(prediction_msg *m)
@@ -63,19 +65,73 @@ void ingest_host_batch_free(host_batch *hb)
     free(hb);
 }
 
-/* The runtime's release: any thread, once. */
+host_batch *ingest_host_batch_take(ifd_ingest *g)
+{
+    host_batch *hb = g->spare;
+    if (hb == NULL)
+        return calloc(1, sizeof *hb);
+    g->spare = hb->pnext;
+    g->nspare--;
+    memset(hb, 0, sizeof *hb);
+    return hb;
+}
+
+void ingest_host_batch_recycle(ifd_ingest *g, host_batch *hb)
+{
+    if (g->nspare >= g->pr.credit) {
+        ingest_host_batch_free(hb);
+        return;
+    }
+    ingest_host_batch_free_frames(hb);
+    ingest_prediction_free(hb->pred);
+    hb->pred = NULL;
+    hb->pnext = g->spare;
+    g->spare = hb;
+    g->nspare++;
+}
+
+void ingest_host_batch_spares_free(ifd_ingest *g)
+{
+    while (g->spare) {
+        host_batch *hb = g->spare;
+        g->spare = hb->pnext;
+        free(hb);
+    }
+    g->nspare = 0;
+}
+
+/* The runtime's release: any thread, once. The batch is marked done, and the I/O thread frees
+ * it (and its share of the frames) when it acknowledges it; hb may be gone once done is set. */
 void ingest_host_batch_release(ifd_batch *b, void *arg)
 {
     (void)b;
     host_batch *hb = arg;
     ifd_ingest *g = hb->g;
-    int last = ingest_host_batch_free_frames(hb);
+    host_frames *fr = hb->fr;
+    if (fr->slot_busy && hb->slot >= 0) /* its slot is free (the producer waits for the ACK) */
+        __atomic_store_n(&fr->slot_busy[hb->slot], -1, __ATOMIC_RELEASE);
+    int last = __atomic_sub_fetch(&fr->unreleased, 1, __ATOMIC_ACQ_REL) == 0;
     __atomic_store_n(&hb->done, 1, __ATOMIC_RELEASE);
-    /* The I/O thread is woken to ACK once a message is consumed: a message of several steps
+    /* The I/O thread is asked to ACK once a message is consumed: a message of several steps
      * is acknowledged when its last step is, with one ACK (or sooner, on the I/O thread's next
-     * pass), not with a wake-up and an ACK a step. */
-    if (last && __atomic_exchange_n(&g->acks_pending, 1, __ATOMIC_ACQ_REL) == 0)
+     * pass), not with a wake-up and an ACK a step. It is woken (an eventfd write, and a read and
+     * a pass there) only when it waits or is about to: a busy one sees acks_pending before it
+     * polls (ingest_io_wait_ms). Sequentially consistent on both sides, so that the release
+     * sees it waiting or it sees the release. */
+    if (last && __atomic_exchange_n(&g->acks_pending, 1, __ATOMIC_SEQ_CST) == 0 &&
+        __atomic_load_n(&g->io_waiting, __ATOMIC_SEQ_CST))
         ifd_ingest_wake(g);
+}
+
+int ingest_io_wait_ms(ifd_ingest *g, int ms)
+{
+    __atomic_store_n(&g->io_waiting, 1, __ATOMIC_SEQ_CST);
+    return __atomic_load_n(&g->acks_pending, __ATOMIC_SEQ_CST) ? 0 : ms;
+}
+
+void ingest_io_awake(ifd_ingest *g)
+{
+    __atomic_store_n(&g->io_waiting, 0, __ATOMIC_RELAXED);
 }
 
 static int src_pop(ifd_ingest *g, int lane, ifd_batch **out, int wait, ifd_error *err)

@@ -144,7 +144,9 @@ typedef struct position {
  * frames; shm_frames: pool slots) and frees it (`free`) when the last step lets go. */
 typedef struct host_frames host_frames;
 struct host_frames {
-    int refs;                      /* atomic: the step batches still holding the tensors */
+    int refs;                      /* atomic: the step batches still holding the tensors (they let
+                                      go on the I/O thread, when acknowledged, or at the end) */
+    int unreleased;                /* atomic: its steps the runtime has not released yet */
     char *data[IFD_MAX_INPUTS];    /* tensor i's first row: a frame, a copy or a pool slot */
     void *copies[IFD_MAX_INPUTS];  /* a frame libzmq left unaligned (or a pool's integer
                                       tensor), copied */
@@ -161,7 +163,7 @@ struct host_batch {
     producer *p;
     int pos;         /* the producer's position entry */
     int done;        /* atomic: released by the runtime */
-    host_frames *fr; /* its message's frames; NULL once let go */
+    host_frames *fr; /* its message's frames; NULL once let go (I/O thread: ingest_send_acks) */
     int slot;        /* BATCH_SHM: its slot in fr->pool, else -1 */
     char name[IFD_PROTO_NAME_MAX + 1];
     host_batch *pnext; /* the producer's list */
@@ -189,6 +191,10 @@ typedef struct ingest_sockets {
     int64_t hoarders_ns;          /* the last pass of ingest_close_hoarders */
     int efd;
     size_t max_frame;
+    /* zmq_transport.c: freed BATCH frame holders kept for the next messages (I/O thread; at
+     * most pr.credit of them) */
+    void *frames_spare;
+    int nframes_spare;
     ifd_thread thread;
     int started; /* main thread */
 } ingest_sockets;
@@ -255,6 +261,11 @@ struct ifd_ingest {
     ingest_stats stats;
     ingest_outboxes out;
     int acks_pending; /* atomic: a release asked the I/O thread for ACKs */
+    int io_waiting;   /* atomic: the I/O thread is about to poll, or polling (ingest_io_wait_ms) */
+    /* acknowledged batches kept for the next ones (I/O thread; at most pr.credit of them): a
+     * batch is allocated and freed on the I/O thread, not once a step (ingest_host_batch_take) */
+    host_batch *spare;
+    int nspare;
 
     /* The protocol's state: the producer table (I/O thread) */
     producer *producers;
@@ -288,6 +299,8 @@ void *ingest_io_main(void *arg);
 /* zmq_transport.c: a burst of at most RECV_BURST messages read and handled (zmq_transport.h
  * has the rest). */
 void ingest_recv_burst(ifd_ingest *g);
+/* zmq_transport.c: its spare frame holders freed (destroy, once no batch holds frames). */
+void ingest_zmq_spares_free(ifd_ingest *g);
 /* lifecycle.c: the program the schema comes from (ifd_ingest_start sets it; the fuzz harness
  * too). */
 void ingest_attach_program(ifd_ingest *g, const ifd_program *program);
@@ -395,10 +408,19 @@ void ingest_shm_handle_batch(ifd_ingest *g, const producer_rid *from, ingest_spa
 
 /* batch_fifo.c */
 void ingest_host_frames_free(host_frames *fr);
-int ingest_host_batch_free_frames(host_batch *hb);
+void ingest_host_batch_free_frames(host_batch *hb);
 void ingest_prediction_free(prediction_msg *m);
 void ingest_host_batch_free(host_batch *hb);
+/* I/O thread: a zeroed batch (a spare one, else allocated; NULL: out of memory); an acknowledged
+ * one kept as a spare (or freed beyond pr.credit of them); the spares freed (destroy). */
+host_batch *ingest_host_batch_take(ifd_ingest *g);
+void ingest_host_batch_recycle(ifd_ingest *g, host_batch *hb);
+void ingest_host_batch_spares_free(ifd_ingest *g);
 void ingest_host_batch_release(ifd_batch *b, void *arg);
+/* I/O thread, around its poll: the timeout to poll with (0 when a release asked for ACKs while
+ * the thread was busy: such a release wakes nobody), and the end of the wait. */
+int ingest_io_wait_ms(ifd_ingest *g, int ms);
+void ingest_io_awake(ifd_ingest *g);
 void ingest_fifo_push(ifd_ingest *g, host_batch *hb);
 void ingest_fifo_flush(ifd_ingest *g);
 void ingest_close_input(ifd_ingest *g, const char *why);
@@ -417,8 +439,8 @@ int ingest_batch_sequence(ifd_ingest *g, producer *p, const producer_rid *from,
 void ingest_batch_accept(ifd_ingest *g, producer *p, const producer_rid *from,
                          const ifd_proto_batch *bh, int k, int skip, host_frames *fr, int take_rc,
                          int first_slot);
-/* An aligned copy of len bytes (a frame libzmq left unaligned, a pool's integer tensor), counted
- * in status's copied bytes; NULL when out of memory. */
+/* A copy of len bytes aligned for any dtype (a frame libzmq left unaligned, a pool's integer
+ * tensor), counted in status's copied bytes; NULL when out of memory. */
 void *ingest_copy_aligned(ifd_ingest *g, const void *src, size_t len);
 void ingest_send_acks(ifd_ingest *g);
 

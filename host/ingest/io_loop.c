@@ -156,7 +156,9 @@ void *ingest_io_main(void *arg)
         items[n++] = (zmq_pollitem_t){.socket = g->sock.rep, .events = ZMQ_POLLIN};
     int64_t conns_ns = 0;
     while (!finishing(g)) {
-        int rc = zmq_poll(items, n, g->nbusy || ingest_replies_waiting(g) ? 5 : 100);
+        int rc = zmq_poll(items, n,
+                          ingest_io_wait_ms(g, g->nbusy || ingest_replies_waiting(g) ? 5 : 100));
+        ingest_io_awake(g);
         if (rc < 0 && zmq_errno() != EINTR) {
             IFD_LOG_ERROR("ingest: zmq_poll: %s", zmq_strerror(zmq_errno()));
             ifd_sleep_ns(10000000);

@@ -177,6 +177,8 @@ void ifd_ingest_destroy(ifd_ingest *g)
         ingest_shm_drop(g, &g->producers[i]); /* the pools producers still hold */
     }
     free(g->producers);
+    ingest_host_batch_spares_free(g);
+    ingest_zmq_spares_free(g);
     ifd_eval_set_destroy(g->eval);
     ingest_producers_free(g);
     ingest_replies_free(g);

@@ -17,19 +17,57 @@
 /* ---- a BATCH's frames ------------------------------------------------------------------------ */
 
 /* The received tensor frames, moved out of the message (the device reads them where libzmq put
- * them). */
+ * them). Freed on the I/O thread (when the message is acknowledged), which keeps up to the
+ * credit's worth of them for the next messages instead of a calloc and a free a message. */
 typedef struct zmq_frames {
     host_frames base;
+    ifd_ingest *g;
     int nframes;
     zmq_msg_t frames[IFD_MAX_INPUTS];
+    struct zmq_frames *next; /* in g's spares */
 } zmq_frames;
 
 static void zmq_frames_free(host_frames *fr)
 {
     zmq_frames *z = (zmq_frames *)fr;
+    ifd_ingest *g = z->g;
     for (int i = 0; i < z->nframes; i++)
         zmq_msg_close(&z->frames[i]);
-    free(z);
+    if (g->sock.nframes_spare >= g->pr.credit) {
+        free(z);
+        return;
+    }
+    z->next = g->sock.frames_spare;
+    g->sock.frames_spare = z;
+    g->sock.nframes_spare++;
+}
+
+/* A zeroed holder: a spare one, else allocated (NULL: out of memory). */
+static zmq_frames *zmq_frames_take(ifd_ingest *g)
+{
+    zmq_frames *z = g->sock.frames_spare;
+    if (z == NULL) {
+        z = calloc(1, sizeof *z);
+    } else {
+        g->sock.frames_spare = z->next;
+        g->sock.nframes_spare--;
+        memset(z, 0, sizeof *z);
+    }
+    if (z) {
+        z->g = g;
+        z->base.free = zmq_frames_free;
+    }
+    return z;
+}
+
+void ingest_zmq_spares_free(ifd_ingest *g)
+{
+    while (g->sock.frames_spare) {
+        zmq_frames *z = g->sock.frames_spare;
+        g->sock.frames_spare = z->next;
+        free(z);
+    }
+    g->sock.nframes_spare = 0;
 }
 
 /* The frames move into a zmq_frames; a frame libzmq left unaligned for its dtype is copied. */
@@ -79,12 +117,10 @@ static void handle_batch(ifd_ingest *g, const producer_rid *from, zmq_msg_t *par
     }
     if (ingest_batch_sequence(g, p, from, &bh, k, &skip))
         return;
-    zmq_frames *z = calloc(1, sizeof *z);
+    zmq_frames *z = zmq_frames_take(g);
     int rc = IFD_OK;
-    if (z) {
-        z->base.free = zmq_frames_free;
+    if (z)
         rc = take_frames(g, z, &parts[2]);
-    }
     ingest_batch_accept(g, p, from, &bh, k, skip, z ? &z->base : NULL, rc, -1);
 }
 

@@ -11,10 +11,14 @@
 
 #include <cblas.h>
 #include <check.h>
+#include <dirent.h>
 #include <math.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 typedef struct tally {
     int *hits;     /* atomic: per chunk */
@@ -346,6 +350,66 @@ START_TEST(test_replica_threads)
 }
 END_TEST
 
+/* The threads of this process that kept its name (OpenBLAS's servers do; libzmq's and ours are
+ * named), besides the caller. */
+static int unnamed_threads(void)
+{
+    char self[64] = "", path[300], comm[64];
+    FILE *f = fopen("/proc/self/comm", "r");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_ptr_nonnull(fgets(self, sizeof self, f));
+    fclose(f);
+    DIR *d = opendir("/proc/self/task");
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        if (e->d_name[0] == '.' || atol(e->d_name) == (long)syscall(SYS_gettid))
+            continue;
+        snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
+        if ((f = fopen(path, "r")) == NULL)
+            continue; /* it ended meanwhile */
+        n += fgets(comm, sizeof comm, f) != NULL && strcmp(comm, self) == 0;
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+/* OpenBLAS on one thread for the teams: its server threads, which spin on sched_yield for a
+ * while whenever they start, are stopped; OPENBLAS_NUM_THREADS leaves them. (Counted against
+ * the threads left once they are stopped: a sanitizer's own thread is unnamed too.) */
+START_TEST(test_replica_threads_stop_blas_servers)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    unsetenv("OPENBLAS_NUM_THREADS");
+    int64_t m = rand_between(&rng, 128, 256), k = rand_between(&rng, 128, 256);
+    float *a = calloc((size_t)(m * k), sizeof *a), *c = calloc((size_t)(m * m), sizeof *c);
+    ck_assert_ptr_nonnull(a);
+    ck_assert_ptr_nonnull(c);
+    ifd_cpu_replica_threads((int)rand_between(&rng, 1, 4), 0);
+    int base = unnamed_threads();
+    cpu_set_t set;
+    int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+    for (int with_env = 0; with_env < 2; with_env++) {
+        /* a product large enough for OpenBLAS's threads starts its servers */
+        openblas_set_num_threads(2);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)m, (int)k, 1.0f, a,
+                    (int)k, a, (int)k, 0.0f, c, (int)m);
+        int started = unnamed_threads();
+        if (cpus > 1)
+            ck_assert_int_gt(started, base); /* else OpenBLAS has no servers to stop */
+        if (with_env)
+            setenv("OPENBLAS_NUM_THREADS", "2", 1);
+        ifd_cpu_replica_threads((int)rand_between(&rng, 1, 4), 0);
+        ck_assert_int_eq(unnamed_threads(), with_env ? started : base);
+        unsetenv("OPENBLAS_NUM_THREADS");
+    }
+    free(a);
+    free(c);
+}
+END_TEST
+
 /* The finite check of a step's gradients (device/ops_cpu.c), alone and on a team: every
  * finite vector passes, and one NaN or infinity anywhere (the tail after the last full
  * vector of accumulators included) fails it. */
@@ -402,6 +466,7 @@ int main(void)
     tcase_add_test(tc, test_gemm_split);
     tcase_add_test(tc, test_update_split_same_bits);
     tcase_add_test(tc, test_replica_threads);
+    tcase_add_test(tc, test_replica_threads_stop_blas_servers);
     tcase_add_test(tc, test_all_finite);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);

@@ -236,6 +236,112 @@ START_TEST(a_message_of_k_steps_is_k_batches)
 }
 END_TEST
 
+/* The runtime's release only marks a batch consumed and asks for an ACK; the frames stay until
+ * the I/O thread's ACK pass (where they were allocated), and a message's frames until all its
+ * steps are acknowledged. */
+START_TEST(released_frames_are_freed_by_the_ack_pass)
+{
+    t x;
+    setup(&x, IFD_INPUT_PER_HOST);
+    hello_named(&x, "c1", "p", 0);
+    int msgs = 0, steps = 0;
+    while (steps < x.f.g->pr.credit) {
+        int k = (int)rand_between(&x.rng, 1, x.f.g->pr.max_steps);
+        if (steps + k > x.f.g->pr.credit)
+            k = x.f.g->pr.credit - steps;
+        batch(&x, "c1", steps, k);
+        steps += k;
+        msgs++;
+    }
+    ck_assert_int_eq(fake_release(&x.f, -1), steps);
+    ck_assert_int_eq(x.f.frames_freed, 0);
+    ck_assert_int_eq(__atomic_load_n(&x.f.g->acks_pending, __ATOMIC_ACQUIRE), 1);
+    ck_assert_int_eq(fake_last(&x.f, "c1")->type, IFD_MSG_WELCOME); /* no ACK yet */
+    ingest_send_acks(x.f.g);
+    ck_assert_int_eq(x.f.frames_freed, msgs);
+    ck_assert_int_eq(fake_last(&x.f, "c1")->type, IFD_MSG_ACK);
+    ck_assert_int_eq(fake_last(&x.f, "c1")->seq, steps - 1);
+    teardown(&x);
+}
+END_TEST
+
+/* A release asks for ACKs and wakes the I/O thread only when it waits (or is about to): a busy
+ * one is not woken, and polls without waiting next. Once a pass, whatever the releases. */
+START_TEST(a_release_wakes_the_io_thread_only_when_it_waits)
+{
+    t x;
+    setup(&x, IFD_INPUT_PER_HOST);
+    hello_named(&x, "c1", "p", 0);
+    int ms = (int)rand_between(&x.rng, 1, 1000);
+    int64_t seq = 0;
+    for (int round = 0; round < 6; round++) {
+        int waiting = (int)rand_between(&x.rng, 0, 1);
+        int n = (int)rand_between(&x.rng, 1, x.f.g->pr.credit);
+        for (int i = 0; i < n; i++)
+            batch(&x, "c1", seq + i, 1);
+        ck_assert_int_eq(ingest_io_wait_ms(x.f.g, ms), ms); /* nothing asked: it may wait */
+        if (!waiting)
+            ingest_io_awake(x.f.g); /* it found messages: busy with them */
+        int wakes = x.f.wakes;
+        ck_assert_int_eq(fake_release(&x.f, -1), n);
+        ck_assert_int_eq(x.f.wakes - wakes, waiting);
+        ck_assert_int_eq(__atomic_load_n(&x.f.g->acks_pending, __ATOMIC_ACQUIRE), 1);
+        /* the next wait does not wait: the ACKs are due */
+        ck_assert_int_eq(ingest_io_wait_ms(x.f.g, ms), 0);
+        ingest_io_awake(x.f.g);
+        ingest_send_acks(x.f.g);
+        ck_assert_int_eq(fake_last(&x.f, "c1")->seq, seq + n - 1);
+        seq += n;
+    }
+    teardown(&x);
+}
+END_TEST
+
+/* Acknowledged batches are kept for the next ones (at most the credit of them) and start clean:
+ * a reused one is not acknowledged before it is consumed, and carries its own seq. */
+START_TEST(acknowledged_batches_are_reused_clean)
+{
+    t x;
+    setup(&x, IFD_INPUT_PER_HOST);
+    hello_named(&x, "c1", "p", 0);
+    int credit = x.f.g->pr.credit;
+    host_batch *seen[64];
+    int nseen = 0;
+    int64_t seq = 0;
+    for (int round = 0; round < 6; round++) {
+        int n = (int)rand_between(&x.rng, 1, credit);
+        int spares = x.f.g->nspare;
+        for (int i = 0; i < n; i++)
+            batch(&x, "c1", seq + i, 1);
+        ck_assert_int_eq(x.f.g->nspare, spares > n ? spares - n : 0); /* spares went first */
+        int j = 0;
+        for (host_batch *hb = x.f.g->fifo.lanes[0].head; hb; hb = hb->qnext, j++) {
+            ck_assert_int_eq(hb->b.seq, seq + j);
+            ck_assert_int_eq(hb->done, 0);
+            ck_assert_ptr_null(hb->pred);
+            ck_assert_str_eq(hb->b.producer, "p");
+            int known = 0;
+            for (int q = 0; q < nseen; q++)
+                known |= seen[q] == hb;
+            if (!known && nseen < 64)
+                seen[nseen++] = hb;
+        }
+        int replies = x.f.nreplies;
+        ingest_send_acks(x.f.g); /* nothing consumed: nothing acknowledged */
+        ck_assert_int_eq(x.f.nreplies, replies);
+        ck_assert_int_eq(fake_consume(&x.f, -1), n);
+        ck_assert_int_eq(fake_last(&x.f, "c1")->seq, seq + n - 1);
+        ck_assert_int_eq(fake_last(&x.f, "c1")->credit, n);
+        ck_assert_int_le(x.f.g->nspare, credit);
+        ck_assert_int_ge(x.f.g->nspare, n);
+        seq += n;
+    }
+    /* never more batches than were in flight at once: the credit */
+    ck_assert_int_le(nseen, credit);
+    teardown(&x);
+}
+END_TEST
+
 START_TEST(a_duplicate_is_acked_when_consumed_else_credited)
 {
     t x;
@@ -419,6 +525,9 @@ int main(void)
     tcase_add_loop_test(tc, a_message_of_k_steps_is_k_batches, 0, 10);
     tcase_add_loop_test(tc, a_duplicate_is_acked_when_consumed_else_credited, 0, 10);
     tcase_add_loop_test(tc, per_core_batches_go_to_their_replicas_queue, 0, 10);
+    tcase_add_loop_test(tc, released_frames_are_freed_by_the_ack_pass, 0, 10);
+    tcase_add_loop_test(tc, acknowledged_batches_are_reused_clean, 0, 10);
+    tcase_add_loop_test(tc, a_release_wakes_the_io_thread_only_when_it_waits, 0, 10);
     tc = tu_tcase(s, "end", 30);
     tcase_add_loop_test(tc, end_closes_the_stream_and_then_the_input, 0, 10);
     tcase_add_loop_test(tc, expect_producers_keeps_the_input_open_until_that_many_ended, 0, 10);

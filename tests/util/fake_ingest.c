@@ -115,6 +115,8 @@ void ingest_replies_drop(ifd_ingest *g, const producer_rid *to)
 void ifd_ingest_wake(ifd_ingest *g)
 {
     (void)g;
+    if (fake_current)
+        fake_current->wakes++;
 }
 
 void ingest_drop_busy_hello(ifd_ingest *g, const producer_rid *from)
@@ -200,6 +202,7 @@ void fake_ingest_free(fake_ingest *f)
     }
     free(g->fifo.lanes);
     free(g->producers);
+    ingest_host_batch_spares_free(g);
     ingest_producers_free(g);
     ingest_ended_conns_free(g);
     ifd_mutex_fini(&g->end.mu);
@@ -238,6 +241,8 @@ typedef struct copied_frames {
 
 static void copied_free(host_frames *fr)
 {
+    if (fake_current)
+        fake_current->frames_freed++;
     free(fr);
 }
 
@@ -282,7 +287,7 @@ const fake_reply *fake_last(fake_ingest *f, const char *rid)
     return NULL;
 }
 
-int fake_consume(fake_ingest *f, int lane)
+int fake_release(fake_ingest *f, int lane)
 {
     ifd_batch_source src = ifd_ingest_source(f->g);
     ifd_batch *b;
@@ -293,6 +298,12 @@ int fake_consume(fake_ingest *f, int lane)
         b->release(b, b->release_arg);
         n++;
     }
+    return n;
+}
+
+int fake_consume(fake_ingest *f, int lane)
+{
+    int n = fake_release(f, lane);
     ingest_send_acks(f->g);
     return n;
 }

@@ -32,6 +32,8 @@ typedef struct fake_ingest {
     ifd_program program;
     fake_reply replies[FAKE_REPLIES_MAX];
     int nreplies;
+    int frames_freed; /* BATCH messages whose frames fake_batch made were freed */
+    int wakes;        /* ifd_ingest_wake calls */
 } fake_ingest;
 
 /* The replies' log and the connections' answers, for the whole process (one ingest at a time). */
@@ -53,8 +55,9 @@ void fake_end(fake_ingest *f, const char *rid);
 
 /* The last reply to rid (NULL: none). */
 const fake_reply *fake_last(fake_ingest *f, const char *rid);
-/* Every batch in the FIFO taken (lane -1: the single FIFO) and released, then the ACKs sent;
- * returns how many. */
+/* Every batch in the FIFO taken (lane -1: the single FIFO) and released, then (consume) the
+ * ACKs sent; returns how many. */
+int fake_release(fake_ingest *f, int lane);
 int fake_consume(fake_ingest *f, int lane);
 
 #endif
