@@ -61,6 +61,20 @@ static void wait_wants(pub_fixture *f, const char *name, int want)
     }
 }
 
+/* Subscribes to the summaries and to tensors names[0..n), and waits until the publisher saw
+ * the tensors' subscriptions. */
+static void subscribe_all(pub_fixture *f, const char *const *names, int n)
+{
+    subscribe(f, "{", 1);
+    for (int i = 0; i < n; i++) {
+        char topic[80];
+        snprintf(topic, sizeof topic, "tensor:%s", names[i]);
+        subscribe(f, topic, 1);
+    }
+    for (int i = 0; i < n; i++)
+        wait_wants(f, names[i], 1);
+}
+
 /* Receives one frame (10 s at most) into a zmq message. */
 static void recv_frame(void *sock, zmq_msg_t *m, int *more)
 {
@@ -238,9 +252,7 @@ START_TEST(asked_tensors_arrive_in_order_and_others_are_not_sent)
     seed_rng(&rng);
     pub_fixture f;
     fixture_open(&f, INT64_C(1) << 40);
-    subscribe(&f, "tensor:wanted", 1);
-    subscribe(&f, "{", 1); /* the summaries */
-    wait_wants(&f, "wanted", 1);
+    subscribe_all(&f, (const char *const[]){"wanted"}, 1);
     ck_assert(!ifd_publisher_tensor_wanted(f.pub, "other"));
     ck_assert(!ifd_publisher_tensor_wanted(f.pub, "want")); /* a name, not a prefix */
     int64_t steps = rand_between(&rng, 1, 300), step0 = rand_between(&rng, 0, 1000);
@@ -302,16 +314,12 @@ START_TEST(a_summary_goes_after_the_steps_before_it)
     seed_rng(&rng);
     pub_fixture f;
     fixture_open(&f, INT64_C(1) << 40);
-    subscribe(&f, "{", 1);
-    subscribe(&f, "tensor:a", 1);
-    subscribe(&f, "tensor:b", 1);
-    wait_wants(&f, "a", 1);
-    wait_wants(&f, "b", 1);
+    const char *const names[2] = {"a", "b"};
+    subscribe_all(&f, names, 2);
     int64_t before = rand_between(&rng, 1, 30), after = rand_between(&rng, 1, 30);
     int64_t n = before + after;
     ifd_tensor *ta = calloc((size_t)n, sizeof *ta), *tb = calloc((size_t)n, sizeof *tb);
     int64_t *step = calloc((size_t)n, sizeof *step), *loop = calloc((size_t)n, sizeof *loop);
-    const char *const names[2] = {"a", "b"};
     ifd_error err;
     /* each tensor's dtype and row shape stay (a change starts a new message) */
     int64_t ra[1] = {rand_between(&rng, 1, 5)}, rb[1] = {rand_between(&rng, 1, 5)};
@@ -358,8 +366,7 @@ START_TEST(the_byte_rate_drops_what_exceeds_it)
     pub_fixture f;
     int64_t rate = rand_between(&rng, 200, 2000);
     fixture_open(&f, rate);
-    subscribe(&f, "tensor:x", 1);
-    wait_wants(&f, "x", 1);
+    subscribe_all(&f, (const char *const[]){"x"}, 1);
     ifd_tensor t;
     random_tensor(&rng, &t);
     int64_t n = rand_between(&rng, 20, 60);
