@@ -40,8 +40,8 @@ typedef struct wanted_tensor {
 /* One outfeed tensor's steps gathered into its next message (the outfeed thread's, under
  * acc_mu): their global steps and rows, and their data one after another. */
 typedef struct tensor_acc {
-    const char *name; /* the step tensors' */
-    int want;         /* some subscriber asks for it (as of acc_gen) */
+    char name[IFD_PUB_TOPIC_MAX]; /* "" for a name too long to be asked for */
+    int want;                     /* some subscriber asks for it (as of acc_gen) */
     ifd_dtype dtype;
     int rank;
     int64_t dims[IFD_MAX_RANK]; /* dims[1..rank): a row's shape */
@@ -76,8 +76,9 @@ struct ifd_publisher {
     int64_t steps_sent, steps_dropped, steps_limited;
     size_t largest; /* the largest tensor message so far */
     /* The steps being gathered (under acc_mu; lock order acc_mu, then mu): one accumulator a
-     * tensor of the steps' layout (acc_names, naccs), checked against the names asked for at
-     * acc_gen. pending_bytes, pending_steps: their data and steps (atomic). */
+     * tensor of the steps' layout (acc_names, naccs: the names array the steps came with, only
+     * compared; each accumulator keeps a copy of its name), checked against the names asked for
+     * at acc_gen. pending_bytes, pending_steps: their data and steps (atomic). */
     ifd_mutex acc_mu;
     tensor_acc *accs;
     int naccs;
@@ -331,7 +332,8 @@ static int acc_layout(ifd_publisher *p, const ifd_step_tensors *t, ifd_error *er
     if (p->accs == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "publish: %d tensors", t->ntensors);
     for (int i = 0; i < t->ntensors; i++)
-        p->accs[i].name = t->names[i];
+        if (strlen(t->names[i]) < sizeof p->accs[i].name)
+            strcpy(p->accs[i].name, t->names[i]);
     p->naccs = t->ntensors;
     p->acc_names = t->names;
     p->acc_gen = __atomic_load_n(&p->want_gen, __ATOMIC_RELAXED) - 1; /* checked next */
@@ -411,7 +413,7 @@ static int tensor_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
     if (rc == IFD_OK && gen != p->acc_gen) { /* the names asked for changed */
         ifd_mutex_lock(&p->mu);
         for (int i = 0; i < p->naccs; i++)
-            p->accs[i].want = find_wanted(p, p->accs[i].name) != NULL;
+            p->accs[i].want = p->accs[i].name[0] && find_wanted(p, p->accs[i].name) != NULL;
         ifd_mutex_unlock(&p->mu);
         p->acc_gen = gen;
     }
