@@ -352,7 +352,8 @@ static int acc_fits(const tensor_acc *a, const ifd_tensor *t)
 }
 
 /* One step's tensor into its accumulator (under acc_mu): what a holds goes out first when the
- * step would not fit in the same message, and a goes out at once when it is full. */
+ * step would not fit in the same message (or does not follow its last step: steps nobody asked
+ * for came between), and a goes out at once when it is full. */
 static int acc_add(ifd_publisher *p, tensor_acc *a, int64_t step, const ifd_tensor *t, int *pushed,
                    ifd_error *err)
 {
@@ -360,7 +361,7 @@ static int acc_add(ifd_publisher *p, tensor_acc *a, int64_t step, const ifd_tens
     int rc;
     if (a->nsteps > 0 &&
         (a->len + n > IFD_PUB_TENSOR_MESSAGE_BYTES || a->nsteps == IFD_PUB_TENSOR_STEPS_MAX ||
-         !acc_fits(a, t)) &&
+         step != a->steps[a->nsteps - 1] + 1 || !acc_fits(a, t)) &&
         (rc = flush_acc(p, a, pushed, err)) != IFD_OK)
         return rc;
     if (a->nsteps == 0) {
