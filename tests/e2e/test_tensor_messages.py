@@ -104,7 +104,7 @@ def test_subscriber_groups_tensors_by_step(seed):
     sub = infeed.Subscriber(pub.endpoint, timeout=10, tensors=names)
     try:
         pub.wait_subscriptions({b"{"} | {b"tensor:" + n.encode() for n in names})
-        sent, got_all = {}, set()
+        sent = {}
         step, loops = 1, rng.randint(1, 6)
         for _ in range(loops):  # a loop's steps, then each tensor's messages, then maybe a summary
             steps = list(range(step, step + rng.randint(1, 9)))

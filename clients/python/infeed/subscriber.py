@@ -87,8 +87,8 @@ class Subscriber:
 
     def recv_message(self, timeout: Any = ...) -> dict:
         """The next message: a summary, or a tensor message as a dict (its JSON header with the
-        data under ``"arrays"``, one numpy array a step of ``"global_steps"``). Raises TimeoutError after ``timeout`` seconds
-        (default: the Subscriber's) without one."""
+        data under ``"arrays"``, one numpy array a step of ``"global_steps"``). Raises
+        TimeoutError after ``timeout`` seconds (default: the Subscriber's) without one."""
         if self._closed:
             raise ValueError("infeed subscriber: the socket is closed")
         if timeout is ...:
