@@ -291,12 +291,11 @@ static int flush_acc(ifd_publisher *p, tensor_acc *a, int *pushed, ifd_error *er
     if (grew) /* the bound, said again whenever the largest message doubles */
         IFD_LOG_INFO("publish: tensor messages hold at most %.1f MiB waiting in the outbox and "
                      "%.1f MiB a subscriber in ZeroMQ's queue (%d messages of up to %zu bytes), "
-                     "and %.1f MiB being gathered (%d tensors of up to %zu KiB, or one step); "
-                     "docs/summaries.md, \"Tensor messages\"",
+                     "and %zu KiB a tensor asked for (%d at most) while its steps are gathered "
+                     "(or one step, when larger); docs/summaries.md, \"Tensor messages\"",
                      (double)IFD_PUB_TENSOR_OUTBOX_BYTES / 1048576.0,
                      (double)IFD_PUB_SNDHWM * (double)bytes / 1048576.0, IFD_PUB_SNDHWM, bytes,
-                     (double)IFD_PUB_TENSORS_MAX * (double)IFD_PUB_TENSOR_MESSAGE_BYTES / 1048576.0,
-                     IFD_PUB_TENSORS_MAX, IFD_PUB_TENSOR_MESSAGE_BYTES >> 10);
+                     IFD_PUB_TENSOR_MESSAGE_BYTES >> 10, IFD_PUB_TENSORS_MAX);
     if (!go)
         outmsg_free(m);
     else

@@ -349,7 +349,8 @@ def test_a_subscriber_that_never_reads_stays_within_the_logged_bound(daemon, rng
     rows = rng.choice([1024, 2048, 4096])
     d = daemon(program_lib=PROBE, program="probe", features=3, classes=2, batch_size=rows,
                steps=10 ** 9, iterations_per_loop=50, summary_every=0, learning_rate=0.001,
-               credit=8, host_call="none")
+               credit=8, host_call="none",
+               tensor_rate=1 << 30)  # no byte rate in the way: far more than the bound goes out
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.RCVHWM, 1)
     sub.setsockopt(zmq.RCVBUF, 4096)
@@ -380,10 +381,13 @@ def test_a_subscriber_that_never_reads_stays_within_the_logged_bound(daemon, rng
     finally:
         sub.close(0)
     m = re.search(r"hold at most ([\d.]+) MiB waiting in the outbox and ([\d.]+) MiB a "
-                  r"subscriber.*and ([\d.]+) MiB being gathered", d.log(tail=None))
+                  r"subscriber.*and (\d+) KiB a tensor asked for", d.log(tail=None))
     assert m, d.log()
-    bound = float(m.group(1)) + float(m.group(2)) + float(m.group(3))
+    bound = float(m.group(1)) + float(m.group(2)) + tm["subscribed"] * int(m.group(3)) / 1024
     print(f"rows {rows}: grew {grown:.1f} MiB, bound {bound:.1f} MiB, messages {tm}")
+    # messages and the steps they held (a message holds one or more steps)
+    assert tm["sent_steps"] >= tm["sent"] > 0 and tm["limited_steps"] >= tm["limited"], tm
+    assert tm["dropped_steps"] >= tm["dropped"] and tm["pending_bytes"] >= 0, tm
     # far more went out than the bound holds (ZeroMQ drops silently what the queue cannot take)
     assert tm["sent"] * tm["largest"] > 4 * bound * 2 ** 20, (tm, bound)
     # the bound, and 16 MiB for the rest (batches in flight, the allocator's slack); a
