@@ -12,8 +12,8 @@
  *             as a subscriber's sink would before sending it);
  *   out16+pub out16 with infeedd's PUB socket as the tensor sink (host/publisher.c, a byte
  *             rate of 4 GiB/s) and two SUB sockets on loopback tcp asking for every tensor, read
- *             by a thread (the messages they got are printed: ZeroMQ drops what they cannot
- *             take).
+ *             by a thread (the messages published and the ones they got are printed: a message
+ *             holds several steps of a tensor, and ZeroMQ drops what they cannot take).
  *
  * The batch source hands out one prebuilt batch, so no producer is measured. Prints steps/s
  * (median and fastest of the repeats), each way's ratio to plain, the targets of issue 21 (out16
@@ -205,7 +205,7 @@ static void pub_close(pub_run *p)
     zmq_ctx_term(p->zctx);
 }
 
-static int64_t g_pub_sent; /* out16+pub: the messages the last run published */
+static int64_t g_pub_sent, g_pub_steps; /* out16+pub: the last run's messages, their steps */
 
 /* Steps a second of one whole session. */
 static double run_once(int way, int64_t steps, int64_t *sunk)
@@ -260,6 +260,7 @@ static double run_once(int way, int64_t steps, int64_t *sunk)
         pub_close(&pr);
         *sunk = pr.got;
         g_pub_sent = st.sent;
+        g_pub_steps = st.sent_steps;
     }
     return (double)steps * 1e9 / (double)(t1 - t0);
 }
@@ -298,9 +299,10 @@ int main(int argc, char **argv)
     printf("BLAS: %s\n", ifd_blas_describe(&info, blas, sizeof blas));
     printf("out16+sub: the sink took %.1f MB a run (%.0f bytes a step)\n", (double)sunk / 1e6,
            (double)sunk / (double)steps);
-    printf("out16+pub: %lld tensor messages published in the last run, %lld read by the "
-           "subscribers (%d a step)\n",
-           (long long)g_pub_sent, (long long)read, NALL);
+    printf("out16+pub: %lld tensor messages published in the last run (%.2f a step, %lld tensor "
+           "steps: %d tensors a step), %lld read by the subscribers\n",
+           (long long)g_pub_sent, (double)g_pub_sent / (double)steps, (long long)g_pub_steps, NALL,
+           (long long)read);
     printf("%-10s %12s %12s %10s %10s %8s\n", "way", "steps/s", "best", "x plain", "slower",
            "target");
     double med[NWAYS], best[NWAYS];

@@ -34,6 +34,11 @@
 #define IFD_PUB_TOPIC_MAX 64
 #define IFD_PUB_TENSOR_OUTBOX_BYTES (16u << 20)
 #define IFD_PUB_TENSOR_RATE (64LL << 20)
+/* A tensor message gathers consecutive steps of one tensor until a device loop ends, a summary
+ * goes out, or it would pass IFD_PUB_TENSOR_MESSAGE_BYTES of data or IFD_PUB_TENSOR_STEPS_MAX
+ * steps (a single step larger than that is a message of its own). */
+#define IFD_PUB_TENSOR_MESSAGE_BYTES ((size_t)64 << 10)
+#define IFD_PUB_TENSOR_STEPS_MAX 256
 #define IFD_SUMMARY_MAX ((size_t)4 << 10)  /* the largest summary, assumed */
 #define IFD_CONN_COST ((size_t)96 << 10)   /* libzmq's own cost of a connection, measured */
 #define IFD_BASE_MEMORY ((size_t)64 << 20) /* code, threads, libzmq, a small model */

@@ -29,11 +29,14 @@ const char *ifd_publisher_endpoint(const ifd_publisher *p);
 ifd_sink *ifd_publisher_sink(ifd_publisher *p);
 /*
  * Its tensor sink (owned by p; ifd_session_add_tensor_sink): a subscription to "tensor:NAME"
- * (IFD_PUB_TENSOR_PREFIX) asks for the outfeed tensor NAME, which is then published every step as
- * three frames: the topic, a JSON header ({"event": "tensor", "mode", "name", "global_step",
- * "dtype", "shape"}) and the data (C order, little-endian). Nothing is copied for a tensor nobody
- * asked for. Messages beyond the byte rate, or beyond IFD_PUB_TENSOR_OUTBOX_BYTES waiting in the
- * outbox, are dropped, never waited for.
+ * (IFD_PUB_TENSOR_PREFIX) asks for the outfeed tensor NAME, whose steps are then gathered and
+ * published as messages of three frames: the topic, a JSON header ({"event": "tensor", "mode",
+ * "name", "dtype", "row_shape", "global_steps", "rows"}) and the steps' data one after another
+ * (C order, little-endian). A message holds consecutive steps of one tensor and goes out at the
+ * end of each device loop (the sink's flush), before any summary, when it reaches
+ * IFD_PUB_TENSOR_MESSAGE_BYTES or IFD_PUB_TENSOR_STEPS_MAX steps, and when the publisher stops.
+ * Nothing is copied for a tensor nobody asked for. Messages beyond the byte rate, or beyond
+ * IFD_PUB_TENSOR_OUTBOX_BYTES waiting in the outbox, are dropped whole, never waited for.
  */
 const ifd_tensor_sink *ifd_publisher_tensor_sink(ifd_publisher *p);
 /* Whether some subscriber asks for tensor name now. */
@@ -42,8 +45,10 @@ int ifd_publisher_tensor_wanted(ifd_publisher *p, const char *name);
 typedef struct ifd_publisher_tensors {
     int subscribed;                 /* tensor names asked for now */
     int64_t sent, dropped, limited; /* messages: published; dropped behind; over rate or bytes */
-    int64_t outbox_bytes, largest;  /* waiting now; the largest message so far */
-    int64_t rate;                   /* bytes a second */
+    int64_t sent_steps, dropped_steps, limited_steps; /* the steps those messages held */
+    int64_t outbox_bytes, largest;                    /* waiting now; the largest message so far */
+    int64_t pending_bytes;                            /* data of the steps being gathered now */
+    int64_t rate;                                     /* bytes a second */
 } ifd_publisher_tensors;
 void ifd_publisher_tensor_stats(ifd_publisher *p, ifd_publisher_tensors *st);
 

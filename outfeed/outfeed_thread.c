@@ -421,6 +421,17 @@ static int outfeed_step(ifd_outfeed *o, ifd_error *err)
     return IFD_OK;
 }
 
+/* The end of a loop, or of the run's steps: the tensor sinks send what they held back. */
+static int sinks_flush(ifd_outfeed *o, ifd_error *err)
+{
+    for (int i = 0; i < o->cfg.ntensor_sinks; i++) {
+        const ifd_tensor_sink *t = &o->cfg.tensor_sinks[i];
+        if (t->flush && t->flush(t->ctx, err) != IFD_OK)
+            return ifd_error_prefix(err, "tensor sink after step %lld", (long long)o->last_step);
+    }
+    return IFD_OK;
+}
+
 static void outfeed_main(ifd_opq *q, void *arg)
 {
     ifd_outfeed *o = arg;
@@ -438,12 +449,18 @@ static void outfeed_main(ifd_opq *q, void *arg)
             int rc = outfeed_step(o, &err);
             if (rc == IFD_EEOF) {
                 IFD_LOG_DEBUG("outfeed: the device's input ended; no more steps");
+                if (sinks_flush(o, &err) != IFD_OK)
+                    ifd_rendezvous_record_error(o->cfg.rv, SOURCE, &err);
                 return;
             }
             if (rc) {
                 ifd_rendezvous_record_error(o->cfg.rv, SOURCE, &err);
                 return;
             }
+        }
+        if (sinks_flush(o, &err) != IFD_OK) {
+            ifd_rendezvous_record_error(o->cfg.rv, SOURCE, &err);
+            return;
         }
     }
 }

@@ -87,6 +87,11 @@ typedef struct ifd_step_tensors {
 /* Receives every train or eval step's tensors, on the outfeed thread, in step order. The tensors
  * are valid during the call only. An error ends the run.
  *
+ * flush (optional) says that a device loop's steps have all been written: the outfeed thread
+ * calls it after the last step of each loop, and once more when the run's steps end (the input
+ * ended or the run stopped); a sink that holds steps back to send them together sends them then,
+ * so that they go out within a loop. An error ends the run. NULL: never called.
+ *
  * wants (optional) says whether the sink takes tensors now: the infeed asks it once a step (on
  * its thread; make it cheap), and a step nobody takes writes no program outfeed (no op, no
  * copy) and reaches the sink only for a program without outfeed tensors of its own. NULL:
@@ -96,6 +101,7 @@ typedef struct ifd_tensor_sink {
     int (*write)(void *ctx, const ifd_step_tensors *t, ifd_error *err);
     void *ctx;
     int (*wants)(void *ctx);
+    int (*flush)(void *ctx, ifd_error *err);
 } ifd_tensor_sink;
 
 #ifdef __cplusplus

@@ -3,14 +3,18 @@ side against a fake publisher (an XPUB socket, so that the test waits for the su
 themselves, never for a time), and then against the daemon.
 
 - Subscriber(tensors=[...]) subscribes to the summaries ("{") and to "tensor:NAME" for each name;
-  it yields (global_step, {name: array}) for the steps whose tensors all arrived, skips a step
-  with one missing, ignores a tensor another subscriber asked for, keeps the summaries in .last
-  and stops at the end summary;
+  from messages that each hold several steps of one tensor (rows differing between steps) it
+  yields (global_step, {name: array}) for the steps whose tensors all arrived, in step order,
+  skips a step with one missing, ignores a tensor another subscriber asked for, keeps the
+  summaries in .last and stops at the end summary;
 - host_call runs fn(**tensors) on every step;
 - bad names and damaged messages are refused with a sentence;
 - the daemon (the probe program, $INFEED_PROBE_PLUGIN, outfeeds its inputs x3 and y1) publishes
   every step's tensors concatenated over the replicas, in order, for R = 1, 2, 4 and the input
-  modes per-host, per-core and broadcast: what numpy computes from the batches sent.
+  modes per-host, per-core and broadcast: what numpy computes from the batches sent, for random
+  batch sizes and loop lengths (1 among them); on the wire (a raw SUB socket) a message holds
+  several steps of a loop, its header's steps and rows match its data, and no message holds a
+  step beyond the summary that follows it.
 """
 
 from __future__ import annotations
@@ -50,11 +54,14 @@ class FakePublisher:
             if m[:1] == b"\x01":
                 seen.add(m[1:])
 
-    def tensor(self, name: str, step: int, a: np.ndarray) -> None:
-        h = {"event": "tensor", "mode": "train", "name": name, "global_step": step,
-             "dtype": str(a.dtype), "shape": list(a.shape)}
+    def tensor(self, name: str, steps, arrays) -> None:
+        """One message of tensor name: the steps' arrays (rows may differ), as the daemon sends
+        them (docs/summaries.md, "Tensor messages")."""
+        h = {"event": "tensor", "mode": "train", "name": name, "dtype": str(arrays[0].dtype),
+             "row_shape": list(arrays[0].shape[1:]), "global_steps": list(steps),
+             "rows": [a.shape[0] for a in arrays]}
         self.sock.send_multipart([b"tensor:" + name.encode(), json.dumps(h).encode(),
-                                  np.ascontiguousarray(a).tobytes()])
+                                  b"".join(np.ascontiguousarray(a).tobytes() for a in arrays)])
 
     def summary(self, obj: dict) -> None:
         self.sock.send(json.dumps(obj).encode())
@@ -64,45 +71,72 @@ class FakePublisher:
         self.ctx.term()
 
 
-def random_array(rng: random.Random, rows: int) -> np.ndarray:
-    shape = (rows,) + tuple(rng.randint(1, 4) for _ in range(rng.randint(0, 2)))
-    if rng.random() < 0.5:
-        return np.random.default_rng(rng.randint(0, 1 << 30)).standard_normal(shape).astype(
-            np.float32)
-    return np.random.default_rng(rng.randint(0, 1 << 30)).integers(-9, 9, shape).astype(np.int32)
+def random_layout(rng: random.Random):
+    """A tensor's dtype and row shape (they stay for the run; the rows change)."""
+    return (np.float32 if rng.random() < 0.5 else np.int32,
+            tuple(rng.randint(1, 4) for _ in range(rng.randint(0, 2))))
 
 
-@pytest.mark.parametrize("seed", range(3))
+def random_array(rng: random.Random, rows: int, layout) -> np.ndarray:
+    dt, row_shape = layout
+    g = np.random.default_rng(rng.randint(0, 1 << 30))
+    if dt == np.float32:
+        return g.standard_normal((rows,) + row_shape).astype(np.float32)
+    return g.integers(-9, 9, (rows,) + row_shape).astype(np.int32)
+
+
+def chunks(rng: random.Random, steps: list) -> list:
+    """steps cut into runs of random length: the messages of one loop (a byte cap cuts them)."""
+    out, i = [], 0
+    while i < len(steps):
+        n = rng.randint(1, len(steps) - i)
+        out.append(steps[i:i + n])
+        i += n
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
 def test_subscriber_groups_tensors_by_step(seed):
     rng = random.Random(seed)
     pub = FakePublisher()
     names = [f"t{i}" for i in range(rng.randint(1, 3))]
+    layouts = {n: random_layout(rng) for n in names}
     sub = infeed.Subscriber(pub.endpoint, timeout=10, tensors=names)
     try:
         pub.wait_subscriptions({b"{"} | {b"tensor:" + n.encode() for n in names})
         sent = {}
-        for step in range(1, rng.randint(3, 12)):
-            rows = rng.randint(1, 9)
-            arrays = {n: random_array(rng, rows) for n in names}
-            drop = rng.random() < 0.3  # a message the daemon dropped: the step is skipped
-            for i, n in enumerate(names):
-                if drop and i == len(names) - 1:
-                    continue
-                pub.tensor(n, step, arrays[n])
-                # another subscriber's tensor whose name starts like ours
-                pub.tensor(n + "_other", step, arrays[n])
-            if not drop:
-                sent[step] = arrays
-            if step % 3 == 0:
-                pub.summary({"event": "train", "global_step": step})
-        pub.summary({"event": "end", "global_step": 99})
-        got = dict(sub)
-        assert sorted(got) == sorted(sent)
-        for step, arrays in sent.items():
-            assert sorted(got[step]) == sorted(names)
+        step, loops = 1, rng.randint(1, 6)
+        for _ in range(loops):  # a loop's steps, then each tensor's messages, then maybe a summary
+            steps = list(range(step, step + rng.randint(1, 9)))
+            step = steps[-1] + 1
+            arrays = {}
+            for s in steps:
+                rows = rng.randint(0, 9)  # rows differ from step to step
+                arrays[s] = {n: random_array(rng, rows, layouts[n]) for n in names}
+            have = {s: set() for s in steps}
             for n in names:
-                assert got[step][n].dtype == arrays[n].dtype
-                np.testing.assert_array_equal(got[step][n], arrays[n])
+                for part in chunks(rng, steps):
+                    # another subscriber's tensor whose name starts like ours
+                    pub.tensor(n + "_other", part, [arrays[s][n] for s in part])
+                    if rng.random() < 0.25:
+                        continue  # a message the daemon dropped: its steps are skipped
+                    pub.tensor(n, part, [arrays[s][n] for s in part])
+                    for s in part:
+                        have[s].add(n)
+            for s in steps:
+                if len(have[s]) == len(names):
+                    sent[s] = arrays[s]
+            if rng.random() < 0.5:
+                pub.summary({"event": "train", "global_step": steps[-1]})
+        pub.summary({"event": "end", "global_step": 99})
+        got = list(sub)
+        assert [s for s, _ in got] == sorted(sent)  # every complete step, in step order
+        for s, arrays in got:
+            assert sorted(arrays) == sorted(names)
+            for n in names:
+                assert arrays[n].dtype == sent[s][n].dtype
+                assert arrays[n].shape == sent[s][n].shape
+                np.testing.assert_array_equal(arrays[n], sent[s][n])
         assert sub.last == {"event": "end", "global_step": 99}
     finally:
         sub.close()
@@ -119,8 +153,8 @@ def test_host_call_runs_the_function_on_every_step():
         for step in range(1, 6):
             x = rng.standard_normal((4, 3)).astype(np.float32)
             y = rng.integers(0, 3, (4,)).astype(np.int32)
-            pub.tensor("x", step, x)
-            pub.tensor("y", step, y)
+            pub.tensor("x", [step], [x])
+            pub.tensor("y", [step], [y])
             want[step] = float((x.argmax(axis=1) == y).mean())
         pub.summary({"event": "end"})
         got = dict(infeed.host_call(sub, lambda x, y: float((x.argmax(axis=1) == y).mean())))
@@ -137,12 +171,21 @@ def test_bad_names_and_messages_are_refused():
         infeed.Subscriber("tcp://127.0.0.1:1", tensors=[f"t{i}" for i in range(8)])
     with pytest.raises(ValueError, match="1 to 63 bytes"):
         infeed.Subscriber("tcp://127.0.0.1:1", tensors=["x" * 64])
-    h = json.dumps({"event": "tensor", "name": "x", "global_step": 3, "dtype": "float32",
-                    "shape": [2, 3]}).encode()
-    with pytest.raises(ValueError, match=r"float32 \[2, 3\] is 24 bytes, the message has 20"):
-        parse_tensor([b"tensor:x", h, b"\0" * 20])
+    h = {"event": "tensor", "name": "x", "dtype": "float32", "row_shape": [3],
+         "global_steps": [3, 4], "rows": [2, 1]}
+    with pytest.raises(ValueError, match=r"steps 3 to 4: 3 rows of float32 \[3\] are 36 bytes, "
+                                         r"the message has 20"):
+        parse_tensor([b"tensor:x", json.dumps(h).encode(), b"\0" * 20])
     with pytest.raises(ValueError, match="bad header"):
         parse_tensor([b"tensor:x", b"{not json", b""])
+    with pytest.raises(ValueError, match="2 global_steps and 1 rows"):
+        parse_tensor([b"tensor:x", json.dumps(dict(h, rows=[2])).encode(), b""])
+    with pytest.raises(ValueError, match="rows: expected a list of whole numbers"):
+        parse_tensor([b"tensor:x", json.dumps(dict(h, rows=[2, -1])).encode(), b""])
+    with pytest.raises(ValueError, match="bad header.*'row_shape'"):  # the one-step format
+        parse_tensor([b"tensor:x", json.dumps({"event": "tensor", "name": "x", "global_step": 3,
+                                               "dtype": "float32", "shape": [2]}).encode(),
+                      b"\0" * 8])
     sub = infeed.Subscriber("tcp://127.0.0.1:1", connect_timeout=None)
     with pytest.raises(ValueError, match="asks for no tensors"):
         next(infeed.host_call(sub, lambda: None))
@@ -158,24 +201,94 @@ def probe_batch(producer: int, seq: int, rows: int, classes: int) -> dict:
     return {"x": x / 64, "y": ((seq + producer + np.arange(rows)) % classes).astype(np.int32)}
 
 
-@pytest.mark.parametrize("replicas,mode", [(1, "per-host"), (2, "per-host"), (4, "per-host"),
-                                           (2, "per-core"), (4, "per-core"), (2, "broadcast"),
-                                           (4, "broadcast")])
-def test_daemon_publishes_the_concatenated_tensors(daemon, rng, replicas, mode):
+class RawTensors:
+    """A raw SUB socket on the daemon's PUB: every message as it came, tensor or summary."""
+
+    def __init__(self, endpoint: str, names: list):
+        self.sock = zmq.Context.instance().socket(zmq.SUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.SUBSCRIBE, b"{")
+        for n in names:  # in order: the daemon reads them in order
+            self.sock.setsockopt(zmq.SUBSCRIBE, b"tensor:" + n.encode())
+        self.sock.connect(endpoint)
+        self.got = []  # ("summary", dict) or ("tensor", header, data bytes)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self):
+        while self.sock.poll(30000):
+            f = self.sock.recv_multipart()
+            if len(f) == 1:
+                s = json.loads(f[0])
+                self.got.append(("summary", s))
+                if s.get("event") == "end":
+                    return
+            else:
+                self.got.append(("tensor", json.loads(f[1]), f[2], f[0]))
+
+    def close(self):
+        self.thread.join(30)
+        self.sock.close(0)
+
+
+def check_wire(got: list, names: list, dtypes: dict, row_bytes: dict, steps: int, ipl: int,
+               summary_every: int) -> None:
+    """The messages of a run as a raw SUB socket got them: each tensor's steps 1..steps once, in
+    order, several to a message where a loop holds several; the header's rows match the data's
+    size; no message holds a step beyond the summary after it, nor a step a summary before it
+    covered."""
+    seen = {n: [] for n in names}
+    covered = 0  # the last train summary's global step
+    for i, m in enumerate(got):
+        if m[0] == "summary":
+            if m[1].get("event") == "train":
+                covered = m[1]["global_step"]
+            continue
+        _, h, data, topic = m
+        n = h["name"]
+        assert topic == b"tensor:" + n.encode() and n in names, h
+        gs, rows = h["global_steps"], h["rows"]
+        assert len(gs) == len(rows) >= 1 and h["dtype"] == dtypes[n], h
+        assert len(data) == sum(rows) * row_bytes[n], (h, len(data))
+        assert gs == list(range(gs[0], gs[0] + len(gs))), h  # consecutive
+        assert gs[0] > covered, f"{n} steps {gs} after the summary of step {covered}"
+        nxt = next((x[1] for x in got[i + 1:] if x[0] == "summary"), None)
+        assert nxt is not None and gs[-1] <= nxt["global_step"], (h, nxt)
+        # within one loop (loops of ipl steps from step 1) and one summary window
+        assert (gs[0] - 1) // ipl == (gs[-1] - 1) // ipl, (h, ipl)
+        if summary_every:
+            assert (gs[0] - 1) // summary_every == (gs[-1] - 1) // summary_every, h
+        seen[n].append(gs)
+    for n in names:
+        assert [s for gs in seen[n] for s in gs] == list(range(1, steps + 1)), (n, seen[n])
+        if ipl > 1 and summary_every != 1:
+            assert max(len(gs) for gs in seen[n]) > 1, (n, seen[n])
+
+
+@pytest.mark.parametrize("replicas,mode,loop", [
+    (1, "per-host", "random"), (2, "per-host", "random"), (4, "per-host", "random"),
+    (2, "per-host", 1), (2, "per-core", "random"), (4, "per-core", "random"),
+    (2, "broadcast", "random"), (4, "broadcast", 1)])
+def test_daemon_publishes_the_concatenated_tensors(daemon, rng, replicas, mode, loop):
     if not PROBE:
         pytest.skip("the probe plugin is not built (set INFEED_PROBE_PLUGIN)")
     rows = rng.randint(1, 4) * (replicas if mode == "per-host" else 1)
-    classes, steps = rng.randint(2, 5), rng.randint(3, 25)
+    classes, steps = rng.randint(2, 5), rng.randint(3, 40)
+    ipl = rng.randint(2, 8) if loop == "random" else loop
+    summary_every = rng.choice([0, 2, 3, 5, 7])
     producers = replicas if mode == "per-core" else 1
     d = daemon(program_lib=PROBE, program="probe", features=3, classes=classes,
-               batch_size=rows * (1 if mode == "per-host" else replicas), replicas=replicas, input_mode=mode, steps=steps,
-               iterations_per_loop=rng.randint(1, 6), learning_rate=0.001,
-               expect_producers=producers)
+               batch_size=rows * (1 if mode == "per-host" else replicas), replicas=replicas,
+               input_mode=mode, steps=steps, iterations_per_loop=ipl, learning_rate=0.001,
+               summary_every=summary_every, expect_producers=producers)
     names = ["x3", "y1", "loss", "grad_norm"]
     sub = infeed.Subscriber(d.publish, timeout=30, tensors=names)
+    # the wire itself: a fifth name, asked for last, says its other subscriptions were read
+    raw_names = ["x3", "loss", "learning_rate"]
+    raw = RawTensors(d.publish, raw_names)
     try:
-        # the event: the daemon has read the four subscriptions
-        wait_until(lambda: d.control({"cmd": "status"})["tensor_messages"]["subscribed"] == 4,
+        # the event: the daemon has read the five names' subscriptions
+        wait_until(lambda: d.control({"cmd": "status"})["tensor_messages"]["subscribed"] == 5,
                    "the daemon sees the tensor subscriptions", d)
         ts = [threading.Thread(target=stream_until_end, daemon=True,
                                args=(d.listen, lambda i, p=p: probe_batch(p, i, rows, classes)),
@@ -183,13 +296,26 @@ def test_daemon_publishes_the_concatenated_tensors(daemon, rng, replicas, mode):
               for p in range(producers)]
         for t in ts:
             t.start()
-        got = dict(sub)
+        got = list(sub)
         for t in ts:
             t.join(30)
         assert d.wait() == 0, d.log()
     finally:
         sub.close()
-    assert sorted(got) == list(range(1, steps + 1)), sorted(got)
+        raw.close()
+    print(f"ipl {ipl}, summary_every {summary_every}, {steps} steps: "
+          f"{sum(m[0] == 'tensor' for m in raw.got)} tensor messages on the raw socket")
+    assert [s for s, _ in got] == list(range(1, steps + 1)), [s for s, _ in got]
+    got = dict(got)
+    per_replica = 1 if mode == "broadcast" else replicas
+    check_wire(raw.got, raw_names, {"x3": "float32", "loss": "float32", "learning_rate": "float32"},
+               {"x3": 12, "loss": 4, "learning_rate": 4}, steps, ipl, summary_every)
+    wire_loss = [np.frombuffer(m[2], np.float32) for m in raw.got
+                 if m[0] == "tensor" and m[1]["name"] == "loss"]
+    np.testing.assert_array_equal(np.concatenate(wire_loss),
+                                  np.concatenate([got[s]["loss"] for s in range(1, steps + 1)]))
+    assert all(r == per_replica for m in raw.got if m[0] == "tensor" and m[1]["name"] == "loss"
+               for r in m[1]["rows"])
     for step in range(1, steps + 1):
         seq = step - 1
         if mode == "per-core":  # every replica's batch of this step, in replica order
@@ -223,7 +349,8 @@ def test_a_subscriber_that_never_reads_stays_within_the_logged_bound(daemon, rng
     rows = rng.choice([1024, 2048, 4096])
     d = daemon(program_lib=PROBE, program="probe", features=3, classes=2, batch_size=rows,
                steps=10 ** 9, iterations_per_loop=50, summary_every=0, learning_rate=0.001,
-               credit=8, host_call="none")
+               credit=8, host_call="none",
+               tensor_rate=1 << 30)  # no byte rate in the way: far more than the bound goes out
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.RCVHWM, 1)
     sub.setsockopt(zmq.RCVBUF, 4096)
@@ -254,10 +381,13 @@ def test_a_subscriber_that_never_reads_stays_within_the_logged_bound(daemon, rng
     finally:
         sub.close(0)
     m = re.search(r"hold at most ([\d.]+) MiB waiting in the outbox and ([\d.]+) MiB a "
-                  r"subscriber", d.log(tail=None))
+                  r"subscriber.*and (\d+) KiB a tensor asked for", d.log(tail=None))
     assert m, d.log()
-    bound = float(m.group(1)) + float(m.group(2))
+    bound = float(m.group(1)) + float(m.group(2)) + tm["subscribed"] * int(m.group(3)) / 1024
     print(f"rows {rows}: grew {grown:.1f} MiB, bound {bound:.1f} MiB, messages {tm}")
+    # messages and the steps they held (a message holds one or more steps)
+    assert tm["sent_steps"] >= tm["sent"] > 0 and tm["limited_steps"] >= tm["limited"], tm
+    assert tm["dropped_steps"] >= tm["dropped"] and tm["pending_bytes"] >= 0, tm
     # far more went out than the bound holds (ZeroMQ drops silently what the queue cannot take)
     assert tm["sent"] * tm["largest"] > 4 * bound * 2 ** 20, (tm, bound)
     # the bound, and 16 MiB for the rest (batches in flight, the allocator's slack); a

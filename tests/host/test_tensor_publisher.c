@@ -1,8 +1,10 @@
 /*
  * Tensor messages on the PUB socket (host/publisher.c, docs/summaries.md "Tensor messages"): a
  * subscription to "tensor:NAME" asks for NAME; what is asked for arrives in order as three frames
- * (topic, JSON header, data), what is not is never sent; an unsubscription ends it; the byte
- * rate drops, never waits. Tests wait for the subscription to be seen, never for a fixed time.
+ * (topic, JSON header, data), several consecutive steps of a loop to a message, each step's
+ * rows and data as written, and before the summary that follows them; what is not asked for is
+ * never sent; an unsubscription ends it; the byte rate drops, never waits. Tests wait for the
+ * subscription to be seen, never for a fixed time.
  */
 #include "core/thread.h"
 #include "host/limits.h"
@@ -59,6 +61,20 @@ static void wait_wants(pub_fixture *f, const char *name, int want)
     }
 }
 
+/* Subscribes to the summaries and to tensors names[0..n), and waits until the publisher saw
+ * the tensors' subscriptions. */
+static void subscribe_all(pub_fixture *f, const char *const *names, int n)
+{
+    subscribe(f, "{", 1);
+    for (int i = 0; i < n; i++) {
+        char topic[80];
+        snprintf(topic, sizeof topic, "tensor:%s", names[i]);
+        subscribe(f, topic, 1);
+    }
+    for (int i = 0; i < n; i++)
+        wait_wants(f, names[i], 1);
+}
+
 /* Receives one frame (10 s at most) into a zmq message. */
 static void recv_frame(void *sock, zmq_msg_t *m, int *more)
 {
@@ -78,32 +94,77 @@ static void write_step(pub_fixture *f, int64_t step, int n, const char *const *n
     RC_OK(f->ts->write(f->ts->ctx, &st, &err), err);
 }
 
-static void random_tensor(ifd_rng *rng, ifd_tensor *t)
+/* The end of a device loop, as the outfeed thread says it. */
+static void flush_loop(pub_fixture *f)
 {
-    int rank = (int)rand_between(rng, 1, 3);
-    int64_t dims[3];
-    for (int i = 0; i < rank; i++)
-        dims[i] = rand_between(rng, 1, 7);
-    ifd_dtype dt = rand_between(rng, 0, 1) ? IFD_F32 : IFD_I32;
+    ifd_error err;
+    RC_OK(f->ts->flush(f->ts->ctx, &err), err);
+}
+
+/* A tensor of rows rows of row shape row[0..rank-1) (random data). */
+static void random_rows(ifd_rng *rng, ifd_tensor *t, ifd_dtype dt, int rank, const int64_t *row,
+                        int64_t rows)
+{
+    int64_t dims[IFD_MAX_RANK] = {rows};
+    for (int i = 1; i < rank; i++)
+        dims[i] = row[i - 1];
     ck_assert_int_eq(ifd_tensor_init(t, dt, rank, dims, NULL), IFD_OK);
-    t->data = malloc(ifd_tensor_nbytes(t));
+    t->data = malloc(ifd_tensor_nbytes(t) + 1);
     uint32_t *w = t->data;
     for (int64_t i = 0; i < ifd_tensor_numel(t); i++)
         w[i] = (uint32_t)ifd_rng_next(rng);
 }
 
-/* A tensor message: topic, header and data as written. */
-static void expect_tensor(void *sock, const char *name, int64_t step, const ifd_tensor *t)
+static void random_tensor(ifd_rng *rng, ifd_tensor *t)
+{
+    int64_t row[2] = {rand_between(rng, 1, 7), rand_between(rng, 1, 7)};
+    random_rows(rng, t, rand_between(rng, 0, 1) ? IFD_F32 : IFD_I32, (int)rand_between(rng, 1, 3),
+                row, rand_between(rng, 1, 7));
+}
+
+/* One tensor message as received: its header's fields and its data. */
+typedef struct tensor_msg {
+    char name[64];
+    ifd_dtype dtype;
+    int rank; /* of a step's tensor: row_shape's and the rows */
+    int64_t row[IFD_MAX_RANK];
+    int nsteps;
+    int64_t *steps, *rows;
+    zmq_msg_t data;
+} tensor_msg;
+
+static void tensor_msg_free(tensor_msg *m)
+{
+    free(m->steps);
+    free(m->rows);
+    zmq_msg_close(&m->data);
+}
+
+static void int_list(json_t *a, int64_t **out, int *n)
+{
+    RASSERT(json_is_array(a), "expected a list of integers");
+    *n = (int)json_array_size(a);
+    *out = calloc((size_t)*n + 1, sizeof **out);
+    for (int i = 0; i < *n; i++) {
+        json_t *v = json_array_get(a, (size_t)i);
+        RASSERT(json_is_integer(v), "expected an integer at %d", i);
+        (*out)[i] = json_integer_value(v);
+    }
+}
+
+/* Receives a tensor message: the topic "tensor:NAME", the header (checked against the data
+ * frame's size) and the data. */
+static void recv_tensor(void *sock, tensor_msg *t)
 {
     zmq_msg_t m;
     int more;
     recv_frame(sock, &m, &more);
-    char topic[80];
-    snprintf(topic, sizeof topic, "tensor:%s", name);
-    RASSERT(more && zmq_msg_size(&m) == strlen(topic) &&
-                memcmp(zmq_msg_data(&m), topic, strlen(topic)) == 0,
-            "expected the topic '%s', got %zu bytes '%.*s'", topic, zmq_msg_size(&m),
-            (int)zmq_msg_size(&m), (const char *)zmq_msg_data(&m));
+    const char *topic = zmq_msg_data(&m);
+    size_t tn = zmq_msg_size(&m);
+    RASSERT(more && tn > 7 && tn < 7 + sizeof t->name && memcmp(topic, "tensor:", 7) == 0,
+            "expected a tensor topic, got %zu bytes '%.*s'", tn, (int)tn, topic);
+    memcpy(t->name, topic + 7, tn - 7);
+    t->name[tn - 7] = '\0';
     zmq_msg_close(&m);
     recv_frame(sock, &m, &more);
     ck_assert(more);
@@ -113,54 +174,130 @@ static void expect_tensor(void *sock, const char *name, int64_t step, const ifd_
     RASSERT(h != NULL, "the header is not JSON: %s", je.text);
     ck_assert_str_eq(json_string_value(json_object_get(h, "event")), "tensor");
     ck_assert_str_eq(json_string_value(json_object_get(h, "mode")), "train");
-    ck_assert_str_eq(json_string_value(json_object_get(h, "name")), name);
-    ck_assert_int_eq(json_integer_value(json_object_get(h, "global_step")), step);
-    ck_assert_str_eq(json_string_value(json_object_get(h, "dtype")), ifd_dtype_name(t->dtype));
-    json_t *shape = json_object_get(h, "shape");
-    ck_assert_int_eq((int)json_array_size(shape), t->shape.rank);
-    for (int i = 0; i < t->shape.rank; i++)
-        ck_assert_int_eq(json_integer_value(json_array_get(shape, (size_t)i)), t->shape.dims[i]);
+    ck_assert_str_eq(json_string_value(json_object_get(h, "name")), t->name);
+    ck_assert_int_eq(ifd_dtype_parse(json_string_value(json_object_get(h, "dtype")), &t->dtype),
+                     IFD_OK);
+    int64_t *row;
+    int nrow, nrows;
+    int_list(json_object_get(h, "row_shape"), &row, &nrow);
+    t->rank = nrow + 1;
+    for (int i = 0; i < nrow; i++)
+        t->row[i] = row[i];
+    free(row);
+    int_list(json_object_get(h, "global_steps"), &t->steps, &t->nsteps);
+    int_list(json_object_get(h, "rows"), &t->rows, &nrows);
+    ck_assert_int_eq(nrows, t->nsteps);
+    ck_assert_int_ge(t->nsteps, 1);
     json_decref(h);
-    recv_frame(sock, &m, &more);
+    recv_frame(sock, &t->data, &more);
     ck_assert(!more);
-    ck_assert_uint_eq(zmq_msg_size(&m), ifd_tensor_nbytes(t));
-    ck_assert(memcmp(zmq_msg_data(&m), t->data, ifd_tensor_nbytes(t)) == 0);
-    zmq_msg_close(&m);
+    size_t rowbytes = ifd_dtype_size(t->dtype), want = 0;
+    for (int i = 0; i < nrow; i++)
+        rowbytes *= (size_t)t->row[i];
+    for (int i = 0; i < t->nsteps; i++)
+        want += (size_t)t->rows[i] * rowbytes;
+    RASSERT(zmq_msg_size(&t->data) == want, "tensor '%s': %d steps of %zu bytes, the data is %zu",
+            t->name, t->nsteps, want, zmq_msg_size(&t->data));
 }
 
+/* Receives the tensor messages for name until the steps step[0..n) with the tensors want[0..n)
+ * came, in order; every message's steps are consecutive and lie within one loop (loop_of: a
+ * step's loop), and a message holds at most IFD_PUB_TENSOR_STEPS_MAX steps and
+ * IFD_PUB_TENSOR_MESSAGE_BYTES unless it is one step. Returns the most steps one message held. */
+static int expect_steps(void *sock, const char *name, const int64_t *step, const ifd_tensor *want,
+                        int64_t n, const int64_t *loop_of)
+{
+    int64_t k = 0;
+    int most = 0;
+    while (k < n) {
+        tensor_msg t;
+        recv_tensor(sock, &t);
+        ck_assert_str_eq(t.name, name);
+        RASSERT(t.nsteps <= IFD_PUB_TENSOR_STEPS_MAX, "%d steps in a message", t.nsteps);
+        RASSERT(t.nsteps == 1 || zmq_msg_size(&t.data) <= IFD_PUB_TENSOR_MESSAGE_BYTES,
+                "%d steps and %zu bytes in one message", t.nsteps, zmq_msg_size(&t.data));
+        const char *at = zmq_msg_data(&t.data);
+        int64_t first = k;
+        for (int i = 0; i < t.nsteps; i++, k++) {
+            RASSERT(k < n, "more steps than were written (%lld)", (long long)n);
+            const ifd_tensor *w = &want[k];
+            ck_assert_int_eq(t.steps[i], step[k]);
+            RASSERT(i == 0 || t.steps[i] == t.steps[i - 1] + 1,
+                    "a message holds step %lld after step %lld", (long long)t.steps[i],
+                    (long long)t.steps[i - 1]);
+            RASSERT(loop_of[k] == loop_of[first],
+                    "a message holds step %lld of loop %lld and step %lld of loop %lld",
+                    (long long)step[first], (long long)loop_of[first], (long long)step[k],
+                    (long long)loop_of[k]);
+            ck_assert_int_eq(t.rows[i], w->shape.dims[0]);
+            ck_assert_int_eq(t.dtype, w->dtype);
+            ck_assert_int_eq(t.rank, w->shape.rank);
+            for (int d = 1; d < w->shape.rank; d++)
+                ck_assert_int_eq(t.row[d - 1], w->shape.dims[d]);
+            size_t nb = ifd_tensor_nbytes(w);
+            RASSERT(memcmp(at, w->data, nb) == 0, "step %lld's data differ", (long long)step[k]);
+            at += nb;
+        }
+        if (t.nsteps > most)
+            most = t.nsteps;
+        tensor_msg_free(&t);
+    }
+    return most;
+}
+
+/* What a subscriber asks for arrives, what it does not is never sent: random steps (rows that
+ * differ from step to step, sizes on both sides of IFD_PUB_TENSOR_MESSAGE_BYTES) in loops of
+ * random length; a message gathers consecutive steps of one loop, and everything gathered goes
+ * before a summary. */
 START_TEST(asked_tensors_arrive_in_order_and_others_are_not_sent)
 {
     ifd_rng rng;
     seed_rng(&rng);
     pub_fixture f;
-    fixture_open(&f, 0);
-    subscribe(&f, "tensor:wanted", 1);
-    subscribe(&f, "{", 1); /* the summaries */
-    wait_wants(&f, "wanted", 1);
+    fixture_open(&f, INT64_C(1) << 40);
+    subscribe_all(&f, (const char *const[]){"wanted"}, 1);
     ck_assert(!ifd_publisher_tensor_wanted(f.pub, "other"));
     ck_assert(!ifd_publisher_tensor_wanted(f.pub, "want")); /* a name, not a prefix */
-    int64_t steps = rand_between(&rng, 1, 40), step0 = rand_between(&rng, 0, 1000);
+    int64_t steps = rand_between(&rng, 1, 300), step0 = rand_between(&rng, 0, 1000);
+    int64_t ipl = rand_between(&rng, 1, 40);
+    /* a row of 4 to 4096 bytes, up to 8 or 64 rows a step: a step of up to 256 KiB */
+    int rank = (int)rand_between(&rng, 1, 3);
+    int64_t row[2] = {rand_between(&rng, 1, 32), rand_between(&rng, 1, 32)};
+    ifd_dtype dt = rand_between(&rng, 0, 1) ? IFD_F32 : IFD_I32;
+    int64_t most_rows = rand_between(&rng, 0, 1) ? 8 : 64;
     ifd_tensor *ts = calloc((size_t)steps, sizeof *ts);
+    int64_t *step = calloc((size_t)steps, sizeof *step),
+            *loop = calloc((size_t)steps, sizeof *loop);
     ifd_error err;
     const char *const names[2] = {"other", "wanted"};
     for (int64_t s = 0; s < steps; s++) {
-        random_tensor(&rng, &ts[s]);
+        random_rows(&rng, &ts[s], dt, rank, row, rand_between(&rng, 0, most_rows));
+        /* now and then steps nobody took (no subscriber then) come between */
+        step[s] = s == 0 ? step0 : step[s - 1] + 1 + (rand_between(&rng, 0, 9) ? 0 : 2);
+        loop[s] = s / ipl;
         ifd_tensor pair[2] = {ts[s], ts[s]};
-        write_step(&f, step0 + s, 2, names, pair);
+        write_step(&f, step[s], 2, names, pair);
+        if ((s + 1) % ipl == 0)
+            flush_loop(&f);
     }
     ifd_sink *sink = ifd_publisher_sink(f.pub);
     RC_OK(ifd_sink_write(sink, "{\"event\":\"end\"}", 15, &err), err);
-    for (int64_t s = 0; s < steps; s++)
-        expect_tensor(f.sub, "wanted", step0 + s, &ts[s]);
+    int most = expect_steps(f.sub, "wanted", step, ts, steps, loop);
     zmq_msg_t m;
     int more;
     recv_frame(f.sub, &m, &more); /* the summary: one frame, after the tensors */
     ck_assert(!more);
     ck_assert_uint_eq(zmq_msg_size(&m), 15);
     zmq_msg_close(&m);
+    /* two steps of a loop that fit in one message went together */
+    if (ipl > 1 && steps > 1 && step[1] == step[0] + 1 &&
+        ifd_tensor_nbytes(&ts[0]) + ifd_tensor_nbytes(&ts[1]) <= IFD_PUB_TENSOR_MESSAGE_BYTES)
+        RASSERT(most > 1, "every message held one step (loops of %lld)", (long long)ipl);
     ifd_publisher_tensors st;
     ifd_publisher_tensor_stats(f.pub, &st);
-    ck_assert_int_eq(st.sent, steps);
+    ck_assert_int_eq(st.sent_steps, steps);
+    ck_assert_int_ge(st.sent, (steps + ipl - 1) / ipl);
+    ck_assert_int_eq(st.pending_bytes, 0);
     ck_assert_int_eq(st.subscribed, 1);
     /* unsubscribed: the tensor is no longer asked for */
     subscribe(&f, "tensor:wanted", 0);
@@ -168,6 +305,58 @@ START_TEST(asked_tensors_arrive_in_order_and_others_are_not_sent)
     for (int64_t s = 0; s < steps; s++)
         free(ts[s].data);
     free(ts);
+    free(step);
+    free(loop);
+    fixture_close(&f);
+}
+END_TEST
+
+/* A summary in the middle of a loop: what was gathered goes before it, the rest after it. */
+START_TEST(a_summary_goes_after_the_steps_before_it)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    pub_fixture f;
+    fixture_open(&f, INT64_C(1) << 40);
+    const char *const names[2] = {"a", "b"};
+    subscribe_all(&f, names, 2);
+    int64_t before = rand_between(&rng, 1, 30), after = rand_between(&rng, 1, 30);
+    int64_t n = before + after;
+    ifd_tensor *ta = calloc((size_t)n, sizeof *ta), *tb = calloc((size_t)n, sizeof *tb);
+    int64_t *step = calloc((size_t)n, sizeof *step), *loop = calloc((size_t)n, sizeof *loop);
+    ifd_error err;
+    /* each tensor's dtype and row shape stay (a change starts a new message) */
+    int64_t ra[1] = {rand_between(&rng, 1, 5)}, rb[1] = {rand_between(&rng, 1, 5)};
+    for (int64_t s = 0; s < n; s++) {
+        random_rows(&rng, &ta[s], IFD_F32, 2, ra, rand_between(&rng, 0, 9));
+        random_rows(&rng, &tb[s], IFD_I32, 1, rb, rand_between(&rng, 0, 9));
+        step[s] = s + 1;
+        loop[s] = s < before ? 0 : 1;
+        ifd_tensor pair[2] = {ta[s], tb[s]};
+        write_step(&f, step[s], 2, names, pair);
+        if (s + 1 == before)
+            RC_OK(ifd_sink_write(ifd_publisher_sink(f.pub), "{\"global_step\":1}", 17, &err), err);
+    }
+    flush_loop(&f);
+    /* a's and b's steps before the summary, in the order of the step's tensors */
+    expect_steps(f.sub, "a", step, ta, before, loop);
+    expect_steps(f.sub, "b", step, tb, before, loop);
+    zmq_msg_t m;
+    int more;
+    recv_frame(f.sub, &m, &more);
+    RASSERT(!more && zmq_msg_size(&m) == 17, "expected the summary, got %zu bytes",
+            zmq_msg_size(&m));
+    zmq_msg_close(&m);
+    expect_steps(f.sub, "a", step + before, ta + before, after, loop + before);
+    expect_steps(f.sub, "b", step + before, tb + before, after, loop + before);
+    for (int64_t s = 0; s < n; s++) {
+        free(ta[s].data);
+        free(tb[s].data);
+    }
+    free(ta);
+    free(tb);
+    free(step);
+    free(loop);
     fixture_close(&f);
 }
 END_TEST
@@ -181,26 +370,29 @@ START_TEST(the_byte_rate_drops_what_exceeds_it)
     pub_fixture f;
     int64_t rate = rand_between(&rng, 200, 2000);
     fixture_open(&f, rate);
-    subscribe(&f, "tensor:x", 1);
-    wait_wants(&f, "x", 1);
+    subscribe_all(&f, (const char *const[]){"x"}, 1);
     ifd_tensor t;
     random_tensor(&rng, &t);
     int64_t n = rand_between(&rng, 20, 60);
     const char *const names[1] = {"x"};
     int64_t t0 = ifd_clock_ns();
-    for (int64_t s = 0; s < n; s++)
+    for (int64_t s = 0; s < n; s++) {
         write_step(&f, s, 1, names, &t);
+        flush_loop(&f); /* loops of one step: a message a step */
+    }
     double elapsed = (double)(ifd_clock_ns() - t0) / 1e9;
     ifd_publisher_tensors st;
     ifd_publisher_tensor_stats(f.pub, &st);
-    /* the message's bytes: the topic, the header (at least 60 bytes) and the data */
-    double bytes = (double)(strlen("tensor:x") + 60 + ifd_tensor_nbytes(&t));
+    /* the message's bytes: the topic, the header (at least 100 bytes) and the data */
+    double bytes = (double)(strlen("tensor:x") + 100 + ifd_tensor_nbytes(&t));
     int64_t most = (int64_t)((double)rate * (1.0 + elapsed) / bytes) + 1;
     ck_assert_int_eq(st.rate, rate);
     RASSERT(n - st.limited <= most,
             "%lld of %lld messages of about %.0f bytes passed a rate of %lld bytes/s in %.3f s",
             (long long)(n - st.limited), (long long)n, bytes, (long long)rate, elapsed);
     ck_assert_int_ge(st.limited, n - most);
+    ck_assert_int_eq(st.limited_steps, st.limited); /* a step a message */
+    ck_assert_int_le(st.sent_steps, n - st.limited_steps);
     free(t.data);
     fixture_close(&f);
 }
@@ -210,7 +402,8 @@ int main(void)
 {
     Suite *s = suite_create("tensor_publisher");
     TCase *tc = tu_tcase(s, "tensors", 60);
-    tcase_add_loop_test(tc, asked_tensors_arrive_in_order_and_others_are_not_sent, 0, 4);
+    tcase_add_loop_test(tc, asked_tensors_arrive_in_order_and_others_are_not_sent, 0, 8);
+    tcase_add_loop_test(tc, a_summary_goes_after_the_steps_before_it, 0, 4);
     tcase_add_loop_test(tc, the_byte_rate_drops_what_exceeds_it, 0, 4);
     return tu_run_suite(s);
 }

@@ -351,6 +351,70 @@ START_TEST(a_sink_takes_the_steps_it_wants)
 }
 END_TEST
 
+/* A sink's flush: the steps written before each call. */
+typedef struct flush_log {
+    int64_t last;    /* the last step written */
+    int64_t at[512]; /* last, at each flush */
+    int n;
+    int64_t out_of_order; /* the first step written after another than the one before it */
+} flush_log;
+
+static int logging_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
+{
+    (void)err;
+    flush_log *l = ctx;
+    if (t->global_step != l->last + 1 && l->out_of_order == 0)
+        l->out_of_order = t->global_step;
+    l->last = t->global_step;
+    return IFD_OK;
+}
+
+static int logging_flush(void *ctx, ifd_error *err)
+{
+    (void)err;
+    flush_log *l = ctx;
+    if (l->n < 512)
+        l->at[l->n++] = l->last;
+    return IFD_OK;
+}
+
+/* The outfeed thread flushes the tensor sinks after the last step of every device loop, and
+ * after the last step when the input ends in the middle of a loop: no step waits beyond its
+ * loop. Random loop lengths, steps and input length. */
+START_TEST(a_sink_is_flushed_at_every_loop_end)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int64_t ipl = rand_between(&rng, 1, 6), steps = rand_between(&rng, 1, 40);
+    int64_t batches = _i % 2 ? rand_between(&rng, 1, steps) : steps; /* the input may end first */
+    ifd_config cfg;
+    tu_config_train(&cfg, "softmax", IFD_OPT_SGD, 4, 3, 8, ipl, ifd_rng_next(&rng));
+    cfg.replicas = (int)rand_between(&rng, 1, 3);
+    cfg.batch_size = 4 * cfg.replicas;
+    cfg.steps = steps;
+    tu_batch **bs = tu_batches_random(&cfg, batches, 5);
+    flush_log l;
+    memset(&l, 0, sizeof l);
+    ifd_tensor_sink ts = {.write = logging_write, .ctx = &l, .flush = logging_flush};
+    tu_result res;
+    run_with_sink(&cfg, bs, batches, &ts, &res);
+    ck_assert_msg(res.rc == IFD_OK, "%s", ifd_error_text(&res.err));
+    ck_assert_int_eq(l.out_of_order, 0);
+    ck_assert_int_eq(l.last, batches);
+    /* every loop's end, then the last step (once more when the input ended at a loop's end) */
+    int k = 0;
+    for (int64_t end = ipl; end < batches; end += ipl, k++)
+        RASSERT(k < l.n && l.at[k] == end, "ipl %lld: flush %d after step %lld, expected %lld",
+                (long long)ipl, k, (long long)(k < l.n ? l.at[k] : -1), (long long)end);
+    RASSERT(k < l.n && l.at[k] == batches, "ipl %lld: no flush after the last step %lld",
+            (long long)ipl, (long long)batches);
+    for (k++; k < l.n; k++)
+        ck_assert_int_eq(l.at[k], batches);
+    tu_result_free(&res);
+    tu_batches_free(bs, batches);
+}
+END_TEST
+
 /* The built-in classifiers' outfeeds from one direct step (train and eval): class, confidence
  * and label against the double-precision logits of tests/util/program_ref.h. */
 START_TEST(classifiers_outfeed_class_confidence_label)
@@ -447,6 +511,7 @@ int main(void)
     tcase_add_test(tc, tensor_sink_error_ends_the_run);
     tcase_add_test(tc, outfeeds_only_for_a_taker);
     tcase_add_loop_test(tc, a_sink_takes_the_steps_it_wants, 0, 8);
+    tcase_add_loop_test(tc, a_sink_is_flushed_at_every_loop_end, 0, 8);
     tcase_add_loop_test(tc, classifiers_outfeed_class_confidence_label, 0, 8);
     suite_add_tcase(s, tc);
     return tu_run_suite(s);

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -36,10 +37,11 @@ class Subscriber:
 
     ``tensors``: names of outfeed tensors (docs/summaries.md, "Tensor messages") to receive as
     well, at most :data:`MAX_TENSORS`. Iterating then yields ``(global_step, {name: array})``
-    for every step whose asked tensors all arrived (the daemon drops tensor messages a slow
-    subscriber or its ``--tensor-rate`` cannot take: a step with one missing is skipped), and
-    stops after the end summary; the summaries still land in :attr:`last`. The daemon
-    publishes a tensor only while some subscriber asks for it.
+    for every step whose asked tensors all arrived, in step order (the daemon sends a tensor's
+    steps several to a message, and drops tensor messages a slow subscriber or its
+    ``--tensor-rate`` cannot take: a step with one missing is skipped), and stops after the end
+    summary; the summaries still land in :attr:`last`. The daemon publishes a tensor only while
+    some subscriber asks for it.
     """
 
     #: tensor names one Subscriber may ask for (the daemon allows 8 subscriptions a connection;
@@ -71,8 +73,11 @@ class Subscriber:
         self._sock.setsockopt(zmq.SUBSCRIBE, b"{")  # summaries are JSON objects
         for name in self.tensors:
             self._sock.setsockopt(zmq.SUBSCRIBE, TENSOR_TOPIC + name.encode())
-        self._step: Optional[int] = None
-        self._got: Dict[str, np.ndarray] = {}
+        # steps some asked tensor has arrived for: {step: {name: array}}; the highest step
+        # each tensor has arrived for; complete steps not yet yielded
+        self._pending: Dict[int, Dict[str, np.ndarray]] = {}
+        self._upto: Dict[str, int] = {}
+        self._ready: deque = deque()
         self._sock.connect(endpoint)
         self._closed = False
 
@@ -82,8 +87,8 @@ class Subscriber:
 
     def recv_message(self, timeout: Any = ...) -> dict:
         """The next message: a summary, or a tensor message as a dict (its JSON header with the
-        data as a numpy array under ``"array"``). Raises TimeoutError after ``timeout`` seconds
-        (default: the Subscriber's) without one."""
+        data under ``"arrays"``, one numpy array a step of ``"global_steps"``). Raises
+        TimeoutError after ``timeout`` seconds (default: the Subscriber's) without one."""
         if self._closed:
             raise ValueError("infeed subscriber: the socket is closed")
         if timeout is ...:
@@ -130,20 +135,40 @@ class Subscriber:
     def recv_step(self, timeout: Any = ...) -> Optional[Tuple[int, Dict[str, np.ndarray]]]:
         """The next step whose asked tensors all arrived, as ``(global_step, {name: array})``;
         None once the end summary has arrived (summaries go to :attr:`last`)."""
-        while not self.ended:
+        while not self._ready and not self.ended:
             m = self.recv_message(timeout)
             if m.get("event") != "tensor":
+                # every tensor message of the steps a summary covers came before it: a step
+                # still missing a tensor lost it
+                self._settle(every=True)
                 continue
-            step, name = m["global_step"], m["name"]
+            name = m["name"]
             if name not in self.tensors:
                 continue  # another subscriber's tensor whose name starts like ours
-            if step != self._step:
-                self._step, self._got = step, {}
-            self._got[name] = m["array"]
-            if len(self._got) == len(self.tensors):
-                got, self._got = self._got, {}
-                return step, got
+            for step, a in zip(m["global_steps"], m["arrays"]):
+                self._pending.setdefault(step, {})[name] = a
+            if m["global_steps"]:
+                self._upto[name] = max(self._upto.get(name, m["global_steps"][-1]),
+                                       m["global_steps"][-1])
+            self._settle()
+        if self._ready:
+            return self._ready.popleft()
+        self._pending.clear()
         return None
+
+    def _settle(self, every: bool = False) -> None:
+        """Moves the complete steps, in step order, to the ready ones, and forgets the steps that
+        can no longer complete: each tensor's messages come in step order, so a step is lost
+        once every tensor has arrived beyond it without it (or, with every, at a summary)."""
+        for step in sorted(self._pending):
+            got = self._pending[step]
+            if len(got) == len(self.tensors):
+                self._ready.append((step, got))
+            elif every or all(self._upto.get(n, step - 1) >= step for n in self.tensors):
+                pass  # a dropped message: the step is skipped
+            else:
+                break  # may still complete, and so may every later step
+            del self._pending[step]
 
     def __iter__(self) -> Iterator[Any]:
         if self.tensors:
@@ -195,24 +220,39 @@ def _tensor_names(tensors: Optional[Sequence[str]]) -> List[str]:
     return names
 
 
+def _ints(v: Any, what: str) -> List[int]:
+    if not isinstance(v, list) or not all(isinstance(x, int) and x >= 0 for x in v):
+        raise ValueError(f"{what}: expected a list of whole numbers >= 0, got {v!r}")
+    return v
+
+
 def parse_tensor(frames: Sequence[bytes]) -> dict:
-    """A tensor message's frames (topic, JSON header, data) as its header with ``"array"``."""
+    """A tensor message's frames (topic, JSON header, data) as its header with ``"arrays"``: one
+    numpy array a step of ``"global_steps"``, of shape ``[rows[i]] + row_shape`` (views of the
+    data frame, which holds the steps' arrays one after another)."""
     try:
         h = json.loads(frames[1].decode("utf-8"))
-        dt = _DTYPES[h["dtype"]]
-        shape = tuple(int(d) for d in h["shape"])
-        step = h["global_step"]
-        if not isinstance(step, int) or h.get("event") != "tensor":
+        if not isinstance(h, dict) or h.get("event") != "tensor":
             raise ValueError("not a tensor header")
+        dt = _DTYPES[h["dtype"]]
+        row_shape = tuple(_ints(h["row_shape"], "row_shape"))
+        steps = _ints(h["global_steps"], "global_steps")
+        rows = _ints(h["rows"], "rows")
+        if len(steps) != len(rows):
+            raise ValueError(f"{len(steps)} global_steps and {len(rows)} rows")
     except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"infeed subscriber: a tensor message with a bad header ({e!r}): "
                          f"{frames[1][:200]!r}") from None
-    want = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+    row = int(np.prod(row_shape, dtype=np.int64))
+    want = sum(rows) * row * dt.itemsize
     if len(frames[2]) != want:
-        raise ValueError(f"infeed subscriber: tensor '{h.get('name')}' at step {step}: "
-                         f"{h['dtype']} {list(shape)} is {want} bytes, the message has "
-                         f"{len(frames[2])}")
-    h["array"] = np.frombuffer(frames[2], dtype=dt).reshape(shape)
+        span = f"steps {steps[0]} to {steps[-1]}" if steps else "no step"
+        raise ValueError(f"infeed subscriber: tensor '{h.get('name')}' at {span}: "
+                         f"{sum(rows)} rows of {h['dtype']} {list(row_shape)} are {want} bytes, "
+                         f"the message has {len(frames[2])}")
+    data = np.frombuffer(frames[2], dtype=dt)
+    ends = np.cumsum([r * row for r in rows], dtype=np.int64)
+    h["arrays"] = [data[e - r * row:e].reshape((r,) + row_shape) for e, r in zip(ends, rows)]
     return h
 
 
