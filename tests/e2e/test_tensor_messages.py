@@ -143,6 +143,35 @@ def test_subscriber_groups_tensors_by_step(seed):
         pub.close()
 
 
+def test_subscriber_keeps_a_bounded_number_of_incomplete_steps():
+    """A tensor whose every message is lost, and no summary: the other tensor's steps wait for it,
+    at most MAX_PENDING_STEPS of them (the oldest are skipped); a later step whose tensors all
+    arrive is still yielded."""
+    rng = random.Random(7)
+    pub = FakePublisher()
+    sub = infeed.Subscriber(pub.endpoint, timeout=10, tensors=["a", "x"])
+    most = []
+    settle = sub._settle
+    sub._settle = lambda every=False: (settle(every), most.append(len(sub._pending)))
+    try:
+        pub.wait_subscriptions({b"{", b"tensor:a", b"tensor:x"})
+        bound = infeed.Subscriber.MAX_PENDING_STEPS
+        last = bound + rng.randint(100, 3000)
+        one = np.zeros((1, 1), np.float32)
+        for first in range(1, last + 1, 256):  # "a" alone: x's messages are all lost
+            part = list(range(first, min(first + 256, last + 1)))
+            pub.tensor("a", part, [one] * len(part))
+        pub.tensor("a", [last + 1], [one])
+        pub.tensor("x", [last + 1], [one])
+        pub.summary({"event": "end", "global_step": last + 1})
+        got = list(sub)
+        assert [s for s, _ in got] == [last + 1]
+        assert max(most) <= bound and max(most) >= bound - 256, (max(most), bound)
+    finally:
+        sub.close()
+        pub.close()
+
+
 def test_host_call_runs_the_function_on_every_step():
     pub = FakePublisher()
     sub = infeed.Subscriber(pub.endpoint, timeout=10, tensors=["x", "y"])

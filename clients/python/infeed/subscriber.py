@@ -47,6 +47,11 @@ class Subscriber:
     #: tensor names one Subscriber may ask for (the daemon allows 8 subscriptions a connection;
     #: the summaries take one)
     MAX_TENSORS = 7
+    #: incomplete steps kept at most, waiting for their other tensors: beyond it the oldest are
+    #: skipped as lost (a tensor whose every message is dropped, and no summary to settle them,
+    #: must not grow the memory without bound). The daemon puts at most 256 steps in a message
+    #: (docs/summaries.md), so a step still to complete is never this far behind.
+    MAX_PENDING_STEPS = 4096
 
     def __init__(self, endpoint: str, timeout: Optional[float] = None,
                  context: Optional[zmq.Context] = None, server_key: Any = None,
@@ -166,6 +171,8 @@ class Subscriber:
                 self._ready.append((step, got))
             elif every or all(self._upto.get(n, step - 1) >= step for n in self.tensors):
                 pass  # a dropped message: the step is skipped
+            elif len(self._pending) > self.MAX_PENDING_STEPS:
+                pass  # the oldest of too many kept: skipped as lost
             else:
                 break  # may still complete, and so may every later step
             del self._pending[step]
