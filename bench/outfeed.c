@@ -1,6 +1,6 @@
 /*
  * bench_outfeed: what outfeed tensors cost (issue 21). The built-in softmax program (D = 16,
- * K = 10) trains at batch 256 on R = 2 cpu replicas, iterations_per_loop 100, three ways side by
+ * K = 10) trains at batch 256 on R = 2 cpu replicas, iterations_per_loop 100, five ways side by
  * side in one run, each repeat running every way once in turn:
  *
  *   plain     softmax as built in (its outfeed: class, confidence and label, 3 values a row),
@@ -13,7 +13,9 @@
  *   out16+pub out16 with infeedd's PUB socket as the tensor sink (host/publisher.c, a byte
  *             rate of 4 GiB/s) and two SUB sockets on loopback tcp asking for every tensor, read
  *             by a thread (the messages published and the ones they got are printed: a message
- *             holds several steps of a tensor, and ZeroMQ drops what they cannot take).
+ *             holds several steps of a tensor, and ZeroMQ drops what they cannot take);
+ *   out16+ipc out16+pub on an ipc endpoint (a unix socket), as a subscriber on the daemon's
+ *             host would connect.
  *
  * The batch source hands out one prebuilt batch, so no producer is measured. Prints steps/s
  * (median and fastest of the repeats), each way's ratio to plain, the targets of issue 21 (out16
@@ -30,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
 enum { FEATURES = 16, CLASSES = 10, BATCH = 256, REPLICAS = 2, IPL = 100 };
@@ -131,8 +134,9 @@ static int take_all(void *ctx, const ifd_step_tensors *t, ifd_error *err)
 
 /* ---- runs ---- */
 
-enum { PLAIN, OUT16, OUT16_SUB, OUT16_PUB, NWAYS };
-static const char *const way_names[NWAYS] = {"plain", "out16", "out16+sub", "out16+pub"};
+enum { PLAIN, OUT16, OUT16_SUB, OUT16_PUB, OUT16_IPC, NWAYS };
+static const char *const way_names[NWAYS] = {"plain", "out16", "out16+sub", "out16+pub",
+                                             "out16+ipc"};
 
 /* ---- the PUB socket and its subscribers ---- */
 
@@ -169,13 +173,15 @@ static void *read_all(void *arg)
     return NULL;
 }
 
-static void pub_open(pub_run *p)
+static void pub_open(pub_run *p, int way)
 {
     memset(p, 0, sizeof *p);
     ifd_error err;
     p->zctx = zmq_ctx_new();
-    if (ifd_publisher_create(&p->pub, p->zctx, "tcp://127.0.0.1:*", NULL, NULL, 16, IFD_MODE_TRAIN,
-                             INT64_C(4) << 30, &err) ||
+    char ipc[96];
+    snprintf(ipc, sizeof ipc, "ipc:///tmp/bench_outfeed-%d", (int)getpid());
+    if (ifd_publisher_create(&p->pub, p->zctx, way == OUT16_IPC ? ipc : "tcp://127.0.0.1:*", NULL,
+                             NULL, 16, IFD_MODE_TRAIN, INT64_C(4) << 30, &err) ||
         ifd_publisher_start(p->pub, &err)) {
         fprintf(stderr, "bench_outfeed: publisher: %s\n", ifd_error_text(&err));
         exit(1);
@@ -237,10 +243,11 @@ static double run_once(int way, int64_t steps, int64_t *sunk)
     taker k = {0};
     ifd_tensor_sink sink = {.write = take_all, .ctx = &k};
     pub_run pr;
-    if (way == OUT16_PUB)
-        pub_open(&pr);
+    int pub = way == OUT16_PUB || way == OUT16_IPC;
+    if (pub)
+        pub_open(&pr, way);
     if ((way == OUT16_SUB && ifd_session_add_tensor_sink(s, &sink) != IFD_OK) ||
-        (way == OUT16_PUB && ifd_session_add_tensor_sink(s, ifd_publisher_tensor_sink(pr.pub)))) {
+        (pub && ifd_session_add_tensor_sink(s, ifd_publisher_tensor_sink(pr.pub)))) {
         fprintf(stderr, "bench_outfeed: cannot add the tensor sink\n");
         exit(1);
     }
@@ -254,7 +261,7 @@ static double run_once(int way, int64_t steps, int64_t *sunk)
     ifd_session_destroy(s);
     free(k.buf);
     *sunk = k.bytes;
-    if (way == OUT16_PUB) {
+    if (pub) {
         ifd_publisher_tensors st;
         ifd_publisher_tensor_stats(pr.pub, &st);
         pub_close(&pr);
