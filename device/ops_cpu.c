@@ -583,12 +583,16 @@ static update_plan plan_update(const ifd_optimizer *opt, const int64_t *opt_step
     return u;
 }
 
-/* Elements [lo, hi) with weight decay wd (adamw; 0: left out). */
+/* Elements [lo, hi) with weight decay wd (adamw; 0: left out). The optimizer's scalars are read
+ * into locals first: read through o inside the loops, they might alias the vectors, and GCC
+ * leaves such a loop scalar. This file is built with -fno-math-errno (CMakeLists.txt), which
+ * lets Adam's sqrtf be a vector square root: the same correctly rounded bits. */
 static void update_elems(const update_plan *u, float wd, int64_t lo, int64_t hi, float *params,
                          const float *grads, float *slot0, float *slot1)
 {
     const ifd_optimizer *o = u->opt;
-    float lr = u->lr, s = u->scale;
+    float lr = u->lr, s = u->scale, lr_t = u->lr_t, mu = o->momentum;
+    float b1 = o->beta1, b2 = o->beta2, eps = o->epsilon;
     switch (o->kind) {
     case IFD_OPT_SGD:
         for (int64_t i = lo; i < hi; i++)
@@ -596,17 +600,16 @@ static void update_elems(const update_plan *u, float wd, int64_t lo, int64_t hi,
         break;
     case IFD_OPT_MOMENTUM:
         for (int64_t i = lo; i < hi; i++)
-            ifd_math_momentum(&params[i], &slot0[i], grads[i] * s, lr, o->momentum);
+            ifd_math_momentum(&params[i], &slot0[i], grads[i] * s, lr, mu);
         break;
     case IFD_OPT_ADAM:
         for (int64_t i = lo; i < hi; i++)
-            ifd_math_adam(&params[i], &slot0[i], &slot1[i], grads[i] * s, u->lr_t, o->beta1,
-                          o->beta2, o->epsilon);
+            ifd_math_adam(&params[i], &slot0[i], &slot1[i], grads[i] * s, lr_t, b1, b2, eps);
         break;
     case IFD_OPT_ADAMW:
         for (int64_t i = lo; i < hi; i++)
-            ifd_math_adamw(&params[i], &slot0[i], &slot1[i], grads[i] * s, u->lr_t, o->beta1,
-                           o->beta2, o->epsilon, wd, lr);
+            ifd_math_adamw(&params[i], &slot0[i], &slot1[i], grads[i] * s, lr_t, b1, b2, eps, wd,
+                           lr);
         break;
     }
 }
