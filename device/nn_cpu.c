@@ -201,19 +201,52 @@ static inline float nn_exp_neg(float t)
     return p * s.f;
 }
 
-void ifd_nn_gelu(int64_t n, const float *x, float *y)
+/*
+ * GELU's loops are built for AVX-512 and AVX2 too where the compiler can (GCC, clang 14 and
+ * later, x86-64), the one the CPU runs chosen at load time: 16 or 8 lanes instead of SSE's 4.
+ * Neither target enables FMA and C11 does not contract, so every lane computes the SSE code's
+ * operations: the same bits on every machine (test_nn_ops compares with the _baseline
+ * functions, the same loops built for the baseline ISA alone).
+ */
+#if defined(__x86_64__) && defined(__GNUC__) && (!defined(__clang__) || __clang_major__ >= 14)
+#define NN_WIDE __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define NN_WIDE
+#endif
+
+static inline void gelu_loop(int64_t n, const float *x, float *y)
 {
     for (int64_t i = 0; i < n; i++)
         y[i] = 0.5f * x[i] * (1.0f + nn_erf(x[i] * IFD_SQRT1_2));
 }
 
-void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx)
+static inline void gelu_grad_loop(int64_t n, const float *x, const float *dy, float *dx)
 {
     for (int64_t i = 0; i < n; i++) {
         float cdf = 0.5f * (1.0f + nn_erf(x[i] * IFD_SQRT1_2));
         float pdf = IFD_1_SQRT2PI * nn_exp_neg(-0.5f * x[i] * x[i]);
         dx[i] = dy[i] * (cdf + x[i] * pdf);
     }
+}
+
+NN_WIDE void ifd_nn_gelu(int64_t n, const float *x, float *y)
+{
+    gelu_loop(n, x, y);
+}
+
+NN_WIDE void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx)
+{
+    gelu_grad_loop(n, x, dy, dx);
+}
+
+void ifd_nn_gelu_baseline(int64_t n, const float *x, float *y)
+{
+    gelu_loop(n, x, y);
+}
+
+void ifd_nn_gelu_grad_baseline(int64_t n, const float *x, const float *dy, float *dx)
+{
+    gelu_grad_loop(n, x, dy, dx);
 }
 
 static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,

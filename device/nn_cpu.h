@@ -45,6 +45,10 @@ void ifd_nn_layernorm_grad_input(int64_t r0, int64_t r1, int64_t dim, const floa
  * x. The gradient from the forward's input x: dx = dy * (Phi(x) + x * phi(x)); dx may be dy. */
 void ifd_nn_gelu(int64_t n, const float *x, float *y);
 void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx);
+/* The same two built for the baseline ISA alone (no AVX: ifd_nn_gelu may run AVX-512 or AVX2
+ * lanes), for tests: the bits must agree. */
+void ifd_nn_gelu_baseline(int64_t n, const float *x, float *y);
+void ifd_nn_gelu_grad_baseline(int64_t n, const float *x, const float *dy, float *dx);
 
 /*
  * Causal self-attention of `batch` sequences of t positions, `heads` heads of width dh (C =
