@@ -117,6 +117,30 @@ void ifd_nn_layernorm_grad_params(int64_t rows, int64_t dim, int64_t c0, int64_t
     }
 }
 
+void ifd_nn_col_sum(int64_t rows, int64_t dim, int64_t c0, int64_t c1, const float *x, float *out)
+{
+    int64_t c = c0;
+    for (; c + 16 <= c1; c += 16) {
+        nn_v4f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * dim + c;
+            s0 += v4_load(xr);
+            s1 += v4_load(xr + 4);
+            s2 += v4_load(xr + 8);
+            s3 += v4_load(xr + 12);
+        }
+        v4_store(out + c, s0);
+        v4_store(out + c + 4, s1);
+        v4_store(out + c + 8, s2);
+        v4_store(out + c + 12, s3);
+    }
+    for (int64_t j = c; j < c1; j++)
+        out[j] = 0.0f;
+    for (int64_t r = 0; r < rows && c < c1; r++)
+        for (int64_t j = c; j < c1; j++)
+            out[j] += x[r * dim + j];
+}
+
 void ifd_nn_layernorm_grad_input(int64_t r0, int64_t r1, int64_t dim, const float *x,
                                  const float *gamma, const float *mean, const float *rstd,
                                  const float *dy, float *dx)

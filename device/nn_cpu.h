@@ -41,6 +41,10 @@ void ifd_nn_layernorm_grad_input(int64_t r0, int64_t r1, int64_t dim, const floa
                                  const float *gamma, const float *mean, const float *rstd,
                                  const float *dy, float *dx);
 
+/* out[c] = the sum over the rows of x [rows, dim] of column c, c in [c0, c1), each column's from
+ * 0 over the rows in order (16 columns at a time in vector registers: the same bits). */
+void ifd_nn_col_sum(int64_t rows, int64_t dim, int64_t c0, int64_t c1, const float *x, float *out);
+
 /* GELU, exact (Keras' default approximate=False): y = x / 2 * (1 + erf(x / sqrt 2)); y may be
  * x. The gradient from the forward's input x: dx = dy * (Phi(x) + x * phi(x)); dx may be dy. */
 void ifd_nn_gelu(int64_t n, const float *x, float *y);

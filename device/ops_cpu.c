@@ -102,24 +102,6 @@ static void cpu_gemm(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k,
     gemm_one(ta, tb, m, n, k, alpha, a, b, beta, c);
 }
 
-static void cpu_bias_add(void *ctx, int64_t rows, int64_t cols, const float *bias, float *x)
-{
-    (void)ctx;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++)
-            x[r * cols + c] += bias[c];
-}
-
-static void cpu_col_sum(void *ctx, int64_t rows, int64_t cols, const float *x, float *out)
-{
-    (void)ctx;
-    for (int64_t c = 0; c < cols; c++)
-        out[c] = 0.0f;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++)
-            out[c] += x[r * cols + c];
-}
-
 static void cpu_relu(void *ctx, int64_t n, const float *x, float *y)
 {
     (void)ctx;
@@ -162,31 +144,6 @@ static void cpu_l2_decay(void *ctx, int64_t n, float decay, float scale, const f
     float coef = scale * decay;
     for (int64_t i = 0; i < n; i++)
         grad[i] = ifd_math_l2_grad(w[i], grad[i], coef);
-}
-
-static void cpu_softmax_xent_classify(void *ctx, int64_t rows, int64_t k, const float *logits,
-                                      const int32_t *labels, float scale, float *dlogits,
-                                      ifd_step_out *out, int32_t *cls, float *conf)
-{
-    (void)ctx;
-    double loss = 0.0;
-    int64_t correct = 0;
-    float gscale = rows > 0 ? scale / (float)rows : 0.0f;
-    for (int64_t r = 0; r < rows; r++) {
-        int ok;
-        loss += ifd_math_softmax_xent_classify_row(logits + r * k, k, labels[r], gscale,
-                                                   dlogits + r * k, &ok, cls ? cls + r : NULL,
-                                                   conf ? conf + r : NULL);
-        correct += ok;
-    }
-    out->loss = rows > 0 ? (float)(scale * loss / (double)rows) : 0.0f;
-    out->correct = (float)correct;
-}
-
-static void cpu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *logits,
-                             const int32_t *labels, float scale, float *dlogits, ifd_step_out *out)
-{
-    cpu_softmax_xent_classify(ctx, rows, k, logits, labels, scale, dlogits, out, NULL, NULL);
 }
 
 static void cpu_softmax(void *ctx, int64_t rows, int64_t k, const float *logits, float *probs)
@@ -308,6 +265,105 @@ static void cpu_add(void *ctx, int64_t n, float alpha, const float *x, float *y)
     nn_split s = {
         .n = n, .per = nn_per(n, 4 * IFD_NN_CHUNK_FLOATS), .alpha = alpha, .x = x, .y = y};
     nn_run(ctx, &s, add_chunk);
+}
+
+static void bias_add_chunk(void *arg, int64_t c)
+{
+    const nn_split *s = arg;
+    int64_t lo, hi;
+    nn_range(s, c, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++)
+        for (int64_t j = 0; j < s->dim; j++)
+            s->y[r * s->dim + j] += s->x[j];
+}
+
+static void cpu_bias_add(void *ctx, int64_t rows, int64_t cols, const float *bias, float *x)
+{
+    nn_split s = {.n = rows,
+                  .per = nn_per(rows, 4 * IFD_NN_CHUNK_FLOATS / (cols + 1)),
+                  .dim = cols,
+                  .x = bias,
+                  .y = x};
+    nn_run(ctx, &s, bias_add_chunk);
+}
+
+static void col_sum_chunk(void *arg, int64_t c)
+{
+    const nn_split *s = arg;
+    int64_t lo, hi;
+    nn_range(s, c, &lo, &hi);
+    ifd_nn_col_sum(s->rows, s->dim, lo, hi, s->x, s->y);
+}
+
+/* Split by columns: each column's sum runs over the rows in order, as on one thread. */
+static void cpu_col_sum(void *ctx, int64_t rows, int64_t cols, const float *x, float *out)
+{
+    nn_split s = {
+        .n = cols, .per = nn_per(cols, nn_cols(rows)), .rows = rows, .dim = cols, .x = x, .y = out};
+    nn_run(ctx, &s, col_sum_chunk);
+}
+
+/*
+ * The cross-entropy in chunks of rows (the shape's alone, at most IFD_XENT_CHUNKS): each
+ * chunk's loss summed in double over its rows in order, then the chunks' in order, so the
+ * bits do not depend on the team. A shape of one chunk sums as one loop over the rows.
+ */
+#define IFD_XENT_CHUNKS 64
+
+typedef struct xent_split {
+    nn_split s;
+    const int32_t *labels;
+    float gscale;
+    int32_t *cls;
+    float *conf;
+    double loss[IFD_XENT_CHUNKS];
+    int64_t correct[IFD_XENT_CHUNKS];
+} xent_split;
+
+static void xent_chunk(void *arg, int64_t c)
+{
+    xent_split *x = arg;
+    int64_t lo, hi, k = x->s.dim, correct = 0;
+    nn_range(&x->s, c, &lo, &hi);
+    double loss = 0.0;
+    for (int64_t r = lo; r < hi; r++) {
+        int ok;
+        loss += ifd_math_softmax_xent_classify_row(x->s.x + r * k, k, x->labels[r], x->gscale,
+                                                   x->s.y + r * k, &ok, x->cls ? x->cls + r : NULL,
+                                                   x->conf ? x->conf + r : NULL);
+        correct += ok;
+    }
+    x->loss[c] = loss;
+    x->correct[c] = correct;
+}
+
+static void cpu_softmax_xent_classify(void *ctx, int64_t rows, int64_t k, const float *logits,
+                                      const int32_t *labels, float scale, float *dlogits,
+                                      ifd_step_out *out, int32_t *cls, float *conf)
+{
+    xent_split x = {.s = {.n = rows, .dim = k, .x = logits, .y = dlogits},
+                    .labels = labels,
+                    .gscale = rows > 0 ? scale / (float)rows : 0.0f,
+                    .cls = cls,
+                    .conf = conf};
+    int64_t per = nn_per(rows, IFD_NN_CHUNK_FLOATS / (k + 1));
+    int64_t least = (rows + IFD_XENT_CHUNKS - 1) / IFD_XENT_CHUNKS;
+    x.s.per = per > least ? per : least;
+    nn_run(ctx, &x.s, xent_chunk);
+    double loss = 0.0;
+    int64_t correct = 0;
+    for (int64_t c = 0; c * x.s.per < rows; c++) {
+        loss += x.loss[c];
+        correct += x.correct[c];
+    }
+    out->loss = rows > 0 ? (float)(scale * loss / (double)rows) : 0.0f;
+    out->correct = (float)correct;
+}
+
+static void cpu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *logits,
+                             const int32_t *labels, float scale, float *dlogits, ifd_step_out *out)
+{
+    cpu_softmax_xent_classify(ctx, rows, k, logits, labels, scale, dlogits, out, NULL, NULL);
 }
 
 static void gemm_batch_chunk(void *arg, int64_t c)
