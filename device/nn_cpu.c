@@ -6,6 +6,20 @@
 #include <math.h>
 #include <string.h>
 
+/*
+ * GELU's loops and the column sums are built for AVX-512 and AVX2 too where the compiler can
+ * (GCC, clang 14 and later, x86-64), the one the CPU runs chosen at load time: 16 or 8 lanes
+ * instead of SSE's 4. Neither target enables FMA and C11 does not contract, so every lane
+ * computes the SSE code's operations: the same bits on every machine (test_nn_ops compares
+ * GELU with the _baseline functions, the same loops built for the baseline ISA alone;
+ * test_nn_op_table the column sums with plain loops).
+ */
+#if defined(__x86_64__) && defined(__GNUC__) && (!defined(__clang__) || __clang_major__ >= 14)
+#define NN_WIDE __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define NN_WIDE
+#endif
+
 void ifd_nn_embedding(int64_t rows, int64_t dim, const int32_t *ids, const float *table, float *out)
 {
     for (int64_t r = 0; r < rows; r++)
@@ -52,93 +66,55 @@ void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const float *ga
     }
 }
 
-typedef float nn_v4f __attribute__((vector_size(16)));
-
-static inline nn_v4f v4_load(const float *p)
-{
-    nn_v4f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void v4_store(float *p, nn_v4f v)
-{
-    memcpy(p, &v, sizeof v);
-}
-
 /*
- * Column sums over the rows, 16 columns at a time in registers (four lanes of four): each
- * column's sum still runs over the rows in order from its value in dgamma or dbeta, with the
- * one-column loop's operations, so the bits are those of the plain loop below (which takes the
- * last columns). Written per row with dgamma and dbeta in memory, the loop stored and reloaded
- * both on every row (8 % of a charlm step).
+ * Sums over the rows per column (the layer norm's parameter gradients, col_sum), a tile of up
+ * to NN_COL_TILE columns at a time: the tile's sums in a local array (in L1, private to the
+ * thread: a team's chunks never share a cache line of dgamma while they sum), the rows read in
+ * order as contiguous runs of the tile's width, the inner loop over the columns vectorized. Each
+ * column's sum runs over the rows in order from its first value, as the plain loop's: the same
+ * bits. (Kept in memory, dgamma and dbeta were stored and reloaded on every row, and the team's
+ * 16-column chunks shared cache lines: 8 % of a charlm step.)
  */
-void ifd_nn_layernorm_grad_params(int64_t rows, int64_t dim, int64_t c0, int64_t c1, const float *x,
-                                  const float *mean, const float *rstd, const float *dy,
-                                  float *dgamma, float *dbeta)
+#define NN_COL_TILE 256
+
+NN_WIDE void ifd_nn_layernorm_grad_params(int64_t rows, int64_t dim, int64_t c0, int64_t c1,
+                                          const float *x, const float *mean, const float *rstd,
+                                          const float *dy, float *dgamma, float *dbeta)
 {
-    int64_t c = c0;
-    for (; c + 16 <= c1; c += 16) {
-        nn_v4f g0 = v4_load(dgamma + c), g1 = v4_load(dgamma + c + 4);
-        nn_v4f g2 = v4_load(dgamma + c + 8), g3 = v4_load(dgamma + c + 12);
-        nn_v4f b0 = v4_load(dbeta + c), b1 = v4_load(dbeta + c + 4);
-        nn_v4f b2 = v4_load(dbeta + c + 8), b3 = v4_load(dbeta + c + 12);
+    float g[NN_COL_TILE], b[NN_COL_TILE];
+    for (int64_t t0 = c0; t0 < c1; t0 += NN_COL_TILE) {
+        int64_t w = c1 - t0 < NN_COL_TILE ? c1 - t0 : NN_COL_TILE;
+        memcpy(g, dgamma + t0, (size_t)w * sizeof(float));
+        memcpy(b, dbeta + t0, (size_t)w * sizeof(float));
         for (int64_t r = 0; r < rows; r++) {
-            const float *xr = x + r * dim + c, *dyr = dy + r * dim + c;
+            const float *xr = x + r * dim + t0, *dyr = dy + r * dim + t0;
             float m = mean[r], rs = rstd[r];
-            nn_v4f d0 = v4_load(dyr), d1 = v4_load(dyr + 4);
-            nn_v4f d2 = v4_load(dyr + 8), d3 = v4_load(dyr + 12);
-            g0 += d0 * ((v4_load(xr) - m) * rs);
-            g1 += d1 * ((v4_load(xr + 4) - m) * rs);
-            g2 += d2 * ((v4_load(xr + 8) - m) * rs);
-            g3 += d3 * ((v4_load(xr + 12) - m) * rs);
-            b0 += d0;
-            b1 += d1;
-            b2 += d2;
-            b3 += d3;
+            for (int64_t j = 0; j < w; j++) {
+                float xhat = (xr[j] - m) * rs;
+                g[j] += dyr[j] * xhat;
+                b[j] += dyr[j];
+            }
         }
-        v4_store(dgamma + c, g0);
-        v4_store(dgamma + c + 4, g1);
-        v4_store(dgamma + c + 8, g2);
-        v4_store(dgamma + c + 12, g3);
-        v4_store(dbeta + c, b0);
-        v4_store(dbeta + c + 4, b1);
-        v4_store(dbeta + c + 8, b2);
-        v4_store(dbeta + c + 12, b3);
-    }
-    for (int64_t r = 0; r < rows && c < c1; r++) {
-        const float *xr = x + r * dim, *dyr = dy + r * dim;
-        float m = mean[r], rs = rstd[r];
-        for (int64_t j = c; j < c1; j++) {
-            float xhat = (xr[j] - m) * rs;
-            dgamma[j] += dyr[j] * xhat;
-            dbeta[j] += dyr[j];
-        }
+        memcpy(dgamma + t0, g, (size_t)w * sizeof(float));
+        memcpy(dbeta + t0, b, (size_t)w * sizeof(float));
     }
 }
 
-void ifd_nn_col_sum(int64_t rows, int64_t dim, int64_t c0, int64_t c1, const float *x, float *out)
+NN_WIDE void ifd_nn_col_sum(int64_t rows, int64_t dim, int64_t c0, int64_t c1, const float *x,
+                            float *out)
 {
-    int64_t c = c0;
-    for (; c + 16 <= c1; c += 16) {
-        nn_v4f s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0};
+    float acc[NN_COL_TILE];
+    for (int64_t t0 = c0; t0 < c1; t0 += NN_COL_TILE) {
+        int64_t w = c1 - t0 < NN_COL_TILE ? c1 - t0 : NN_COL_TILE;
+        for (int64_t j = 0; j < w; j++)
+            acc[j] = 0.0f;
         for (int64_t r = 0; r < rows; r++) {
-            const float *xr = x + r * dim + c;
-            s0 += v4_load(xr);
-            s1 += v4_load(xr + 4);
-            s2 += v4_load(xr + 8);
-            s3 += v4_load(xr + 12);
+            const float *xr = x + r * dim + t0;
+            for (int64_t j = 0; j < w; j++)
+                acc[j] += xr[j];
         }
-        v4_store(out + c, s0);
-        v4_store(out + c + 4, s1);
-        v4_store(out + c + 8, s2);
-        v4_store(out + c + 12, s3);
+        memcpy(out + t0, acc, (size_t)w * sizeof(float));
     }
-    for (int64_t j = c; j < c1; j++)
-        out[j] = 0.0f;
-    for (int64_t r = 0; r < rows && c < c1; r++)
-        for (int64_t j = c; j < c1; j++)
-            out[j] += x[r * dim + j];
 }
 
 void ifd_nn_layernorm_grad_input(int64_t r0, int64_t r1, int64_t dim, const float *x,
@@ -224,19 +200,6 @@ static inline float nn_exp_neg(float t)
     s.u = (uint32_t)((int32_t)n + 127) << 23;
     return p * s.f;
 }
-
-/*
- * GELU's loops are built for AVX-512 and AVX2 too where the compiler can (GCC, clang 14 and
- * later, x86-64), the one the CPU runs chosen at load time: 16 or 8 lanes instead of SSE's 4.
- * Neither target enables FMA and C11 does not contract, so every lane computes the SSE code's
- * operations: the same bits on every machine (test_nn_ops compares with the _baseline
- * functions, the same loops built for the baseline ISA alone).
- */
-#if defined(__x86_64__) && defined(__GNUC__) && (!defined(__clang__) || __clang_major__ >= 14)
-#define NN_WIDE __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define NN_WIDE
-#endif
 
 static inline void gelu_loop(int64_t n, const float *x, float *y)
 {

@@ -230,6 +230,15 @@ static int64_t nn_cols(int64_t rows)
     return cols < 16 ? 16 : cols;
 }
 
+/* Columns a chunk of a column sum (ifd_nn_col_sum, the layer norm's parameter gradients): 64 at
+ * least, so that each row's run of a chunk spans whole cache lines and the hardware prefetches
+ * it. */
+static int64_t nn_sum_cols(int64_t rows)
+{
+    int64_t cols = nn_cols(rows);
+    return cols < 64 ? 64 : cols;
+}
+
 static void nn_range(const nn_split *s, int64_t c, int64_t *lo, int64_t *hi)
 {
     *lo = c * s->per;
@@ -298,8 +307,12 @@ static void col_sum_chunk(void *arg, int64_t c)
 /* Split by columns: each column's sum runs over the rows in order, as on one thread. */
 static void cpu_col_sum(void *ctx, int64_t rows, int64_t cols, const float *x, float *out)
 {
-    nn_split s = {
-        .n = cols, .per = nn_per(cols, nn_cols(rows)), .rows = rows, .dim = cols, .x = x, .y = out};
+    nn_split s = {.n = cols,
+                  .per = nn_per(cols, nn_sum_cols(rows)),
+                  .rows = rows,
+                  .dim = cols,
+                  .x = x,
+                  .y = out};
     nn_run(ctx, &s, col_sum_chunk);
 }
 
@@ -493,7 +506,7 @@ static void cpu_layernorm_grad(void *ctx, int64_t rows, int64_t dim, const float
                                const float *dy, float *dx, float *dgamma, float *dbeta)
 {
     nn_split s = {.n = dim,
-                  .per = nn_per(dim, nn_cols(rows)),
+                  .per = nn_per(dim, nn_sum_cols(rows)),
                   .rows = rows,
                   .dim = dim,
                   .x = x,
