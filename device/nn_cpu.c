@@ -243,26 +243,43 @@ static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, c
                 (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
-/* Row i of the scores: the softmax of s[0..i], zero after. */
-static void causal_softmax_row(float *s, int64_t i, int64_t t)
+/* sum_j a[j] b[j] (b NULL: sum_j a[j]) over j < n in double, in four lanes (j mod 4) then in
+ * order: a fixed order that the compiler can pipeline (a single chain of dependent double adds
+ * was most of the softmax's time). */
+static inline double sum4(const float *a, const float *b, int64_t n)
+{
+    double l0 = 0.0, l1 = 0.0, l2 = 0.0, l3 = 0.0;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        l0 += (double)a[j] * (b ? (double)b[j] : 1.0);
+        l1 += (double)a[j + 1] * (b ? (double)b[j + 1] : 1.0);
+        l2 += (double)a[j + 2] * (b ? (double)b[j + 2] : 1.0);
+        l3 += (double)a[j + 3] * (b ? (double)b[j + 3] : 1.0);
+    }
+    double s = (l0 + l1) + (l2 + l3);
+    for (; j < n; j++)
+        s += (double)a[j] * (b ? (double)b[j] : 1.0);
+    return s;
+}
+
+/* Row i of the scores: the softmax of s[0..i], zero after; exp(s - max) by nn_exp_neg (the
+ * loop vectorizes; libm's expf is a call a element). */
+static inline void causal_softmax_row(float *s, int64_t i, int64_t t)
 {
     float mx = s[0];
     for (int64_t j = 1; j <= i; j++)
         mx = s[j] > mx ? s[j] : mx;
-    double sum = 0.0;
-    for (int64_t j = 0; j <= i; j++) {
-        s[j] = expf(s[j] - mx);
-        sum += s[j];
-    }
-    float inv = (float)(1.0 / sum);
+    for (int64_t j = 0; j <= i; j++)
+        s[j] = nn_exp_neg(s[j] - mx);
+    float inv = (float)(1.0 / sum4(s, NULL, i + 1));
     for (int64_t j = 0; j <= i; j++)
         s[j] *= inv;
     for (int64_t j = i + 1; j < t; j++)
         s[j] = 0.0f;
 }
 
-void ifd_nn_attention_head(int64_t t, int64_t heads, int64_t dh, int64_t b, int64_t h,
-                           const float *qkv, float *probs, float *out)
+NN_WIDE void ifd_nn_attention_head(int64_t t, int64_t heads, int64_t dh, int64_t b, int64_t h,
+                                   const float *qkv, float *probs, float *out)
 {
     int64_t c = heads * dh, ld = 3 * c;
     float scale = 1.0f / sqrtf((float)dh);
@@ -282,9 +299,9 @@ void ifd_nn_attention(int64_t batch, int64_t t, int64_t heads, int64_t dh, const
             ifd_nn_attention_head(t, heads, dh, b, h, qkv, probs, out);
 }
 
-void ifd_nn_attention_grad_head(int64_t t, int64_t heads, int64_t dh, int64_t b, int64_t h,
-                                const float *qkv, const float *probs, const float *dout,
-                                float *dqkv, float *work)
+NN_WIDE void ifd_nn_attention_grad_head(int64_t t, int64_t heads, int64_t dh, int64_t b, int64_t h,
+                                        const float *qkv, const float *probs, const float *dout,
+                                        float *dqkv, float *work)
 {
     int64_t c = heads * dh, ld = 3 * c;
     float scale = 1.0f / sqrtf((float)dh);
@@ -297,9 +314,7 @@ void ifd_nn_attention_grad_head(int64_t t, int64_t heads, int64_t dh, int64_t b,
     for (int64_t i = 0; i < t; i++) {                            /* dS = P (dP - rowsum(P dP)) */
         const float *pr = p + i * t;
         float *dr = work + i * t;
-        double dot = 0.0;
-        for (int64_t j = 0; j <= i; j++)
-            dot += (double)pr[j] * dr[j];
+        double dot = sum4(pr, dr, i + 1);
         for (int64_t j = 0; j <= i; j++)
             dr[j] = pr[j] * (dr[j] - (float)dot);
         for (int64_t j = i + 1; j < t; j++)
