@@ -20,6 +20,25 @@
 #define NN_WIDE
 #endif
 
+/* sum_j a[j] b[j] (b NULL: sum_j a[j]) over j < n in double, in four lanes (j mod 4) then in
+ * order: a fixed order that the compiler can pipeline (a single chain of dependent double adds
+ * was most of the softmax's and the layer norm's time). */
+static inline double sum4(const float *a, const float *b, int64_t n)
+{
+    double l0 = 0.0, l1 = 0.0, l2 = 0.0, l3 = 0.0;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        l0 += (double)a[j] * (b ? (double)b[j] : 1.0);
+        l1 += (double)a[j + 1] * (b ? (double)b[j + 1] : 1.0);
+        l2 += (double)a[j + 2] * (b ? (double)b[j + 2] : 1.0);
+        l3 += (double)a[j + 3] * (b ? (double)b[j + 3] : 1.0);
+    }
+    double s = (l0 + l1) + (l2 + l3);
+    for (; j < n; j++)
+        s += (double)a[j] * (b ? (double)b[j] : 1.0);
+    return s;
+}
+
 void ifd_nn_embedding(int64_t rows, int64_t dim, const int32_t *ids, const float *table, float *out)
 {
     for (int64_t r = 0; r < rows; r++)
@@ -43,23 +62,28 @@ void ifd_nn_embedding_grad(int64_t rows, int64_t dim, const int32_t *ids, const 
     ifd_nn_embedding_grad_cols(rows, dim, 0, dim, ids, dout, dtable);
 }
 
-void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const float *gamma,
-                      const float *beta, float eps, float *y, float *mean, float *rstd)
+/* The layer norm's sums run in double in four lanes, then in order (sum4): a fixed order. */
+NN_WIDE void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const float *gamma,
+                              const float *beta, float eps, float *y, float *mean, float *rstd)
 {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
-        double s = 0.0;
-        for (int64_t c = 0; c < dim; c++)
-            s += xr[c];
-        float m = (float)(s / (double)dim);
-        double v = 0.0;
-        for (int64_t c = 0; c < dim; c++) {
+        float m = (float)(sum4(xr, NULL, dim) / (double)dim);
+        double l[4] = {0.0, 0.0, 0.0, 0.0}, v;
+        int64_t c = 0;
+        for (; c + 4 <= dim; c += 4)
+            for (int k = 0; k < 4; k++) {
+                double d = (double)(xr[c + k] - m);
+                l[k] += d * d;
+            }
+        v = (l[0] + l[1]) + (l[2] + l[3]);
+        for (; c < dim; c++) {
             double d = (double)(xr[c] - m);
             v += d * d;
         }
         float rs = (float)(1.0 / sqrt(v / (double)dim + (double)eps));
         float *yr = y + r * dim;
-        for (int64_t c = 0; c < dim; c++)
+        for (c = 0; c < dim; c++)
             yr[c] = (xr[c] - m) * rs * gamma[c] + beta[c];
         mean[r] = m;
         rstd[r] = rs;
@@ -117,22 +141,32 @@ NN_WIDE void ifd_nn_col_sum(int64_t rows, int64_t dim, int64_t c0, int64_t c1, c
     }
 }
 
-void ifd_nn_layernorm_grad_input(int64_t r0, int64_t r1, int64_t dim, const float *x,
-                                 const float *gamma, const float *mean, const float *rstd,
-                                 const float *dy, float *dx)
+NN_WIDE void ifd_nn_layernorm_grad_input(int64_t r0, int64_t r1, int64_t dim, const float *x,
+                                         const float *gamma, const float *mean, const float *rstd,
+                                         const float *dy, float *dx)
 {
     for (int64_t r = r0; r < r1; r++) {
         const float *xr = x + r * dim, *dyr = dy + r * dim;
         float m = mean[r], rs = rstd[r];
-        double sum_g = 0.0, sum_gx = 0.0; /* of dxhat and of dxhat * xhat over the row */
-        for (int64_t c = 0; c < dim; c++) {
+        /* of dxhat and of dxhat * xhat over the row, in four lanes then in order */
+        double lg[4] = {0.0, 0.0, 0.0, 0.0}, lgx[4] = {0.0, 0.0, 0.0, 0.0}, sum_g, sum_gx;
+        int64_t c = 0;
+        for (; c + 4 <= dim; c += 4)
+            for (int k = 0; k < 4; k++) {
+                float xhat = (xr[c + k] - m) * rs, g = dyr[c + k] * gamma[c + k];
+                lg[k] += g;
+                lgx[k] += (double)g * xhat;
+            }
+        sum_g = (lg[0] + lg[1]) + (lg[2] + lg[3]);
+        sum_gx = (lgx[0] + lgx[1]) + (lgx[2] + lgx[3]);
+        for (; c < dim; c++) {
             float xhat = (xr[c] - m) * rs, g = dyr[c] * gamma[c];
             sum_g += g;
             sum_gx += (double)g * xhat;
         }
         float mg = (float)(sum_g / (double)dim), mgx = (float)(sum_gx / (double)dim);
         float *dxr = dx + r * dim;
-        for (int64_t c = 0; c < dim; c++) {
+        for (c = 0; c < dim; c++) {
             float xhat = (xr[c] - m) * rs;
             dxr[c] = rs * (dyr[c] * gamma[c] - mg - xhat * mgx);
         }
@@ -241,25 +275,6 @@ static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, c
 {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
-}
-
-/* sum_j a[j] b[j] (b NULL: sum_j a[j]) over j < n in double, in four lanes (j mod 4) then in
- * order: a fixed order that the compiler can pipeline (a single chain of dependent double adds
- * was most of the softmax's time). */
-static inline double sum4(const float *a, const float *b, int64_t n)
-{
-    double l0 = 0.0, l1 = 0.0, l2 = 0.0, l3 = 0.0;
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-        l0 += (double)a[j] * (b ? (double)b[j] : 1.0);
-        l1 += (double)a[j + 1] * (b ? (double)b[j + 1] : 1.0);
-        l2 += (double)a[j + 2] * (b ? (double)b[j + 2] : 1.0);
-        l3 += (double)a[j + 3] * (b ? (double)b[j + 3] : 1.0);
-    }
-    double s = (l0 + l1) + (l2 + l3);
-    for (; j < n; j++)
-        s += (double)a[j] * (b ? (double)b[j] : 1.0);
-    return s;
 }
 
 /* Row i of the scores: the softmax of s[0..i], zero after; exp(s - max) by nn_exp_neg (the
