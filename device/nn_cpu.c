@@ -6,20 +6,6 @@
 #include <math.h>
 #include <string.h>
 
-/*
- * GELU's loops and the column sums are built for AVX-512 and AVX2 too where the compiler can
- * (GCC, clang 14 and later, x86-64), the one the CPU runs chosen at load time: 16 or 8 lanes
- * instead of SSE's 4. Neither target enables FMA and C11 does not contract, so every lane
- * computes the SSE code's operations: the same bits on every machine (test_nn_ops compares
- * GELU with the _baseline functions, the same loops built for the baseline ISA alone;
- * test_nn_op_table the column sums with plain loops).
- */
-#if defined(__x86_64__) && defined(__GNUC__) && (!defined(__clang__) || __clang_major__ >= 14)
-#define NN_WIDE __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define NN_WIDE
-#endif
-
 /* sum_j a[j] b[j] (b NULL: sum_j a[j]) over j < n in double, in four lanes (j mod 4) then in
  * order: a fixed order that the compiler can pipeline (a single chain of dependent double adds
  * was most of the softmax's and the layer norm's time). */
@@ -63,8 +49,8 @@ void ifd_nn_embedding_grad(int64_t rows, int64_t dim, const int32_t *ids, const 
 }
 
 /* The layer norm's sums run in double in four lanes, then in order (sum4): a fixed order. */
-NN_WIDE void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const float *gamma,
-                              const float *beta, float eps, float *y, float *mean, float *rstd)
+IFD_NN_WIDE void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const float *gamma,
+                                  const float *beta, float eps, float *y, float *mean, float *rstd)
 {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
@@ -101,9 +87,9 @@ NN_WIDE void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const f
  */
 #define NN_COL_TILE 256
 
-NN_WIDE void ifd_nn_layernorm_grad_params(int64_t rows, int64_t dim, int64_t c0, int64_t c1,
-                                          const float *x, const float *mean, const float *rstd,
-                                          const float *dy, float *dgamma, float *dbeta)
+IFD_NN_WIDE void ifd_nn_layernorm_grad_params(int64_t rows, int64_t dim, int64_t c0, int64_t c1,
+                                              const float *x, const float *mean, const float *rstd,
+                                              const float *dy, float *dgamma, float *dbeta)
 {
     float g[NN_COL_TILE], b[NN_COL_TILE];
     for (int64_t t0 = c0; t0 < c1; t0 += NN_COL_TILE) {
@@ -124,8 +110,8 @@ NN_WIDE void ifd_nn_layernorm_grad_params(int64_t rows, int64_t dim, int64_t c0,
     }
 }
 
-NN_WIDE void ifd_nn_col_sum(int64_t rows, int64_t dim, int64_t c0, int64_t c1, const float *x,
-                            float *out)
+IFD_NN_WIDE void ifd_nn_col_sum(int64_t rows, int64_t dim, int64_t c0, int64_t c1, const float *x,
+                                float *out)
 {
     float acc[NN_COL_TILE];
     for (int64_t t0 = c0; t0 < c1; t0 += NN_COL_TILE) {
@@ -141,9 +127,9 @@ NN_WIDE void ifd_nn_col_sum(int64_t rows, int64_t dim, int64_t c0, int64_t c1, c
     }
 }
 
-NN_WIDE void ifd_nn_layernorm_grad_input(int64_t r0, int64_t r1, int64_t dim, const float *x,
-                                         const float *gamma, const float *mean, const float *rstd,
-                                         const float *dy, float *dx)
+IFD_NN_WIDE void ifd_nn_layernorm_grad_input(int64_t r0, int64_t r1, int64_t dim, const float *x,
+                                             const float *gamma, const float *mean,
+                                             const float *rstd, const float *dy, float *dx)
 {
     for (int64_t r = r0; r < r1; r++) {
         const float *xr = x + r * dim, *dyr = dy + r * dim;
@@ -250,12 +236,12 @@ static inline void gelu_grad_loop(int64_t n, const float *x, const float *dy, fl
     }
 }
 
-NN_WIDE void ifd_nn_gelu(int64_t n, const float *x, float *y)
+IFD_NN_WIDE void ifd_nn_gelu(int64_t n, const float *x, float *y)
 {
     gelu_loop(n, x, y);
 }
 
-NN_WIDE void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx)
+IFD_NN_WIDE void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx)
 {
     gelu_grad_loop(n, x, dy, dx);
 }
@@ -293,8 +279,8 @@ static inline void causal_softmax_row(float *s, int64_t i, int64_t t)
         s[j] = 0.0f;
 }
 
-NN_WIDE void ifd_nn_attention_head(int64_t t, int64_t heads, int64_t dh, int64_t b, int64_t h,
-                                   const float *qkv, float *probs, float *out)
+IFD_NN_WIDE void ifd_nn_attention_head(int64_t t, int64_t heads, int64_t dh, int64_t b, int64_t h,
+                                       const float *qkv, float *probs, float *out)
 {
     int64_t c = heads * dh, ld = 3 * c;
     float scale = 1.0f / sqrtf((float)dh);
@@ -314,9 +300,9 @@ void ifd_nn_attention(int64_t batch, int64_t t, int64_t heads, int64_t dh, const
             ifd_nn_attention_head(t, heads, dh, b, h, qkv, probs, out);
 }
 
-NN_WIDE void ifd_nn_attention_grad_head(int64_t t, int64_t heads, int64_t dh, int64_t b, int64_t h,
-                                        const float *qkv, const float *probs, const float *dout,
-                                        float *dqkv, float *work)
+IFD_NN_WIDE void ifd_nn_attention_grad_head(int64_t t, int64_t heads, int64_t dh, int64_t b,
+                                            int64_t h, const float *qkv, const float *probs,
+                                            const float *dout, float *dqkv, float *work)
 {
     int64_t c = heads * dh, ld = 3 * c;
     float scale = 1.0f / sqrtf((float)dh);

@@ -11,6 +11,21 @@
 
 #include <stdint.h>
 
+/*
+ * IFD_NN_WIDE: a host function's loops built for AVX-512 and AVX2 too where the compiler can
+ * (GCC, clang 14 and later, x86-64), the one the CPU runs chosen at load time (target_clones):
+ * 16 or 8 lanes instead of SSE's 4. Neither target enables FMA and C11 does not contract, so
+ * every lane computes the baseline code's operations: the same bits on every machine
+ * (test_nn_ops compares GELU with the _baseline functions below, test_nn_op_table the column
+ * sums with plain loops, test_optimizer the update with device/math.h's one-element functions).
+ */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__) &&                            \
+    (!defined(__clang__) || __clang_major__ >= 14)
+#define IFD_NN_WIDE __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define IFD_NN_WIDE
+#endif
+
 /* out[r, :] = table[ids[r], :], r < rows; ids in [0, vocab) (checked by the caller). */
 void ifd_nn_embedding(int64_t rows, int64_t dim, const int32_t *ids, const float *table,
                       float *out);

@@ -655,9 +655,10 @@ static update_plan plan_update(const ifd_optimizer *opt, const int64_t *opt_step
 /* Elements [lo, hi) with weight decay wd (adamw; 0: left out). The optimizer's scalars are read
  * into locals first: read through o inside the loops, they might alias the vectors, and GCC
  * leaves such a loop scalar. This file is built with -fno-math-errno (CMakeLists.txt), which
- * lets Adam's sqrtf be a vector square root: the same correctly rounded bits. */
-static void update_elems(const update_plan *u, float wd, int64_t lo, int64_t hi, float *params,
-                         const float *grads, float *slot0, float *slot1)
+ * lets Adam's sqrtf be a vector square root: the same correctly rounded bits; IFD_NN_WIDE adds
+ * AVX-512 and AVX2 builds. */
+IFD_NN_WIDE static void update_elems(const update_plan *u, float wd, int64_t lo, int64_t hi,
+                                     float *params, const float *grads, float *slot0, float *slot1)
 {
     const ifd_optimizer *o = u->opt;
     float lr = u->lr, s = u->scale, lr_t = u->lr_t, mu = o->momentum;
