@@ -263,13 +263,31 @@ static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, c
                 (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
+/* The largest of s[0..n), n >= 1, in 16 lanes (j mod 16) then across them: the same value as
+ * one pass in order for any floats but NaN (one chain of dependent compares was half of the
+ * softmax's time). */
+static inline float row_max(const float *s, int64_t n)
+{
+    float l[16];
+    for (int k = 0; k < 16; k++)
+        l[k] = s[0];
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        for (int k = 0; k < 16; k++)
+            l[k] = s[j + k] > l[k] ? s[j + k] : l[k];
+    float mx = l[0];
+    for (int k = 1; k < 16; k++)
+        mx = l[k] > mx ? l[k] : mx;
+    for (; j < n; j++)
+        mx = s[j] > mx ? s[j] : mx;
+    return mx;
+}
+
 /* Row i of the scores: the softmax of s[0..i], zero after; exp(s - max) by nn_exp_neg (the
  * loop vectorizes; libm's expf is a call a element). */
 static inline void causal_softmax_row(float *s, int64_t i, int64_t t)
 {
-    float mx = s[0];
-    for (int64_t j = 1; j <= i; j++)
-        mx = s[j] > mx ? s[j] : mx;
+    float mx = row_max(s, i + 1);
     for (int64_t j = 0; j <= i; j++)
         s[j] = nn_exp_neg(s[j] - mx);
     float inv = (float)(1.0 / sum4(s, NULL, i + 1));
