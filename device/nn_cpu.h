@@ -19,8 +19,18 @@
  * (test_nn_ops compares GELU with the _baseline functions below, test_nn_op_table the column
  * sums with plain loops, test_optimizer the update with device/math.h's one-element functions).
  */
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define IFD_NN_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define IFD_NN_SANITIZED 1
+#endif
+/* Not under the sanitizers: the loader runs a static function's resolver before the runtime is
+ * up, and the instrumented resolver crashes there (ThreadSanitizer). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__) &&                            \
-    (!defined(__clang__) || __clang_major__ >= 14)
+    !defined(IFD_NN_SANITIZED) && (!defined(__clang__) || __clang_major__ >= 14)
 #define IFD_NN_WIDE __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define IFD_NN_WIDE
