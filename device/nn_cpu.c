@@ -6,6 +6,25 @@
 #include <math.h>
 #include <string.h>
 
+/* sum_j a[j] b[j] (b NULL: sum_j a[j]) over j < n in double, in four lanes (j mod 4) then in
+ * order: a fixed order that the compiler can pipeline (a single chain of dependent double adds
+ * was most of the softmax's and the layer norm's time). */
+static inline double sum4(const float *a, const float *b, int64_t n)
+{
+    double l0 = 0.0, l1 = 0.0, l2 = 0.0, l3 = 0.0;
+    int64_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        l0 += (double)a[j] * (b ? (double)b[j] : 1.0);
+        l1 += (double)a[j + 1] * (b ? (double)b[j + 1] : 1.0);
+        l2 += (double)a[j + 2] * (b ? (double)b[j + 2] : 1.0);
+        l3 += (double)a[j + 3] * (b ? (double)b[j + 3] : 1.0);
+    }
+    double s = (l0 + l1) + (l2 + l3);
+    for (; j < n; j++)
+        s += (double)a[j] * (b ? (double)b[j] : 1.0);
+    return s;
+}
+
 void ifd_nn_embedding(int64_t rows, int64_t dim, const int32_t *ids, const float *table, float *out)
 {
     for (int64_t r = 0; r < rows; r++)
@@ -29,61 +48,111 @@ void ifd_nn_embedding_grad(int64_t rows, int64_t dim, const int32_t *ids, const 
     ifd_nn_embedding_grad_cols(rows, dim, 0, dim, ids, dout, dtable);
 }
 
-void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const float *gamma,
-                      const float *beta, float eps, float *y, float *mean, float *rstd)
+/* The layer norm's sums run in double in four lanes, then in order (sum4): a fixed order. */
+IFD_NN_WIDE void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const float *gamma,
+                                  const float *beta, float eps, float *y, float *mean, float *rstd)
 {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
-        double s = 0.0;
-        for (int64_t c = 0; c < dim; c++)
-            s += xr[c];
-        float m = (float)(s / (double)dim);
-        double v = 0.0;
-        for (int64_t c = 0; c < dim; c++) {
+        float m = (float)(sum4(xr, NULL, dim) / (double)dim);
+        double l[4] = {0.0, 0.0, 0.0, 0.0}, v;
+        int64_t c = 0;
+        for (; c + 4 <= dim; c += 4)
+            for (int k = 0; k < 4; k++) {
+                double d = (double)(xr[c + k] - m);
+                l[k] += d * d;
+            }
+        v = (l[0] + l[1]) + (l[2] + l[3]);
+        for (; c < dim; c++) {
             double d = (double)(xr[c] - m);
             v += d * d;
         }
         float rs = (float)(1.0 / sqrt(v / (double)dim + (double)eps));
         float *yr = y + r * dim;
-        for (int64_t c = 0; c < dim; c++)
+        for (c = 0; c < dim; c++)
             yr[c] = (xr[c] - m) * rs * gamma[c] + beta[c];
         mean[r] = m;
         rstd[r] = rs;
     }
 }
 
-void ifd_nn_layernorm_grad_params(int64_t rows, int64_t dim, int64_t c0, int64_t c1, const float *x,
-                                  const float *mean, const float *rstd, const float *dy,
-                                  float *dgamma, float *dbeta)
+/*
+ * Sums over the rows per column (the layer norm's parameter gradients, col_sum), a tile of up
+ * to NN_COL_TILE columns at a time: the tile's sums in a local array (in L1, private to the
+ * thread: a team's chunks never share a cache line of dgamma while they sum), the rows read in
+ * order as contiguous runs of the tile's width, the inner loop over the columns vectorized. Each
+ * column's sum runs over the rows in order from its first value, as the plain loop's: the same
+ * bits. (Kept in memory, dgamma and dbeta were stored and reloaded on every row, and the team's
+ * 16-column chunks shared cache lines: 8 % of a charlm step.)
+ */
+#define NN_COL_TILE 256
+
+IFD_NN_WIDE void ifd_nn_layernorm_grad_params(int64_t rows, int64_t dim, int64_t c0, int64_t c1,
+                                              const float *x, const float *mean, const float *rstd,
+                                              const float *dy, float *dgamma, float *dbeta)
 {
-    (void)dim;
-    for (int64_t r = 0; r < rows; r++) {
-        const float *xr = x + r * dim, *dyr = dy + r * dim;
-        float m = mean[r], rs = rstd[r];
-        for (int64_t c = c0; c < c1; c++) {
-            float xhat = (xr[c] - m) * rs;
-            dgamma[c] += dyr[c] * xhat;
-            dbeta[c] += dyr[c];
+    float g[NN_COL_TILE], b[NN_COL_TILE];
+    for (int64_t t0 = c0; t0 < c1; t0 += NN_COL_TILE) {
+        int64_t w = c1 - t0 < NN_COL_TILE ? c1 - t0 : NN_COL_TILE;
+        memcpy(g, dgamma + t0, (size_t)w * sizeof(float));
+        memcpy(b, dbeta + t0, (size_t)w * sizeof(float));
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * dim + t0, *dyr = dy + r * dim + t0;
+            float m = mean[r], rs = rstd[r];
+            for (int64_t j = 0; j < w; j++) {
+                float xhat = (xr[j] - m) * rs;
+                g[j] += dyr[j] * xhat;
+                b[j] += dyr[j];
+            }
         }
+        memcpy(dgamma + t0, g, (size_t)w * sizeof(float));
+        memcpy(dbeta + t0, b, (size_t)w * sizeof(float));
     }
 }
 
-void ifd_nn_layernorm_grad_input(int64_t r0, int64_t r1, int64_t dim, const float *x,
-                                 const float *gamma, const float *mean, const float *rstd,
-                                 const float *dy, float *dx)
+IFD_NN_WIDE void ifd_nn_col_sum(int64_t rows, int64_t dim, int64_t c0, int64_t c1, const float *x,
+                                float *out)
+{
+    float acc[NN_COL_TILE];
+    for (int64_t t0 = c0; t0 < c1; t0 += NN_COL_TILE) {
+        int64_t w = c1 - t0 < NN_COL_TILE ? c1 - t0 : NN_COL_TILE;
+        for (int64_t j = 0; j < w; j++)
+            acc[j] = 0.0f;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *xr = x + r * dim + t0;
+            for (int64_t j = 0; j < w; j++)
+                acc[j] += xr[j];
+        }
+        memcpy(out + t0, acc, (size_t)w * sizeof(float));
+    }
+}
+
+IFD_NN_WIDE void ifd_nn_layernorm_grad_input(int64_t r0, int64_t r1, int64_t dim, const float *x,
+                                             const float *gamma, const float *mean,
+                                             const float *rstd, const float *dy, float *dx)
 {
     for (int64_t r = r0; r < r1; r++) {
         const float *xr = x + r * dim, *dyr = dy + r * dim;
         float m = mean[r], rs = rstd[r];
-        double sum_g = 0.0, sum_gx = 0.0; /* of dxhat and of dxhat * xhat over the row */
-        for (int64_t c = 0; c < dim; c++) {
+        /* of dxhat and of dxhat * xhat over the row, in four lanes then in order */
+        double lg[4] = {0.0, 0.0, 0.0, 0.0}, lgx[4] = {0.0, 0.0, 0.0, 0.0}, sum_g, sum_gx;
+        int64_t c = 0;
+        for (; c + 4 <= dim; c += 4)
+            for (int k = 0; k < 4; k++) {
+                float xhat = (xr[c + k] - m) * rs, g = dyr[c + k] * gamma[c + k];
+                lg[k] += g;
+                lgx[k] += (double)g * xhat;
+            }
+        sum_g = (lg[0] + lg[1]) + (lg[2] + lg[3]);
+        sum_gx = (lgx[0] + lgx[1]) + (lgx[2] + lgx[3]);
+        for (; c < dim; c++) {
             float xhat = (xr[c] - m) * rs, g = dyr[c] * gamma[c];
             sum_g += g;
             sum_gx += (double)g * xhat;
         }
         float mg = (float)(sum_g / (double)dim), mgx = (float)(sum_gx / (double)dim);
         float *dxr = dx + r * dim;
-        for (int64_t c = 0; c < dim; c++) {
+        for (c = 0; c < dim; c++) {
             float xhat = (xr[c] - m) * rs;
             dxr[c] = rs * (dyr[c] * gamma[c] - mg - xhat * mgx);
         }
@@ -152,19 +221,39 @@ static inline float nn_exp_neg(float t)
     return p * s.f;
 }
 
-void ifd_nn_gelu(int64_t n, const float *x, float *y)
+static inline void gelu_loop(int64_t n, const float *x, float *y)
 {
     for (int64_t i = 0; i < n; i++)
         y[i] = 0.5f * x[i] * (1.0f + nn_erf(x[i] * IFD_SQRT1_2));
 }
 
-void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx)
+static inline void gelu_grad_loop(int64_t n, const float *x, const float *dy, float *dx)
 {
     for (int64_t i = 0; i < n; i++) {
         float cdf = 0.5f * (1.0f + nn_erf(x[i] * IFD_SQRT1_2));
         float pdf = IFD_1_SQRT2PI * nn_exp_neg(-0.5f * x[i] * x[i]);
         dx[i] = dy[i] * (cdf + x[i] * pdf);
     }
+}
+
+IFD_NN_WIDE void ifd_nn_gelu(int64_t n, const float *x, float *y)
+{
+    gelu_loop(n, x, y);
+}
+
+IFD_NN_WIDE void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx)
+{
+    gelu_grad_loop(n, x, dy, dx);
+}
+
+void ifd_nn_gelu_baseline(int64_t n, const float *x, float *y)
+{
+    gelu_loop(n, x, y);
+}
+
+void ifd_nn_gelu_grad_baseline(int64_t n, const float *x, const float *dy, float *dx)
+{
+    gelu_grad_loop(n, x, dy, dx);
 }
 
 static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
@@ -174,26 +263,42 @@ static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, c
                 (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
 
-/* Row i of the scores: the softmax of s[0..i], zero after. */
-static void causal_softmax_row(float *s, int64_t i, int64_t t)
+/* The largest of s[0..n), n >= 1, in 16 lanes (j mod 16) then across them: the same value as
+ * one pass in order for any floats but NaN (one chain of dependent compares was half of the
+ * softmax's time). */
+static inline float row_max(const float *s, int64_t n)
 {
-    float mx = s[0];
-    for (int64_t j = 1; j <= i; j++)
+    float l[16];
+    for (int k = 0; k < 16; k++)
+        l[k] = s[0];
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        for (int k = 0; k < 16; k++)
+            l[k] = s[j + k] > l[k] ? s[j + k] : l[k];
+    float mx = l[0];
+    for (int k = 1; k < 16; k++)
+        mx = l[k] > mx ? l[k] : mx;
+    for (; j < n; j++)
         mx = s[j] > mx ? s[j] : mx;
-    double sum = 0.0;
-    for (int64_t j = 0; j <= i; j++) {
-        s[j] = expf(s[j] - mx);
-        sum += s[j];
-    }
-    float inv = (float)(1.0 / sum);
+    return mx;
+}
+
+/* Row i of the scores: the softmax of s[0..i], zero after; exp(s - max) by nn_exp_neg (the
+ * loop vectorizes; libm's expf is a call a element). */
+static inline void causal_softmax_row(float *s, int64_t i, int64_t t)
+{
+    float mx = row_max(s, i + 1);
+    for (int64_t j = 0; j <= i; j++)
+        s[j] = nn_exp_neg(s[j] - mx);
+    float inv = (float)(1.0 / sum4(s, NULL, i + 1));
     for (int64_t j = 0; j <= i; j++)
         s[j] *= inv;
     for (int64_t j = i + 1; j < t; j++)
         s[j] = 0.0f;
 }
 
-void ifd_nn_attention_head(int64_t t, int64_t heads, int64_t dh, int64_t b, int64_t h,
-                           const float *qkv, float *probs, float *out)
+IFD_NN_WIDE void ifd_nn_attention_head(int64_t t, int64_t heads, int64_t dh, int64_t b, int64_t h,
+                                       const float *qkv, float *probs, float *out)
 {
     int64_t c = heads * dh, ld = 3 * c;
     float scale = 1.0f / sqrtf((float)dh);
@@ -213,9 +318,9 @@ void ifd_nn_attention(int64_t batch, int64_t t, int64_t heads, int64_t dh, const
             ifd_nn_attention_head(t, heads, dh, b, h, qkv, probs, out);
 }
 
-void ifd_nn_attention_grad_head(int64_t t, int64_t heads, int64_t dh, int64_t b, int64_t h,
-                                const float *qkv, const float *probs, const float *dout,
-                                float *dqkv, float *work)
+IFD_NN_WIDE void ifd_nn_attention_grad_head(int64_t t, int64_t heads, int64_t dh, int64_t b,
+                                            int64_t h, const float *qkv, const float *probs,
+                                            const float *dout, float *dqkv, float *work)
 {
     int64_t c = heads * dh, ld = 3 * c;
     float scale = 1.0f / sqrtf((float)dh);
@@ -228,9 +333,7 @@ void ifd_nn_attention_grad_head(int64_t t, int64_t heads, int64_t dh, int64_t b,
     for (int64_t i = 0; i < t; i++) {                            /* dS = P (dP - rowsum(P dP)) */
         const float *pr = p + i * t;
         float *dr = work + i * t;
-        double dot = 0.0;
-        for (int64_t j = 0; j <= i; j++)
-            dot += (double)pr[j] * dr[j];
+        double dot = sum4(pr, dr, i + 1);
         for (int64_t j = 0; j <= i; j++)
             dr[j] = pr[j] * (dr[j] - (float)dot);
         for (int64_t j = i + 1; j < t; j++)

@@ -11,6 +11,31 @@
 
 #include <stdint.h>
 
+/*
+ * IFD_NN_WIDE: a host function's loops built for AVX-512 and AVX2 too where the compiler can
+ * (GCC, clang 14 and later, x86-64), the one the CPU runs chosen at load time (target_clones):
+ * 16 or 8 lanes instead of SSE's 4. Neither target enables FMA and C11 does not contract, so
+ * every lane computes the baseline code's operations: the same bits on every machine
+ * (test_nn_ops compares GELU with the _baseline functions below, test_nn_op_table the column
+ * sums with plain loops, test_optimizer the update with device/math.h's one-element functions).
+ */
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define IFD_NN_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define IFD_NN_SANITIZED 1
+#endif
+/* Not under the sanitizers: the loader runs a static function's resolver before the runtime is
+ * up, and the instrumented resolver crashes there (ThreadSanitizer). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__CUDACC__) &&                            \
+    !defined(IFD_NN_SANITIZED) && (!defined(__clang__) || __clang_major__ >= 14)
+#define IFD_NN_WIDE __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define IFD_NN_WIDE
+#endif
+
 /* out[r, :] = table[ids[r], :], r < rows; ids in [0, vocab) (checked by the caller). */
 void ifd_nn_embedding(int64_t rows, int64_t dim, const int32_t *ids, const float *table,
                       float *out);
@@ -41,10 +66,18 @@ void ifd_nn_layernorm_grad_input(int64_t r0, int64_t r1, int64_t dim, const floa
                                  const float *gamma, const float *mean, const float *rstd,
                                  const float *dy, float *dx);
 
+/* out[c] = the sum over the rows of x [rows, dim] of column c, c in [c0, c1), each column's from
+ * 0 over the rows in order (16 columns at a time in vector registers: the same bits). */
+void ifd_nn_col_sum(int64_t rows, int64_t dim, int64_t c0, int64_t c1, const float *x, float *out);
+
 /* GELU, exact (Keras' default approximate=False): y = x / 2 * (1 + erf(x / sqrt 2)); y may be
  * x. The gradient from the forward's input x: dx = dy * (Phi(x) + x * phi(x)); dx may be dy. */
 void ifd_nn_gelu(int64_t n, const float *x, float *y);
 void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx);
+/* The same two built for the baseline ISA alone (no AVX: ifd_nn_gelu may run AVX-512 or AVX2
+ * lanes), for tests: the bits must agree. */
+void ifd_nn_gelu_baseline(int64_t n, const float *x, float *y);
+void ifd_nn_gelu_grad_baseline(int64_t n, const float *x, const float *dy, float *dx);
 
 /*
  * Causal self-attention of `batch` sequences of t positions, `heads` heads of width dh (C =

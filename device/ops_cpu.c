@@ -102,24 +102,6 @@ static void cpu_gemm(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k,
     gemm_one(ta, tb, m, n, k, alpha, a, b, beta, c);
 }
 
-static void cpu_bias_add(void *ctx, int64_t rows, int64_t cols, const float *bias, float *x)
-{
-    (void)ctx;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++)
-            x[r * cols + c] += bias[c];
-}
-
-static void cpu_col_sum(void *ctx, int64_t rows, int64_t cols, const float *x, float *out)
-{
-    (void)ctx;
-    for (int64_t c = 0; c < cols; c++)
-        out[c] = 0.0f;
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++)
-            out[c] += x[r * cols + c];
-}
-
 static void cpu_relu(void *ctx, int64_t n, const float *x, float *y)
 {
     (void)ctx;
@@ -162,31 +144,6 @@ static void cpu_l2_decay(void *ctx, int64_t n, float decay, float scale, const f
     float coef = scale * decay;
     for (int64_t i = 0; i < n; i++)
         grad[i] = ifd_math_l2_grad(w[i], grad[i], coef);
-}
-
-static void cpu_softmax_xent_classify(void *ctx, int64_t rows, int64_t k, const float *logits,
-                                      const int32_t *labels, float scale, float *dlogits,
-                                      ifd_step_out *out, int32_t *cls, float *conf)
-{
-    (void)ctx;
-    double loss = 0.0;
-    int64_t correct = 0;
-    float gscale = rows > 0 ? scale / (float)rows : 0.0f;
-    for (int64_t r = 0; r < rows; r++) {
-        int ok;
-        loss += ifd_math_softmax_xent_classify_row(logits + r * k, k, labels[r], gscale,
-                                                   dlogits + r * k, &ok, cls ? cls + r : NULL,
-                                                   conf ? conf + r : NULL);
-        correct += ok;
-    }
-    out->loss = rows > 0 ? (float)(scale * loss / (double)rows) : 0.0f;
-    out->correct = (float)correct;
-}
-
-static void cpu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *logits,
-                             const int32_t *labels, float scale, float *dlogits, ifd_step_out *out)
-{
-    cpu_softmax_xent_classify(ctx, rows, k, logits, labels, scale, dlogits, out, NULL, NULL);
 }
 
 static void cpu_softmax(void *ctx, int64_t rows, int64_t k, const float *logits, float *probs)
@@ -273,6 +230,15 @@ static int64_t nn_cols(int64_t rows)
     return cols < 16 ? 16 : cols;
 }
 
+/* Columns a chunk of a column sum (ifd_nn_col_sum, the layer norm's parameter gradients): 64 at
+ * least, so that each row's run of a chunk spans whole cache lines and the hardware prefetches
+ * it. */
+static int64_t nn_sum_cols(int64_t rows)
+{
+    int64_t cols = nn_cols(rows);
+    return cols < 64 ? 64 : cols;
+}
+
 static void nn_range(const nn_split *s, int64_t c, int64_t *lo, int64_t *hi)
 {
     *lo = c * s->per;
@@ -308,6 +274,109 @@ static void cpu_add(void *ctx, int64_t n, float alpha, const float *x, float *y)
     nn_split s = {
         .n = n, .per = nn_per(n, 4 * IFD_NN_CHUNK_FLOATS), .alpha = alpha, .x = x, .y = y};
     nn_run(ctx, &s, add_chunk);
+}
+
+static void bias_add_chunk(void *arg, int64_t c)
+{
+    const nn_split *s = arg;
+    int64_t lo, hi;
+    nn_range(s, c, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++)
+        for (int64_t j = 0; j < s->dim; j++)
+            s->y[r * s->dim + j] += s->x[j];
+}
+
+static void cpu_bias_add(void *ctx, int64_t rows, int64_t cols, const float *bias, float *x)
+{
+    nn_split s = {.n = rows,
+                  .per = nn_per(rows, 4 * IFD_NN_CHUNK_FLOATS / (cols + 1)),
+                  .dim = cols,
+                  .x = bias,
+                  .y = x};
+    nn_run(ctx, &s, bias_add_chunk);
+}
+
+static void col_sum_chunk(void *arg, int64_t c)
+{
+    const nn_split *s = arg;
+    int64_t lo, hi;
+    nn_range(s, c, &lo, &hi);
+    ifd_nn_col_sum(s->rows, s->dim, lo, hi, s->x, s->y);
+}
+
+/* Split by columns: each column's sum runs over the rows in order, as on one thread. */
+static void cpu_col_sum(void *ctx, int64_t rows, int64_t cols, const float *x, float *out)
+{
+    nn_split s = {.n = cols,
+                  .per = nn_per(cols, nn_sum_cols(rows)),
+                  .rows = rows,
+                  .dim = cols,
+                  .x = x,
+                  .y = out};
+    nn_run(ctx, &s, col_sum_chunk);
+}
+
+/*
+ * The cross-entropy in chunks of rows (the shape's alone, at most IFD_XENT_CHUNKS): each
+ * chunk's loss summed in double over its rows in order, then the chunks' in order, so the
+ * bits do not depend on the team. A shape of one chunk sums as one loop over the rows.
+ */
+#define IFD_XENT_CHUNKS 64
+
+typedef struct xent_split {
+    nn_split s;
+    const int32_t *labels;
+    float gscale;
+    int32_t *cls;
+    float *conf;
+    double loss[IFD_XENT_CHUNKS];
+    int64_t correct[IFD_XENT_CHUNKS];
+} xent_split;
+
+static void xent_chunk(void *arg, int64_t c)
+{
+    xent_split *x = arg;
+    int64_t lo, hi, k = x->s.dim, correct = 0;
+    nn_range(&x->s, c, &lo, &hi);
+    double loss = 0.0;
+    for (int64_t r = lo; r < hi; r++) {
+        int ok;
+        loss += ifd_math_softmax_xent_classify_row(x->s.x + r * k, k, x->labels[r], x->gscale,
+                                                   x->s.y + r * k, &ok, x->cls ? x->cls + r : NULL,
+                                                   x->conf ? x->conf + r : NULL);
+        correct += ok;
+    }
+    x->loss[c] = loss;
+    x->correct[c] = correct;
+}
+
+static void cpu_softmax_xent_classify(void *ctx, int64_t rows, int64_t k, const float *logits,
+                                      const int32_t *labels, float scale, float *dlogits,
+                                      ifd_step_out *out, int32_t *cls, float *conf)
+{
+    xent_split x = {.s = {.n = rows, .dim = k, .x = logits, .y = dlogits},
+                    .labels = labels,
+                    .gscale = rows > 0 ? scale / (float)rows : 0.0f,
+                    .cls = cls,
+                    .conf = conf};
+    int64_t per = nn_per(rows, IFD_NN_CHUNK_FLOATS / (k + 1));
+    int64_t least = (rows + IFD_XENT_CHUNKS - 1) / IFD_XENT_CHUNKS;
+    x.s.per = per > least ? per : least;
+    nn_run(ctx, &x.s, xent_chunk);
+    double loss = 0.0;
+    int64_t correct = 0;
+    for (int64_t c = 0; c * x.s.per < rows; c++) {
+        loss += x.loss[c];
+        correct += x.correct[c];
+    }
+    out->loss = rows > 0 ? (float)(scale * loss / (double)rows) : 0.0f;
+    out->correct = (float)correct;
+}
+
+static void cpu_softmax_xent(void *ctx, int64_t rows, int64_t k, const float *logits,
+                             const int32_t *labels, float scale, float *dlogits, ifd_step_out *out)
+{
+    cpu_softmax_xent_classify(ctx, rows, k, logits, labels, scale, dlogits, out, NULL, NULL);
 }
 
 static void gemm_batch_chunk(void *arg, int64_t c)
@@ -437,7 +506,7 @@ static void cpu_layernorm_grad(void *ctx, int64_t rows, int64_t dim, const float
                                const float *dy, float *dx, float *dgamma, float *dbeta)
 {
     nn_split s = {.n = dim,
-                  .per = nn_per(dim, nn_cols(rows)),
+                  .per = nn_per(dim, nn_sum_cols(rows)),
                   .rows = rows,
                   .dim = dim,
                   .x = x,
@@ -583,12 +652,17 @@ static update_plan plan_update(const ifd_optimizer *opt, const int64_t *opt_step
     return u;
 }
 
-/* Elements [lo, hi) with weight decay wd (adamw; 0: left out). */
-static void update_elems(const update_plan *u, float wd, int64_t lo, int64_t hi, float *params,
-                         const float *grads, float *slot0, float *slot1)
+/* Elements [lo, hi) with weight decay wd (adamw; 0: left out). The optimizer's scalars are read
+ * into locals first: read through o inside the loops, they might alias the vectors, and GCC
+ * leaves such a loop scalar. This file is built with -fno-math-errno (CMakeLists.txt), which
+ * lets Adam's sqrtf be a vector square root: the same correctly rounded bits; IFD_NN_WIDE adds
+ * AVX-512 and AVX2 builds. */
+IFD_NN_WIDE static void update_elems(const update_plan *u, float wd, int64_t lo, int64_t hi,
+                                     float *params, const float *grads, float *slot0, float *slot1)
 {
     const ifd_optimizer *o = u->opt;
-    float lr = u->lr, s = u->scale;
+    float lr = u->lr, s = u->scale, lr_t = u->lr_t, mu = o->momentum;
+    float b1 = o->beta1, b2 = o->beta2, eps = o->epsilon;
     switch (o->kind) {
     case IFD_OPT_SGD:
         for (int64_t i = lo; i < hi; i++)
@@ -596,17 +670,16 @@ static void update_elems(const update_plan *u, float wd, int64_t lo, int64_t hi,
         break;
     case IFD_OPT_MOMENTUM:
         for (int64_t i = lo; i < hi; i++)
-            ifd_math_momentum(&params[i], &slot0[i], grads[i] * s, lr, o->momentum);
+            ifd_math_momentum(&params[i], &slot0[i], grads[i] * s, lr, mu);
         break;
     case IFD_OPT_ADAM:
         for (int64_t i = lo; i < hi; i++)
-            ifd_math_adam(&params[i], &slot0[i], &slot1[i], grads[i] * s, u->lr_t, o->beta1,
-                          o->beta2, o->epsilon);
+            ifd_math_adam(&params[i], &slot0[i], &slot1[i], grads[i] * s, lr_t, b1, b2, eps);
         break;
     case IFD_OPT_ADAMW:
         for (int64_t i = lo; i < hi; i++)
-            ifd_math_adamw(&params[i], &slot0[i], &slot1[i], grads[i] * s, u->lr_t, o->beta1,
-                           o->beta2, o->epsilon, wd, lr);
+            ifd_math_adamw(&params[i], &slot0[i], &slot1[i], grads[i] * s, lr_t, b1, b2, eps, wd,
+                           lr);
         break;
     }
 }

@@ -3,9 +3,11 @@
  * and data, with no team and with a team of random size: fill writes its value; the others give
  * the bits of the one-thread functions of device/nn_cpu.c (which test_nn_ops checks against
  * double-precision references and finite differences); gemm_strided_batched gives the bits of a
- * loop of gemm (and is near a double-precision product), add is near its double-precision sum.
+ * loop of gemm (and is near a double-precision product), add is near its double-precision sum;
+ * bias_add, col_sum and the cross-entropy (split over the team too) against plain loops here.
  */
 #include "device/cpu/team.h"
+#include "device/math.h"
 #include "device/nn_cpu.h"
 #include "device/step.h"
 #include "tests/util/numbers.h"
@@ -178,6 +180,93 @@ START_TEST(embedding_and_layernorm)
 }
 END_TEST
 
+/* The layer norm's parameter gradients over columns [c0, c1) (in tiles of up to 256 columns)
+ * against the plain loop here, rows outer: the same bits, for ranges that start and end
+ * anywhere, of one tile and of several. */
+START_TEST(layernorm_param_grads_are_row_order_sums)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int64_t rows = rand_between(&rng, 1, 300), dim = rand_between(&rng, 1, _i % 2 ? 100 : 700);
+    int64_t c0 = rand_between(&rng, 0, dim - 1), c1 = rand_between(&rng, c0 + 1, dim);
+    int64_t n = rows * dim;
+    float *x = tu_frand_scaled(&rng, n, 2.0), *dy = tu_frand_scaled(&rng, n, 1.0);
+    float *mean = tu_frand_scaled(&rng, rows, 0.5), *rstd = tu_frand_scaled(&rng, rows, 2.0);
+    float *dg0 = tu_frand_scaled(&rng, dim, 1.0), *db0 = tu_frand_scaled(&rng, dim, 1.0);
+    float *dg = copyf(dg0, dim), *db = copyf(db0, dim), *want_g = copyf(dg0, dim),
+          *want_b = copyf(db0, dim);
+    ifd_nn_layernorm_grad_params(rows, dim, c0, c1, x, mean, rstd, dy, dg, db);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = c0; c < c1; c++) {
+            float xhat = (x[r * dim + c] - mean[r]) * rstd[r];
+            want_g[c] += dy[r * dim + c] * xhat;
+            want_b[c] += dy[r * dim + c];
+        }
+    same_bits("dgamma", dg, want_g, dim);
+    same_bits("dbeta", db, want_b, dim);
+    free(x), free(dy), free(mean), free(rstd), free(dg0), free(db0), free(dg), free(db);
+    free(want_g), free(want_b);
+}
+END_TEST
+
+/* bias_add and col_sum (split by rows and by columns over the team) give the plain loops' bits
+ * here; softmax_xent (in chunks of rows) gives each row's dlogits as the one-row function, the
+ * same loss bits with and without a team, near the double sum of the rows' losses, and the
+ * count of rows whose argmax is the label. Shapes of one chunk and of many. */
+START_TEST(bias_col_sum_and_xent)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    tables t;
+    tables_init(&t, &rng);
+    int64_t rows = rand_between(&rng, 1, _i % 2 ? 40 : 3000), cols = rand_between(&rng, 1, 700);
+    int64_t n = rows * cols;
+    float *x = tu_frand_scaled(&rng, n, 3.0), *bias = tu_frand_scaled(&rng, cols, 1.0);
+    int32_t *labels = malloc((size_t)rows * sizeof *labels);
+    for (int64_t r = 0; r < rows; r++)
+        labels[r] = (int32_t)ifd_rng_below(&rng, (uint64_t)cols);
+    float *want_b = copyf(x, n), *want_s = calloc((size_t)cols, 4), *want_d = malloc((size_t)n * 4);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            want_b[r * cols + c] += bias[c];
+            want_s[c] += x[r * cols + c];
+        }
+    float scale = (float)tu_urand(&rng, 0.5, 2.0), gscale = scale / (float)rows;
+    double want_loss = 0.0;
+    int64_t want_correct = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        int ok;
+        want_loss += ifd_math_softmax_xent_row(x + r * cols, cols, labels[r], gscale,
+                                               want_d + r * cols, &ok);
+        want_correct += ok;
+    }
+    want_loss = scale * want_loss / (double)rows;
+    ifd_step_out o[2];
+    for (int i = 0; i < 2; i++) {
+        const ifd_ops *op = &t.ops[i];
+        float *b = copyf(x, n), *sum = tu_frand_scaled(&rng, cols, 1.0), *d = malloc((size_t)n * 4);
+        op->bias_add(op->ctx, rows, cols, bias, b);
+        same_bits("bias_add", b, want_b, n);
+        op->col_sum(op->ctx, rows, cols, x, sum);
+        same_bits("col_sum", sum, want_s, cols);
+        o[i] = (ifd_step_out){0};
+        op->softmax_xent(op->ctx, rows, cols, x, labels, scale, d, &o[i]);
+        same_bits("softmax_xent dlogits", d, want_d, n);
+        RASSERT(fabs(o[i].loss - want_loss) <= 1e-6 * fabs(want_loss) + 1e-7 &&
+                    o[i].correct == (float)want_correct,
+                "softmax_xent of %lld x %lld: loss %.9g, correct %g; the rows' %.9g, %lld",
+                (long long)rows, (long long)cols, (double)o[i].loss, (double)o[i].correct,
+                want_loss, (long long)want_correct);
+        free(b), free(sum), free(d);
+    }
+    RASSERT(memcmp(&o[0].loss, &o[1].loss, sizeof o[0].loss) == 0,
+            "softmax_xent's loss %.9g with a team, %.9g without", (double)o[1].loss,
+            (double)o[0].loss);
+    free(x), free(bias), free(labels), free(want_b), free(want_s), free(want_d);
+    ifd_team_destroy(t.team);
+}
+END_TEST
+
 START_TEST(attention_forward_and_backward)
 {
     ifd_rng rng;
@@ -216,6 +305,8 @@ int main(void)
     tcase_add_loop_test(tc, fill_add_and_gelu, 0, 6);
     tcase_add_loop_test(tc, gemm_strided_batched_is_a_loop_of_gemm, 0, 10);
     tcase_add_loop_test(tc, embedding_and_layernorm, 0, 8);
+    tcase_add_loop_test(tc, layernorm_param_grads_are_row_order_sums, 0, 8);
+    tcase_add_loop_test(tc, bias_col_sum_and_xent, 0, 8);
     tcase_add_loop_test(tc, attention_forward_and_backward, 0, 8);
     return tu_run_suite(s);
 }

@@ -338,6 +338,55 @@ START_TEST(test_adamw)
 }
 END_TEST
 
+/* Every kind's update over a vector (device/ops_cpu.c's loops, which the compiler vectorizes)
+ * against the one-element functions of device/math.h called here, element by element: the same
+ * bits, on random sizes (odd ones, and beyond a team block) with random no-decay ranges. */
+START_TEST(test_update_has_elementwise_bits)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    for (int kind = IFD_OPT_SGD; kind <= IFD_OPT_ADAMW; kind++) {
+        int64_t n = kind % 2 ? rand_between(&rng, 1, 300)
+                             : rand_between(&rng, IFD_TEAM_UPDATE_BLOCK + 1, 20000);
+        spec_list prog;
+        random_params(&rng, &prog, n);
+        int64_t r[2 * MAX_SPECS];
+        int64_t nr = ifd_optimizer_nodecay_ranges(prog.p, prog.n, r);
+        ifd_optimizer o = random_optimizer(&rng, (ifd_optimizer_kind)kind);
+        int64_t t = rand_between(&rng, 0, 2 * o.warmup_steps + 50);
+        mirror in, x;
+        mirror_random(&rng, &in, n);
+        mirror_copy(&x, &in, n);
+        ifd_replica_state sx = state_of(&x, &t, r, nr);
+        ifd_step_out out = {0};
+        ifd_cpu_update_on(NULL, &o, &sx, n, NULL, &out);
+        float lr = ifd_math_lr_at((int)o.lr_schedule, o.learning_rate, o.min_learning_rate,
+                                  o.warmup_steps, o.decay_steps, t);
+        float lr_t = ifd_math_adam_lr(lr, o.beta1, o.beta2, t + 1);
+        for (int64_t i = 0; i < n; i++) {
+            float p = in.p[i], m = in.m[i], v = in.v[i], g = in.g[i]; /* no clip_norm */
+            float wd = ifd_math_in_ranges(r, nr, i) ? 0.0f : o.weight_decay;
+            if (kind == IFD_OPT_SGD)
+                ifd_math_sgd(&p, g, lr);
+            else if (kind == IFD_OPT_MOMENTUM)
+                ifd_math_momentum(&p, &m, g, lr, o.momentum);
+            else if (kind == IFD_OPT_ADAM)
+                ifd_math_adam(&p, &m, &v, g, lr_t, o.beta1, o.beta2, o.epsilon);
+            else
+                ifd_math_adamw(&p, &m, &v, g, lr_t, o.beta1, o.beta2, o.epsilon, wd, lr);
+            RASSERT(memcmp(&p, &x.p[i], sizeof p) == 0 && memcmp(&m, &x.m[i], sizeof m) == 0 &&
+                        memcmp(&v, &x.v[i], sizeof v) == 0,
+                    "%s, element %lld of %lld: p %.9g m %.9g v %.9g, one element at a time "
+                    "%.9g %.9g %.9g",
+                    ifd_optimizer_name(o.kind), (long long)i, (long long)n, (double)x.p[i],
+                    (double)x.m[i], (double)x.v[i], (double)p, (double)m, (double)v);
+        }
+        mirror_free(&in);
+        mirror_free(&x);
+    }
+}
+END_TEST
+
 /* Clipping by global norm, every kind: with the norm above clip_norm the update is the
  * reference's with gradients scaled by clip_norm / norm; at or below it, the bits of no
  * clipping. The gradient vector and out->grad_norm (the norm before clipping) stay. */
@@ -551,6 +600,7 @@ int main(void)
     tc = tu_tcase(s, "adamw", 60);
     tcase_add_test(tc, test_nodecay_ranges);
     tcase_add_test(tc, test_adamw);
+    tcase_add_test(tc, test_update_has_elementwise_bits);
     tcase_add_test(tc, test_session_leaves_flagged_params_alone);
     tcase_add_test(tc, test_config_rules);
     tc = tu_tcase(s, "clipping", 60);
