@@ -338,7 +338,7 @@ START_TEST(test_adamw)
 }
 END_TEST
 
-/* Every kind's update over a vector (device/ops_cpu.c's loops, which the compiler vectorizes)
+/* Every kind's update over a vector (device/step_cpu.c's loops, which the compiler vectorizes)
  * against the one-element functions of device/math.h called here, element by element: the same
  * bits, on random sizes (odd ones, and beyond a team block) with random no-decay ranges. */
 START_TEST(test_update_has_elementwise_bits)

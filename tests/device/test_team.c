@@ -410,7 +410,7 @@ START_TEST(test_replica_threads_stop_blas_servers)
 }
 END_TEST
 
-/* The finite check of a step's gradients (device/ops_cpu.c), alone and on a team: every
+/* The finite check of a step's gradients (device/step_cpu.c), alone and on a team: every
  * finite vector passes, and one NaN or infinity anywhere (the tail after the last full
  * vector of accumulators included) fails it. */
 START_TEST(test_all_finite)
