@@ -49,7 +49,11 @@ def test_train_then_predict(daemon, rng, tmp_path):
     losses = [s["loss"] for s in train]
     print("losses", losses, "accuracy", [s["accuracy"] for s in train])
     assert len(train) >= 5 and all(np.isfinite(losses)), train
-    assert losses[-1] < 0.5 * losses[0], losses
+    # trained: under half an untrained model's loss, log K (the classes separate so well that
+    # the first 50-step window's mean can already be near the floor, so that halving it is not
+    # promised: seed 385808807 went 0.042 -> 0.021)
+    assert losses[-1] < 0.5 * np.log(classes), losses
+    assert losses[-1] <= losses[0], losses
     assert train[-1]["accuracy"] > 0.8, train[-1]
 
     # The checkpoint names the plugin's program: predict mode with the same --program-lib.
