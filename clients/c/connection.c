@@ -141,6 +141,8 @@ int ifdw_curve_apply(void *sock, const ifd_client_options *o, const char *who, i
     return rc;
 }
 
+static int watch_monitor(ifdw_watch *w, void *ctx, void *sock, ifd_error *err);
+
 int ifdw_watch_start(ifdw_watch *w, void *ctx, void *sock, const ifd_client_options *opts,
                      const char *who, const char *flag, ifd_error *err)
 {
@@ -153,6 +155,29 @@ int ifdw_watch_start(ifdw_watch *w, void *ctx, void *sock, const ifd_client_opti
         opts && opts->connect_timeout_ms ? opts->connect_timeout_ms : IFD_CONNECT_TIMEOUT_MS;
     if (w->timeout_ms < 0)
         return IFD_OK;
+    w->deadline = ifdw_deadline(w->timeout_ms);
+    return watch_monitor(w, ctx, sock, err);
+}
+
+int ifdw_watch_rearm(ifdw_watch *w, void *ctx, void *sock, ifd_error *err)
+{
+    if (w->timeout_ms < 0)
+        return IFD_OK;
+    w->doubt = 1;
+    w->refused = 0;
+    return w->mon ? IFD_OK : watch_monitor(w, ctx, sock, err);
+}
+
+void ifdw_watch_confirm(ifdw_watch *w)
+{
+    if (w->doubt) {
+        w->doubt = 0;
+        ifdw_watch_stop(w);
+    }
+}
+
+static int watch_monitor(ifdw_watch *w, void *ctx, void *sock, ifd_error *err)
+{
     char ep[64];
     snprintf(ep, sizeof ep, "inproc://ifd-client-monitor-%p", sock);
     if (zmq_socket_monitor(sock, ep,
@@ -172,7 +197,6 @@ int ifdw_watch_start(ifdw_watch *w, void *ctx, void *sock, const ifd_client_opti
     int zero = 0;
     zmq_setsockopt(w->mon, ZMQ_LINGER, &zero, sizeof zero);
     w->sock = sock;
-    w->deadline = ifdw_deadline(w->timeout_ms);
     return IFD_OK;
 }
 
@@ -196,9 +220,10 @@ int ifdw_watch_poll(ifdw_watch *w)
             more = zmq_msg_recv(&m, w->mon, 0) >= 0 && zmq_msg_more(&m);
             zmq_msg_close(&m);
         }
-        if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED)
-            ifdw_watch_stop(w);
-        else
+        if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+            if (!w->doubt)
+                ifdw_watch_stop(w);
+        } else
             w->refused = event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH ? 1 : 2;
     }
     return 1;

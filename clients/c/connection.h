@@ -38,12 +38,18 @@ typedef struct ifdw_watch {
     int64_t deadline;
     int refused;      /* a handshake failed: 1 CURVE refused the key, 2 another failure */
     int curve;        /* this client is a CURVE client */
+    int doubt;        /* it connected to itself: only a daemon's message ends the watch */
     const char *who;  /* "producer" */
     const char *flag; /* the daemon's flag of the endpoint: "--listen" */
     const char *keys; /* how this client is given CURVE keys: "set server_key_file and ..." */
 } ifdw_watch;
 int ifdw_watch_start(ifdw_watch *w, void *ctx, void *sock, const ifd_client_options *opts,
                      const char *who, const char *flag, ifd_error *err);
+/* Watches again, to the same deadline, after the socket reconnected because its handshake was
+ * with itself (see reply.c): from then on a handshake does not count, a daemon's message does
+ * (ifdw_watch_confirm), since the next handshake may be with itself again. */
+int ifdw_watch_rearm(ifdw_watch *w, void *ctx, void *sock, ifd_error *err);
+void ifdw_watch_confirm(ifdw_watch *w);
 /* Why the watched socket has not connected, the end of a sentence ("no daemon answered at EP
  * within T s" + this): ": it refused this client's CURVE key"; ": the handshake failed ..."
  * (for a client without CURVE: the daemon may require it, w->keys says how); or, when nothing

@@ -379,6 +379,7 @@ void ifdp_on_reply(ifd_producer *p, const ifd_frame *frames, int n)
         return;
     }
     int type = ifd_get_u16(h + 6);
+    ifdw_watch_confirm(&p->watch); /* a daemon's message */
     if (type == IFD_MSG_PREDICTION) {
         on_prediction(p, frames, n);
         return;
@@ -415,6 +416,41 @@ void ifdp_on_reply(ifd_producer *p, const ifd_frame *frames, int n)
     default:
         break; /* types of later versions */
     }
+}
+
+/* A message of a type only producers send (HELLO, BATCH, END, BATCH_SHM) came back: the socket
+ * is connected to itself. A TCP client that connects to a port of the kernel's ephemeral range
+ * where nothing listens can be given that same port as its own (simultaneous open), and a ZeroMQ
+ * DEALER takes its own greeting for a peer's: the producer would wait for a WELCOME from itself,
+ * and the connect timeout would take the handshake for the daemon's. */
+static int is_own_message(zmq_msg_t *m)
+{
+    const unsigned char *h = zmq_msg_data(m);
+    if (zmq_msg_size(m) < IFD_PROTO_HDR || memcmp(h, IFD_PROTO_MAGIC, 4) != 0)
+        return 0;
+    int type = ifd_get_u16(h + 6);
+    return type == IFD_MSG_HELLO || type == IFD_MSG_BATCH || type == IFD_MSG_END ||
+           type == IFD_MSG_BATCH_SHM;
+}
+
+/* Drops the connection to itself and connects again (a new local port); before the first
+ * WELCOME the connect timeout watches again, to its first deadline, and a HELLO that came back is
+ * sent again. A later message that came back was not delivered and stays unacknowledged. */
+static int reconnect_from_self(ifd_producer *p, zmq_msg_t *frames, int n, ifd_error *err)
+{
+    if (zmq_disconnect(p->sock, p->endpoint) != 0 || zmq_connect(p->sock, p->endpoint) != 0)
+        return ifdw_zmq_error(err, "reconnecting a socket that connected to itself");
+    int rc;
+    if (!p->welcomed && (rc = ifdw_watch_rearm(&p->watch, p->ctx, p->sock, err)) != IFD_OK)
+        return rc;
+    if (ifd_get_u16((const unsigned char *)zmq_msg_data(&frames[0]) + 6) != IFD_MSG_HELLO ||
+        !p->hello_waiting)
+        return IFD_OK;
+    for (int i = 0; i < n; i++)
+        if (zmq_send(p->sock, zmq_msg_data(&frames[i]), zmq_msg_size(&frames[i]),
+                     i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
+            return ifdw_zmq_error(err, "hello: sending HELLO again");
+    return IFD_OK;
 }
 
 /* Reads one reply if one arrives within timeout_ms (0: only if one is there). IFD_OK when one
@@ -454,6 +490,10 @@ int ifdp_recv_one(ifd_producer *p, long timeout_ms, ifd_error *err)
             zmq_msg_close(&m);
             dropped = 1;
         }
+    }
+    if (!dropped && n > 0 && is_own_message(&frames[0])) {
+        rc = reconnect_from_self(p, frames, n, err);
+        goto out;
     }
     if (!dropped) {
         ifd_frame spans[IFDP_MAX_FRAMES];

@@ -66,8 +66,11 @@ typedef struct ifd_client_options {
      * to answer the connection at all, counted from the create call: 0 takes the default,
      * IFD_CONNECT_TIMEOUT_MS; a negative value waits without a bound. When nothing answers at
      * the endpoint (no daemon, another port, a refused CURVE key) that call returns
-     * IFD_ETIMEDOUT with a sentence saying so, instead of waiting out its own timeout. Create
-     * without options: the default. */
+     * IFD_ETIMEDOUT with a sentence saying so, instead of waiting out its own timeout. A
+     * producer connected to itself (TCP can give a client the port it connects to, on a port of
+     * the ephemeral range where nothing listens) gets its own HELLO back: it reconnects, sends
+     * HELLO again, and only a daemon's message ends this wait from then on. Create without
+     * options: the default. */
     int connect_timeout_ms;
     /* Producers: the shared-memory transport (ifd_producer_set_shm); 0 is IFD_SHM_AUTO.
      * Subscribers ignore it. */

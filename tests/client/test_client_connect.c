@@ -210,13 +210,26 @@ START_TEST(test_hello_timeout)
 }
 END_TEST
 
-/* An endpoint where nothing listens: a port bound and closed again. */
-static void dead_endpoint(char *buf, size_t len)
+/* An endpoint where nothing listens: a free port below the kernel's ephemeral range, so that a
+ * client reconnecting there is never given it as its own port (see test_self_connection). */
+static void dead_endpoint(ifd_rng *rng, char *buf, size_t len)
 {
+    int low = 32768;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        if (fscanf(f, "%d", &low) != 1)
+            low = 32768;
+        fclose(f);
+    }
+    ck_assert_int_gt(low, 10001);
     void *ctx = zmq_ctx_new();
     void *s = zmq_socket(ctx, ZMQ_ROUTER);
-    ck_assert(zmq_bind(s, "tcp://127.0.0.1:*") == 0);
-    zmq_getsockopt(s, ZMQ_LAST_ENDPOINT, buf, &len);
+    int bound = 0;
+    for (int i = 0; i < 200 && !bound; i++) {
+        snprintf(buf, len, "tcp://127.0.0.1:%d", (int)rand_between(rng, 10000, low - 1));
+        bound = zmq_bind(s, buf) == 0;
+    }
+    ck_assert_msg(bound, "no free port below %d", low);
     zmq_close(s);
     zmq_ctx_term(ctx);
 }
@@ -230,7 +243,7 @@ START_TEST(test_connect_timeout)
     ifd_rng rng;
     seed_rng(&rng);
     char ep[256];
-    dead_endpoint(ep, sizeof ep);
+    dead_endpoint(&rng, ep, sizeof ep);
     ifd_client_options o = {.connect_timeout_ms = (int)rand_between(&rng, 50, 300)};
     ifd_producer *p;
     ifd_error err;
@@ -273,7 +286,7 @@ START_TEST(test_connect_timeout_equal_to_hellos)
     ifd_rng rng;
     seed_rng(&rng);
     char ep[256];
-    dead_endpoint(ep, sizeof ep);
+    dead_endpoint(&rng, ep, sizeof ep);
     for (int i = 0; i < 3; i++) {
         ifd_client_options o = {.connect_timeout_ms = (int)rand_between(&rng, 50, 250)};
         ifd_producer *p;
@@ -291,6 +304,30 @@ START_TEST(test_connect_timeout_equal_to_hellos)
 }
 END_TEST
 
+/* A socket that connects to itself (a TCP client given the port it connects to as its own, which
+ * the kernel can do on a port of its ephemeral range where nothing listens; here forced with a
+ * source address) is not a daemon: hello reconnects and sends HELLO again until the connect
+ * timeout, whose sentence it ends with (it said "no WELCOME", CI's seed 2026-11-26). */
+START_TEST(test_self_connection)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    char ep[256], self[600];
+    dead_endpoint(&rng, ep, sizeof ep);
+    const char *addr = ep + strlen("tcp://");
+    snprintf(self, sizeof self, "tcp://%s;%s", addr, addr);
+    ifd_client_options o = {.connect_timeout_ms = (int)rand_between(&rng, 100, 400)};
+    ifd_producer *p;
+    ifd_error err;
+    RC_OK(ifd_producer_create_opts(&p, self, "loader-0", &o, &err), err);
+    int rc = ifd_producer_hello(p, FAKE_ONE_U8, 1, 0, o.connect_timeout_ms, &err);
+    RASSERT(rc == IFD_ETIMEDOUT && strstr(err.msg, "no daemon answered at") &&
+                !strstr(err.msg, "WELCOME"),
+            "connected to itself: %s: %s", ifd_errname(rc), err.msg);
+    ifd_producer_destroy(p);
+}
+END_TEST
+
 /* Why no daemon answered, as far as the client can tell: a CURVE client that hears nothing may
  * be refused (a refusal is not always reported); a client without CURVE whose handshake fails
  * may face a daemon that requires it. */
@@ -302,7 +339,7 @@ START_TEST(test_connect_timeout_says_curve)
     ck_assert(zmq_curve_keypair(spub, ssec) == 0);
     ck_assert(zmq_curve_keypair(cpub, csec) == 0);
     char ep[256];
-    dead_endpoint(ep, sizeof ep);
+    dead_endpoint(&rng, ep, sizeof ep);
     ifd_client_options curve = {.server_key = spub,
                                 .public_key = cpub,
                                 .secret_key = csec,
@@ -448,6 +485,7 @@ int main(void)
     tcase_add_test(tc, test_hello_timeout);
     tcase_add_test(tc, test_connect_timeout);
     tcase_add_test(tc, test_connect_timeout_equal_to_hellos);
+    tcase_add_test(tc, test_self_connection);
     tcase_add_test(tc, test_connect_timeout_says_curve);
     tcase_add_test(tc, test_arguments);
     tcase_add_test(tc, test_curve_options);

@@ -49,6 +49,29 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def dead_tcp_endpoint() -> str:
+    """A tcp endpoint where nothing listens, on a port below the kernel's ephemeral range: a
+    client reconnecting to a closed ephemeral port can be given that same port as its own local
+    port and connect to itself (TCP simultaneous open), which a ZeroMQ DEALER takes for a
+    handshake with a peer (CI saw "no WELCOME" instead of "no daemon answered")."""
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, max(low, 10001))
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
+            s.close()
+        return f"tcp://127.0.0.1:{port}"
+    raise RuntimeError(f"no free port below the ephemeral range ({low})")
+
+
 def control_request(endpoint: str, request, timeout: float = 5.0, server=None, keypair=None):
     """One request on a control REP socket (a dict is sent as JSON, bytes as they are), as a
     CURVE client of server with keypair when keypair is given."""

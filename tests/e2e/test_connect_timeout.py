@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 
 import infeed
-from conftest import free_ports
+from conftest import dead_tcp_endpoint
 
 
 def test_producer_and_subscriber_say_no_daemon_answers(rng):
-    (port,) = free_ports(1)
-    endpoint = f"tcp://127.0.0.1:{port}"
+    endpoint = dead_tcp_endpoint()
     limit = rng.uniform(0.3, 1.0)
     t0 = time.monotonic()
     with pytest.raises(TimeoutError) as e:
@@ -36,6 +35,22 @@ def test_producer_and_subscriber_say_no_daemon_answers(rng):
     for bad in (0, -1, "10", True):
         with pytest.raises(ValueError, match="connect_timeout"):
             infeed.Subscriber(endpoint, connect_timeout=bad)
+
+
+def test_a_producer_connected_to_itself_is_not_connected(rng):
+    """A socket that connects to itself (a TCP client given the port it connects to as its own,
+    which the kernel can do on a port of its ephemeral range where nothing listens; forced here
+    with a source address) is not a daemon: the producer reconnects and sends HELLO again until
+    the connect timeout, whose sentence it ends with, however its own timeout compares."""
+    addr = dead_tcp_endpoint()[len("tcp://"):]
+    endpoint = f"tcp://{addr};{addr}"
+    limit = rng.uniform(0.2, 0.6)
+    for timeout in (limit, None):
+        with pytest.raises(TimeoutError) as e:
+            infeed.Producer(endpoint, name="p", schema=[("x", "float32", (3,))],
+                            timeout=timeout, connect_timeout=limit)
+        msg = str(e.value)
+        assert "no daemon answered at " + endpoint in msg and "--listen" in msg, (timeout, msg)
 
 
 def test_connected_clients_are_not_cut_by_the_connect_timeout(daemon, rng):

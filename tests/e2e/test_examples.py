@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import infeed
-from conftest import ROOT
+from conftest import ROOT, dead_tcp_endpoint
 from helpers import c_producer, run_program, status_until
 
 DIGITS = ROOT / "examples" / "digits" / "train_digits.py"
@@ -125,8 +125,7 @@ def test_c_producer_no_daemon_says_the_readme_sentence():
     m = re.search(r'IFD_ETIMEDOUT`\s+with the same sentence \("(.*?)"\)', text, re.S)
     assert m, "the README no longer quotes the C client's sentence"
     sentence = " ".join(m.group(1).split())
-    from conftest import free_ports
-    endpoint = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    endpoint = dead_tcp_endpoint()
     r = run_program([exe, "--endpoint", endpoint, "--features", "4", "--classes", "2"], timeout=60)
     assert r.returncode == 1, r.stderr
     assert sentence.replace("tcp://127.0.0.1:5555", endpoint) in r.stderr, (sentence, r.stderr)

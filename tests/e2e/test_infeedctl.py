@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import infeed
-from conftest import free_ports
+from conftest import dead_tcp_endpoint, free_ports
 from helpers import CURVE_BATCH as BATCH
 from helpers import CURVE_CLASSES as CLASSES
 from helpers import CURVE_FEATURES as FEATURES
@@ -213,7 +213,7 @@ def test_curve_refusals_say_why(curve_daemon, keys, rng):
     need = ": the handshake failed: it may require CURVE (pass --server-key and --key-file)"
     refused = (": it refused this client's CURVE key (is its public key in the daemon's "
                "--admin-keys?)")
-    dead = f"tcp://127.0.0.1:{free_ports(1)[0]}"
+    dead = dead_tcp_endpoint()
     for args, words in [
             (["status", *ctl_endpoints(d)], need),
             (["stop", *ctl_endpoints(d)], need),

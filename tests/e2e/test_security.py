@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 import infeed
-from conftest import free_ports, keygen, run_infeedd
+from conftest import dead_tcp_endpoint, free_ports, keygen, run_infeedd
 from infeed import keys as K
 from infeed import protocol as P
 from rawpeer import RawPeer, batch_frames, hello
@@ -259,7 +259,7 @@ def test_refused_clients_hear_why(curve_daemon, keys, rng, tmp_path):
     The Python client and the C example (its hello timeout and its connect timeout alike)."""
     d = curve_daemon(steps=1000)
     limit = rng.uniform(0.5, 1.0)
-    dead = f"tcp://127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
+    dead = dead_tcp_endpoint()
     cases = [  # (who, endpoint, words the sentence must have)
         ("stranger", d.listen, ": it refused this client's CURVE key"),
         (None, d.listen, ": the handshake failed: it may require CURVE (give server_key_file= "

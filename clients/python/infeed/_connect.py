@@ -42,11 +42,31 @@ class ConnectWatch:
         self.flag = flag
         self.connected = connect_timeout is None
         self.refused: Optional[str] = None
+        self._doubt = False  # it connected to itself: only a daemon's message ends the watch
         self._start = time.monotonic()
         self._mon: Optional[zmq.Socket] = None
+        self._sock = sock
         if not self.connected:
             self._mon = sock.get_monitor_socket(_EVENTS)
-            self._sock = sock
+
+    def rearm(self) -> None:
+        """Watches again, to the same deadline, after the socket reconnected because its
+        handshake was with itself: from then on a handshake does not count, a daemon's message
+        does (:meth:`confirm`), since the next handshake may be with itself again."""
+        if self.timeout is None:
+            return
+        self._doubt = True
+        self.connected = False
+        self.refused = None
+        if self._mon is None:
+            self._mon = self._sock.get_monitor_socket(_EVENTS)
+
+    def confirm(self) -> None:
+        """A daemon's message arrived: connected."""
+        if self._doubt:
+            self._doubt = False
+            self.connected = True
+            self.close()
 
     def poll(self) -> bool:
         """Takes the events that arrived; True once the daemon has answered."""
@@ -56,7 +76,7 @@ class ConnectWatch:
             except zmq.Again:
                 break
             if ev["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self.connected = True
+                self.connected = not self._doubt
             elif ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self.refused = "it refused this client's CURVE key"
             else:

@@ -18,6 +18,10 @@ class Replies:
 
     def _handle(self, frames: list) -> P.Message:
         msg = P.unpack_message(frames)
+        if msg.type in P.PRODUCER_TYPES:
+            self._reconnect_from_self(frames)
+            return msg
+        self._watch.confirm()
         if msg.type == P.ACK:
             # Cumulative: every unacknowledged batch up to msg.seq was consumed (batches are
             # consumed in order); msg.credit is how many this ACK covers. A message of k steps
@@ -83,6 +87,21 @@ class Replies:
                 break
             out.append(self._handle(frames))
         return out
+
+    def _reconnect_from_self(self, frames: list) -> None:
+        """A message of a type only producers send came back: the socket is connected to itself.
+        A TCP client that connects to a port of the kernel's ephemeral range where nothing
+        listens can be given that same port as its own (simultaneous open), and a ZeroMQ DEALER
+        takes its own greeting for a peer's. Drops that connection and connects again (a new
+        local port); before the first WELCOME the connect timeout watches again, to its first
+        deadline. A HELLO that came back is sent again; another message that came back was not
+        delivered and stays unacknowledged."""
+        self._sock.disconnect(self.endpoint)
+        self._sock.connect(self.endpoint)
+        if self.welcome is None:
+            self._watch.rearm()
+        if P.unpack_header(frames[0]) == P.HELLO:
+            self._sock.send_multipart(frames)
 
     def _pump(self, done, what: str, timeout: Any = ...) -> None:
         """Receives until ``done()`` is true; raises TimeoutError after ``timeout`` seconds

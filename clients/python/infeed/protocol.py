@@ -32,6 +32,8 @@ ERROR = 7
 PREDICTION = 8
 BYE = 9
 BATCH_SHM = 10
+# what only producers send: a producer that receives one is connected to itself
+PRODUCER_TYPES = (HELLO, BATCH, END, BATCH_SHM)
 
 TYPE_NAMES = {
     HELLO: "HELLO",
