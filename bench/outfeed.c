@@ -32,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -213,8 +214,18 @@ static void pub_close(pub_run *p)
 
 static int64_t g_pub_sent, g_pub_steps; /* out16+pub: the last run's messages, their steps */
 
-/* Steps a second of one whole session. */
-static double run_once(int way, int64_t steps, int64_t *sunk)
+/* The process's CPU time (user and system, all threads) in seconds. */
+static double cpu_seconds(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)u.ru_utime.tv_sec + (double)u.ru_utime.tv_usec * 1e-6 +
+           (double)u.ru_stime.tv_sec + (double)u.ru_stime.tv_usec * 1e-6;
+}
+
+/* Steps a second of one whole session; *cpu_us: the CPU time it took a step (every thread of
+ * the process: replicas, their waits, the outfeed, publisher, I/O and subscriber threads). */
+static double run_once(int way, int64_t steps, int64_t *sunk, double *cpu_us)
 {
     ifd_config cfg;
     ifd_config_defaults(&cfg);
@@ -251,9 +262,11 @@ static double run_once(int way, int64_t steps, int64_t *sunk)
         fprintf(stderr, "bench_outfeed: cannot add the tensor sink\n");
         exit(1);
     }
+    double c0 = cpu_seconds();
     int64_t t0 = ifd_clock_ns();
     int rc = ifd_session_run(s, &err);
     int64_t t1 = ifd_clock_ns();
+    *cpu_us = (cpu_seconds() - c0) * 1e6 / (double)steps;
     if (rc || ifd_session_global_step(s) != steps) {
         fprintf(stderr, "bench_outfeed: run failed: %s\n", ifd_error_text(&err));
         exit(1);
@@ -272,30 +285,70 @@ static double run_once(int way, int64_t steps, int64_t *sunk)
     return (double)steps * 1e9 / (double)(t1 - t0);
 }
 
+/* Sets on[w] for each way named in the comma-separated list; 0 when a name is unknown. */
+static int parse_ways(const char *list, int on[NWAYS])
+{
+    memset(on, 0, sizeof(int) * NWAYS);
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+        int k = 0;
+        while (k < NWAYS && strcmp(w, way_names[k]) != 0)
+            k++;
+        if (k == NWAYS) {
+            fprintf(stderr,
+                    "bench_outfeed: --ways: no way '%s' (expected some of plain, out16, "
+                    "out16+sub, out16+pub, out16+ipc)\n",
+                    w);
+            return 0;
+        }
+        on[k] = 1;
+    }
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     int64_t steps = 20000;
     int repeat = 5;
-    for (int i = 1; i + 1 < argc; i += 2) {
+    int on[NWAYS] = {1, 1, 1, 1, 1};
+    for (int i = 1; i < argc; i += 2) {
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench_outfeed: %s needs a value\n", argv[i]);
+            return 2;
+        }
         if (strcmp(argv[i], "--steps") == 0)
             steps = strtoll(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "--repeat") == 0)
             repeat = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--ways") == 0) {
+            if (!parse_ways(argv[i + 1], on))
+                return 2;
+        } else {
+            fprintf(stderr, "bench_outfeed: unknown option %s\n", argv[i]);
+            return 2;
+        }
     }
-    if (steps < IPL || repeat < 1 || repeat > 64) {
-        fprintf(stderr, "usage: bench_outfeed [--steps N >= %d] [--repeat 1..64]\n", IPL);
+    if (steps < IPL || repeat < 1 || repeat > 64 || !on[PLAIN]) {
+        fprintf(stderr,
+                "usage: bench_outfeed [--steps N >= %d] [--repeat 1..64] [--ways plain,...]\n"
+                "  --ways: a comma-separated list of plain (always, the ratios' base), out16,\n"
+                "          out16+sub, out16+pub, out16+ipc (default: all five)\n",
+                IPL);
         return 2;
     }
     register_out16();
-    double rate[NWAYS][64];
+    double rate[NWAYS][64], cpu[NWAYS][64];
     int64_t sunk = 0, read = 0;
     for (int k = 0; k < repeat; k++)
         for (int w = 0; w < NWAYS; w++) {
+            if (!on[w])
+                continue;
             int64_t b;
-            rate[w][k] = run_once(w, steps, &b);
+            rate[w][k] = run_once(w, steps, &b, &cpu[w][k]);
             if (w == OUT16_SUB)
                 sunk = b;
-            if (w == OUT16_PUB)
+            if (w == OUT16_PUB || (w == OUT16_IPC && !on[OUT16_PUB]))
                 read = b;
         }
     ifd_blas_info info;
@@ -304,21 +357,28 @@ int main(int argc, char **argv)
     printf("softmax D=%d K=%d, batch %d, R=%d, ipl %d, cpu backend, %lld steps x %d repeats\n",
            FEATURES, CLASSES, BATCH, REPLICAS, IPL, (long long)steps, repeat);
     printf("BLAS: %s\n", ifd_blas_describe(&info, blas, sizeof blas));
-    printf("out16+sub: the sink took %.1f MB a run (%.0f bytes a step)\n", (double)sunk / 1e6,
-           (double)sunk / (double)steps);
-    printf("out16+pub: %lld tensor messages published in the last run (%.2f a step, %lld tensor "
-           "steps: %d tensors a step), %lld read by the subscribers\n",
-           (long long)g_pub_sent, (double)g_pub_sent / (double)steps, (long long)g_pub_steps, NALL,
-           (long long)read);
-    printf("%-10s %12s %12s %10s %10s %8s\n", "way", "steps/s", "best", "x plain", "slower",
-           "target");
-    double med[NWAYS], best[NWAYS];
+    if (on[OUT16_SUB])
+        printf("out16+sub: the sink took %.1f MB a run (%.0f bytes a step)\n", (double)sunk / 1e6,
+               (double)sunk / (double)steps);
+    if (on[OUT16_PUB] || on[OUT16_IPC])
+        printf("%s: %lld tensor messages published in the last run (%.2f a step, %lld tensor "
+               "steps: %d tensors a step), %lld read by the subscribers\n",
+               on[OUT16_PUB] ? "out16+pub" : "out16+ipc", (long long)g_pub_sent,
+               (double)g_pub_sent / (double)steps, (long long)g_pub_steps, NALL, (long long)read);
+    printf("%-10s %12s %12s %10s %10s %8s %10s\n", "way", "steps/s", "best", "x plain", "slower",
+           "target", "cpu_us/st");
+    double med[NWAYS], best[NWAYS], cpu_med[NWAYS];
     for (int w = 0; w < NWAYS; w++) {
+        if (!on[w])
+            continue;
         med[w] = bench_median(rate[w], repeat);
         best[w] = rate[w][repeat - 1];
+        cpu_med[w] = bench_median(cpu[w], repeat);
     }
     int met = 1;
     for (int w = 0; w < NWAYS; w++) {
+        if (!on[w])
+            continue;
         double slower = 1.0 - med[w] / med[PLAIN];
         double target = w == OUT16 ? 0.10 : 0.20;
         char t[16] = "-";
@@ -326,8 +386,8 @@ int main(int argc, char **argv)
             snprintf(t, sizeof t, "<=%.0f%%", target * 100);
             met &= slower <= target;
         }
-        printf("%-10s %12.0f %12.0f %10.3f %9.1f%% %8s\n", way_names[w], med[w], best[w],
-               med[w] / med[PLAIN], slower * 100, t);
+        printf("%-10s %12.0f %12.0f %10.3f %9.1f%% %8s %10.2f\n", way_names[w], med[w], best[w],
+               med[w] / med[PLAIN], slower * 100, t, cpu_med[w]);
     }
     printf("targets (issue 21, medians): %s\n", met ? "met" : "NOT met");
     return 0;
