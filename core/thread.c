@@ -3,6 +3,7 @@
 #include <infeed/error.h>
 
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,7 +150,7 @@ void ifd_sleep_ns(int64_t ns)
 
 int ifd_spin_until(int (*ready)(void *arg), void *arg, int64_t budget_ns)
 {
-    int64_t deadline = 0;
+    int64_t start = 0;
     for (;;) {
         for (int i = 0; i < 64; i++) {
             if (ready(arg))
@@ -157,9 +158,11 @@ int ifd_spin_until(int (*ready)(void *arg), void *arg, int64_t budget_ns)
             ifd_cpu_relax();
         }
         int64_t now = ifd_clock_ns();
-        if (deadline == 0)
-            deadline = now + budget_ns;
-        else if (now >= deadline)
+        if (start == 0)
+            start = now;
+        else if (now - start >= budget_ns)
             return ready(arg);
+        else if (now - start >= IFD_SPIN_PAUSE_NS)
+            sched_yield(); /* a thread waiting for this core (maybe the one spun for) runs now */
     }
 }

@@ -49,11 +49,19 @@ void ifd_thread_join(ifd_thread *t);
 
 /*
  * Spin-then-block: before sleeping on a condition variable, a waiter polls a cheap lock-free
- * hint for up to IFD_SPIN_NS with a pause instruction (no system call), so that a hand-off
- * between two running threads costs no futex wake-up. The budget is short enough that a waiter
- * with nothing coming soon still sleeps almost at once and gives its core away.
+ * hint for up to IFD_SPIN_NS, so that a hand-off between two running threads costs no futex
+ * wake-up. The budget is short enough that a waiter with nothing coming soon still sleeps almost
+ * at once and gives its core away.
+ *
+ * For the first IFD_SPIN_PAUSE_NS it polls with a pause instruction only (a short wait costs no
+ * system call); after that it also yields its core (sched_yield) between polls. On a machine with
+ * more runnable threads than cores the thread it waits for, or the daemon's I/O, may be queued
+ * behind it on the same core: two replicas on one core otherwise cost a whole IFD_SPIN_NS a barrier
+ * (bench/README.md, "bench_outfeed"). With nothing else runnable the yield returns at once (a
+ * fraction of a microsecond).
  */
 #define IFD_SPIN_NS 50000
+#define IFD_SPIN_PAUSE_NS 2000
 
 static inline void ifd_cpu_relax(void)
 {
@@ -64,7 +72,8 @@ static inline void ifd_cpu_relax(void)
 #endif
 }
 
-/* Calls ready(arg) until it returns non-zero (returns 1) or the budget is spent (returns 0). */
+/* Calls ready(arg) until it returns non-zero (returns 1) or the budget is spent (returns 0),
+ * yielding its core between calls after IFD_SPIN_PAUSE_NS. */
 int ifd_spin_until(int (*ready)(void *arg), void *arg, int64_t budget_ns);
 
 /* Monotonic clock in nanoseconds. */

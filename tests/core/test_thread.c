@@ -283,6 +283,53 @@ START_TEST(test_spin_until)
 }
 END_TEST
 
+static void *raise_flag(void *arg)
+{
+    atomic_store(&((spin_flag *)arg)->up, 1);
+    return NULL;
+}
+
+/* ifd_spin_until gives its core to a thread queued behind it on the same core (the thread it
+ * waits for, on a machine with more runnable threads than cores). Made certain with real-time
+ * scheduling: the spinner and the thread that raises the flag run SCHED_FIFO at one priority on
+ * one CPU, where the raiser runs only when the spinner yields or blocks; a spinner that never
+ * yields spins its whole budget and finds the flag down. Needs CAP_SYS_NICE (and real-time time
+ * in this cgroup): without, the test says so and checks nothing. */
+START_TEST(test_spin_until_yields_its_core)
+{
+    cpu_set_t was, one;
+    ck_assert_int_eq(sched_getaffinity(0, sizeof was, &was), 0);
+    int cpu = sched_getcpu();
+    ck_assert_int_ge(cpu, 0);
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof one, &one), 0);
+    struct sched_param fifo = {.sched_priority = sched_get_priority_min(SCHED_FIFO)}, other = {0};
+    int rc = pthread_setschedparam(pthread_self(), SCHED_FIFO, &fifo);
+    if (rc != 0) {
+        fprintf(stderr, "test_spin_until_yields_its_core: not checked: SCHED_FIFO refused (%s)\n",
+                strerror(rc));
+        ck_assert_int_eq(sched_setaffinity(0, sizeof was, &was), 0);
+        return;
+    }
+    spin_flag flag;
+    atomic_init(&flag.up, 0);
+    atomic_init(&flag.polls, 0);
+    pthread_t t; /* inherits the policy, the priority and the CPU */
+    ck_assert_int_eq(pthread_create(&t, NULL, raise_flag, &flag), 0);
+    int64_t budget = 1000 * MS;
+    rc = ifd_spin_until(flag_ready, &flag, budget);
+    int polls = atomic_load(&flag.polls);
+    ck_assert_int_eq(pthread_setschedparam(pthread_self(), SCHED_OTHER, &other), 0);
+    pthread_join(t, NULL);
+    ck_assert_int_eq(sched_setaffinity(0, sizeof was, &was), 0);
+    RASSERT(rc == 1,
+            "the raiser never ran on the spinner's CPU %d while it spun %" PRId64 " ns (%d polls)",
+            cpu, budget, polls);
+    RASSERT(polls > 1, "the flag was up before the spin began (%d polls)", polls);
+}
+END_TEST
+
 START_TEST(test_cond_wait_until_past_deadlines)
 {
     /* Any deadline in the past, negative included, times out at once instead of failing. */
@@ -330,6 +377,7 @@ int main(void)
     tcase_add_test(tc, test_cond_wait_until_woken);
     tcase_add_test(tc, test_mutex_and_clock);
     tcase_add_test(tc, test_spin_until);
+    tcase_add_test(tc, test_spin_until_yields_its_core);
     tcase_add_test(tc, test_cond_wait_until_past_deadlines);
     tcase_add_test(tc, test_thread_named_before_it_runs);
     return tu_run_suite(s);
