@@ -11,19 +11,27 @@
  *   out16+sub out16 with a tensor sink that takes every tensor of every step (copies it out,
  *             as a subscriber's sink would before sending it);
  *   out16+pub out16 with infeedd's PUB socket as the tensor sink (host/publisher.c, a byte
- *             rate of 4 GiB/s) and two SUB sockets on loopback tcp asking for every tensor, read
- *             by a thread (the messages published and the ones they got are printed: a message
- *             holds several steps of a tensor, and ZeroMQ drops what they cannot take);
+ *             rate of 4 GiB/s) and two SUB sockets on loopback tcp asking for every tensor, in a
+ *             ZeroMQ context of their own (their own I/O thread, "1/ZMQbg/IO/0", as a subscriber
+ *             process has), read by a thread that checks every message as a subscriber
+ *             splitting it into steps would (the header names the topic's tensor, its steps are
+ *             consecutive, the data is their rows); the messages published and the ones read
+ *             and checked are printed (a message holds several steps of a tensor, and ZeroMQ
+ *             drops what a slow reader cannot take), and a message that fails the check ends
+ *             the bench with status 1;
  *   out16+ipc out16+pub on an ipc endpoint (a unix socket), as a subscriber on the daemon's
  *             host would connect.
  *
  * The batch source hands out one prebuilt batch, so no producer is measured. Prints steps/s
  * (median and fastest of the repeats), each way's ratio to plain, the targets of issue 21 (out16
- * at most 10 % slower, out16+sub at most 20 %), and the BLAS kernel.
+ * at most 10 % slower, the others at most 20 %), the median CPU time of the whole process a step
+ * (cpu_us/st: on a shared machine the CPU a step costs says more than its wall time), and the
+ * BLAS kernel.
  *
- *   bench_outfeed [--steps N] [--repeat N]
+ *   bench_outfeed [--steps N] [--repeat N] [--ways plain,out16,out16+sub,out16+pub,out16+ipc]
  */
 #include "bench/bench_util.h"
+#include "host/limits.h"
 #include "host/publisher.h"
 #include "core/thread.h"
 #include "device/cpu/blas.h"
@@ -147,12 +155,126 @@ static const char *const all_tensors[] = {"class",      "confidence",   "label",
 enum { NALL = sizeof all_tensors / sizeof all_tensors[0] };
 
 typedef struct pub_run {
-    void *zctx, *subs[2];
+    void *zctx, *sctx, *subs[2]; /* the daemon's context; the subscribers' own */
     ifd_publisher *pub;
     ifd_thread reader;
-    int stop;    /* atomic */
-    int64_t got; /* messages read */
+    int stop;          /* atomic */
+    int64_t got;       /* atomic: messages read and checked */
+    int64_t got_steps; /* the tensor steps they held */
+    int64_t bad;       /* messages that failed the check */
+    char why[160];     /* the first one's fault */
 } pub_run;
+
+/* The integers of the array that follows "key": in the header h (n bytes) into v (at most max);
+ * their count, or -1. A scan, not a JSON parser: the header is the daemon's own, one line of
+ * plain keys (docs/summaries.md), and a subscriber in C needs no more. */
+static int int_array(const char *h, size_t n, const char *key, int64_t *v, int max)
+{
+    char pat[48];
+    snprintf(pat, sizeof pat, "\"%s\":[", key);
+    const char *at = memmem(h, n, pat, strlen(pat)), *end = h + n;
+    if (at == NULL)
+        return -1;
+    at += strlen(pat);
+    int k = 0;
+    while (at < end && *at != ']') {
+        char *next;
+        if (k == max)
+            return -1;
+        v[k++] = strtoll(at, &next, 10);
+        if (next == at || next >= end || (*next != ',' && *next != ']'))
+            return -1;
+        at = *next == ',' ? next + 1 : next;
+    }
+    return at < end ? k : -1;
+}
+
+/* The string value of "key" in the header h (n bytes): its start and *len, or NULL. */
+static const char *str_value(const char *h, size_t n, const char *key, size_t *len)
+{
+    char pat[48];
+    snprintf(pat, sizeof pat, "\"%s\":\"", key);
+    const char *at = memmem(h, n, pat, strlen(pat));
+    if (at == NULL)
+        return NULL;
+    at += strlen(pat);
+    const char *q = memchr(at, '"', (size_t)(h + n - at));
+    if (q == NULL)
+        return NULL;
+    *len = (size_t)(q - at);
+    return at;
+}
+
+/* Checks a tensor message as a subscriber that splits it into steps would (docs/summaries.md,
+ * "Tensor messages"): the topic names the header's tensor, the steps are consecutive, and the
+ * data is the steps' rows of row_shape floats or ints. Returns its steps, or -1 with why. */
+static int64_t check_tensor(zmq_msg_t *f, char *why, size_t whylen)
+{
+    const char *topic = zmq_msg_data(&f[0]), *h = zmq_msg_data(&f[1]);
+    size_t tn = zmq_msg_size(&f[0]), hn = zmq_msg_size(&f[1]), pn = strlen("tensor:"), nl = 0,
+           dl = 0;
+    int64_t steps[IFD_PUB_TENSOR_STEPS_MAX], rows[IFD_PUB_TENSOR_STEPS_MAX], shape[IFD_MAX_RANK];
+    const char *name = str_value(h, hn, "name", &nl), *dtype = str_value(h, hn, "dtype", &dl);
+    int ns = int_array(h, hn, "global_steps", steps, IFD_PUB_TENSOR_STEPS_MAX);
+    int nr = int_array(h, hn, "rows", rows, IFD_PUB_TENSOR_STEPS_MAX);
+    int rank = int_array(h, hn, "row_shape", shape, IFD_MAX_RANK);
+    if (name == NULL || dtype == NULL || ns < 1 || nr != ns || rank < 0 || tn <= pn ||
+        strncmp(topic, "tensor:", pn) != 0 || nl != tn - pn || memcmp(topic + pn, name, nl) ||
+        !((dl == 7 && memcmp(dtype, "float32", 7) == 0) ||
+          (dl == 5 && memcmp(dtype, "int32", 5) == 0))) {
+        snprintf(why, whylen, "a header that does not name its topic's tensor: %.*s",
+                 (int)(hn < 100 ? hn : 100), h);
+        return -1;
+    }
+    int64_t row = 4, total = 0;
+    for (int i = 0; i < rank; i++)
+        row *= shape[i];
+    for (int i = 0; i < ns; i++) {
+        if (i && steps[i] != steps[i - 1] + 1) {
+            snprintf(why, whylen, "%.*s: step %lld after %lld", (int)nl, name, (long long)steps[i],
+                     (long long)steps[i - 1]);
+            return -1;
+        }
+        total += rows[i] * row;
+    }
+    if ((size_t)total != zmq_msg_size(&f[2])) {
+        snprintf(why, whylen, "%.*s: %zu bytes of data for %lld", (int)nl, name,
+                 zmq_msg_size(&f[2]), (long long)total);
+        return -1;
+    }
+    return ns;
+}
+
+/* Takes every message sub holds now (a message's frames arrive together), checked. */
+static void read_messages(pub_run *p, void *sub)
+{
+    for (;;) {
+        zmq_msg_t f[4];
+        int n = 0, more = 1;
+        for (; more; n++) {
+            zmq_msg_init(&f[n < 3 ? n : 3]);
+            if (zmq_msg_recv(&f[n < 3 ? n : 3], sub, n ? 0 : ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&f[n < 3 ? n : 3]);
+                if (n == 0)
+                    return;
+                break;
+            }
+            more = zmq_msg_more(&f[n < 3 ? n : 3]);
+            if (n >= 3)
+                zmq_msg_close(&f[3]);
+        }
+        int64_t st = n == 3 ? check_tensor(f, p->why, sizeof p->why) : -1;
+        if (st < 0 && n != 3)
+            snprintf(p->why, sizeof p->why, "a message of %d frames", n);
+        if (st < 0)
+            p->bad++;
+        else
+            p->got_steps += st;
+        __atomic_add_fetch(&p->got, 1, __ATOMIC_RELEASE);
+        for (int i = 0; i < (n < 3 ? n : 3); i++)
+            zmq_msg_close(&f[i]);
+    }
+}
 
 static void *read_all(void *arg)
 {
@@ -162,14 +284,8 @@ static void *read_all(void *arg)
     while (!__atomic_load_n(&p->stop, __ATOMIC_ACQUIRE)) {
         if (zmq_poll(it, 2, 20) <= 0)
             continue;
-        for (int k = 0; k < 2; k++) {
-            zmq_msg_t m;
-            zmq_msg_init(&m);
-            while (zmq_msg_recv(&m, p->subs[k], ZMQ_DONTWAIT) >= 0)
-                if (!zmq_msg_more(&m))
-                    p->got++;
-            zmq_msg_close(&m);
-        }
+        for (int k = 0; k < 2; k++)
+            read_messages(p, p->subs[k]);
     }
     return NULL;
 }
@@ -179,6 +295,9 @@ static void pub_open(pub_run *p, int way)
     memset(p, 0, sizeof *p);
     ifd_error err;
     p->zctx = zmq_ctx_new();
+    p->sctx = zmq_ctx_new();
+    /* the subscribers' I/O thread is named "1/ZMQbg/IO/0", the daemon's "ZMQbg/IO/0" */
+    zmq_ctx_set(p->sctx, ZMQ_THREAD_NAME_PREFIX, 1);
     char ipc[96];
     snprintf(ipc, sizeof ipc, "ipc:///tmp/bench_outfeed-%d", (int)getpid());
     if (ifd_publisher_create(&p->pub, p->zctx, way == OUT16_IPC ? ipc : "tcp://127.0.0.1:*", NULL,
@@ -188,7 +307,7 @@ static void pub_open(pub_run *p, int way)
         exit(1);
     }
     for (int k = 0; k < 2; k++) {
-        p->subs[k] = zmq_socket(p->zctx, ZMQ_SUB);
+        p->subs[k] = zmq_socket(p->sctx, ZMQ_SUB);
         zmq_connect(p->subs[k], ifd_publisher_endpoint(p->pub));
         for (int i = k * NALL / 2; i < (k + 1) * NALL / 2; i++) {
             char topic[64];
@@ -202,17 +321,32 @@ static void pub_open(pub_run *p, int way)
     ifd_thread_start(&p->reader, "bench-sub", read_all, p);
 }
 
-static void pub_close(pub_run *p)
+/* Stops the publisher (what it gathered goes out), lets the reader take what was sent (until a
+ * second passes without a message: ZeroMQ may have dropped some for a slow reader), then closes
+ * it all. *st: the publisher's counts. */
+static void pub_close(pub_run *p, ifd_publisher_tensors *st)
 {
+    ifd_publisher_stop(p->pub);
+    ifd_publisher_tensor_stats(p->pub, st);
+    int64_t seen = -1, idle_since = ifd_clock_ns();
+    for (int64_t got; (got = __atomic_load_n(&p->got, __ATOMIC_ACQUIRE)) < st->sent;
+         ifd_sleep_ns(1000000))
+        if (got != seen)
+            seen = got, idle_since = ifd_clock_ns();
+        else if (ifd_clock_ns() - idle_since > 1000000000)
+            break;
     __atomic_store_n(&p->stop, 1, __ATOMIC_RELEASE);
     ifd_thread_join(&p->reader);
     for (int k = 0; k < 2; k++)
         zmq_close(p->subs[k]);
     ifd_publisher_destroy(p->pub);
+    zmq_ctx_term(p->sctx);
     zmq_ctx_term(p->zctx);
 }
 
-static int64_t g_pub_sent, g_pub_steps; /* out16+pub: the last run's messages, their steps */
+/* out16+pub (else out16+ipc): the last run's messages and their steps, published and read */
+static int64_t g_pub_sent, g_pub_steps, g_pub_got, g_pub_got_steps, g_pub_bad;
+static char g_pub_why[160];
 
 /* The process's CPU time (user and system, all threads) in seconds. */
 static double cpu_seconds(void)
@@ -276,11 +410,14 @@ static double run_once(int way, int64_t steps, int64_t *sunk, double *cpu_us)
     *sunk = k.bytes;
     if (pub) {
         ifd_publisher_tensors st;
-        ifd_publisher_tensor_stats(pr.pub, &st);
-        pub_close(&pr);
-        *sunk = pr.got;
+        pub_close(&pr, &st);
         g_pub_sent = st.sent;
         g_pub_steps = st.sent_steps;
+        g_pub_got = pr.got;
+        g_pub_got_steps = pr.got_steps;
+        g_pub_bad += pr.bad;
+        if (pr.bad && g_pub_why[0] == '\0')
+            snprintf(g_pub_why, sizeof g_pub_why, "%s", pr.why);
     }
     return (double)steps * 1e9 / (double)(t1 - t0);
 }
@@ -339,7 +476,7 @@ int main(int argc, char **argv)
     }
     register_out16();
     double rate[NWAYS][64], cpu[NWAYS][64];
-    int64_t sunk = 0, read = 0;
+    int64_t sunk = 0;
     for (int k = 0; k < repeat; k++)
         for (int w = 0; w < NWAYS; w++) {
             if (!on[w])
@@ -348,8 +485,6 @@ int main(int argc, char **argv)
             rate[w][k] = run_once(w, steps, &b, &cpu[w][k]);
             if (w == OUT16_SUB)
                 sunk = b;
-            if (w == OUT16_PUB || (w == OUT16_IPC && !on[OUT16_PUB]))
-                read = b;
         }
     ifd_blas_info info;
     ifd_blas_info_get(&info);
@@ -360,11 +495,19 @@ int main(int argc, char **argv)
     if (on[OUT16_SUB])
         printf("out16+sub: the sink took %.1f MB a run (%.0f bytes a step)\n", (double)sunk / 1e6,
                (double)sunk / (double)steps);
-    if (on[OUT16_PUB] || on[OUT16_IPC])
+    if (on[OUT16_PUB] || on[OUT16_IPC]) {
         printf("%s: %lld tensor messages published in the last run (%.2f a step, %lld tensor "
-               "steps: %d tensors a step), %lld read by the subscribers\n",
-               on[OUT16_PUB] ? "out16+pub" : "out16+ipc", (long long)g_pub_sent,
-               (double)g_pub_sent / (double)steps, (long long)g_pub_steps, NALL, (long long)read);
+               "steps: %d tensors a step), %lld read and checked by the subscribers (%lld "
+               "tensor steps)\n",
+               on[OUT16_IPC] ? "out16+ipc" : "out16+pub", (long long)g_pub_sent,
+               (double)g_pub_sent / (double)steps, (long long)g_pub_steps, NALL,
+               (long long)g_pub_got, (long long)g_pub_got_steps);
+        if (g_pub_bad) {
+            fprintf(stderr, "bench_outfeed: %lld tensor messages failed the check, the first: %s\n",
+                    (long long)g_pub_bad, g_pub_why);
+            return 1;
+        }
+    }
     printf("%-10s %12s %12s %10s %10s %8s %10s\n", "way", "steps/s", "best", "x plain", "slower",
            "target", "cpu_us/st");
     double med[NWAYS], best[NWAYS], cpu_med[NWAYS];
