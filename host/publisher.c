@@ -85,6 +85,8 @@ struct ifd_publisher {
     const char *const *acc_names;
     unsigned acc_gen;
     size_t pending_bytes, pending_steps;
+    int unwoken;   /* atomic: tensor messages were queued without waking the thread */
+    int64_t wakes; /* atomic: the thread woken for what was queued */
     ifd_tensor_sink tsink;
     char mode[16]; /* the run's, in the tensor messages' headers */
     char bound[IFD_ENDPOINT_MAX];
@@ -92,6 +94,8 @@ struct ifd_publisher {
 
 static void wake(ifd_publisher *p)
 {
+    __atomic_store_n(&p->unwoken, 0, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&p->wakes, 1, __ATOMIC_RELAXED);
     uint64_t one = 1;
     ssize_t n = write(p->efd, &one, sizeof one);
     (void)n; /* EAGAIN: the counter is already non-zero, the thread will wake */
@@ -287,6 +291,8 @@ static int flush_acc(ifd_publisher *p, tensor_acc *a, int *pushed, ifd_error *er
         p->largest = bytes;
     if (go)
         outbox_push(p, m);
+    int urgent =
+        go && (p->tensor_bytes >= IFD_PUB_TENSOR_WAKE_BYTES || p->len >= IFD_OUTBOX_MAX / 2);
     ifd_mutex_unlock(&p->mu);
     if (grew) /* the bound, said again whenever the largest message doubles */
         IFD_LOG_INFO("publish: tensor messages hold at most %.1f MiB waiting in the outbox and "
@@ -298,8 +304,8 @@ static int flush_acc(ifd_publisher *p, tensor_acc *a, int *pushed, ifd_error *er
                      IFD_PUB_TENSOR_MESSAGE_BYTES >> 10, IFD_PUB_TENSORS_MAX);
     if (!go)
         outmsg_free(m);
-    else
-        *pushed = 1;
+    else if (*pushed < 1 + urgent)
+        *pushed = 1 + urgent;
     return IFD_OK;
 }
 
@@ -312,7 +318,7 @@ static int flush_all(ifd_publisher *p, ifd_error *err)
         if (rc == IFD_OK)
             rc = r;
     }
-    if (pushed)
+    if (pushed || __atomic_load_n(&p->unwoken, __ATOMIC_RELAXED))
         wake(p);
     return rc;
 }
@@ -421,8 +427,10 @@ static int tensor_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
         if (p->accs[i].want)
             rc = acc_add(p, &p->accs[i], t->global_step, &t->tensors[i], &pushed, err);
     ifd_mutex_unlock(&p->acc_mu);
-    if (pushed)
+    if (pushed > 1)
         wake(p);
+    else if (pushed) /* they wait for the loop's end (tensor_flush) */
+        __atomic_store_n(&p->unwoken, 1, __ATOMIC_RELAXED);
     return rc;
 }
 
@@ -430,7 +438,8 @@ static int tensor_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
 static int tensor_flush(void *ctx, ifd_error *err)
 {
     ifd_publisher *p = ctx;
-    if (__atomic_load_n(&p->pending_steps, __ATOMIC_RELAXED) == 0)
+    if (__atomic_load_n(&p->pending_steps, __ATOMIC_RELAXED) == 0 &&
+        !__atomic_load_n(&p->unwoken, __ATOMIC_RELAXED))
         return IFD_OK;
     ifd_mutex_lock(&p->acc_mu);
     int rc = flush_all(p, err);
@@ -596,6 +605,7 @@ void ifd_publisher_tensor_stats(ifd_publisher *p, ifd_publisher_tensors *st)
     st->outbox_bytes = (int64_t)p->tensor_bytes;
     st->largest = (int64_t)p->largest;
     st->rate = (int64_t)p->rate;
+    st->wakes = __atomic_load_n(&p->wakes, __ATOMIC_RELAXED);
     ifd_mutex_unlock(&p->mu);
 }
 

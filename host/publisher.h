@@ -10,11 +10,17 @@
 #ifndef IFD_HOST_PUBLISHER_H
 #define IFD_HOST_PUBLISHER_H
 
+#include "host/limits.h"
 #include "host/monitor.h"
 #include "host/security.h"
 #include <infeed/infeed.h>
 
 typedef struct ifd_publisher ifd_publisher;
+
+/* Tensor messages queued between loop ends wake the publisher thread once this many bytes wait
+ * (a sixteenth of the outbox's bound), else at the loop's end: one wake-up of the thread, of
+ * libzmq's I/O thread and of a subscriber for a loop's messages instead of one each. */
+#define IFD_PUB_TENSOR_WAKE_BYTES (IFD_PUB_TENSOR_OUTBOX_BYTES / 16)
 
 /* Binds endpoint (the error names it and libzmq's reason). Its connections are bounded
  * (host/conns.h): at most max_connections, and at most IFD_PUB_SUBS_MAX subscriptions each.
@@ -35,6 +41,8 @@ ifd_sink *ifd_publisher_sink(ifd_publisher *p);
  * (C order, little-endian). A message holds consecutive steps of one tensor and goes out at the
  * end of each device loop (the sink's flush), before any summary, when it reaches
  * IFD_PUB_TENSOR_MESSAGE_BYTES or IFD_PUB_TENSOR_STEPS_MAX steps, and when the publisher stops.
+ * A message that goes before the loop's end waits in the outbox for the loop's end too (one
+ * wake-up of the publisher thread a loop), unless IFD_PUB_TENSOR_WAKE_BYTES wait there.
  * Nothing is copied for a tensor nobody asked for. Messages beyond the byte rate, or beyond
  * IFD_PUB_TENSOR_OUTBOX_BYTES waiting in the outbox, are dropped whole, never waited for.
  */
@@ -49,6 +57,7 @@ typedef struct ifd_publisher_tensors {
     int64_t outbox_bytes, largest;                    /* waiting now; the largest message so far */
     int64_t pending_bytes;                            /* data of the steps being gathered now */
     int64_t rate;                                     /* bytes a second */
+    int64_t wakes; /* the publisher thread woken for queued messages (summaries included) */
 } ifd_publisher_tensors;
 void ifd_publisher_tensor_stats(ifd_publisher *p, ifd_publisher_tensors *st);
 

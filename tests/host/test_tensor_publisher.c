@@ -398,6 +398,96 @@ START_TEST(the_byte_rate_drops_what_exceeds_it)
 }
 END_TEST
 
+/* Steps of one tensor x, rows rows of 256 floats each, written from step *at on (one loop,
+ * no flush); their tensors in ts[0..n). */
+static void write_loop(pub_fixture *f, ifd_rng *rng, int64_t *at, ifd_tensor *ts, int64_t n,
+                       int64_t min_rows, int64_t max_rows)
+{
+    const char *const names[1] = {"x"};
+    int64_t row[1] = {256};
+    for (int64_t s = 0; s < n; s++) {
+        random_rows(rng, &ts[s], IFD_F32, 2, row, rand_between(rng, min_rows, max_rows));
+        write_step(f, (*at)++, 1, names, &ts[s]);
+    }
+}
+
+/* The messages of a loop that fill before its end wait for it: the publisher thread is woken
+ * once a loop, not once a message (each wake-up is one of libzmq's I/O thread and of every
+ * subscriber too). Loops of up to 960 KiB, under IFD_PUB_TENSOR_WAKE_BYTES; each loop's steps
+ * arrive, in order, before the next loop is written. */
+START_TEST(a_loop_s_messages_wake_the_publisher_once)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    pub_fixture f;
+    fixture_open(&f, INT64_C(1) << 40);
+    subscribe_all(&f, (const char *const[]){"x"}, 1);
+    ifd_publisher_tensors st;
+    ifd_publisher_tensor_stats(f.pub, &st);
+    int64_t wakes0 = st.wakes, at = rand_between(&rng, 0, 1000);
+    int loops = (int)rand_between(&rng, 1, 5);
+    for (int l = 0; l < loops; l++) {
+        /* 12 to 40 steps of 8 to 24 KiB: two messages a loop at least; the first loop's steps
+         * 16 KiB each, 4 to a message, so that its last message fills at its last step and
+         * nothing is left gathering when it ends */
+        int64_t n = l == 0 ? 4 * rand_between(&rng, 3, 10) : rand_between(&rng, 12, 40);
+        int64_t step[40], loop[40] = {0};
+        ifd_tensor ts[40];
+        for (int64_t s = 0; s < n; s++)
+            step[s] = at + s;
+        write_loop(&f, &rng, &at, ts, n, l == 0 ? 16 : 8, l == 0 ? 16 : 24);
+        ck_assert_int_lt(n * 24 * 1024, IFD_PUB_TENSOR_WAKE_BYTES);
+        flush_loop(&f);
+        expect_steps(f.sub, "x", step, ts, n, loop);
+        for (int64_t s = 0; s < n; s++)
+            free(ts[s].data);
+    }
+    ifd_publisher_tensor_stats(f.pub, &st);
+    RASSERT(st.sent >= 2 * loops, "%lld messages in %d loops", (long long)st.sent, loops);
+    RASSERT(st.wakes - wakes0 == loops,
+            "the publisher thread was woken %lld times for %lld messages in %d loops",
+            (long long)(st.wakes - wakes0), (long long)st.sent, loops);
+    fixture_close(&f);
+}
+END_TEST
+
+/* A long loop does not wait for its end once IFD_PUB_TENSOR_WAKE_BYTES of its messages wait in
+ * the outbox: the publisher thread is woken before the loop ends (its own poll's timeout, a
+ * tenth of a second, could take some of them meanwhile: written until the wake, up to 8 times
+ * the mark), and every step arrives in order. */
+START_TEST(a_long_loop_wakes_the_publisher_at_the_mark)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    pub_fixture f;
+    fixture_open(&f, INT64_C(1) << 40);
+    subscribe_all(&f, (const char *const[]){"x"}, 1);
+    ifd_publisher_tensors st;
+    ifd_publisher_tensor_stats(f.pub, &st);
+    int64_t wakes0 = st.wakes, at = rand_between(&rng, 0, 1000), first = at;
+    enum { MAX_STEPS = 8 * IFD_PUB_TENSOR_WAKE_BYTES / (8 * 1024) };
+    ifd_tensor *ts = calloc(MAX_STEPS, sizeof *ts);
+    int64_t *step = calloc(MAX_STEPS, sizeof *step), *loop = calloc(MAX_STEPS, sizeof *loop);
+    int64_t n = 0;
+    while (n < MAX_STEPS && st.wakes == wakes0) {
+        step[n] = at;
+        write_loop(&f, &rng, &at, &ts[n], 1, 8, 64);
+        n++;
+        ifd_publisher_tensor_stats(f.pub, &st);
+    }
+    RASSERT(st.wakes > wakes0, "%lld steps of a loop from step %lld, no wake-up", (long long)n,
+            (long long)first);
+    flush_loop(&f);
+    expect_steps(f.sub, "x", step, ts, n, loop);
+    for (int64_t s = 0; s < n; s++)
+        free(ts[s].data);
+    free(ts);
+    free(step);
+    free(loop);
+    fixture_close(&f);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("tensor_publisher");
@@ -405,5 +495,7 @@ int main(void)
     tcase_add_loop_test(tc, asked_tensors_arrive_in_order_and_others_are_not_sent, 0, 8);
     tcase_add_loop_test(tc, a_summary_goes_after_the_steps_before_it, 0, 4);
     tcase_add_loop_test(tc, the_byte_rate_drops_what_exceeds_it, 0, 4);
+    tcase_add_loop_test(tc, a_loop_s_messages_wake_the_publisher_once, 0, 4);
+    tcase_add_loop_test(tc, a_long_loop_wakes_the_publisher_at_the_mark, 0, 2);
     return tu_run_suite(s);
 }
