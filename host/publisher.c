@@ -291,8 +291,8 @@ static int flush_acc(ifd_publisher *p, tensor_acc *a, int *pushed, ifd_error *er
         p->largest = bytes;
     if (go)
         outbox_push(p, m);
-    int urgent =
-        go && (p->tensor_bytes >= IFD_PUB_TENSOR_WAKE_BYTES || p->len >= IFD_OUTBOX_MAX / 2);
+    int urgent = go && (p->tensor_bytes >= IFD_PUB_TENSOR_WAKE_BYTES ||
+                        p->len >= IFD_PUB_TENSOR_WAKE_MESSAGES);
     ifd_mutex_unlock(&p->mu);
     if (grew) /* the bound, said again whenever the largest message doubles */
         IFD_LOG_INFO("publish: tensor messages hold at most %.1f MiB waiting in the outbox and "

@@ -17,10 +17,12 @@
 
 typedef struct ifd_publisher ifd_publisher;
 
-/* Tensor messages queued between loop ends wake the publisher thread once this many bytes wait
- * (a sixteenth of the outbox's bound), else at the loop's end: one wake-up of the thread, of
- * libzmq's I/O thread and of a subscriber for a loop's messages instead of one each. */
+/* Tensor messages queued between loop ends wake the publisher thread once this many bytes (a
+ * sixteenth of the outbox's bound) or messages (a quarter of a subscriber's queue, which a burst
+ * must not fill) wait, else at the loop's end: one wake-up of the thread, of libzmq's I/O thread
+ * and of a subscriber for a loop's messages instead of one each. */
 #define IFD_PUB_TENSOR_WAKE_BYTES (IFD_PUB_TENSOR_OUTBOX_BYTES / 16)
+#define IFD_PUB_TENSOR_WAKE_MESSAGES (IFD_PUB_SNDHWM / 4)
 
 /* Binds endpoint (the error names it and libzmq's reason). Its connections are bounded
  * (host/conns.h): at most max_connections, and at most IFD_PUB_SUBS_MAX subscriptions each.
@@ -42,7 +44,8 @@ ifd_sink *ifd_publisher_sink(ifd_publisher *p);
  * end of each device loop (the sink's flush), before any summary, when it reaches
  * IFD_PUB_TENSOR_MESSAGE_BYTES or IFD_PUB_TENSOR_STEPS_MAX steps, and when the publisher stops.
  * A message that goes before the loop's end waits in the outbox for the loop's end too (one
- * wake-up of the publisher thread a loop), unless IFD_PUB_TENSOR_WAKE_BYTES wait there.
+ * wake-up of the publisher thread a loop), unless IFD_PUB_TENSOR_WAKE_BYTES or
+ * IFD_PUB_TENSOR_WAKE_MESSAGES wait there.
  * Nothing is copied for a tensor nobody asked for. Messages beyond the byte rate, or beyond
  * IFD_PUB_TENSOR_OUTBOX_BYTES waiting in the outbox, are dropped whole, never waited for.
  */
