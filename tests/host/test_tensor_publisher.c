@@ -245,6 +245,16 @@ static int expect_steps(void *sock, const char *name, const int64_t *step, const
     return most;
 }
 
+/* Frees n steps' tensors and the arrays of a test's steps. */
+static void free_steps(ifd_tensor *ts, int64_t n, int64_t *step, int64_t *loop)
+{
+    for (int64_t s = 0; s < n; s++)
+        free(ts[s].data);
+    free(ts);
+    free(step);
+    free(loop);
+}
+
 /* What a subscriber asks for arrives, what it does not is never sent: random steps (rows that
  * differ from step to step, sizes on both sides of IFD_PUB_TENSOR_MESSAGE_BYTES) in loops of
  * random length; a message gathers consecutive steps of one loop, and everything gathered goes
@@ -306,11 +316,7 @@ START_TEST(asked_tensors_arrive_in_order_and_others_are_not_sent)
     /* unsubscribed: the tensor is no longer asked for */
     subscribe(&f, "tensor:wanted", 0);
     wait_wants(&f, "wanted", 0);
-    for (int64_t s = 0; s < steps; s++)
-        free(ts[s].data);
-    free(ts);
-    free(step);
-    free(loop);
+    free_steps(ts, steps, step, loop);
     fixture_close(&f);
 }
 END_TEST
@@ -415,6 +421,17 @@ static void write_loop(pub_fixture *f, ifd_rng *rng, int64_t *at, ifd_tensor *ts
     }
 }
 
+/* A publisher without a byte rate to speak of and a subscriber to tensor x; the wake-ups so
+ * far. */
+static int64_t open_for_x(pub_fixture *f)
+{
+    fixture_open(f, INT64_C(1) << 40);
+    subscribe_all(f, (const char *const[]){"x"}, 1);
+    ifd_publisher_tensors st;
+    ifd_publisher_tensor_stats(f->pub, &st);
+    return st.wakes;
+}
+
 /* The messages of a loop that fill before its end wait for it: the publisher thread is woken
  * once a loop, not once a message (each wake-up is one of libzmq's I/O thread and of every
  * subscriber too). Loops of up to 960 KiB, under IFD_PUB_TENSOR_WAKE_BYTES; each loop's steps
@@ -424,11 +441,8 @@ START_TEST(a_loop_s_messages_wake_the_publisher_once)
     ifd_rng rng;
     seed_rng(&rng);
     pub_fixture f;
-    fixture_open(&f, INT64_C(1) << 40);
-    subscribe_all(&f, (const char *const[]){"x"}, 1);
+    int64_t wakes0 = open_for_x(&f), at = rand_between(&rng, 0, 1000);
     ifd_publisher_tensors st;
-    ifd_publisher_tensor_stats(f.pub, &st);
-    int64_t wakes0 = st.wakes, at = rand_between(&rng, 0, 1000);
     int loops = (int)rand_between(&rng, 1, 5);
     for (int l = 0; l < loops; l++) {
         /* 12 to 40 steps of 8 to 24 KiB: two messages a loop at least; the first loop's steps
@@ -466,12 +480,9 @@ START_TEST(a_long_loop_wakes_the_publisher_at_the_mark)
     ifd_rng rng;
     seed_rng(&rng);
     pub_fixture f;
-    fixture_open(&f, INT64_C(1) << 40);
-    subscribe_all(&f, (const char *const[]){"x"}, 1);
-    ifd_publisher_tensors st;
-    ifd_publisher_tensor_stats(f.pub, &st);
+    int64_t wakes0 = open_for_x(&f), at = rand_between(&rng, 0, 1000), first = at;
+    ifd_publisher_tensors st = {.wakes = wakes0};
     int by_count = (int)(_i % 2); /* the loop's index: each mark */
-    int64_t wakes0 = st.wakes, at = rand_between(&rng, 0, 1000), first = at;
     int64_t max_steps =
         by_count ? 3 * IFD_PUB_TENSOR_WAKE_MESSAGES : 8 * IFD_PUB_TENSOR_WAKE_BYTES / (8 * 1024);
     ifd_tensor *ts = calloc((size_t)max_steps, sizeof *ts);
@@ -490,11 +501,7 @@ START_TEST(a_long_loop_wakes_the_publisher_at_the_mark)
             (long long)first, by_count ? "a message each" : "8 to 64 KiB each");
     flush_loop(&f);
     expect_steps(f.sub, "x", step, ts, n, loop);
-    for (int64_t s = 0; s < n; s++)
-        free(ts[s].data);
-    free(ts);
-    free(step);
-    free(loop);
+    free_steps(ts, n, step, loop);
     fixture_close(&f);
 }
 END_TEST
