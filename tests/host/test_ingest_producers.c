@@ -22,7 +22,10 @@ typedef struct t {
     ingest_span frames[IFD_MAX_INPUTS];
 } t;
 
-static void setup(t *x, int input_mode)
+/* An ingest with random settings: at least min_steps steps a message (up to 3) and a credit of
+ * at least min_credit (up to 12). Drawn so, not drawn again until they fit: IFD_TEST_SEED makes
+ * every draw the same. */
+static void setup_min(t *x, int input_mode, int min_steps, int min_credit)
 {
     seed_rng(&x->rng);
     ifd_daemon_config c;
@@ -33,11 +36,17 @@ static void setup(t *x, int input_mode)
     c.run.replicas = (int)rand_between(&x->rng, 1, 3);
     c.run.input_mode = input_mode;
     c.run.batch_size = c.run.replicas * rand_between(&x->rng, 1, 6);
-    c.max_steps_per_message = (int)rand_between(&x->rng, 1, 3);
-    c.credit = (int)rand_between(&x->rng, c.max_steps_per_message, 12);
+    c.max_steps_per_message = (int)rand_between(&x->rng, min_steps > 1 ? min_steps : 1, 3);
+    c.credit = (int)rand_between(
+        &x->rng, c.max_steps_per_message > min_credit ? c.max_steps_per_message : min_credit, 12);
     c.max_producers = (int)rand_between(&x->rng, 2, 6);
     fake_ingest_init(&x->f, &c);
     memset(x->data, 0, sizeof x->data);
+}
+
+static void setup(t *x, int input_mode)
+{
+    setup_min(x, input_mode, 1, 0);
 }
 
 static void teardown(t *x)
@@ -214,12 +223,7 @@ END_TEST
 START_TEST(a_message_of_k_steps_is_k_batches)
 {
     t x;
-    do {
-        setup(&x, IFD_INPUT_PER_HOST);
-        if (x.f.g->pr.max_steps > 1)
-            break;
-        teardown(&x);
-    } while (1);
+    setup_min(&x, IFD_INPUT_PER_HOST, 2, 0);
     int64_t seq = rand_between(&x.rng, 0, 1 << 20);
     hello_named(&x, "c1", "p", seq);
     int k = (int)rand_between(&x.rng, 2, x.f.g->pr.max_steps);
@@ -298,17 +302,6 @@ START_TEST(a_release_wakes_the_io_thread_only_when_it_waits)
 }
 END_TEST
 
-/* A setup whose credit is at least 8, so that a quarter of it is 2 or more. */
-static void setup_credit8(t *x)
-{
-    for (;;) {
-        setup(x, IFD_INPUT_PER_HOST);
-        if (x->f.g->pr.credit >= 8)
-            return;
-        teardown(x);
-    }
-}
-
 /* The next batch of the single FIFO, not released. */
 static ifd_batch *take(t *x)
 {
@@ -326,7 +319,7 @@ static ifd_batch *take(t *x)
 START_TEST(releases_ask_for_acks_by_a_quarter_credit_while_batches_wait)
 {
     t x;
-    setup_credit8(&x);
+    setup_min(&x, IFD_INPUT_PER_HOST, 1, 8); /* a quarter of it: 2 or more */
     ifd_ingest *g = x.f.g;
     int credit = g->pr.credit;
     int64_t every = ingest_ack_wake_steps(g);
@@ -411,7 +404,7 @@ static void *src_wait_main(void *arg)
 START_TEST(a_waiting_infeed_asks_for_acks_at_once)
 {
     t x;
-    setup_credit8(&x);
+    setup_min(&x, IFD_INPUT_PER_HOST, 1, 8); /* a quarter of it: 2 or more */
     ifd_ingest *g = x.f.g;
     int ms = (int)rand_between(&x.rng, 1, 1000);
     hello_named(&x, "c1", "p", 0);
