@@ -299,6 +299,7 @@ ifd_prediction_sink ifd_ingest_prediction_sink(ifd_ingest *g)
 void ingest_send_acks(ifd_ingest *g)
 {
     __atomic_store_n(&g->acks_pending, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&g->acks_due, 0, __ATOMIC_SEQ_CST);
     for (int i = 0; i < g->cfg->max_producers; i++) {
         producer *p = &g->producers[i];
         uint32_t n = 0;

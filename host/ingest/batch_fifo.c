@@ -100,6 +100,22 @@ void ingest_host_batch_spares_free(ifd_ingest *g)
     g->nspare = 0;
 }
 
+int64_t ingest_ack_wake_steps(const ifd_ingest *g)
+{
+    return g->pr.credit >= 4 ? g->pr.credit / 4 : 1;
+}
+
+/* Any thread: asks the I/O thread for ACKs, and wakes it (an eventfd write, and a read and a
+ * pass there) only when it waits or is about to: a busy one sees acks_pending before it polls
+ * (ingest_io_wait_ms). Sequentially consistent on both sides, so that the request sees it
+ * waiting or it sees the request. */
+static void acks_request(ifd_ingest *g)
+{
+    if (__atomic_exchange_n(&g->acks_pending, 1, __ATOMIC_SEQ_CST) == 0 &&
+        __atomic_load_n(&g->io_waiting, __ATOMIC_SEQ_CST))
+        ifd_ingest_wake(g);
+}
+
 /* The runtime's release: any thread, once. The batch is marked done, and the I/O thread frees
  * it (and its share of the frames) when it acknowledges it; hb may be gone once done is set. */
 void ingest_host_batch_release(ifd_batch *b, void *arg)
@@ -111,16 +127,15 @@ void ingest_host_batch_release(ifd_batch *b, void *arg)
     if (fr->slot_busy && hb->slot >= 0) /* its slot is free (the producer waits for the ACK) */
         __atomic_store_n(&fr->slot_busy[hb->slot], -1, __ATOMIC_RELEASE);
     int last = __atomic_sub_fetch(&fr->unreleased, 1, __ATOMIC_ACQ_REL) == 0;
+    int64_t left = __atomic_sub_fetch(&g->queued, 1, __ATOMIC_SEQ_CST);
+    int64_t due = __atomic_add_fetch(&g->acks_due, 1, __ATOMIC_SEQ_CST);
     __atomic_store_n(&hb->done, 1, __ATOMIC_RELEASE);
-    /* The I/O thread is asked to ACK once a message is consumed: a message of several steps
-     * is acknowledged when its last step is, with one ACK (or sooner, on the I/O thread's next
-     * pass), not with a wake-up and an ACK a step. It is woken (an eventfd write, and a read and
-     * a pass there) only when it waits or is about to: a busy one sees acks_pending before it
-     * polls (ingest_io_wait_ms). Sequentially consistent on both sides, so that the release
-     * sees it waiting or it sees the release. */
-    if (last && __atomic_exchange_n(&g->acks_pending, 1, __ATOMIC_SEQ_CST) == 0 &&
-        __atomic_load_n(&g->io_waiting, __ATOMIC_SEQ_CST))
-        ifd_ingest_wake(g);
+    /* A message of several steps is acknowledged when its last step is, with one ACK (or
+     * sooner, on the I/O thread's next pass), and the thread is asked only when the input waits
+     * on the ACKs (ingest_ack_wake_steps); src_pop asks when it starts to wait. */
+    if (last && (left == 0 || due >= ingest_ack_wake_steps(g) ||
+                 __atomic_load_n(&g->fifo.src_waiting, __ATOMIC_SEQ_CST)))
+        acks_request(g);
 }
 
 int ingest_io_wait_ms(ifd_ingest *g, int ms)
@@ -141,8 +156,16 @@ static int src_pop(ifd_ingest *g, int lane, ifd_batch **out, int wait, ifd_error
                              g->fifo.nlanes - 1);
     src_lane *l = &g->fifo.lanes[lane];
     ifd_mutex_lock(&g->fifo.mu);
-    while (wait && l->head == NULL && !g->fifo.closed && !g->fifo.aborted)
-        ifd_cond_wait(&g->fifo.cv, &g->fifo.mu);
+    if (wait && l->head == NULL && !g->fifo.closed && !g->fifo.aborted) {
+        /* The input waits: the releases from now on ask for their ACKs at once, and those
+         * released before are asked for now (the producers may wait for them to send). */
+        __atomic_store_n(&g->fifo.src_waiting, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&g->acks_due, __ATOMIC_SEQ_CST) > 0)
+            acks_request(g);
+        while (l->head == NULL && !g->fifo.closed && !g->fifo.aborted)
+            ifd_cond_wait(&g->fifo.cv, &g->fifo.mu);
+        __atomic_store_n(&g->fifo.src_waiting, 0, __ATOMIC_SEQ_CST);
+    }
     int rc;
     if (g->fifo.aborted) {
         rc = IFD_ESTOPPED;
@@ -197,6 +220,7 @@ static void src_abort(void *ctx)
 void ingest_fifo_push(ifd_ingest *g, host_batch *hb)
 {
     src_lane *l = &g->fifo.lanes[g->fifo.nlanes > 1 ? hb->b.replica : 0];
+    __atomic_add_fetch(&g->queued, 1, __ATOMIC_SEQ_CST);
     hb->qnext = NULL;
     if (l->btail)
         l->btail->qnext = hb;

@@ -209,7 +209,8 @@ typedef struct ingest_fifo {
     int nlanes;
     src_lane *lanes;
     int closed, aborted;
-    position **pos; /* the position table; entries never move */
+    int src_waiting; /* atomic, written under mu: the infeed waits for a batch (src_pop) */
+    position **pos;  /* the position table; entries never move */
     int npos, cap_pos;
     int max_pos;     /* names the table holds at most (4 x max_producers, at least 1024) */
     void *pos_index; /* tsearch tree of the entries by name */
@@ -261,6 +262,8 @@ struct ifd_ingest {
     ingest_stats stats;
     ingest_outboxes out;
     int acks_pending; /* atomic: a release asked the I/O thread for ACKs */
+    int64_t queued;   /* atomic: step batches pushed to the FIFO and not yet released */
+    int64_t acks_due; /* atomic: steps released since the last ACK pass began */
     int io_waiting;   /* atomic: the I/O thread is about to poll, or polling (ingest_io_wait_ms) */
     /* acknowledged batches kept for the next ones (I/O thread; at most pr.credit of them): a
      * batch is allocated and freed on the I/O thread, not once a step (ingest_host_batch_take) */
@@ -417,6 +420,13 @@ host_batch *ingest_host_batch_take(ifd_ingest *g);
 void ingest_host_batch_recycle(ifd_ingest *g, host_batch *hb);
 void ingest_host_batch_spares_free(ifd_ingest *g);
 void ingest_host_batch_release(ifd_batch *b, void *arg);
+/* The ACK wake-up rule (ingest_host_batch_release): the I/O thread is asked for ACKs (and woken
+ * if it waits) when a message's last step is released and the input waits on them: the FIFO and
+ * the rings are empty (queued reaches 0), the infeed waits for a batch (src_waiting), or a
+ * quarter of the credit (ingest_ack_wake_steps) was released since the last ACK pass. While
+ * batches wait in the FIFO, the producers are ahead: their ACKs go out with the I/O thread's
+ * next pass or in bursts, one wake-up for many messages instead of one for each. */
+int64_t ingest_ack_wake_steps(const ifd_ingest *g);
 /* I/O thread, around its poll: the timeout to poll with (0 when a release asked for ACKs while
  * the thread was busy: such a release wakes nobody), and the end of the wait. */
 int ingest_io_wait_ms(ifd_ingest *g, int ms);

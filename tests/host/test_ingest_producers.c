@@ -7,6 +7,7 @@
  */
 #include "tests/util/fake_ingest.h"
 #include "tests/util/testutil.h"
+#include "tests/util/wait.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -21,7 +22,10 @@ typedef struct t {
     ingest_span frames[IFD_MAX_INPUTS];
 } t;
 
-static void setup(t *x, int input_mode)
+/* An ingest with random settings: at least min_steps steps a message (up to 3) and a credit of
+ * at least min_credit (up to 12). Drawn so, not drawn again until they fit: IFD_TEST_SEED makes
+ * every draw the same. */
+static void setup_min(t *x, int input_mode, int min_steps, int min_credit)
 {
     seed_rng(&x->rng);
     ifd_daemon_config c;
@@ -32,11 +36,17 @@ static void setup(t *x, int input_mode)
     c.run.replicas = (int)rand_between(&x->rng, 1, 3);
     c.run.input_mode = input_mode;
     c.run.batch_size = c.run.replicas * rand_between(&x->rng, 1, 6);
-    c.max_steps_per_message = (int)rand_between(&x->rng, 1, 3);
-    c.credit = (int)rand_between(&x->rng, c.max_steps_per_message, 12);
+    c.max_steps_per_message = (int)rand_between(&x->rng, min_steps > 1 ? min_steps : 1, 3);
+    c.credit = (int)rand_between(
+        &x->rng, c.max_steps_per_message > min_credit ? c.max_steps_per_message : min_credit, 12);
     c.max_producers = (int)rand_between(&x->rng, 2, 6);
     fake_ingest_init(&x->f, &c);
     memset(x->data, 0, sizeof x->data);
+}
+
+static void setup(t *x, int input_mode)
+{
+    setup_min(x, input_mode, 1, 0);
 }
 
 static void teardown(t *x)
@@ -213,12 +223,7 @@ END_TEST
 START_TEST(a_message_of_k_steps_is_k_batches)
 {
     t x;
-    do {
-        setup(&x, IFD_INPUT_PER_HOST);
-        if (x.f.g->pr.max_steps > 1)
-            break;
-        teardown(&x);
-    } while (1);
+    setup_min(&x, IFD_INPUT_PER_HOST, 2, 0);
     int64_t seq = rand_between(&x.rng, 0, 1 << 20);
     hello_named(&x, "c1", "p", seq);
     int k = (int)rand_between(&x.rng, 2, x.f.g->pr.max_steps);
@@ -293,6 +298,157 @@ START_TEST(a_release_wakes_the_io_thread_only_when_it_waits)
         ck_assert_int_eq(fake_last(&x.f, "c1")->seq, seq + n - 1);
         seq += n;
     }
+    teardown(&x);
+}
+END_TEST
+
+/* The next batch of the single FIFO, not released. */
+static ifd_batch *take(t *x)
+{
+    ifd_batch_source src = ifd_ingest_source(x->f.g);
+    ifd_batch *b = NULL;
+    ifd_error err;
+    RC_OK(src.ops->try_next(src.ctx, &b, &err), err);
+    return b;
+}
+
+/* While other batches wait in the FIFO (the producers are ahead), a release asks the I/O thread
+ * for ACKs only once a quarter of the credit was released since its last ACK pass, and only on
+ * a message's last step; the release that empties the FIFO asks whatever the count. One wake-up
+ * a request, only while the thread waits; the ACK passes between acknowledge every release. */
+START_TEST(releases_ask_for_acks_by_a_quarter_credit_while_batches_wait)
+{
+    t x;
+    setup_min(&x, IFD_INPUT_PER_HOST, 1, 8); /* a quarter of it: 2 or more */
+    ifd_ingest *g = x.f.g;
+    int credit = g->pr.credit;
+    int64_t every = ingest_ack_wake_steps(g);
+    ck_assert_int_eq(every, credit / 4);
+    hello_named(&x, "c1", "p", 0);
+    int ms = (int)rand_between(&x.rng, 1, 1000);
+    int64_t seq = 0;
+    for (int round = 0; round < 4; round++) {
+        int kmsg[64], nmsg = 0, steps = 0;
+        while (steps < credit) {
+            int k = (int)rand_between(&x.rng, 1, g->pr.max_steps);
+            k = k < credit - steps ? k : credit - steps;
+            batch(&x, "c1", seq + steps, k);
+            kmsg[nmsg++] = k;
+            steps += k;
+        }
+        ck_assert_int_eq(ingest_io_wait_ms(g, ms), ms);
+        int waiting = 1, pending = 0, wakes = x.f.wakes;
+        int64_t due = 0, left = steps, released = seq - 1;
+        for (int m = 0; m < nmsg; m++) {
+            for (int j = 0; j < kmsg[m]; j++) {
+                ifd_batch *b = take(&x);
+                ck_assert_int_eq(b->seq, released + 1);
+                b->release(b, b->release_arg);
+                released++;
+                left--;
+                due++;
+                int ask = j == kmsg[m] - 1 && (left == 0 || due >= every);
+                if (ask && !pending) {
+                    wakes += waiting;
+                    pending = 1;
+                }
+                RASSERT(x.f.wakes == wakes && g->acks_pending == pending,
+                        "release of %" PRId64 " (%" PRId64 " due, %" PRId64 " left, every %" PRId64
+                        "): %d wakes, pending %d; expected %d, %d",
+                        released, due, left, every, x.f.wakes, g->acks_pending, wakes, pending);
+                if (left > 0 && rand_between(&x.rng, 0, 3) == 0) { /* an ACK pass, a wait or not */
+                    ingest_io_awake(g);
+                    ingest_send_acks(g);
+                    ck_assert_int_eq(fake_last(&x.f, "c1")->type, IFD_MSG_ACK);
+                    ck_assert_int_eq(fake_last(&x.f, "c1")->seq, released);
+                    pending = 0;
+                    due = 0;
+                    waiting = (int)rand_between(&x.rng, 0, 1);
+                    ck_assert_int_eq(ingest_io_wait_ms(g, ms), ms);
+                    if (!waiting)
+                        ingest_io_awake(g);
+                }
+            }
+        }
+        ck_assert_int_eq(pending, 1); /* the last release emptied the FIFO */
+        ingest_io_awake(g);
+        ingest_send_acks(g);
+        ck_assert_int_eq(fake_last(&x.f, "c1")->seq, seq + steps - 1);
+        ck_assert_int_eq(g->producers[0].credit, credit);
+        seq += steps;
+    }
+    teardown(&x);
+}
+END_TEST
+
+typedef struct src_waiter {
+    ifd_batch_source src;
+    ifd_batch *b;
+    int rc;
+    ifd_error err;
+    atomic_int tid, done;
+    ifd_thread th;
+} src_waiter;
+
+static void *src_wait_main(void *arg)
+{
+    src_waiter *w = arg;
+    atomic_store(&w->tid, tu_self_tid());
+    w->rc = w->src.ops->next(w->src.ctx, &w->b, &w->err);
+    atomic_store(&w->done, 1);
+    return NULL;
+}
+
+/* The infeed waiting for a batch (the input waits on the producers): the steps released before
+ * are asked for as it starts to wait, and every release while it waits asks at once. */
+START_TEST(a_waiting_infeed_asks_for_acks_at_once)
+{
+    t x;
+    setup_min(&x, IFD_INPUT_PER_HOST, 1, 8); /* a quarter of it: 2 or more */
+    ifd_ingest *g = x.f.g;
+    int ms = (int)rand_between(&x.rng, 1, 1000);
+    hello_named(&x, "c1", "p", 0);
+    int n = (int)rand_between(&x.rng, 3, g->pr.credit - 1);
+    for (int i = 0; i < n; i++)
+        batch(&x, "c1", i, 1);
+    ifd_batch *held[64];
+    for (int i = 0; i < n; i++)
+        held[i] = take(&x);
+    ck_assert_int_eq(ingest_io_wait_ms(g, ms), ms);
+    int wakes = x.f.wakes;
+    held[0]->release(held[0], held[0]->release_arg); /* n - 1 still queued, 1 < a quarter */
+    ck_assert_int_eq(x.f.wakes, wakes);
+    ck_assert_int_eq(g->acks_pending, 0);
+    src_waiter w = {.src = ifd_ingest_source(g), .rc = -1};
+    ck_assert_int_eq(ifd_thread_start(&w.th, "ifd-waiter", src_wait_main, &w), IFD_OK);
+    tu_wait_blocked(&w.tid, &w.done, "the infeed's wait for a batch");
+    ifd_mutex_lock(&g->fifo.mu); /* what the waiter wrote before it slept */
+    ck_assert_int_eq(x.f.wakes, wakes + 1);
+    ck_assert_int_eq(g->acks_pending, 1);
+    ifd_mutex_unlock(&g->fifo.mu);
+    ingest_io_awake(g);
+    ingest_send_acks(g);
+    ck_assert_int_eq(fake_last(&x.f, "c1")->seq, 0);
+    int released = 1;
+    while (released < n - 1) { /* each one asks, while the infeed waits */
+        ck_assert_int_eq(ingest_io_wait_ms(g, ms), ms);
+        held[released]->release(held[released], held[released]->release_arg);
+        ck_assert_int_eq(x.f.wakes, wakes + 1 + released);
+        ck_assert_int_eq(g->acks_pending, 1);
+        ingest_io_awake(g);
+        ingest_send_acks(g);
+        ck_assert_int_eq(fake_last(&x.f, "c1")->seq, released);
+        released++;
+    }
+    batch(&x, "c1", n, 1); /* the waiter's */
+    ifd_thread_join(&w.th);
+    RC_OK(w.rc, w.err);
+    ck_assert_int_eq(w.b->seq, n);
+    held[n - 1]->release(held[n - 1], held[n - 1]->release_arg);
+    w.b->release(w.b, w.b->release_arg);
+    ingest_send_acks(g);
+    ck_assert_int_eq(fake_last(&x.f, "c1")->seq, n);
+    ck_assert_int_eq(g->producers[0].credit, g->pr.credit);
     teardown(&x);
 }
 END_TEST
@@ -528,6 +684,8 @@ int main(void)
     tcase_add_loop_test(tc, released_frames_are_freed_by_the_ack_pass, 0, 10);
     tcase_add_loop_test(tc, acknowledged_batches_are_reused_clean, 0, 10);
     tcase_add_loop_test(tc, a_release_wakes_the_io_thread_only_when_it_waits, 0, 10);
+    tcase_add_loop_test(tc, releases_ask_for_acks_by_a_quarter_credit_while_batches_wait, 0, 10);
+    tcase_add_loop_test(tc, a_waiting_infeed_asks_for_acks_at_once, 0, 5);
     tc = tu_tcase(s, "end", 30);
     tcase_add_loop_test(tc, end_closes_the_stream_and_then_the_input, 0, 10);
     tcase_add_loop_test(tc, expect_producers_keeps_the_input_open_until_that_many_ended, 0, 10);
