@@ -283,6 +283,101 @@ static inline float row_max(const float *s, int64_t n)
     return mx;
 }
 
+/* The first index of the largest of s[0..n) (n >= 1), *mx its value: the max in lanes, then
+ * the first index that holds it: the serial loop's answer (index 0 when s[0] is NaN, whose
+ * compares are false). */
+static inline int64_t row_argmax(const float *s, int64_t n, float *mx)
+{
+    float m = row_max(s, n);
+    *mx = m;
+    if (m != m)
+        return 0;
+    int64_t j = 0;
+    while (j < n - 1 && s[j] != m)
+        j++;
+    return j;
+}
+
+/* Inlined into the IFD_NN_WIDE callers (a helper left out of line is built for the baseline
+ * ISA only). */
+#if defined(__GNUC__)
+#define NN_INLINE static inline __attribute__((always_inline))
+#else
+#define NN_INLINE static inline
+#endif
+
+/* e[j] = exp(z[j] - mx), j < n (z[j] <= mx). */
+NN_INLINE void exp_shifted(const float *z, int64_t n, float mx, float *e)
+{
+    for (int64_t j = 0; j < n; j++)
+        e[j] = nn_exp_neg(z[j] - mx);
+}
+
+/* l[q] += e[j] for j = q mod 16, in order, j < n (a multiple of 16). */
+NN_INLINE void lanes16_add(float *l, const float *e, int64_t n)
+{
+    for (int64_t j = 0; j + 16 <= n; j += 16)
+        for (int q = 0; q < 16; q++)
+            l[q] += e[j + q];
+}
+
+/* sum_j exp(z[j] - mx), j < k: the first k - k mod 16 in 16 float lanes (j mod 16), the lanes
+ * then in order in double, then the rest in order; e (unless NULL) gets each exp. Without e the
+ * exps go through a local block of 256 (16 lanes' multiple): the same sums. */
+NN_INLINE double exp_sum(const float *z, int64_t k, float mx, float *e)
+{
+    float l[16] = {0.0f}, buf[256];
+    int64_t full = k / 16 * 16;
+    if (e) {
+        exp_shifted(z, k, mx, e);
+        lanes16_add(l, e, full);
+    } else {
+        for (int64_t c0 = 0; c0 < full; c0 += 256) {
+            int64_t w = full - c0 < 256 ? full - c0 : 256;
+            exp_shifted(z + c0, w, mx, buf);
+            lanes16_add(l, buf, w);
+        }
+    }
+    double s = 0.0;
+    for (int q = 0; q < 16; q++)
+        s += (double)l[q];
+    for (int64_t j = full; j < k; j++)
+        s += (double)(e ? e[j] : nn_exp_neg(z[j] - mx));
+    return s;
+}
+
+IFD_NN_WIDE double ifd_nn_softmax_xent_rows(int64_t r0, int64_t r1, int64_t k, const float *logits,
+                                            const int32_t *labels, float gscale, float *dlogits,
+                                            int64_t *correct, int32_t *cls, float *conf)
+{
+    double loss = 0.0;
+    int64_t right = 0;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *z = logits + r * k;
+        float mx;
+        int64_t arg = row_argmax(z, k, &mx);
+        float *d = labels ? dlogits + r * k : NULL;
+        float sum = (float)(d ? exp_sum(z, k, mx, d) : exp_sum(z, k, mx, NULL));
+        float inv = 1.0f / sum;
+        if (labels) {
+            int32_t y = labels[r];
+            float ey = d[y];
+            for (int64_t j = 0; j < k; j++)
+                d[j] = gscale * (d[j] * inv);
+            d[y] = gscale * (ey * inv - 1.0f);
+            loss += (double)(mx + logf(sum) - z[y]);
+            right += arg == y;
+        }
+        if (cls)
+            cls[r] = (int32_t)arg;
+        if (conf)
+            conf[r] = inv;
+    }
+    if (correct)
+        *correct += right;
+    return loss;
+}
+
 /* Row i of the scores: the softmax of s[0..i], zero after up to t; exp(s - max) by nn_exp_neg
  * (the loop vectorizes; libm's expf is a call a element). */
 static inline void causal_softmax_row(float *s, int64_t i, int64_t t)

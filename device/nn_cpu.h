@@ -80,6 +80,21 @@ void ifd_nn_gelu_baseline(int64_t n, const float *x, float *y);
 void ifd_nn_gelu_grad_baseline(int64_t n, const float *x, const float *dy, float *dx);
 
 /*
+ * Softmax cross-entropy of rows [r0, r1) of logits [*, k] against labels in [0, k): the outputs
+ * of device/math.h's ifd_math_softmax_xent_classify_row (dlogits = gscale * (softmax - onehot),
+ * the first argmax, its probability), with the exp by nn_cpu.c's vectorized polynomial (GELU's)
+ * and each row's sum of exps in 16 float lanes, then the lanes in order in double (libm's expf a
+ * call an element and one chain of float adds were most of charlm's cross-entropy). Returns the sum
+ * of the rows' losses in row order and adds the rows whose first argmax is the label to *correct
+ * (unless NULL). labels NULL: classify only (dlogits unused). cls and conf may be NULL. The cpu
+ * backend's softmax_xent, softmax_xent_classify and classify all run it, so their outputs agree
+ * bit for bit.
+ */
+double ifd_nn_softmax_xent_rows(int64_t r0, int64_t r1, int64_t k, const float *logits,
+                                const int32_t *labels, float gscale, float *dlogits,
+                                int64_t *correct, int32_t *cls, float *conf);
+
+/*
  * Causal self-attention of `batch` sequences of t positions, `heads` heads of width dh (C =
  * heads * dh). qkv is [batch * t, 3C]: each row's query, key and value, head h's in columns
  * [h dh, (h + 1) dh) of each third. out is [batch * t, C]: head h's output in its columns.

@@ -288,8 +288,7 @@ static void cpu_classify(void *ctx, int64_t rows, int64_t k, const float *logits
                          float *conf)
 {
     (void)ctx;
-    for (int64_t r = 0; r < rows; r++)
-        ifd_math_classify_row(logits, k, r, cls, conf);
+    ifd_nn_softmax_xent_rows(0, rows, k, logits, NULL, 0.0f, NULL, NULL, cls, conf);
 }
 
 static void cpu_copy(void *ctx, void *dst, const void *src, int64_t bytes)
@@ -455,17 +454,10 @@ typedef struct xent_split {
 static void xent_chunk(void *arg, int64_t c)
 {
     xent_split *x = arg;
-    int64_t lo, hi, k = x->s.dim, correct = 0;
+    int64_t lo, hi, correct = 0;
     nn_range(&x->s, c, &lo, &hi);
-    double loss = 0.0;
-    for (int64_t r = lo; r < hi; r++) {
-        int ok;
-        loss += ifd_math_softmax_xent_classify_row(x->s.x + r * k, k, x->labels[r], x->gscale,
-                                                   x->s.y + r * k, &ok, x->cls ? x->cls + r : NULL,
-                                                   x->conf ? x->conf + r : NULL);
-        correct += ok;
-    }
-    x->loss[c] = loss;
+    x->loss[c] = ifd_nn_softmax_xent_rows(lo, hi, x->s.dim, x->s.x, x->labels, x->gscale, x->s.y,
+                                          &correct, x->cls, x->conf);
     x->correct[c] = correct;
 }
 
