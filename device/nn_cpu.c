@@ -6,22 +6,47 @@
 #include <math.h>
 #include <string.h>
 
-/* sum_j a[j] b[j] (b NULL: sum_j a[j]) over j < n in double, in four lanes (j mod 4) then in
- * order: a fixed order that the compiler can pipeline (a single chain of dependent double adds
- * was most of the softmax's and the layer norm's time). */
-static inline double sum4(const float *a, const float *b, int64_t n)
+/* Inlined into the IFD_NN_WIDE callers (a helper left out of line is built for the baseline
+ * ISA only). */
+#if defined(__GNUC__)
+#define NN_INLINE static inline __attribute__((always_inline))
+#else
+#define NN_INLINE static inline
+#endif
+
+/* The sum of 16 lanes in a fixed tree, in float (halves added lane by lane: vector adds), then in
+ * double. */
+NN_INLINE double lanes16_total(float *l)
 {
-    double l0 = 0.0, l1 = 0.0, l2 = 0.0, l3 = 0.0;
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-        l0 += (double)a[j] * (b ? (double)b[j] : 1.0);
-        l1 += (double)a[j + 1] * (b ? (double)b[j + 1] : 1.0);
-        l2 += (double)a[j + 2] * (b ? (double)b[j + 2] : 1.0);
-        l3 += (double)a[j + 3] * (b ? (double)b[j + 3] : 1.0);
+    for (int q = 0; q < 8; q++)
+        l[q] += l[q + 8];
+    for (int q = 0; q < 4; q++)
+        l[q] += l[q + 4];
+    for (int q = 0; q < 2; q++)
+        l[q] += l[q + 2];
+    return (double)(l[0] + l[1]);
+}
+
+/*
+ * sum_j a[j] b[j] (b NULL: sum_j a[j]; sq: sum_j (a[j] - m)^2) over j < n: the first n - n mod 16
+ * terms in 16 float lanes (j mod 16), the lanes then in a fixed tree (lanes16_total), then the
+ * rest in order in double: a fixed order that vectorizes (one chain of dependent adds was most of
+ * the softmax's and the layer norm's time; four double lanes still ran two at a time).
+ */
+NN_INLINE double lane_sum(const float *a, const float *b, int sq, float m, int64_t n)
+{
+    float l[16] = {0.0f};
+    int64_t full = n / 16 * 16;
+    for (int64_t j = 0; j < full; j += 16)
+        for (int q = 0; q < 16; q++) {
+            float d = sq ? a[j + q] - m : a[j + q];
+            l[q] += b ? d * b[j + q] : sq ? d * d : d;
+        }
+    double s = lanes16_total(l);
+    for (int64_t j = full; j < n; j++) {
+        float d = sq ? a[j] - m : a[j];
+        s += (double)(b ? d * b[j] : sq ? d * d : d);
     }
-    double s = (l0 + l1) + (l2 + l3);
-    for (; j < n; j++)
-        s += (double)a[j] * (b ? (double)b[j] : 1.0);
     return s;
 }
 
@@ -48,28 +73,17 @@ void ifd_nn_embedding_grad(int64_t rows, int64_t dim, const int32_t *ids, const 
     ifd_nn_embedding_grad_cols(rows, dim, 0, dim, ids, dout, dtable);
 }
 
-/* The layer norm's sums run in double in four lanes, then in order (sum4): a fixed order. */
+/* The layer norm's sums run in 16 float lanes, then in order (lane_sum): a fixed order. */
 IFD_NN_WIDE void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const float *gamma,
                                   const float *beta, float eps, float *y, float *mean, float *rstd)
 {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
-        float m = (float)(sum4(xr, NULL, dim) / (double)dim);
-        double l[4] = {0.0, 0.0, 0.0, 0.0}, v;
-        int64_t c = 0;
-        for (; c + 4 <= dim; c += 4)
-            for (int k = 0; k < 4; k++) {
-                double d = (double)(xr[c + k] - m);
-                l[k] += d * d;
-            }
-        v = (l[0] + l[1]) + (l[2] + l[3]);
-        for (; c < dim; c++) {
-            double d = (double)(xr[c] - m);
-            v += d * d;
-        }
+        float m = (float)(lane_sum(xr, NULL, 0, 0.0f, dim) / (double)dim);
+        double v = lane_sum(xr, NULL, 1, m, dim);
         float rs = (float)(1.0 / sqrt(v / (double)dim + (double)eps));
         float *yr = y + r * dim;
-        for (c = 0; c < dim; c++)
+        for (int64_t c = 0; c < dim; c++)
             yr[c] = (xr[c] - m) * rs * gamma[c] + beta[c];
         mean[r] = m;
         rstd[r] = rs;
@@ -134,21 +148,20 @@ IFD_NN_WIDE void ifd_nn_layernorm_grad_input(int64_t r0, int64_t r1, int64_t dim
     for (int64_t r = r0; r < r1; r++) {
         const float *xr = x + r * dim, *dyr = dy + r * dim;
         float m = mean[r], rs = rstd[r];
-        /* of dxhat and of dxhat * xhat over the row, in four lanes then in order */
-        double lg[4] = {0.0, 0.0, 0.0, 0.0}, lgx[4] = {0.0, 0.0, 0.0, 0.0}, sum_g, sum_gx;
-        int64_t c = 0;
-        for (; c + 4 <= dim; c += 4)
-            for (int k = 0; k < 4; k++) {
-                float xhat = (xr[c + k] - m) * rs, g = dyr[c + k] * gamma[c + k];
-                lg[k] += g;
-                lgx[k] += (double)g * xhat;
-            }
-        sum_g = (lg[0] + lg[1]) + (lg[2] + lg[3]);
-        sum_gx = (lgx[0] + lgx[1]) + (lgx[2] + lgx[3]);
+        /* of dxhat and of dxhat * xhat over the row, in 16 float lanes, then lanes16_total */
+        float lg[16] = {0.0f}, lgx[16] = {0.0f};
+        int64_t c = 0, full = dim / 16 * 16;
+        for (; c < full; c += 16) /* two loops of one sum each: both vectorize */
+            for (int k = 0; k < 16; k++)
+                lg[k] += dyr[c + k] * gamma[c + k];
+        for (c = 0; c < full; c += 16)
+            for (int k = 0; k < 16; k++)
+                lgx[k] += dyr[c + k] * gamma[c + k] * ((xr[c + k] - m) * rs);
+        double sum_g = lanes16_total(lg), sum_gx = lanes16_total(lgx);
         for (; c < dim; c++) {
-            float xhat = (xr[c] - m) * rs, g = dyr[c] * gamma[c];
-            sum_g += g;
-            sum_gx += (double)g * xhat;
+            float g = dyr[c] * gamma[c];
+            sum_g += (double)g;
+            sum_gx += (double)(g * ((xr[c] - m) * rs));
         }
         float mg = (float)(sum_g / (double)dim), mgx = (float)(sum_gx / (double)dim);
         float *dxr = dx + r * dim;
@@ -298,14 +311,6 @@ static inline int64_t row_argmax(const float *s, int64_t n, float *mx)
     return j;
 }
 
-/* Inlined into the IFD_NN_WIDE callers (a helper left out of line is built for the baseline
- * ISA only). */
-#if defined(__GNUC__)
-#define NN_INLINE static inline __attribute__((always_inline))
-#else
-#define NN_INLINE static inline
-#endif
-
 /* e[j] = exp(z[j] - mx), j < n (z[j] <= mx). */
 NN_INLINE void exp_shifted(const float *z, int64_t n, float mx, float *e)
 {
@@ -322,8 +327,8 @@ NN_INLINE void lanes16_add(float *l, const float *e, int64_t n)
 }
 
 /* sum_j exp(z[j] - mx), j < k: the first k - k mod 16 in 16 float lanes (j mod 16), the lanes
- * then in order in double, then the rest in order; e (unless NULL) gets each exp. Without e the
- * exps go through a local block of 256 (16 lanes' multiple): the same sums. */
+ * then in a fixed tree (lanes16_total), then the rest in order; e (unless NULL) gets each exp.
+ * Without e the exps go through a local block of 256 (16 lanes' multiple): the same sums. */
 NN_INLINE double exp_sum(const float *z, int64_t k, float mx, float *e)
 {
     float l[16] = {0.0f}, buf[256];
@@ -338,9 +343,7 @@ NN_INLINE double exp_sum(const float *z, int64_t k, float mx, float *e)
             lanes16_add(l, buf, w);
         }
     }
-    double s = 0.0;
-    for (int q = 0; q < 16; q++)
-        s += (double)l[q];
+    double s = lanes16_total(l);
     for (int64_t j = full; j < k; j++)
         s += (double)(e ? e[j] : nn_exp_neg(z[j] - mx));
     return s;
@@ -385,7 +388,7 @@ static inline void causal_softmax_row(float *s, int64_t i, int64_t t)
     float mx = row_max(s, i + 1);
     for (int64_t j = 0; j <= i; j++)
         s[j] = nn_exp_neg(s[j] - mx);
-    float inv = (float)(1.0 / sum4(s, NULL, i + 1));
+    float inv = (float)(1.0 / lane_sum(s, NULL, 0, 0.0f, i + 1));
     for (int64_t j = 0; j <= i; j++)
         s[j] *= inv;
     for (int64_t j = i + 1; j < t; j++)
@@ -443,7 +446,7 @@ IFD_NN_WIDE void ifd_nn_attention_grad_head(int64_t t, int64_t heads, int64_t dh
         for (int64_t i = i0; i < cols; i++) {
             const float *pr = p + i * t;
             float *dr = work + i * t;
-            double dot = sum4(pr, dr, i + 1);
+            double dot = lane_sum(pr, dr, 0, 0.0f, i + 1);
             for (int64_t j = 0; j <= i; j++)
                 dr[j] = pr[j] * (dr[j] - (float)dot);
             for (int64_t j = i + 1; j < cols; j++)

@@ -83,7 +83,7 @@ void ifd_nn_gelu_grad_baseline(int64_t n, const float *x, const float *dy, float
  * Softmax cross-entropy of rows [r0, r1) of logits [*, k] against labels in [0, k): the outputs
  * of device/math.h's ifd_math_softmax_xent_classify_row (dlogits = gscale * (softmax - onehot),
  * the first argmax, its probability), with the exp by nn_cpu.c's vectorized polynomial (GELU's)
- * and each row's sum of exps in 16 float lanes, then the lanes in order in double (libm's expf a
+ * and each row's sum of exps in 16 float lanes, then the lanes in a fixed tree (libm's expf a
  * call an element and one chain of float adds were most of charlm's cross-entropy). Returns the sum
  * of the rows' losses in row order and adds the rows whose first argmax is the label to *correct
  * (unless NULL). labels NULL: classify only (dlogits unused). cls and conf may be NULL. The cpu
