@@ -14,6 +14,14 @@
 #define NN_INLINE static inline
 #endif
 
+/* l[q] += e[j] for j = q mod 16, in order, j < n (a multiple of 16). */
+NN_INLINE void lanes16_add(float *l, const float *e, int64_t n)
+{
+    for (int64_t j = 0; j + 16 <= n; j += 16)
+        for (int q = 0; q < 16; q++)
+            l[q] += e[j + q];
+}
+
 /* The sum of 16 lanes in a fixed tree, in float (halves added lane by lane: vector adds), then in
  * double. */
 NN_INLINE double lanes16_total(float *l)
@@ -28,25 +36,47 @@ NN_INLINE double lanes16_total(float *l)
 }
 
 /*
- * sum_j a[j] b[j] (b NULL: sum_j a[j]; sq: sum_j (a[j] - m)^2) over j < n: the first n - n mod 16
- * terms in 16 float lanes (j mod 16), the lanes then in a fixed tree (lanes16_total), then the
- * rest in order in double: a fixed order that vectorizes (one chain of dependent adds was most of
- * the softmax's and the layer norm's time; four double lanes still ran two at a time).
+ * sum_j a[j] (lane_sum), sum_j a[j] b[j] (lane_dot) and sum_j (a[j] - m)^2 (lane_sqdev) over
+ * j < n: the first n - n mod 16 terms in 16 float lanes (j mod 16), the lanes then in a fixed
+ * tree (lanes16_total), then the rest in order in double: a fixed order that vectorizes (one
+ * chain of dependent adds was most of the softmax's and the layer norm's time; four double lanes
+ * still ran two at a time). One plain loop each: GCC vectorizes these, not one loop with the
+ * three cases in it.
  */
-NN_INLINE double lane_sum(const float *a, const float *b, int sq, float m, int64_t n)
+NN_INLINE double lane_sum(const float *a, int64_t n)
+{
+    float l[16] = {0.0f};
+    int64_t full = n / 16 * 16;
+    lanes16_add(l, a, full);
+    double s = lanes16_total(l);
+    for (int64_t j = full; j < n; j++)
+        s += (double)a[j];
+    return s;
+}
+
+NN_INLINE double lane_dot(const float *a, const float *b, int64_t n)
 {
     float l[16] = {0.0f};
     int64_t full = n / 16 * 16;
     for (int64_t j = 0; j < full; j += 16)
-        for (int q = 0; q < 16; q++) {
-            float d = sq ? a[j + q] - m : a[j + q];
-            l[q] += b ? d * b[j + q] : sq ? d * d : d;
-        }
+        for (int q = 0; q < 16; q++)
+            l[q] += a[j + q] * b[j + q];
     double s = lanes16_total(l);
-    for (int64_t j = full; j < n; j++) {
-        float d = sq ? a[j] - m : a[j];
-        s += (double)(b ? d * b[j] : sq ? d * d : d);
-    }
+    for (int64_t j = full; j < n; j++)
+        s += (double)(a[j] * b[j]);
+    return s;
+}
+
+NN_INLINE double lane_sqdev(const float *a, float m, int64_t n)
+{
+    float l[16] = {0.0f};
+    int64_t full = n / 16 * 16;
+    for (int64_t j = 0; j < full; j += 16)
+        for (int q = 0; q < 16; q++)
+            l[q] += (a[j + q] - m) * (a[j + q] - m);
+    double s = lanes16_total(l);
+    for (int64_t j = full; j < n; j++)
+        s += (double)((a[j] - m) * (a[j] - m));
     return s;
 }
 
@@ -73,14 +103,14 @@ void ifd_nn_embedding_grad(int64_t rows, int64_t dim, const int32_t *ids, const 
     ifd_nn_embedding_grad_cols(rows, dim, 0, dim, ids, dout, dtable);
 }
 
-/* The layer norm's sums run in 16 float lanes, then in order (lane_sum): a fixed order. */
+/* The layer norm's sums run in 16 float lanes, then a fixed tree (lane_sum, lane_sqdev). */
 IFD_NN_WIDE void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const float *gamma,
                                   const float *beta, float eps, float *y, float *mean, float *rstd)
 {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
-        float m = (float)(lane_sum(xr, NULL, 0, 0.0f, dim) / (double)dim);
-        double v = lane_sum(xr, NULL, 1, m, dim);
+        float m = (float)(lane_sum(xr, dim) / (double)dim);
+        double v = lane_sqdev(xr, m, dim);
         float rs = (float)(1.0 / sqrt(v / (double)dim + (double)eps));
         float *yr = y + r * dim;
         for (int64_t c = 0; c < dim; c++)
@@ -318,14 +348,6 @@ NN_INLINE void exp_shifted(const float *z, int64_t n, float mx, float *e)
         e[j] = nn_exp_neg(z[j] - mx);
 }
 
-/* l[q] += e[j] for j = q mod 16, in order, j < n (a multiple of 16). */
-NN_INLINE void lanes16_add(float *l, const float *e, int64_t n)
-{
-    for (int64_t j = 0; j + 16 <= n; j += 16)
-        for (int q = 0; q < 16; q++)
-            l[q] += e[j + q];
-}
-
 /* sum_j exp(z[j] - mx), j < k: the first k - k mod 16 in 16 float lanes (j mod 16), the lanes
  * then in a fixed tree (lanes16_total), then the rest in order; e (unless NULL) gets each exp.
  * Without e the exps go through a local block of 256 (16 lanes' multiple): the same sums. */
@@ -388,7 +410,7 @@ static inline void causal_softmax_row(float *s, int64_t i, int64_t t)
     float mx = row_max(s, i + 1);
     for (int64_t j = 0; j <= i; j++)
         s[j] = nn_exp_neg(s[j] - mx);
-    float inv = (float)(1.0 / lane_sum(s, NULL, 0, 0.0f, i + 1));
+    float inv = (float)(1.0 / lane_sum(s, i + 1));
     for (int64_t j = 0; j <= i; j++)
         s[j] *= inv;
     for (int64_t j = i + 1; j < t; j++)
@@ -446,7 +468,7 @@ IFD_NN_WIDE void ifd_nn_attention_grad_head(int64_t t, int64_t heads, int64_t dh
         for (int64_t i = i0; i < cols; i++) {
             const float *pr = p + i * t;
             float *dr = work + i * t;
-            double dot = lane_sum(pr, dr, 0, 0.0f, i + 1);
+            double dot = lane_dot(pr, dr, i + 1);
             for (int64_t j = 0; j <= i; j++)
                 dr[j] = pr[j] * (dr[j] - (float)dot);
             for (int64_t j = i + 1; j < cols; j++)
