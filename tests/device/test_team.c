@@ -185,6 +185,17 @@ START_TEST(test_helpers_take_chunks_after_sleeping)
 }
 END_TEST
 
+/* C[i,j] of alpha op(A) op(B) + beta C0 in double. */
+static double gemm_ref(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                       const float *b, float beta, const float *c0, int64_t i, int64_t j)
+{
+    double ref = beta * (double)c0[i * n + j];
+    for (int64_t l = 0; l < k; l++)
+        ref += alpha * (double)(ta ? a[l * m + i] : a[i * k + l]) *
+               (double)(tb ? b[j * k + l] : b[l * n + j]);
+    return ref;
+}
+
 /* The op set's gemm on a team agrees with one sgemm on the caller and with a double reference,
  * for random shapes above and below the split threshold (split by rows and by columns, ragged
  * last blocks), transposes, alpha and beta; and gives the same bits when run again (a run is
@@ -230,10 +241,7 @@ START_TEST(test_gemm_split)
         split += ifd_team_helped(team) > helped;
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) {
-                double ref = beta * (double)c0[i * n + j];
-                for (int64_t l = 0; l < k; l++)
-                    ref += alpha * (double)(ta ? a[l * m + i] : a[i * k + l]) *
-                           (double)(tb ? b[j * k + l] : b[l * n + j]);
+                double ref = gemm_ref(ta, tb, m, n, k, alpha, a, b, beta, c0, i, j);
                 double tol = 1e-4 * (1.0 + sqrt((double)k));
                 ck_assert_msg(fabs(c1[i * n + j] - ref) <= tol && fabs(c2[i * n + j] - ref) <= tol,
                               "%lldx%lldx%lld ta %d tb %d on %d threads: [%lld,%lld] %g alone, "
@@ -306,10 +314,7 @@ START_TEST(test_gemm_k_split)
         split += trial < 8 && ifd_team_helped(team) > helped;
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) {
-                double ref = beta * (double)c0[i * n + j];
-                for (int64_t l = 0; l < k; l++)
-                    ref += alpha * (double)(ta ? a[l * m + i] : a[i * k + l]) *
-                           (double)(tb ? b[j * k + l] : b[l * n + j]);
+                double ref = gemm_ref(ta, tb, m, n, k, alpha, a, b, beta, c0, i, j);
                 double tol = 1e-4 * (1.0 + sqrt((double)k));
                 ck_assert_msg(fabs(c1[i * n + j] - ref) <= tol,
                               "%lldx%lldx%lld ta %d tb %d: [%lld,%lld] %g, reference %g",
