@@ -73,6 +73,8 @@ static void gemm_one(int ta, int tb, int64_t m, int64_t n, int64_t k, float alph
  */
 #define GEMM_K_CHUNK 1024
 #define GEMM_K_SPLIT_MAX 64
+/* The most floats of scratch a split takes (16 MiB): fewer pieces for a larger C. */
+#define GEMM_K_SCRATCH_FLOATS (1 << 22)
 
 typedef struct gemm_ksplit {
     int ta, tb;
@@ -125,14 +127,16 @@ static float *gemm_scratch_get(size_t floats)
     return s->data;
 }
 
-/* Whether the product splits along k: k at least two pieces and four times C's longer side. */
+/* The pieces of k the product splits into (1: none): k at least two pieces and four times C's
+ * longer side, at most GEMM_K_SPLIT_MAX pieces and GEMM_K_SCRATCH_FLOATS of scratch. */
 static int64_t gemm_k_pieces(int64_t m, int64_t n, int64_t k)
 {
     int64_t side = m > n ? m : n;
     if (k < 2 * GEMM_K_CHUNK || k < 4 * side)
         return 1;
-    int64_t pieces = k / GEMM_K_CHUNK;
-    return pieces > GEMM_K_SPLIT_MAX ? GEMM_K_SPLIT_MAX : pieces;
+    int64_t pieces = k / GEMM_K_CHUNK, most = GEMM_K_SCRATCH_FLOATS / (m * n) + 1;
+    pieces = pieces > GEMM_K_SPLIT_MAX ? GEMM_K_SPLIT_MAX : pieces;
+    return pieces > most ? most : pieces;
 }
 
 static void gemm_kpiece(void *arg, int64_t i)
