@@ -80,6 +80,19 @@ NN_INLINE double lane_sqdev(const float *a, float m, int64_t n)
     return s;
 }
 
+IFD_NN_WIDE void ifd_nn_bias_add_rows(int64_t rows, int64_t dim, const float *bias, float *x)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < dim; j++)
+            x[r * dim + j] += bias[j];
+}
+
+IFD_NN_WIDE void ifd_nn_axpy(int64_t n, float alpha, const float *x, float *y)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += alpha * x[i];
+}
+
 void ifd_nn_embedding(int64_t rows, int64_t dim, const int32_t *ids, const float *table, float *out)
 {
     for (int64_t r = 0; r < rows; r++)

@@ -36,6 +36,11 @@
 #define IFD_NN_WIDE
 #endif
 
+/* x[r, j] += bias[j] over rows [rows, dim] (the op set's bias_add), and y[i] += alpha x[i], i < n
+ * (its add): elementwise, so their AVX-512 and AVX2 builds give the baseline's bits. */
+void ifd_nn_bias_add_rows(int64_t rows, int64_t dim, const float *bias, float *x);
+void ifd_nn_axpy(int64_t n, float alpha, const float *x, float *y);
+
 /* out[r, :] = table[ids[r], :], r < rows; ids in [0, vocab) (checked by the caller). */
 void ifd_nn_embedding(int64_t rows, int64_t dim, const int32_t *ids, const float *table,
                       float *out);

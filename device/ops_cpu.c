@@ -387,8 +387,7 @@ static void add_chunk(void *arg, int64_t c)
     const nn_split *s = arg;
     int64_t lo, hi;
     nn_range(s, c, &lo, &hi);
-    for (int64_t i = lo; i < hi; i++)
-        s->y[i] += s->alpha * s->x[i];
+    ifd_nn_axpy(hi - lo, s->alpha, s->x + lo, s->y + lo);
 }
 
 static void cpu_add(void *ctx, int64_t n, float alpha, const float *x, float *y)
@@ -403,9 +402,7 @@ static void bias_add_chunk(void *arg, int64_t c)
     const nn_split *s = arg;
     int64_t lo, hi;
     nn_range(s, c, &lo, &hi);
-    for (int64_t r = lo; r < hi; r++)
-        for (int64_t j = 0; j < s->dim; j++)
-            s->y[r * s->dim + j] += s->x[j];
+    ifd_nn_bias_add_rows(hi - lo, s->dim, s->x, s->y + lo * s->dim);
 }
 
 static void cpu_bias_add(void *ctx, int64_t rows, int64_t cols, const float *bias, float *x)

@@ -77,11 +77,14 @@ START_TEST(fill_add_and_gelu)
         t.ops[i].gelu(t.ops[i].ctx, n, g, g); /* y may be x */
         free(y), free(g), free(dx);
     }
-    float *y1 = copyf(y0, n), *y2 = copyf(y0, n);
+    float *y1 = copyf(y0, n), *y2 = copyf(y0, n), *y3 = copyf(y0, n);
     t.ops[0].add(NULL, n, alpha, x, y1);
     t.ops[1].add(t.team, n, alpha, x, y2);
     same_bits("add with a team", y2, y1, n);
-    free(x), free(y0), free(dy), free(want), free(wantg), free(y1), free(y2);
+    for (int64_t j = 0; j < n; j++) /* the plain loop's bits (the op's AVX builds: no FMA) */
+        y3[j] += alpha * x[j];
+    same_bits("add against the plain loop", y1, y3, n);
+    free(x), free(y0), free(dy), free(want), free(wantg), free(y1), free(y2), free(y3);
     ifd_team_destroy(t.team);
 }
 END_TEST
