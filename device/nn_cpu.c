@@ -6,23 +6,91 @@
 #include <math.h>
 #include <string.h>
 
-/* sum_j a[j] b[j] (b NULL: sum_j a[j]) over j < n in double, in four lanes (j mod 4) then in
- * order: a fixed order that the compiler can pipeline (a single chain of dependent double adds
- * was most of the softmax's and the layer norm's time). */
-static inline double sum4(const float *a, const float *b, int64_t n)
+/* Inlined into the IFD_NN_WIDE callers (a helper left out of line is built for the baseline
+ * ISA only). */
+#if defined(__GNUC__)
+#define NN_INLINE static inline __attribute__((always_inline))
+#else
+#define NN_INLINE static inline
+#endif
+
+/* l[q] += e[j] for j = q mod 16, in order, j < n (a multiple of 16). */
+NN_INLINE void lanes16_add(float *l, const float *e, int64_t n)
 {
-    double l0 = 0.0, l1 = 0.0, l2 = 0.0, l3 = 0.0;
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-        l0 += (double)a[j] * (b ? (double)b[j] : 1.0);
-        l1 += (double)a[j + 1] * (b ? (double)b[j + 1] : 1.0);
-        l2 += (double)a[j + 2] * (b ? (double)b[j + 2] : 1.0);
-        l3 += (double)a[j + 3] * (b ? (double)b[j + 3] : 1.0);
-    }
-    double s = (l0 + l1) + (l2 + l3);
-    for (; j < n; j++)
-        s += (double)a[j] * (b ? (double)b[j] : 1.0);
+    for (int64_t j = 0; j + 16 <= n; j += 16)
+        for (int q = 0; q < 16; q++)
+            l[q] += e[j + q];
+}
+
+/* The sum of 16 lanes in a fixed tree, in float (halves added lane by lane: vector adds), then in
+ * double. */
+NN_INLINE double lanes16_total(float *l)
+{
+    for (int q = 0; q < 8; q++)
+        l[q] += l[q + 8];
+    for (int q = 0; q < 4; q++)
+        l[q] += l[q + 4];
+    for (int q = 0; q < 2; q++)
+        l[q] += l[q + 2];
+    return (double)(l[0] + l[1]);
+}
+
+/*
+ * sum_j a[j] (lane_sum), sum_j a[j] b[j] (lane_dot) and sum_j (a[j] - m)^2 (lane_sqdev) over
+ * j < n: the first n - n mod 16 terms in 16 float lanes (j mod 16), the lanes then in a fixed
+ * tree (lanes16_total), then the rest in order in double: a fixed order that vectorizes (one
+ * chain of dependent adds was most of the softmax's and the layer norm's time; four double lanes
+ * still ran two at a time). One plain loop each: GCC vectorizes these, not one loop with the
+ * three cases in it.
+ */
+NN_INLINE double lane_sum(const float *a, int64_t n)
+{
+    float l[16] = {0.0f};
+    int64_t full = n / 16 * 16;
+    lanes16_add(l, a, full);
+    double s = lanes16_total(l);
+    for (int64_t j = full; j < n; j++)
+        s += (double)a[j];
     return s;
+}
+
+NN_INLINE double lane_dot(const float *a, const float *b, int64_t n)
+{
+    float l[16] = {0.0f};
+    int64_t full = n / 16 * 16;
+    for (int64_t j = 0; j < full; j += 16)
+        for (int q = 0; q < 16; q++)
+            l[q] += a[j + q] * b[j + q];
+    double s = lanes16_total(l);
+    for (int64_t j = full; j < n; j++)
+        s += (double)(a[j] * b[j]);
+    return s;
+}
+
+NN_INLINE double lane_sqdev(const float *a, float m, int64_t n)
+{
+    float l[16] = {0.0f};
+    int64_t full = n / 16 * 16;
+    for (int64_t j = 0; j < full; j += 16)
+        for (int q = 0; q < 16; q++)
+            l[q] += (a[j + q] - m) * (a[j + q] - m);
+    double s = lanes16_total(l);
+    for (int64_t j = full; j < n; j++)
+        s += (double)((a[j] - m) * (a[j] - m));
+    return s;
+}
+
+IFD_NN_WIDE void ifd_nn_bias_add_rows(int64_t rows, int64_t dim, const float *bias, float *x)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < dim; j++)
+            x[r * dim + j] += bias[j];
+}
+
+IFD_NN_WIDE void ifd_nn_axpy(int64_t n, float alpha, const float *x, float *y)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] += alpha * x[i];
 }
 
 void ifd_nn_embedding(int64_t rows, int64_t dim, const int32_t *ids, const float *table, float *out)
@@ -48,28 +116,17 @@ void ifd_nn_embedding_grad(int64_t rows, int64_t dim, const int32_t *ids, const 
     ifd_nn_embedding_grad_cols(rows, dim, 0, dim, ids, dout, dtable);
 }
 
-/* The layer norm's sums run in double in four lanes, then in order (sum4): a fixed order. */
+/* The layer norm's sums run in 16 float lanes, then a fixed tree (lane_sum, lane_sqdev). */
 IFD_NN_WIDE void ifd_nn_layernorm(int64_t rows, int64_t dim, const float *x, const float *gamma,
                                   const float *beta, float eps, float *y, float *mean, float *rstd)
 {
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = x + r * dim;
-        float m = (float)(sum4(xr, NULL, dim) / (double)dim);
-        double l[4] = {0.0, 0.0, 0.0, 0.0}, v;
-        int64_t c = 0;
-        for (; c + 4 <= dim; c += 4)
-            for (int k = 0; k < 4; k++) {
-                double d = (double)(xr[c + k] - m);
-                l[k] += d * d;
-            }
-        v = (l[0] + l[1]) + (l[2] + l[3]);
-        for (; c < dim; c++) {
-            double d = (double)(xr[c] - m);
-            v += d * d;
-        }
+        float m = (float)(lane_sum(xr, dim) / (double)dim);
+        double v = lane_sqdev(xr, m, dim);
         float rs = (float)(1.0 / sqrt(v / (double)dim + (double)eps));
         float *yr = y + r * dim;
-        for (c = 0; c < dim; c++)
+        for (int64_t c = 0; c < dim; c++)
             yr[c] = (xr[c] - m) * rs * gamma[c] + beta[c];
         mean[r] = m;
         rstd[r] = rs;
@@ -134,21 +191,20 @@ IFD_NN_WIDE void ifd_nn_layernorm_grad_input(int64_t r0, int64_t r1, int64_t dim
     for (int64_t r = r0; r < r1; r++) {
         const float *xr = x + r * dim, *dyr = dy + r * dim;
         float m = mean[r], rs = rstd[r];
-        /* of dxhat and of dxhat * xhat over the row, in four lanes then in order */
-        double lg[4] = {0.0, 0.0, 0.0, 0.0}, lgx[4] = {0.0, 0.0, 0.0, 0.0}, sum_g, sum_gx;
-        int64_t c = 0;
-        for (; c + 4 <= dim; c += 4)
-            for (int k = 0; k < 4; k++) {
-                float xhat = (xr[c + k] - m) * rs, g = dyr[c + k] * gamma[c + k];
-                lg[k] += g;
-                lgx[k] += (double)g * xhat;
-            }
-        sum_g = (lg[0] + lg[1]) + (lg[2] + lg[3]);
-        sum_gx = (lgx[0] + lgx[1]) + (lgx[2] + lgx[3]);
+        /* of dxhat and of dxhat * xhat over the row, in 16 float lanes, then lanes16_total */
+        float lg[16] = {0.0f}, lgx[16] = {0.0f};
+        int64_t c = 0, full = dim / 16 * 16;
+        for (; c < full; c += 16) /* two loops of one sum each: both vectorize */
+            for (int k = 0; k < 16; k++)
+                lg[k] += dyr[c + k] * gamma[c + k];
+        for (c = 0; c < full; c += 16)
+            for (int k = 0; k < 16; k++)
+                lgx[k] += dyr[c + k] * gamma[c + k] * ((xr[c + k] - m) * rs);
+        double sum_g = lanes16_total(lg), sum_gx = lanes16_total(lgx);
         for (; c < dim; c++) {
-            float xhat = (xr[c] - m) * rs, g = dyr[c] * gamma[c];
-            sum_g += g;
-            sum_gx += (double)g * xhat;
+            float g = dyr[c] * gamma[c];
+            sum_g += (double)g;
+            sum_gx += (double)(g * ((xr[c] - m) * rs));
         }
         float mg = (float)(sum_g / (double)dim), mgx = (float)(sum_gx / (double)dim);
         float *dxr = dx + r * dim;
@@ -283,19 +339,105 @@ static inline float row_max(const float *s, int64_t n)
     return mx;
 }
 
-/* Row i of the scores: the softmax of s[0..i], zero after; exp(s - max) by nn_exp_neg (the
- * loop vectorizes; libm's expf is a call a element). */
+/* The first index of the largest of s[0..n) (n >= 1), *mx its value: the max in lanes, then
+ * the first index that holds it: the serial loop's answer (index 0 when s[0] is NaN, whose
+ * compares are false). */
+static inline int64_t row_argmax(const float *s, int64_t n, float *mx)
+{
+    float m = row_max(s, n);
+    *mx = m;
+    if (m != m)
+        return 0;
+    int64_t j = 0;
+    while (j < n - 1 && s[j] != m)
+        j++;
+    return j;
+}
+
+/* e[j] = exp(z[j] - mx), j < n (z[j] <= mx). */
+NN_INLINE void exp_shifted(const float *z, int64_t n, float mx, float *e)
+{
+    for (int64_t j = 0; j < n; j++)
+        e[j] = nn_exp_neg(z[j] - mx);
+}
+
+/* sum_j exp(z[j] - mx), j < k: the first k - k mod 16 in 16 float lanes (j mod 16), the lanes
+ * then in a fixed tree (lanes16_total), then the rest in order; e (unless NULL) gets each exp.
+ * Without e the exps go through a local block of 256 (16 lanes' multiple): the same sums. */
+NN_INLINE double exp_sum(const float *z, int64_t k, float mx, float *e)
+{
+    float l[16] = {0.0f}, buf[256];
+    int64_t full = k / 16 * 16;
+    if (e) {
+        exp_shifted(z, k, mx, e);
+        lanes16_add(l, e, full);
+    } else {
+        for (int64_t c0 = 0; c0 < full; c0 += 256) {
+            int64_t w = full - c0 < 256 ? full - c0 : 256;
+            exp_shifted(z + c0, w, mx, buf);
+            lanes16_add(l, buf, w);
+        }
+    }
+    double s = lanes16_total(l);
+    for (int64_t j = full; j < k; j++)
+        s += (double)(e ? e[j] : nn_exp_neg(z[j] - mx));
+    return s;
+}
+
+IFD_NN_WIDE double ifd_nn_softmax_xent_rows(int64_t r0, int64_t r1, int64_t k, const float *logits,
+                                            const int32_t *labels, float gscale, float *dlogits,
+                                            int64_t *correct, int32_t *cls, float *conf)
+{
+    double loss = 0.0;
+    int64_t right = 0;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *z = logits + r * k;
+        float mx;
+        int64_t arg = row_argmax(z, k, &mx);
+        float *d = labels ? dlogits + r * k : NULL;
+        float sum = (float)(d ? exp_sum(z, k, mx, d) : exp_sum(z, k, mx, NULL));
+        float inv = 1.0f / sum;
+        if (labels) {
+            int32_t y = labels[r];
+            float ey = d[y];
+            for (int64_t j = 0; j < k; j++)
+                d[j] = gscale * (d[j] * inv);
+            d[y] = gscale * (ey * inv - 1.0f);
+            loss += (double)(mx + logf(sum) - z[y]);
+            right += arg == y;
+        }
+        if (cls)
+            cls[r] = (int32_t)arg;
+        if (conf)
+            conf[r] = inv;
+    }
+    if (correct)
+        *correct += right;
+    return loss;
+}
+
+/* Row i of the scores: the softmax of s[0..i], zero after up to t; exp(s - max) by nn_exp_neg
+ * (the loop vectorizes; libm's expf is a call a element). */
 static inline void causal_softmax_row(float *s, int64_t i, int64_t t)
 {
     float mx = row_max(s, i + 1);
     for (int64_t j = 0; j <= i; j++)
         s[j] = nn_exp_neg(s[j] - mx);
-    float inv = (float)(1.0 / sum4(s, NULL, i + 1));
+    float inv = (float)(1.0 / lane_sum(s, i + 1));
     for (int64_t j = 0; j <= i; j++)
         s[j] *= inv;
     for (int64_t j = i + 1; j < t; j++)
         s[j] = 0.0f;
 }
+
+/*
+ * The causal products run in blocks of NN_ATT_BLOCK rows (or columns): row block [i0, i0 + r)
+ * of the scores has nothing but zeros after column i0 + r, so each product is taken over the
+ * block's own columns [0, i0 + r) only. At t = 128 that is 10/16 of the square's multiply-adds
+ * (the upper triangle was computed and then zeroed). The sums over k are the square's without
+ * its zero terms.
+ */
+#define NN_ATT_BLOCK 32
 
 IFD_NN_WIDE void ifd_nn_attention_head(int64_t t, int64_t heads, int64_t dh, int64_t b, int64_t h,
                                        const float *qkv, float *probs, float *out)
@@ -303,11 +445,14 @@ IFD_NN_WIDE void ifd_nn_attention_head(int64_t t, int64_t heads, int64_t dh, int
     int64_t c = heads * dh, ld = 3 * c;
     float scale = 1.0f / sqrtf((float)dh);
     const float *q = qkv + b * t * ld + h * dh, *k = q + c, *v = q + 2 * c;
-    float *p = probs + (b * heads + h) * t * t;
-    gemm(0, 1, t, t, dh, scale, q, ld, k, ld, 0.0f, p, t);
-    for (int64_t i = 0; i < t; i++)
-        causal_softmax_row(p + i * t, i, t);
-    gemm(0, 0, t, dh, t, 1.0f, p, t, v, ld, 0.0f, out + b * t * c + h * dh, c);
+    float *p = probs + (b * heads + h) * t * t, *o = out + b * t * c + h * dh;
+    for (int64_t i0 = 0; i0 < t; i0 += NN_ATT_BLOCK) {
+        int64_t r = t - i0 < NN_ATT_BLOCK ? t - i0 : NN_ATT_BLOCK, cols = i0 + r;
+        gemm(0, 1, r, cols, dh, scale, q + i0 * ld, ld, k, ld, 0.0f, p + i0 * t, t);
+        for (int64_t i = i0; i < cols; i++)
+            causal_softmax_row(p + i * t, i, t);
+        gemm(0, 0, r, dh, cols, 1.0f, p + i0 * t, t, v, ld, 0.0f, o + i0 * c, c);
+    }
 }
 
 void ifd_nn_attention(int64_t batch, int64_t t, int64_t heads, int64_t dh, const float *qkv,
@@ -328,19 +473,30 @@ IFD_NN_WIDE void ifd_nn_attention_grad_head(int64_t t, int64_t heads, int64_t dh
     const float *p = probs + (b * heads + h) * t * t;
     const float *dout_h = dout + b * t * c + h * dh;
     float *dq = dqkv + b * t * ld + h * dh, *dk = dq + c, *dv = dq + 2 * c;
-    gemm(1, 0, t, dh, t, 1.0f, p, t, dout_h, c, 0.0f, dv, ld);   /* P^T dO */
-    gemm(0, 1, t, t, dh, 1.0f, dout_h, c, v, ld, 0.0f, work, t); /* dP = dO V^T */
-    for (int64_t i = 0; i < t; i++) {                            /* dS = P (dP - rowsum(P dP)) */
-        const float *pr = p + i * t;
-        float *dr = work + i * t;
-        double dot = sum4(pr, dr, i + 1);
-        for (int64_t j = 0; j <= i; j++)
-            dr[j] = pr[j] * (dr[j] - (float)dot);
-        for (int64_t j = i + 1; j < t; j++)
-            dr[j] = 0.0f;
+    /* row blocks: dP = dO V^T and dS = P (dP - rowsum(P dP)) on the block's columns (zero after
+     * the diagonal up to the block's end), then dQ = s dS K */
+    for (int64_t i0 = 0; i0 < t; i0 += NN_ATT_BLOCK) {
+        int64_t r = t - i0 < NN_ATT_BLOCK ? t - i0 : NN_ATT_BLOCK, cols = i0 + r;
+        gemm(0, 1, r, cols, dh, 1.0f, dout_h + i0 * c, c, v, ld, 0.0f, work + i0 * t, t);
+        for (int64_t i = i0; i < cols; i++) {
+            const float *pr = p + i * t;
+            float *dr = work + i * t;
+            double dot = lane_dot(pr, dr, i + 1);
+            for (int64_t j = 0; j <= i; j++)
+                dr[j] = pr[j] * (dr[j] - (float)dot);
+            for (int64_t j = i + 1; j < cols; j++)
+                dr[j] = 0.0f;
+        }
+        gemm(0, 0, r, dh, cols, scale, work + i0 * t, t, k, ld, 0.0f, dq + i0 * ld, ld);
     }
-    gemm(0, 0, t, dh, t, scale, work, t, k, ld, 0.0f, dq, ld); /* dQ = s dS K */
-    gemm(1, 0, t, dh, t, scale, work, t, q, ld, 0.0f, dk, ld); /* dK = s dS^T Q */
+    /* column blocks: rows [j0, t) alone reach columns [j0, j0 + r): dV = P^T dO, dK = s dS^T Q */
+    for (int64_t j0 = 0; j0 < t; j0 += NN_ATT_BLOCK) {
+        int64_t r = t - j0 < NN_ATT_BLOCK ? t - j0 : NN_ATT_BLOCK;
+        gemm(1, 0, r, dh, t - j0, 1.0f, p + j0 * t + j0, t, dout_h + j0 * c, c, 0.0f, dv + j0 * ld,
+             ld);
+        gemm(1, 0, r, dh, t - j0, scale, work + j0 * t + j0, t, q + j0 * ld, ld, 0.0f, dk + j0 * ld,
+             ld);
+    }
 }
 
 void ifd_nn_attention_grad(int64_t batch, int64_t t, int64_t heads, int64_t dh, const float *qkv,

@@ -36,6 +36,11 @@
 #define IFD_NN_WIDE
 #endif
 
+/* x[r, j] += bias[j] over rows [rows, dim] (the op set's bias_add), and y[i] += alpha x[i], i < n
+ * (its add): elementwise, so their AVX-512 and AVX2 builds give the baseline's bits. */
+void ifd_nn_bias_add_rows(int64_t rows, int64_t dim, const float *bias, float *x);
+void ifd_nn_axpy(int64_t n, float alpha, const float *x, float *y);
+
 /* out[r, :] = table[ids[r], :], r < rows; ids in [0, vocab) (checked by the caller). */
 void ifd_nn_embedding(int64_t rows, int64_t dim, const int32_t *ids, const float *table,
                       float *out);
@@ -78,6 +83,21 @@ void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx);
  * lanes), for tests: the bits must agree. */
 void ifd_nn_gelu_baseline(int64_t n, const float *x, float *y);
 void ifd_nn_gelu_grad_baseline(int64_t n, const float *x, const float *dy, float *dx);
+
+/*
+ * Softmax cross-entropy of rows [r0, r1) of logits [*, k] against labels in [0, k): the outputs
+ * of device/math.h's ifd_math_softmax_xent_classify_row (dlogits = gscale * (softmax - onehot),
+ * the first argmax, its probability), with the exp by nn_cpu.c's vectorized polynomial (GELU's)
+ * and each row's sum of exps in 16 float lanes, then the lanes in a fixed tree (libm's expf a
+ * call an element and one chain of float adds were most of charlm's cross-entropy). Returns the sum
+ * of the rows' losses in row order and adds the rows whose first argmax is the label to *correct
+ * (unless NULL). labels NULL: classify only (dlogits unused). cls and conf may be NULL. The cpu
+ * backend's softmax_xent, softmax_xent_classify and classify all run it, so their outputs agree
+ * bit for bit.
+ */
+double ifd_nn_softmax_xent_rows(int64_t r0, int64_t r1, int64_t k, const float *logits,
+                                const int32_t *labels, float gscale, float *dlogits,
+                                int64_t *correct, int32_t *cls, float *conf);
 
 /*
  * Causal self-attention of `batch` sequences of t positions, `heads` heads of width dh (C =

@@ -8,6 +8,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,125 @@ static void gemm_one(int ta, int tb, int64_t m, int64_t n, int64_t k, float alph
 }
 
 /*
+ * A product with a long inner dimension and a small output (a weight's gradient x^T dy over
+ * the batch's rows: 128 x 384 summed over 4096 rows) is split along k instead, in
+ * GEMM_K_CHUNK-long pieces whose count and bounds depend on the shape alone: split by C's
+ * columns, each block would pack all of the long operand again. Piece 0 goes to C with the
+ * call's beta, piece i > 0 to scratch i - 1, and C then adds the pieces in order, so the bits
+ * are the same on one thread as on any team. The scratch is the calling thread's, kept between
+ * calls (freed when the thread ends).
+ */
+#define GEMM_K_CHUNK 1024
+#define GEMM_K_SPLIT_MAX 64
+/* The most floats of scratch a split takes (16 MiB): fewer pieces for a larger C. */
+#define GEMM_K_SCRATCH_FLOATS (1 << 22)
+
+typedef struct gemm_ksplit {
+    int ta, tb;
+    int64_t m, n, k, pieces;
+    float alpha, beta;
+    const float *a, *b;
+    float *c, *scratch;
+} gemm_ksplit;
+
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+
+typedef struct gemm_scratch {
+    float *data;
+    size_t floats;
+} gemm_scratch;
+
+static void scratch_free(void *p)
+{
+    gemm_scratch *s = p;
+    free(s->data);
+    free(s);
+}
+
+static void scratch_key_make(void)
+{
+    (void)pthread_key_create(&scratch_key, scratch_free);
+}
+
+/* The calling thread's scratch of at least floats floats; NULL when out of memory. */
+static float *gemm_scratch_get(size_t floats)
+{
+    (void)pthread_once(&scratch_once, scratch_key_make);
+    gemm_scratch *s = pthread_getspecific(scratch_key);
+    if (s == NULL) {
+        s = calloc(1, sizeof *s);
+        if (s == NULL || pthread_setspecific(scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->floats < floats) {
+        float *d = malloc(floats * sizeof(float));
+        if (d == NULL)
+            return NULL;
+        free(s->data);
+        s->data = d;
+        s->floats = floats;
+    }
+    return s->data;
+}
+
+/* The pieces of k the product splits into (1: none): k at least two pieces and four times C's
+ * longer side, at most GEMM_K_SPLIT_MAX pieces and GEMM_K_SCRATCH_FLOATS of scratch. */
+static int64_t gemm_k_pieces(int64_t m, int64_t n, int64_t k)
+{
+    int64_t side = m > n ? m : n;
+    if (k < 2 * GEMM_K_CHUNK || k < 4 * side)
+        return 1;
+    int64_t pieces = k / GEMM_K_CHUNK, most = GEMM_K_SCRATCH_FLOATS / (m * n) + 1;
+    pieces = pieces > GEMM_K_SPLIT_MAX ? GEMM_K_SPLIT_MAX : pieces;
+    return pieces > most ? most : pieces;
+}
+
+static void gemm_kpiece(void *arg, int64_t i)
+{
+    const gemm_ksplit *g = arg;
+    int64_t lda = g->ta ? g->m : g->k, ldb = g->tb ? g->k : g->n;
+    int64_t per = g->k / g->pieces, lo = i * per, len = i == g->pieces - 1 ? g->k - lo : per;
+    /* columns lo.. of op(A), rows lo.. of op(B) */
+    const float *a = g->a + (g->ta ? lo * lda : lo), *b = g->b + (g->tb ? lo : lo * ldb);
+    float *c = i == 0 ? g->c : g->scratch + (i - 1) * g->m * g->n;
+    sgemm(g->ta, g->tb, g->m, g->n, len, g->alpha, a, lda, b, ldb, i == 0 ? g->beta : 0.0f, c,
+          g->n);
+}
+
+/* C's pieces along k (gemm_k_pieces of them), on the team; 0 when the scratch is not there. */
+static int gemm_by_k(ifd_team *team, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                     int64_t pieces, float alpha, const float *a, const float *b, float beta,
+                     float *c)
+{
+    float *scratch = gemm_scratch_get((size_t)((pieces - 1) * m * n));
+    if (scratch == NULL)
+        return 0;
+    gemm_ksplit g = {.ta = ta,
+                     .tb = tb,
+                     .m = m,
+                     .n = n,
+                     .k = k,
+                     .pieces = pieces,
+                     .alpha = alpha,
+                     .beta = beta,
+                     .a = a,
+                     .b = b,
+                     .c = c,
+                     .scratch = scratch};
+    ifd_team_run(team, pieces, gemm_kpiece, &g);
+    int64_t mn = m * n;
+    for (int64_t i = 1; i < pieces; i++) {
+        const float *s = scratch + (i - 1) * mn;
+        for (int64_t j = 0; j < mn; j++)
+            c[j] += s[j];
+    }
+    return 1;
+}
+
+/*
  * Products of at least IFD_TEAM_GEMM_MACS multiply-adds are split over the replica's team (ctx,
  * device/cpu/team.h; NULL: none) along C's longer side, so that each block re-packs the smaller
  * operand: rows when m >= n (each block packs all of op(B)), else columns. Blocks are multiples
@@ -79,6 +199,9 @@ static void cpu_gemm(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k,
         gemm_one(ta, tb, m, n, k, alpha, a, b, beta, c);
         return;
     }
+    int64_t pieces = gemm_k_pieces(m, n, k);
+    if (pieces > 1 && gemm_by_k(team, ta, tb, m, n, k, pieces, alpha, a, b, beta, c))
+        return;
     int threads = ifd_team_threads(team);
     gemm_split g = {.ta = ta,
                     .tb = tb,
@@ -169,8 +292,7 @@ static void cpu_classify(void *ctx, int64_t rows, int64_t k, const float *logits
                          float *conf)
 {
     (void)ctx;
-    for (int64_t r = 0; r < rows; r++)
-        ifd_math_classify_row(logits, k, r, cls, conf);
+    ifd_nn_softmax_xent_rows(0, rows, k, logits, NULL, 0.0f, NULL, NULL, cls, conf);
 }
 
 static void cpu_copy(void *ctx, void *dst, const void *src, int64_t bytes)
@@ -265,8 +387,7 @@ static void add_chunk(void *arg, int64_t c)
     const nn_split *s = arg;
     int64_t lo, hi;
     nn_range(s, c, &lo, &hi);
-    for (int64_t i = lo; i < hi; i++)
-        s->y[i] += s->alpha * s->x[i];
+    ifd_nn_axpy(hi - lo, s->alpha, s->x + lo, s->y + lo);
 }
 
 static void cpu_add(void *ctx, int64_t n, float alpha, const float *x, float *y)
@@ -281,9 +402,7 @@ static void bias_add_chunk(void *arg, int64_t c)
     const nn_split *s = arg;
     int64_t lo, hi;
     nn_range(s, c, &lo, &hi);
-    for (int64_t r = lo; r < hi; r++)
-        for (int64_t j = 0; j < s->dim; j++)
-            s->y[r * s->dim + j] += s->x[j];
+    ifd_nn_bias_add_rows(hi - lo, s->dim, s->x, s->y + lo * s->dim);
 }
 
 static void cpu_bias_add(void *ctx, int64_t rows, int64_t cols, const float *bias, float *x)
@@ -336,17 +455,10 @@ typedef struct xent_split {
 static void xent_chunk(void *arg, int64_t c)
 {
     xent_split *x = arg;
-    int64_t lo, hi, k = x->s.dim, correct = 0;
+    int64_t lo, hi, correct = 0;
     nn_range(&x->s, c, &lo, &hi);
-    double loss = 0.0;
-    for (int64_t r = lo; r < hi; r++) {
-        int ok;
-        loss += ifd_math_softmax_xent_classify_row(x->s.x + r * k, k, x->labels[r], x->gscale,
-                                                   x->s.y + r * k, &ok, x->cls ? x->cls + r : NULL,
-                                                   x->conf ? x->conf + r : NULL);
-        correct += ok;
-    }
-    x->loss[c] = loss;
+    x->loss[c] = ifd_nn_softmax_xent_rows(lo, hi, x->s.dim, x->s.x, x->labels, x->gscale, x->s.y,
+                                          &correct, x->cls, x->conf);
     x->correct[c] = correct;
 }
 

@@ -77,11 +77,14 @@ START_TEST(fill_add_and_gelu)
         t.ops[i].gelu(t.ops[i].ctx, n, g, g); /* y may be x */
         free(y), free(g), free(dx);
     }
-    float *y1 = copyf(y0, n), *y2 = copyf(y0, n);
+    float *y1 = copyf(y0, n), *y2 = copyf(y0, n), *y3 = copyf(y0, n);
     t.ops[0].add(NULL, n, alpha, x, y1);
     t.ops[1].add(t.team, n, alpha, x, y2);
     same_bits("add with a team", y2, y1, n);
-    free(x), free(y0), free(dy), free(want), free(wantg), free(y1), free(y2);
+    for (int64_t j = 0; j < n; j++) /* the plain loop's bits (the op's AVX builds: no FMA) */
+        y3[j] += alpha * x[j];
+    same_bits("add against the plain loop", y1, y3, n);
+    free(x), free(y0), free(dy), free(want), free(wantg), free(y1), free(y2), free(y3);
     ifd_team_destroy(t.team);
 }
 END_TEST
@@ -210,9 +213,10 @@ START_TEST(layernorm_param_grads_are_row_order_sums)
 END_TEST
 
 /* bias_add and col_sum (split by rows and by columns over the team) give the plain loops' bits
- * here; softmax_xent (in chunks of rows) gives each row's dlogits as the one-row function, the
- * same loss bits with and without a team, near the double sum of the rows' losses, and the
- * count of rows whose argmax is the label. Shapes of one chunk and of many. */
+ * here; softmax_xent (in chunks of rows) gives each row's dlogits as ifd_nn_softmax_xent_rows
+ * over all rows at once, near device/math.h's one-row function, the same loss bits with and
+ * without a team, near the double sum of the rows' losses, and the count of rows whose argmax is
+ * the label. Shapes of one chunk and of many. */
 START_TEST(bias_col_sum_and_xent)
 {
     ifd_rng rng;
@@ -233,14 +237,26 @@ START_TEST(bias_col_sum_and_xent)
         }
     float scale = (float)tu_urand(&rng, 0.5, 2.0), gscale = scale / (float)rows;
     double want_loss = 0.0;
-    int64_t want_correct = 0;
+    int64_t want_correct = 0, nn_correct = 0;
+    float *row_d = malloc((size_t)cols * 4);
     for (int64_t r = 0; r < rows; r++) {
         int ok;
-        want_loss += ifd_math_softmax_xent_row(x + r * cols, cols, labels[r], gscale,
-                                               want_d + r * cols, &ok);
+        want_loss += ifd_math_softmax_xent_row(x + r * cols, cols, labels[r], gscale, row_d, &ok);
         want_correct += ok;
+        for (int64_t c = 0; c < cols; c++)
+            want_d[r * cols + c] = row_d[c];
     }
+    free(row_d);
     want_loss = scale * want_loss / (double)rows;
+    float *math_d = copyf(want_d, n);
+    ifd_nn_softmax_xent_rows(0, rows, cols, x, labels, gscale, want_d, &nn_correct, NULL, NULL);
+    RASSERT(nn_correct == want_correct, "correct %lld, the rows' %lld", (long long)nn_correct,
+            (long long)want_correct);
+    for (int64_t i = 0; i < n; i++)
+        RASSERT(fabsf(want_d[i] - math_d[i]) <= 1e-6f * gscale + 1e-6f * fabsf(math_d[i]),
+                "dlogits[%lld] %.9g, device/math.h's %.9g", (long long)i, (double)want_d[i],
+                (double)math_d[i]);
+    free(math_d);
     ifd_step_out o[2];
     for (int i = 0; i < 2; i++) {
         const ifd_ops *op = &t.ops[i];

@@ -104,18 +104,26 @@ static double fd_grad(ref_fn f, void *ctx, double *x, int64_t i, const double *g
     return (lp - lm) / (2 * h);
 }
 
-/* Checks n random coordinates (all when n covers them) of an analytic gradient against fd. */
-static void grad_check(const char *what, ref_fn f, void *ctx, double *x, int64_t nin,
-                       const double *g, int64_t nout, const float *analytic, ifd_rng *rng)
+/* Checks up to most random coordinates (all when most covers them) of an analytic gradient
+ * against fd. */
+static void grad_check_n(const char *what, ref_fn f, void *ctx, double *x, int64_t nin,
+                         const double *g, int64_t nout, const float *analytic, ifd_rng *rng,
+                         int64_t most)
 {
-    int64_t checks = nin < 40 ? nin : 40;
+    int64_t checks = nin < most ? nin : most;
     for (int64_t k = 0; k < checks; k++) {
-        int64_t i = nin < 40 ? k : (int64_t)ifd_rng_below(rng, (uint64_t)nin);
+        int64_t i = nin < most ? k : (int64_t)ifd_rng_below(rng, (uint64_t)nin);
         double want = fd_grad(f, ctx, x, i, g, nout);
         RASSERT(fabs(analytic[i] - want) <= 2e-3 + 2e-3 * fabs(want),
                 "%s: gradient %lld: %.7g, finite differences %.7g", what, (long long)i,
                 (double)analytic[i], want);
     }
+}
+
+static void grad_check(const char *what, ref_fn f, void *ctx, double *x, int64_t nin,
+                       const double *g, int64_t nout, const float *analytic, ifd_rng *rng)
+{
+    grad_check_n(what, f, ctx, x, nin, g, nout, analytic, rng, 40);
 }
 
 /* ---- embedding ---- */
@@ -245,12 +253,17 @@ static void att_ref(void *arg, const double *qkv, double *out)
     ref_attention(a->batch, a->t, a->heads, a->dh, qkv, out);
 }
 
+/* Short sequences (_i 0 to 7: 40 random coordinates of the gradient) and, from _i 8, sequences
+ * of several of the op's row blocks (33 to 100 positions, every coordinate checked: each
+ * block's products take the columns up to its diagonal only). */
 START_TEST(attention_forward_and_gradient)
 {
     ifd_rng rng;
     seed_rng(&rng);
-    att_ctx a = {rand_between(&rng, 1, 3), rand_between(&rng, 1, 9), rand_between(&rng, 1, 3),
-                 rand_between(&rng, 1, 8)};
+    int longer = _i >= 8;
+    att_ctx a = {rand_between(&rng, 1, longer ? 2 : 3),
+                 longer ? rand_between(&rng, 33, 100) : rand_between(&rng, 1, 9),
+                 rand_between(&rng, 1, longer ? 2 : 3), rand_between(&rng, 1, longer ? 3 : 8)};
     int64_t c = a.heads * a.dh, nin = a.batch * a.t * 3 * c, nout = a.batch * a.t * c;
     float *qkv = tu_frand_scaled(&rng, nin, 1.5), *out = malloc((size_t)nout * 4);
     float *probs = malloc((size_t)(a.batch * a.heads * a.t * a.t) * 4);
@@ -266,7 +279,7 @@ START_TEST(attention_forward_and_gradient)
     float *work = malloc((size_t)(a.t * a.t) * 4);
     ifd_nn_attention_grad(a.batch, a.t, a.heads, a.dh, qkv, probs, dout, dqkv, work);
     double *gd = to_double(dout, nout);
-    grad_check("attention dqkv", att_ref, &a, qd, nin, gd, nout, dqkv, &rng);
+    grad_check_n("attention dqkv", att_ref, &a, qd, nin, gd, nout, dqkv, &rng, longer ? nin : 40);
     free(qkv), free(out), free(probs), free(qd), free(od), free(dout), free(dqkv), free(work);
     free(gd);
 }
@@ -279,6 +292,6 @@ int main(void)
     tcase_add_loop_test(tc, embedding_and_its_scatter_add, 0, 8);
     tcase_add_loop_test(tc, layernorm_forward_and_gradients, 0, 8);
     tcase_add_loop_test(tc, gelu_forward_and_gradient, 0, 8);
-    tcase_add_loop_test(tc, attention_forward_and_gradient, 0, 8);
+    tcase_add_loop_test(tc, attention_forward_and_gradient, 0, 12);
     return tu_run_suite(s);
 }

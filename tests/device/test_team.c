@@ -185,6 +185,17 @@ START_TEST(test_helpers_take_chunks_after_sleeping)
 }
 END_TEST
 
+/* C[i,j] of alpha op(A) op(B) + beta C0 in double. */
+static double gemm_ref(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                       const float *b, float beta, const float *c0, int64_t i, int64_t j)
+{
+    double ref = beta * (double)c0[i * n + j];
+    for (int64_t l = 0; l < k; l++)
+        ref += alpha * (double)(ta ? a[l * m + i] : a[i * k + l]) *
+               (double)(tb ? b[j * k + l] : b[l * n + j]);
+    return ref;
+}
+
 /* The op set's gemm on a team agrees with one sgemm on the caller and with a double reference,
  * for random shapes above and below the split threshold (split by rows and by columns, ragged
  * last blocks), transposes, alpha and beta; and gives the same bits when run again (a run is
@@ -230,10 +241,7 @@ START_TEST(test_gemm_split)
         split += ifd_team_helped(team) > helped;
         for (int64_t i = 0; i < m; i++)
             for (int64_t j = 0; j < n; j++) {
-                double ref = beta * (double)c0[i * n + j];
-                for (int64_t l = 0; l < k; l++)
-                    ref += alpha * (double)(ta ? a[l * m + i] : a[i * k + l]) *
-                           (double)(tb ? b[j * k + l] : b[l * n + j]);
+                double ref = gemm_ref(ta, tb, m, n, k, alpha, a, b, beta, c0, i, j);
                 double tol = 1e-4 * (1.0 + sqrt((double)k));
                 ck_assert_msg(fabs(c1[i * n + j] - ref) <= tol && fabs(c2[i * n + j] - ref) <= tol,
                               "%lldx%lldx%lld ta %d tb %d on %d threads: [%lld,%lld] %g alone, "
@@ -253,6 +261,73 @@ START_TEST(test_gemm_split)
         free(c3);
     }
     ck_assert_msg(split > 0, "no product was shared with a helper");
+    ifd_team_destroy(team);
+}
+END_TEST
+
+/* A product with a long k and a small C (a weight's gradient over the batch's rows) splits along
+ * k into pieces that depend on the shape alone: the same bits on the caller alone as on a team
+ * of any size, near a double reference, for every transpose pair, alpha and beta; C's sides
+ * from 2 (too small to split by rows or columns) to a quarter of k. */
+START_TEST(test_gemm_k_split)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int threads = (int)rand_between(&rng, 2, 4);
+    ifd_team *team;
+    ck_assert_int_eq(ifd_team_create(&team, threads, "test-team"), IFD_OK);
+    openblas_set_num_threads(1);
+    ifd_ops alone, shared;
+    ifd_cpu_ops_init(&alone, NULL);
+    ifd_cpu_ops_init(&shared, team);
+    int split = 0;
+    for (int trial = 0; trial < 12; trial++) {
+        int ta = trial & 1, tb = (trial >> 1) & 1;
+        int64_t k = rand_between(&rng, 2048, 5000);
+        int64_t m = rand_between(&rng, 2,
+                                 trial < 8    ? 31
+                                 : k / 4 < 80 ? k / 4
+                                              : 80),
+                n = rand_between(&rng, 2,
+                                 trial < 8    ? 31
+                                 : k / 4 < 80 ? k / 4
+                                              : 80);
+        float alpha = (float)(ifd_rng_uniform(&rng) * 2 - 1);
+        float beta = trial % 3 ? 0.0f : (float)ifd_rng_uniform(&rng);
+        size_t cb = sizeof(float) * (size_t)(m * n);
+        float *a = tu_frand(&rng, m * k), *b = tu_frand(&rng, k * n), *c0 = tu_frand(&rng, m * n);
+        float *c1 = malloc(cb), *c2 = malloc(cb);
+        memcpy(c1, c0, cb);
+        memcpy(c2, c0, cb);
+        alone.gemm(alone.ctx, ta, tb, m, n, k, alpha, a, b, beta, c1);
+        /* again until a helper takes a piece (a sleeping helper may wake after the caller took
+         * them all); C's sides below 32 alone would never split by rows or columns */
+        int64_t helped = ifd_team_helped(team);
+        for (int run = 0; run < 200 && ifd_team_helped(team) == helped; run++) {
+            memcpy(c2, c0, cb);
+            shared.gemm(shared.ctx, ta, tb, m, n, k, alpha, a, b, beta, c2);
+            ck_assert_msg(memcmp(c1, c2, cb) == 0,
+                          "%lldx%lldx%lld ta %d tb %d: a team of %d gave other bits than the "
+                          "caller alone",
+                          (long long)m, (long long)n, (long long)k, ta, tb, threads);
+        }
+        split += trial < 8 && ifd_team_helped(team) > helped;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double ref = gemm_ref(ta, tb, m, n, k, alpha, a, b, beta, c0, i, j);
+                double tol = 1e-4 * (1.0 + sqrt((double)k));
+                ck_assert_msg(fabs(c1[i * n + j] - ref) <= tol,
+                              "%lldx%lldx%lld ta %d tb %d: [%lld,%lld] %g, reference %g",
+                              (long long)m, (long long)n, (long long)k, ta, tb, (long long)i,
+                              (long long)j, c1[i * n + j], ref);
+            }
+        free(a);
+        free(b);
+        free(c0);
+        free(c1);
+        free(c2);
+    }
+    ck_assert_msg(split > 0, "no piece of a long product with a small C ran on a helper");
     ifd_team_destroy(team);
 }
 END_TEST
@@ -464,6 +539,7 @@ int main(void)
     tcase_add_loop_test(tc, test_helpers_take_chunks_after_sleeping, 0, 2);
     tcase_add_test(tc, test_too_many_chunks_run_on_the_caller);
     tcase_add_test(tc, test_gemm_split);
+    tcase_add_test(tc, test_gemm_k_split);
     tcase_add_test(tc, test_update_split_same_bits);
     tcase_add_test(tc, test_replica_threads);
     tcase_add_test(tc, test_replica_threads_stop_blas_servers);
