@@ -51,6 +51,15 @@ class RawZmtp:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
+    def send_unless_closed(self, data: bytes) -> bool:
+        """send, for a peer the daemon is expected to close: False when it has closed (a reset
+        or a broken pipe mid-send is that close, not a failure)."""
+        try:
+            self.sock.sendall(data)
+            return True
+        except OSError:
+            return False
+
     def closed(self, timeout: float = 0.0) -> bool:
         """Whether the daemon has closed the connection (reads and drops what it sent)."""
         self.sock.settimeout(timeout)
