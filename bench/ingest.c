@@ -32,6 +32,7 @@
  * and the medians are compared, since the machines this runs on are shared and noisy.
  *
  *   bench_ingest [--infeedd PATH] [--seconds S] [--credit C] [--repeat R] [--raw-only]
+ *       [--raw-rcvhwm N]
  */
 #include "core/wire.h"
 #include <infeed/client.h>
@@ -139,6 +140,11 @@ static void *raw_router_main(void *arg)
     return NULL;
 }
 
+/* --raw-rcvhwm: the raw ROUTER's ZMQ_RCVHWM (0: libzmq's default, 1000). infeedd's is
+ * IFD_ROUTER_RCVHWM (32), and libzmq's reader tells the I/O thread it may write again every
+ * (hwm + 1) / 2 messages read whether or not it waits: a command a 16 messages at 32. */
+static int raw_rcvhwm;
+
 static result raw_run(const char *transport, size_t size, int credit, double seconds,
                       const void *payload)
 {
@@ -149,6 +155,8 @@ static result raw_run(const char *transport, size_t size, int credit, double sec
     r.sock = zmq_socket(r.ctx, ZMQ_ROUTER);
     int64_t maxmsg = (int64_t)size + 65536;
     zmq_setsockopt(r.sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+    if (raw_rcvhwm > 0)
+        zmq_setsockopt(r.sock, ZMQ_RCVHWM, &raw_rcvhwm, sizeof raw_rcvhwm);
     if (strcmp(transport, "tcp") == 0)
         snprintf(ep, sizeof ep, "tcp://127.0.0.1:*");
     else
@@ -516,6 +524,8 @@ int main(int argc, char **argv)
             seconds = atof(argv[++i]);
         else if (i + 1 < argc && strcmp(argv[i], "--credit") == 0)
             credit = atoi(argv[++i]);
+        else if (i + 1 < argc && strcmp(argv[i], "--raw-rcvhwm") == 0)
+            raw_rcvhwm = atoi(argv[++i]);
         else if (i + 1 < argc && strcmp(argv[i], "--repeat") == 0)
             repeat = atoi(argv[++i]);
         else if (i + 1 < argc && strcmp(argv[i], "--size") == 0)
@@ -526,7 +536,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "usage: bench_ingest [--infeedd PATH] [--seconds S (0.5)] "
                             "[--credit C (0: infeedd's auto credit for each size)] [--repeat R "
                             "(3)] [--size BYTES (one size only)] [--transports "
-                            "tcp,ipc,shm,shm-copy] [--raw-only]\n");
+                            "tcp,ipc,shm,shm-copy] [--raw-only] [--raw-rcvhwm N]\n");
             return 2;
         }
     }

@@ -21,6 +21,7 @@ struct ifd_queue {
     size_t wake_len;  /* a blocked consumer is woken at this length, by kick, or at the end */
     size_t wake_free; /* a blocked producer is woken when this many slots are free */
     int kicked;
+    size_t held; /* slots of the items the last ifd_queue_take handed out after its first */
     unsigned char *buf;
 };
 
@@ -76,8 +77,12 @@ static int queue_push(ifd_queue *q, const void *item, int64_t deadline_ns)
             rc = IFD_ECLOSED;
             goto out;
         }
-        if (q->len < q->cap)
+        if (q->len + q->held < q->cap)
             break;
+        if (deadline_ns >= 0 && deadline_ns <= ifd_clock_ns()) {
+            rc = IFD_ETIMEDOUT; /* without a futex call */
+            goto out;
+        }
         q->waiting_push++;
         int t = 0;
         if (deadline_ns < 0)
@@ -85,7 +90,7 @@ static int queue_push(ifd_queue *q, const void *item, int64_t deadline_ns)
         else
             t = ifd_cond_wait_until(&q->not_full, &q->mu, deadline_ns);
         q->waiting_push--;
-        if (t != 0 && !q->aborted && !q->closed && q->len == q->cap) {
+        if (t != 0 && !q->aborted && !q->closed && q->len + q->held == q->cap) {
             rc = IFD_ETIMEDOUT;
             goto out;
         }
@@ -93,17 +98,34 @@ static int queue_push(ifd_queue *q, const void *item, int64_t deadline_ns)
     size_t tail = (q->head + q->len) % q->cap;
     memcpy(q->buf + tail * q->item_size, item, q->item_size);
     q->len++;
-    if (q->waiting_pop && q->len >= q->wake_len)
+    int wake = q->waiting_pop && q->len >= q->wake_len;
+    ifd_mutex_unlock(&q->mu);
+    /* after the unlock, so that the woken thread does not block at once on the mutex */
+    if (wake)
         ifd_cond_signal(&q->not_empty);
+    return IFD_OK;
 out:
     ifd_mutex_unlock(&q->mu);
     return rc;
 }
 
-static int queue_pop(ifd_queue *q, void *item, int64_t deadline_ns)
+/* Whether the blocked producers are to be woken: once wake_free slots are free. Under the lock;
+ * the broadcast comes after the unlock. */
+static int wake_producers(const ifd_queue *q)
 {
-    int rc = IFD_OK, waited = 0, timed_out = 0;
+    return q->waiting_push && q->cap - q->len - q->held >= q->wake_free;
+}
+
+/* Pops up to max items (at least one) into items; *n says how many. take: the slots held by the
+ * previous take are freed first, and those of these items after the first stay held. */
+static int queue_pop(ifd_queue *q, void *items, size_t max, size_t *n, int take,
+                     int64_t deadline_ns)
+{
+    int rc = IFD_OK, waited = 0, timed_out = 0, wake = 0;
+    *n = 0;
     ifd_mutex_lock(&q->mu);
+    if (take)
+        q->held = 0;
     for (;;) {
         if (q->aborted) {
             rc = IFD_ESTOPPED;
@@ -113,6 +135,12 @@ static int queue_pop(ifd_queue *q, void *item, int64_t deadline_ns)
             break;
         if (q->len == 0 && q->closed) {
             rc = IFD_ECLOSED;
+            goto out;
+        }
+        if (wake_producers(q)) /* the slots a take freed, before this thread waits */
+            ifd_cond_broadcast(&q->not_full);
+        if (q->len == 0 && deadline_ns >= 0 && deadline_ns <= ifd_clock_ns()) {
+            rc = IFD_ETIMEDOUT; /* without a futex call */
             goto out;
         }
         q->waiting_pop++;
@@ -129,15 +157,22 @@ static int queue_pop(ifd_queue *q, void *item, int64_t deadline_ns)
         }
         timed_out = t != 0; /* at the deadline, take an item even below wake_len */
     }
-    memcpy(item, q->buf + q->head * q->item_size, q->item_size);
-    q->head = (q->head + 1) % q->cap;
-    q->len--;
+    size_t k = max < q->len ? max : q->len;
+    size_t first = q->cap - q->head < k ? q->cap - q->head : k; /* up to the end of buf */
+    memcpy(items, q->buf + q->head * q->item_size, first * q->item_size);
+    memcpy((unsigned char *)items + first * q->item_size, q->buf, (k - first) * q->item_size);
+    q->head = (q->head + k) % q->cap;
+    q->len -= k;
+    *n = k;
+    if (take)
+        q->held = k - 1; /* the first is in use, as a popped item would be */
     if (q->len == 0)
         q->kicked = 0;
-    if (q->waiting_push && q->cap - q->len >= q->wake_free)
-        ifd_cond_broadcast(&q->not_full);
+    wake = wake_producers(q);
 out:
     ifd_mutex_unlock(&q->mu);
+    if (wake)
+        ifd_cond_broadcast(&q->not_full);
     return rc;
 }
 
@@ -148,7 +183,8 @@ int ifd_queue_push(ifd_queue *q, const void *item)
 
 int ifd_queue_pop(ifd_queue *q, void *item)
 {
-    return queue_pop(q, item, -1);
+    size_t n;
+    return queue_pop(q, item, 1, &n, 0, -1);
 }
 
 int ifd_queue_push_until(ifd_queue *q, const void *item, int64_t deadline_ns)
@@ -158,7 +194,18 @@ int ifd_queue_push_until(ifd_queue *q, const void *item, int64_t deadline_ns)
 
 int ifd_queue_pop_until(ifd_queue *q, void *item, int64_t deadline_ns)
 {
-    return queue_pop(q, item, deadline_ns < 0 ? 0 : deadline_ns);
+    size_t n;
+    return queue_pop(q, item, 1, &n, 0, deadline_ns < 0 ? 0 : deadline_ns);
+}
+
+int ifd_queue_take(ifd_queue *q, void *items, size_t max, size_t *n)
+{
+    return queue_pop(q, items, max < 1 ? 1 : max, n, 1, -1);
+}
+
+int ifd_queue_take_until(ifd_queue *q, void *items, size_t max, size_t *n, int64_t deadline_ns)
+{
+    return queue_pop(q, items, max < 1 ? 1 : max, n, 1, deadline_ns < 0 ? 0 : deadline_ns);
 }
 
 void ifd_queue_close(ifd_queue *q)
@@ -173,7 +220,7 @@ void ifd_queue_close(ifd_queue *q)
 void ifd_queue_abort(ifd_queue *q)
 {
     ifd_mutex_lock(&q->mu);
-    q->aborted = 1;
+    __atomic_store_n(&q->aborted, 1, __ATOMIC_RELEASE);
     ifd_cond_broadcast(&q->not_empty);
     ifd_cond_broadcast(&q->not_full);
     ifd_mutex_unlock(&q->mu);
@@ -188,6 +235,7 @@ size_t ifd_queue_drain(ifd_queue *q, void (*fn)(void *item, void *arg), void *ar
         return 0;
     for (;;) {
         ifd_mutex_lock(&q->mu);
+        q->held = 0;
         if (q->len == 0) {
             ifd_mutex_unlock(&q->mu);
             break;
@@ -222,12 +270,12 @@ void ifd_queue_set_wake(ifd_queue *q, size_t wake_len, size_t wake_free)
 void ifd_queue_kick(ifd_queue *q)
 {
     ifd_mutex_lock(&q->mu);
-    if (q->len > 0) {
+    if (q->len > 0)
         q->kicked = 1;
-        if (q->waiting_pop)
-            ifd_cond_broadcast(&q->not_empty);
-    }
+    int wake = q->len > 0 && q->waiting_pop;
     ifd_mutex_unlock(&q->mu);
+    if (wake)
+        ifd_cond_broadcast(&q->not_empty);
 }
 
 size_t ifd_queue_len(ifd_queue *q)
@@ -241,6 +289,11 @@ size_t ifd_queue_len(ifd_queue *q)
 size_t ifd_queue_capacity(const ifd_queue *q)
 {
     return q->cap;
+}
+
+int ifd_queue_is_aborted(ifd_queue *q)
+{
+    return __atomic_load_n(&q->aborted, __ATOMIC_ACQUIRE);
 }
 
 int ifd_queue_is_closed(ifd_queue *q)

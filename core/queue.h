@@ -37,6 +37,15 @@ int ifd_queue_pop(ifd_queue *q, void *item);
 int ifd_queue_push_until(ifd_queue *q, const void *item, int64_t deadline_ns);
 int ifd_queue_pop_until(ifd_queue *q, void *item, int64_t deadline_ns);
 
+/* Pops in bursts, for the queue's one consumer: up to max items (at least one; *n says how many)
+ * into items[], in order, under one lock, waiting as ifd_queue_pop does; same results as pop's.
+ * The slots of the items after the first stay held (a push sees them full) until the consumer's
+ * next take, which frees them first (as does a drain): the queue plus the items the consumer has
+ * taken and not begun never hold more than capacity, as with pops one at a time. The consumer
+ * checks ifd_queue_is_aborted before it uses an item taken earlier. */
+int ifd_queue_take(ifd_queue *q, void *items, size_t max, size_t *n);
+int ifd_queue_take_until(ifd_queue *q, void *items, size_t max, size_t *n, int64_t deadline_ns);
+
 void ifd_queue_close(ifd_queue *q);
 void ifd_queue_abort(ifd_queue *q);
 /* Pops every item left (whatever the state) and hands each to fn. Returns how many. */
@@ -48,8 +57,11 @@ void ifd_queue_set_wake(ifd_queue *q, size_t wake_len, size_t wake_free);
  * until the queue is empty again. */
 void ifd_queue_kick(ifd_queue *q);
 
+/* Items in the queue; those taken (ifd_queue_take) are not. */
 size_t ifd_queue_len(ifd_queue *q);
 size_t ifd_queue_capacity(const ifd_queue *q);
 int ifd_queue_is_closed(ifd_queue *q);
+/* Whether ifd_queue_abort was called (no lock taken). */
+int ifd_queue_is_aborted(ifd_queue *q);
 
 #endif

@@ -22,7 +22,13 @@ typedef struct cpu_dev cpu_dev;
 typedef struct cpu_replica {
     ifd_replica base; /* first: the replica thread (device/replicas.h) */
     cpu_dev *cd;
-    ifd_queue *infeed;   /* ifd_shard */
+    ifd_queue *infeed; /* ifd_shard */
+    /* Shards taken from the infeed ring in one burst (ifd_queue_take, up to half the ring), so
+     * that the replica and the infeed thread do not contend for the ring's lock a step; in_used
+     * of in_taken used. in_left (atomic) is what is left, for the stats. */
+    ifd_shard *in_hand;
+    size_t in_max, in_taken, in_used;
+    int64_t in_left;
     ifd_queue *out_free; /* ifd_outfeed_rec * */
     ifd_queue *out_full; /* ifd_outfeed_rec * */
     ifd_outfeed_rec *slots;
@@ -107,19 +113,32 @@ static int64_t pred_floats(const ifd_device_config *cfg)
     return cfg->mode == IFD_MODE_PREDICT ? cfg->max_shard_rows * cfg->program->predict_cols : 0;
 }
 
-/* Pops the next shard, counting the time spent blocked. */
+/* The next shard: from the last burst taken, else the ring's next burst, counting the time spent
+ * blocked. An abort stops the replica at its next shard either way. */
 static int pop_shard(cpu_replica *rep, ifd_shard *sh)
 {
-    int rc = ifd_queue_pop_until(rep->infeed, sh, 0);
-    if (rc != IFD_ETIMEDOUT)
+    int rc = IFD_OK;
+    if (rep->in_used < rep->in_taken) {
+        if (ifd_queue_is_aborted(rep->infeed))
+            return IFD_ESTOPPED;
+        goto hand;
+    }
+    rc = ifd_queue_take_until(rep->infeed, rep->in_hand, rep->in_max, &rep->in_taken, 0);
+    if (rc == IFD_ETIMEDOUT) {
+        /* About to wait for input: hand the finished steps to the outfeed thread first, or
+         * their summaries would wait for the next input. */
+        ifd_queue_kick(rep->out_full);
+        int64_t t0 = ifd_clock_ns();
+        rc = ifd_queue_take(rep->infeed, rep->in_hand, rep->in_max, &rep->in_taken);
+        rep->pending_in_ns += ifd_clock_ns() - t0;
+    }
+    rep->in_used = 0;
+    if (rc)
         return rc;
-    /* About to wait for input: hand the finished steps to the outfeed thread first, or their
-     * summaries would wait for the next input. */
-    ifd_queue_kick(rep->out_full);
-    int64_t t0 = ifd_clock_ns();
-    rc = ifd_queue_pop(rep->infeed, sh);
-    rep->pending_in_ns += ifd_clock_ns() - t0;
-    return rc;
+hand:
+    *sh = rep->in_hand[rep->in_used++];
+    __atomic_store_n(&rep->in_left, (int64_t)(rep->in_taken - rep->in_used), __ATOMIC_RELAXED);
+    return IFD_OK;
 }
 
 static int pop_slot(cpu_replica *rep, ifd_outfeed_rec **slot)
@@ -314,6 +333,10 @@ static int replica_open(cpu_dev *cd, cpu_replica *rep, int index, const float *i
         return ifd_error_set(err, IFD_ENOMEM, "cpu backend: replica %d rings", index);
     /* Hand-offs in bursts of half a ring: see core/queue.h. */
     ifd_queue_set_wake(rep->infeed, (size_t)cfg->infeed_depth / 2, (size_t)cfg->infeed_depth / 2);
+    rep->in_max = cfg->infeed_depth / 2 > 1 ? (size_t)cfg->infeed_depth / 2 : 1;
+    rep->in_hand = calloc(rep->in_max, sizeof *rep->in_hand);
+    if (rep->in_hand == NULL)
+        return ifd_error_set(err, IFD_ENOMEM, "cpu backend: replica %d rings", index);
     ifd_queue_set_wake(rep->out_full, (size_t)cfg->outfeed_depth / 2, 1);
     for (int i = 0; i < cfg->outfeed_depth; i++) {
         ifd_outfeed_rec *slot = &rep->slots[i];
@@ -348,14 +371,18 @@ static void cpu_close(ifd_device *dev)
     ifd_replicas_stop(&cd->set);
     for (int r = 0; r < cd->replicas; r++) {
         cpu_replica *rep = &cd->reps[r];
+        for (size_t i = rep->in_used; i < rep->in_taken; i++)
+            unref_shard(&rep->in_hand[i], NULL);
         if (rep->infeed) {
             size_t left = ifd_queue_drain(rep->infeed, unref_shard, NULL);
+            left += rep->in_taken - rep->in_used;
             if (left)
                 IFD_LOG_DEBUG("replica %d: released %zu unconsumed shards", r, left);
         }
         if (rep->out_full)
             ifd_queue_drain(rep->out_full, unref_rec, NULL);
         ifd_queue_destroy(rep->infeed);
+        free(rep->in_hand);
         ifd_queue_destroy(rep->out_free);
         ifd_queue_destroy(rep->out_full);
         free(rep->slots);
@@ -526,7 +553,8 @@ static void cpu_stats(ifd_device *dev, int replica, ifd_device_stats *out)
     cpu_dev *cd = dev->priv;
     cpu_replica *rep = &cd->reps[replica];
     ifd_replicas_stats(dev, replica, out);
-    out->infeed_len = (int64_t)ifd_queue_len(rep->infeed);
+    out->infeed_len =
+        (int64_t)ifd_queue_len(rep->infeed) + __atomic_load_n(&rep->in_left, __ATOMIC_RELAXED);
     out->infeed_cap = (int64_t)ifd_queue_capacity(rep->infeed);
     out->outfeed_len = (int64_t)ifd_queue_len(rep->out_full);
     out->outfeed_cap = (int64_t)ifd_queue_capacity(rep->out_full);
