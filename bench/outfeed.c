@@ -345,7 +345,8 @@ static void pub_close(pub_run *p, ifd_publisher_tensors *st)
 }
 
 /* out16+pub (else out16+ipc): the last run's messages and their steps, published and read */
-static int64_t g_pub_sent, g_pub_steps, g_pub_got, g_pub_got_steps, g_pub_bad;
+static int64_t g_pub_sent, g_pub_steps, g_pub_got, g_pub_got_steps, g_pub_bad, g_pub_buffers,
+    g_pub_reused;
 static char g_pub_why[160];
 
 /* The process's CPU time (user and system, all threads) in seconds. */
@@ -413,6 +414,8 @@ static double run_once(int way, int64_t steps, int64_t *sunk, double *cpu_us)
         pub_close(&pr, &st);
         g_pub_sent = st.sent;
         g_pub_steps = st.sent_steps;
+        g_pub_buffers = st.buffers;
+        g_pub_reused = st.buffers_reused;
         g_pub_got = pr.got;
         g_pub_got_steps = pr.got_steps;
         g_pub_bad += pr.bad;
@@ -498,10 +501,11 @@ int main(int argc, char **argv)
     if (on[OUT16_PUB] || on[OUT16_IPC]) {
         printf("%s: %lld tensor messages published in the last run (%.2f a step, %lld tensor "
                "steps: %d tensors a step), %lld read and checked by the subscribers (%lld "
-               "tensor steps)\n",
+               "tensor steps); %lld data buffers taken, %lld of them reused\n",
                on[OUT16_IPC] ? "out16+ipc" : "out16+pub", (long long)g_pub_sent,
                (double)g_pub_sent / (double)steps, (long long)g_pub_steps, NALL,
-               (long long)g_pub_got, (long long)g_pub_got_steps);
+               (long long)g_pub_got, (long long)g_pub_got_steps, (long long)g_pub_buffers,
+               (long long)g_pub_reused);
         if (g_pub_bad) {
             fprintf(stderr, "bench_outfeed: %lld tensor messages failed the check, the first: %s\n",
                     (long long)g_pub_bad, g_pub_why);
