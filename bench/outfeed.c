@@ -15,7 +15,10 @@
  *             ZeroMQ context of their own (their own I/O thread, "1/ZMQbg/IO/0", as a subscriber
  *             process has), read by a thread that checks every message as a subscriber
  *             splitting it into steps would (the header names the topic's tensor, its steps are
- *             consecutive, the data is their rows); the messages published and the ones read
+ *             consecutive, the data is their rows) and every value in it (x16 and label are the
+ *             batch's, class a class, confidence a probability, count the replica's rows,
+ *             learning_rate the configured one, the rest finite); the messages published and
+ *             the ones read
  *             and checked are printed (a message holds several steps of a tensor, and ZeroMQ
  *             drops what a slow reader cannot take), and a message that fails the check ends
  *             the bench with status 1;
@@ -115,6 +118,8 @@ static void source_init(static_source *s)
     s->batch.refs = 1; /* owned here: never released */
 }
 
+static static_source src; /* the batch every step trains on (the subscribers check x16 by it) */
+
 /* ---- a sink that takes every tensor ---- */
 
 typedef struct taker {
@@ -205,6 +210,55 @@ static const char *str_value(const char *h, size_t n, const char *key, size_t *l
     return at;
 }
 
+/* Every value of one step's rows of tensor name (data: rows x row floats or ints), against what
+ * the bench's batch and settings make them (a subscriber's host call reads them all too); 0 or
+ * -1 with why. */
+static int check_values(const char *name, size_t nl, const char *data, int64_t rows, int64_t row,
+                        char *why, size_t whylen)
+{
+    const float *f = (const float *)data;
+    const int32_t *k = (const int32_t *)data;
+    int64_t n = rows * row, bad = -1;
+#define IS(s) (nl == strlen(s) && memcmp(name, s, nl) == 0)
+    if (IS("x16")) {
+        if (rows != BATCH || row != FEATURES || memcmp(data, src.x, sizeof src.x) != 0)
+            bad = 0;
+    } else if (IS("label")) {
+        if (rows != BATCH || memcmp(data, src.y, sizeof src.y) != 0)
+            bad = 0;
+    } else if (IS("class")) {
+        for (int64_t i = 0; i < n && bad < 0; i++)
+            if (k[i] < 0 || k[i] >= CLASSES)
+                bad = i;
+    } else if (IS("confidence")) {
+        for (int64_t i = 0; i < n && bad < 0; i++)
+            if (!(f[i] >= 0.0f && f[i] <= 1.0f))
+                bad = i;
+    } else if (IS("count")) {
+        for (int64_t i = 0; i < n && bad < 0; i++)
+            if (f[i] != (float)(BATCH / REPLICAS))
+                bad = i;
+    } else if (IS("correct")) {
+        for (int64_t i = 0; i < n && bad < 0; i++)
+            if (!(f[i] >= 0.0f && f[i] <= (float)(BATCH / REPLICAS)) || f[i] != (float)(int)f[i])
+                bad = i;
+    } else if (IS("learning_rate")) {
+        for (int64_t i = 0; i < n && bad < 0; i++)
+            if (f[i] != 0.01f)
+                bad = i;
+    } else { /* loss, grad_norm, param_norm */
+        for (int64_t i = 0; i < n && bad < 0; i++)
+            if (!(f[i] >= 0.0f && f[i] < 1e30f))
+                bad = i;
+    }
+#undef IS
+    if (bad < 0)
+        return 0;
+    snprintf(why, whylen, "%.*s: value %lld of a step of %lld rows is wrong", (int)nl, name,
+             (long long)bad, (long long)rows);
+    return -1;
+}
+
 /* Checks a tensor message as a subscriber that splits it into steps would (docs/summaries.md,
  * "Tensor messages"): the topic names the header's tensor, the steps are consecutive, and the
  * data is the steps' rows of row_shape floats or ints. Returns its steps, or -1 with why. */
@@ -226,7 +280,7 @@ static int64_t check_tensor(zmq_msg_t *f, char *why, size_t whylen)
                  (int)(hn < 100 ? hn : 100), h);
         return -1;
     }
-    int64_t row = 4, total = 0;
+    int64_t row = 1, total = 0;
     for (int i = 0; i < rank; i++)
         row *= shape[i];
     for (int i = 0; i < ns; i++) {
@@ -235,13 +289,17 @@ static int64_t check_tensor(zmq_msg_t *f, char *why, size_t whylen)
                      (long long)steps[i - 1]);
             return -1;
         }
-        total += rows[i] * row;
+        total += rows[i] * row * 4;
     }
     if ((size_t)total != zmq_msg_size(&f[2])) {
         snprintf(why, whylen, "%.*s: %zu bytes of data for %lld", (int)nl, name,
                  zmq_msg_size(&f[2]), (long long)total);
         return -1;
     }
+    const char *data = zmq_msg_data(&f[2]);
+    for (int i = 0; i < ns; data += rows[i] * row * 4, i++)
+        if (check_values(name, nl, data, rows[i], row, why, whylen))
+            return -1;
     return ns;
 }
 
@@ -378,7 +436,6 @@ static double run_once(int way, int64_t steps, int64_t *sunk, double *cpu_us)
     cfg.host_calls[0] = (ifd_host_call){.tensor = "class", .spec = "class_accuracy"};
     cfg.host_calls[1] = (ifd_host_call){.tensor = "confidence", .spec = "histogram"};
     cfg.nhost_calls = 2;
-    static static_source src;
     source_init(&src);
     ifd_session *s;
     ifd_error err;
