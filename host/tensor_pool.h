@@ -4,7 +4,7 @@
  * on its I/O thread; freed to malloc, each 64 KiB buffer went back to the kernel (glibc trims a
  * thread arena's top with madvise) and the outfeed thread faulted its pages in again for the
  * next message (bench_outfeed's out16+pub: 4.2 page faults a step on the outfeed thread; 0.1
- * with the pool, which keeps 97 % of the buffers it hands out).
+ * with the pool, whose kept buffers serve 97 % of what it hands out).
  *
  * A pool keeps at most IFD_PUB_TENSOR_POOL_BYTES of buffers that nobody uses, a free list per
  * power-of-two capacity (a buffer is at most twice what was asked, as realloc's doubling gave
@@ -37,8 +37,9 @@ typedef struct ifd_tensor_pool_stats {
 ifd_tensor_pool *ifd_tensor_pool_create(void);
 /* The owner's end: its free buffers are freed, and the pool once the last buffer is back. */
 void ifd_tensor_pool_destroy(ifd_tensor_pool *pool);
-/* A buffer of at least need bytes (*cap: its capacity, at most twice need when kept one fits,
- * else need), or NULL when out of memory. */
+/* A buffer of at least need bytes, or NULL when out of memory. *cap: its capacity, the power of
+ * two at or above need (256 at least), or need itself above IFD_PUB_TENSOR_POOL_BYTES / 4 (such
+ * a buffer is never kept). */
 char *ifd_tensor_pool_get(ifd_tensor_pool *pool, size_t need, size_t *cap);
 /* Gives a buffer back (NULL: nothing); kept unless the pool holds IFD_PUB_TENSOR_POOL_BYTES. */
 void ifd_tensor_pool_put(char *data);
