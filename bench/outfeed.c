@@ -18,10 +18,10 @@
  *             consecutive, the data is their rows) and every value in it (x16 and label are the
  *             batch's, class a class, confidence a probability, count the replica's rows,
  *             learning_rate the configured one, the rest finite); the messages published and
- *             the ones read
- *             and checked are printed (a message holds several steps of a tensor, and ZeroMQ
- *             drops what a slow reader cannot take), and a message that fails the check ends
- *             the bench with status 1;
+ *             the ones read and checked are printed (a message holds several steps of a tensor,
+ *             and ZeroMQ drops what a slow reader cannot take), with the time the checks took
+ *             and the publisher's data buffers (taken, reused), and a message that fails the
+ *             check ends the bench with status 1;
  *   out16+ipc out16+pub on an ipc endpoint (a unix socket), as a subscriber on the daemon's
  *             host would connect.
  *
@@ -167,6 +167,7 @@ typedef struct pub_run {
     int64_t got;       /* atomic: messages read and checked */
     int64_t got_steps; /* the tensor steps they held */
     int64_t bad;       /* messages that failed the check */
+    int64_t check_ns;  /* the time the checks took (the reader's clock around them) */
     char why[160];     /* the first one's fault */
 } pub_run;
 
@@ -321,7 +322,9 @@ static void read_messages(pub_run *p, void *sub)
             if (n >= 3)
                 zmq_msg_close(&f[3]);
         }
+        int64_t t0 = ifd_clock_ns();
         int64_t st = n == 3 ? check_tensor(f, p->why, sizeof p->why) : -1;
+        p->check_ns += ifd_clock_ns() - t0;
         if (st < 0 && n != 3)
             snprintf(p->why, sizeof p->why, "a message of %d frames", n);
         if (st < 0)
@@ -404,7 +407,7 @@ static void pub_close(pub_run *p, ifd_publisher_tensors *st)
 
 /* out16+pub (else out16+ipc): the last run's messages and their steps, published and read */
 static int64_t g_pub_sent, g_pub_steps, g_pub_got, g_pub_got_steps, g_pub_bad, g_pub_buffers,
-    g_pub_reused;
+    g_pub_reused, g_pub_check_ns;
 static char g_pub_why[160];
 
 /* The process's CPU time (user and system, all threads) in seconds. */
@@ -475,6 +478,7 @@ static double run_once(int way, int64_t steps, int64_t *sunk, double *cpu_us)
         g_pub_reused = st.buffers_reused;
         g_pub_got = pr.got;
         g_pub_got_steps = pr.got_steps;
+        g_pub_check_ns = pr.check_ns;
         g_pub_bad += pr.bad;
         if (pr.bad && g_pub_why[0] == '\0')
             snprintf(g_pub_why, sizeof g_pub_why, "%s", pr.why);
@@ -558,10 +562,12 @@ int main(int argc, char **argv)
     if (on[OUT16_PUB] || on[OUT16_IPC]) {
         printf("%s: %lld tensor messages published in the last run (%.2f a step, %lld tensor "
                "steps: %d tensors a step), %lld read and checked by the subscribers (%lld "
-               "tensor steps); %lld data buffers taken, %lld of them reused\n",
+               "tensor steps; checking them took %.2f us a step); %lld data buffers taken, "
+               "%lld of them reused\n",
                on[OUT16_IPC] ? "out16+ipc" : "out16+pub", (long long)g_pub_sent,
                (double)g_pub_sent / (double)steps, (long long)g_pub_steps, NALL,
-               (long long)g_pub_got, (long long)g_pub_got_steps, (long long)g_pub_buffers,
+               (long long)g_pub_got, (long long)g_pub_got_steps,
+               (double)g_pub_check_ns / 1e3 / (double)steps, (long long)g_pub_buffers,
                (long long)g_pub_reused);
         if (g_pub_bad) {
             fprintf(stderr, "bench_outfeed: %lld tensor messages failed the check, the first: %s\n",
