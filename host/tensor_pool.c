@@ -5,7 +5,7 @@
 #include <stdlib.h>
 
 /* Capacities are powers of two from 2^POOL_MIN_SHIFT; a free list a capacity. Buffers larger
- * than a quarter of the pool's bytes are never kept. */
+ * than IFD_PUB_TENSOR_POOL_LARGEST are never kept. */
 enum { POOL_MIN_SHIFT = 8, POOL_CLASSES = 40 };
 
 /* Before each buffer's data (32 bytes: the data keeps malloc's 16-byte alignment). */
@@ -72,7 +72,7 @@ char *ifd_tensor_pool_get(ifd_tensor_pool *pool, size_t need, size_t *cap)
     while (cls < POOL_CLASSES && ((size_t)1 << cls) < need)
         cls++;
     size_t size = cls < POOL_CLASSES ? (size_t)1 << cls : need;
-    if (size > IFD_PUB_TENSOR_POOL_BYTES / 4) {
+    if (size > IFD_PUB_TENSOR_POOL_LARGEST) {
         size = need;
         cls = -1;
     }

@@ -16,12 +16,18 @@
 #ifndef IFD_HOST_TENSOR_POOL_H
 #define IFD_HOST_TENSOR_POOL_H
 
+#include "host/limits.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
 /* Free buffers a pool keeps at most (bytes of their capacity): a loop's burst of messages of
  * bench_outfeed's out16+pub (1.9 MiB) comes back whole. */
 #define IFD_PUB_TENSOR_POOL_BYTES ((size_t)4 << 20)
+/* The largest capacity a pool rounds up to and keeps: a message of several steps (a single step
+ * larger than that gets a buffer of its exact size, never kept, so that ZeroMQ's queue holds no
+ * more than the message's bytes for it). */
+#define IFD_PUB_TENSOR_POOL_LARGEST IFD_PUB_TENSOR_MESSAGE_BYTES
 
 typedef struct ifd_tensor_pool ifd_tensor_pool;
 
@@ -38,8 +44,8 @@ ifd_tensor_pool *ifd_tensor_pool_create(void);
 /* The owner's end: its free buffers are freed, and the pool once the last buffer is back. */
 void ifd_tensor_pool_destroy(ifd_tensor_pool *pool);
 /* A buffer of at least need bytes, or NULL when out of memory. *cap: its capacity, the power of
- * two at or above need (256 at least), or need itself above IFD_PUB_TENSOR_POOL_BYTES / 4 (such
- * a buffer is never kept). */
+ * two at or above need (256 at least), or need itself above IFD_PUB_TENSOR_POOL_LARGEST (such a
+ * buffer is never kept). */
 char *ifd_tensor_pool_get(ifd_tensor_pool *pool, size_t need, size_t *cap);
 /* Gives a buffer back (NULL: nothing); kept unless the pool holds IFD_PUB_TENSOR_POOL_BYTES. */
 void ifd_tensor_pool_put(char *data);

@@ -17,7 +17,7 @@ static char *take(ifd_tensor_pool *pool, size_t need, size_t *cap)
     char *d = ifd_tensor_pool_get(pool, need, cap);
     ck_assert_ptr_nonnull(d);
     ck_assert_uint_ge(*cap, need);
-    if (need > IFD_PUB_TENSOR_POOL_BYTES / 4)
+    if (need > IFD_PUB_TENSOR_POOL_LARGEST)
         ck_assert_uint_eq(*cap, need);
     else
         RASSERT(*cap < 2 * need || *cap == 256, "%zu bytes asked for, %zu given", need, *cap);
@@ -33,7 +33,7 @@ START_TEST(a_buffer_given_back_is_taken_again_by_its_size_class)
     seed_rng(&rng);
     ifd_tensor_pool *pool = ifd_tensor_pool_create();
     ck_assert_ptr_nonnull(pool);
-    size_t need = (size_t)rand_between(&rng, 257, 256 << 10), cap, cap2, cap3;
+    size_t need = (size_t)rand_between(&rng, 257, IFD_PUB_TENSOR_POOL_LARGEST / 2), cap, cap2, cap3;
     char *a = take(pool, need, &cap);
     ifd_tensor_pool_put(a);
     ifd_tensor_pool_stats st;
@@ -62,7 +62,7 @@ START_TEST(a_buffer_given_back_is_taken_again_by_its_size_class)
 END_TEST
 
 /* Whatever comes back, the pool keeps at most IFD_PUB_TENSOR_POOL_BYTES, and never a buffer
- * larger than a quarter of that. */
+ * larger than IFD_PUB_TENSOR_POOL_LARGEST (a message of several steps at most). */
 START_TEST(what_is_kept_stays_under_the_bound)
 {
     ifd_rng rng;
@@ -72,13 +72,13 @@ START_TEST(what_is_kept_stays_under_the_bound)
     char *d[N];
     size_t cap, total = 0;
     for (int i = 0; i < N; i++) {
-        size_t need = (size_t)rand_between(&rng, 1, 128 << 10);
+        size_t need = (size_t)rand_between(&rng, 1, IFD_PUB_TENSOR_POOL_LARGEST);
         if (i % 32 == 0) /* some never kept */
-            need = IFD_PUB_TENSOR_POOL_BYTES / 4 + (size_t)rand_between(&rng, 1, 4096);
+            need = IFD_PUB_TENSOR_POOL_LARGEST + (size_t)rand_between(&rng, 1, 4096);
         d[i] = take(pool, need, &cap);
         total += cap;
     }
-    ck_assert_uint_gt(total, IFD_PUB_TENSOR_POOL_BYTES); /* the test means something */
+    ck_assert_uint_gt(total, IFD_PUB_TENSOR_POOL_BYTES); /* more than it may keep */
     for (int i = 0; i < N; i++)
         ifd_tensor_pool_put(d[i]);
     ifd_tensor_pool_stats st;
@@ -87,7 +87,7 @@ START_TEST(what_is_kept_stays_under_the_bound)
             "%zu bytes kept in %lld buffers", st.kept_bytes, (long long)st.kept);
     ck_assert_int_lt(st.kept, N - N / 32 + 1);
     ck_assert_int_eq(st.out, 0);
-    size_t big = IFD_PUB_TENSOR_POOL_BYTES / 4 + 1;
+    size_t big = IFD_PUB_TENSOR_POOL_LARGEST + 1;
     char *b = take(pool, big, &cap);
     ifd_tensor_pool_put(b);
     ifd_tensor_pool_stats st2;
