@@ -15,10 +15,13 @@
  *             ZeroMQ context of their own (their own I/O thread, "1/ZMQbg/IO/0", as a subscriber
  *             process has), read by a thread that checks every message as a subscriber
  *             splitting it into steps would (the header names the topic's tensor, its steps are
- *             consecutive, the data is their rows); the messages published and the ones read
- *             and checked are printed (a message holds several steps of a tensor, and ZeroMQ
- *             drops what a slow reader cannot take), and a message that fails the check ends
- *             the bench with status 1;
+ *             consecutive, the data is their rows) and every value in it (x16 and label are the
+ *             batch's, class a class, confidence a probability, count the replica's rows,
+ *             learning_rate the configured one, the rest finite); the messages published and
+ *             the ones read and checked are printed (a message holds several steps of a tensor,
+ *             and ZeroMQ drops what a slow reader cannot take), with the time the checks took
+ *             and the publisher's data buffers (taken, reused), and a message that fails the
+ *             check ends the bench with status 1;
  *   out16+ipc out16+pub on an ipc endpoint (a unix socket), as a subscriber on the daemon's
  *             host would connect.
  *
@@ -115,6 +118,8 @@ static void source_init(static_source *s)
     s->batch.refs = 1; /* owned here: never released */
 }
 
+static static_source src; /* the batch every step trains on (the subscribers check x16 by it) */
+
 /* ---- a sink that takes every tensor ---- */
 
 typedef struct taker {
@@ -162,6 +167,7 @@ typedef struct pub_run {
     int64_t got;       /* atomic: messages read and checked */
     int64_t got_steps; /* the tensor steps they held */
     int64_t bad;       /* messages that failed the check */
+    int64_t check_ns;  /* the time the checks took (the reader's clock around them) */
     char why[160];     /* the first one's fault */
 } pub_run;
 
@@ -205,6 +211,55 @@ static const char *str_value(const char *h, size_t n, const char *key, size_t *l
     return at;
 }
 
+/* Every value of one step's rows of tensor name (data: rows x row floats or ints), against what
+ * the bench's batch and settings make them (a subscriber's host call reads them all too); 0 or
+ * -1 with why. */
+static int check_values(const char *name, size_t nl, const char *data, int64_t rows, int64_t row,
+                        char *why, size_t whylen)
+{
+    const float *f = (const float *)data;
+    const int32_t *k = (const int32_t *)data;
+    int64_t n = rows * row, bad = -1;
+#define IS(s) (nl == strlen(s) && memcmp(name, s, nl) == 0)
+    if (IS("x16")) {
+        if (rows != BATCH || row != FEATURES || memcmp(data, src.x, sizeof src.x) != 0)
+            bad = 0;
+    } else if (IS("label")) {
+        if (rows != BATCH || memcmp(data, src.y, sizeof src.y) != 0)
+            bad = 0;
+    } else if (IS("class")) {
+        for (int64_t i = 0; i < n && bad < 0; i++)
+            if (k[i] < 0 || k[i] >= CLASSES)
+                bad = i;
+    } else if (IS("confidence")) {
+        for (int64_t i = 0; i < n && bad < 0; i++)
+            if (!(f[i] >= 0.0f && f[i] <= 1.0f))
+                bad = i;
+    } else if (IS("count")) {
+        for (int64_t i = 0; i < n && bad < 0; i++)
+            if (f[i] != (float)(BATCH / REPLICAS))
+                bad = i;
+    } else if (IS("correct")) {
+        for (int64_t i = 0; i < n && bad < 0; i++)
+            if (!(f[i] >= 0.0f && f[i] <= (float)(BATCH / REPLICAS)) || f[i] != (float)(int)f[i])
+                bad = i;
+    } else if (IS("learning_rate")) {
+        for (int64_t i = 0; i < n && bad < 0; i++)
+            if (f[i] != 0.01f)
+                bad = i;
+    } else { /* loss, grad_norm, param_norm */
+        for (int64_t i = 0; i < n && bad < 0; i++)
+            if (!(f[i] >= 0.0f && f[i] < 1e30f))
+                bad = i;
+    }
+#undef IS
+    if (bad < 0)
+        return 0;
+    snprintf(why, whylen, "%.*s: value %lld of a step of %lld rows is wrong", (int)nl, name,
+             (long long)bad, (long long)rows);
+    return -1;
+}
+
 /* Checks a tensor message as a subscriber that splits it into steps would (docs/summaries.md,
  * "Tensor messages"): the topic names the header's tensor, the steps are consecutive, and the
  * data is the steps' rows of row_shape floats or ints. Returns its steps, or -1 with why. */
@@ -226,7 +281,7 @@ static int64_t check_tensor(zmq_msg_t *f, char *why, size_t whylen)
                  (int)(hn < 100 ? hn : 100), h);
         return -1;
     }
-    int64_t row = 4, total = 0;
+    int64_t row = 1, total = 0;
     for (int i = 0; i < rank; i++)
         row *= shape[i];
     for (int i = 0; i < ns; i++) {
@@ -235,13 +290,17 @@ static int64_t check_tensor(zmq_msg_t *f, char *why, size_t whylen)
                      (long long)steps[i - 1]);
             return -1;
         }
-        total += rows[i] * row;
+        total += rows[i] * row * 4;
     }
     if ((size_t)total != zmq_msg_size(&f[2])) {
         snprintf(why, whylen, "%.*s: %zu bytes of data for %lld", (int)nl, name,
                  zmq_msg_size(&f[2]), (long long)total);
         return -1;
     }
+    const char *data = zmq_msg_data(&f[2]);
+    for (int i = 0; i < ns; data += rows[i] * row * 4, i++)
+        if (check_values(name, nl, data, rows[i], row, why, whylen))
+            return -1;
     return ns;
 }
 
@@ -263,7 +322,9 @@ static void read_messages(pub_run *p, void *sub)
             if (n >= 3)
                 zmq_msg_close(&f[3]);
         }
+        int64_t t0 = ifd_clock_ns();
         int64_t st = n == 3 ? check_tensor(f, p->why, sizeof p->why) : -1;
+        p->check_ns += ifd_clock_ns() - t0;
         if (st < 0 && n != 3)
             snprintf(p->why, sizeof p->why, "a message of %d frames", n);
         if (st < 0)
@@ -345,7 +406,8 @@ static void pub_close(pub_run *p, ifd_publisher_tensors *st)
 }
 
 /* out16+pub (else out16+ipc): the last run's messages and their steps, published and read */
-static int64_t g_pub_sent, g_pub_steps, g_pub_got, g_pub_got_steps, g_pub_bad;
+static int64_t g_pub_sent, g_pub_steps, g_pub_got, g_pub_got_steps, g_pub_bad, g_pub_buffers,
+    g_pub_reused, g_pub_check_ns;
 static char g_pub_why[160];
 
 /* The process's CPU time (user and system, all threads) in seconds. */
@@ -377,7 +439,6 @@ static double run_once(int way, int64_t steps, int64_t *sunk, double *cpu_us)
     cfg.host_calls[0] = (ifd_host_call){.tensor = "class", .spec = "class_accuracy"};
     cfg.host_calls[1] = (ifd_host_call){.tensor = "confidence", .spec = "histogram"};
     cfg.nhost_calls = 2;
-    static static_source src;
     source_init(&src);
     ifd_session *s;
     ifd_error err;
@@ -413,8 +474,11 @@ static double run_once(int way, int64_t steps, int64_t *sunk, double *cpu_us)
         pub_close(&pr, &st);
         g_pub_sent = st.sent;
         g_pub_steps = st.sent_steps;
+        g_pub_buffers = st.buffers;
+        g_pub_reused = st.buffers_reused;
         g_pub_got = pr.got;
         g_pub_got_steps = pr.got_steps;
+        g_pub_check_ns = pr.check_ns;
         g_pub_bad += pr.bad;
         if (pr.bad && g_pub_why[0] == '\0')
             snprintf(g_pub_why, sizeof g_pub_why, "%s", pr.why);
@@ -498,10 +562,13 @@ int main(int argc, char **argv)
     if (on[OUT16_PUB] || on[OUT16_IPC]) {
         printf("%s: %lld tensor messages published in the last run (%.2f a step, %lld tensor "
                "steps: %d tensors a step), %lld read and checked by the subscribers (%lld "
-               "tensor steps)\n",
+               "tensor steps; checking them took %.2f us a step); %lld data buffers taken, "
+               "%lld of them reused\n",
                on[OUT16_IPC] ? "out16+ipc" : "out16+pub", (long long)g_pub_sent,
                (double)g_pub_sent / (double)steps, (long long)g_pub_steps, NALL,
-               (long long)g_pub_got, (long long)g_pub_got_steps);
+               (long long)g_pub_got, (long long)g_pub_got_steps,
+               (double)g_pub_check_ns / 1e3 / (double)steps, (long long)g_pub_buffers,
+               (long long)g_pub_reused);
         if (g_pub_bad) {
             fprintf(stderr, "bench_outfeed: %lld tensor messages failed the check, the first: %s\n",
                     (long long)g_pub_bad, g_pub_why);

@@ -2,6 +2,7 @@
 #include "host/conns.h"
 #include "host/endpoint.h"
 #include "host/security.h"
+#include "host/tensor_pool.h"
 
 #include "core/log.h"
 #include "core/thread.h"
@@ -19,15 +20,15 @@
 #include <sys/eventfd.h>
 
 /* A message waiting for the publisher thread: a summary (one frame, JSON, in buf) or a tensor
- * message (three frames: the topic and the JSON header in buf, the data in its own buffer, which
- * libzmq takes without a copy). */
+ * message (three frames: the topic and the JSON header in buf, the data in its own buffer, from
+ * the publisher's pool, which libzmq takes without a copy and gives back). */
 typedef struct outmsg {
     struct outmsg *next;
     int nframes;
     size_t len[3];
     size_t bytes;  /* of the frames together */
     int64_t steps; /* a tensor message: the steps it holds */
-    char *data;    /* a tensor message: its data frame (len[2] bytes; malloc'd, or NULL) */
+    char *data;    /* a tensor message: its data frame (len[2] bytes; the pool's, or NULL) */
     char buf[];
 } outmsg;
 
@@ -47,7 +48,7 @@ typedef struct tensor_acc {
     int64_t dims[IFD_MAX_RANK]; /* dims[1..rank): a row's shape */
     int nsteps;
     int64_t steps[IFD_PUB_TENSOR_STEPS_MAX], rows[IFD_PUB_TENSOR_STEPS_MAX];
-    char *data;
+    char *data;            /* from the publisher's pool */
     size_t len, cap, hint; /* hint: the last message's bytes, the next buffer's size */
 } tensor_acc;
 
@@ -85,8 +86,9 @@ struct ifd_publisher {
     const char *const *acc_names;
     unsigned acc_gen;
     size_t pending_bytes, pending_steps;
-    int unwoken;   /* atomic: tensor messages were queued without waking the thread */
-    int64_t wakes; /* atomic: the thread woken for what was queued */
+    int unwoken;           /* atomic: tensor messages were queued without waking the thread */
+    int64_t wakes;         /* atomic: the thread woken for what was queued */
+    ifd_tensor_pool *pool; /* the data frames' buffers */
     ifd_tensor_sink tsink;
     char mode[16]; /* the run's, in the tensor messages' headers */
     char bound[IFD_ENDPOINT_MAX];
@@ -104,7 +106,7 @@ static void wake(ifd_publisher *p)
 static void outmsg_free(outmsg *m)
 {
     if (m) {
-        free(m->data);
+        ifd_tensor_pool_put(m->data);
         free(m);
     }
 }
@@ -298,10 +300,12 @@ static int flush_acc(ifd_publisher *p, tensor_acc *a, int *pushed, ifd_error *er
         IFD_LOG_INFO("publish: tensor messages hold at most %.1f MiB waiting in the outbox and "
                      "%.1f MiB a subscriber in ZeroMQ's queue (%d messages of up to %zu bytes), "
                      "and %zu KiB a tensor asked for (%d at most) while its steps are gathered "
-                     "(or one step, when larger); docs/summaries.md, \"Tensor messages\"",
+                     "(or one step, when larger), and %.1f MiB of sent messages' buffers kept "
+                     "for the next; docs/summaries.md, \"Tensor messages\"",
                      (double)IFD_PUB_TENSOR_OUTBOX_BYTES / 1048576.0,
                      (double)IFD_PUB_SNDHWM * (double)bytes / 1048576.0, IFD_PUB_SNDHWM, bytes,
-                     IFD_PUB_TENSOR_MESSAGE_BYTES >> 10, IFD_PUB_TENSORS_MAX);
+                     IFD_PUB_TENSOR_MESSAGE_BYTES >> 10, IFD_PUB_TENSORS_MAX,
+                     (double)IFD_PUB_TENSOR_POOL_BYTES / 1048576.0);
     if (!go)
         outmsg_free(m);
     else if (*pushed < 1 + urgent)
@@ -329,7 +333,7 @@ static int acc_layout(ifd_publisher *p, const ifd_step_tensors *t, ifd_error *er
 {
     int rc = flush_all(p, err);
     for (int i = 0; i < p->naccs; i++)
-        free(p->accs[i].data);
+        ifd_tensor_pool_put(p->accs[i].data);
     free(p->accs);
     p->naccs = 0;
     p->acc_names = NULL;
@@ -374,13 +378,14 @@ static int acc_add(ifd_publisher *p, tensor_acc *a, int64_t step, const ifd_tens
         a->rank = t->shape.rank;
         memcpy(a->dims, t->shape.dims, sizeof a->dims);
     }
-    if (a->len + n > a->cap) {
-        size_t cap = a->cap ? 2 * a->cap : a->hint > 256 ? a->hint : 256;
-        if (cap < a->len + n)
-            cap = a->len + n;
-        char *d = realloc(a->data, cap);
+    if (a->len + n > a->cap) { /* a buffer of at least the last message's size */
+        size_t cap, need = a->len == 0 && a->hint > n ? a->hint : a->len + n;
+        char *d = ifd_tensor_pool_get(p->pool, need, &cap);
         if (d == NULL)
             return ifd_error_set(err, IFD_ENOMEM, "publish: tensor '%s'", a->name);
+        if (a->len)
+            memcpy(d, a->data, a->len);
+        ifd_tensor_pool_put(a->data);
         a->data = d;
         a->cap = cap;
     }
@@ -523,6 +528,10 @@ int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, 
     ifd_mutex_init(&p->acc_mu);
     p->efd = -1;
     int rc;
+    if ((p->pool = ifd_tensor_pool_create()) == NULL) {
+        rc = ifd_error_set(err, IFD_ENOMEM, "publish");
+        goto fail;
+    }
     p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (p->efd < 0) {
         rc = ifd_error_set(err, IFD_EIO, "publish: eventfd: %s", strerror(errno));
@@ -607,12 +616,12 @@ void ifd_publisher_tensor_stats(ifd_publisher *p, ifd_publisher_tensors *st)
     st->rate = (int64_t)p->rate;
     st->wakes = __atomic_load_n(&p->wakes, __ATOMIC_RELAXED);
     ifd_mutex_unlock(&p->mu);
-}
-
-static void free_data(void *data, void *hint)
-{
-    (void)hint;
-    free(data);
+    ifd_tensor_pool_stats ps;
+    ifd_tensor_pool_get_stats(p->pool, &ps);
+    st->buffers = ps.taken;
+    st->buffers_reused = ps.reused;
+    st->buffers_out = ps.out;
+    st->buffers_kept = ps.kept;
 }
 
 /* Sends what the outbox holds; returns whether the thread was asked to stop. */
@@ -630,9 +639,9 @@ static int publish(ifd_publisher *p)
         int tensor = is_tensor(m);
         for (int i = 0; i < m->nframes; i++) {
             int more = i + 1 < m->nframes ? ZMQ_SNDMORE : 0;
-            if (i == 2 && m->data) { /* a tensor's data: libzmq frees it once sent */
+            if (i == 2 && m->data) { /* a tensor's data: libzmq gives it back once sent */
                 zmq_msg_t d;
-                if (zmq_msg_init_data(&d, m->data, m->len[2], free_data, NULL) == 0) {
+                if (zmq_msg_init_data(&d, m->data, m->len[2], ifd_tensor_pool_free, NULL) == 0) {
                     m->data = NULL;
                     if (zmq_msg_send(&d, p->pub, ZMQ_DONTWAIT) < 0)
                         zmq_msg_close(&d);
@@ -760,9 +769,10 @@ void ifd_publisher_destroy(ifd_publisher *p)
         outmsg_free(m);
     }
     for (int i = 0; i < p->naccs; i++)
-        free(p->accs[i].data);
+        ifd_tensor_pool_put(p->accs[i].data);
     free(p->accs);
-    ifd_conns_destroy(p->conns); /* libzmq waits on a monitor event nobody reads */
+    ifd_tensor_pool_destroy(p->pool); /* freed once libzmq gives back what it holds */
+    ifd_conns_destroy(p->conns);      /* libzmq waits on a monitor event nobody reads */
     if (p->pub)
         zmq_close(p->pub);
     if (p->efd >= 0)

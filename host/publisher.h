@@ -61,6 +61,9 @@ typedef struct ifd_publisher_tensors {
     int64_t pending_bytes;                            /* data of the steps being gathered now */
     int64_t rate;                                     /* bytes a second */
     int64_t wakes; /* the publisher thread woken for queued messages (summaries included) */
+    /* the data frames' buffers (host/tensor_pool.h): taken, of those the pool's kept ones, and
+     * out now (gathering, in the outbox or in libzmq); kept for the next messages now */
+    int64_t buffers, buffers_reused, buffers_out, buffers_kept;
 } ifd_publisher_tensors;
 void ifd_publisher_tensor_stats(ifd_publisher *p, ifd_publisher_tensors *st);
 

@@ -506,6 +506,59 @@ START_TEST(a_long_loop_wakes_the_publisher_at_the_mark)
 }
 END_TEST
 
+/* The data frames' buffers come back from libzmq once sent and the next loop's messages take them
+ * (host/tensor_pool.h): loops of 64 KiB messages (4 steps of 16 KiB each), each received whole;
+ * once libzmq has given every buffer back (the event waited for), the next loop's messages, a
+ * buffer each, reuse at least as many of the 64 KiB buffers kept as there are (every buffer
+ * made is kept: the first message's grew through one of 16 and one of 32 KiB; more when the
+ * publisher thread's poll timeout sent some of the loop's messages before its end), and every
+ * step still arrives as written. */
+START_TEST(sent_messages_give_their_buffers_back_for_the_next_loop)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    pub_fixture f;
+    open_for_x(&f);
+    int64_t at = rand_between(&rng, 0, 1000), kept = 0; /* 64 KiB buffers kept */
+    ifd_publisher_tensors st;
+    int loops = (int)rand_between(&rng, 2, 5);
+    for (int l = 0; l < loops; l++) {
+        int64_t msgs = rand_between(&rng, 1, 10), n = 4 * msgs;
+        int64_t step[40], loop[40] = {0};
+        ifd_tensor ts[40];
+        for (int64_t s = 0; s < n; s++)
+            step[s] = at + s;
+        ifd_publisher_tensor_stats(f.pub, &st);
+        int64_t reused0 = st.buffers_reused, taken0 = st.buffers;
+        write_loop(&f, &rng, &at, ts, n, 16, 16);
+        flush_loop(&f);
+        expect_steps(f.sub, "x", step, ts, n, loop);
+        for (int64_t s = 0; s < n; s++)
+            free(ts[s].data);
+        ifd_publisher_tensor_stats(f.pub, &st);
+        if (l > 0)
+            ck_assert_int_eq(st.buffers - taken0, msgs);
+        RASSERT(st.buffers_reused - reused0 >= (kept < msgs ? kept : msgs) &&
+                    st.buffers_reused - reused0 <= msgs,
+                "loop %d: %lld of %lld messages reused a buffer, %lld were kept", l,
+                (long long)(st.buffers_reused - reused0), (long long)msgs, (long long)kept);
+        int64_t deadline = ifd_clock_ns() + INT64_C(10000000000);
+        while (st.buffers_out > 0) { /* libzmq gives them back once it has sent them */
+            RASSERT(ifd_clock_ns() < deadline, "%lld buffers never came back from libzmq",
+                    (long long)st.buffers_out);
+            ifd_sleep_ns(1000000);
+            ifd_publisher_tensor_stats(f.pub, &st);
+        }
+        /* every buffer made is kept (the first message's 16 and 32 KiB ones too) */
+        RASSERT(st.buffers_kept == st.buffers - st.buffers_reused,
+                "loop %d: %lld buffers kept, %lld taken, %lld of them reused", l,
+                (long long)st.buffers_kept, (long long)st.buffers, (long long)st.buffers_reused);
+        kept = st.buffers_kept - 2;
+    }
+    fixture_close(&f);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("tensor_publisher");
@@ -515,5 +568,6 @@ int main(void)
     tcase_add_loop_test(tc, the_byte_rate_drops_what_exceeds_it, 0, 4);
     tcase_add_loop_test(tc, a_loop_s_messages_wake_the_publisher_once, 0, 4);
     tcase_add_loop_test(tc, a_long_loop_wakes_the_publisher_at_the_mark, 0, 4);
+    tcase_add_loop_test(tc, sent_messages_give_their_buffers_back_for_the_next_loop, 0, 4);
     return tu_run_suite(s);
 }
