@@ -87,6 +87,19 @@ IFD_NN_WIDE void ifd_nn_bias_add_rows(int64_t rows, int64_t dim, const float *bi
             x[r * dim + j] += bias[j];
 }
 
+IFD_NN_WIDE void ifd_nn_bias_fill_rows(int64_t rows, int64_t dim, const float *bias,
+                                       const float *res, float *y)
+{
+    if (res == NULL) {
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(y + r * dim, bias, (size_t)dim * sizeof(float));
+        return;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < dim; j++)
+            y[r * dim + j] = res[r * dim + j] + bias[j];
+}
+
 IFD_NN_WIDE void ifd_nn_axpy(int64_t n, float alpha, const float *x, float *y)
 {
     for (int64_t i = 0; i < n; i++)

@@ -40,6 +40,10 @@
  * (its add): elementwise, so their AVX-512 and AVX2 builds give the baseline's bits. */
 void ifd_nn_bias_add_rows(int64_t rows, int64_t dim, const float *bias, float *x);
 void ifd_nn_axpy(int64_t n, float alpha, const float *x, float *y);
+/* y[r, j] = res[r, j] + bias[j] (res NULL: bias[j]) over rows [rows, dim], res may be y: the
+ * start of gemm_bias's C. */
+void ifd_nn_bias_fill_rows(int64_t rows, int64_t dim, const float *bias, const float *res,
+                           float *y);
 
 /* out[r, :] = table[ids[r], :], r < rows; ids in [0, vocab) (checked by the caller). */
 void ifd_nn_embedding(int64_t rows, int64_t dim, const int32_t *ids, const float *table,
