@@ -185,6 +185,19 @@ START_TEST(test_helpers_take_chunks_after_sleeping)
 }
 END_TEST
 
+/* A team of 2 to 4 threads (*threads) and the op tables of the caller alone and of that team,
+ * with OpenBLAS on one thread, as the backend runs it (ifd_cpu_replica_threads). */
+static ifd_team *product_tables(ifd_rng *rng, int *threads, ifd_ops *alone, ifd_ops *shared)
+{
+    ifd_team *team;
+    *threads = (int)rand_between(rng, 2, 4);
+    ck_assert_int_eq(ifd_team_create(&team, *threads, "test-team"), IFD_OK);
+    openblas_set_num_threads(1);
+    ifd_cpu_ops_init(alone, NULL);
+    ifd_cpu_ops_init(shared, team);
+    return team;
+}
+
 /* C[i,j] of alpha op(A) op(B) + beta C0 in double. */
 static double gemm_ref(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                        const float *b, float beta, const float *c0, int64_t i, int64_t j)
@@ -204,13 +217,9 @@ START_TEST(test_gemm_split)
 {
     ifd_rng rng;
     seed_rng(&rng);
-    int threads = (int)rand_between(&rng, 2, 4);
-    ifd_team *team;
-    ck_assert_int_eq(ifd_team_create(&team, threads, "test-team"), IFD_OK);
-    openblas_set_num_threads(1); /* as the backend runs it (ifd_cpu_replica_threads) */
+    int threads;
     ifd_ops alone, shared;
-    ifd_cpu_ops_init(&alone, NULL);
-    ifd_cpu_ops_init(&shared, team);
+    ifd_team *team = product_tables(&rng, &threads, &alone, &shared);
     int split = 0;
     /* every transpose pair, split by rows (m >= n) and by columns, twice each; then small ones */
     for (int trial = 0; trial < 24; trial++) {
@@ -273,13 +282,9 @@ START_TEST(test_gemm_k_split)
 {
     ifd_rng rng;
     seed_rng(&rng);
-    int threads = (int)rand_between(&rng, 2, 4);
-    ifd_team *team;
-    ck_assert_int_eq(ifd_team_create(&team, threads, "test-team"), IFD_OK);
-    openblas_set_num_threads(1);
+    int threads;
     ifd_ops alone, shared;
-    ifd_cpu_ops_init(&alone, NULL);
-    ifd_cpu_ops_init(&shared, team);
+    ifd_team *team = product_tables(&rng, &threads, &alone, &shared);
     int split = 0;
     for (int trial = 0; trial < 12; trial++) {
         int ta = trial & 1, tb = (trial >> 1) & 1;
@@ -339,13 +344,9 @@ START_TEST(test_gemm_bias)
 {
     ifd_rng rng;
     seed_rng(&rng);
-    int threads = (int)rand_between(&rng, 2, 4);
-    ifd_team *team;
-    ck_assert_int_eq(ifd_team_create(&team, threads, "test-team"), IFD_OK);
-    openblas_set_num_threads(1);
+    int threads;
     ifd_ops alone, shared;
-    ifd_cpu_ops_init(&alone, NULL);
-    ifd_cpu_ops_init(&shared, team);
+    ifd_team *team = product_tables(&rng, &threads, &alone, &shared);
     int split = 0;
     for (int trial = 0; trial < 24; trial++) {
         int way = trial % 3, shape = (trial / 3) % 4; /* by rows, by columns, along k, small */
