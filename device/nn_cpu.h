@@ -35,6 +35,17 @@
 #else
 #define IFD_NN_WIDE
 #endif
+/* IFD_NN_WIDE_FMA: the same for loops that call fmaf (GELU's polynomials), built for x86-64-v4
+ * (AVX-512) and x86-64-v3 (AVX2), both with FMA, where fmaf is one instruction a lane (GCC 12
+ * and later; GCC's avx512f and avx2 clones would call libm's fmaf for each element). fmaf rounds
+ * once on every machine, so the bits are the same as the baseline build's, which calls libm. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 &&           \
+    !defined(__CUDACC__) && !defined(IFD_NN_SANITIZED)
+#define IFD_NN_WIDE_FMA                                                                            \
+    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define IFD_NN_WIDE_FMA
+#endif
 
 /* x[r, j] += bias[j] over rows [rows, dim] (the op set's bias_add), and y[i] += alpha x[i], i < n
  * (its add): elementwise, so their AVX-512 and AVX2 builds give the baseline's bits. */
@@ -84,7 +95,8 @@ void ifd_nn_col_sum(int64_t rows, int64_t dim, int64_t c0, int64_t c1, const flo
 void ifd_nn_gelu(int64_t n, const float *x, float *y);
 void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx);
 /* The same two built for the baseline ISA alone (no AVX: ifd_nn_gelu may run AVX-512 or AVX2
- * lanes), for tests: the bits must agree. */
+ * lanes with FMA instructions for fmaf, the baseline libm's fmaf), for tests: the bits must
+ * agree. */
 void ifd_nn_gelu_baseline(int64_t n, const float *x, float *y);
 void ifd_nn_gelu_grad_baseline(int64_t n, const float *x, const float *dy, float *dx);
 
