@@ -273,7 +273,7 @@ static inline float nn_exp_neg(float t)
 
 /*
  * GELU's erf and exp, the polynomials above evaluated by fmaf (Horner steps, and exp's range
- * reduction): one instruction a step where the clone has FMA (IFD_NN_WIDE_FMA), 25 % less time
+ * reduction): one instruction a step where the CPU has FMA (ifd_nn_gelu), 25 % less time
  * than a multiply and an add (GELU and its gradient were 5.7 % of a charlm32 step), and one
  * rounding a step, the same on every machine. The cross-entropy and the softmax keep
  * nn_exp_neg (their bits unchanged).
@@ -333,13 +333,71 @@ NN_INLINE void gelu_grad_loop(int64_t n, const float *x, const float *dy, float 
     }
 }
 
-IFD_NN_WIDE_FMA void ifd_nn_gelu(int64_t n, const float *x, float *y)
+/* The FMA builds of the two loops and the CPU's choice among them, made at each call
+ * (__builtin_cpu_supports reads a word): not by a target_clones resolver, which the sanitizers'
+ * runtime does not allow (IFD_NN_WIDE), so their builds run FMA lanes too. */
+#if defined(__x86_64__) && defined(__GNUC__) && (!defined(__clang__) || __clang_major__ >= 14)
+#define NN_GELU_FMA 1
+__attribute__((target("avx512f,fma"))) static void gelu_512(int64_t n, const float *x, float *y)
 {
     gelu_loop(n, x, y);
 }
 
-IFD_NN_WIDE_FMA void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx)
+__attribute__((target("avx2,fma"))) static void gelu_256(int64_t n, const float *x, float *y)
 {
+    gelu_loop(n, x, y);
+}
+
+__attribute__((target("avx512f,fma"))) static void gelu_grad_512(int64_t n, const float *x,
+                                                                 const float *dy, float *dx)
+{
+    gelu_grad_loop(n, x, dy, dx);
+}
+
+__attribute__((target("avx2,fma"))) static void gelu_grad_256(int64_t n, const float *x,
+                                                              const float *dy, float *dx)
+{
+    gelu_grad_loop(n, x, dy, dx);
+}
+
+/* 2: AVX-512 with FMA, 1: AVX2 with FMA, 0: neither */
+static int gelu_lanes(void)
+{
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma"))
+        return 2;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#endif
+
+void ifd_nn_gelu(int64_t n, const float *x, float *y)
+{
+#ifdef NN_GELU_FMA
+    int lanes = gelu_lanes();
+    if (lanes == 2) {
+        gelu_512(n, x, y);
+        return;
+    }
+    if (lanes == 1) {
+        gelu_256(n, x, y);
+        return;
+    }
+#endif
+    gelu_loop(n, x, y);
+}
+
+void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx)
+{
+#ifdef NN_GELU_FMA
+    int lanes = gelu_lanes();
+    if (lanes == 2) {
+        gelu_grad_512(n, x, dy, dx);
+        return;
+    }
+    if (lanes == 1) {
+        gelu_grad_256(n, x, dy, dx);
+        return;
+    }
+#endif
     gelu_grad_loop(n, x, dy, dx);
 }
 

@@ -35,17 +35,6 @@
 #else
 #define IFD_NN_WIDE
 #endif
-/* IFD_NN_WIDE_FMA: the same for loops that call fmaf (GELU's polynomials), built for x86-64-v4
- * (AVX-512) and x86-64-v3 (AVX2), both with FMA, where fmaf is one instruction a lane (GCC 12
- * and later; GCC's avx512f and avx2 clones would call libm's fmaf for each element). fmaf rounds
- * once on every machine, so the bits are the same as the baseline build's, which calls libm. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12 &&           \
-    !defined(__CUDACC__) && !defined(IFD_NN_SANITIZED)
-#define IFD_NN_WIDE_FMA                                                                            \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define IFD_NN_WIDE_FMA
-#endif
 
 /* x[r, j] += bias[j] over rows [rows, dim] (the op set's bias_add), and y[i] += alpha x[i], i < n
  * (its add): elementwise, so their AVX-512 and AVX2 builds give the baseline's bits. */
@@ -94,9 +83,11 @@ void ifd_nn_col_sum(int64_t rows, int64_t dim, int64_t c0, int64_t c1, const flo
  * x. The gradient from the forward's input x: dx = dy * (Phi(x) + x * phi(x)); dx may be dy. */
 void ifd_nn_gelu(int64_t n, const float *x, float *y);
 void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx);
-/* The same two built for the baseline ISA alone (no AVX: ifd_nn_gelu may run AVX-512 or AVX2
- * lanes with FMA instructions for fmaf, the baseline libm's fmaf), for tests: the bits must
- * agree. */
+/* The same two built for the baseline ISA alone, for tests: the bits must agree. ifd_nn_gelu and
+ * ifd_nn_gelu_grad evaluate erf's and exp's polynomials by fmaf (one rounding a step on every
+ * machine) and run AVX-512 or AVX2 lanes with FMA instructions where the CPU has them (chosen at
+ * each call, not by a resolver: so under the sanitizers too); the baseline's fmaf is libm's, a
+ * call an element (about 20 times slower). */
 void ifd_nn_gelu_baseline(int64_t n, const float *x, float *y);
 void ifd_nn_gelu_grad_baseline(int64_t n, const float *x, const float *dy, float *dx);
 
