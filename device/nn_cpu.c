@@ -250,6 +250,17 @@ void ifd_nn_layernorm_grad(int64_t rows, int64_t dim, const float *x, const floa
  * polynomial for e^r, 0 below -87. This file is built with -fno-trapping-math (CMakeLists.txt),
  * which lets the clamps be vector selects; the results are the same bits either way.
  */
+/* 2^n for an integral n in [-126, 127]: exp's scale, written into a float's exponent bits. */
+NN_INLINE float pow2i(float n)
+{
+    union {
+        uint32_t u;
+        float f;
+    } s;
+    s.u = (uint32_t)((int32_t)n + 127) << 23;
+    return s.f;
+}
+
 static inline float nn_exp_neg(float t)
 {
     t = t < -87.0f ? -87.0f : t;
@@ -263,12 +274,7 @@ static inline float nn_exp_neg(float t)
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    union {
-        uint32_t u;
-        float f;
-    } s;
-    s.u = (uint32_t)((int32_t)n + 127) << 23;
-    return p * s.f;
+    return p * pow2i(n);
 }
 
 /*
@@ -310,12 +316,7 @@ NN_INLINE float gelu_exp_neg(float t)
     p = fmaf(p, r, 1.6666665459e-1f);
     p = fmaf(p, r, 5.0000001201e-1f);
     p = fmaf(p * r, r, r + 1.0f);
-    union {
-        uint32_t u;
-        float f;
-    } s;
-    s.u = (uint32_t)((int32_t)n + 127) << 23;
-    return p * s.f;
+    return p * pow2i(n);
 }
 
 NN_INLINE void gelu_loop(int64_t n, const float *x, float *y)
