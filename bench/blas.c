@@ -28,7 +28,7 @@ typedef void (*sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float a
                          const float *a, int lda, const float *b, int ldb, float beta, float *c,
                          int ldc);
 
-/* The products of bench/peers.py's jobs (row-major, as device/ops_cpu.c calls them), and the
+/* The products of bench/peers.py's jobs (row-major, as device/ops_gemm_cpu.c calls them), and the
  * issue's reference product. */
 static const struct shape {
     const char *name;

@@ -40,6 +40,10 @@
  * (its add): elementwise, so their AVX-512 and AVX2 builds give the baseline's bits. */
 void ifd_nn_bias_add_rows(int64_t rows, int64_t dim, const float *bias, float *x);
 void ifd_nn_axpy(int64_t n, float alpha, const float *x, float *y);
+/* y[r, j] = res[r, j] + bias[j] (res NULL: bias[j]) over rows [rows, dim], res may be y: the
+ * start of gemm_bias's C. */
+void ifd_nn_bias_fill_rows(int64_t rows, int64_t dim, const float *bias, const float *res,
+                           float *y);
 
 /* out[r, :] = table[ids[r], :], r < rows; ids in [0, vocab) (checked by the caller). */
 void ifd_nn_embedding(int64_t rows, int64_t dim, const int32_t *ids, const float *table,
@@ -79,8 +83,11 @@ void ifd_nn_col_sum(int64_t rows, int64_t dim, int64_t c0, int64_t c1, const flo
  * x. The gradient from the forward's input x: dx = dy * (Phi(x) + x * phi(x)); dx may be dy. */
 void ifd_nn_gelu(int64_t n, const float *x, float *y);
 void ifd_nn_gelu_grad(int64_t n, const float *x, const float *dy, float *dx);
-/* The same two built for the baseline ISA alone (no AVX: ifd_nn_gelu may run AVX-512 or AVX2
- * lanes), for tests: the bits must agree. */
+/* The same two built for the baseline ISA alone, for tests: the bits must agree. ifd_nn_gelu and
+ * ifd_nn_gelu_grad evaluate erf's and exp's polynomials by fmaf (one rounding a step on every
+ * machine) and run AVX-512 or AVX2 lanes with FMA instructions where the CPU has them (chosen at
+ * each call, not by a resolver: so under the sanitizers too); the baseline's fmaf is libm's, a
+ * call an element (about 20 times slower). */
 void ifd_nn_gelu_baseline(int64_t n, const float *x, float *y);
 void ifd_nn_gelu_grad_baseline(int64_t n, const float *x, const float *dy, float *dx);
 

@@ -274,6 +274,7 @@ static void replica_ops(cu_replica *rep)
     rep->ops.gelu_grad = ifd_cu_gelu_grad;
     rep->ops.attention = ifd_cu_attention;
     rep->ops.attention_grad = ifd_cu_attention_grad;
+    rep->ops.gemm_bias = ifd_cu_gemm_bias;
 }
 
 /* One replica on GPU `index`; what it made is freed by the backend's close whatever failed. */

@@ -174,6 +174,8 @@ void ifd_cu_close(ifd_device *dev);
 void ifd_cu_gemm(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                  const float *a, const float *b, float beta, float *c);
 void ifd_cu_bias_add(void *ctx, int64_t rows, int64_t cols, const float *bias, float *x);
+void ifd_cu_gemm_bias(void *ctx, int64_t m, int64_t n, int64_t k, const float *a, const float *b,
+                      const float *bias, const float *res, float *c);
 void ifd_cu_col_sum(void *ctx, int64_t rows, int64_t cols, const float *x, float *out);
 void ifd_cu_relu(void *ctx, int64_t n, const float *x, float *y);
 void ifd_cu_relu_grad(void *ctx, int64_t n, const float *y, const float *dy, float *dx);

@@ -23,6 +23,9 @@ extern "C" {
 /* x[r,c] += bias[c] */
 cudaError_t ifd_cuda_bias_add(cudaStream_t s, int64_t rows, int64_t cols, const float *bias,
                               float *x);
+/* c[r,j] = res[r,j] + bias[j] (res NULL: bias[j]); res may be c (gemm_bias's start). */
+cudaError_t ifd_cuda_bias_fill(cudaStream_t s, int64_t rows, int64_t cols, const float *bias,
+                               const float *res, float *c);
 /* out[c] = sum over r of x[r,c], in row order (the cpu backend's order, so the same bits). */
 cudaError_t ifd_cuda_col_sum(cudaStream_t s, int64_t rows, int64_t cols, const float *x,
                              float *out);

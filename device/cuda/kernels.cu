@@ -12,6 +12,16 @@ __global__ void bias_add_kernel(int64_t rows, int64_t cols, const float *bias, f
     }
 }
 
+/* c = res + bias (res NULL: bias) a row: gemm_bias's start of C */
+__global__ void bias_fill_kernel(int64_t rows, int64_t cols, const float *bias, const float *res,
+                                 float *c)
+{
+    GRID_STRIDE(i, rows * cols)
+    {
+        c[i] = res ? res[i] + bias[i % cols] : bias[i % cols];
+    }
+}
+
 __global__ void col_sum_kernel(int64_t rows, int64_t cols, const float *x, float *out)
 {
     GRID_STRIDE(c, cols)
@@ -262,6 +272,16 @@ extern "C" cudaError_t ifd_cuda_bias_add(cudaStream_t s, int64_t rows, int64_t c
     clear_stale_error();
     if (rows > 0 && cols > 0)
         bias_add_kernel<<<grid_for(rows * cols), IFD_CUDA_THREADS, 0, s>>>(rows, cols, bias, x);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ifd_cuda_bias_fill(cudaStream_t s, int64_t rows, int64_t cols,
+                                          const float *bias, const float *res, float *c)
+{
+    clear_stale_error();
+    if (rows > 0 && cols > 0)
+        bias_fill_kernel<<<grid_for(rows * cols), IFD_CUDA_THREADS, 0, s>>>(rows, cols, bias, res,
+                                                                            c);
     return cudaGetLastError();
 }
 

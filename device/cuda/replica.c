@@ -58,6 +58,16 @@ void ifd_cu_bias_add(void *ctx, int64_t rows, int64_t cols, const float *bias, f
         op_check(rep, ifd_cuda_bias_add(rep->cs, rows, cols, bias, x), "bias_add kernel");
 }
 
+/* C starts as res + bias, then cublasSgemm adds the product (beta 1). */
+void ifd_cu_gemm_bias(void *ctx, int64_t m, int64_t n, int64_t k, const float *a, const float *b,
+                      const float *bias, const float *res, float *c)
+{
+    cu_replica *rep = ctx;
+    if (rep->op_rc == IFD_OK)
+        op_check(rep, ifd_cuda_bias_fill(rep->cs, m, n, bias, res, c), "bias_fill kernel");
+    ifd_cu_gemm(ctx, 0, 0, m, n, k, 1.0f, a, b, 1.0f, c);
+}
+
 void ifd_cu_col_sum(void *ctx, int64_t rows, int64_t cols, const float *x, float *out)
 {
     cu_replica *rep = ctx;

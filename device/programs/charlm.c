@@ -255,14 +255,11 @@ static const float *param(const ifd_program *p, const float *params, int i)
     return params + p->params[i].offset;
 }
 
-/* out = x W + b (rows n), or out = res + x W + b when res is not NULL (res may not be out). */
+/* out = x W + b (rows n), or out = res + x W + b when res is not NULL: one gemm_bias. */
 static void dense(const ifd_ops *ops, int64_t n, int64_t in, int64_t outc, const float *x,
                   const float *w, const float *bias, const float *res, float *out)
 {
-    if (res)
-        ops->copy(ops->ctx, out, res, n * outc * (int64_t)sizeof(float));
-    ops->gemm(ops->ctx, 0, 0, n, outc, in, 1.0f, x, w, res ? 1.0f : 0.0f, out);
-    ops->bias_add(ops->ctx, n, outc, bias, out);
+    ops->gemm_bias(ops->ctx, n, outc, in, x, w, bias, res, out);
 }
 
 /* The forward through ln_f over b sequences: leaves every layer's activations in the workspace

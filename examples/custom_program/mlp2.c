@@ -134,12 +134,11 @@ static const float *param(const ifd_program *p, const float *v, int i)
     return v + p->params[i].offset;
 }
 
-/* out [n, n_out] = in [n, n_in] W + b */
+/* out [n, n_out] = in [n, n_in] W + b: one gemm_bias (program ABI 5), no residual */
 static void dense(const ifd_ops *ops, int64_t n, int64_t n_in, int64_t n_out, const float *in,
                   const float *w, const float *b, float *out)
 {
-    ops->gemm(ops->ctx, 0, 0, n, n_out, n_in, 1.0f, in, w, 0.0f, out);
-    ops->bias_add(ops->ctx, n, n_out, b, out);
+    ops->gemm_bias(ops->ctx, n, n_out, n_in, in, w, b, NULL, out);
 }
 
 static void forward(const ifd_program *p, const ifd_ops *ops, const ifd_step_args *a, float *h1,

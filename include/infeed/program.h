@@ -207,6 +207,13 @@ typedef struct ifd_ops {
     void (*attention_grad)(void *ctx, int64_t batch, int64_t t, int64_t heads, int64_t dh,
                            const float *qkv, const float *probs, const float *dout, float *dqkv,
                            float *work);
+
+    /* ---- ABI 5 */
+    /* A dense layer in one op: C[m,n] = A[m,k] B[k,n] + bias[n], plus res[m,n] when res is not
+     * NULL (a residual connection; res may be c). C starts as res + bias and the product is
+     * added to it (beta = 1), so no pass zeroes C and none adds the bias after. */
+    void (*gemm_bias)(void *ctx, int64_t m, int64_t n, int64_t k, const float *a, const float *b,
+                      const float *bias, const float *res, float *c);
 } ifd_ops;
 
 typedef struct ifd_program ifd_program;
@@ -337,9 +344,10 @@ void ifd_program_init_params(const ifd_program *p, float *params, uint64_t seed)
  * a JSON object (ifd_program_settings.config, ifd_program.config, ifd_program_config_int and
  * its kin, ifd_program_config_text); int32 inputs of any per-row shape with a value range the
  * runtime checks in every mode (ifd_program.input_limit, ifd_program_add_ids); the op fill; a
- * program's own state (ifd_program.state, ifd_program_class.free_state).
+ * program's own state (ifd_program.state, ifd_program_class.free_state). Version 5: the op
+ * gemm_bias (a dense layer's product, bias and residual in one op).
  */
-#define IFD_PROGRAM_ABI_VERSION 4
+#define IFD_PROGRAM_ABI_VERSION 5
 
 typedef struct ifd_program_registry ifd_program_registry;
 struct ifd_program_registry {

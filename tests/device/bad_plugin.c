@@ -89,11 +89,10 @@ int not_an_entry_point(ifd_program_registry *reg, ifd_error *err)
 {
     return reg_init(reg, err);
 }
-#elif defined(BAD_ABI) || defined(BAD_ABI3)
-/* What IFD_PROGRAM_PLUGIN writes, for a future ABI (99) or the one before the transformer's
- * (3). */
-#if defined(BAD_ABI3)
-#define BAD_ABI_VERSION 3
+#elif defined(BAD_ABI) || defined(BAD_ABI4)
+/* What IFD_PROGRAM_PLUGIN writes, for a future ABI (99) or the one before gemm_bias's (4). */
+#if defined(BAD_ABI4)
+#define BAD_ABI_VERSION 4
 #else
 #define BAD_ABI_VERSION 99
 #endif

@@ -105,10 +105,10 @@ START_TEST(test_load_errors)
     snprintf(abi, sizeof abi, "built for program ABI version 99, expected version %d",
              IFD_PROGRAM_ABI_VERSION);
     load_fails(IFD_PLUGIN_DIR "/ifd_bad_plugin_abi.so", abi, NULL);
-    /* A plugin built before the transformer's ABI (4): both versions named. */
-    ck_assert_int_eq(IFD_PROGRAM_ABI_VERSION, 4);
-    load_fails(IFD_PLUGIN_DIR "/ifd_bad_plugin_abi3.so",
-               "built for program ABI version 3, expected version 4", NULL);
+    /* A plugin built before gemm_bias's ABI (5): both versions named. */
+    ck_assert_int_eq(IFD_PROGRAM_ABI_VERSION, 5);
+    load_fails(IFD_PLUGIN_DIR "/ifd_bad_plugin_abi4.so",
+               "built for program ABI version 4, expected version 5", NULL);
     load_fails(IFD_PLUGIN_DIR "/ifd_bad_plugin_builtin.so",
                "registers program 'mlp', the name of a built-in program", NULL);
     load_fails(IFD_PLUGIN_DIR "/ifd_bad_plugin_fail.so",

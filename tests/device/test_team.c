@@ -185,6 +185,19 @@ START_TEST(test_helpers_take_chunks_after_sleeping)
 }
 END_TEST
 
+/* A team of 2 to 4 threads (*threads) and the op tables of the caller alone and of that team,
+ * with OpenBLAS on one thread, as the backend runs it (ifd_cpu_replica_threads). */
+static ifd_team *product_tables(ifd_rng *rng, int *threads, ifd_ops *alone, ifd_ops *shared)
+{
+    ifd_team *team;
+    *threads = (int)rand_between(rng, 2, 4);
+    ck_assert_int_eq(ifd_team_create(&team, *threads, "test-team"), IFD_OK);
+    openblas_set_num_threads(1);
+    ifd_cpu_ops_init(alone, NULL);
+    ifd_cpu_ops_init(shared, team);
+    return team;
+}
+
 /* C[i,j] of alpha op(A) op(B) + beta C0 in double. */
 static double gemm_ref(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                        const float *b, float beta, const float *c0, int64_t i, int64_t j)
@@ -204,13 +217,9 @@ START_TEST(test_gemm_split)
 {
     ifd_rng rng;
     seed_rng(&rng);
-    int threads = (int)rand_between(&rng, 2, 4);
-    ifd_team *team;
-    ck_assert_int_eq(ifd_team_create(&team, threads, "test-team"), IFD_OK);
-    openblas_set_num_threads(1); /* as the backend runs it (ifd_cpu_replica_threads) */
+    int threads;
     ifd_ops alone, shared;
-    ifd_cpu_ops_init(&alone, NULL);
-    ifd_cpu_ops_init(&shared, team);
+    ifd_team *team = product_tables(&rng, &threads, &alone, &shared);
     int split = 0;
     /* every transpose pair, split by rows (m >= n) and by columns, twice each; then small ones */
     for (int trial = 0; trial < 24; trial++) {
@@ -273,13 +282,9 @@ START_TEST(test_gemm_k_split)
 {
     ifd_rng rng;
     seed_rng(&rng);
-    int threads = (int)rand_between(&rng, 2, 4);
-    ifd_team *team;
-    ck_assert_int_eq(ifd_team_create(&team, threads, "test-team"), IFD_OK);
-    openblas_set_num_threads(1);
+    int threads;
     ifd_ops alone, shared;
-    ifd_cpu_ops_init(&alone, NULL);
-    ifd_cpu_ops_init(&shared, team);
+    ifd_team *team = product_tables(&rng, &threads, &alone, &shared);
     int split = 0;
     for (int trial = 0; trial < 12; trial++) {
         int ta = trial & 1, tb = (trial >> 1) & 1;
@@ -328,6 +333,74 @@ START_TEST(test_gemm_k_split)
         free(c2);
     }
     ck_assert_msg(split > 0, "no piece of a long product with a small C ran on a helper");
+    ifd_team_destroy(team);
+}
+END_TEST
+
+/* gemm_bias (C = A B + bias, plus res: none, a separate array, or C itself) on the caller alone
+ * and on a team, near a double reference, for shapes split by rows (each block starting its own
+ * rows), by columns, along k, and not at all; a team's run repeats its bits. */
+START_TEST(test_gemm_bias)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int threads;
+    ifd_ops alone, shared;
+    ifd_team *team = product_tables(&rng, &threads, &alone, &shared);
+    int split = 0;
+    for (int trial = 0; trial < 24; trial++) {
+        int way = trial % 3, shape = (trial / 3) % 4; /* by rows, by columns, along k, small */
+        int64_t m = rand_between(&rng, 1, 40), n = rand_between(&rng, 1, 40),
+                k = rand_between(&rng, 1, 40);
+        if (shape == 0 || shape == 1) {
+            int64_t longer = rand_between(&rng, 33, 600),
+                    shorter = rand_between(&rng, 2, longer - 1);
+            m = shape == 0 ? longer : shorter;
+            n = shape == 0 ? shorter : longer;
+            k = IFD_TEAM_GEMM_MACS / (m * n) + rand_between(&rng, 1, 300);
+        } else if (shape == 2) {
+            k = rand_between(&rng, 2048, 4000);
+        }
+        size_t cb = sizeof(float) * (size_t)(m * n);
+        float *a = tu_frand(&rng, m * k), *b = tu_frand(&rng, k * n), *bias = tu_frand(&rng, n);
+        float *res = tu_frand(&rng, m * n), *c1 = malloc(cb), *c2 = malloc(cb), *c3 = malloc(cb);
+        const float *r1 = NULL, *r2 = NULL, *r3 = NULL;
+        if (way == 1)
+            r1 = r2 = r3 = res;
+        if (way == 2) { /* res is C: each C starts as res */
+            memcpy(c1, res, cb);
+            memcpy(c2, res, cb);
+            memcpy(c3, res, cb);
+            r1 = c1, r2 = c2, r3 = c3;
+        }
+        int64_t helped = ifd_team_helped(team);
+        alone.gemm_bias(alone.ctx, m, n, k, a, b, bias, r1, c1);
+        shared.gemm_bias(shared.ctx, m, n, k, a, b, bias, r2, c2);
+        shared.gemm_bias(shared.ctx, m, n, k, a, b, bias, r3, c3);
+        split += ifd_team_helped(team) > helped;
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < n; j++) {
+                double ref = (way ? (double)res[i * n + j] : 0.0) + bias[j];
+                for (int64_t l = 0; l < k; l++)
+                    ref += (double)a[i * k + l] * b[l * n + j];
+                double tol = 1e-4 * (1.0 + sqrt((double)k));
+                ck_assert_msg(fabs(c1[i * n + j] - ref) <= tol && fabs(c2[i * n + j] - ref) <= tol,
+                              "%lldx%lldx%lld res %d on %d threads: [%lld,%lld] %g alone, %g "
+                              "shared, reference %g",
+                              (long long)m, (long long)n, (long long)k, way, threads, (long long)i,
+                              (long long)j, c1[i * n + j], c2[i * n + j], ref);
+            }
+        ck_assert_msg(memcmp(c2, c3, cb) == 0, "%lldx%lldx%lld res %d: two runs gave other bits",
+                      (long long)m, (long long)n, (long long)k, way);
+        free(a);
+        free(b);
+        free(bias);
+        free(res);
+        free(c1);
+        free(c2);
+        free(c3);
+    }
+    ck_assert_msg(split > 0, "no gemm_bias was shared with a helper");
     ifd_team_destroy(team);
 }
 END_TEST
@@ -540,6 +613,7 @@ int main(void)
     tcase_add_test(tc, test_too_many_chunks_run_on_the_caller);
     tcase_add_test(tc, test_gemm_split);
     tcase_add_test(tc, test_gemm_k_split);
+    tcase_add_test(tc, test_gemm_bias);
     tcase_add_test(tc, test_update_split_same_bits);
     tcase_add_test(tc, test_replica_threads);
     tcase_add_test(tc, test_replica_threads_stop_blas_servers);

@@ -104,9 +104,9 @@ def test_program_lib_in_config_file(tmp_path):
                                "ifd_program_plugin_abi): expected a plugin that defines it with "
                                "IFD_PROGRAM_PLUGIN (include/infeed/program.h)"),
     ("ifd_bad_plugin_abi", "program library '{path}': built for program ABI version 99, "
-                           "expected version 4: rebuild it against this infeed's headers"),
-    ("ifd_bad_plugin_abi3", "program library '{path}': built for program ABI version 3, "
-                            "expected version 4: rebuild it against this infeed's headers"),
+                           "expected version 5: rebuild it against this infeed's headers"),
+    ("ifd_bad_plugin_abi4", "program library '{path}': built for program ABI version 4, "
+                            "expected version 5: rebuild it against this infeed's headers"),
     ("ifd_bad_plugin_builtin", "program library '{path}': registers program 'mlp', the name of "
                                "a built-in program: expected a new name"),
 ])

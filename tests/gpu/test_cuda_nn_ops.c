@@ -8,7 +8,8 @@
  * strided batched product, whose host side is a double-precision loop here, within REL_TOL of the
  * sum of its terms' magnitudes. Bit for bit: fill, add and embedding (no sum), embedding_grad (the
  * host's additions in the host's order, see nn_kernels.cu), and every op's second run on the same
- * inputs (no float atomics). Exits 77 (CTest: skipped) where no GPU is usable.
+ * inputs (no float atomics); gemm_bias against a double loop. Exits 77 (CTest: skipped) where no
+ * GPU is usable.
  */
 #include "device/cuda/opset.h"
 #include "device/nn_cpu.h"
@@ -214,6 +215,54 @@ START_TEST(gemm_strided_batched_matches_host)
         free(a);
         free(b);
         free(c);
+        free(got);
+    }
+    close_set();
+}
+END_TEST
+
+/* gemm_bias (ABI 5): C = A B + bias, plus res (a separate array, or C itself), against a double
+ * loop; C's start is res + bias, so an unused res or bias shows. */
+START_TEST(gemm_bias_matches_host)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    open_set();
+    for (int iter = 0; iter < 6; iter++) {
+        int way = iter % 3; /* 0: no res, 1: res apart, 2: res is C */
+        int64_t m = rand_between(&rng, 1, 300), n = rand_between(&rng, 1, 300);
+        int64_t k = rand_between(&rng, 1, 200);
+        float *a = randf(&rng, m * k, 1.0), *b = randf(&rng, k * n, 1.0);
+        float *bias = randf(&rng, n, 1.0), *res = randf(&rng, m * n, 1.0);
+        float *got = malloc((size_t)(m * n) * 4);
+        float *da = dev_put(a, m * k * 4), *db = dev_put(b, k * n * 4),
+              *dbias = dev_put(bias, n * 4);
+        float *dres = dev_put(res, m * n * 4), *dc = way == 2 ? dres : dev_alloc(m * n * 4);
+        g_ops->gemm_bias(g_ops->ctx, m, n, k, da, db, dbias, way ? dres : NULL, dc);
+        sync_ok("gemm_bias");
+        dev_get(got, dc, m * n * 4);
+        for (int64_t r = 0; r < m * n; r++) {
+            int64_t row = r / n, col = r % n;
+            double s = (way ? (double)res[r] : 0.0) + bias[col];
+            double mag = fabs(s);
+            for (int64_t p = 0; p < k; p++) {
+                s += (double)a[row * k + p] * b[p * n + col];
+                mag += fabs((double)a[row * k + p] * b[p * n + col]);
+            }
+            RASSERT(fabs(got[r] - s) <= REL_TOL * mag + 1e-30,
+                    "m=%lld n=%lld k=%lld res %d: C[%lld] %.9g on cuda, %.9g expected",
+                    (long long)m, (long long)n, (long long)k, way, (long long)r, (double)got[r], s);
+        }
+        cudaFree(da);
+        cudaFree(db);
+        cudaFree(dbias);
+        cudaFree(dres);
+        if (way != 2)
+            cudaFree(dc);
+        free(a);
+        free(b);
+        free(bias);
+        free(res);
         free(got);
     }
     close_set();
@@ -496,6 +545,7 @@ int main(void)
     tcase_add_test(tc, add_matches_host);
     tcase_add_test(tc, gemm_strided_batched_matches_host);
     tcase_add_test(tc, gemm_strided_batched_refuses_huge);
+    tcase_add_test(tc, gemm_bias_matches_host);
     tcase_add_loop_test(tc, embedding_and_grad_match_host, 0, 3);
     tcase_add_loop_test(tc, layernorm_matches_host, 0, 4);
     tcase_add_loop_test(tc, gelu_matches_host, 0, 2);
