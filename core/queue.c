@@ -116,6 +116,18 @@ static int wake_producers(const ifd_queue *q)
     return q->waiting_push && q->cap - q->len - q->held >= q->wake_free;
 }
 
+/* Moves the first min(max, len) items into items (under the lock); returns how many. */
+static size_t copy_out(ifd_queue *q, void *items, size_t max)
+{
+    size_t k = max < q->len ? max : q->len;
+    size_t first = q->cap - q->head < k ? q->cap - q->head : k; /* up to the end of buf */
+    memcpy(items, q->buf + q->head * q->item_size, first * q->item_size);
+    memcpy((unsigned char *)items + first * q->item_size, q->buf, (k - first) * q->item_size);
+    q->head = (q->head + k) % q->cap;
+    q->len -= k;
+    return k;
+}
+
 /* Pops up to max items (at least one) into items; *n says how many. take: the slots held by the
  * previous take are freed first, and those of these items after the first stay held. */
 static int queue_pop(ifd_queue *q, void *items, size_t max, size_t *n, int take,
@@ -157,12 +169,7 @@ static int queue_pop(ifd_queue *q, void *items, size_t max, size_t *n, int take,
         }
         timed_out = t != 0; /* at the deadline, take an item even below wake_len */
     }
-    size_t k = max < q->len ? max : q->len;
-    size_t first = q->cap - q->head < k ? q->cap - q->head : k; /* up to the end of buf */
-    memcpy(items, q->buf + q->head * q->item_size, first * q->item_size);
-    memcpy((unsigned char *)items + first * q->item_size, q->buf, (k - first) * q->item_size);
-    q->head = (q->head + k) % q->cap;
-    q->len -= k;
+    size_t k = copy_out(q, items, max);
     *n = k;
     if (take)
         q->held = k - 1; /* the first is in use, as a popped item would be */
