@@ -274,6 +274,7 @@ struct ifd_ingest {
      * batch is allocated and freed on the I/O thread, not once a step (ingest_host_batch_take) */
     host_batch *spare;
     int nspare;
+    ifd_batch whole; /* I/O thread: a message checked as one batch (ingest_batch_accept) */
 
     /* The protocol's state: the producer table (I/O thread) */
     producer *producers;
