@@ -161,16 +161,17 @@ void *ingest_io_main(void *arg)
             ssize_t r = read(g->sock.efd, &v, sizeof v);
             (void)r;
         }
+        every_pass(g, &conns_ns);
+        /* After the pass's sends (ACKs, replies): the ROUTER is read until EAGAIN, so that its
+         * ZMQ_FD signals the next message without a ZMQ_EVENTS read (zmq_wait.h); a burst cut
+         * short leaves it marked. Control comes after it, so that a status sees the messages
+         * that arrived with the request. */
+        if (!ingest_recv_burst(g))
+            ingest_wait_touch(w, g->sock.i_router);
         if (rc > 0 && g->sock.i_rep >= 0 && w->ready[g->sock.i_rep]) {
             ingest_handle_control(g); /* one request: the next wait reads the REP's events */
             ingest_wait_touch(w, g->sock.i_rep);
         }
-        every_pass(g, &conns_ns);
-        /* Last, after the pass's sends (ACKs, replies): the ROUTER is read until EAGAIN, so that
-         * its ZMQ_FD signals the next message without a ZMQ_EVENTS read (zmq_wait.h). A burst
-         * cut short leaves it marked. */
-        if (!ingest_recv_burst(g))
-            ingest_wait_touch(w, g->sock.i_router);
     }
     finish(g);
     return NULL;
