@@ -23,7 +23,10 @@
  *          (one memcpy a batch). Neither has a raw side (no libzmq bytes to compare with): its run
  *          length comes from the ipc raw rate.
  *
- * vs_tcp is each row's infeed rate over the tcp row's of the same size, in the same run.
+ * vs_tcp is each row's infeed rate over the tcp row's of the same size, in the same run. raw_us
+ * and prod_us are the CPU time a timed batch (CLOCK_THREAD_CPUTIME_ID) of the thread that sends:
+ * raw's DEALER loop and the C client's producer, from the median cells; libzmq's I/O threads
+ * and the daemon are not counted (bench/ingest_cpu.py counts the daemon's).
  *
  * Both sides skip the first `warm` batches (the daemon's first device loop, connection set-up)
  * and time from the ACK of the last warm-up batch to the last ACK. Each cell runs about
@@ -66,6 +69,14 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The calling thread's CPU time, in seconds. */
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void sleep_ms(int ms)
 {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000};
@@ -91,10 +102,11 @@ static void count_release(void *data, void *hint)
 }
 
 typedef struct result {
-    double gbs; /* 1e9 bytes per second */
-    double bps; /* batches per second */
-    int64_t n;  /* batches timed */
-    int ok;     /* measured */
+    double gbs;    /* 1e9 bytes per second */
+    double bps;    /* batches per second */
+    int64_t n;     /* batches timed */
+    double cpu_us; /* the sending thread's CPU a timed batch: raw's DEALER loop, the producer */
+    int ok;        /* measured */
     char note[200];
 } result;
 
@@ -171,7 +183,7 @@ static result raw_run(const char *transport, size_t size, int credit, double sec
     void *d = zmq_socket(ctx, ZMQ_DEALER);
     zmq_connect(d, ep);
     int64_t sent = 0, acked = 0;
-    double t_warm = 0, t_last = 0, t_stop = 0;
+    double t_warm = 0, t_last = 0, t_stop = 0, c_warm = 0;
     for (;;) {
         int stopping = t_warm > 0 && now_s() >= t_stop;
         if (!stopping && sent - acked < credit) {
@@ -196,9 +208,11 @@ static result raw_run(const char *transport, size_t size, int credit, double sec
         if (acked == WARM) {
             t_warm = now_s();
             t_stop = t_warm + seconds;
+            c_warm = thread_cpu_s();
         }
         t_last = now_s();
     }
+    double c_last = thread_cpu_s();
     uint8_t end[IFD_PROTO_HDR];
     ifd_proto_header(end, IFD_MSG_END);
     zmq_send(d, end, sizeof end, 0);
@@ -216,6 +230,7 @@ static result raw_run(const char *transport, size_t size, int credit, double sec
     res.n = acked - WARM;
     double dt = t_last - t_warm;
     res.bps = (double)res.n / dt;
+    res.cpu_us = 1e6 * (c_last - c_warm) / (double)res.n;
     res.gbs = res.bps * (double)size / 1e9;
     res.ok = 1;
     return res;
@@ -410,7 +425,7 @@ static result infeed_run(const char *infeedd, const char *transport, int cell, s
     if (rc == IFD_OK && strcmp(ifd_producer_transport(p), want) != 0)
         rc = ifd_error_set(&err, IFD_EPROTO, "transport %s, expected %s", ifd_producer_transport(p),
                            want);
-    double t_warm = 0, t_last = 0, t_end = now_s() + deadline_s;
+    double t_warm = 0, t_last = 0, t_end = now_s() + deadline_s, c_warm = 0;
     int64_t acked_warm = -1;
     for (int64_t b = 0; rc == IFD_OK && b < steps; b++) {
         rc = send_one(p, how, payload, size, &err);
@@ -421,6 +436,7 @@ static result infeed_run(const char *infeedd, const char *transport, int cell, s
         int64_t a = ifd_producer_acked(p);
         if (acked_warm < 0 && a >= WARM) {
             t_warm = now_s();
+            c_warm = thread_cpu_s();
             acked_warm = a;
         }
     }
@@ -431,10 +447,12 @@ static result infeed_run(const char *infeedd, const char *transport, int cell, s
             rc = IFD_OK;
         if (acked_warm < 0 && ifd_producer_acked(p) >= WARM) {
             t_warm = now_s();
+            c_warm = thread_cpu_s();
             acked_warm = ifd_producer_acked(p);
         }
     }
     t_last = now_s();
+    double c_last = thread_cpu_s();
     if (rc == IFD_ECLOSED && ifd_producer_in_flight(p) == 0)
         rc = IFD_OK; /* BYE came with the last ACK */
     int64_t acked = p ? ifd_producer_acked(p) : 0;
@@ -448,6 +466,7 @@ static result infeed_run(const char *infeedd, const char *transport, int cell, s
     if (acked_warm >= 0 && acked > acked_warm && t_last > t_warm) {
         res.n = acked - acked_warm;
         res.bps = (double)res.n / (t_last - t_warm);
+        res.cpu_us = 1e6 * (c_last - c_warm) / (double)res.n;
         res.gbs = res.bps * (double)size / 1e9;
         res.ok = 1;
     }
@@ -470,6 +489,15 @@ static result infeed_run(const char *infeedd, const char *transport, int cell, s
 }
 
 #define MAX_REPEAT 15
+
+/* raw_us: raw's sending thread's CPU a batch (when the row has a raw side). */
+static void print_cpu(int have_raw, double us)
+{
+    if (have_raw)
+        printf(" %7.2f", us);
+    else
+        printf(" %7s", "-");
+}
 
 /* The result with the median rate (the upper median for an even count). */
 static result median(result *v, int n)
@@ -568,8 +596,9 @@ int main(int argc, char **argv)
            "of %d%s\n",
            ROWS, credit ? "as given" : "auto (infeedd's default for the size)", seconds, WARM,
            repeat, raw_only ? " (raw only)" : "");
-    printf("%-8s %-8s %6s %10s %14s %12s %16s %7s %7s\n", "size", "tr", "credit", "raw_GB/s",
-           "raw_batches/s", "infeed_GB/s", "infeed_batches/s", "ratio", "vs_tcp");
+    printf("%-8s %-8s %6s %10s %14s %12s %16s %7s %7s %7s %7s\n", "size", "tr", "credit",
+           "raw_GB/s", "raw_batches/s", "infeed_GB/s", "infeed_batches/s", "ratio", "vs_tcp",
+           "raw_us", "prod_us");
     double ratio[4][NT] = {{0}}, rate[4][NT] = {{0}};
     int have[4][NT] = {{0}};
     int cell = 0;
@@ -622,9 +651,12 @@ int main(int argc, char **argv)
                     printf(" %7.2f", inf.bps / rate[s][0]);
                 else
                     printf(" %7s", "-");
-                printf("%s\n", inf.note[0] ? "  (see above)" : "");
+                print_cpu(t < NRAW, raw.cpu_us);
+                printf(" %7.2f%s\n", inf.cpu_us, inf.note[0] ? "  (see above)" : "");
             } else {
-                printf(" %12s %16s %7s %7s\n", "-", "-", "-", "-");
+                printf(" %12s %16s %7s %7s", "-", "-", "-", "-");
+                print_cpu(t < NRAW, raw.cpu_us);
+                printf(" %7s\n", "-");
             }
             fflush(stdout);
         }

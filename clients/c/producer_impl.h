@@ -102,7 +102,8 @@ int ifdp_wait_send(ifd_producer *p, int64_t steps, int need_slots, int *slot, in
 /* Sends a header frame (more: tensor frames follow), waiting for the socket to take it. */
 int ifdp_send_header(ifd_producer *p, const unsigned char *h, int more, int timeout_ms,
                      ifd_error *err);
-/* Counts a message of `rows` rows as sent and drains replies. */
+/* Counts a message of `rows` rows as sent; the replies wait for the next call (which drains
+ * them first). */
 int ifdp_after_send(ifd_producer *p, int64_t rows, ifd_error *err);
 
 /* send_shm.c. Sends frames as BATCH_SHM when a pool is mapped and they fit it (1 when it did,

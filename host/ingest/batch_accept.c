@@ -104,10 +104,9 @@ int ingest_batch_sequence(ifd_ingest *g, producer *p, const producer_rid *from,
 static host_batch *make_step(ifd_ingest *g, producer *p, const ifd_proto_batch *bh, host_frames *fr,
                              int64_t step, int64_t step_rows, int slot)
 {
-    host_batch *b = ingest_host_batch_take(g);
+    host_batch *b = ingest_host_batch_take(g); /* zeroed, its ifd_batch too */
     if (b == NULL)
         return NULL;
-    ifd_batch_init(&b->b);
     b->g = g;
     b->p = p;
     b->pos = p->pos;
@@ -208,18 +207,19 @@ void ingest_batch_accept(ifd_ingest *g, producer *p, const producer_rid *from,
     }
     ifd_error e;
     ifd_error_clear(&e);
-    /* the whole message is checked as one batch (rows count from its first) */
-    ifd_batch whole;
-    ifd_batch_init(&whole);
-    whole.seq = bh->seq;
-    whole.rows = bh->rows;
-    whole.ntensors = g->pr.nin;
+    /* the whole message is checked as one batch (rows count from its first): the I/O thread's
+     * own, zeroed once, since the checks read only its rows and tensors (zeroing a batch's
+     * 792 bytes was 2 % of the daemon's CPU at 4 KiB) */
+    ifd_batch *whole = &g->whole;
+    whole->seq = bh->seq;
+    whole->rows = bh->rows;
+    whole->ntensors = g->pr.nin;
     if (rc == IFD_OK)
-        rc = ingest_view_tensors(&g->pr, fr->data, 0, bh->rows, whole.tensors);
+        rc = ingest_view_tensors(&g->pr, fr->data, 0, bh->rows, whole->tensors);
     if (rc)
         ifd_error_set(&e, rc, "cannot take the batch: %s", ifd_strerror(rc));
     else
-        rc = ingest_batch_check_values(&g->pr, &whole, &e);
+        rc = ingest_batch_check_values(&g->pr, whole, &e);
     int64_t step_rows = k > 1 ? g->pr.batch_rows : bh->rows;
     if (rc == IFD_OK && p->eval) {
         accept_eval(g, p, from, bh, k, skip, fr, step_rows);

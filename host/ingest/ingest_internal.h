@@ -10,6 +10,7 @@
  *   batch_fifo.c     the batch source the session reads (FIFOs under fifo.mu)
  *   replies.c        replies, and the outboxes that keep those carrying state until they are sent
  *   sockets.c        the sockets' options and endpoints
+ *   zmq_wait.c       the I/O thread's wait on its sockets' ZMQ_FD (zmq_wait.h)
  *   io_loop.c        the I/O thread's loop, the end (BYE)
  *   lifecycle.c      create, start, finish, destroy, checkpoint positions
  *   control.c        the control socket (status, stop), rates, starvation warnings
@@ -26,6 +27,7 @@
 #include "host/eval_set.h"
 #include "host/ingest/ingest.h"
 #include "host/ingest/protocol.h"
+#include "host/ingest/zmq_wait.h"
 #include "host/monitor.h"
 #include "host/publisher.h"
 
@@ -190,6 +192,9 @@ typedef struct ingest_sockets {
     int msg_fd;                   /* the descriptor of the message handled (-1: not known) */
     int64_t hoarders_ns;          /* the last pass of ingest_close_hoarders */
     int efd;
+    /* the I/O thread's wait on efd, the router and the rep (-1: none), their indexes in it */
+    ingest_wait wait;
+    int i_efd, i_router, i_rep;
     size_t max_frame;
     /* zmq_transport.c: freed BATCH frame holders kept for the next messages (I/O thread; at
      * most pr.credit of them) */
@@ -269,6 +274,7 @@ struct ifd_ingest {
      * batch is allocated and freed on the I/O thread, not once a step (ingest_host_batch_take) */
     host_batch *spare;
     int nspare;
+    ifd_batch whole; /* I/O thread: a message checked as one batch (ingest_batch_accept) */
 
     /* The protocol's state: the producer table (I/O thread) */
     producer *producers;
@@ -300,15 +306,16 @@ void ingest_close_hoarders(ifd_ingest *g);
 void *ingest_io_main(void *arg);
 
 /* zmq_transport.c: a burst of at most RECV_BURST messages read and handled (zmq_transport.h
- * has the rest). */
-void ingest_recv_burst(ifd_ingest *g);
+ * has the rest): 1 when it ended on EAGAIN (the ROUTER is read empty), 0 when cut short. */
+int ingest_recv_burst(ifd_ingest *g);
 /* zmq_transport.c: its spare frame holders freed (destroy, once no batch holds frames). */
 void ingest_zmq_spares_free(ifd_ingest *g);
 /* lifecycle.c: the program the schema comes from (ifd_ingest_start sets it; the fuzz harness
  * too). */
 void ingest_attach_program(ifd_ingest *g, const ifd_program *program);
-/* sockets.c: the ROUTER (its options, its connections, its endpoint) and the control REP; the
- * error names the option or endpoint that failed. */
+/* sockets.c: the ROUTER (its options, its connections, its endpoint) and the control REP, and
+ * the I/O thread's wait on them and on efd (made before); the error names the option or
+ * endpoint that failed. */
 int ingest_sockets_open(ifd_ingest *g, ifd_error *err);
 
 /* replies.c: replies. Those that carry state (ACK, CREDIT, WELCOME, BYE, PREDICTION, an ERROR

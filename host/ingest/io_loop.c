@@ -1,7 +1,7 @@
 /*
- * The ingest's I/O thread (docs/design.md, "The daemon"): it polls the ROUTER, the control REP
- * and an eventfd other threads write to wake it, and runs the ingest's periodic work in named
- * phases; at the end it sends the BYEs and drains the ROUTER.
+ * The ingest's I/O thread (docs/design.md, "The daemon"): it waits on the ROUTER, the control REP
+ * (their ZMQ_FD, host/ingest/zmq_wait.h) and an eventfd other threads write to wake it, and runs
+ * the ingest's periodic work in named phases; at the end it sends the BYEs and drains the ROUTER.
  */
 #include "host/ingest/zmq_transport.h"
 
@@ -146,33 +146,32 @@ static int finishing(ifd_ingest *g)
 void *ingest_io_main(void *arg)
 {
     ifd_ingest *g = arg;
-    zmq_pollitem_t items[3];
-    int n = 0;
-    items[n++] = (zmq_pollitem_t){.fd = g->sock.efd, .events = ZMQ_POLLIN};
-    int i_router = n;
-    items[n++] = (zmq_pollitem_t){.socket = g->sock.router, .events = ZMQ_POLLIN};
-    int i_rep = g->sock.rep ? n : -1;
-    if (g->sock.rep)
-        items[n++] = (zmq_pollitem_t){.socket = g->sock.rep, .events = ZMQ_POLLIN};
+    ingest_wait *w = &g->sock.wait;
     int64_t conns_ns = 0;
     while (!finishing(g)) {
-        int rc = zmq_poll(items, n,
-                          ingest_io_wait_ms(g, g->nbusy || ingest_replies_waiting(g) ? 5 : 100));
+        int rc = ingest_wait_poll(
+            w, ingest_io_wait_ms(g, g->nbusy || ingest_replies_waiting(g) ? 5 : 100));
         ingest_io_awake(g);
-        if (rc < 0 && zmq_errno() != EINTR) {
-            IFD_LOG_ERROR("ingest: zmq_poll: %s", zmq_strerror(zmq_errno()));
+        if (rc < 0 && errno != EINTR) {
+            IFD_LOG_ERROR("ingest: poll: %s", strerror(errno));
             ifd_sleep_ns(10000000);
         }
-        if (rc > 0 && (items[0].revents & ZMQ_POLLIN)) {
+        if (rc > 0 && w->ready[g->sock.i_efd]) {
             uint64_t v;
             ssize_t r = read(g->sock.efd, &v, sizeof v);
             (void)r;
         }
-        if (rc > 0 && (items[i_router].revents & ZMQ_POLLIN))
-            ingest_recv_burst(g);
-        if (i_rep >= 0 && rc > 0 && (items[i_rep].revents & ZMQ_POLLIN))
-            ingest_handle_control(g);
         every_pass(g, &conns_ns);
+        /* After the pass's sends (ACKs, replies): the ROUTER is read until EAGAIN, so that its
+         * ZMQ_FD signals the next message without a ZMQ_EVENTS read (zmq_wait.h); a burst cut
+         * short leaves it marked. Control comes after it, so that a status sees the messages
+         * that arrived with the request. */
+        if (!ingest_recv_burst(g))
+            ingest_wait_touch(w, g->sock.i_router);
+        if (rc > 0 && g->sock.i_rep >= 0 && w->ready[g->sock.i_rep]) {
+            ingest_handle_control(g); /* one request: the next wait reads the REP's events */
+            ingest_wait_touch(w, g->sock.i_rep);
+        }
     }
     finish(g);
     return NULL;

@@ -1,7 +1,8 @@
 /*
  * The ingest's sockets: the ROUTER producers connect to and the control REP, with their options
- * (docs/protocol.md, "Memory and connection bounds"), their CURVE keys, their connection tables
- * and their endpoints. Called once, by ifd_ingest_create, before the I/O thread starts.
+ * (docs/protocol.md, "Memory and connection bounds"), their CURVE keys, their connection tables,
+ * their endpoints, and the I/O thread's wait on them (zmq_wait.h). Called once, by
+ * ifd_ingest_create, before the I/O thread starts.
  */
 #include "host/ingest/zmq_transport.h"
 #include "host/limits.h"
@@ -139,5 +140,12 @@ int ingest_sockets_open(ifd_ingest *g, ifd_error *err)
                                   g->sock.monitor, conns, c->run.mode, c->tensor_rate, err);
     if (rc == IFD_OK && c->control && c->control[0])
         rc = open_control(g, conns, err);
+    g->sock.i_rep = -1;
+    if (rc == IFD_OK)
+        rc = ingest_wait_add(&g->sock.wait, NULL, g->sock.efd, "wake-up", &g->sock.i_efd, err);
+    if (rc == IFD_OK)
+        rc = ingest_wait_add(&g->sock.wait, g->sock.router, -1, "ingest", &g->sock.i_router, err);
+    if (rc == IFD_OK && g->sock.rep)
+        rc = ingest_wait_add(&g->sock.wait, g->sock.rep, -1, "control", &g->sock.i_rep, err);
     return rc;
 }

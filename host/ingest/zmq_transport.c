@@ -9,6 +9,7 @@
 
 #include "core/log.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -302,10 +303,12 @@ int ingest_recv_message(ifd_ingest *g, zmq_msg_t *parts, int *nparts, int *total
         zmq_msg_t *m = &parts[*nparts < MAX_PARTS ? *nparts : MAX_PARTS];
         zmq_msg_init(m);
         if (zmq_msg_recv(m, g->sock.router, *total == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            int e = zmq_errno();
             zmq_msg_close(m);
             for (int q = 0; q < *nparts; q++) /* a message cut short: drop its first parts */
                 zmq_msg_close(&parts[q]);
             *nparts = 0;
+            errno = e; /* EAGAIN: the ROUTER is read empty (host/ingest/zmq_wait.h) */
             return -1;
         }
         int more = zmq_msg_more(m);
@@ -319,16 +322,20 @@ int ingest_recv_message(ifd_ingest *g, zmq_msg_t *parts, int *nparts, int *total
     }
 }
 
-void ingest_recv_burst(ifd_ingest *g)
+int ingest_recv_burst(ifd_ingest *g)
 {
     zmq_msg_t parts[MAX_PARTS + 1];
+    int drained = 0;
     for (int k = 0; k < RECV_BURST; k++) {
         int np, total;
-        if (ingest_recv_message(g, parts, &np, &total))
+        if (ingest_recv_message(g, parts, &np, &total)) {
+            drained = zmq_errno() == EAGAIN;
             break;
+        }
         ingest_handle_message(g, parts, np, total);
         for (int q = 0; q < np; q++)
             zmq_msg_close(&parts[q]);
     }
     ingest_fifo_flush(g);
+    return drained;
 }

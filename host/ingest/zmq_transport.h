@@ -14,7 +14,7 @@
 
 /* The message handler (HELLO, BATCH, BATCH_SHM, END; parts[0] is the routing id; the fuzz
  * harness calls it), and one message read (parts beyond MAX_PARTS read and dropped but
- * counted: 0, or -1 when none waits). */
+ * counted: 0, or -1 with errno, EAGAIN when none waits). */
 void ingest_handle_message(ifd_ingest *g, zmq_msg_t *parts, int nparts, int total);
 int ingest_recv_message(ifd_ingest *g, zmq_msg_t *parts, int *nparts, int *total);
 

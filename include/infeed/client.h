@@ -180,7 +180,9 @@ const char *ifd_producer_welcome(const ifd_producer *p); /* the whole WELCOME JS
 /* Sequence numbers: the first batch gets the WELCOME's next_seq, each later one the next. A
  * daemon that resumed from a checkpoint answers a name it knows with the seq after the last one
  * its checkpoint includes: right after ifd_producer_hello, ifd_producer_next_seq is where a
- * deterministic stream replays from (docs/checkpoint.md). */
+ * deterministic stream replays from (docs/checkpoint.md). The counters below are as of the
+ * replies read so far: a call that sends or waits (send, buffer, wait, end) reads the replies
+ * waiting before it does anything else; a send (or commit) reads none after it has sent. */
 int64_t ifd_producer_next_seq(const ifd_producer *p);  /* the seq the next send will use */
 int64_t ifd_producer_acked_seq(const ifd_producer *p); /* highest ACKed seq; -1 when none */
 int64_t ifd_producer_in_flight(const ifd_producer *p); /* sent, neither ACKed nor rejected */
