@@ -3,6 +3,7 @@
 #include "host/endpoint.h"
 #include "host/security.h"
 #include "host/tensor_pool.h"
+#include "host/tensor_ring.h"
 
 #include "core/log.h"
 #include "core/thread.h"
@@ -32,10 +33,11 @@ typedef struct outmsg {
     char buf[];
 } outmsg;
 
-/* A tensor some subscriber asked for ("tensor:NAME"), with its subscriptions counted. */
+/* A tensor some subscriber asked for, with its subscriptions counted: for data messages
+ * ("tensor:NAME") and for notices of data in the ring ("tensor-shm:NAME"). */
 typedef struct wanted_tensor {
     char name[IFD_PUB_TOPIC_MAX];
-    int subs;
+    int subs, shm_subs;
 } wanted_tensor;
 
 /* One outfeed tensor's steps gathered into its next message (the outfeed thread's, under
@@ -89,6 +91,15 @@ struct ifd_publisher {
     int unwoken;           /* atomic: tensor messages were queued without waking the thread */
     int64_t wakes;         /* atomic: the thread woken for what was queued */
     ifd_tensor_pool *pool; /* the data frames' buffers */
+    /* The ring of the shared-memory subscribers' data (the outfeed thread's, under acc_mu), made
+     * when first asked for; ring_bytes: its size (0: off), ring_failed: it could not be made.
+     * Under mu: the notices sent, and the messages that went as data on a "tensor-shm:" topic
+     * (no ring, or larger than it takes). */
+    ifd_tensor_ring *ring;
+    int64_t ring_bytes;
+    int ring_failed;
+    size_t ring_size; /* under mu: the ring's file, once made */
+    int64_t shm_notices, shm_data;
     ifd_tensor_sink tsink;
     char mode[16]; /* the run's, in the tensor messages' headers */
     char bound[IFD_ENDPOINT_MAX];
@@ -222,16 +233,26 @@ static char *put_i64s(char *at, const int64_t *v, int n)
     return at;
 }
 
+/* Where a notice's data lies in the ring (docs/summaries.md, "Tensor messages in shared
+ * memory"). */
+typedef struct ring_place {
+    const ifd_tensor_ring *ring;
+    uint64_t seq;
+    size_t bytes;
+} ring_place;
+
 /* The most bytes a's header takes: its fixed text, the name, the mode and dtype (each under
- * 16), and up to 20 digits, a sign and a comma a number. */
-static size_t header_bound(const tensor_acc *a)
+ * 16), and up to 20 digits, a sign and a comma a number; with a notice's "shm" object. */
+static size_t header_bound(const tensor_acc *a, const ring_place *at)
 {
-    return 160 + strlen(a->name) + 22 * (size_t)(a->rank + 2 * a->nsteps);
+    return 160 + strlen(a->name) + 22 * (size_t)(a->rank + 2 * a->nsteps) +
+           (at ? 160 + strlen(ifd_tensor_ring_path(at->ring)) : 0);
 }
 
 /* The tensor message's JSON header at at (names are plain: IFD_NAME_MAX characters of a
- * program's declaration, no quote or backslash, and the mode's and dtype's names). */
-static char *tensor_header(char *at, const char *mode, const tensor_acc *a)
+ * program's declaration, no quote or backslash, and the mode's and dtype's names); a notice's
+ * says where its data lies (place). */
+static char *tensor_header(char *at, const char *mode, const tensor_acc *a, const ring_place *place)
 {
     at = put_str(at, "{\"event\":\"tensor\",\"mode\":\"");
     at = put_str(at, mode);
@@ -245,47 +266,51 @@ static char *tensor_header(char *at, const char *mode, const tensor_acc *a)
     at = put_i64s(at, a->steps, a->nsteps);
     at = put_str(at, ",\"rows\":");
     at = put_i64s(at, a->rows, a->nsteps);
+    if (place) {
+        at = put_str(at, ",\"shm\":{\"path\":\"");
+        at = put_str(at, ifd_tensor_ring_path(place->ring));
+        at = put_str(at, "\",\"size\":");
+        at = put_i64(at, (int64_t)ifd_tensor_ring_size(place->ring));
+        at = put_str(at, ",\"token\":\"");
+        at = put_str(at, ifd_tensor_ring_token(place->ring));
+        at = put_str(at, "\",\"seq\":");
+        at = put_i64(at, (int64_t)place->seq);
+        at = put_str(at, ",\"bytes\":");
+        at = put_i64(at, (int64_t)place->bytes);
+        *at++ = '}';
+    }
     *at++ = '}';
     return at;
 }
 
-/* a's steps as one message into the outbox (under acc_mu), or dropped, never waited for, when
- * nobody asks for the tensor now, or when the byte rate or the outbox's bytes would be
- * exceeded; *pushed is set when it was queued. a is empty after. */
-static int flush_acc(ifd_publisher *p, tensor_acc *a, int *pushed, ifd_error *err)
+/* A's steps as a message for the topic prefix: a data message of three frames (data: its frame,
+ * taken, of a->len bytes) or a notice of two (place). NULL when out of memory. */
+static outmsg *tensor_msg(ifd_publisher *p, const tensor_acc *a, const char *prefix, char *data,
+                          const ring_place *place)
 {
-    if (a->nsteps == 0)
-        return IFD_OK;
-    size_t dlen = a->len;
-    int64_t nsteps = a->nsteps;
-    outmsg *m =
-        malloc(sizeof *m + sizeof IFD_PUB_TENSOR_PREFIX + strlen(a->name) + header_bound(a));
-    if (m == NULL) {
-        a->nsteps = 0;
-        a->len = 0;
-        __atomic_sub_fetch(&p->pending_bytes, dlen, __ATOMIC_RELAXED);
-        __atomic_sub_fetch(&p->pending_steps, (size_t)nsteps, __ATOMIC_RELAXED);
-        return ifd_error_set(err, IFD_ENOMEM, "publish: tensor '%s'", a->name);
-    }
-    char *at = put_str(put_str(m->buf, IFD_PUB_TENSOR_PREFIX), a->name);
-    char *h = tensor_header(at, p->mode, a);
-    *m = (outmsg){.nframes = 3,
-                  .len = {(size_t)(at - m->buf), (size_t)(h - at), dlen},
-                  .steps = nsteps,
-                  .data = a->data};
-    m->bytes = m->len[0] + m->len[1] + dlen;
-    a->hint = dlen;
-    a->data = NULL;
-    a->len = a->cap = 0;
-    a->nsteps = 0;
-    __atomic_sub_fetch(&p->pending_bytes, dlen, __ATOMIC_RELAXED);
-    __atomic_sub_fetch(&p->pending_steps, (size_t)nsteps, __ATOMIC_RELAXED);
+    outmsg *m = malloc(sizeof *m + strlen(prefix) + strlen(a->name) + header_bound(a, place));
+    if (m == NULL)
+        return NULL;
+    char *at = put_str(put_str(m->buf, prefix), a->name);
+    char *h = tensor_header(at, p->mode, a, place);
+    *m = (outmsg){.nframes = place ? 2 : 3,
+                  .len = {(size_t)(at - m->buf), (size_t)(h - at), place ? 0 : a->len},
+                  .steps = a->nsteps,
+                  .data = place ? NULL : data};
+    m->bytes = m->len[0] + m->len[1] + m->len[2];
+    return m;
+}
+
+/* Queues m (under acc_mu), or drops it, never waited for, when the publisher stops or the byte
+ * rate or the outbox's bytes would be exceeded; *pushed is set when it was queued. */
+static void enqueue_tensor(ifd_publisher *p, outmsg *m, int *pushed)
+{
     size_t bytes = m->bytes;
     ifd_mutex_lock(&p->mu);
-    int go = find_wanted(p, a->name) && !p->stopping;
+    int go = !p->stopping;
     if (go && (p->tensor_bytes + bytes > IFD_PUB_TENSOR_OUTBOX_BYTES || !rate_allows(p, bytes))) {
         p->tensor_limited++;
-        p->steps_limited += nsteps;
+        p->steps_limited += m->steps;
         go = 0;
     }
     int grew = go && bytes > 2 * p->largest;
@@ -301,16 +326,97 @@ static int flush_acc(ifd_publisher *p, tensor_acc *a, int *pushed, ifd_error *er
                      "%.1f MiB a subscriber in ZeroMQ's queue (%d messages of up to %zu bytes), "
                      "and %zu KiB a tensor asked for (%d at most) while its steps are gathered "
                      "(or one step, when larger), and %.1f MiB of sent messages' buffers kept "
-                     "for the next; docs/summaries.md, \"Tensor messages\"",
+                     "for the next, and %.1f MiB of shared memory (tensor_shm_bytes) once a "
+                     "subscriber asks for tensors there; docs/summaries.md, \"Tensor messages\"",
                      (double)IFD_PUB_TENSOR_OUTBOX_BYTES / 1048576.0,
                      (double)IFD_PUB_SNDHWM * (double)bytes / 1048576.0, IFD_PUB_SNDHWM, bytes,
                      IFD_PUB_TENSOR_MESSAGE_BYTES >> 10, IFD_PUB_TENSORS_MAX,
-                     (double)IFD_PUB_TENSOR_POOL_BYTES / 1048576.0);
+                     (double)IFD_PUB_TENSOR_POOL_BYTES / 1048576.0,
+                     (double)(p->ring_bytes + IFD_TENSOR_RING_HEADER) / 1048576.0);
     if (!go)
         outmsg_free(m);
     else if (*pushed < 1 + urgent)
         *pushed = 1 + urgent;
+}
+
+/* The ring, made when first asked for (under acc_mu); NULL when off or it cannot be made (said
+ * once). */
+static ifd_tensor_ring *ring_get(ifd_publisher *p)
+{
+    if (p->ring || p->ring_failed || p->ring_bytes <= 0)
+        return p->ring;
+    ifd_error e;
+    ifd_error_clear(&e);
+    if (ifd_tensor_ring_create(&p->ring, p->ring_bytes, &e) != IFD_OK) {
+        p->ring_failed = 1;
+        IFD_LOG_WARN("publish: %s; the subscribers that ask for tensors in shared memory "
+                     "(\"tensor-shm:NAME\") get data messages instead",
+                     ifd_error_text(&e));
+        return NULL;
+    }
+    ifd_mutex_lock(&p->mu);
+    p->ring_size = ifd_tensor_ring_size(p->ring);
+    ifd_mutex_unlock(&p->mu);
+    IFD_LOG_INFO("publish: tensor messages in shared memory: a ring of %.1f MiB at %s",
+                 (double)p->ring_size / 1048576.0, ifd_tensor_ring_path(p->ring));
+    return p->ring;
+}
+
+/* a's steps for the "tensor-shm:" subscribers (under acc_mu): the data written once into the
+ * ring and a notice queued, or a data message of a copy when there is no ring or the message is
+ * larger than it takes. */
+static int flush_shm(ifd_publisher *p, tensor_acc *a, int *pushed, ifd_error *err)
+{
+    ifd_tensor_ring *ring = ring_get(p);
+    ring_place place = {.ring = ring, .bytes = a->len};
+    char *at = ring ? ifd_tensor_ring_claim(ring, a->len, &place.seq) : NULL, *copy = NULL;
+    if (at) {
+        memcpy(at, a->data, a->len);
+    } else {
+        size_t cap;
+        if ((copy = ifd_tensor_pool_get(p->pool, a->len, &cap)) == NULL)
+            return ifd_error_set(err, IFD_ENOMEM, "publish: tensor '%s'", a->name);
+        memcpy(copy, a->data, a->len);
+    }
+    outmsg *m = tensor_msg(p, a, IFD_PUB_TENSOR_SHM_PREFIX, copy, at ? &place : NULL);
+    if (m == NULL) {
+        ifd_tensor_pool_put(copy);
+        return ifd_error_set(err, IFD_ENOMEM, "publish: tensor '%s'", a->name);
+    }
+    enqueue_tensor(p, m, pushed);
     return IFD_OK;
+}
+
+/* a's steps as messages into the outbox (under acc_mu): a data message for the "tensor:"
+ * subscribers, a notice (or data message) for the "tensor-shm:" ones, nothing when nobody asks
+ * for the tensor now; *pushed is set when one was queued. a is empty after. */
+static int flush_acc(ifd_publisher *p, tensor_acc *a, int *pushed, ifd_error *err)
+{
+    if (a->nsteps == 0)
+        return IFD_OK;
+    size_t dlen = a->len;
+    int64_t nsteps = a->nsteps;
+    ifd_mutex_lock(&p->mu);
+    wanted_tensor *w = p->stopping ? NULL : find_wanted(p, a->name);
+    int tcp = w && w->subs > 0, shm = w && w->shm_subs > 0;
+    ifd_mutex_unlock(&p->mu);
+    int rc = shm ? flush_shm(p, a, pushed, err) : IFD_OK;
+    if (tcp) {
+        outmsg *m = tensor_msg(p, a, IFD_PUB_TENSOR_PREFIX, a->data, NULL);
+        if (m == NULL) {
+            rc = ifd_error_set(err, IFD_ENOMEM, "publish: tensor '%s'", a->name);
+        } else {
+            a->data = NULL; /* the message's now */
+            a->cap = 0;
+            enqueue_tensor(p, m, pushed);
+        }
+    }
+    a->hint = dlen;
+    a->len = 0;
+    a->nsteps = 0;
+    __atomic_sub_fetch(&p->pending_bytes, dlen, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&p->pending_steps, (size_t)nsteps, __ATOMIC_RELAXED);
+    return rc;
 }
 
 /* Every tensor's gathered steps into the outbox (under acc_mu), and the thread woken. */
@@ -472,28 +578,43 @@ static int pub_write(void *ctx, const char *json, size_t len, ifd_error *err)
     return rc;
 }
 
-/* A subscription (on = 1) or its end (0) to topic: counted when it asks for a tensor. */
-static void count_subscription(ifd_publisher *p, const uint8_t *topic, size_t n, int on)
+/* The tensor name topic (n bytes) asks for after prefix, into name; 0 when it asks for none. */
+static int topic_tensor(const uint8_t *topic, size_t n, const char *prefix,
+                        char name[IFD_PUB_TOPIC_MAX])
 {
-    static const char prefix[] = IFD_PUB_TENSOR_PREFIX;
-    size_t pn = sizeof prefix - 1;
+    size_t pn = strlen(prefix);
     if (n <= pn || n - pn >= IFD_PUB_TOPIC_MAX || memcmp(topic, prefix, pn) != 0 ||
         memchr(topic + pn, '\0', n - pn))
-        return;
-    char name[IFD_PUB_TOPIC_MAX];
+        return 0;
     memcpy(name, topic + pn, n - pn);
     name[n - pn] = '\0';
+    return 1;
+}
+
+/* A subscription (on = 1) or its end (0) to topic: counted when it asks for a tensor, as data
+ * messages ("tensor:NAME") or in shared memory ("tensor-shm:NAME"). */
+static void count_subscription(ifd_publisher *p, const uint8_t *topic, size_t n, int on)
+{
+    char name[IFD_PUB_TOPIC_MAX];
+    int shm = 0;
+    if (!topic_tensor(topic, n, IFD_PUB_TENSOR_PREFIX, name) &&
+        !(shm = topic_tensor(topic, n, IFD_PUB_TENSOR_SHM_PREFIX, name)))
+        return;
     ifd_mutex_lock(&p->mu);
     wanted_tensor *w = find_wanted(p, name);
     if (on && w == NULL && p->nwanted < IFD_PUB_TENSORS_MAX) {
         w = &p->wanted[p->nwanted];
         __atomic_store_n(&p->nwanted, p->nwanted + 1, __ATOMIC_RELAXED);
         snprintf(w->name, sizeof w->name, "%s", name);
-        w->subs = 0;
+        w->subs = w->shm_subs = 0;
         __atomic_add_fetch(&p->want_gen, 1, __ATOMIC_RELAXED);
-        IFD_LOG_INFO("publish: a subscriber asked for tensor '%s'", name);
     }
-    if (w && (w->subs += on ? 1 : -1) <= 0) {
+    if (w && on && (shm ? w->shm_subs : w->subs) == 0)
+        IFD_LOG_INFO("publish: a subscriber asked for tensor '%s'%s", name,
+                     shm ? " in shared memory" : "");
+    if (w)
+        *(shm ? &w->shm_subs : &w->subs) += on ? 1 : -1;
+    if (w && w->subs <= 0 && w->shm_subs <= 0) {
         *w = p->wanted[p->nwanted - 1];
         __atomic_store_n(&p->nwanted, p->nwanted - 1, __ATOMIC_RELAXED);
         __atomic_add_fetch(&p->want_gen, 1, __ATOMIC_RELAXED);
@@ -568,6 +689,7 @@ int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, 
         IFD_OK)
         goto fail;
     p->rate = (double)(tensor_rate > 0 ? tensor_rate : IFD_PUB_TENSOR_RATE);
+    p->ring_bytes = IFD_TENSOR_RING_BYTES;
     p->tokens = p->rate;
     p->refill_ns = ifd_clock_ns();
     p->tsink = (ifd_tensor_sink){
@@ -583,6 +705,11 @@ int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, 
 fail:
     ifd_publisher_destroy(p);
     return rc;
+}
+
+void ifd_publisher_set_tensor_shm(ifd_publisher *p, int64_t bytes)
+{
+    p->ring_bytes = bytes;
 }
 
 const char *ifd_publisher_endpoint(const ifd_publisher *p)
@@ -615,6 +742,9 @@ void ifd_publisher_tensor_stats(ifd_publisher *p, ifd_publisher_tensors *st)
     st->largest = (int64_t)p->largest;
     st->rate = (int64_t)p->rate;
     st->wakes = __atomic_load_n(&p->wakes, __ATOMIC_RELAXED);
+    st->shm_notices = p->shm_notices;
+    st->shm_data = p->shm_data;
+    st->shm_ring_bytes = (int64_t)p->ring_size;
     ifd_mutex_unlock(&p->mu);
     ifd_tensor_pool_stats ps;
     ifd_tensor_pool_get_stats(p->pool, &ps);
@@ -652,11 +782,16 @@ static int publish(ifd_publisher *p)
             at += m->len[i];
         }
         int64_t steps = m->steps;
+        int notice = m->nframes == 2, shm_data = tensor && !notice &&
+                                                 strncmp(m->buf, IFD_PUB_TENSOR_SHM_PREFIX,
+                                                         sizeof IFD_PUB_TENSOR_SHM_PREFIX - 1) == 0;
         outmsg_free(m);
         ifd_mutex_lock(&p->mu);
         if (tensor) {
             p->tensor_sent++;
             p->steps_sent += steps;
+            p->shm_notices += notice;
+            p->shm_data += shm_data;
         }
     }
 }
@@ -771,6 +906,7 @@ void ifd_publisher_destroy(ifd_publisher *p)
     for (int i = 0; i < p->naccs; i++)
         ifd_tensor_pool_put(p->accs[i].data);
     free(p->accs);
+    ifd_tensor_ring_destroy(p->ring); /* a subscriber's mapping keeps its pages till unmapped */
     ifd_tensor_pool_destroy(p->pool); /* freed once libzmq gives back what it holds */
     ifd_conns_destroy(p->conns);      /* libzmq waits on a monitor event nobody reads */
     if (p->pub)
