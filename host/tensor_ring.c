@@ -86,7 +86,7 @@ int ifd_tensor_ring_create(ifd_tensor_ring **out, int64_t cap, ifd_error *err)
         ifd_error_set(err, IFD_EIO, "tensor ring: sealing it: %s", strerror(errno));
         goto fail;
     }
-    r->base = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+    r->base = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd, 0);
     if (r->base == MAP_FAILED) {
         r->base = NULL;
         ifd_error_set(err, IFD_ENOMEM, "tensor ring: mmap of %zu bytes: %s", r->size,
@@ -178,7 +178,7 @@ int ifd_tensor_ring_open(ifd_tensor_ring_reader *rd, const char *path, size_t si
                            path, size, (long long)st.st_size);
         goto done;
     }
-    base = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+    base = mmap(NULL, size, PROT_READ, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (base == MAP_FAILED) {
         rc = ifd_error_set(err, IFD_ENOMEM, "tensor ring %s: mmap of %zu bytes: %s", path, size,
                            strerror(errno));
