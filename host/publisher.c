@@ -98,7 +98,8 @@ struct ifd_publisher {
     ifd_tensor_ring *ring;
     int64_t ring_bytes;
     int ring_failed;
-    size_t ring_size; /* under mu: the ring's file, once made */
+    size_t ring_size;    /* under mu: the ring's file, once made */
+    size_t ring_unwoken; /* under acc_mu: bytes written into it since the thread was woken */
     int64_t shm_notices, shm_data;
     ifd_tensor_sink tsink;
     char mode[16]; /* the run's, in the tensor messages' headers */
@@ -384,6 +385,12 @@ static int flush_shm(ifd_publisher *p, tensor_acc *a, int *pushed, ifd_error *er
         return ifd_error_set(err, IFD_ENOMEM, "publish: tensor '%s'", a->name);
     }
     enqueue_tensor(p, m, pushed);
+    /* a loop that writes more than a quarter of the ring sends its notices now, not at its
+     * end: else the ring would write over them before a reader heard of them */
+    if (at && (p->ring_unwoken += a->len) >= ifd_tensor_ring_max_message(ring) && *pushed) {
+        *pushed = 2;
+        p->ring_unwoken = 0;
+    }
     return IFD_OK;
 }
 
@@ -428,8 +435,10 @@ static int flush_all(ifd_publisher *p, ifd_error *err)
         if (rc == IFD_OK)
             rc = r;
     }
-    if (pushed || __atomic_load_n(&p->unwoken, __ATOMIC_RELAXED))
+    if (pushed || __atomic_load_n(&p->unwoken, __ATOMIC_RELAXED)) {
         wake(p);
+        p->ring_unwoken = 0;
+    }
     return rc;
 }
 

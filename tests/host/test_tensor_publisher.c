@@ -695,6 +695,55 @@ START_TEST(shared_memory_subscribers_get_the_steps_tcp_ones_get)
 }
 END_TEST
 
+/* A loop that writes more than a quarter of the ring sends its notices before it ends (else
+ * the ring would write over them before a reader heard of them); a shorter one waits for its
+ * end, as data messages do. */
+START_TEST(a_loop_over_a_quarter_of_the_ring_sends_its_notices_at_once)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    pub_fixture f;
+    fixture_open(&f, INT64_C(1) << 40);
+    int64_t ring = rand_between(&rng, 1 << 20, 2 << 20);
+    ifd_publisher_set_tensor_shm(f.pub, ring);
+    subscribe(&f, "tensor-shm:x", 1);
+    wait_wants(&f, "x", 1);
+    /* steps of 4 to 8 KiB: messages of 64 KiB at most, far from the wake marks of the outbox */
+    int64_t row[1] = {1024};
+    size_t written = 0, quarter = (size_t)ring / 4;
+    const char *const names[1] = {"x"};
+    ifd_tensor_ring_reader rd = {0};
+    ifd_publisher_tensors st;
+    ifd_publisher_tensor_stats(f.pub, &st);
+    int64_t s = 0, wakes = st.wakes;
+    for (; written <= quarter + IFD_PUB_TENSOR_MESSAGE_BYTES; s++) {
+        ifd_tensor t;
+        random_rows(&rng, &t, IFD_F32, 2, row, rand_between(&rng, 1, 2));
+        write_step(&f, s + 1, 1, names, &t);
+        written += ifd_tensor_nbytes(&t);
+        free(t.data);
+        ifd_publisher_tensor_stats(f.pub, &st);
+        if (written < quarter) /* the thread is not woken before a quarter was written */
+            RASSERT(st.wakes == wakes, "woken after %zu bytes of a ring of %lld", written,
+                    (long long)ring);
+    }
+    /* the loop has not ended: the thread was woken for the notices, which arrive */
+    RASSERT(st.wakes > wakes, "not woken after %zu bytes of a ring of %lld", written,
+            (long long)ring);
+    tensor_msg t;
+    char *data;
+    int notice;
+    recv_shm(f.sub, &rd, &t, &data, &notice);
+    ck_assert(notice && data);
+    ck_assert_int_eq(t.steps[0], 1);
+    free(data);
+    free(t.steps);
+    free(t.rows);
+    ifd_tensor_ring_close(&rd);
+    fixture_close(&f);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("tensor_publisher");
@@ -706,5 +755,6 @@ int main(void)
     tcase_add_loop_test(tc, a_long_loop_wakes_the_publisher_at_the_mark, 0, 4);
     tcase_add_loop_test(tc, sent_messages_give_their_buffers_back_for_the_next_loop, 0, 4);
     tcase_add_loop_test(tc, shared_memory_subscribers_get_the_steps_tcp_ones_get, 0, 9);
+    tcase_add_loop_test(tc, a_loop_over_a_quarter_of_the_ring_sends_its_notices_at_once, 0, 4);
     return tu_run_suite(s);
 }
