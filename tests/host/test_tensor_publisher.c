@@ -629,8 +629,11 @@ START_TEST(shared_memory_subscribers_get_the_steps_tcp_ones_get)
     ifd_publisher_set_tensor_shm(f.pub, ring ? ring_bytes : 0);
     void *shm_sub = zmq_socket(f.zctx, ZMQ_SUB);
     ck_assert_int_eq(zmq_connect(shm_sub, ifd_publisher_endpoint(f.pub)), 0);
+    /* a last name on each connection says its other subscriptions were read (in order) */
     ck_assert_int_eq(zmq_setsockopt(shm_sub, ZMQ_SUBSCRIBE, "tensor-shm:x", 12), 0);
-    subscribe_all(&f, (const char *const[]){"x"}, 1);
+    ck_assert_int_eq(zmq_setsockopt(shm_sub, ZMQ_SUBSCRIBE, "tensor-shm:last", 15), 0);
+    subscribe_all(&f, (const char *const[]){"x", "tcp_last"}, 2);
+    wait_wants(&f, "last", 1);
     int64_t steps = rand_between(&rng, 1, IFD_PUB_SNDHWM / 2), ipl = rand_between(&rng, 1, 40);
     int64_t row[2] = {rand_between(&rng, 1, 16), rand_between(&rng, 1, 16)};
     int rank = (int)rand_between(&rng, 1, 3);
