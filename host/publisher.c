@@ -333,7 +333,8 @@ static void enqueue_tensor(ifd_publisher *p, outmsg *m, int *pushed)
                      (double)IFD_PUB_SNDHWM * (double)bytes / 1048576.0, IFD_PUB_SNDHWM, bytes,
                      IFD_PUB_TENSOR_MESSAGE_BYTES >> 10, IFD_PUB_TENSORS_MAX,
                      (double)IFD_PUB_TENSOR_POOL_BYTES / 1048576.0,
-                     (double)(p->ring_bytes + IFD_TENSOR_RING_HEADER) / 1048576.0);
+                     (double)(p->ring_bytes > 0 ? p->ring_bytes + IFD_TENSOR_RING_HEADER : 0) /
+                         1048576.0);
     if (!go)
         outmsg_free(m);
     else if (*pushed < 1 + urgent)
