@@ -10,6 +10,9 @@
   over (the ring's `written` beyond seq + cap) is lost, counted, and its steps skipped while the
   next message's are yielded; a ring that cannot be opened makes "auto" ask for data messages
   instead ("tensor:NAME") and shm=True raise a sentence naming the ring.
+- Under CURVE the notices come through the authenticated PUB socket as any message: a subscriber
+  with an allowed key gets every step's labels from the ring; one with a key the daemon does not
+  know gets nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import numpy as np
 import pytest
 
 import infeed
-from helpers import stream_until_end, wait_until
+from helpers import curve_batch, curve_producer, stream_until_end, wait_until
 from test_tensor_messages import FakePublisher, probe_batch
 
 PROBE = os.environ.get("INFEED_PROBE_PLUGIN")
@@ -79,6 +82,43 @@ def test_shm_subscriber_gets_what_a_data_subscriber_gets(daemon, rng, tmp_path, 
     log = d.log()
     assert "asked for tensor 'x3' in shared memory" in log, log
     assert ("tensor messages in shared memory: a ring of" in log) == ring, log
+
+
+def test_curve_notices_reach_allowed_subscribers_only(curve_daemon, keys):
+    steps = 30
+    d = curve_daemon(steps=steps)
+    sub = infeed.Subscriber(d.publish, timeout=30, server_key=keys["server"], keypair=keys["b"],
+                            tensors=["label", "class"])
+    stranger = infeed.Subscriber(d.publish, timeout=0.05, server_key=keys["server"],
+                                 keypair=keys["stranger"], tensors=["confidence"])
+    got, sent = [], []
+    try:
+        assert sub.shm
+        wait_until(lambda: d.control({"cmd": "status"})["tensor_messages"]["subscribed"] == 2,
+                   "the daemon sees the allowed subscriber's tensors", d)
+        reader = threading.Thread(target=read_all, args=(sub, got), daemon=True)
+        reader.start()
+        rng = np.random.default_rng(5)
+        with curve_producer(d, keys, "b", "p0") as p:
+            try:
+                for i in range(1000):
+                    b = curve_batch(rng, i)
+                    p.send(b)
+                    sent.append(b["y"])
+            except infeed.RunEnded:
+                pass
+        reader.join(60)
+        assert d.wait() == 0, d.log()
+        with pytest.raises(TimeoutError):
+            stranger.recv_message()
+    finally:
+        sub.close()
+        stranger.close()
+    assert [s for s, _ in got] == list(range(1, steps + 1)), [s for s, _ in got]
+    for step, t in got:
+        np.testing.assert_array_equal(t["label"], sent[step - 1])
+    assert "asked for tensor 'label' in shared memory" in d.log()
+    assert "asked for tensor 'confidence'" not in d.log()
 
 
 # ---- the client's reader against a ring the test writes ----
