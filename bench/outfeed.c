@@ -312,62 +312,81 @@ static const char *notice_data(pub_run *p, const char *h, size_t n, size_t *len,
     return d;
 }
 
-/* Checks a tensor message (f: its nf frames) as a subscriber that splits it into steps would
- * (docs/summaries.md, "Tensor messages"): the topic (p->prefix and the name) names the header's
- * tensor, the steps are consecutive, and the data (its frame, or for a notice the ring's bytes,
- * checked in place) is the steps' rows of row_shape floats or ints. Returns its steps, 0 for a
- * notice whose data the ring wrote over (lost), or -1 with why. */
-static int64_t check_tensor(pub_run *p, zmq_msg_t *f, int nf, char *why, size_t whylen)
+/* A tensor message's header, as a subscriber that splits it into steps reads it. */
+typedef struct tensor_header {
+    const char *name;
+    size_t nl;
+    int ns;
+    int64_t steps[IFD_PUB_TENSOR_STEPS_MAX], rows[IFD_PUB_TENSOR_STEPS_MAX];
+    int64_t row, total; /* a row's values; the steps' bytes */
+} tensor_header;
+
+/* Reads the header (frame 1) of a message on topic (frame 0, p->prefix and the name): it names
+ * the topic's tensor, float32 or int32, its steps are consecutive; 0, or -1 with why. */
+static int read_header(const pub_run *p, zmq_msg_t *f, tensor_header *t, char *why, size_t whylen)
 {
     const char *topic = zmq_msg_data(&f[0]), *h = zmq_msg_data(&f[1]);
-    size_t tn = zmq_msg_size(&f[0]), hn = zmq_msg_size(&f[1]), pn = strlen(p->prefix), nl = 0,
-           dl = 0;
-    int64_t steps[IFD_PUB_TENSOR_STEPS_MAX], rows[IFD_PUB_TENSOR_STEPS_MAX], shape[IFD_MAX_RANK];
-    const char *name = str_value(h, hn, "name", &nl), *dtype = str_value(h, hn, "dtype", &dl);
-    int ns = int_array(h, hn, "global_steps", steps, IFD_PUB_TENSOR_STEPS_MAX);
-    int nr = int_array(h, hn, "rows", rows, IFD_PUB_TENSOR_STEPS_MAX);
+    size_t tn = zmq_msg_size(&f[0]), hn = zmq_msg_size(&f[1]), pn = strlen(p->prefix), dl = 0;
+    int64_t shape[IFD_MAX_RANK];
+    const char *dtype = str_value(h, hn, "dtype", &dl);
+    t->name = str_value(h, hn, "name", &t->nl);
+    t->ns = int_array(h, hn, "global_steps", t->steps, IFD_PUB_TENSOR_STEPS_MAX);
+    int nr = int_array(h, hn, "rows", t->rows, IFD_PUB_TENSOR_STEPS_MAX);
     int rank = int_array(h, hn, "row_shape", shape, IFD_MAX_RANK);
-    if (name == NULL || dtype == NULL || ns < 1 || nr != ns || rank < 0 || tn <= pn ||
-        strncmp(topic, p->prefix, pn) != 0 || nl != tn - pn || memcmp(topic + pn, name, nl) ||
+    if (t->name == NULL || dtype == NULL || t->ns < 1 || nr != t->ns || rank < 0 || tn <= pn ||
+        strncmp(topic, p->prefix, pn) != 0 || t->nl != tn - pn ||
+        memcmp(topic + pn, t->name, t->nl) ||
         !((dl == 7 && memcmp(dtype, "float32", 7) == 0) ||
           (dl == 5 && memcmp(dtype, "int32", 5) == 0))) {
         snprintf(why, whylen, "a header that does not name its topic's tensor: %.*s",
                  (int)(hn < 100 ? hn : 100), h);
         return -1;
     }
-    int64_t row = 1, total = 0;
+    t->row = 1;
+    t->total = 0;
     for (int i = 0; i < rank; i++)
-        row *= shape[i];
-    for (int i = 0; i < ns; i++) {
-        if (i && steps[i] != steps[i - 1] + 1) {
-            snprintf(why, whylen, "%.*s: step %lld after %lld", (int)nl, name, (long long)steps[i],
-                     (long long)steps[i - 1]);
+        t->row *= shape[i];
+    for (int i = 0; i < t->ns; i++) {
+        if (i && t->steps[i] != t->steps[i - 1] + 1) {
+            snprintf(why, whylen, "%.*s: step %lld after %lld", (int)t->nl, t->name,
+                     (long long)t->steps[i], (long long)t->steps[i - 1]);
             return -1;
         }
-        total += rows[i] * row * 4;
+        t->total += t->rows[i] * t->row * 4;
     }
-    size_t len = 0;
+    return 0;
+}
+
+/* Checks a tensor message (f: its nf frames) as a subscriber that splits it into steps would
+ * (docs/summaries.md, "Tensor messages"): its header (read_header), and the data (its frame, or
+ * for a notice the ring's bytes, checked in place) is the steps' rows of row_shape floats or
+ * ints. Returns its steps, 0 for a notice whose data the ring wrote over (lost), or -1 with
+ * why. */
+static int64_t check_tensor(pub_run *p, zmq_msg_t *f, int nf, char *why, size_t whylen)
+{
+    tensor_header t;
+    if (read_header(p, f, &t, why, whylen))
+        return -1;
+    size_t len = nf == 3 ? zmq_msg_size(&f[2]) : 0;
     uint64_t seq = 0;
     const char *data =
-        nf == 3 ? zmq_msg_data(&f[2]) : notice_data(p, h, hn, &len, &seq, why, whylen);
-    if (nf == 3)
-        len = zmq_msg_size(&f[2]);
+        nf == 3 ? zmq_msg_data(&f[2])
+                : notice_data(p, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &len, &seq, why, whylen);
     if (data == NULL)
         return -1;
-    if ((size_t)total != len) {
-        snprintf(why, whylen, "%.*s: %zu bytes of data for %lld", (int)nl, name, len,
-                 (long long)total);
+    if ((size_t)t.total != len) {
+        snprintf(why, whylen, "%.*s: %zu bytes of data for %lld", (int)t.nl, t.name, len,
+                 (long long)t.total);
         return -1;
     }
-    if (nf == 2 && !ifd_tensor_ring_intact(&p->ring, seq))
+    int ring = nf == 2;
+    if (ring && !ifd_tensor_ring_intact(&p->ring, seq))
         return 0;
-    for (int i = 0; i < ns; data += rows[i] * row * 4, i++)
-        if (check_values(name, nl, data, rows[i], row, why, whylen))
+    for (int i = 0; i < t.ns; data += t.rows[i] * t.row * 4, i++)
+        if (check_values(t.name, t.nl, data, t.rows[i], t.row, why, whylen))
             /* a value read while the ring wrote over it is a lost message, not a wrong one */
-            return nf == 2 && !ifd_tensor_ring_intact(&p->ring, seq) ? 0 : -1;
-    if (nf == 2 && !ifd_tensor_ring_intact(&p->ring, seq))
-        return 0;
-    return ns;
+            return ring && !ifd_tensor_ring_intact(&p->ring, seq) ? 0 : -1;
+    return ring && !ifd_tensor_ring_intact(&p->ring, seq) ? 0 : t.ns;
 }
 
 /* Takes every message sub holds now (a message's frames arrive together), checked. */
@@ -565,6 +584,34 @@ static double run_once(int way, int64_t steps, int64_t *sunk, double *cpu_us)
     return (double)steps * 1e9 / (double)(t1 - t0);
 }
 
+/* The PUB ways' lines (on: the ways run); 1 when a message failed the check (said). */
+static int print_pub_stats(const int on[NWAYS], int64_t steps)
+{
+    int bad = 0;
+    for (int w = OUT16_PUB; w < NWAYS; w++) {
+        const pub_stats *g = &g_pub[w];
+        if (!on[w])
+            continue;
+        printf("%s: %lld tensor messages published in the last run (%.2f a step, %lld tensor "
+               "steps: %d tensors a step; %lld of them notices of data in shared memory), %lld "
+               "read by the subscribers, %lld of them lost (the ring wrote over them first) and "
+               "the others checked (%lld tensor steps; checking them took %.2f us a step); %lld "
+               "data buffers taken, %lld of them reused\n",
+               way_names[w], (long long)g->sent, (double)g->sent / (double)steps,
+               (long long)g->steps, NALL, (long long)g->notices, (long long)g->got,
+               (long long)g->lost, (long long)g->got_steps,
+               (double)g->check_ns / 1e3 / (double)steps, (long long)g->buffers,
+               (long long)g->reused);
+        if (g->bad) {
+            fprintf(stderr,
+                    "bench_outfeed: %s: %lld tensor messages failed the check, the first: %s\n",
+                    way_names[w], (long long)g->bad, g->why);
+            bad = 1;
+        }
+    }
+    return bad;
+}
+
 /* Sets on[w] for each way named in the comma-separated list; 0 when a name is unknown. */
 static int parse_ways(const char *list, int on[NWAYS])
 {
@@ -642,29 +689,7 @@ int main(int argc, char **argv)
     if (on[OUT16_SUB])
         printf("out16+sub: the sink took %.1f MB a run (%.0f bytes a step)\n", (double)sunk / 1e6,
                (double)sunk / (double)steps);
-    int bad = 0;
-    for (int w = OUT16_PUB; w < NWAYS; w++) {
-        const pub_stats *g = &g_pub[w];
-        if (!on[w])
-            continue;
-        printf("%s: %lld tensor messages published in the last run (%.2f a step, %lld tensor "
-               "steps: %d tensors a step; %lld of them notices of data in shared memory), %lld "
-               "read by the subscribers, %lld of them lost (the ring wrote over them first) and "
-               "the others checked (%lld tensor steps; checking them took %.2f us a step); %lld "
-               "data buffers taken, %lld of them reused\n",
-               way_names[w], (long long)g->sent, (double)g->sent / (double)steps,
-               (long long)g->steps, NALL, (long long)g->notices, (long long)g->got,
-               (long long)g->lost, (long long)g->got_steps,
-               (double)g->check_ns / 1e3 / (double)steps, (long long)g->buffers,
-               (long long)g->reused);
-        if (g->bad) {
-            fprintf(stderr,
-                    "bench_outfeed: %s: %lld tensor messages failed the check, the first: %s\n",
-                    way_names[w], (long long)g->bad, g->why);
-            bad = 1;
-        }
-    }
-    if (bad)
+    if (print_pub_stats(on, steps))
         return 1;
     printf("%-10s %12s %12s %10s %10s %8s %10s\n", "way", "steps/s", "best", "x plain", "slower",
            "target", "cpu_us/st");
