@@ -1,6 +1,6 @@
 /*
  * bench_outfeed: what outfeed tensors cost (issue 21). The built-in softmax program (D = 16,
- * K = 10) trains at batch 256 on R = 2 cpu replicas, iterations_per_loop 100, five ways side by
+ * K = 10) trains at batch 256 on R = 2 cpu replicas, iterations_per_loop 100, six ways side by
  * side in one run, each repeat running every way once in turn:
  *
  *   plain     softmax as built in (its outfeed: class, confidence and label, 3 values a row),
@@ -23,7 +23,11 @@
  *             and the publisher's data buffers (taken, reused), and a message that fails the
  *             check ends the bench with status 1;
  *   out16+ipc out16+pub on an ipc endpoint (a unix socket), as a subscriber on the daemon's
- *             host would connect.
+ *             host would connect;
+ *   out16+shm out16+pub with the subscribers asking for "tensor-shm:NAME": the data in the
+ *             daemon's shared-memory ring (host/tensor_ring.h), notices on the socket; the reader
+ *             checks every value in place in the ring, and counts as lost (not failed) a message
+ *             the ring wrote over before or while it was checked.
  *
  * The batch source hands out one prebuilt batch, so no producer is measured. Prints steps/s
  * (median and fastest of the repeats), each way's ratio to plain, the targets of issue 21 (out16
@@ -31,11 +35,14 @@
  * (cpu_us/st: on a shared machine the CPU a step costs says more than its wall time), and the
  * BLAS kernel.
  *
- *   bench_outfeed [--steps N] [--repeat N] [--ways plain,out16,out16+sub,out16+pub,out16+ipc]
+ *   bench_outfeed [--steps N] [--repeat N]
+ *                 [--ways plain,out16,out16+sub,out16+pub,out16+ipc,out16+shm]
+ *                 [--tensor-shm-bytes N (out16+shm's ring, the daemon's default)]
  */
 #include "bench/bench_util.h"
 #include "host/limits.h"
 #include "host/publisher.h"
+#include "host/tensor_ring.h"
 #include "core/thread.h"
 #include "device/cpu/blas.h"
 #include <infeed/infeed.h>
@@ -148,9 +155,9 @@ static int take_all(void *ctx, const ifd_step_tensors *t, ifd_error *err)
 
 /* ---- runs ---- */
 
-enum { PLAIN, OUT16, OUT16_SUB, OUT16_PUB, OUT16_IPC, NWAYS };
-static const char *const way_names[NWAYS] = {"plain", "out16", "out16+sub", "out16+pub",
-                                             "out16+ipc"};
+enum { PLAIN, OUT16, OUT16_SUB, OUT16_PUB, OUT16_IPC, OUT16_SHM, NWAYS };
+static const char *const way_names[NWAYS] = {"plain",     "out16",     "out16+sub",
+                                             "out16+pub", "out16+ipc", "out16+shm"};
 
 /* ---- the PUB socket and its subscribers ---- */
 
@@ -168,7 +175,10 @@ typedef struct pub_run {
     int64_t got_steps; /* the tensor steps they held */
     int64_t bad;       /* messages that failed the check */
     int64_t check_ns;  /* the time the checks took (the reader's clock around them) */
-    char why[160];     /* the first one's fault */
+    int64_t lost;      /* out16+shm: notices whose data the ring wrote over first */
+    const char *prefix;
+    ifd_tensor_ring_reader ring;
+    char why[160]; /* the first one's fault */
 } pub_run;
 
 /* The integers of the array that follows "key": in the header h (n bytes) into v (at most max);
@@ -260,48 +270,123 @@ static int check_values(const char *name, size_t nl, const char *data, int64_t r
     return -1;
 }
 
-/* Checks a tensor message as a subscriber that splits it into steps would (docs/summaries.md,
- * "Tensor messages"): the topic names the header's tensor, the steps are consecutive, and the
- * data is the steps' rows of row_shape floats or ints. Returns its steps, or -1 with why. */
-static int64_t check_tensor(zmq_msg_t *f, char *why, size_t whylen)
+/* An integer of the header h (n bytes) after "key": (its first digit), or -1. */
+static int64_t int_value(const char *h, size_t n, const char *key)
+{
+    char pat[48];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    const char *at = memmem(h, n, pat, strlen(pat));
+    return at ? strtoll(at + strlen(pat), NULL, 10) : -1;
+}
+
+/* The data of a notice (the header h, n bytes) in place in the ring (opened at the first), and
+ * its position *seq; NULL with why when the notice does not say where, or the ring cannot be
+ * opened. */
+static const char *notice_data(pub_run *p, const char *h, size_t n, size_t *len, uint64_t *seq,
+                               char *why, size_t whylen)
+{
+    size_t pl = 0, tl = 0;
+    const char *path = str_value(h, n, "path", &pl), *token = str_value(h, n, "token", &tl);
+    int64_t size = int_value(h, n, "size"), s = int_value(h, n, "seq"),
+            bytes = int_value(h, n, "bytes");
+    if (path == NULL || token == NULL || size < 0 || s < 0 || bytes < 0 || pl >= 64 || tl >= 64) {
+        snprintf(why, whylen, "a notice that does not say where its data is: %.*s",
+                 (int)(n < 160 ? n : 160), h);
+        return NULL;
+    }
+    ifd_error err;
+    if (p->ring.base == NULL) {
+        char ps[64], ts[64];
+        snprintf(ps, sizeof ps, "%.*s", (int)pl, path);
+        snprintf(ts, sizeof ts, "%.*s", (int)tl, token);
+        if (ifd_tensor_ring_open(&p->ring, ps, (size_t)size, ts, &err) != IFD_OK) {
+            snprintf(why, whylen, "%s", ifd_error_text(&err));
+            return NULL;
+        }
+    }
+    const char *d = ifd_tensor_ring_at(&p->ring, (uint64_t)s, (size_t)bytes, &err);
+    if (d == NULL)
+        snprintf(why, whylen, "%s", ifd_error_text(&err));
+    *len = (size_t)bytes;
+    *seq = (uint64_t)s;
+    return d;
+}
+
+/* A tensor message's header, as a subscriber that splits it into steps reads it. */
+typedef struct tensor_header {
+    const char *name;
+    size_t nl;
+    int ns;
+    int64_t steps[IFD_PUB_TENSOR_STEPS_MAX], rows[IFD_PUB_TENSOR_STEPS_MAX];
+    int64_t row, total; /* a row's values; the steps' bytes */
+} tensor_header;
+
+/* Reads the header (frame 1) of a message on topic (frame 0, p->prefix and the name): it names
+ * the topic's tensor, float32 or int32, its steps are consecutive; 0, or -1 with why. */
+static int read_header(const pub_run *p, zmq_msg_t *f, tensor_header *t, char *why, size_t whylen)
 {
     const char *topic = zmq_msg_data(&f[0]), *h = zmq_msg_data(&f[1]);
-    size_t tn = zmq_msg_size(&f[0]), hn = zmq_msg_size(&f[1]), pn = strlen("tensor:"), nl = 0,
-           dl = 0;
-    int64_t steps[IFD_PUB_TENSOR_STEPS_MAX], rows[IFD_PUB_TENSOR_STEPS_MAX], shape[IFD_MAX_RANK];
-    const char *name = str_value(h, hn, "name", &nl), *dtype = str_value(h, hn, "dtype", &dl);
-    int ns = int_array(h, hn, "global_steps", steps, IFD_PUB_TENSOR_STEPS_MAX);
-    int nr = int_array(h, hn, "rows", rows, IFD_PUB_TENSOR_STEPS_MAX);
+    size_t tn = zmq_msg_size(&f[0]), hn = zmq_msg_size(&f[1]), pn = strlen(p->prefix), dl = 0;
+    int64_t shape[IFD_MAX_RANK];
+    const char *dtype = str_value(h, hn, "dtype", &dl);
+    t->name = str_value(h, hn, "name", &t->nl);
+    t->ns = int_array(h, hn, "global_steps", t->steps, IFD_PUB_TENSOR_STEPS_MAX);
+    int nr = int_array(h, hn, "rows", t->rows, IFD_PUB_TENSOR_STEPS_MAX);
     int rank = int_array(h, hn, "row_shape", shape, IFD_MAX_RANK);
-    if (name == NULL || dtype == NULL || ns < 1 || nr != ns || rank < 0 || tn <= pn ||
-        strncmp(topic, "tensor:", pn) != 0 || nl != tn - pn || memcmp(topic + pn, name, nl) ||
+    if (t->name == NULL || dtype == NULL || t->ns < 1 || nr != t->ns || rank < 0 || tn <= pn ||
+        strncmp(topic, p->prefix, pn) != 0 || t->nl != tn - pn ||
+        memcmp(topic + pn, t->name, t->nl) ||
         !((dl == 7 && memcmp(dtype, "float32", 7) == 0) ||
           (dl == 5 && memcmp(dtype, "int32", 5) == 0))) {
         snprintf(why, whylen, "a header that does not name its topic's tensor: %.*s",
                  (int)(hn < 100 ? hn : 100), h);
         return -1;
     }
-    int64_t row = 1, total = 0;
+    t->row = 1;
+    t->total = 0;
     for (int i = 0; i < rank; i++)
-        row *= shape[i];
-    for (int i = 0; i < ns; i++) {
-        if (i && steps[i] != steps[i - 1] + 1) {
-            snprintf(why, whylen, "%.*s: step %lld after %lld", (int)nl, name, (long long)steps[i],
-                     (long long)steps[i - 1]);
+        t->row *= shape[i];
+    for (int i = 0; i < t->ns; i++) {
+        if (i && t->steps[i] != t->steps[i - 1] + 1) {
+            snprintf(why, whylen, "%.*s: step %lld after %lld", (int)t->nl, t->name,
+                     (long long)t->steps[i], (long long)t->steps[i - 1]);
             return -1;
         }
-        total += rows[i] * row * 4;
+        t->total += t->rows[i] * t->row * 4;
     }
-    if ((size_t)total != zmq_msg_size(&f[2])) {
-        snprintf(why, whylen, "%.*s: %zu bytes of data for %lld", (int)nl, name,
-                 zmq_msg_size(&f[2]), (long long)total);
+    return 0;
+}
+
+/* Checks a tensor message (f: its nf frames) as a subscriber that splits it into steps would
+ * (docs/summaries.md, "Tensor messages"): its header (read_header), and the data (its frame, or
+ * for a notice the ring's bytes, checked in place) is the steps' rows of row_shape floats or
+ * ints. Returns its steps, 0 for a notice whose data the ring wrote over (lost), or -1 with
+ * why. */
+static int64_t check_tensor(pub_run *p, zmq_msg_t *f, int nf, char *why, size_t whylen)
+{
+    tensor_header t;
+    if (read_header(p, f, &t, why, whylen))
+        return -1;
+    size_t len = nf == 3 ? zmq_msg_size(&f[2]) : 0;
+    uint64_t seq = 0;
+    const char *data =
+        nf == 3 ? zmq_msg_data(&f[2])
+                : notice_data(p, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &len, &seq, why, whylen);
+    if (data == NULL)
+        return -1;
+    if ((size_t)t.total != len) {
+        snprintf(why, whylen, "%.*s: %zu bytes of data for %lld", (int)t.nl, t.name, len,
+                 (long long)t.total);
         return -1;
     }
-    const char *data = zmq_msg_data(&f[2]);
-    for (int i = 0; i < ns; data += rows[i] * row * 4, i++)
-        if (check_values(name, nl, data, rows[i], row, why, whylen))
-            return -1;
-    return ns;
+    int ring = nf == 2;
+    if (ring && !ifd_tensor_ring_intact(&p->ring, seq))
+        return 0;
+    for (int i = 0; i < t.ns; data += t.rows[i] * t.row * 4, i++)
+        if (check_values(t.name, t.nl, data, t.rows[i], t.row, why, whylen))
+            /* a value read while the ring wrote over it is a lost message, not a wrong one */
+            return ring && !ifd_tensor_ring_intact(&p->ring, seq) ? 0 : -1;
+    return ring && !ifd_tensor_ring_intact(&p->ring, seq) ? 0 : t.ns;
 }
 
 /* Takes every message sub holds now (a message's frames arrive together), checked. */
@@ -323,12 +408,14 @@ static void read_messages(pub_run *p, void *sub)
                 zmq_msg_close(&f[3]);
         }
         int64_t t0 = ifd_clock_ns();
-        int64_t st = n == 3 ? check_tensor(f, p->why, sizeof p->why) : -1;
+        int64_t st = n == 3 || n == 2 ? check_tensor(p, f, n, p->why, sizeof p->why) : -1;
         p->check_ns += ifd_clock_ns() - t0;
-        if (st < 0 && n != 3)
+        if (st < 0 && n != 3 && n != 2)
             snprintf(p->why, sizeof p->why, "a message of %d frames", n);
         if (st < 0)
             p->bad++;
+        else if (st == 0)
+            p->lost++;
         else
             p->got_steps += st;
         __atomic_add_fetch(&p->got, 1, __ATOMIC_RELEASE);
@@ -351,9 +438,12 @@ static void *read_all(void *arg)
     return NULL;
 }
 
+static int64_t g_shm_bytes = IFD_TENSOR_RING_BYTES; /* --tensor-shm-bytes */
+
 static void pub_open(pub_run *p, int way)
 {
     memset(p, 0, sizeof *p);
+    p->prefix = way == OUT16_SHM ? IFD_PUB_TENSOR_SHM_PREFIX : IFD_PUB_TENSOR_PREFIX;
     ifd_error err;
     p->zctx = zmq_ctx_new();
     p->sctx = zmq_ctx_new();
@@ -361,9 +451,11 @@ static void pub_open(pub_run *p, int way)
     zmq_ctx_set(p->sctx, ZMQ_THREAD_NAME_PREFIX, 1);
     char ipc[96];
     snprintf(ipc, sizeof ipc, "ipc:///tmp/bench_outfeed-%d", (int)getpid());
-    if (ifd_publisher_create(&p->pub, p->zctx, way == OUT16_IPC ? ipc : "tcp://127.0.0.1:*", NULL,
-                             NULL, 16, IFD_MODE_TRAIN, INT64_C(4) << 30, &err) ||
-        ifd_publisher_start(p->pub, &err)) {
+    int rc = ifd_publisher_create(&p->pub, p->zctx, way == OUT16_IPC ? ipc : "tcp://127.0.0.1:*",
+                                  NULL, NULL, 16, IFD_MODE_TRAIN, INT64_C(4) << 30, &err);
+    if (rc == IFD_OK)
+        ifd_publisher_set_tensor_shm(p->pub, g_shm_bytes);
+    if (rc || ifd_publisher_start(p->pub, &err)) {
         fprintf(stderr, "bench_outfeed: publisher: %s\n", ifd_error_text(&err));
         exit(1);
     }
@@ -372,7 +464,7 @@ static void pub_open(pub_run *p, int way)
         zmq_connect(p->subs[k], ifd_publisher_endpoint(p->pub));
         for (int i = k * NALL / 2; i < (k + 1) * NALL / 2; i++) {
             char topic[64];
-            snprintf(topic, sizeof topic, "tensor:%s", all_tensors[i]);
+            snprintf(topic, sizeof topic, "%s%s", p->prefix, all_tensors[i]);
             zmq_setsockopt(p->subs[k], ZMQ_SUBSCRIBE, topic, strlen(topic));
         }
     }
@@ -400,15 +492,18 @@ static void pub_close(pub_run *p, ifd_publisher_tensors *st)
     ifd_thread_join(&p->reader);
     for (int k = 0; k < 2; k++)
         zmq_close(p->subs[k]);
+    ifd_tensor_ring_close(&p->ring);
     ifd_publisher_destroy(p->pub);
     zmq_ctx_term(p->sctx);
     zmq_ctx_term(p->zctx);
 }
 
-/* out16+pub (else out16+ipc): the last run's messages and their steps, published and read */
-static int64_t g_pub_sent, g_pub_steps, g_pub_got, g_pub_got_steps, g_pub_bad, g_pub_buffers,
-    g_pub_reused, g_pub_check_ns;
-static char g_pub_why[160];
+/* The PUB ways' last runs: messages and their steps, published and read, lost (out16+shm) */
+typedef struct pub_stats {
+    int64_t sent, steps, got, got_steps, lost, bad, buffers, reused, check_ns, notices;
+    char why[160];
+} pub_stats;
+static pub_stats g_pub[NWAYS];
 
 /* The process's CPU time (user and system, all threads) in seconds. */
 static double cpu_seconds(void)
@@ -449,7 +544,7 @@ static double run_once(int way, int64_t steps, int64_t *sunk, double *cpu_us)
     taker k = {0};
     ifd_tensor_sink sink = {.write = take_all, .ctx = &k};
     pub_run pr;
-    int pub = way == OUT16_PUB || way == OUT16_IPC;
+    int pub = way == OUT16_PUB || way == OUT16_IPC || way == OUT16_SHM;
     if (pub)
         pub_open(&pr, way);
     if ((way == OUT16_SUB && ifd_session_add_tensor_sink(s, &sink) != IFD_OK) ||
@@ -472,18 +567,49 @@ static double run_once(int way, int64_t steps, int64_t *sunk, double *cpu_us)
     if (pub) {
         ifd_publisher_tensors st;
         pub_close(&pr, &st);
-        g_pub_sent = st.sent;
-        g_pub_steps = st.sent_steps;
-        g_pub_buffers = st.buffers;
-        g_pub_reused = st.buffers_reused;
-        g_pub_got = pr.got;
-        g_pub_got_steps = pr.got_steps;
-        g_pub_check_ns = pr.check_ns;
-        g_pub_bad += pr.bad;
-        if (pr.bad && g_pub_why[0] == '\0')
-            snprintf(g_pub_why, sizeof g_pub_why, "%s", pr.why);
+        pub_stats *g = &g_pub[way];
+        g->sent = st.sent;
+        g->steps = st.sent_steps;
+        g->notices = st.shm_notices;
+        g->buffers = st.buffers;
+        g->reused = st.buffers_reused;
+        g->got = pr.got;
+        g->got_steps = pr.got_steps;
+        g->lost = pr.lost;
+        g->check_ns = pr.check_ns;
+        g->bad += pr.bad;
+        if (pr.bad && g->why[0] == '\0')
+            snprintf(g->why, sizeof g->why, "%s", pr.why);
     }
     return (double)steps * 1e9 / (double)(t1 - t0);
+}
+
+/* The PUB ways' lines (on: the ways run); 1 when a message failed the check (said). */
+static int print_pub_stats(const int on[NWAYS], int64_t steps)
+{
+    int bad = 0;
+    for (int w = OUT16_PUB; w < NWAYS; w++) {
+        const pub_stats *g = &g_pub[w];
+        if (!on[w])
+            continue;
+        printf("%s: %lld tensor messages published in the last run (%.2f a step, %lld tensor "
+               "steps: %d tensors a step; %lld of them notices of data in shared memory), %lld "
+               "read by the subscribers, %lld of them lost (the ring wrote over them first) and "
+               "the others checked (%lld tensor steps; checking them took %.2f us a step); %lld "
+               "data buffers taken, %lld of them reused\n",
+               way_names[w], (long long)g->sent, (double)g->sent / (double)steps,
+               (long long)g->steps, NALL, (long long)g->notices, (long long)g->got,
+               (long long)g->lost, (long long)g->got_steps,
+               (double)g->check_ns / 1e3 / (double)steps, (long long)g->buffers,
+               (long long)g->reused);
+        if (g->bad) {
+            fprintf(stderr,
+                    "bench_outfeed: %s: %lld tensor messages failed the check, the first: %s\n",
+                    way_names[w], (long long)g->bad, g->why);
+            bad = 1;
+        }
+    }
+    return bad;
 }
 
 /* Sets on[w] for each way named in the comma-separated list; 0 when a name is unknown. */
@@ -499,7 +625,7 @@ static int parse_ways(const char *list, int on[NWAYS])
         if (k == NWAYS) {
             fprintf(stderr,
                     "bench_outfeed: --ways: no way '%s' (expected some of plain, out16, "
-                    "out16+sub, out16+pub, out16+ipc)\n",
+                    "out16+sub, out16+pub, out16+ipc, out16+shm)\n",
                     w);
             return 0;
         }
@@ -512,7 +638,7 @@ int main(int argc, char **argv)
 {
     int64_t steps = 20000;
     int repeat = 5;
-    int on[NWAYS] = {1, 1, 1, 1, 1};
+    int on[NWAYS] = {1, 1, 1, 1, 1, 1};
     for (int i = 1; i < argc; i += 2) {
         if (i + 1 >= argc) {
             fprintf(stderr, "bench_outfeed: %s needs a value\n", argv[i]);
@@ -522,6 +648,8 @@ int main(int argc, char **argv)
             steps = strtoll(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "--repeat") == 0)
             repeat = atoi(argv[i + 1]);
+        else if (strcmp(argv[i], "--tensor-shm-bytes") == 0)
+            g_shm_bytes = strtoll(argv[i + 1], NULL, 10);
         else if (strcmp(argv[i], "--ways") == 0) {
             if (!parse_ways(argv[i + 1], on))
                 return 2;
@@ -530,12 +658,14 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (steps < IPL || repeat < 1 || repeat > 64 || !on[PLAIN]) {
+    if (steps < IPL || repeat < 1 || repeat > 64 || !on[PLAIN] ||
+        g_shm_bytes < IFD_TENSOR_RING_MIN) {
         fprintf(stderr,
                 "usage: bench_outfeed [--steps N >= %d] [--repeat 1..64] [--ways plain,...]\n"
                 "  --ways: a comma-separated list of plain (always, the ratios' base), out16,\n"
-                "          out16+sub, out16+pub, out16+ipc (default: all five)\n",
-                IPL);
+                "          out16+sub, out16+pub, out16+ipc, out16+shm (default: all six)\n"
+                "  --tensor-shm-bytes: out16+shm's ring (default %lld, the daemon's; >= %lld)\n",
+                IPL, (long long)IFD_TENSOR_RING_BYTES, (long long)IFD_TENSOR_RING_MIN);
         return 2;
     }
     register_out16();
@@ -559,22 +689,8 @@ int main(int argc, char **argv)
     if (on[OUT16_SUB])
         printf("out16+sub: the sink took %.1f MB a run (%.0f bytes a step)\n", (double)sunk / 1e6,
                (double)sunk / (double)steps);
-    if (on[OUT16_PUB] || on[OUT16_IPC]) {
-        printf("%s: %lld tensor messages published in the last run (%.2f a step, %lld tensor "
-               "steps: %d tensors a step), %lld read and checked by the subscribers (%lld "
-               "tensor steps; checking them took %.2f us a step); %lld data buffers taken, "
-               "%lld of them reused\n",
-               on[OUT16_IPC] ? "out16+ipc" : "out16+pub", (long long)g_pub_sent,
-               (double)g_pub_sent / (double)steps, (long long)g_pub_steps, NALL,
-               (long long)g_pub_got, (long long)g_pub_got_steps,
-               (double)g_pub_check_ns / 1e3 / (double)steps, (long long)g_pub_buffers,
-               (long long)g_pub_reused);
-        if (g_pub_bad) {
-            fprintf(stderr, "bench_outfeed: %lld tensor messages failed the check, the first: %s\n",
-                    (long long)g_pub_bad, g_pub_why);
-            return 1;
-        }
-    }
+    if (print_pub_stats(on, steps))
+        return 1;
     printf("%-10s %12s %12s %10s %10s %8s %10s\n", "way", "steps/s", "best", "x plain", "slower",
            "target", "cpu_us/st");
     double med[NWAYS], best[NWAYS], cpu_med[NWAYS];

@@ -1,6 +1,7 @@
 #include "host/config_internal.h"
 #include "core/userdir.h"
 #include "host/limits.h"
+#include "host/tensor_ring.h"
 #include "loop/config_ranges.h"
 #include <infeed/host_call.h>
 
@@ -96,6 +97,12 @@ const config_opt config_opts[] = {
         "the most bytes a second of outfeed tensors published to subscribers that ask for them "
         "(a subscription to \"tensor:NAME\"); messages beyond it are dropped, never waited for",
         RANGE(1, I64_MAX, "1 or more bytes a second")),
+    OPT("tensor_shm_bytes", K_I64, tensor_shm_bytes, "BYTES",
+        "the ring in shared memory (made when first asked for) whose data subscribers on this "
+        "host read in place of data messages (a subscription to \"tensor-shm:NAME\"); a slow "
+        "reader loses what the daemon writes over, never slows it; 0: no ring, such "
+        "subscribers get data messages",
+        RANGE(0, 1099511627776.0, "0 (no ring) or 65536 to 2^40 bytes")),
     OPT("control", K_STR, control, "ENDPOINT",
         "control REP endpoint: {\"cmd\":\"status\"} or {\"cmd\":\"stop\"} (\"\" disables it); "
         "the default is an ipc socket in a folder only this user may enter ($XDG_RUNTIME_DIR/"
@@ -305,6 +312,7 @@ void ifd_daemon_config_defaults(ifd_daemon_config *c)
     c->listen = "tcp://127.0.0.1:5555";
     c->publish = "tcp://127.0.0.1:5556";
     c->tensor_rate = IFD_PUB_TENSOR_RATE;
+    c->tensor_shm_bytes = IFD_TENSOR_RING_BYTES;
     ifd_default_control(c->default_control, sizeof c->default_control);
     c->control = c->default_control;
     c->summaries = NULL;

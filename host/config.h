@@ -31,6 +31,7 @@ typedef struct ifd_daemon_config {
     const char *listen;        /* ingest ROUTER endpoint */
     const char *publish;       /* summaries PUB endpoint; "" disables it */
     int64_t tensor_rate;       /* bytes a second of tensor messages on it */
+    int64_t tensor_shm_bytes;  /* the ring of tensor messages in shared memory (0: none) */
     const char *control;       /* control REP endpoint; "" disables it */
     const char *summaries;     /* JSON Lines path; NULL: none */
     const char *predictions;   /* predict mode: JSON Lines path; NULL: none */

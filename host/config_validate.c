@@ -1,4 +1,5 @@
 #include "host/config_internal.h"
+#include "host/tensor_ring.h"
 #include "host/eval_metric.h"
 #include "outfeed/outfeed_thread.h"
 
@@ -282,6 +283,15 @@ static int check_input_bound(const ifd_daemon_config *c, ifd_error *err)
     return IFD_OK;
 }
 
+static int check_tensor_shm(const ifd_daemon_config *c, ifd_error *err)
+{
+    if (c->tensor_shm_bytes > 0 && c->tensor_shm_bytes < IFD_TENSOR_RING_MIN)
+        return config_fail(c, err, "tensor_shm_bytes",
+                           "expected 0 (no ring) or at least %lld bytes, got %lld",
+                           (long long)IFD_TENSOR_RING_MIN, (long long)c->tensor_shm_bytes);
+    return IFD_OK;
+}
+
 /* weight_decay given for an optimizer that has none would be ignored: said instead (Keras 3
  * decays with any optimizer; here only adamw does). */
 static int check_weight_decay(const ifd_daemon_config *c, ifd_error *err)
@@ -389,7 +399,7 @@ static const config_rule rules_before[] = {check_loop, check_runtime, check_step
                                            check_host_calls};
 static const config_rule rules_after[] = {check_credit,       check_producers,   check_input_bound,
                                           check_weight_decay, check_predictions, check_start,
-                                          check_security,     check_eval};
+                                          check_security,     check_eval,        check_tensor_shm};
 
 /* The key a config error's sentence is about (the daemon and the runtime give a setting one
  * name), named as the user gave it. */

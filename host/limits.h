@@ -30,6 +30,8 @@
  * than IFD_PUB_TOPIC_MAX; the bytes of tensor messages waiting for the publisher thread, and the
  * default byte rate (--tensor-rate). */
 #define IFD_PUB_TENSOR_PREFIX "tensor:"
+/* the same, its data in shared memory (host/tensor_ring.h) */
+#define IFD_PUB_TENSOR_SHM_PREFIX "tensor-shm:"
 #define IFD_PUB_TENSORS_MAX 64
 #define IFD_PUB_TOPIC_MAX 64
 #define IFD_PUB_TENSOR_OUTBOX_BYTES (16u << 20)

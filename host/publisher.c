@@ -1,8 +1,9 @@
-#include "host/publisher.h"
+#include "host/publisher_internal.h"
 #include "host/conns.h"
 #include "host/endpoint.h"
 #include "host/security.h"
 #include "host/tensor_pool.h"
+#include "host/tensor_ring.h"
 
 #include "core/log.h"
 #include "core/thread.h"
@@ -19,82 +20,7 @@
 #include <zmq.h>
 #include <sys/eventfd.h>
 
-/* A message waiting for the publisher thread: a summary (one frame, JSON, in buf) or a tensor
- * message (three frames: the topic and the JSON header in buf, the data in its own buffer, from
- * the publisher's pool, which libzmq takes without a copy and gives back). */
-typedef struct outmsg {
-    struct outmsg *next;
-    int nframes;
-    size_t len[3];
-    size_t bytes;  /* of the frames together */
-    int64_t steps; /* a tensor message: the steps it holds */
-    char *data;    /* a tensor message: its data frame (len[2] bytes; the pool's, or NULL) */
-    char buf[];
-} outmsg;
-
-/* A tensor some subscriber asked for ("tensor:NAME"), with its subscriptions counted. */
-typedef struct wanted_tensor {
-    char name[IFD_PUB_TOPIC_MAX];
-    int subs;
-} wanted_tensor;
-
-/* One outfeed tensor's steps gathered into its next message (the outfeed thread's, under
- * acc_mu): their global steps and rows, and their data one after another. */
-typedef struct tensor_acc {
-    char name[IFD_PUB_TOPIC_MAX]; /* "" for a name too long to be asked for */
-    int want;                     /* some subscriber asks for it (as of acc_gen) */
-    ifd_dtype dtype;
-    int rank;
-    int64_t dims[IFD_MAX_RANK]; /* dims[1..rank): a row's shape */
-    int nsteps;
-    int64_t steps[IFD_PUB_TENSOR_STEPS_MAX], rows[IFD_PUB_TENSOR_STEPS_MAX];
-    char *data;            /* from the publisher's pool */
-    size_t len, cap, hint; /* hint: the last message's bytes, the next buffer's size */
-} tensor_acc;
-
-struct ifd_publisher {
-    void *pub;
-    ifd_conns *conns; /* its connections and their subscriptions (this thread's) */
-    int efd;
-    ifd_sink *sink;
-    ifd_thread thread;
-    int started;
-    ifd_mutex mu;
-    outmsg *head, *tail; /* under mu */
-    size_t len;          /* under mu */
-    int64_t dropped;     /* under mu */
-    int stopping;        /* under mu */
-    /* Tensor messages (under mu): the tensors asked for, the bytes waiting in the outbox, the
-     * token bucket of the byte rate, and the messages (and the steps they held) published and
-     * not. */
-    wanted_tensor wanted[IFD_PUB_TENSORS_MAX];
-    int nwanted;       /* written under mu, atomically; read without it by the outfeed thread */
-    unsigned want_gen; /* written under mu, atomically: changes with the names asked for */
-    size_t tensor_bytes;
-    double rate, tokens; /* bytes a second; bytes it may send now */
-    int64_t refill_ns;
-    int64_t tensor_sent, tensor_dropped, tensor_limited;
-    int64_t steps_sent, steps_dropped, steps_limited;
-    size_t largest; /* the largest tensor message so far */
-    /* The steps being gathered (under acc_mu; lock order acc_mu, then mu): one accumulator a
-     * tensor of the steps' layout (acc_names, naccs: the names array the steps came with, only
-     * compared; each accumulator keeps a copy of its name), checked against the names asked for
-     * at acc_gen. pending_bytes, pending_steps: their data and steps (atomic). */
-    ifd_mutex acc_mu;
-    tensor_acc *accs;
-    int naccs;
-    const char *const *acc_names;
-    unsigned acc_gen;
-    size_t pending_bytes, pending_steps;
-    int unwoken;           /* atomic: tensor messages were queued without waking the thread */
-    int64_t wakes;         /* atomic: the thread woken for what was queued */
-    ifd_tensor_pool *pool; /* the data frames' buffers */
-    ifd_tensor_sink tsink;
-    char mode[16]; /* the run's, in the tensor messages' headers */
-    char bound[IFD_ENDPOINT_MAX];
-};
-
-static void wake(ifd_publisher *p)
+void ifd_pub_wake(ifd_publisher *p)
 {
     __atomic_store_n(&p->unwoken, 0, __ATOMIC_RELAXED);
     __atomic_add_fetch(&p->wakes, 1, __ATOMIC_RELAXED);
@@ -103,17 +29,12 @@ static void wake(ifd_publisher *p)
     (void)n; /* EAGAIN: the counter is already non-zero, the thread will wake */
 }
 
-static void outmsg_free(outmsg *m)
+void ifd_pub_outmsg_free(outmsg *m)
 {
     if (m) {
         ifd_tensor_pool_put(m->data);
         free(m);
     }
-}
-
-static int is_tensor(const outmsg *m)
-{
-    return m->nframes > 1;
 }
 
 /* Takes the outbox's head (under mu). */
@@ -124,23 +45,23 @@ static outmsg *outbox_pop(ifd_publisher *p)
     if (p->head == NULL)
         p->tail = NULL;
     p->len--;
-    if (is_tensor(m))
+    if (ifd_pub_is_tensor(m))
         p->tensor_bytes -= m->bytes;
     return m;
 }
 
 /* Queues m (under mu); when the outbox is full the oldest message is not published. */
-static void outbox_push(ifd_publisher *p, outmsg *m)
+void ifd_pub_outbox_push(ifd_publisher *p, outmsg *m)
 {
     if (p->len == IFD_OUTBOX_MAX) { /* the thread is behind */
         outmsg *old = outbox_pop(p);
-        if (is_tensor(old)) {
+        if (ifd_pub_is_tensor(old)) {
             p->tensor_dropped++;
             p->steps_dropped += old->steps;
         } else {
             p->dropped++;
         }
-        outmsg_free(old);
+        ifd_pub_outmsg_free(old);
     }
     if (p->tail)
         p->tail->next = m;
@@ -148,308 +69,8 @@ static void outbox_push(ifd_publisher *p, outmsg *m)
         p->head = m;
     p->tail = m;
     p->len++;
-    if (is_tensor(m))
+    if (ifd_pub_is_tensor(m))
         p->tensor_bytes += m->bytes;
-}
-
-/* ---- tensor messages ------------------------------------------------------------------------ */
-
-static wanted_tensor *find_wanted(ifd_publisher *p, const char *name)
-{
-    for (int i = 0; i < p->nwanted; i++)
-        if (strcmp(p->wanted[i].name, name) == 0)
-            return &p->wanted[i];
-    return NULL;
-}
-
-int ifd_publisher_tensor_wanted(ifd_publisher *p, const char *name)
-{
-    ifd_mutex_lock(&p->mu);
-    int yes = find_wanted(p, name) != NULL;
-    ifd_mutex_unlock(&p->mu);
-    return yes;
-}
-
-/* Whether the byte rate lets a message of n bytes go now (under mu): a token bucket of a
- * second's worth. */
-static int rate_allows(ifd_publisher *p, size_t n)
-{
-    int64_t now = ifd_clock_ns();
-    p->tokens += p->rate * (double)(now - p->refill_ns) / 1e9;
-    if (p->tokens > p->rate)
-        p->tokens = p->rate;
-    p->refill_ns = now;
-    if (p->tokens < (double)n)
-        return 0;
-    p->tokens -= (double)n;
-    return 1;
-}
-
-/* The header is written by hand (hundreds of integers a message, on the outfeed thread; snprintf
- * took a microsecond a step for them). */
-static char *put_str(char *at, const char *s)
-{
-    size_t n = strlen(s);
-    memcpy(at, s, n);
-    return at + n;
-}
-
-static char *put_i64(char *at, int64_t v)
-{
-    char tmp[24];
-    int n = 0;
-    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v;
-    do {
-        tmp[n++] = (char)('0' + (int)(u % 10));
-        u /= 10;
-    } while (u);
-    if (v < 0)
-        *at++ = '-';
-    while (n)
-        *at++ = tmp[--n];
-    return at;
-}
-
-static char *put_i64s(char *at, const int64_t *v, int n)
-{
-    *at++ = '[';
-    for (int i = 0; i < n; i++) {
-        if (i)
-            *at++ = ',';
-        at = put_i64(at, v[i]);
-    }
-    *at++ = ']';
-    return at;
-}
-
-/* The most bytes a's header takes: its fixed text, the name, the mode and dtype (each under
- * 16), and up to 20 digits, a sign and a comma a number. */
-static size_t header_bound(const tensor_acc *a)
-{
-    return 160 + strlen(a->name) + 22 * (size_t)(a->rank + 2 * a->nsteps);
-}
-
-/* The tensor message's JSON header at at (names are plain: IFD_NAME_MAX characters of a
- * program's declaration, no quote or backslash, and the mode's and dtype's names). */
-static char *tensor_header(char *at, const char *mode, const tensor_acc *a)
-{
-    at = put_str(at, "{\"event\":\"tensor\",\"mode\":\"");
-    at = put_str(at, mode);
-    at = put_str(at, "\",\"name\":\"");
-    at = put_str(at, a->name);
-    at = put_str(at, "\",\"dtype\":\"");
-    at = put_str(at, ifd_dtype_name(a->dtype));
-    at = put_str(at, "\",\"row_shape\":");
-    at = put_i64s(at, a->dims + 1, a->rank > 0 ? a->rank - 1 : 0);
-    at = put_str(at, ",\"global_steps\":");
-    at = put_i64s(at, a->steps, a->nsteps);
-    at = put_str(at, ",\"rows\":");
-    at = put_i64s(at, a->rows, a->nsteps);
-    *at++ = '}';
-    return at;
-}
-
-/* a's steps as one message into the outbox (under acc_mu), or dropped, never waited for, when
- * nobody asks for the tensor now, or when the byte rate or the outbox's bytes would be
- * exceeded; *pushed is set when it was queued. a is empty after. */
-static int flush_acc(ifd_publisher *p, tensor_acc *a, int *pushed, ifd_error *err)
-{
-    if (a->nsteps == 0)
-        return IFD_OK;
-    size_t dlen = a->len;
-    int64_t nsteps = a->nsteps;
-    outmsg *m =
-        malloc(sizeof *m + sizeof IFD_PUB_TENSOR_PREFIX + strlen(a->name) + header_bound(a));
-    if (m == NULL) {
-        a->nsteps = 0;
-        a->len = 0;
-        __atomic_sub_fetch(&p->pending_bytes, dlen, __ATOMIC_RELAXED);
-        __atomic_sub_fetch(&p->pending_steps, (size_t)nsteps, __ATOMIC_RELAXED);
-        return ifd_error_set(err, IFD_ENOMEM, "publish: tensor '%s'", a->name);
-    }
-    char *at = put_str(put_str(m->buf, IFD_PUB_TENSOR_PREFIX), a->name);
-    char *h = tensor_header(at, p->mode, a);
-    *m = (outmsg){.nframes = 3,
-                  .len = {(size_t)(at - m->buf), (size_t)(h - at), dlen},
-                  .steps = nsteps,
-                  .data = a->data};
-    m->bytes = m->len[0] + m->len[1] + dlen;
-    a->hint = dlen;
-    a->data = NULL;
-    a->len = a->cap = 0;
-    a->nsteps = 0;
-    __atomic_sub_fetch(&p->pending_bytes, dlen, __ATOMIC_RELAXED);
-    __atomic_sub_fetch(&p->pending_steps, (size_t)nsteps, __ATOMIC_RELAXED);
-    size_t bytes = m->bytes;
-    ifd_mutex_lock(&p->mu);
-    int go = find_wanted(p, a->name) && !p->stopping;
-    if (go && (p->tensor_bytes + bytes > IFD_PUB_TENSOR_OUTBOX_BYTES || !rate_allows(p, bytes))) {
-        p->tensor_limited++;
-        p->steps_limited += nsteps;
-        go = 0;
-    }
-    int grew = go && bytes > 2 * p->largest;
-    if (go && bytes > p->largest)
-        p->largest = bytes;
-    if (go)
-        outbox_push(p, m);
-    int urgent = go && (p->tensor_bytes >= IFD_PUB_TENSOR_WAKE_BYTES ||
-                        p->len >= IFD_PUB_TENSOR_WAKE_MESSAGES);
-    ifd_mutex_unlock(&p->mu);
-    if (grew) /* the bound, said again whenever the largest message doubles */
-        IFD_LOG_INFO("publish: tensor messages hold at most %.1f MiB waiting in the outbox and "
-                     "%.1f MiB a subscriber in ZeroMQ's queue (%d messages of up to %zu bytes), "
-                     "and %zu KiB a tensor asked for (%d at most) while its steps are gathered "
-                     "(or one step, when larger), and %.1f MiB of sent messages' buffers kept "
-                     "for the next; docs/summaries.md, \"Tensor messages\"",
-                     (double)IFD_PUB_TENSOR_OUTBOX_BYTES / 1048576.0,
-                     (double)IFD_PUB_SNDHWM * (double)bytes / 1048576.0, IFD_PUB_SNDHWM, bytes,
-                     IFD_PUB_TENSOR_MESSAGE_BYTES >> 10, IFD_PUB_TENSORS_MAX,
-                     (double)IFD_PUB_TENSOR_POOL_BYTES / 1048576.0);
-    if (!go)
-        outmsg_free(m);
-    else if (*pushed < 1 + urgent)
-        *pushed = 1 + urgent;
-    return IFD_OK;
-}
-
-/* Every tensor's gathered steps into the outbox (under acc_mu), and the thread woken. */
-static int flush_all(ifd_publisher *p, ifd_error *err)
-{
-    int pushed = 0, rc = IFD_OK;
-    for (int i = 0; i < p->naccs; i++) {
-        int r = flush_acc(p, &p->accs[i], &pushed, err);
-        if (rc == IFD_OK)
-            rc = r;
-    }
-    if (pushed || __atomic_load_n(&p->unwoken, __ATOMIC_RELAXED))
-        wake(p);
-    return rc;
-}
-
-/* The accumulators for the steps' tensors t (under acc_mu): what was gathered for another
- * layout goes out first. */
-static int acc_layout(ifd_publisher *p, const ifd_step_tensors *t, ifd_error *err)
-{
-    int rc = flush_all(p, err);
-    for (int i = 0; i < p->naccs; i++)
-        ifd_tensor_pool_put(p->accs[i].data);
-    free(p->accs);
-    p->naccs = 0;
-    p->acc_names = NULL;
-    p->accs = calloc(t->ntensors > 0 ? (size_t)t->ntensors : 1, sizeof *p->accs);
-    if (p->accs == NULL)
-        return ifd_error_set(err, IFD_ENOMEM, "publish: %d tensors", t->ntensors);
-    for (int i = 0; i < t->ntensors; i++)
-        if (strlen(t->names[i]) < sizeof p->accs[i].name)
-            strcpy(p->accs[i].name, t->names[i]);
-    p->naccs = t->ntensors;
-    p->acc_names = t->names;
-    p->acc_gen = __atomic_load_n(&p->want_gen, __ATOMIC_RELAXED) - 1; /* checked next */
-    return rc;
-}
-
-/* Whether tensor t can join a's steps: its dtype and row shape. */
-static int acc_fits(const tensor_acc *a, const ifd_tensor *t)
-{
-    if (a->dtype != t->dtype || a->rank != t->shape.rank)
-        return 0;
-    for (int d = 1; d < a->rank; d++)
-        if (a->dims[d] != t->shape.dims[d])
-            return 0;
-    return 1;
-}
-
-/* One step's tensor into its accumulator (under acc_mu): what a holds goes out first when the
- * step would not fit in the same message (or does not follow its last step: steps nobody asked
- * for came between), and a goes out at once when it is full. */
-static int acc_add(ifd_publisher *p, tensor_acc *a, int64_t step, const ifd_tensor *t, int *pushed,
-                   ifd_error *err)
-{
-    size_t n = ifd_tensor_nbytes(t);
-    int rc;
-    if (a->nsteps > 0 &&
-        (a->len + n > IFD_PUB_TENSOR_MESSAGE_BYTES || a->nsteps == IFD_PUB_TENSOR_STEPS_MAX ||
-         step != a->steps[a->nsteps - 1] + 1 || !acc_fits(a, t)) &&
-        (rc = flush_acc(p, a, pushed, err)) != IFD_OK)
-        return rc;
-    if (a->nsteps == 0) {
-        a->dtype = t->dtype;
-        a->rank = t->shape.rank;
-        memcpy(a->dims, t->shape.dims, sizeof a->dims);
-    }
-    if (a->len + n > a->cap) { /* a buffer of at least the last message's size */
-        size_t cap, need = a->len == 0 && a->hint > n ? a->hint : a->len + n;
-        char *d = ifd_tensor_pool_get(p->pool, need, &cap);
-        if (d == NULL)
-            return ifd_error_set(err, IFD_ENOMEM, "publish: tensor '%s'", a->name);
-        if (a->len)
-            memcpy(d, a->data, a->len);
-        ifd_tensor_pool_put(a->data);
-        a->data = d;
-        a->cap = cap;
-    }
-    if (n)
-        memcpy(a->data + a->len, t->data, n);
-    a->len += n;
-    a->steps[a->nsteps] = step;
-    a->rows[a->nsteps] = t->shape.rank > 0 ? t->shape.dims[0] : 1;
-    a->nsteps++;
-    __atomic_add_fetch(&p->pending_bytes, n, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&p->pending_steps, 1, __ATOMIC_RELAXED);
-    if (a->len >= IFD_PUB_TENSOR_MESSAGE_BYTES || a->nsteps == IFD_PUB_TENSOR_STEPS_MAX)
-        return flush_acc(p, a, pushed, err);
-    return IFD_OK;
-}
-
-/* The session's, before each loop: whether any subscriber asks for a tensor. */
-static int tensor_wants(void *ctx)
-{
-    ifd_publisher *p = ctx;
-    return __atomic_load_n(&p->nwanted, __ATOMIC_RELAXED) > 0;
-}
-
-/* The outfeed thread's tensor sink: the step's tensors that some subscriber asked for join their
- * next messages. */
-static int tensor_write(void *ctx, const ifd_step_tensors *t, ifd_error *err)
-{
-    ifd_publisher *p = ctx;
-    if (__atomic_load_n(&p->nwanted, __ATOMIC_RELAXED) == 0)
-        return IFD_OK; /* the usual case, without a lock; what was gathered goes at the flush */
-    int pushed = 0, rc = IFD_OK;
-    ifd_mutex_lock(&p->acc_mu);
-    if (t->names != p->acc_names || t->ntensors != p->naccs)
-        rc = acc_layout(p, t, err);
-    unsigned gen = __atomic_load_n(&p->want_gen, __ATOMIC_RELAXED);
-    if (rc == IFD_OK && gen != p->acc_gen) { /* the names asked for changed */
-        ifd_mutex_lock(&p->mu);
-        for (int i = 0; i < p->naccs; i++)
-            p->accs[i].want = p->accs[i].name[0] && find_wanted(p, p->accs[i].name) != NULL;
-        ifd_mutex_unlock(&p->mu);
-        p->acc_gen = gen;
-    }
-    for (int i = 0; i < t->ntensors && rc == IFD_OK; i++)
-        if (p->accs[i].want)
-            rc = acc_add(p, &p->accs[i], t->global_step, &t->tensors[i], &pushed, err);
-    ifd_mutex_unlock(&p->acc_mu);
-    if (pushed > 1)
-        wake(p);
-    else if (pushed) /* they wait for the loop's end (tensor_flush) */
-        __atomic_store_n(&p->unwoken, 1, __ATOMIC_RELAXED);
-    return rc;
-}
-
-/* The outfeed thread's, at the end of each loop and of the run's steps: the gathered steps go. */
-static int tensor_flush(void *ctx, ifd_error *err)
-{
-    ifd_publisher *p = ctx;
-    if (__atomic_load_n(&p->pending_steps, __ATOMIC_RELAXED) == 0 &&
-        !__atomic_load_n(&p->unwoken, __ATOMIC_RELAXED))
-        return IFD_OK;
-    ifd_mutex_lock(&p->acc_mu);
-    int rc = flush_all(p, err);
-    ifd_mutex_unlock(&p->acc_mu);
-    return rc;
 }
 
 static int pub_write(void *ctx, const char *json, size_t len, ifd_error *err)
@@ -463,42 +84,13 @@ static int pub_write(void *ctx, const char *json, size_t len, ifd_error *err)
     m->buf[len] = '\0';
     /* a step's tensors go before the summary that covers it: what was gathered goes first */
     ifd_mutex_lock(&p->acc_mu);
-    int rc = flush_all(p, err);
+    int rc = ifd_pub_flush_all(p, err);
     ifd_mutex_lock(&p->mu);
-    outbox_push(p, m);
+    ifd_pub_outbox_push(p, m);
     ifd_mutex_unlock(&p->mu);
     ifd_mutex_unlock(&p->acc_mu);
-    wake(p);
+    ifd_pub_wake(p);
     return rc;
-}
-
-/* A subscription (on = 1) or its end (0) to topic: counted when it asks for a tensor. */
-static void count_subscription(ifd_publisher *p, const uint8_t *topic, size_t n, int on)
-{
-    static const char prefix[] = IFD_PUB_TENSOR_PREFIX;
-    size_t pn = sizeof prefix - 1;
-    if (n <= pn || n - pn >= IFD_PUB_TOPIC_MAX || memcmp(topic, prefix, pn) != 0 ||
-        memchr(topic + pn, '\0', n - pn))
-        return;
-    char name[IFD_PUB_TOPIC_MAX];
-    memcpy(name, topic + pn, n - pn);
-    name[n - pn] = '\0';
-    ifd_mutex_lock(&p->mu);
-    wanted_tensor *w = find_wanted(p, name);
-    if (on && w == NULL && p->nwanted < IFD_PUB_TENSORS_MAX) {
-        w = &p->wanted[p->nwanted];
-        __atomic_store_n(&p->nwanted, p->nwanted + 1, __ATOMIC_RELAXED);
-        snprintf(w->name, sizeof w->name, "%s", name);
-        w->subs = 0;
-        __atomic_add_fetch(&p->want_gen, 1, __ATOMIC_RELAXED);
-        IFD_LOG_INFO("publish: a subscriber asked for tensor '%s'", name);
-    }
-    if (w && (w->subs += on ? 1 : -1) <= 0) {
-        *w = p->wanted[p->nwanted - 1];
-        __atomic_store_n(&p->nwanted, p->nwanted - 1, __ATOMIC_RELAXED);
-        __atomic_add_fetch(&p->want_gen, 1, __ATOMIC_RELAXED);
-    }
-    ifd_mutex_unlock(&p->mu);
 }
 
 static int pub_flush(void *ctx, ifd_error *err)
@@ -568,10 +160,10 @@ int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, 
         IFD_OK)
         goto fail;
     p->rate = (double)(tensor_rate > 0 ? tensor_rate : IFD_PUB_TENSOR_RATE);
+    p->ring_bytes = IFD_TENSOR_RING_BYTES;
     p->tokens = p->rate;
     p->refill_ns = ifd_clock_ns();
-    p->tsink = (ifd_tensor_sink){
-        .write = tensor_write, .ctx = p, .wants = tensor_wants, .flush = tensor_flush};
+    p->tsink = ifd_pub_tensor_sink(p);
     snprintf(p->mode, sizeof p->mode, "%s", ifd_mode_name(mode));
     rc = ifd_sink_create(&p->sink, &pub_ops, p);
     if (rc) {
@@ -600,30 +192,6 @@ const ifd_tensor_sink *ifd_publisher_tensor_sink(ifd_publisher *p)
     return p ? &p->tsink : NULL;
 }
 
-void ifd_publisher_tensor_stats(ifd_publisher *p, ifd_publisher_tensors *st)
-{
-    ifd_mutex_lock(&p->mu);
-    st->subscribed = p->nwanted;
-    st->sent = p->tensor_sent;
-    st->dropped = p->tensor_dropped;
-    st->limited = p->tensor_limited;
-    st->sent_steps = p->steps_sent;
-    st->dropped_steps = p->steps_dropped;
-    st->limited_steps = p->steps_limited;
-    st->pending_bytes = (int64_t)__atomic_load_n(&p->pending_bytes, __ATOMIC_RELAXED);
-    st->outbox_bytes = (int64_t)p->tensor_bytes;
-    st->largest = (int64_t)p->largest;
-    st->rate = (int64_t)p->rate;
-    st->wakes = __atomic_load_n(&p->wakes, __ATOMIC_RELAXED);
-    ifd_mutex_unlock(&p->mu);
-    ifd_tensor_pool_stats ps;
-    ifd_tensor_pool_get_stats(p->pool, &ps);
-    st->buffers = ps.taken;
-    st->buffers_reused = ps.reused;
-    st->buffers_out = ps.out;
-    st->buffers_kept = ps.kept;
-}
-
 /* Sends what the outbox holds; returns whether the thread was asked to stop. */
 static int publish(ifd_publisher *p)
 {
@@ -636,7 +204,7 @@ static int publish(ifd_publisher *p)
             return stopping;
         /* drops for a slow subscriber; the frames of a message go together or not at all */
         const char *at = m->buf;
-        int tensor = is_tensor(m);
+        int tensor = ifd_pub_is_tensor(m);
         for (int i = 0; i < m->nframes; i++) {
             int more = i + 1 < m->nframes ? ZMQ_SNDMORE : 0;
             if (i == 2 && m->data) { /* a tensor's data: libzmq gives it back once sent */
@@ -652,11 +220,16 @@ static int publish(ifd_publisher *p)
             at += m->len[i];
         }
         int64_t steps = m->steps;
-        outmsg_free(m);
+        int notice = m->nframes == 2, shm_data = tensor && !notice &&
+                                                 strncmp(m->buf, IFD_PUB_TENSOR_SHM_PREFIX,
+                                                         sizeof IFD_PUB_TENSOR_SHM_PREFIX - 1) == 0;
+        ifd_pub_outmsg_free(m);
         ifd_mutex_lock(&p->mu);
         if (tensor) {
             p->tensor_sent++;
             p->steps_sent += steps;
+            p->shm_notices += notice;
+            p->shm_data += shm_data;
         }
     }
 }
@@ -679,7 +252,7 @@ static void read_subscriptions(ifd_publisher *p)
         if (zmq_msg_size(&m) >= 1 && d[0] == 1) {
             /* counted even when its connection is closed for it: libzmq has applied it, and
              * the connection's end unsubscribes every topic it had */
-            count_subscription(p, d + 1, zmq_msg_size(&m) - 1, 1);
+            ifd_pub_count_subscription(p, d + 1, zmq_msg_size(&m) - 1, 1);
             if (ifd_conns_marks(p->conns, fd) >= IFD_PUB_SUBS_MAX) {
                 char why[128];
                 snprintf(why, sizeof why,
@@ -692,7 +265,7 @@ static void read_subscriptions(ifd_publisher *p)
             }
         } else if (zmq_msg_size(&m) >= 1 && d[0] == 0) {
             ifd_conns_unmark(p->conns, fd, IFD_CONNS_NOW);
-            count_subscription(p, d + 1, zmq_msg_size(&m) - 1, 0);
+            ifd_pub_count_subscription(p, d + 1, zmq_msg_size(&m) - 1, 0);
         }
         zmq_msg_close(&m);
     }
@@ -735,13 +308,13 @@ void ifd_publisher_stop(ifd_publisher *p)
         return;
     ifd_error err;
     ifd_mutex_lock(&p->acc_mu); /* what was gathered goes out with the rest */
-    if (flush_all(p, &err) != IFD_OK)
+    if (ifd_pub_flush_all(p, &err) != IFD_OK)
         IFD_LOG_WARN("publish: %s", err.msg);
     ifd_mutex_unlock(&p->acc_mu);
     ifd_mutex_lock(&p->mu);
     p->stopping = 1;
     ifd_mutex_unlock(&p->mu);
-    wake(p);
+    ifd_pub_wake(p);
     ifd_thread_join(&p->thread);
     p->started = 0;
     if (p->dropped)
@@ -766,11 +339,12 @@ void ifd_publisher_destroy(ifd_publisher *p)
     while (p->head) {
         outmsg *m = p->head;
         p->head = m->next;
-        outmsg_free(m);
+        ifd_pub_outmsg_free(m);
     }
     for (int i = 0; i < p->naccs; i++)
         ifd_tensor_pool_put(p->accs[i].data);
     free(p->accs);
+    ifd_tensor_ring_destroy(p->ring); /* a subscriber's mapping keeps its pages till unmapped */
     ifd_tensor_pool_destroy(p->pool); /* freed once libzmq gives back what it holds */
     ifd_conns_destroy(p->conns);      /* libzmq waits on a monitor event nobody reads */
     if (p->pub)

@@ -31,6 +31,10 @@ typedef struct ifd_publisher ifd_publisher;
 int ifd_publisher_create(ifd_publisher **out, void *zctx, const char *endpoint, ifd_security *sec,
                          ifd_monitor *mon, int max_connections, ifd_mode mode, int64_t tensor_rate,
                          ifd_error *err);
+/* The data bytes of the ring of tensor messages in shared memory (host/tensor_ring.h; default
+ * IFD_TENSOR_RING_BYTES; 0: none, a "tensor-shm:NAME" subscriber gets data messages), made
+ * when a subscriber first asks for a tensor there. Before ifd_publisher_start. */
+void ifd_publisher_set_tensor_shm(ifd_publisher *p, int64_t bytes);
 /* The endpoint it is bound to (host/endpoint.h: a port chosen for '*' resolved). */
 const char *ifd_publisher_endpoint(const ifd_publisher *p);
 /* Its sink (owned by p). */
@@ -46,6 +50,12 @@ ifd_sink *ifd_publisher_sink(ifd_publisher *p);
  * A message that goes before the loop's end waits in the outbox for the loop's end too (one
  * wake-up of the publisher thread a loop), unless IFD_PUB_TENSOR_WAKE_BYTES or
  * IFD_PUB_TENSOR_WAKE_MESSAGES wait there.
+ * A subscription to "tensor-shm:NAME" (IFD_PUB_TENSOR_SHM_PREFIX, a subscriber on the daemon's
+ * host) asks for the same messages with the data in the ring (host/tensor_ring.h): the data is
+ * written there once for all such subscribers, and the message on the topic "tensor-shm:NAME"
+ * is a notice of two frames, the topic and the header with "shm": {"path", "size", "token",
+ * "seq", "bytes"}. Without a ring (off, or it could not be made), or for a message over a
+ * quarter of it, the "tensor-shm:" message is a data message as above.
  * Nothing is copied for a tensor nobody asked for. Messages beyond the byte rate, or beyond
  * IFD_PUB_TENSOR_OUTBOX_BYTES waiting in the outbox, are dropped whole, never waited for.
  */
@@ -64,6 +74,9 @@ typedef struct ifd_publisher_tensors {
     /* the data frames' buffers (host/tensor_pool.h): taken, of those the pool's kept ones, and
      * out now (gathering, in the outbox or in libzmq); kept for the next messages now */
     int64_t buffers, buffers_reused, buffers_out, buffers_kept;
+    /* "tensor-shm:" messages sent: notices of data in the ring, and data messages (no ring, or
+     * too large for it); the ring's file bytes (0: not made) */
+    int64_t shm_notices, shm_data, shm_ring_bytes;
 } ifd_publisher_tensors;
 void ifd_publisher_tensor_stats(ifd_publisher *p, ifd_publisher_tensors *st);
 

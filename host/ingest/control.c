@@ -127,13 +127,14 @@ static json_t *tensor_messages_json(const ifd_ingest *g)
         return NULL;
     ifd_publisher_tensors t;
     ifd_publisher_tensor_stats(g->sock.pub, &t);
-    return json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "subscribed",
-                     t.subscribed, "sent", (json_int_t)t.sent, "dropped", (json_int_t)t.dropped,
-                     "limited", (json_int_t)t.limited, "sent_steps", (json_int_t)t.sent_steps,
-                     "dropped_steps", (json_int_t)t.dropped_steps, "limited_steps",
-                     (json_int_t)t.limited_steps, "outbox_bytes", (json_int_t)t.outbox_bytes,
-                     "pending_bytes", (json_int_t)t.pending_bytes, "largest", (json_int_t)t.largest,
-                     "rate", (json_int_t)t.rate);
+    return json_pack("{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+                     "subscribed", t.subscribed, "sent", (json_int_t)t.sent, "dropped",
+                     (json_int_t)t.dropped, "limited", (json_int_t)t.limited, "sent_steps",
+                     (json_int_t)t.sent_steps, "dropped_steps", (json_int_t)t.dropped_steps,
+                     "limited_steps", (json_int_t)t.limited_steps, "outbox_bytes",
+                     (json_int_t)t.outbox_bytes, "pending_bytes", (json_int_t)t.pending_bytes,
+                     "largest", (json_int_t)t.largest, "rate", (json_int_t)t.rate, "shm_notices",
+                     (json_int_t)t.shm_notices, "shm_data", (json_int_t)t.shm_data);
 }
 
 /* The batch queue's depth (batch_queue, and per replica in per-core mode). */

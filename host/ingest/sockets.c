@@ -138,6 +138,8 @@ int ingest_sockets_open(ifd_ingest *g, ifd_error *err)
     if (rc == IFD_OK && c->publish && c->publish[0])
         rc = ifd_publisher_create(&g->sock.pub, g->sock.zctx, c->publish, c->security,
                                   g->sock.monitor, conns, c->run.mode, c->tensor_rate, err);
+    if (rc == IFD_OK && g->sock.pub)
+        ifd_publisher_set_tensor_shm(g->sock.pub, c->tensor_shm_bytes);
     if (rc == IFD_OK && c->control && c->control[0])
         rc = open_control(g, conns, err);
     g->sock.i_rep = -1;

@@ -101,7 +101,7 @@ def test_subscriber_groups_tensors_by_step(seed):
     pub = FakePublisher()
     names = [f"t{i}" for i in range(rng.randint(1, 3))]
     layouts = {n: random_layout(rng) for n in names}
-    sub = infeed.Subscriber(pub.endpoint, timeout=10, tensors=names)
+    sub = infeed.Subscriber(pub.endpoint, timeout=10, tensors=names, shm=False)
     try:
         pub.wait_subscriptions({b"{"} | {b"tensor:" + n.encode() for n in names})
         sent = {}
@@ -149,7 +149,7 @@ def test_subscriber_keeps_a_bounded_number_of_incomplete_steps():
     arrive is still yielded."""
     rng = random.Random(7)
     pub = FakePublisher()
-    sub = infeed.Subscriber(pub.endpoint, timeout=10, tensors=["a", "x"])
+    sub = infeed.Subscriber(pub.endpoint, timeout=10, tensors=["a", "x"], shm=False)
     most = []
     settle = sub._settle
     sub._settle = lambda every=False: (settle(every), most.append(len(sub._pending)))
@@ -174,7 +174,7 @@ def test_subscriber_keeps_a_bounded_number_of_incomplete_steps():
 
 def test_host_call_runs_the_function_on_every_step():
     pub = FakePublisher()
-    sub = infeed.Subscriber(pub.endpoint, timeout=10, tensors=["x", "y"])
+    sub = infeed.Subscriber(pub.endpoint, timeout=10, tensors=["x", "y"], shm=False)
     try:
         pub.wait_subscriptions({b"{", b"tensor:x", b"tensor:y"})
         rng = np.random.default_rng(7)

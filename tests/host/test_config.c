@@ -307,6 +307,9 @@ static const struct {
     const char *args[8];
     const char *want_flags, *want_file;
 } RULE_CASES[] = {
+    {{"tensor_shm_bytes", "65535"},
+     "--tensor-shm-bytes: expected 0 (no ring) or at least 65536 bytes, got 65535",
+     "tensor_shm_bytes: expected 0 (no ring) or at least 65536 bytes, got 65535"},
     {{"credit", "4", "max_steps_per_message", "8"},
      "--credit: a message of --max-steps-per-message (8) steps costs that many credits",
      "credit: a message of max_steps_per_message (8) steps costs that many credits"},

@@ -3,12 +3,15 @@
  * subscription to "tensor:NAME" asks for NAME; what is asked for arrives in order as three frames
  * (topic, JSON header, data), several consecutive steps of a loop to a message, each step's
  * rows and data as written, and before the summary that follows them; what is not asked for is
- * never sent; an unsubscription ends it; the byte rate drops, never waits. Tests wait for the
- * subscription to be seen, never for a fixed time.
+ * never sent; an unsubscription ends it; the byte rate drops, never waits; a subscription to
+ * "tensor-shm:NAME" gets the same steps as notices of data in the shared-memory ring (or as data
+ * messages without a ring), and a subscriber that reads late loses what the ring wrote over.
+ * Tests wait for the subscription to be seen, never for a fixed time.
  */
 #include "core/thread.h"
 #include "host/limits.h"
 #include "host/publisher.h"
+#include "host/tensor_ring.h"
 #include "tests/util/testutil.h"
 
 #include <jansson.h>
@@ -559,6 +562,191 @@ START_TEST(sent_messages_give_their_buffers_back_for_the_next_loop)
 }
 END_TEST
 
+/* ---- tensor messages in shared memory ---- */
+
+/* A "tensor-shm:" message's steps into t (its header's lists) and its data into *data (malloc'd;
+ * NULL when the ring wrote over it before it was read): from the ring for a notice (rd: opened
+ * at the first), from the data frame otherwise (*notice 0). */
+static void recv_shm(void *sock, ifd_tensor_ring_reader *rd, tensor_msg *t, char **data,
+                     int *notice)
+{
+    zmq_msg_t m;
+    int more;
+    recv_frame(sock, &m, &more);
+    size_t tn = zmq_msg_size(&m), pn = strlen(IFD_PUB_TENSOR_SHM_PREFIX);
+    RASSERT(more && tn > pn && memcmp(zmq_msg_data(&m), IFD_PUB_TENSOR_SHM_PREFIX, pn) == 0,
+            "expected a tensor-shm topic, got %zu bytes", tn);
+    zmq_msg_close(&m);
+    recv_frame(sock, &m, &more);
+    json_error_t je;
+    json_t *h = json_loadb(zmq_msg_data(&m), zmq_msg_size(&m), 0, &je), *shm;
+    zmq_msg_close(&m);
+    RASSERT(h != NULL, "the header is not JSON: %s", je.text);
+    int nrows;
+    int_list(json_object_get(h, "global_steps"), &t->steps, &t->nsteps);
+    int_list(json_object_get(h, "rows"), &t->rows, &nrows);
+    *notice = (shm = json_object_get(h, "shm")) != NULL;
+    ck_assert_int_eq(*notice, !more);
+    if (*notice) {
+        const char *path = json_string_value(json_object_get(shm, "path"));
+        const char *token = json_string_value(json_object_get(shm, "token"));
+        size_t size = (size_t)json_integer_value(json_object_get(shm, "size"));
+        uint64_t seq = (uint64_t)json_integer_value(json_object_get(shm, "seq"));
+        size_t n = (size_t)json_integer_value(json_object_get(shm, "bytes"));
+        ifd_error err;
+        if (rd->base == NULL)
+            RC_OK(ifd_tensor_ring_open(rd, path, size, token, &err), err);
+        ck_assert_str_eq(path, rd->path);
+        *data = malloc(n + 1);
+        int rc = ifd_tensor_ring_read(rd, seq, n, *data, &err);
+        RASSERT(rc == IFD_OK || rc == IFD_ERANGE, "%s", ifd_error_text(&err));
+        if (rc != IFD_OK) {
+            free(*data);
+            *data = NULL;
+        }
+    } else {
+        recv_frame(sock, &m, &more);
+        *data = malloc(zmq_msg_size(&m) + 1);
+        memcpy(*data, zmq_msg_data(&m), zmq_msg_size(&m));
+        zmq_msg_close(&m);
+    }
+    json_decref(h);
+}
+
+/* A tcp subscriber ("tensor:x") and a shared-memory one ("tensor-shm:x") of the same tensor get
+ * the same steps, in order, with the same data; without a ring (tensor_shm_bytes 0) the second
+ * gets data messages. A subscriber that reads only after the ring went round several times loses
+ * the messages written over (never reads other bytes), keeps the newest, and the writer never
+ * waited for it. */
+START_TEST(shared_memory_subscribers_get_the_steps_tcp_ones_get)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int ring = _i % 3 != 2, late = _i % 3 == 1;
+    pub_fixture f;
+    fixture_open(&f, INT64_C(1) << 40);
+    int64_t ring_bytes = late ? IFD_TENSOR_RING_MIN : rand_between(&rng, 8 << 20, 32 << 20);
+    ifd_publisher_set_tensor_shm(f.pub, ring ? ring_bytes : 0);
+    void *shm_sub = zmq_socket(f.zctx, ZMQ_SUB);
+    ck_assert_int_eq(zmq_connect(shm_sub, ifd_publisher_endpoint(f.pub)), 0);
+    /* a last name on each connection says its other subscriptions were read (in order) */
+    ck_assert_int_eq(zmq_setsockopt(shm_sub, ZMQ_SUBSCRIBE, "tensor-shm:x", 12), 0);
+    ck_assert_int_eq(zmq_setsockopt(shm_sub, ZMQ_SUBSCRIBE, "tensor-shm:last", 15), 0);
+    subscribe_all(&f, (const char *const[]){"x", "tcp_last"}, 2);
+    wait_wants(&f, "last", 1);
+    int64_t steps = rand_between(&rng, 1, IFD_PUB_SNDHWM / 2), ipl = rand_between(&rng, 1, 40);
+    int64_t row[2] = {rand_between(&rng, 1, 16), rand_between(&rng, 1, 16)};
+    int rank = (int)rand_between(&rng, 1, 3);
+    ifd_dtype dt = rand_between(&rng, 0, 1) ? IFD_F32 : IFD_I32;
+    if (late) /* steps of 8 KiB to 16 KiB: a run of at least 4 rings */
+        steps = IFD_PUB_SNDHWM / 2, rank = 2, row[0] = 1024, ipl = 1;
+    ifd_tensor *ts = calloc((size_t)steps, sizeof *ts);
+    int64_t *step = calloc((size_t)steps, sizeof *step), *loop = calloc((size_t)steps, 8);
+    const char *const names[1] = {"x"};
+    for (int64_t s = 0; s < steps; s++) {
+        random_rows(&rng, &ts[s], dt, rank, row, rand_between(&rng, late ? 2 : 0, 4));
+        step[s] = s + 7;
+        loop[s] = s / ipl;
+        write_step(&f, step[s], 1, names, &ts[s]);
+        if ((s + 1) % ipl == 0)
+            flush_loop(&f);
+    }
+    flush_loop(&f);
+    expect_steps(f.sub, "x", step, ts, steps, loop);
+    ifd_tensor_ring_reader rd = {0};
+    int64_t k = 0, kept = 0, notices = 0;
+    int last_kept = 0;
+    while (k < steps) {
+        tensor_msg t;
+        char *data;
+        int notice;
+        recv_shm(shm_sub, &rd, &t, &data, &notice);
+        ck_assert_int_eq(notice, ring);
+        notices += notice;
+        const char *at = data;
+        for (int i = 0; i < t.nsteps; i++, k++) {
+            RASSERT(k < steps && t.steps[i] == step[k], "step %lld where %lld was due",
+                    (long long)t.steps[i], (long long)(k < steps ? step[k] : -1));
+            ck_assert_int_eq(t.rows[i], ts[k].shape.dims[0]);
+            size_t nb = ifd_tensor_nbytes(&ts[k]);
+            if (data)
+                RASSERT(memcmp(at, ts[k].data, nb) == 0, "step %lld's data differ",
+                        (long long)step[k]);
+            at += nb;
+        }
+        kept += data != NULL;
+        last_kept = data != NULL;
+        RASSERT(late || data, "a message was lost from a ring that holds the whole run");
+        free(data);
+        free(t.steps);
+        free(t.rows);
+    }
+    ck_assert(last_kept);
+    if (late)
+        RASSERT(kept < notices, "all %lld messages kept through a ring of %lld bytes",
+                (long long)notices, (long long)ring_bytes);
+    ifd_publisher_stop(f.pub); /* its counts are final */
+    ifd_publisher_tensors st;
+    ifd_publisher_tensor_stats(f.pub, &st);
+    ck_assert_int_eq(st.shm_notices, notices);
+    ck_assert_int_eq(st.shm_data, ring ? 0 : st.sent / 2);
+    ck_assert_int_eq(st.shm_ring_bytes > 0, ring);
+    ifd_tensor_ring_close(&rd);
+    zmq_close(shm_sub);
+    free_steps(ts, steps, step, loop);
+    fixture_close(&f);
+}
+END_TEST
+
+/* A loop that writes more than a quarter of the ring sends its notices before it ends (else
+ * the ring would write over them before a reader heard of them); a shorter one waits for its
+ * end, as data messages do. */
+START_TEST(a_loop_over_a_quarter_of_the_ring_sends_its_notices_at_once)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    pub_fixture f;
+    fixture_open(&f, INT64_C(1) << 40);
+    int64_t ring = rand_between(&rng, 1 << 20, 2 << 20);
+    ifd_publisher_set_tensor_shm(f.pub, ring);
+    subscribe(&f, "tensor-shm:x", 1);
+    wait_wants(&f, "x", 1);
+    /* steps of 4 to 8 KiB: messages of 64 KiB at most, far from the wake marks of the outbox */
+    int64_t row[1] = {1024};
+    size_t written = 0, quarter = (size_t)ring / 4;
+    const char *const names[1] = {"x"};
+    ifd_tensor_ring_reader rd = {0};
+    ifd_publisher_tensors st;
+    ifd_publisher_tensor_stats(f.pub, &st);
+    int64_t s = 0, wakes = st.wakes;
+    for (; written <= quarter + IFD_PUB_TENSOR_MESSAGE_BYTES; s++) {
+        ifd_tensor t;
+        random_rows(&rng, &t, IFD_F32, 2, row, rand_between(&rng, 1, 2));
+        write_step(&f, s + 1, 1, names, &t);
+        written += ifd_tensor_nbytes(&t);
+        free(t.data);
+        ifd_publisher_tensor_stats(f.pub, &st);
+        if (written < quarter) /* the thread is not woken before a quarter was written */
+            RASSERT(st.wakes == wakes, "woken after %zu bytes of a ring of %lld", written,
+                    (long long)ring);
+    }
+    /* the loop has not ended: the thread was woken for the notices, which arrive */
+    RASSERT(st.wakes > wakes, "not woken after %zu bytes of a ring of %lld", written,
+            (long long)ring);
+    tensor_msg t;
+    char *data;
+    int notice;
+    recv_shm(f.sub, &rd, &t, &data, &notice);
+    ck_assert(notice && data);
+    ck_assert_int_eq(t.steps[0], 1);
+    free(data);
+    free(t.steps);
+    free(t.rows);
+    ifd_tensor_ring_close(&rd);
+    fixture_close(&f);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("tensor_publisher");
@@ -569,5 +757,7 @@ int main(void)
     tcase_add_loop_test(tc, a_loop_s_messages_wake_the_publisher_once, 0, 4);
     tcase_add_loop_test(tc, a_long_loop_wakes_the_publisher_at_the_mark, 0, 4);
     tcase_add_loop_test(tc, sent_messages_give_their_buffers_back_for_the_next_loop, 0, 4);
+    tcase_add_loop_test(tc, shared_memory_subscribers_get_the_steps_tcp_ones_get, 0, 9);
+    tcase_add_loop_test(tc, a_loop_over_a_quarter_of_the_ring_sends_its_notices_at_once, 0, 4);
     return tu_run_suite(s);
 }

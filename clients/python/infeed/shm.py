@@ -208,27 +208,32 @@ class Pool:
         return True
 
 
-def _map(path: str, size: int, token: bytes) -> mmap.mmap:
+def _map(path: str, size: int, token: bytes, magic: bytes = MAGIC, writable: bool = True,
+         what: str = "the pool", source: str = "WELCOME") -> mmap.mmap:
+    """Maps ``path`` (``size`` bytes, shared; read-only unless ``writable``) and checks that it
+    starts with ``magic`` and ``token``: the producers' pools and the subscribers' tensor ring
+    (infeed.subscriber) share the layout of those first bytes."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
     except OSError as e:
-        raise ShmMapError(f"cannot open the pool {path}: {e.strerror} (a producer of another "
+        raise ShmMapError(f"cannot open {what} {path}: {e.strerror} (a process of another "
                           f"user, or in another PID namespace, cannot)") from None
     try:
         got = os.fstat(fd).st_size
         if got != size:
-            raise ShmMapError(f"the pool {path} is {got} bytes, WELCOME's size says {size}")
+            raise ShmMapError(f"{what} {path} is {got} bytes, {source}'s size says {size}")
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         try:
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
         except OSError as e:
-            raise ShmMapError(f"cannot map the pool {path} ({size} bytes): {e.strerror}") \
+            raise ShmMapError(f"cannot map {what} {path} ({size} bytes): {e.strerror}") \
                 from None
     finally:
         os.close(fd)
-    head = mm[:len(MAGIC) + TOKEN_LEN]
-    if head[:len(MAGIC)] != MAGIC or head[len(MAGIC):] != token:
+    head = mm[:len(magic) + TOKEN_LEN]
+    if head[:len(magic)] != magic or head[len(magic):] != token:
         mm.close()
-        what = "magic" if head[:len(MAGIC)] != MAGIC else "token"
-        raise ShmMapError(f"the pool {path} is not the one WELCOME describes: its {what} differs "
-                          f"(expected {MAGIC!r} and token {token.hex()}, got {head!r})")
+        which = "magic" if head[:len(magic)] != magic else "token"
+        raise ShmMapError(f"{what} {path} is not the one {source} describes: its {which} "
+                          f"differs (expected {magic!r} and token {token.hex()}, got {head!r})")
     return mm

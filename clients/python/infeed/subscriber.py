@@ -11,6 +11,7 @@ import numpy as np
 import zmq
 
 from . import keys as K
+from . import shm as S
 from ._connect import DEFAULT_CONNECT_TIMEOUT, ConnectWatch, check_timeout
 
 
@@ -42,6 +43,15 @@ class Subscriber:
     ``--tensor-rate`` cannot take: a step with one missing is skipped), and stops after the end
     summary; the summaries still land in :attr:`last`. The daemon publishes a tensor only while
     some subscriber asks for it.
+
+    ``shm``: on the daemon's host (an ``ipc://`` endpoint, or ``tcp://`` to a loopback address)
+    the tensors' data comes through the daemon's shared-memory ring by default ("auto";
+    docs/summaries.md, "Tensor messages in shared memory"): the socket carries small notices and
+    the data is copied out of the ring, checked against being written over meanwhile (such a
+    message is lost like a dropped one, and counted in :attr:`lost`). A ring that cannot be
+    opened (another user, another PID namespace) makes "auto" ask for data messages instead;
+    True insists (the error is raised), False always takes data messages. :attr:`shm` says what
+    is used now.
     """
 
     #: tensor names one Subscriber may ask for (the daemon allows 8 subscriptions a connection;
@@ -57,9 +67,16 @@ class Subscriber:
                  context: Optional[zmq.Context] = None, server_key: Any = None,
                  server_key_file: Any = None, keypair: Any = None, key_file: Any = None,
                  connect_timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT,
-                 tensors: Optional[Sequence[str]] = None):
+                 tensors: Optional[Sequence[str]] = None, shm: Any = "auto"):
         self.endpoint = endpoint
         self.tensors: List[str] = _tensor_names(tensors)
+        self._shm_mode = S.check_mode(shm)
+        #: whether the tensors' data comes through the shared-memory ring now
+        self.shm: bool = bool(self.tensors) and (shm is True or (shm == "auto" and
+                                                                  S.is_local(endpoint)))
+        #: tensor messages whose data the ring wrote over before it was copied out (lost)
+        self.lost = 0
+        self._ring: Optional[_Ring] = None
         connect_timeout = check_timeout(connect_timeout)
         self.timeout = timeout
         self.ended = False
@@ -77,7 +94,7 @@ class Subscriber:
             raise
         self._sock.setsockopt(zmq.SUBSCRIBE, b"{")  # summaries are JSON objects
         for name in self.tensors:
-            self._sock.setsockopt(zmq.SUBSCRIBE, TENSOR_TOPIC + name.encode())
+            self._sock.setsockopt(zmq.SUBSCRIBE, self._topic() + name.encode())
         # steps some asked tensor has arrived for: {step: {name: array}}; the highest step
         # each tensor has arrived for; complete steps not yet yielded
         self._pending: Dict[int, Dict[str, np.ndarray]] = {}
@@ -89,6 +106,52 @@ class Subscriber:
     @property
     def socket(self) -> zmq.Socket:
         return self._sock
+
+    def _topic(self) -> bytes:
+        return TENSOR_SHM_TOPIC if self.shm else TENSOR_TOPIC
+
+    def _no_shm(self, why: Exception) -> None:
+        """The ring cannot be read here: "auto" asks for data messages from now on (what was in
+        flight is lost), True raises."""
+        if self._shm_mode is True:
+            raise ValueError(f"infeed subscriber: shm=True, but {why}") from None
+        for name in self.tensors:
+            self._sock.setsockopt(zmq.SUBSCRIBE, TENSOR_TOPIC + name.encode())
+            self._sock.setsockopt(zmq.UNSUBSCRIBE, TENSOR_SHM_TOPIC + name.encode())
+        self.shm = False
+
+    def _notice(self, frames: Sequence[bytes]) -> dict:
+        """A notice's header with its data copied out of the ring (``"arrays"``), or with
+        ``"lost"`` when the ring wrote over it first (or cannot be read: see _no_shm)."""
+        h = _header(frames[1])
+        where = h.get("shm")
+        try:
+            if not isinstance(where, dict):
+                raise ValueError(f"expected an object 'shm', got {where!r:.80}")
+            path, size, token = where.get("path"), where.get("size"), where.get("token")
+            seq, n = where.get("seq"), where.get("bytes")
+            if not (isinstance(path, str) and isinstance(token, str) and
+                    all(isinstance(v, int) and v >= 0 for v in (size, seq, n))):
+                raise ValueError(f"expected path, size, token, seq and bytes, got {where!r:.200}")
+            if self._ring is None or self._ring.path != path or self._ring.token != token:
+                if self._ring is not None:
+                    self._ring.close()
+                    self._ring = None
+                self._ring = _Ring(path, size, token)
+            data = self._ring.read(seq, n)
+        except S.ShmMapError as e:
+            self._no_shm(e)
+            h["lost"] = True
+            return h
+        except ValueError as e:
+            raise ValueError(f"infeed subscriber: a tensor notice with a bad 'shm' ({e}): "
+                             f"{frames[1][:200]!r}") from None
+        if data is None:
+            self.lost += 1
+            h["lost"] = True
+            return h
+        h["arrays"] = _arrays(h, data)
+        return h
 
     def recv_message(self, timeout: Any = ...) -> dict:
         """The next message: a summary, or a tensor message as a dict (its JSON header with the
@@ -113,8 +176,10 @@ class Subscriber:
                 raise TimeoutError(f"infeed subscriber: no summary from {self.endpoint} within "
                                    f"{timeout:g} s")
         frames = self._sock.recv_multipart()
-        if len(frames) == 3 and frames[0].startswith(TENSOR_TOPIC):
+        if len(frames) == 3 and frames[0].startswith((TENSOR_TOPIC, TENSOR_SHM_TOPIC)):
             return parse_tensor(frames)
+        if len(frames) == 2 and frames[0].startswith(TENSOR_SHM_TOPIC):
+            return self._notice(frames)
         data = frames[0]
         try:
             obj = json.loads(data.decode("utf-8"))
@@ -150,8 +215,8 @@ class Subscriber:
             name = m["name"]
             if name not in self.tensors:
                 continue  # another subscriber's tensor whose name starts like ours
-            for step, a in zip(m["global_steps"], m["arrays"]):
-                self._pending.setdefault(step, {})[name] = a
+            for step, a in zip(m["global_steps"], m.get("arrays") or ()):
+                self._pending.setdefault(step, {})[name] = a  # (a lost message: none)
             if m["global_steps"]:
                 self._upto[name] = max(self._upto.get(name, m["global_steps"][-1]),
                                        m["global_steps"][-1])
@@ -192,6 +257,9 @@ class Subscriber:
             self._closed = True
             self._watch.close()
             self._sock.close(linger=0)
+            if self._ring is not None:
+                self._ring.close()
+                self._ring = None
 
     def __enter__(self) -> "Subscriber":
         return self
@@ -208,7 +276,52 @@ class Subscriber:
 
 
 TENSOR_TOPIC = b"tensor:"
+TENSOR_SHM_TOPIC = b"tensor-shm:"
 _DTYPES = {"float32": np.dtype("<f4"), "int32": np.dtype("<i4")}
+
+RING_MAGIC = b"IFDRING1"
+RING_HEADER = 4096  # the data starts here
+RING_WRITTEN = 64  # u64: the end of the positions the daemon has begun to write
+
+
+class _Ring:
+    """The daemon's ring of tensor data (docs/summaries.md, "Tensor messages in shared memory"),
+    mapped read-only."""
+
+    def __init__(self, path: str, size: int, token: str):
+        try:
+            tok = bytes.fromhex(token)
+        except ValueError:
+            raise ValueError(f"'token': expected hex digits, got {token!r:.80}") from None
+        if size <= RING_HEADER or len(tok) != S.TOKEN_LEN:
+            raise ValueError(f"expected size > {RING_HEADER} and a {S.TOKEN_LEN}-byte token, got "
+                             f"{size} and {token!r:.80}")
+        self.path, self.token = path, token
+        self._mm = S._map(path, size, tok, magic=RING_MAGIC, writable=False,
+                          what="the tensor ring", source="the notice")
+        self.cap = int.from_bytes(self._mm[24:32], "little")
+        if self.cap != size - RING_HEADER:
+            self._mm.close()
+            raise S.ShmMapError(f"the tensor ring {path} says {self.cap} data bytes, its "
+                                f"notice {size - RING_HEADER}")
+        self._written = np.ndarray((1,), dtype="<u8", buffer=self._mm, offset=RING_WRITTEN)
+
+    def read(self, seq: int, n: int) -> Optional[bytes]:
+        """A copy of the n bytes at seq, or None when the daemon wrote over them before or while
+        they were copied (seqlock: ``written`` checked before and after)."""
+        at = seq % self.cap
+        if n > self.cap - at or seq + n > int(self._written[0]):
+            raise ValueError(f"{n} bytes at {seq} are not in the ring of {self.cap} bytes")
+        if int(self._written[0]) > seq + self.cap:
+            return None
+        data = self._mm[RING_HEADER + at:RING_HEADER + at + n]
+        if int(self._written[0]) > seq + self.cap:
+            return None
+        return data
+
+    def close(self) -> None:
+        del self._written
+        self._mm.close()
 
 
 def _tensor_names(tensors: Optional[Sequence[str]]) -> List[str]:
@@ -233,33 +346,47 @@ def _ints(v: Any, what: str) -> List[int]:
     return v
 
 
-def parse_tensor(frames: Sequence[bytes]) -> dict:
-    """A tensor message's frames (topic, JSON header, data) as its header with ``"arrays"``: one
-    numpy array a step of ``"global_steps"``, of shape ``[rows[i]] + row_shape`` (views of the
-    data frame, which holds the steps' arrays one after another)."""
+def _header(raw: bytes) -> dict:
+    """A tensor message's JSON header, checked."""
     try:
-        h = json.loads(frames[1].decode("utf-8"))
+        h = json.loads(raw.decode("utf-8"))
         if not isinstance(h, dict) or h.get("event") != "tensor":
             raise ValueError("not a tensor header")
-        dt = _DTYPES[h["dtype"]]
-        row_shape = tuple(_ints(h["row_shape"], "row_shape"))
+        _DTYPES[h["dtype"]]
+        _ints(h["row_shape"], "row_shape")
         steps = _ints(h["global_steps"], "global_steps")
         rows = _ints(h["rows"], "rows")
         if len(steps) != len(rows):
             raise ValueError(f"{len(steps)} global_steps and {len(rows)} rows")
     except (UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"infeed subscriber: a tensor message with a bad header ({e!r}): "
-                         f"{frames[1][:200]!r}") from None
+                         f"{raw[:200]!r}") from None
+    return h
+
+
+def _arrays(h: dict, data: bytes) -> List[np.ndarray]:
+    """The header h's steps as arrays of shape ``[rows[i]] + row_shape`` (views of data, which
+    holds them one after another)."""
+    dt = _DTYPES[h["dtype"]]
+    row_shape, steps, rows = tuple(h["row_shape"]), h["global_steps"], h["rows"]
     row = int(np.prod(row_shape, dtype=np.int64))
     want = sum(rows) * row * dt.itemsize
-    if len(frames[2]) != want:
+    if len(data) != want:
         span = f"steps {steps[0]} to {steps[-1]}" if steps else "no step"
         raise ValueError(f"infeed subscriber: tensor '{h.get('name')}' at {span}: "
                          f"{sum(rows)} rows of {h['dtype']} {list(row_shape)} are {want} bytes, "
-                         f"the message has {len(frames[2])}")
-    data = np.frombuffer(frames[2], dtype=dt)
+                         f"the message has {len(data)}")
+    arr = np.frombuffer(data, dtype=dt)
     ends = np.cumsum([r * row for r in rows], dtype=np.int64)
-    h["arrays"] = [data[e - r * row:e].reshape((r,) + row_shape) for e, r in zip(ends, rows)]
+    return [arr[e - r * row:e].reshape((r,) + row_shape) for e, r in zip(ends, rows)]
+
+
+def parse_tensor(frames: Sequence[bytes]) -> dict:
+    """A tensor message's frames (topic, JSON header, data) as its header with ``"arrays"``: one
+    numpy array a step of ``"global_steps"``, of shape ``[rows[i]] + row_shape`` (views of the
+    data frame, which holds the steps' arrays one after another)."""
+    h = _header(frames[1])
+    h["arrays"] = _arrays(h, frames[2])
     return h
 
 
