@@ -5,6 +5,7 @@
 #include "intake/shard.h"
 #include "tests/util/testutil.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -395,6 +396,27 @@ START_TEST(check_values_finds_the_first_bad_float)
                   "%s", err.msg);
     x[at] = 1e6f; /* at the bound: accepted */
     ck_assert_int_eq(ifd_infeed_check_values(&p, &tb->b, IFD_MODE_TRAIN, 1e6, &err), IFD_OK);
+    x[at] = -1e6f;
+    ck_assert_int_eq(ifd_infeed_check_values(&p, &tb->b, IFD_MODE_TRAIN, 1e6, &err), IFD_OK);
+    /* one step beyond it (either sign) is named, wherever it is: first, last, a block or the tail
+     */
+    const int64_t where[] = {0, rows * d - 1, at};
+    for (int w = 0; w < 3; w++) {
+        x[at] = 0.5f;
+        x[where[w]] = nextafterf(w == 1 ? -1e6f : 1e6f, w == 1 ? -INFINITY : INFINITY);
+        ck_assert_int_eq(ifd_infeed_check_values(&p, &tb->b, IFD_MODE_TRAIN, 1e6, &err),
+                         IFD_ERANGE);
+        snprintf(want, sizeof want, "row %lld element %lld:", (long long)(where[w] / d),
+                 (long long)(where[w] % d));
+        ck_assert_msg(strstr(err.msg, want), "%s; wanted %s", err.msg, want);
+        x[where[w]] = 0.5f;
+    }
+    /* -0, subnormals and FLT_MAX are finite */
+    x[rand_between(&rng, 0, rows * d - 1)] = -0.0f;
+    x[rand_between(&rng, 0, rows * d - 1)] = -1e-42f;
+    x[rand_between(&rng, 0, rows * d - 1)] = FLT_MIN / 4;
+    x[rand_between(&rng, 0, rows * d - 1)] = -FLT_MAX;
+    ck_assert_int_eq(ifd_infeed_check_values(&p, &tb->b, IFD_MODE_TRAIN, 0, &err), IFD_OK);
     /* labels are int32: any bit pattern passes this check */
     int32_t *y = tb->data[1];
     y[rand_between(&rng, 0, rows - 1)] = 0x7fc00000;
