@@ -419,15 +419,6 @@ static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, c
     ifd_cpu_gemm_small(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
-/* dst[j][i] = src[i][j] for rows i < rows, columns j < cols: dst [cols, rows], src's rows ld
- * apart. */
-static void transpose(int64_t rows, int64_t cols, const float *src, int64_t ld, float *dst)
-{
-    for (int64_t j = 0; j < cols; j++)
-        for (int64_t i = 0; i < rows; i++)
-            dst[j * rows + i] = src[i * ld + j];
-}
-
 /* rows x cols of x (rows ld apart) times s. */
 static void scale_rows(int64_t rows, int64_t cols, float s, float *x, int64_t ld)
 {
@@ -453,7 +444,7 @@ static const float *head_transposed(int64_t t, int64_t dh, const float *m, int64
 {
     float *mt = ifd_cpu_scratch((size_t)(t * dh));
     if (mt)
-        transpose(t, dh, m, ld, mt);
+        ifd_cpu_transpose(t, dh, m, ld, mt);
     return mt;
 }
 

@@ -71,6 +71,22 @@ const char *ifd_cpu_gemm_small_library(void)
 #endif
 }
 
+void ifd_cpu_transpose(int64_t rows, int64_t cols, const float *src, int64_t ld, float *dst)
+{
+#ifdef IFD_HAVE_LIBXSMM
+    if (rows <= IFD_GEMM_SMALL_MAX && cols <= IFD_GEMM_SMALL_MAX) {
+        /* column-major: src is cols x rows (ld), dst rows x cols */
+        (void)pthread_once(&xsmm_once, xsmm_init);
+        libxsmm_otrans(dst, src, sizeof(float), (libxsmm_blasint)cols, (libxsmm_blasint)rows,
+                       (libxsmm_blasint)ld, (libxsmm_blasint)rows);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++)
+            dst[j * rows + i] = src[i * ld + j];
+}
+
 void ifd_cpu_gemm_small(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                         float *c, int64_t ldc)

@@ -27,7 +27,11 @@ void ifd_cpu_gemm_one(int ta, int tb, int64_t m, int64_t n, int64_t k, float alp
 void ifd_cpu_gemm_small(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                         const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
                         float *c, int64_t ldc);
-/* "libxsmm 1.17.0" where ifd_cpu_gemm_small can run libxsmm's kernels, else "OpenBLAS". */
+/* dst[j][i] = src[i][j] for i < rows, j < cols: dst [cols, rows], src's rows ld apart (libxsmm's
+ * transpose where the build has it and both sides are at most IFD_GEMM_SMALL_MAX). */
+void ifd_cpu_transpose(int64_t rows, int64_t cols, const float *src, int64_t ld, float *dst);
+/* "libxsmm 1.17 (cpx kernels)" where ifd_cpu_gemm_small can run libxsmm's kernels, else "OpenBLAS".
+ */
 const char *ifd_cpu_gemm_small_library(void);
 /* The calling thread's scratch of at least `floats` floats, kept until the thread ends and
  * shared by everything on that thread that does not hold it across a call to another

@@ -399,6 +399,33 @@ START_TEST(test_gemm_small)
 }
 END_TEST
 
+/* ifd_cpu_transpose (libxsmm's where the build has it, up to IFD_GEMM_SMALL_MAX a side, else a
+ * loop) puts every element in its place and nothing past the block, for random shapes and
+ * leading dimensions. */
+START_TEST(test_transpose)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    for (int trial = 0; trial < 24; trial++) {
+        int64_t rows = rand_between(&rng, 1, trial % 6 == 5 ? 400 : 200),
+                cols = rand_between(&rng, 1, trial % 6 == 4 ? 400 : 64),
+                ld = cols + rand_between(&rng, 0, 50);
+        float *src = tu_frand(&rng, rows * ld), *dst = tu_frand(&rng, rows * cols + 1);
+        float guard = dst[rows * cols];
+        ifd_cpu_transpose(rows, cols, src, ld, dst);
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++)
+                ck_assert_msg(dst[j * rows + i] == src[i * ld + j],
+                              "%lldx%lld ld %lld: [%lld,%lld] %g, expected %g", (long long)rows,
+                              (long long)cols, (long long)ld, (long long)j, (long long)i,
+                              dst[j * rows + i], src[i * ld + j]);
+        ck_assert(dst[rows * cols] == guard);
+        free(src);
+        free(dst);
+    }
+}
+END_TEST
+
 /* gemm_bias (C = A B + bias, plus res: none, a separate array, or C itself) on the caller alone
  * and on a team, near a double reference, for shapes split by rows (each block starting its own
  * rows), by columns, along k, and not at all; a team's run repeats its bits. */
@@ -677,6 +704,7 @@ int main(void)
     tcase_add_test(tc, test_gemm_k_split);
     tcase_add_test(tc, test_gemm_bias);
     tcase_add_test(tc, test_gemm_small);
+    tcase_add_test(tc, test_transpose);
     tcase_add_test(tc, test_update_split_same_bits);
     tcase_add_test(tc, test_replica_threads);
     tcase_add_test(tc, test_replica_threads_stop_blas_servers);
