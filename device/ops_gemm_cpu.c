@@ -43,8 +43,8 @@ static void xsmm_init(void)
 static int xsmm_gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                      int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    if (tb || alpha != 1.0f || (beta != 0.0f && beta != 1.0f) || m > IFD_GEMM_SMALL_MAX ||
-        n > IFD_GEMM_SMALL_MAX || k > IFD_GEMM_SMALL_MAX)
+    if (tb || alpha != 1.0f || (beta != 0.0f && beta != 1.0f) || m < 1 || n < 1 || k < 1 ||
+        m > IFD_GEMM_SMALL_MAX || n > IFD_GEMM_SMALL_MAX || k > IFD_GEMM_SMALL_MAX)
         return 0;
     (void)pthread_once(&xsmm_once, xsmm_init);
     libxsmm_blasint xlda = (libxsmm_blasint)ldb, xldb = (libxsmm_blasint)lda,
@@ -74,7 +74,7 @@ const char *ifd_cpu_gemm_small_library(void)
 void ifd_cpu_transpose(int64_t rows, int64_t cols, const float *src, int64_t ld, float *dst)
 {
 #ifdef IFD_HAVE_LIBXSMM
-    if (rows <= IFD_GEMM_SMALL_MAX && cols <= IFD_GEMM_SMALL_MAX) {
+    if (rows >= 1 && cols >= 1 && rows <= IFD_GEMM_SMALL_MAX && cols <= IFD_GEMM_SMALL_MAX) {
         /* column-major: src is cols x rows (ld), dst rows x cols */
         (void)pthread_once(&xsmm_once, xsmm_init);
         libxsmm_otrans(dst, src, sizeof(float), (libxsmm_blasint)cols, (libxsmm_blasint)rows,

@@ -340,7 +340,8 @@ END_TEST
 
 /* The attention's small products (ifd_cpu_gemm_small: libxsmm's kernels where the build has
  * libxsmm and the call fits one, else OpenBLAS) agree with a double reference for random shapes
- * (some above IFD_GEMM_SMALL_MAX), leading dimensions wider than the block, every transpose pair,
+ * (some above IFD_GEMM_SMALL_MAX, some with k = 0: C = beta C), leading dimensions wider than the
+ * block, every transpose pair,
  * alpha 1 or not and beta 0, 1 or neither; leave C's padding alone; repeat bit for bit. */
 START_TEST(test_gemm_small)
 {
@@ -355,10 +356,10 @@ START_TEST(test_gemm_small)
     for (int trial = 0; trial < 48; trial++) {
         int ta = trial & 1, tb = (trial >> 1) & 1, big = trial % 12 == 11;
         int64_t m = rand_between(&rng, 1, big ? 300 : 140), n = rand_between(&rng, 1, 140),
-                k = rand_between(&rng, 1, big ? 300 : 140);
+                k = trial % 12 == 4 ? 0 : rand_between(&rng, 1, big ? 300 : 140);
         int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
-        int64_t lda = ac + rand_between(&rng, 0, 40), ldb = bc + rand_between(&rng, 0, 40),
-                ldc = n + rand_between(&rng, 0, 40);
+        int64_t lda = ac + rand_between(&rng, ac ? 0 : 1, 40),
+                ldb = bc + rand_between(&rng, bc ? 0 : 1, 40), ldc = n + rand_between(&rng, 0, 40);
         float alpha = (trial >> 2) % 3 ? 1.0f : (float)(ifd_rng_uniform(&rng) * 2 - 1);
         float beta = (trial >> 3) % 3 == 0   ? 0.0f
                      : (trial >> 3) % 3 == 1 ? 1.0f
