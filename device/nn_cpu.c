@@ -1,8 +1,9 @@
-/* The transformer's ops on the host (device/nn_cpu.h): CBLAS for the attention's products, plain
- * loops for the rest, every sum in a fixed order. */
+/* The transformer's ops on the host (device/nn_cpu.h): ifd_cpu_gemm_small (libxsmm or OpenBLAS)
+ * for the attention's products, plain loops for the rest, every sum in a fixed order. */
 #include "device/nn_cpu.h"
 
-#include <cblas.h>
+#include "device/ops_gemm_cpu.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -415,8 +416,36 @@ void ifd_nn_gelu_grad_baseline(int64_t n, const float *x, const float *dy, float
 static void gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
                  int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
 {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+    ifd_cpu_gemm_small(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* rows x cols of x (rows ld apart) times s. */
+static void scale_rows(int64_t rows, int64_t cols, float s, float *x, int64_t ld)
+{
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++)
+            x[i * ld + j] *= s;
+}
+
+/* C = op(A) M^T for one head's block, M (m_rows x dh, ld apart) given as mt = M^T [dh, t] when
+ * the thread's scratch held it (a plain product: a transposed B would be a slower kernel, or
+ * none in libxsmm), else as M itself. */
+static void gemm_bt(int64_t r, int64_t cols, int64_t dh, const float *a, int64_t lda,
+                    const float *m, int64_t ld, const float *mt, int64_t t, float *c, int64_t ldc)
+{
+    if (mt)
+        gemm(0, 0, r, cols, dh, 1.0f, a, lda, mt, t, 0.0f, c, ldc);
+    else
+        gemm(0, 1, r, cols, dh, 1.0f, a, lda, m, ld, 0.0f, c, ldc);
+}
+
+/* M^T of one head's [t, dh] block (rows ld apart) in the thread's scratch; NULL without it. */
+static const float *head_transposed(int64_t t, int64_t dh, const float *m, int64_t ld)
+{
+    float *mt = ifd_cpu_scratch((size_t)(t * dh));
+    if (mt)
+        ifd_cpu_transpose(t, dh, m, ld, mt);
+    return mt;
 }
 
 /* The largest of s[0..n), n >= 1, in 16 lanes (j mod 16) then across them: the same value as
@@ -516,10 +545,12 @@ IFD_NN_WIDE double ifd_nn_softmax_xent_rows(int64_t r0, int64_t r1, int64_t k, c
     return loss;
 }
 
-/* Row i of the scores: the softmax of s[0..i], zero after up to t; exp(s - max) by nn_exp_neg
- * (the loop vectorizes; libm's expf is a call a element). */
-static inline void causal_softmax_row(float *s, int64_t i, int64_t t)
+/* Row i of the scores: the softmax of scale s[0..i], zero after up to t; exp(s - max) by
+ * nn_exp_neg (the loop vectorizes; libm's expf is a call a element). */
+static inline void causal_softmax_row(float *s, int64_t i, int64_t t, float scale)
 {
+    for (int64_t j = 0; j <= i; j++)
+        s[j] *= scale;
     float mx = row_max(s, i + 1);
     for (int64_t j = 0; j <= i; j++)
         s[j] = nn_exp_neg(s[j] - mx);
@@ -546,11 +577,12 @@ IFD_NN_WIDE void ifd_nn_attention_head(int64_t t, int64_t heads, int64_t dh, int
     float scale = 1.0f / sqrtf((float)dh);
     const float *q = qkv + b * t * ld + h * dh, *k = q + c, *v = q + 2 * c;
     float *p = probs + (b * heads + h) * t * t, *o = out + b * t * c + h * dh;
+    const float *kt = head_transposed(t, dh, k, ld);
     for (int64_t i0 = 0; i0 < t; i0 += NN_ATT_BLOCK) {
         int64_t r = t - i0 < NN_ATT_BLOCK ? t - i0 : NN_ATT_BLOCK, cols = i0 + r;
-        gemm(0, 1, r, cols, dh, scale, q + i0 * ld, ld, k, ld, 0.0f, p + i0 * t, t);
+        gemm_bt(r, cols, dh, q + i0 * ld, ld, k, ld, kt, t, p + i0 * t, t);
         for (int64_t i = i0; i < cols; i++)
-            causal_softmax_row(p + i * t, i, t);
+            causal_softmax_row(p + i * t, i, t, scale);
         gemm(0, 0, r, dh, cols, 1.0f, p + i0 * t, t, v, ld, 0.0f, o + i0 * c, c);
     }
 }
@@ -575,9 +607,10 @@ IFD_NN_WIDE void ifd_nn_attention_grad_head(int64_t t, int64_t heads, int64_t dh
     float *dq = dqkv + b * t * ld + h * dh, *dk = dq + c, *dv = dq + 2 * c;
     /* row blocks: dP = dO V^T and dS = P (dP - rowsum(P dP)) on the block's columns (zero after
      * the diagonal up to the block's end), then dQ = s dS K */
+    const float *vt = head_transposed(t, dh, v, ld);
     for (int64_t i0 = 0; i0 < t; i0 += NN_ATT_BLOCK) {
         int64_t r = t - i0 < NN_ATT_BLOCK ? t - i0 : NN_ATT_BLOCK, cols = i0 + r;
-        gemm(0, 1, r, cols, dh, 1.0f, dout_h + i0 * c, c, v, ld, 0.0f, work + i0 * t, t);
+        gemm_bt(r, cols, dh, dout_h + i0 * c, c, v, ld, vt, t, work + i0 * t, t);
         for (int64_t i = i0; i < cols; i++) {
             const float *pr = p + i * t;
             float *dr = work + i * t;
@@ -587,15 +620,17 @@ IFD_NN_WIDE void ifd_nn_attention_grad_head(int64_t t, int64_t heads, int64_t dh
             for (int64_t j = i + 1; j < cols; j++)
                 dr[j] = 0.0f;
         }
-        gemm(0, 0, r, dh, cols, scale, work + i0 * t, t, k, ld, 0.0f, dq + i0 * ld, ld);
+        gemm(0, 0, r, dh, cols, 1.0f, work + i0 * t, t, k, ld, 0.0f, dq + i0 * ld, ld);
+        scale_rows(r, dh, scale, dq + i0 * ld, ld);
     }
     /* column blocks: rows [j0, t) alone reach columns [j0, j0 + r): dV = P^T dO, dK = s dS^T Q */
     for (int64_t j0 = 0; j0 < t; j0 += NN_ATT_BLOCK) {
         int64_t r = t - j0 < NN_ATT_BLOCK ? t - j0 : NN_ATT_BLOCK;
         gemm(1, 0, r, dh, t - j0, 1.0f, p + j0 * t + j0, t, dout_h + j0 * c, c, 0.0f, dv + j0 * ld,
              ld);
-        gemm(1, 0, r, dh, t - j0, scale, work + j0 * t + j0, t, q + j0 * ld, ld, 0.0f, dk + j0 * ld,
+        gemm(1, 0, r, dh, t - j0, 1.0f, work + j0 * t + j0, t, q + j0 * ld, ld, 0.0f, dk + j0 * ld,
              ld);
+        scale_rows(r, dh, scale, dk + j0 * ld, ld);
     }
 }
 

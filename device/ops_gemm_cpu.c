@@ -8,6 +8,7 @@
 
 #include <cblas.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 static void sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
@@ -15,6 +16,86 @@ static void sgemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, 
 {
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
                 (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
+}
+
+#ifdef IFD_HAVE_LIBXSMM
+#include <libxsmm.h>
+
+static pthread_once_t xsmm_once = PTHREAD_ONCE_INIT;
+
+static char xsmm_name[64];
+
+static void xsmm_init(void)
+{
+    libxsmm_init();
+    snprintf(xsmm_name, sizeof xsmm_name, "libxsmm %s (%s kernels)", LIBXSMM_VERSION,
+             libxsmm_get_target_arch());
+}
+
+/*
+ * A small product by a libxsmm JIT kernel (its registry: one per shape, generated at the first
+ * call, then looked up); 0 where libxsmm has none (alpha not 1, beta not 0 or 1, B transposed).
+ * libxsmm is column-major, so row-major C = op(A) B is column-major C^T = B^T op(A)^T: B is
+ * libxsmm's A and A its B, a transposed A its transposed B (a kernel flag). A transposed B would
+ * be libxsmm's transposed A, which 1.17 does not generate. Each element of C is one chain of
+ * multiply-adds over k in order.
+ */
+static int xsmm_gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha, const float *a,
+                     int64_t lda, const float *b, int64_t ldb, float beta, float *c, int64_t ldc)
+{
+    if (tb || alpha != 1.0f || (beta != 0.0f && beta != 1.0f) || m < 1 || n < 1 || k < 1 ||
+        m > IFD_GEMM_SMALL_MAX || n > IFD_GEMM_SMALL_MAX || k > IFD_GEMM_SMALL_MAX)
+        return 0;
+    (void)pthread_once(&xsmm_once, xsmm_init);
+    libxsmm_blasint xlda = (libxsmm_blasint)ldb, xldb = (libxsmm_blasint)lda,
+                    xldc = (libxsmm_blasint)ldc;
+    int flags = ta ? LIBXSMM_GEMM_FLAG_TRANS_B : 0;
+    float one = 1.0f;
+    libxsmm_smmfunction f =
+        libxsmm_smmdispatch((libxsmm_blasint)n, (libxsmm_blasint)m, (libxsmm_blasint)k, &xlda,
+                            &xldb, &xldc, &one, &beta, &flags, NULL);
+    if (f == NULL)
+        return 0;
+    f(b, a, c);
+    return 1;
+}
+#endif
+
+const char *ifd_cpu_gemm_small_library(void)
+{
+#ifdef IFD_HAVE_LIBXSMM
+    (void)pthread_once(&xsmm_once, xsmm_init);
+    return xsmm_name;
+#else
+    return "OpenBLAS";
+#endif
+}
+
+void ifd_cpu_transpose(int64_t rows, int64_t cols, const float *src, int64_t ld, float *dst)
+{
+#ifdef IFD_HAVE_LIBXSMM
+    if (rows >= 1 && cols >= 1 && rows <= IFD_GEMM_SMALL_MAX && cols <= IFD_GEMM_SMALL_MAX) {
+        /* column-major: src is cols x rows (ld), dst rows x cols */
+        (void)pthread_once(&xsmm_once, xsmm_init);
+        libxsmm_otrans(dst, src, sizeof(float), (libxsmm_blasint)cols, (libxsmm_blasint)rows,
+                       (libxsmm_blasint)ld, (libxsmm_blasint)rows);
+        return;
+    }
+#endif
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < cols; j++)
+            dst[j * rows + i] = src[i * ld + j];
+}
+
+void ifd_cpu_gemm_small(int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
+                        const float *a, int64_t lda, const float *b, int64_t ldb, float beta,
+                        float *c, int64_t ldc)
+{
+#ifdef IFD_HAVE_LIBXSMM
+    if (xsmm_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+        return;
+#endif
+    sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /* One product shared by a replica's team: C's rows (or columns) in blocks, one block a chunk,
@@ -106,7 +187,7 @@ static void scratch_key_make(void)
 }
 
 /* The calling thread's scratch of at least floats floats; NULL when out of memory. */
-static float *gemm_scratch_get(size_t floats)
+float *ifd_cpu_scratch(size_t floats)
 {
     (void)pthread_once(&scratch_once, scratch_key_make);
     gemm_scratch *s = pthread_getspecific(scratch_key);
@@ -157,7 +238,7 @@ static int gemm_by_k(ifd_team *team, int ta, int tb, int64_t m, int64_t n, int64
                      int64_t pieces, float alpha, const float *a, const float *b, float beta,
                      float *c)
 {
-    float *scratch = gemm_scratch_get((size_t)((pieces - 1) * m * n));
+    float *scratch = ifd_cpu_scratch((size_t)((pieces - 1) * m * n));
     if (scratch == NULL)
         return 0;
     gemm_ksplit g = {.ta = ta,

@@ -5,9 +5,11 @@
 set -euo pipefail
 
 # clang and libclang-rt-dev (libFuzzer's runtime): the fuzz harnesses (fuzz/run.sh).
+# libxsmm-dev (optional for the build, which falls back to OpenBLAS without it): the attention's
+# small products (docs/design.md, "The BLAS kernel").
 IFD_DEB_PACKAGES=(build-essential cmake pkg-config libjansson-dev check libsubunit-dev
                   libopenblas-dev libzmq3-dev zlib1g-dev clang libclang-rt-dev openmpi-bin
-                  libopenmpi-dev)
+                  libopenmpi-dev libxsmm-dev)
 # tensorboardX: python -m infeed.tensorboard; matplotlib: python -m infeed.plot (the demo's PNG);
 # tensorboard: the tests read the event files back with its EventAccumulator. safetensors:
 # python -m infeed.export --safetensors (and the tests read its files back with it).

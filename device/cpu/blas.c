@@ -1,5 +1,7 @@
 #include "device/cpu/blas.h"
 
+#include "device/ops_gemm_cpu.h"
+
 #include "core/log.h"
 #include "core/thread.h"
 
@@ -337,5 +339,8 @@ const char *ifd_blas_describe(const ifd_blas_info *in, char *buf, size_t len)
         snprintf(buf, len, "%s, kernel %s (%s; the CPU runs %s)", in->library, in->kernel,
                  strcmp(how, "fixed") == 0 ? "the library's only one" : "the library's own pick",
                  ifd_isa_name(in->cpu_isa));
+    size_t used = strlen(buf);
+    if (used + 1 < len)
+        snprintf(buf + used, len - used, "; small products: %s", ifd_cpu_gemm_small_library());
     return buf;
 }

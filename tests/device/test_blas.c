@@ -5,6 +5,7 @@
  * mode), so each makes the process's first choice. */
 #include "core/rng.h"
 #include "device/cpu/blas.h"
+#include "device/ops_gemm_cpu.h"
 #include "tests/util/testutil.h"
 
 #include <cblas.h>
@@ -132,8 +133,13 @@ START_TEST(test_auto_leaves_no_fallback)
         ck_assert_str_eq(in.how,
                          ifd_blas_is_fallback(in.picked, in.cpu_isa) ? "corrected" : "detected");
     }
-    char line[256];
+    char line[256], small[96];
     ck_assert_ptr_nonnull(strstr(ifd_blas_describe(&in, line, sizeof line), in.kernel));
+    /* the line ends with the library of the attention's small products */
+    snprintf(small, sizeof small, "; small products: %s", ifd_cpu_gemm_small_library());
+    ck_assert_msg(strlen(line) > strlen(small) &&
+                      strcmp(line + strlen(line) - strlen(small), small) == 0,
+                  "'%s' does not end with '%s'", line, small);
     check_products(&rng);
     /* made once: auto and keep again change nothing */
     ck_assert_int_eq(ifd_blas_select("keep", &err), IFD_OK);

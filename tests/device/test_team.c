@@ -5,6 +5,7 @@
 #include "core/rng.h"
 #include "core/thread.h"
 #include "device/cpu/team.h"
+#include "device/ops_gemm_cpu.h"
 #include "device/step.h"
 #include "tests/util/numbers.h"
 #include "tests/util/testutil.h"
@@ -337,6 +338,95 @@ START_TEST(test_gemm_k_split)
 }
 END_TEST
 
+/* The attention's small products (ifd_cpu_gemm_small: libxsmm's kernels where the build has
+ * libxsmm and the call fits one, else OpenBLAS) agree with a double reference for random shapes
+ * (some above IFD_GEMM_SMALL_MAX, some with k = 0: C = beta C), leading dimensions wider than the
+ * block, every transpose pair,
+ * alpha 1 or not and beta 0, 1 or neither; leave C's padding alone; repeat bit for bit. */
+START_TEST(test_gemm_small)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+#ifdef IFD_HAVE_LIBXSMM
+    ck_assert_msg(strncmp(ifd_cpu_gemm_small_library(), "libxsmm ", 8) == 0, "%s",
+                  ifd_cpu_gemm_small_library());
+#else
+    ck_assert_str_eq(ifd_cpu_gemm_small_library(), "OpenBLAS");
+#endif
+    for (int trial = 0; trial < 48; trial++) {
+        int ta = trial & 1, tb = (trial >> 1) & 1, big = trial % 12 == 11;
+        int64_t m = rand_between(&rng, 1, big ? 300 : 140), n = rand_between(&rng, 1, 140),
+                k = trial % 12 == 4 ? 0 : rand_between(&rng, 1, big ? 300 : 140);
+        int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+        int64_t lda = ac + rand_between(&rng, ac ? 0 : 1, 40),
+                ldb = bc + rand_between(&rng, bc ? 0 : 1, 40), ldc = n + rand_between(&rng, 0, 40);
+        float alpha = (trial >> 2) % 3 ? 1.0f : (float)(ifd_rng_uniform(&rng) * 2 - 1);
+        float beta = (trial >> 3) % 3 == 0   ? 0.0f
+                     : (trial >> 3) % 3 == 1 ? 1.0f
+                                             : (float)ifd_rng_uniform(&rng);
+        float *a = tu_frand(&rng, ar * lda), *b = tu_frand(&rng, br * ldb),
+              *c0 = tu_frand(&rng, m * ldc);
+        size_t cb = sizeof(float) * (size_t)(m * ldc);
+        float *c1 = malloc(cb), *c2 = malloc(cb);
+        memcpy(c1, c0, cb);
+        memcpy(c2, c0, cb);
+        ifd_cpu_gemm_small(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c1, ldc);
+        ifd_cpu_gemm_small(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c2, ldc);
+        ck_assert_msg(memcmp(c1, c2, cb) == 0, "%lldx%lldx%lld ta %d tb %d: two runs differ",
+                      (long long)m, (long long)n, (long long)k, ta, tb);
+        for (int64_t i = 0; i < m; i++)
+            for (int64_t j = 0; j < ldc; j++) {
+                double ref = c0[i * ldc + j];
+                if (j < n) {
+                    ref *= beta;
+                    for (int64_t l = 0; l < k; l++)
+                        ref += alpha * (double)(ta ? a[l * lda + i] : a[i * lda + l]) *
+                               (double)(tb ? b[j * ldb + l] : b[l * ldb + j]);
+                }
+                double tol = j < n ? 1e-4 * (1.0 + sqrt((double)k)) : 0.0;
+                ck_assert_msg(fabs(c1[i * ldc + j] - ref) <= tol,
+                              "%lldx%lldx%lld ta %d tb %d alpha %g beta %g lds %lld %lld %lld: "
+                              "[%lld,%lld] %g, expected %g",
+                              (long long)m, (long long)n, (long long)k, ta, tb, (double)alpha,
+                              (double)beta, (long long)lda, (long long)ldb, (long long)ldc,
+                              (long long)i, (long long)j, c1[i * ldc + j], ref);
+            }
+        free(a);
+        free(b);
+        free(c0);
+        free(c1);
+        free(c2);
+    }
+}
+END_TEST
+
+/* ifd_cpu_transpose (libxsmm's where the build has it, up to IFD_GEMM_SMALL_MAX a side, else a
+ * loop) puts every element in its place and nothing past the block, for random shapes and
+ * leading dimensions. */
+START_TEST(test_transpose)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    for (int trial = 0; trial < 24; trial++) {
+        int64_t rows = rand_between(&rng, 1, trial % 6 == 5 ? 400 : 200),
+                cols = rand_between(&rng, 1, trial % 6 == 4 ? 400 : 64),
+                ld = cols + rand_between(&rng, 0, 50);
+        float *src = tu_frand(&rng, rows * ld), *dst = tu_frand(&rng, rows * cols + 1);
+        float guard = dst[rows * cols];
+        ifd_cpu_transpose(rows, cols, src, ld, dst);
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++)
+                ck_assert_msg(dst[j * rows + i] == src[i * ld + j],
+                              "%lldx%lld ld %lld: [%lld,%lld] %g, expected %g", (long long)rows,
+                              (long long)cols, (long long)ld, (long long)j, (long long)i,
+                              dst[j * rows + i], src[i * ld + j]);
+        ck_assert(dst[rows * cols] == guard);
+        free(src);
+        free(dst);
+    }
+}
+END_TEST
+
 /* gemm_bias (C = A B + bias, plus res: none, a separate array, or C itself) on the caller alone
  * and on a team, near a double reference, for shapes split by rows (each block starting its own
  * rows), by columns, along k, and not at all; a team's run repeats its bits. */
@@ -614,6 +704,8 @@ int main(void)
     tcase_add_test(tc, test_gemm_split);
     tcase_add_test(tc, test_gemm_k_split);
     tcase_add_test(tc, test_gemm_bias);
+    tcase_add_test(tc, test_gemm_small);
+    tcase_add_test(tc, test_transpose);
     tcase_add_test(tc, test_update_split_same_bits);
     tcase_add_test(tc, test_replica_threads);
     tcase_add_test(tc, test_replica_threads_stop_blas_servers);
