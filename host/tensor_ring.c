@@ -1,5 +1,5 @@
-/* memfd_create and F_ADD_SEALS need _GNU_SOURCE, which the build defines */
 #include "host/tensor_ring.h"
+#include "host/shm_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -20,12 +20,10 @@
 #endif
 
 struct ifd_tensor_ring {
-    int fd;
-    unsigned char *base; /* the daemon's mapping, read-write */
-    size_t size;
+    ifd_shm_file file;   /* mapped read-write */
+    unsigned char *base; /* file.base */
     uint64_t cap;
     uint64_t pos; /* where the next message may start (the writer's own; never read back) */
-    char path[64];
     char token[2 * IFD_TENSOR_RING_TOKEN_LEN + 1];
 };
 
@@ -60,26 +58,11 @@ int ifd_tensor_ring_create(ifd_tensor_ring **out, int64_t cap, ifd_error *err)
     ifd_tensor_ring *r = calloc(1, sizeof *r);
     if (r == NULL)
         return ifd_error_set(err, IFD_ENOMEM, "tensor ring: out of memory");
+    r->file.fd = -1;
     r->cap = ((uint64_t)cap + page - 1) / page * page;
-    r->size = IFD_TENSOR_RING_HEADER + (size_t)r->cap;
+    size_t size = IFD_TENSOR_RING_HEADER + (size_t)r->cap;
     unsigned char tok[IFD_TENSOR_RING_TOKEN_LEN], hdr[IFD_TENSOR_RING_HEADER] = {0};
-    int rc = IFD_EIO, e;
-    r->fd = memfd_create("infeed-tensor-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    if (r->fd < 0 || fchmod(r->fd, 0600) != 0 || ftruncate(r->fd, (off_t)r->size) != 0) {
-        ifd_error_set(err, IFD_EIO,
-                      "tensor ring: cannot make a memfd of %zu bytes for the tensor messages in "
-                      "shared memory: %s",
-                      r->size, strerror(errno));
-        goto fail;
-    }
-    if ((e = posix_fallocate(r->fd, 0, (off_t)r->size)) != 0) {
-        rc = e == ENOSPC || e == ENOMEM ? IFD_ENOMEM : IFD_EIO;
-        ifd_error_set(err, rc,
-                      "tensor ring: cannot reserve %zu bytes of shared memory for the tensor "
-                      "messages (tensor_shm_bytes %lld): %s",
-                      r->size, (long long)cap, strerror(e));
-        goto fail;
-    }
+    int rc = IFD_EIO;
     if (getrandom(tok, sizeof tok, 0) != (ssize_t)sizeof tok) {
         ifd_error_set(err, IFD_EIO, "tensor ring: getrandom: %s", strerror(errno));
         goto fail;
@@ -89,19 +72,17 @@ int ifd_tensor_ring_create(ifd_tensor_ring **out, int64_t cap, ifd_error *err)
     memcpy(hdr, IFD_TENSOR_RING_MAGIC, 8);
     memcpy(hdr + 8, tok, sizeof tok);
     put_u64(hdr + 24, r->cap);
-    if (fcntl(r->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-        pwrite(r->fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr) {
-        ifd_error_set(err, IFD_EIO, "tensor ring: sealing it: %s", strerror(errno));
+    char made[160];
+    if ((rc = ifd_shm_file_make(&r->file, "infeed-tensor-ring", size, hdr, sizeof hdr,
+                                PROT_READ | PROT_WRITE, MAP_POPULATE, made, sizeof made)) !=
+        IFD_OK) {
+        ifd_error_set(err, rc,
+                      "tensor ring: the ring of tensor messages in shared memory "
+                      "(tensor_shm_bytes %lld): %s",
+                      (long long)cap, made);
         goto fail;
     }
-    r->base = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd, 0);
-    if (r->base == MAP_FAILED) {
-        r->base = NULL;
-        ifd_error_set(err, IFD_ENOMEM, "tensor ring: mmap of %zu bytes: %s", r->size,
-                      strerror(errno));
-        goto fail;
-    }
-    snprintf(r->path, sizeof r->path, "/proc/%ld/fd/%d", (long)getpid(), r->fd);
+    r->base = r->file.base;
     *out = r;
     return IFD_OK;
 fail:
@@ -113,10 +94,7 @@ void ifd_tensor_ring_destroy(ifd_tensor_ring *r)
 {
     if (r == NULL)
         return;
-    if (r->base)
-        munmap(r->base, r->size);
-    if (r->fd >= 0)
-        close(r->fd);
+    ifd_shm_file_close(&r->file);
     free(r);
 }
 
@@ -146,12 +124,12 @@ char *ifd_tensor_ring_claim(ifd_tensor_ring *r, size_t n, uint64_t *seq)
 
 const char *ifd_tensor_ring_path(const ifd_tensor_ring *r)
 {
-    return r->path;
+    return r->file.path;
 }
 
 size_t ifd_tensor_ring_size(const ifd_tensor_ring *r)
 {
-    return r->size;
+    return r->file.size;
 }
 
 const char *ifd_tensor_ring_token(const ifd_tensor_ring *r)

@@ -30,6 +30,7 @@
 #include "host/ingest/zmq_wait.h"
 #include "host/monitor.h"
 #include "host/publisher.h"
+#include "host/shm_file.h"
 
 #include "core/keyfile.h"
 #include "core/log.h"
@@ -52,21 +53,18 @@
 typedef struct host_batch host_batch;
 typedef struct outbox outbox; /* reply.c */
 
-/* A producer's shared-memory pool (shm.c): a sealed memfd, mapped read-only here, `slots` step
- * batches of every tensor (tensor i's slot s at base + offsets[i] + s x step_bytes[i]). busy[s]
- * is the seq of the step in slot s while it is in flight, else -1 (written by the I/O thread
- * when a step is accepted, cleared by whichever thread releases it). */
+/* A producer's shared-memory pool (shm_transport.c): a host/shm_file.h file, mapped read-only here,
+ * `slots` step batches of every tensor (tensor i's slot s at file.base + offsets[i] + s x
+ * step_bytes[i]). busy[s] is the seq of the step in slot s while it is in flight, else -1 (written
+ * by the I/O thread when a step is accepted, cleared by whichever thread releases it). */
 typedef struct shm_pool {
     int refs;   /* atomic: its producer, and every message with steps in it */
     int *alive; /* atomic: its producer slot's count of pools alive, less one when it is freed */
-    int fd;     /* -1 once the producer mapped it */
-    void *base;
-    size_t size;
+    ifd_shm_file file; /* its fd -1 once the producer mapped it */
     int slots, ntensors;
     size_t offsets[IFD_MAX_INPUTS], step_bytes[IFD_MAX_INPUTS];
     int64_t *busy;
     uint8_t token[IFD_SHM_TOKEN_LEN];
-    char path[64];
     /* registered with the session's device (IFD_BATCH_PINNED batches), in g's list of those */
     ifd_ingest *g;
     ifd_session *session;

@@ -66,7 +66,7 @@ static void pin(ifd_ingest *g, shm_pool *pool)
     ifd_error e;
     ifd_error_clear(&e);
     if (!g->pools.session_released) {
-        int rc = ifd_session_register_host_memory(g->session, pool->base, pool->size, &e);
+        int rc = ifd_session_register_host_memory(g->session, pool->file.base, pool->file.size, &e);
         if (rc == IFD_OK) {
             pool->g = g;
             pool->session = g->session;
@@ -78,7 +78,7 @@ static void pin(ifd_ingest *g, shm_pool *pool)
             IFD_LOG_LIMITED(&g->lim_hello, IFD_LOG_WARN,
                             "a shared-memory pool of %zu bytes stays unregistered with the device "
                             "(its batches are staged, one host copy): %s",
-                            pool->size, ifd_error_text(&e));
+                            pool->file.size, ifd_error_text(&e));
         }
     }
     ifd_mutex_unlock(&g->pools.mu);
@@ -87,7 +87,7 @@ static void pin(ifd_ingest *g, shm_pool *pool)
 /* Under pool_mu. */
 static void unpin_locked(ifd_ingest *g, shm_pool *pool)
 {
-    ifd_session_unregister_host_memory(pool->session, pool->base);
+    ifd_session_unregister_host_memory(pool->session, pool->file.base);
     pool->session = NULL;
     if (pool->prev)
         pool->prev->next = pool->next;
@@ -132,7 +132,7 @@ shm_pool *ingest_shm_create(ifd_ingest *g, producer *p, const ingest_hello_msg *
         snprintf(why, wlen, "out of memory");
         return NULL;
     }
-    pool->fd = -1;
+    pool->file.fd = -1;
     pool->refs = 1;
     pool->alive = &p->pools;
     __atomic_add_fetch(pool->alive, 1, __ATOMIC_RELAXED);
@@ -149,7 +149,7 @@ shm_pool *ingest_shm_create(ifd_ingest *g, producer *p, const ingest_hello_msg *
         pool->step_bytes[i] = row * (size_t)g->pr.batch_rows;
         off += pool->step_bytes[i] * (size_t)pool->slots;
     }
-    pool->size = round_up(off, (size_t)sysconf(_SC_PAGESIZE));
+    size_t size = round_up(off, (size_t)sysconf(_SC_PAGESIZE));
     pool->busy = malloc((size_t)pool->slots * sizeof *pool->busy);
     if (pool->busy == NULL) {
         snprintf(why, wlen, "out of memory");
@@ -164,29 +164,12 @@ shm_pool *ingest_shm_create(ifd_ingest *g, producer *p, const ingest_hello_msg *
     }
     memcpy(hdr, IFD_SHM_MAGIC, IFD_SHM_MAGIC_LEN);
     memcpy(hdr + IFD_SHM_MAGIC_LEN, pool->token, IFD_SHM_TOKEN_LEN);
-    pool->fd = memfd_create("infeed-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-    int rc = 0;
-    if (pool->fd < 0 || ftruncate(pool->fd, (off_t)pool->size) != 0) {
-        snprintf(why, wlen, "memfd of %zu bytes: %s", pool->size, strerror(errno));
+    char made[160];
+    if (ifd_shm_file_make(&pool->file, "infeed-pool", size, hdr, sizeof hdr, PROT_READ, 0, made,
+                          sizeof made) != IFD_OK) {
+        snprintf(why, wlen, "%s (a pool of %d slots)", made, pool->slots);
         goto fail;
     }
-    if ((rc = posix_fallocate(pool->fd, 0, (off_t)pool->size)) != 0) {
-        snprintf(why, wlen, "cannot reserve %zu bytes of shared memory (%d slots): %s", pool->size,
-                 pool->slots, strerror(rc));
-        goto fail;
-    }
-    if (fcntl(pool->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
-        pwrite(pool->fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr) {
-        snprintf(why, wlen, "sealing the pool: %s", strerror(errno));
-        goto fail;
-    }
-    pool->base = mmap(NULL, pool->size, PROT_READ, MAP_SHARED, pool->fd, 0);
-    if (pool->base == MAP_FAILED) {
-        pool->base = NULL;
-        snprintf(why, wlen, "mmap of %zu bytes: %s", pool->size, strerror(errno));
-        goto fail;
-    }
-    snprintf(pool->path, sizeof pool->path, "/proc/%ld/fd/%d", (long)getpid(), pool->fd);
     pin(g, pool);
     return pool;
 fail:
@@ -213,8 +196,8 @@ json_t *ingest_shm_json(const shm_pool *pool)
         json_array_append_new(offsets, json_integer((json_int_t)pool->offsets[i]));
         json_array_append_new(steps, json_integer((json_int_t)pool->step_bytes[i]));
     }
-    return json_pack("{s:s, s:I, s:s, s:i, s:o, s:o}", "path", pool->path, "size",
-                     (json_int_t)pool->size, "token", token, "slots", pool->slots, "offsets",
+    return json_pack("{s:s, s:I, s:s, s:i, s:o, s:o}", "path", pool->file.path, "size",
+                     (json_int_t)pool->file.size, "token", token, "slots", pool->slots, "offsets",
                      offsets, "step_bytes", steps);
 }
 
@@ -225,9 +208,7 @@ void ingest_shm_ref(shm_pool *pool)
 
 void ingest_shm_mapped(shm_pool *pool)
 {
-    if (pool->fd >= 0)
-        close(pool->fd);
-    pool->fd = -1;
+    ifd_shm_file_close_fd(&pool->file);
 }
 
 /* Any thread: the last reference frees the pool. */
@@ -241,10 +222,7 @@ void ingest_shm_unref(shm_pool *pool)
             unpin_locked(pool->g, pool);
         ifd_mutex_unlock(&pool->g->pools.mu);
     }
-    if (pool->base)
-        munmap(pool->base, pool->size);
-    if (pool->fd >= 0)
-        close(pool->fd);
+    ifd_shm_file_close(&pool->file);
     free(pool->busy);
     __atomic_sub_fetch(pool->alive, 1, __ATOMIC_RELEASE);
     free(pool);
@@ -285,7 +263,7 @@ static int take_slots(ifd_ingest *g, shm_frames *s, shm_pool *pool, uint32_t slo
     s->base.slot_busy = pool->busy;
     s->base.pinned = pool->session != NULL;
     for (int i = 0; i < g->pr.nin; i++) {
-        char *at = (char *)pool->base + pool->offsets[i] + (size_t)slot * pool->step_bytes[i];
+        char *at = (char *)pool->file.base + pool->offsets[i] + (size_t)slot * pool->step_bytes[i];
         s->base.data[i] = at;
         if (g->pr.in[i]->dtype != IFD_F32) {
             s->base.data[i] = s->base.copies[i] =
