@@ -47,6 +47,7 @@ struct ifd_producer {
     int64_t acked;
     int64_t rejected;
     int64_t acked_seq;
+    int64_t drained_ns; /* when a send last read the replies waiting (ifdw_now_ns) */
     int end_sent;
 
     /* predict mode: called for each PREDICTION */
@@ -95,8 +96,15 @@ int ifdp_drain(ifd_producer *p, ifd_error *err);
 
 /* send.c, for send_shm.c. The credit a message of `rows` rows costs (its steps). */
 int64_t ifdp_batch_steps(const ifd_producer *p, int64_t rows);
+/* How often a send that has credit reads the replies waiting (ACKs, ERROR, BYE) before it sends:
+ * each read that finds none costs a poll of libzmq's mailbox, which at 4 KiB batches was the
+ * largest part of the producer's CPU beyond a bare ZeroMQ sender (bench_ingest's prod_us). A send
+ * without credit, and every wait and end, read them at once. */
+#define IFDP_DRAIN_EVERY_NS 1000000
 /* Waits until a message of `steps` credits may go and, with need_slots > 0, until need_slots
- * free slots in a row are in the pool (*slot: the first). Returns queued ERRORs, BYE and END. */
+ * free slots in a row are in the pool (*slot: the first). Returns queued ERRORs, BYE and END. Reads
+ * the replies waiting first unless it has credit and read them less than IFDP_DRAIN_EVERY_NS ago.
+ */
 int ifdp_wait_send(ifd_producer *p, int64_t steps, int need_slots, int *slot, int timeout_ms,
                    ifd_error *err);
 /* Sends a header frame (more: tensor frames follow), waiting for the socket to take it. */

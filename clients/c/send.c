@@ -46,9 +46,13 @@ static int check_send(const ifd_producer *p, int64_t rows, const ifd_frame *fram
 int ifdp_wait_send(ifd_producer *p, int64_t steps, int need_slots, int *slot, int timeout_ms,
                    ifd_error *err)
 {
-    int rc = ifdp_drain(p, err);
-    if (rc)
-        return rc;
+    int64_t now = ifdw_now_ns();
+    int rc;
+    if (now - p->drained_ns >= IFDP_DRAIN_EVERY_NS || p->available < steps) {
+        if ((rc = ifdp_drain(p, err)))
+            return rc;
+        p->drained_ns = now;
+    }
     int64_t deadline = ifdw_deadline(timeout_ms);
     for (;;) {
         if ((rc = ifdp_pop_error(p, err)))

@@ -181,8 +181,10 @@ const char *ifd_producer_welcome(const ifd_producer *p); /* the whole WELCOME JS
  * daemon that resumed from a checkpoint answers a name it knows with the seq after the last one
  * its checkpoint includes: right after ifd_producer_hello, ifd_producer_next_seq is where a
  * deterministic stream replays from (docs/checkpoint.md). The counters below are as of the
- * replies read so far: a call that sends or waits (send, buffer, wait, end) reads the replies
- * waiting before it does anything else; a send (or commit) reads none after it has sent. */
+ * replies read so far: a call that waits (wait, end) reads the replies waiting before it does
+ * anything else, and so does a send (send, buffer, commit) that lacks credit or last read them 1
+ * ms ago or more (an ERROR or BYE the daemon sent shows on a send within about 1 ms of arriving,
+ * not later); a send reads none after it has sent. */
 int64_t ifd_producer_next_seq(const ifd_producer *p);  /* the seq the next send will use */
 int64_t ifd_producer_acked_seq(const ifd_producer *p); /* highest ACKed seq; -1 when none */
 int64_t ifd_producer_in_flight(const ifd_producer *p); /* sent, neither ACKed nor rejected */

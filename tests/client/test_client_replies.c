@@ -154,6 +154,75 @@ START_TEST(test_async_error)
 }
 END_TEST
 
+/* A producer that keeps sending after a rejected batch: a send reads the replies waiting only
+ * now and then while it has credit (IFDP_DRAIN_EVERY_NS), but one that lacks credit reads them
+ * at once, so the ERROR is returned by a send, once, before the producer has sent a credit's
+ * worth past the batch it rejects. Random credit, rejected batch and extra batches. */
+typedef struct stream_case {
+    int credit, n, bad;
+} stream_case;
+
+static void script_stream(fake *f)
+{
+    stream_case *c = f->arg;
+    FAKE_HELLO_WELCOME(f, c->credit, 0, 1);
+    fmsg m;
+    for (int b = 0; b < c->n; b++) {
+        FCHECK(f, fake_recv(f, &m, 10000), "batch %d never came", b);
+        int64_t seq = (int64_t)fake_get_le(m.data[0] + 8, 8);
+        fmsg_free(&m);
+        FCHECK(f, seq == b, "seq %" PRId64 ", expected %d", seq, b);
+        if (b == c->bad)
+            fake_error(f, "ESHAPE", seq, 1, "rejected in the stream");
+        else
+            fake_ack(f, seq);
+    }
+    FCHECK(f, fake_recv(f, &m, 10000) && hdr_type(&m) == 6, "END never came");
+    fmsg_free(&m);
+    fake_bye(f, "ok", "input_ended", c->n - 1);
+}
+
+START_TEST(test_error_within_credit)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    stream_case c;
+    c.credit = (int)rand_between(&rng, 2, 40);
+    c.bad = (int)rand_between(&rng, 0, c.credit - 1);
+    c.n = c.bad + c.credit + 1 + (int)rand_between(&rng, 0, 20); /* the ERROR's send included */
+    fake f;
+    fake_start(&f, script_stream, &c);
+    ifd_producer *p;
+    ifd_error err;
+    RC_OK(ifd_producer_create(&p, f.endpoint, "s", &err), err);
+    RC_OK(ifd_producer_hello(p, FAKE_ONE_U8, 1, 0, 10000, &err), err);
+    ifd_frame fr = {"abcd", 4};
+    int returned_at = -1, sent = 0;
+    for (int call = 0; sent < c.n; call++) {
+        int rc = ifd_producer_send(p, 1, &fr, 1, 10000, &err);
+        if (rc == IFD_OK) {
+            sent++;
+            continue;
+        }
+        RASSERT(returned_at < 0, "the ERROR was returned twice (calls %d and %d)", returned_at,
+                call);
+        RASSERT(rc == IFD_ESHAPE && strcmp(err.msg, "rejected in the stream") == 0,
+                "send returned %s '%s'", ifd_errname(rc), err.msg);
+        returned_at = sent;
+    }
+    RASSERT(returned_at > c.bad && returned_at <= c.bad + c.credit,
+            "the ERROR for batch %d came back with %d batches sent (credit %d): expected after "
+            "%d and by %d",
+            c.bad, returned_at, c.credit, c.bad + 1, c.bad + c.credit);
+    RC_OK(ifd_producer_end(p, 10000, &err), err);
+    RASSERT(ifd_producer_rejected(p) == 1 && ifd_producer_acked(p) == c.n - 1,
+            "rejected %" PRId64 " acked %" PRId64 " of %d", ifd_producer_rejected(p),
+            ifd_producer_acked(p), c.n);
+    fake_join(&f);
+    ifd_producer_destroy(p);
+}
+END_TEST
+
 /* ---- zero copy ---------------------------------------------------------------------------- */
 
 /* A buffer that counts its releases; the bytes live on after release so the test can count. */
@@ -528,6 +597,7 @@ int main(void)
     Suite *s = suite_create("client_replies");
     TCase *tc = tu_tcase(s, "producer", 60);
     tcase_add_test(tc, test_async_error);
+    tcase_add_loop_test(tc, test_error_within_credit, 0, 8);
     tcase_add_test(tc, test_zero_copy);
     tcase_add_loop_test(tc, test_predictions, 0, 2);
     tcase_add_test(tc, test_prediction_overflow);
