@@ -2,10 +2,12 @@
  * The cuda backend's host C: its state, and what its files share with each other (what they share
  * with the kernels is in cuda_internal.h). Nothing outside device/cuda/ includes this file.
  *
- *   cuda.c      errors, the event wait, open and close (streams, cuBLAS, device and pinned
- *               memory, the rings, NCCL)
- *   replica.c   the replica threads: the op set on the compute stream, the input layout, the step
- *               (directly or as a graph) and the callbacks of device/replicas.h
+ *   cuda.c      errors, the event wait, open and close of the backend (GPUs, NCCL, the replicas)
+ *   replica_open.c  one replica's resources made and freed (streams, cuBLAS, device and pinned
+ *               memory, the rings, the op table); the op set outside a session (opset.h)
+ *   ops.c       the op set on a replica's compute stream
+ *   replica.c   the replica threads: the replication ops, the input layout, the step (directly or
+ *               as a graph) and the callbacks of device/replicas.h
  *   feeds.c     the infeed thread (staging shards), the outfeed thread (step records, their
  *               timing), the session's thread (read_state, stats, abort, host memory
  *               registration) and the backend's table
@@ -168,8 +170,16 @@ int ifd_cu_wait_event(cu_dev *cd, cu_replica *rep, cudaEvent_t ev, int64_t grace
 int ifd_cu_open(ifd_device *dev, ifd_error *err);
 void ifd_cu_close(ifd_device *dev);
 
-/* ---- replica.c ------------------------------------------------------------------------------- */
+/* ---- replica_open.c -------------------------------------------------------------------------- */
 
+/* One replica on GPU `index`; what it made is freed by ifd_cu_replica_free whatever failed. */
+int ifd_cu_replica_open(cu_dev *cd, cu_replica *rep, int index, const float *init, ifd_error *err);
+void ifd_cu_replica_free(cu_replica *rep);
+
+/* ---- ops.c ----------------------------------------------------------------------------------- */
+
+/* Keeps the first failure of an op in rep->op_rc / op_err (the step reports it). */
+void ifd_cu_op_check(cu_replica *rep, cudaError_t e, const char *what);
 /* The op set (include/infeed/program.h); ctx is the cu_replica. */
 void ifd_cu_gemm(void *ctx, int ta, int tb, int64_t m, int64_t n, int64_t k, float alpha,
                  const float *a, const float *b, float beta, float *c);
@@ -211,6 +221,9 @@ void ifd_cu_attention(void *ctx, int64_t batch, int64_t t, int64_t heads, int64_
 void ifd_cu_attention_grad(void *ctx, int64_t batch, int64_t t, int64_t heads, int64_t dh,
                            const float *qkv, const float *probs, const float *dout, float *dqkv,
                            float *work);
+
+/* ---- replica.c ------------------------------------------------------------------------------- */
+
 /* The replication ops (device/step.h). */
 int ifd_cu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err);
 void ifd_cu_guard_loss(void *ctx, ifd_step_out *out, float *grads);

@@ -1,6 +1,6 @@
 // The transformer's kernels (issue 22): the cuda backend's versions of device/nn_cpu.c's loops
 // (fill, residual add, embedding and its gradient, layer norm, GELU, the attention's causal softmax
-// and its gradient); the attention's matrix products are cuBLAS calls in replica.c. The semantics
+// and its gradient); the attention's matrix products are cuBLAS calls in ops.c. The semantics
 // and argument order are nn_cpu.h's. Every sum runs in an order fixed by the shapes alone (never by
 // thread timing: no float atomics), so a run repeats bit for bit on the same GPU:
 //

@@ -1,5 +1,5 @@
 /*
- * The cuda backend's transformer ops (device/cuda/nn_kernels.cu, replica.c) against the host's
+ * The cuda backend's transformer ops (device/cuda/nn_kernels.cu, ops.c) against the host's
  * (device/nn_cpu.c, itself checked against double-precision references and finite differences in
  * tests/device/test_nn_ops.c), called directly through ifd_cuda_opset on random shapes and data.
  *
@@ -462,7 +462,7 @@ START_TEST(gelu_matches_host)
 END_TEST
 
 /* Causal attention forward (probs, out) and backward (dqkv) against the host. Even _i: no more
- * heads than sequences, odd: more (the two ways replica.c batches the products); t above and
+ * heads than sequences, odd: more (the two ways ops.c batches the products); t above and
  * below a warp's 32 lanes. probs is exactly 0 above the diagonal; the backward twice the same
  * bits. */
 START_TEST(attention_matches_host)
