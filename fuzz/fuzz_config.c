@@ -1,5 +1,5 @@
 /*
- * fuzz_config: infeedd's config file and flag parser (host/config_parse.c,
+ * fuzz_config: infeedd's config file and flag parser (host/config_parse.c, host/config_json.c,
  * host/config_validate.c).
  *
  * The input is split at NUL bytes: the first piece is the text of a JSON config file, the others

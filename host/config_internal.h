@@ -1,8 +1,9 @@
 /*
- * infeedd's config (host/config.h), in three files around one option table:
+ * infeedd's config (host/config.h), in four files around one option table:
  *
  *   config.c           the option table, the defaults, --help (the defaults it prints)
- *   config_parse.c     the JSON config file and the command-line flags
+ *   config_parse.c     the command-line flags, the config file's reading, a value's text form
+ *   config_json.c      the JSON config's keys applied (a file's or --config-json's object)
  *   config_validate.c  the validation pass, and the rewriting of the keys an error's sentence
  *                      names into the flags or file keys the user gave
  */
@@ -89,5 +90,16 @@ const char *config_display(const ifd_daemon_config *c, const config_opt *o, char
  * the name the user gave that key. */
 int config_fail(const ifd_daemon_config *c, ifd_error *err, const char *key, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/* config_parse.c, for config_json.c. where names the source in sentences ("flag --x" or
+ * "config file f: key 'x'"). Sets o from its text form: */
+int config_set_value(ifd_daemon_config *c, const config_opt *o, const char *val, const char *where,
+                     ifd_error *err);
+/* Adds a library path to o's list (program_lib, host_call_lib): */
+int config_add_lib(ifd_daemon_config *c, const config_opt *o, const char *val, const char *where,
+                   ifd_error *err);
+/* Adds one host call of tensor (tlen bytes) over spec (slen bytes), both copied: */
+int config_add_call(ifd_daemon_config *c, const char *tensor, size_t tlen, const char *spec,
+                    size_t slen, const char *where, ifd_error *err);
 
 #endif
