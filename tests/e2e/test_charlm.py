@@ -150,7 +150,7 @@ def test_charlm_two_hosts_equal_one_host_with_two_replicas(tmp_path, rng):
         pytest.skip(str(reason))
     import threading
 
-    from test_multihost import Job, last_params, train_losses
+    from mpi_job import Job, last_params, train_losses
     m = random_model(rng)
     steps, batch = rng.randint(5, 15), 2 * rng.randint(1, 3)
     data = token_batches(rng.randrange(1 << 30), steps, batch, m)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import threading
 
-import numpy as np
 import pytest
 
 import ckpt
@@ -21,7 +20,7 @@ import infeed
 from conftest import control_request as control
 from helpers import mpi_skip_reason, seeded_batch, wait_log
 from test_eval_every import eval_steps
-from test_multihost import Job, same_values
+from mpi_job import Job, same_values
 
 _REASON = mpi_skip_reason()
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
