@@ -65,14 +65,18 @@ static int fd_readable(int fd)
     return poll(&p, 1, 0) == 1;
 }
 
-/* Receives one whole message without waiting: its parts, or 0 on EAGAIN. */
-static int recv_message(void *s)
+/* Receives one whole message: its parts, or 0 on EAGAIN. Without waiting, or (wait) for up to
+ * WAIT_MS for its first part. */
+static int recv_message_within(void *s, int wait)
 {
     int parts = 0, more = 1;
+    int ms = WAIT_MS;
+    if (wait)
+        ck_assert_int_eq(zmq_setsockopt(s, ZMQ_RCVTIMEO, &ms, sizeof ms), 0);
     while (more) {
         zmq_msg_t m;
         zmq_msg_init(&m);
-        if (zmq_msg_recv(&m, s, parts == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+        if (zmq_msg_recv(&m, s, parts == 0 && !wait ? ZMQ_DONTWAIT : 0) < 0) {
             zmq_msg_close(&m);
             ck_assert_int_eq(zmq_errno(), EAGAIN);
             ck_assert_int_eq(parts, 0);
@@ -83,6 +87,11 @@ static int recv_message(void *s)
         parts++;
     }
     return parts;
+}
+
+static int recv_message(void *s)
+{
+    return recv_message_within(s, 0);
 }
 
 /*
@@ -124,8 +133,10 @@ START_TEST(a_marked_socket_is_reported_although_its_edge_was_taken)
         ingest_wait_touch(&w, i);
     ck_assert_int_eq(ingest_wait_poll(&w, WAIT_MS), 1);
     ck_assert(w.ready[i]);
+    /* The first message is there (the wait saw it); the peer's later ones may still be on their
+     * way through the I/O threads on a loaded machine. */
     for (int k = 0; k < n; k++)
-        RASSERT(recv_message(s) == (rep ? 1 : 2), "message %d of %d", k, n);
+        RASSERT(recv_message_within(s, k > 0) == (rep ? 1 : 2), "message %d of %d", k, n);
     if (rep) /* a REP answers before it reads again */
         ck_assert_int_eq(zmq_send(s, "y", 1, 0), 1);
     ck_assert_int_eq(recv_message(s), 0);
