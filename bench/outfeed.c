@@ -181,114 +181,211 @@ typedef struct pub_run {
     char why[160]; /* the first one's fault */
 } pub_run;
 
-/* The integers of the array that follows "key": in the header h (n bytes) into v (at most max);
- * their count, or -1. A scan, not a JSON parser: the header is the daemon's own, one line of
- * plain keys (docs/summaries.md), and a subscriber in C needs no more. */
-static int int_array(const char *h, size_t n, const char *key, int64_t *v, int max)
+/* The keys of a tensor message's header the reader uses (docs/summaries.md, "Tensor messages";
+ * a notice's "shm" object too), and where each one's value starts. */
+enum {
+    K_NAME,
+    K_DTYPE,
+    K_ROW_SHAPE,
+    K_STEPS,
+    K_ROWS,
+    K_PATH,
+    K_SIZE,
+    K_TOKEN,
+    K_SEQ,
+    K_BYTES,
+    NKEYS
+};
+static const char *const key_names[NKEYS] = {"name", "dtype", "row_shape", "global_steps", "rows",
+                                             "path", "size",  "token",     "seq",          "bytes"};
+
+/* Where each key's value starts in the header h (n bytes), NULL for a key it lacks: one pass from
+ * quote to quote (memchr), a quoted text followed by ':' being a key. A scan, not a JSON parser:
+ * the header is the daemon's own, one line of plain keys and strings without quotes or
+ * backslashes in them (docs/summaries.md), and a subscriber in C needs no more. */
+static void scan_keys(const char *h, size_t n, const char *val[NKEYS])
 {
-    char pat[48];
-    snprintf(pat, sizeof pat, "\"%s\":[", key);
-    const char *at = memmem(h, n, pat, strlen(pat)), *end = h + n;
-    if (at == NULL)
+    static size_t key_len[NKEYS];
+    if (key_len[0] == 0)
+        for (int i = 0; i < NKEYS; i++)
+            key_len[i] = strlen(key_names[i]);
+    memset(val, 0, sizeof(const char *) * NKEYS);
+    const char *at = h, *end = h + n, *q;
+    while ((at = memchr(at, '"', (size_t)(end - at))) != NULL &&
+           (q = memchr(at + 1, '"', (size_t)(end - at - 1))) != NULL) {
+        size_t kl = (size_t)(q - at - 1);
+        if (q + 1 < end && q[1] == ':')
+            for (int i = 0; i < NKEYS; i++)
+                if (kl == key_len[i] && memcmp(at + 1, key_names[i], kl) == 0) {
+                    if (val[i] == NULL)
+                        val[i] = q + 2;
+                    break;
+                }
+        at = q + 1;
+    }
+}
+
+/* The integer at at (before end): its end, or NULL when none is there. */
+static const char *read_i64(const char *at, const char *end, int64_t *v)
+{
+    int neg = at < end && *at == '-';
+    const char *d = at + neg;
+    uint64_t u = 0;
+    for (at = d; at < end && *at >= '0' && *at <= '9' && at - d < 19; at++)
+        u = u * 10 + (uint64_t)(*at - '0');
+    if (at == d)
+        return NULL;
+    *v = neg ? -(int64_t)u : (int64_t)u;
+    return at;
+}
+
+/* The integers of the array at at (a value scan_keys found, before end) into v (at most max):
+ * their count, or -1. */
+static int int_array(const char *at, const char *end, int64_t *v, int max)
+{
+    if (at == NULL || at >= end || *at++ != '[')
         return -1;
-    at += strlen(pat);
     int k = 0;
     while (at < end && *at != ']') {
-        char *next;
-        if (k == max)
+        if (k == max || (at = read_i64(at, end, &v[k++])) == NULL || at >= end ||
+            (*at != ',' && *at != ']'))
             return -1;
-        v[k++] = strtoll(at, &next, 10);
-        if (next == at || next >= end || (*next != ',' && *next != ']'))
-            return -1;
-        at = *next == ',' ? next + 1 : next;
+        at += *at == ',';
     }
     return at < end ? k : -1;
 }
 
-/* The string value of "key" in the header h (n bytes): its start and *len, or NULL. */
-static const char *str_value(const char *h, size_t n, const char *key, size_t *len)
+/* The string at at (a value scan_keys found, before end): its text and *len, or NULL. */
+static const char *str_value(const char *at, const char *end, size_t *len)
 {
-    char pat[48];
-    snprintf(pat, sizeof pat, "\"%s\":\"", key);
-    const char *at = memmem(h, n, pat, strlen(pat));
-    if (at == NULL)
+    if (at == NULL || at >= end || *at != '"')
         return NULL;
-    at += strlen(pat);
-    const char *q = memchr(at, '"', (size_t)(h + n - at));
+    const char *q = memchr(at + 1, '"', (size_t)(end - at - 1));
     if (q == NULL)
         return NULL;
-    *len = (size_t)(q - at);
-    return at;
+    *len = (size_t)(q - at - 1);
+    return at + 1;
 }
 
-/* Every value of one step's rows of tensor name (data: rows x row floats or ints), against what
- * the bench's batch and settings make them (a subscriber's host call reads them all too); 0 or
- * -1 with why. */
-static int check_values(const char *name, size_t nl, const char *data, int64_t rows, int64_t row,
-                        char *why, size_t whylen)
+/* The integer at at (a value scan_keys found, before end), or -1. */
+static int64_t int_value(const char *at, const char *end)
+{
+    int64_t v;
+    return at && read_i64(at, end, &v) ? v : -1;
+}
+
+/* The tensors the reader checks, each by its own rule (check_values). */
+enum { T_X16, T_LABEL, T_CLASS, T_CONFIDENCE, T_COUNT, T_CORRECT, T_LEARNING_RATE, T_FINITE };
+
+static int tensor_kind(const char *name, size_t nl)
+{
+    static const char *const names[] = {"x16",   "label",   "class",        "confidence",
+                                        "count", "correct", "learning_rate"};
+    for (int i = 0; i < (int)(sizeof names / sizeof names[0]); i++)
+        if (nl == strlen(names[i]) && memcmp(name, names[i], nl) == 0)
+            return i;
+    return T_FINITE; /* loss, grad_norm, param_norm */
+}
+
+/* Whether value i of the floats f or ints k (the same data) is right for a tensor of kind. */
+static inline int value_ok(int kind, const float *f, const int32_t *k, int64_t i)
+{
+    switch (kind) {
+    case T_CLASS:
+        return k[i] >= 0 && k[i] < CLASSES;
+    case T_CONFIDENCE:
+        return f[i] >= 0.0f && f[i] <= 1.0f;
+    case T_COUNT:
+        return f[i] == (float)(BATCH / REPLICAS);
+    case T_CORRECT: /* a whole number of the replica's rows */
+        return f[i] >= 0.0f && f[i] <= (float)(BATCH / REPLICAS) && f[i] == (float)(int)f[i];
+    case T_LEARNING_RATE:
+        return f[i] == 0.01f;
+    default:
+        return f[i] >= 0.0f && f[i] < 1e30f; /* finite (NaN fails) */
+    }
+}
+
+/* The wrong values among the n at data for a tensor of kind (not x16 or label): counted over all
+ * of them without a branch a value, so that the compiler vectorizes the loop. */
+static int64_t count_wrong(int kind, const char *data, int64_t n)
 {
     const float *f = (const float *)data;
     const int32_t *k = (const int32_t *)data;
-    int64_t n = rows * row, bad = -1;
-#define IS(s) (nl == strlen(s) && memcmp(name, s, nl) == 0)
-    if (IS("x16")) {
-        if (rows != BATCH || row != FEATURES || memcmp(data, src.x, sizeof src.x) != 0)
-            bad = 0;
-    } else if (IS("label")) {
-        if (rows != BATCH || memcmp(data, src.y, sizeof src.y) != 0)
-            bad = 0;
-    } else if (IS("class")) {
-        for (int64_t i = 0; i < n && bad < 0; i++)
-            if (k[i] < 0 || k[i] >= CLASSES)
-                bad = i;
-    } else if (IS("confidence")) {
-        for (int64_t i = 0; i < n && bad < 0; i++)
-            if (!(f[i] >= 0.0f && f[i] <= 1.0f))
-                bad = i;
-    } else if (IS("count")) {
-        for (int64_t i = 0; i < n && bad < 0; i++)
-            if (f[i] != (float)(BATCH / REPLICAS))
-                bad = i;
-    } else if (IS("correct")) {
-        for (int64_t i = 0; i < n && bad < 0; i++)
-            if (!(f[i] >= 0.0f && f[i] <= (float)(BATCH / REPLICAS)) || f[i] != (float)(int)f[i])
-                bad = i;
-    } else if (IS("learning_rate")) {
-        for (int64_t i = 0; i < n && bad < 0; i++)
-            if (f[i] != 0.01f)
-                bad = i;
-    } else { /* loss, grad_norm, param_norm */
-        for (int64_t i = 0; i < n && bad < 0; i++)
-            if (!(f[i] >= 0.0f && f[i] < 1e30f))
-                bad = i;
+    int64_t wrong = 0;
+#define COUNT(kd)                                                                                  \
+    case kd:                                                                                       \
+        for (int64_t i = 0; i < n; i++)                                                            \
+            wrong += !value_ok(kd, f, k, i);                                                       \
+        break;
+    switch (kind) {
+        COUNT(T_CLASS)
+        COUNT(T_CONFIDENCE)
+        COUNT(T_COUNT)
+        COUNT(T_CORRECT)
+        COUNT(T_LEARNING_RATE)
+        COUNT(T_FINITE)
     }
-#undef IS
+#undef COUNT
+    return wrong;
+}
+
+/* Every value of a message's steps of tensor name (data: ns steps of rows[i] x row floats or
+ * ints), against what the bench's batch and settings make them (a subscriber's host call reads
+ * them all too): x16 and label each step's BATCH rows equal to the batch's, the others each
+ * value by value_ok. 0, or -1 with why (the first wrong value's step and index). */
+static int check_values(const char *name, size_t nl, const char *data, int ns, const int64_t *rows,
+                        int64_t row, char *why, size_t whylen)
+{
+    int kind = tensor_kind(name, nl);
+    int64_t n = 0, bad = -1, step = 0;
+    if (kind == T_X16 || kind == T_LABEL) {
+        const void *want = kind == T_X16 ? (const void *)src.x : (const void *)src.y;
+        size_t bytes = kind == T_X16 ? sizeof src.x : sizeof src.y;
+        for (int i = 0; i < ns && bad < 0; i++, data += bytes)
+            if (rows[i] != BATCH || row != (kind == T_X16 ? FEATURES : 1) ||
+                memcmp(data, want, bytes) != 0)
+                bad = 0, step = i;
+    } else {
+        for (int i = 0; i < ns; i++)
+            n += rows[i] * row;
+        if (count_wrong(kind, data, n) > 0) { /* where: for the sentence */
+            const float *f = (const float *)data;
+            const int32_t *k = (const int32_t *)data;
+            while (value_ok(kind, f, k, ++bad))
+                ;
+            for (; step < ns && rows[step] * row <= bad; step++) /* its index in its step */
+                bad -= rows[step] * row;
+        }
+    }
     if (bad < 0)
         return 0;
-    snprintf(why, whylen, "%.*s: value %lld of a step of %lld rows is wrong", (int)nl, name,
-             (long long)bad, (long long)rows);
+    snprintf(why, whylen, "%.*s: value %lld of the message's step %lld (from 0) is wrong", (int)nl,
+             name, (long long)bad, (long long)step);
     return -1;
 }
 
-/* An integer of the header h (n bytes) after "key": (its first digit), or -1. */
-static int64_t int_value(const char *h, size_t n, const char *key)
-{
-    char pat[48];
-    snprintf(pat, sizeof pat, "\"%s\":", key);
-    const char *at = memmem(h, n, pat, strlen(pat));
-    return at ? strtoll(at + strlen(pat), NULL, 10) : -1;
-}
+/* A tensor message's header, as a subscriber that splits it into steps reads it. */
+typedef struct tensor_header {
+    const char *val[NKEYS], *end; /* scan_keys's, and the header's end */
+    const char *name;
+    size_t nl;
+    int ns;
+    int64_t steps[IFD_PUB_TENSOR_STEPS_MAX], rows[IFD_PUB_TENSOR_STEPS_MAX];
+    int64_t row, total; /* a row's values; the steps' bytes */
+} tensor_header;
 
-/* The data of a notice (the header h, n bytes) in place in the ring (opened at the first), and
- * its position *seq; NULL with why when the notice does not say where, or the ring cannot be
- * opened. */
-static const char *notice_data(pub_run *p, const char *h, size_t n, size_t *len, uint64_t *seq,
-                               char *why, size_t whylen)
+/* The data of a notice (its header t, h its text, n bytes) in place in the ring (opened at the
+ * first), and its position *seq; NULL with why when the notice does not say where, or the ring
+ * cannot be opened. */
+static const char *notice_data(pub_run *p, const tensor_header *t, const char *h, size_t n,
+                               size_t *len, uint64_t *seq, char *why, size_t whylen)
 {
     size_t pl = 0, tl = 0;
-    const char *path = str_value(h, n, "path", &pl), *token = str_value(h, n, "token", &tl);
-    int64_t size = int_value(h, n, "size"), s = int_value(h, n, "seq"),
-            bytes = int_value(h, n, "bytes");
+    const char *path = str_value(t->val[K_PATH], t->end, &pl),
+               *token = str_value(t->val[K_TOKEN], t->end, &tl);
+    int64_t size = int_value(t->val[K_SIZE], t->end), s = int_value(t->val[K_SEQ], t->end),
+            bytes = int_value(t->val[K_BYTES], t->end);
     if (path == NULL || token == NULL || size < 0 || s < 0 || bytes < 0 || pl >= 64 || tl >= 64) {
         snprintf(why, whylen, "a notice that does not say where its data is: %.*s",
                  (int)(n < 160 ? n : 160), h);
@@ -312,15 +409,6 @@ static const char *notice_data(pub_run *p, const char *h, size_t n, size_t *len,
     return d;
 }
 
-/* A tensor message's header, as a subscriber that splits it into steps reads it. */
-typedef struct tensor_header {
-    const char *name;
-    size_t nl;
-    int ns;
-    int64_t steps[IFD_PUB_TENSOR_STEPS_MAX], rows[IFD_PUB_TENSOR_STEPS_MAX];
-    int64_t row, total; /* a row's values; the steps' bytes */
-} tensor_header;
-
 /* Reads the header (frame 1) of a message on topic (frame 0, p->prefix and the name): it names
  * the topic's tensor, float32 or int32, its steps are consecutive; 0, or -1 with why. */
 static int read_header(const pub_run *p, zmq_msg_t *f, tensor_header *t, char *why, size_t whylen)
@@ -328,11 +416,13 @@ static int read_header(const pub_run *p, zmq_msg_t *f, tensor_header *t, char *w
     const char *topic = zmq_msg_data(&f[0]), *h = zmq_msg_data(&f[1]);
     size_t tn = zmq_msg_size(&f[0]), hn = zmq_msg_size(&f[1]), pn = strlen(p->prefix), dl = 0;
     int64_t shape[IFD_MAX_RANK];
-    const char *dtype = str_value(h, hn, "dtype", &dl);
-    t->name = str_value(h, hn, "name", &t->nl);
-    t->ns = int_array(h, hn, "global_steps", t->steps, IFD_PUB_TENSOR_STEPS_MAX);
-    int nr = int_array(h, hn, "rows", t->rows, IFD_PUB_TENSOR_STEPS_MAX);
-    int rank = int_array(h, hn, "row_shape", shape, IFD_MAX_RANK);
+    scan_keys(h, hn, t->val);
+    t->end = h + hn;
+    const char *dtype = str_value(t->val[K_DTYPE], t->end, &dl);
+    t->name = str_value(t->val[K_NAME], t->end, &t->nl);
+    t->ns = int_array(t->val[K_STEPS], t->end, t->steps, IFD_PUB_TENSOR_STEPS_MAX);
+    int nr = int_array(t->val[K_ROWS], t->end, t->rows, IFD_PUB_TENSOR_STEPS_MAX);
+    int rank = int_array(t->val[K_ROW_SHAPE], t->end, shape, IFD_MAX_RANK);
     if (t->name == NULL || dtype == NULL || t->ns < 1 || nr != t->ns || rank < 0 || tn <= pn ||
         strncmp(topic, p->prefix, pn) != 0 || t->nl != tn - pn ||
         memcmp(topic + pn, t->name, t->nl) ||
@@ -369,9 +459,9 @@ static int64_t check_tensor(pub_run *p, zmq_msg_t *f, int nf, char *why, size_t 
         return -1;
     size_t len = nf == 3 ? zmq_msg_size(&f[2]) : 0;
     uint64_t seq = 0;
-    const char *data =
-        nf == 3 ? zmq_msg_data(&f[2])
-                : notice_data(p, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &len, &seq, why, whylen);
+    const char *data = nf == 3 ? zmq_msg_data(&f[2])
+                               : notice_data(p, &t, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]), &len,
+                                             &seq, why, whylen);
     if (data == NULL)
         return -1;
     if ((size_t)t.total != len) {
@@ -382,10 +472,9 @@ static int64_t check_tensor(pub_run *p, zmq_msg_t *f, int nf, char *why, size_t 
     int ring = nf == 2;
     if (ring && !ifd_tensor_ring_intact(&p->ring, seq))
         return 0;
-    for (int i = 0; i < t.ns; data += t.rows[i] * t.row * 4, i++)
-        if (check_values(t.name, t.nl, data, t.rows[i], t.row, why, whylen))
-            /* a value read while the ring wrote over it is a lost message, not a wrong one */
-            return ring && !ifd_tensor_ring_intact(&p->ring, seq) ? 0 : -1;
+    if (check_values(t.name, t.nl, data, t.ns, t.rows, t.row, why, whylen))
+        /* a value read while the ring wrote over it is a lost message, not a wrong one */
+        return ring && !ifd_tensor_ring_intact(&p->ring, seq) ? 0 : -1;
     return ring && !ifd_tensor_ring_intact(&p->ring, seq) ? 0 : t.ns;
 }
 
