@@ -203,6 +203,7 @@ void fake_ingest_free(fake_ingest *f)
     free(g->fifo.lanes);
     free(g->producers);
     ingest_host_batch_spares_free(g);
+    ingest_copy_spares_free(g);
     ingest_producers_free(g);
     ingest_ended_conns_free(g);
     ifd_mutex_fini(&g->end.mu);
