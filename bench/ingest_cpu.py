@@ -17,6 +17,14 @@ sched:sched_switch`) and prints, a batch, who woke whom (the waking thread's nam
 thread's) and how often each thread was switched out asleep (S) or while runnable (R): the
 daemon's hand-offs between its threads, and libzmq's.
 
+--roles samples the whole bench instead (`perf record -F 4999 -e cpu-clock`, one transport and
+one raw and one infeed cell a run) and prints, a batch, the CPU time of each side's threads: raw's
+sending thread, its ROUTER thread and its two libzmq I/O threads; the C producer's thread and its
+libzmq I/O thread; each of the daemon's threads (libzmq's I/O thread among them). Both cells of a
+run move about the same number of batches (the infeed cell's --steps comes from the raw rate), so
+both sides are divided by it; samples of the bench's main thread while a daemon runs count as the
+producer's.
+
 INFEEDD: an infeedd binary; a libinfeed.so.0 beside it is used instead of the one it was built
 with (copy both to keep a build for comparison). Needs perf (and the syscalls tracepoints;
 without them only task-clock and context switches are counted).
@@ -99,6 +107,76 @@ def read_cells(out, wakeups=False):
     return cells
 
 
+def roles_wrapper(path, infeedd, out):
+    libdir = os.path.dirname(os.path.abspath(infeedd))
+    ldp = (f'export LD_LIBRARY_PATH={libdir}\n'
+           if os.path.exists(os.path.join(libdir, "libinfeed.so.0")) else "")
+    with open(path, "w") as f:
+        f.write(f"""#!/bin/sh
+steps=0; prev=""
+for a in "$@"; do [ "$prev" = "--steps" ] && steps=$a; prev=$a; done
+echo "$steps" > {out}/$$.steps
+{ldp}exec {os.path.abspath(infeedd)} "$@"
+""")
+    os.chmod(path, 0o755)
+
+
+def roles_cell(data, steps):
+    """CPU us a batch by role, from one bench run's perf.data (one raw and one infeed cell)."""
+    text = subprocess.run(["perf", "script", "-i", data, "-F", "comm,pid,tid,time"],
+                          capture_output=True, text=True).stdout
+    rows = []
+    for line in text.splitlines():
+        p = line.split()
+        if len(p) >= 3 and "/" in p[-2]:
+            pid, tid = (int(x) for x in p[-2].split("/"))
+            rows.append((pid, tid, " ".join(p[:-2]), float(p[-1].rstrip(":"))))
+    bench = [pid for pid, _, comm, _ in rows if comm.startswith("bench_ingest")]
+    if not rows or not bench:
+        return {}
+    bpid = min(bench)
+    daemon = [t for pid, _, comm, t in rows if pid != bpid and comm != "perf"]
+    t0, t1 = (min(daemon), max(daemon)) if daemon else (0, 0)
+    first = {}
+    for _, tid, _, t in rows:
+        first[tid] = min(first.get(tid, t), t)
+    counts = {}
+    for pid, tid, comm, t in rows:
+        if pid == bpid and tid == bpid:
+            key = "producer: its thread" if t0 <= t <= t1 else "raw: sending thread"
+        elif pid == bpid and first[tid] >= t0 - 0.05:
+            key = "producer: libzmq I/O"
+        elif pid == bpid:
+            key = ("raw: libzmq I/O (both ends)" if comm.startswith("ZMQbg/IO") else
+                   "raw: ROUTER thread" if not comm.startswith("ZMQbg") else None)
+        elif comm.startswith("ZMQbg/IO"):
+            key = "daemon: libzmq I/O"
+        elif comm.startswith("ifd-") or comm == "infeedd":
+            key = "daemon: " + comm
+        else:
+            key = None
+        if key:
+            counts[key] = counts.get(key, 0) + 1
+    return {k: c / 4999 * 1e6 / steps for k, c in counts.items()}
+
+
+def roles_report(name, cells):
+    keys = sorted({k for c in cells for k in c})
+    sums = {}
+    print(f"{name}: {len(cells)} runs, CPU us a batch (median [quartiles]):")
+    for k in keys:
+        v = [c.get(k, 0.0) for c in cells]
+        if statistics.median(v) < 0.005:
+            continue
+        q = statistics.quantiles(v, n=4, method="inclusive") if len(v) >= 2 else [v[0]] * 3
+        print(f"  {k:28s} {statistics.median(v):6.2f} [{q[0]:.2f}-{q[2]:.2f}]")
+    for side in ("raw", "producer", "daemon"):
+        v = [sum(x for k, x in c.items() if k.startswith(side + ":")) for c in cells]
+        sums[side] = statistics.median(v)
+    print(f"  sums: raw {sums['raw']:.2f}, producer {sums['producer']:.2f}, daemon "
+          f"{sums['daemon']:.2f} (infeed {sums['producer'] + sums['daemon']:.2f})")
+
+
 def load():
     return open("/proc/loadavg").read().split()[0]
 
@@ -113,6 +191,8 @@ def main():
     ap.add_argument("--seconds", default="0.5")
     ap.add_argument("--wakeups", action="store_true",
                     help="count the scheduler's wake-ups and switches instead of perf stat's")
+    ap.add_argument("--roles", action="store_true",
+                    help="sample the whole bench: the CPU a batch of each side's threads")
     ap.add_argument("daemons", nargs="+", metavar="NAME=INFEEDD")
     a = ap.parse_args()
     if shutil.which("perf") is None:
@@ -126,6 +206,9 @@ def main():
         daemons.append((name, path))
     tmp = tempfile.mkdtemp(prefix="ifd-ingest-cpu-")
     ratios = {}
+    if a.roles:
+        roles_main(a, daemons, tmp)
+        return
     print(f"load average at start: {load()}")
     for r in range(a.rounds):
         for name, path in daemons:
@@ -162,6 +245,43 @@ def main():
         for (n, size, tr), v in sorted(ratios.items()):
             if n == name:
                 print(f"  {size} {tr}: ratio median {statistics.median(v):.2f} of {len(v)} "
+                      f"({' '.join(f'{x:.2f}' for x in v)})")
+    shutil.rmtree(tmp)
+
+
+def roles_main(a, daemons, tmp):
+    cells = {}
+    print(f"load average at start: {load()}")
+    for r in range(a.rounds):
+        for name, path in daemons:
+            for tr in a.transports.split(","):
+                out = os.path.join(tmp, f"{name}-{r}-{tr}")
+                os.makedirs(out)
+                wrap = os.path.join(out, "infeedd.sh")
+                roles_wrapper(wrap, path, out)
+                data = os.path.join(out, "perf.data")
+                res = subprocess.run(["perf", "record", "-q", "-F", "4999", "-e", "cpu-clock",
+                                      "-o", data, "--", a.bench, "--infeedd", wrap, "--size",
+                                      a.size, "--transports", tr, "--repeat", "1", "--seconds",
+                                      a.seconds], capture_output=True, text=True)
+                steps = [int(open(f).read()) for f in glob.glob(os.path.join(out, "*.steps"))]
+                for line in res.stdout.splitlines():
+                    m = re.match(r"(\d+ \w+)\s+(\S+)\s+\d+\s+\S+\s+\S+\s+\S+\s+\S+\s+(\S+)",
+                                 line)
+                    if m and m.group(3) != "-":
+                        ratios = cells.setdefault((name, "ratio", tr), [])
+                        ratios.append(float(m.group(3)))
+                if steps and steps[0] > 0:
+                    cells.setdefault((name, "cells", tr), []).append(roles_cell(data, steps[0]))
+                shutil.rmtree(out)
+            print(f"round {r + 1} {name}: load {load()}", flush=True)
+    print(f"load average at end: {load()}")
+    for name, _ in daemons:
+        for tr in a.transports.split(","):
+            roles_report(f"{name} {tr}", cells.get((name, "cells", tr), []) or [{}])
+            v = cells.get((name, "ratio", tr), [])
+            if v:
+                print(f"  ratio median {statistics.median(v):.2f} of {len(v)} "
                       f"({' '.join(f'{x:.2f}' for x in v)})")
     shutil.rmtree(tmp)
 

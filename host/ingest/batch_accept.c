@@ -172,7 +172,7 @@ static void accept_eval(ifd_ingest *g, producer *p, const producer_rid *from,
         else
             rc = ifd_eval_set_add(g->eval, t, g->pr.nin, step_rows, p->name, bh->seq + j, &e);
     }
-    ingest_host_frames_free(fr);
+    ingest_host_frames_free(g, fr);
     if (rc) {
         char n[4 * IFD_PROTO_NAME_MAX + 1];
         IFD_LOG_LIMITED(&g->lim_reject, IFD_LOG_WARN, "eval producer '%s': batch %" PRId64 ": %s",
@@ -201,7 +201,7 @@ void ingest_batch_accept(ifd_ingest *g, producer *p, const producer_rid *from,
     int n = k - skip;
     if (fr == NULL || (n > 1 && (hb = calloc((size_t)n, sizeof *hb)) == NULL)) {
         if (fr)
-            ingest_host_frames_free(fr);
+            ingest_host_frames_free(g, fr);
         ingest_batch_reject(g, p, from, k, IFD_ENOMEM, bh->seq, "out of memory");
         return;
     }
@@ -236,7 +236,7 @@ void ingest_batch_accept(ifd_ingest *g, producer *p, const producer_rid *from,
         for (int j = 0; j < n; j++)
             if (hb[j])
                 ingest_host_batch_recycle(g, hb[j]);
-        ingest_host_frames_free(fr);
+        ingest_host_frames_free(g, fr);
         ingest_batch_reject(g, p, from, k, rc, bh->seq, ifd_error_text(&e));
     } else {
         enqueue_steps(g, p, from, fr, hb, n, skip, bh->seq + (k - 1));
@@ -326,14 +326,55 @@ void ingest_send_acks(ifd_ingest *g)
     }
 }
 
-void *ingest_copy_aligned(ifd_ingest *g, const void *src, size_t len)
+static void copy_spares_drop(copy_spares *s)
 {
-    /* malloc's alignment (max_align_t) suffices for every dtype; aligned_alloc's memalign path
-     * cost 2 % of the daemon's time at 4 KiB (where 3 frames in 4 arrive unaligned) */
-    void *c = malloc(len ? len : 1);
+    while (s->head) {
+        void *c = s->head;
+        s->head = *(void **)c;
+        free(c);
+    }
+    s->n = 0;
+}
+
+void *ingest_copy_aligned(ifd_ingest *g, int i, const void *src, size_t len)
+{
+    copy_spares *s = &g->copy_spare[i];
+    if (len != s->size) { /* a new size: the old one's spares go */
+        copy_spares_drop(s);
+        s->size = len;
+    }
+    void *c = s->head;
+    if (c) {
+        s->head = *(void **)c;
+        s->n--;
+    } else {
+        /* malloc's alignment (max_align_t) suffices for every dtype; aligned_alloc's memalign
+         * path cost 2 % of the daemon's time at 4 KiB */
+        c = malloc(len > sizeof(void *) ? len : sizeof(void *));
+    }
     if (c) {
         memcpy(c, src, len);
         g->stats.copied_bytes += (int64_t)len;
     }
     return c;
+}
+
+void ingest_copy_free(ifd_ingest *g, int i, void *copy, size_t len)
+{
+    copy_spares *s = &g->copy_spare[i];
+    if (copy == NULL)
+        return;
+    if (len != s->size || s->n >= g->pr.credit) {
+        free(copy);
+        return;
+    }
+    *(void **)copy = s->head;
+    s->head = copy;
+    s->n++;
+}
+
+void ingest_copy_spares_free(ifd_ingest *g)
+{
+    for (int i = 0; i < IFD_MAX_INPUTS; i++)
+        copy_spares_drop(&g->copy_spare[i]);
 }

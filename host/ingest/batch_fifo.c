@@ -22,10 +22,10 @@
 
 /* ---- the batch source ----------------------------------------------------------------------- */
 
-void ingest_host_frames_free(host_frames *fr)
+void ingest_host_frames_free(ifd_ingest *g, host_frames *fr)
 {
     for (int i = 0; i < IFD_MAX_INPUTS; i++)
-        free(fr->copies[i]);
+        ingest_copy_free(g, i, fr->copies[i], fr->copy_len[i]);
     fr->free(fr);
 }
 
@@ -44,7 +44,7 @@ void ingest_host_batch_free_frames(host_batch *hb)
     if (fr->slot_busy && hb->slot >= 0 && !__atomic_load_n(&hb->done, __ATOMIC_ACQUIRE))
         __atomic_store_n(&fr->slot_busy[hb->slot], -1, __ATOMIC_RELEASE);
     if (__atomic_sub_fetch(&fr->refs, 1, __ATOMIC_ACQ_REL) == 0)
-        ingest_host_frames_free(fr);
+        ingest_host_frames_free(hb->g, fr);
 }
 
 void ingest_prediction_free(prediction_msg *m)
@@ -162,8 +162,10 @@ static int src_pop(ifd_ingest *g, int lane, ifd_batch **out, int wait, ifd_error
         __atomic_store_n(&g->fifo.src_waiting, 1, __ATOMIC_SEQ_CST);
         if (__atomic_load_n(&g->acks_due, __ATOMIC_SEQ_CST) > 0)
             acks_request(g);
+        g->fifo.nwaiting++;
         while (l->head == NULL && !g->fifo.closed && !g->fifo.aborted)
             ifd_cond_wait(&g->fifo.cv, &g->fifo.mu);
+        g->fifo.nwaiting--;
         __atomic_store_n(&g->fifo.src_waiting, 0, __ATOMIC_SEQ_CST);
     }
     int rc;
@@ -254,9 +256,12 @@ void ingest_fifo_flush(ifd_ingest *g)
         l->bhead = l->btail = NULL;
     }
     /* One consumer (the infeed thread), waiting for one FIFO: a wake-up for another FIFO's batch
-     * makes it check again and wait on. */
-    ifd_cond_signal(&g->fifo.cv);
+     * makes it check again and wait on. Woken only when it waits, and after the unlock, so that
+     * it does not wake to block on the mutex at once. */
+    int wake = g->fifo.nwaiting > 0;
     ifd_mutex_unlock(&g->fifo.mu);
+    if (wake)
+        ifd_cond_signal(&g->fifo.cv);
 }
 
 void ingest_close_input(ifd_ingest *g, const char *why)

@@ -144,14 +144,15 @@ typedef struct position {
  * frames; shm_frames: pool slots) and frees it (`free`) when the last step lets go. */
 typedef struct host_frames host_frames;
 struct host_frames {
-    int refs;                      /* atomic: the step batches still holding the tensors (they let
-                                      go on the I/O thread, when acknowledged, or at the end) */
-    int unreleased;                /* atomic: its steps the runtime has not released yet */
-    char *data[IFD_MAX_INPUTS];    /* tensor i's first row: a frame, a copy or a pool slot */
-    void *copies[IFD_MAX_INPUTS];  /* a frame libzmq left unaligned (or a pool's integer
-                                      tensor), copied */
-    int64_t *slot_busy;            /* BATCH_SHM: the pool's in-flight marks (cleared a step at a
-                                      time by the release), else NULL */
+    int refs;                        /* atomic: the step batches still holding the tensors (they let
+                                        go on the I/O thread, when acknowledged, or at the end) */
+    int unreleased;                  /* atomic: its steps the runtime has not released yet */
+    char *data[IFD_MAX_INPUTS];      /* tensor i's first row: a frame, a copy or a pool slot */
+    void *copies[IFD_MAX_INPUTS];    /* a frame libzmq left unaligned (or a pool's integer
+                                        tensor), copied (ingest_copy_aligned) */
+    size_t copy_len[IFD_MAX_INPUTS]; /* the bytes of each copy */
+    int64_t *slot_busy;              /* BATCH_SHM: the pool's in-flight marks (cleared a step at a
+                                        time by the release), else NULL */
     int pinned;                    /* its bytes are registered with the device (IFD_BATCH_PINNED) */
     void (*free)(host_frames *fr); /* the transport's: frees what it holds and fr */
 };
@@ -213,6 +214,7 @@ typedef struct ingest_fifo {
     src_lane *lanes;
     int closed, aborted;
     int src_waiting; /* atomic, written under mu: the infeed waits for a batch (src_pop) */
+    int nwaiting;    /* under mu: the threads in src_pop's wait (ingest_fifo_flush wakes one) */
     position **pos;  /* the position table; entries never move */
     int npos, cap_pos;
     int max_pos;     /* names the table holds at most (4 x max_producers, at least 1024) */
@@ -235,6 +237,14 @@ typedef struct ingest_end {
     char fin_reason[32];
     char fin_message[512];
 } ingest_end;
+
+/* Tensor i's alignment copies freed and kept for the next ones (batch_accept.c, I/O thread): all
+ * of `size` bytes, the size last copied for that tensor, linked through their first bytes. */
+typedef struct copy_spares {
+    void *head;
+    int n;
+    size_t size;
+} copy_spares;
 
 /* Counters and rates (I/O thread; control's status reads them there). */
 typedef struct ingest_stats {
@@ -273,6 +283,7 @@ struct ifd_ingest {
     host_batch *spare;
     int nspare;
     ifd_batch whole; /* I/O thread: a message checked as one batch (ingest_batch_accept) */
+    copy_spares copy_spare[IFD_MAX_INPUTS];
 
     /* The protocol's state: the producer table (I/O thread) */
     producer *producers;
@@ -415,7 +426,8 @@ void ingest_shm_release_session(ifd_ingest *g);
 void ingest_shm_handle_batch(ifd_ingest *g, const producer_rid *from, ingest_span hdr, int nframes);
 
 /* batch_fifo.c */
-void ingest_host_frames_free(host_frames *fr);
+/* I/O thread (or the end): fr's copies (back to g's spares) and fr. */
+void ingest_host_frames_free(ifd_ingest *g, host_frames *fr);
 void ingest_host_batch_free_frames(host_batch *hb);
 void ingest_prediction_free(prediction_msg *m);
 void ingest_host_batch_free(host_batch *hb);
@@ -454,9 +466,16 @@ int ingest_batch_sequence(ifd_ingest *g, producer *p, const producer_rid *from,
 void ingest_batch_accept(ifd_ingest *g, producer *p, const producer_rid *from,
                          const ifd_proto_batch *bh, int k, int skip, host_frames *fr, int take_rc,
                          int first_slot);
-/* A copy of len bytes aligned for any dtype (a frame libzmq left unaligned, a pool's integer
- * tensor), counted in status's copied bytes; NULL when out of memory. */
-void *ingest_copy_aligned(ifd_ingest *g, const void *src, size_t len);
+/* I/O thread: a copy of tensor i's len bytes aligned for any dtype (a frame libzmq left
+ * unaligned, a pool's integer tensor), counted in status's copied bytes; NULL when out of memory.
+ * Freed with ingest_copy_free, which keeps it for the next copy of tensor i of the same size
+ * instead of a malloc and a free a message (at 4 KiB about half the frames arrive unaligned). A
+ * new size drops the spares of the old one, and a buffer is allocated only when no spare is left,
+ * so the copies and their spares never hold more than the most copies in use at once (within the
+ * memory bound's "each at most once copied"). _spares_free: the end. */
+void *ingest_copy_aligned(ifd_ingest *g, int i, const void *src, size_t len);
+void ingest_copy_free(ifd_ingest *g, int i, void *copy, size_t len);
+void ingest_copy_spares_free(ifd_ingest *g);
 void ingest_send_acks(ifd_ingest *g);
 
 /* control.c */

@@ -179,6 +179,7 @@ void ifd_ingest_destroy(ifd_ingest *g)
     free(g->producers);
     ingest_host_batch_spares_free(g);
     ingest_zmq_spares_free(g);
+    ingest_copy_spares_free(g);
     ifd_eval_set_destroy(g->eval);
     ingest_producers_free(g);
     ingest_replies_free(g);

@@ -266,8 +266,9 @@ static int take_slots(ifd_ingest *g, shm_frames *s, shm_pool *pool, uint32_t slo
         char *at = (char *)pool->file.base + pool->offsets[i] + (size_t)slot * pool->step_bytes[i];
         s->base.data[i] = at;
         if (g->pr.in[i]->dtype != IFD_F32) {
+            s->base.copy_len[i] = ingest_tensor_bytes(&g->pr, i, rows);
             s->base.data[i] = s->base.copies[i] =
-                ingest_copy_aligned(g, at, ingest_tensor_bytes(&g->pr, i, rows));
+                ingest_copy_aligned(g, i, at, s->base.copy_len[i]);
             if (s->base.copies[i] == NULL)
                 return IFD_ENOMEM;
         }

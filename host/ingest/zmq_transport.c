@@ -81,8 +81,9 @@ static int take_frames(ifd_ingest *g, zmq_frames *z, zmq_msg_t *frames)
         char *data = zmq_msg_data(&z->frames[i]);
         z->base.data[i] = data;
         if ((uintptr_t)data % ifd_dtype_size(g->pr.in[i]->dtype) != 0) { /* unaligned */
+            z->base.copy_len[i] = zmq_msg_size(&z->frames[i]);
             z->base.data[i] = z->base.copies[i] =
-                ingest_copy_aligned(g, data, zmq_msg_size(&z->frames[i]));
+                ingest_copy_aligned(g, i, data, z->base.copy_len[i]);
             if (z->base.copies[i] == NULL)
                 return IFD_ENOMEM;
         }

@@ -3,8 +3,10 @@
  * handed to the ingest as the I/O thread would (no connection): a frame aligned for its dtype is
  * read where libzmq put it, an unaligned one is copied (aligned); the step batches carry exactly
  * the bytes sent; and the frame holders, freed when their batches are acknowledged, are reused
- * for the next messages, at most the credit's worth of them kept. Shapes, values, credit and
- * alignment are random; the seed is in every failure.
+ * for the next messages, at most the credit's worth of them kept; the alignment copies' buffers
+ * are kept for the next copy of their tensor and size (at most the credit's worth, dropped when
+ * the size changes). Shapes, values, credit, alignment and sizes are random; the seed is in every
+ * failure.
  */
 #include "host/ingest/zmq_transport.h"
 #include "tests/util/testutil.h"
@@ -13,6 +15,7 @@
 #include "core/wire.h"
 #include <infeed/program.h>
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -174,10 +177,88 @@ START_TEST(frames_are_kept_or_copied_aligned_and_their_holders_reused)
 }
 END_TEST
 
+/* A model of a tensor's spares: the buffers kept, newest last, and their size. */
+typedef struct spare_model {
+    void *kept[64];
+    int n;
+    size_t size;
+} spare_model;
+
+START_TEST(copies_reuse_the_freed_buffers_of_their_tensor_and_size)
+{
+    t x;
+    setup(&x);
+    ifd_ingest *g = x.g;
+    int credit = g->pr.credit;
+    ck_assert_int_le(credit, 64); /* the model's kept[] */
+    enum { LIVE_MAX = 48 };
+    struct {
+        void *p;
+        int i;
+        size_t len;
+        unsigned char seed;
+    } live[LIVE_MAX];
+    int nlive = 0;
+    spare_model m[2] = {{{0}, 0, 0}, {{0}, 0, 0}};
+    /* each tensor's sizes: two, one of them rarely */
+    size_t sizes[2][2];
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++)
+            sizes[i][j] = (size_t)rand_between(&x.rng, 1, 9000);
+    unsigned char src[9000];
+    for (int op = 0; op < 3000; op++) {
+        int copy = nlive == 0 || (nlive < LIVE_MAX && rand_between(&x.rng, 0, 1));
+        if (copy) {
+            int i = (int)rand_between(&x.rng, 0, 1);
+            size_t len = sizes[i][rand_between(&x.rng, 0, 15) == 0];
+            unsigned char seed = (unsigned char)rand_between(&x.rng, 0, 255);
+            for (size_t b = 0; b < len; b++)
+                src[b] = (unsigned char)(seed + b);
+            if (len != m[i].size) { /* a new size: the old one's spares go */
+                m[i].n = 0;
+                m[i].size = len;
+            }
+            void *want = m[i].n ? m[i].kept[--m[i].n] : NULL;
+            void *c = ingest_copy_aligned(g, i, src, len);
+            ck_assert_ptr_nonnull(c);
+            if (want)
+                ck_assert_ptr_eq(c, want); /* the newest spare of its size */
+            ck_assert_uint_eq((uintptr_t)c % _Alignof(max_align_t), 0);
+            ck_assert_int_eq(memcmp(c, src, len), 0);
+            live[nlive].p = c;
+            live[nlive].i = i;
+            live[nlive].len = len;
+            live[nlive].seed = seed;
+            nlive++;
+        } else {
+            int q = (int)rand_between(&x.rng, 0, nlive - 1);
+            const unsigned char *c = live[q].p;
+            for (size_t b = 0; b < live[q].len; b += 97) /* untouched while in use */
+                ck_assert_uint_eq(c[b], (unsigned char)(live[q].seed + b));
+            spare_model *mi = &m[live[q].i];
+            if (live[q].len == mi->size && mi->n < credit) /* credit <= 24: kept[] holds it */
+                mi->kept[mi->n++] = live[q].p;
+            ingest_copy_free(g, live[q].i, live[q].p, live[q].len);
+            live[q] = live[--nlive];
+        }
+        for (int i = 0; i < 2; i++) {
+            ck_assert_int_eq(g->copy_spare[i].n, m[i].n);
+            ck_assert_int_le(g->copy_spare[i].n, credit);
+        }
+    }
+    while (nlive > 0) {
+        nlive--;
+        ingest_copy_free(g, live[nlive].i, live[nlive].p, live[nlive].len);
+    }
+    teardown(&x); /* frees the spares (ASan: no leak) */
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("ingest_frames");
     TCase *tc = tu_tcase(s, "frames", 30);
     tcase_add_loop_test(tc, frames_are_kept_or_copied_aligned_and_their_holders_reused, 0, 10);
+    tcase_add_loop_test(tc, copies_reuse_the_freed_buffers_of_their_tensor_and_size, 0, 10);
     return tu_run_suite(s);
 }

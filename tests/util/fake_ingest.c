@@ -203,6 +203,7 @@ void fake_ingest_free(fake_ingest *f)
     free(g->fifo.lanes);
     free(g->producers);
     ingest_host_batch_spares_free(g);
+    ingest_copy_spares_free(g);
     ingest_producers_free(g);
     ingest_ended_conns_free(g);
     ifd_mutex_fini(&g->end.mu);
@@ -266,7 +267,9 @@ void fake_batch(fake_ingest *f, const char *rid, const ifd_proto_batch *bh, inge
     copied_frames *c = calloc(1, sizeof *c);
     c->base.free = copied_free;
     for (int i = 0; i < nframes; i++) {
-        c->base.data[i] = c->base.copies[i] = ingest_copy_aligned(g, frames[i].data, frames[i].len);
+        c->base.copy_len[i] = frames[i].len;
+        c->base.data[i] = c->base.copies[i] =
+            ingest_copy_aligned(g, i, frames[i].data, frames[i].len);
     }
     ingest_batch_accept(g, p, &from, bh, k, skip, &c->base, IFD_OK, -1);
     ingest_fifo_flush(g);
