@@ -594,7 +594,8 @@ def main() -> int:
                     print(f"{name} keras/{backend}: {row['keras'][backend]}", flush=True)
             results.append(row)
 
-    rate = sgemm_rate(exe) if exe and any(flops_per_example(JOBS[j]) for j in jobs) else None
+    rate = sgemm_rate(exe) if exe and any(JOBS[j]["program"] != "charlm" and flops_per_example(JOBS[j])
+                                          for j in jobs) else None
     print()
     for line in sorted(blas_lines):
         print(f"infeedd's BLAS: {line}")

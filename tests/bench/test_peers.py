@@ -192,6 +192,31 @@ def test_sgemm_target_uses_the_rate_beside_the_run(frac, capsys):
     assert f"{tps / 10 * fpt / mean / 1e9:.0%}*" in out and "*: the two sgemm measurements" in out
 
 
+def test_main_prints_the_charlm_table_with_the_rates_beside(monkeypatch, tmp_path, capsys):
+    rng = random.Random(5)
+    rates = []
+
+    def rate_now(bench, threads):
+        rates.append(rng.uniform(100, 300))
+        return rates[-1]
+
+    tps = {r: rng.uniform(10000, 60000) for r in (1, 2)}
+    monkeypatch.setattr(peers, "sgemm_rate_now", rate_now)
+    monkeypatch.setattr(peers, "bench_blas_of", lambda exe: tmp_path)  # it exists
+    monkeypatch.setattr(peers, "run_infeedd_charlm",
+                        lambda exe, job, r, steps, tmp: {"tokens_per_sec": tps[r], "blas": "x"})
+    monkeypatch.setattr(sys, "argv", ["peers.py", "--jobs", "charlm32", "--no-keras",
+                                      "--infeedd", "infeedd", "--replicas", "1,2"])
+    rc = peers.main()
+    out = capsys.readouterr().out
+    assert len(rates) == 4
+    fpt = peers.flops_per_token(peers.JOBS["charlm32"])
+    best = max((1, 2), key=lambda r: tps[r])
+    frac = tps[best] * fpt / ((rates[2 * best - 2] + rates[2 * best - 1]) / 2 * 1e9)
+    assert f"rate beside it (the fastest row's): {frac:.0%}" in out
+    assert rc == (0 if frac >= 0.6 else 1)
+
+
 def bench_blas():
     exe = os.environ.get("INFEEDD") or str(ROOT / "build" / "host" / "infeedd")
     b = peers.bench_blas_of(exe)
