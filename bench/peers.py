@@ -55,8 +55,10 @@ the attention's products; the embeddings' lookups and the element-wise work are 
 as a fraction of the machine's sgemm rate measured beside that run: bench_blas (--threads N)
 runs the 1024x784x128 product on N threads at once, N the CPUs this process may use (the
 daemon's threads: R replicas times their teams), just before and just after each peer's run, and
-the fraction is the run's FLOP/s over the mean of those two (both printed; on a shared VM the rate
-moves by half within minutes, so a rate measured at another moment says little). `--rounds N`
+the fraction is the run's FLOP/s over the higher of those two (both printed; on a shared VM the
+rate moves by half within minutes, so a rate measured at another moment says little, and a
+measurement of about a second can land in a slow moment the run's seconds average out: the
+higher one errs toward a lower fraction). `--rounds N`
 runs every peer in turn N times and keeps each one's fastest round (the machine's load drifts
 over a run). Targets: charlm8 >= 1.5x Keras/JAX; charlm32 >= 1.2x Keras/JAX and >= 60 % of the
 sgemm rate beside it.
@@ -350,9 +352,9 @@ def sgemm_rate(exe: str) -> dict | None:
 
 def sgemm_rate_now(bench: Path, threads: int) -> float:
     """The machine's sgemm GFLOP/s now: bench_blas's 1024x784x128 product with the daemon's
-    kernel (--blas-kernel auto) on `threads` threads at once, their sum (the best of 3 short
-    rounds, about a second in all)."""
-    out = subprocess.run([str(bench), "--kernels", "auto", "--reps", "3", "--shapes", "ref",
+    kernel (--blas-kernel auto) on `threads` threads at once, their sum (the best of 5 rounds of
+    0.25 s, about 1.5 s in all)."""
+    out = subprocess.run([str(bench), "--kernels", "auto", "--reps", "5", "--shapes", "ref",
                           "--threads", str(threads), "--json"],
                          capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
@@ -373,11 +375,11 @@ def beside(rate_now, run):
 
 
 def sgemm_fraction(res: dict, flops_per_sec: float) -> float | None:
-    """A run's FLOP/s over the mean of the sgemm rates measured beside it (None without them)."""
+    """A run's FLOP/s over the higher of the sgemm rates measured beside it (None without them)."""
     before, after = res.get("sgemm_before"), res.get("sgemm_after")
     if not before or not after:
         return None
-    return flops_per_sec / ((before + after) / 2 * 1e9)
+    return flops_per_sec / (max(before, after) * 1e9)
 
 
 def keras_python(venv: Path) -> Path:
@@ -448,7 +450,7 @@ def run_charlm_job(exe: str | None, py, name: str, steps: int, replicas: str, tm
     return row
 
 
-# a run whose two sgemm measurements differ by more than this (relative to their mean) is marked:
+# a run whose two sgemm measurements differ by more than this (of the higher) is marked:
 # the machine's rate moved during it, so its fraction is less certain
 RATE_MOVED = 0.25
 
@@ -459,7 +461,7 @@ def print_charlm(rows: list, threads: int) -> bool:
     print()
     print("charlm: FLOP a token = 6 N + 12 L T C (N: the matrices' parameters, L 12 C^2 + C V)")
     print(f"sgemm: bench_blas 1024x784x128 on {threads} thread(s) at once, GFLOP/s just before "
-          f"and just after each run; of sgemm: the run's GFLOP/s over their mean")
+          f"and just after each run; of sgemm: the run's GFLOP/s over the higher of the two")
     n = max((len(r.get("rounds", [])) for row in rows
              for r in list(row["infeedd"].values()) + list(row["keras"].values())), default=1)
     if n > 1:
@@ -484,7 +486,7 @@ def print_charlm(rows: list, threads: int) -> bool:
             before, after = res.get("sgemm_before"), res.get("sgemm_after")
             f = sgemm_fraction(res, tps * fpt)
             mark = ""
-            if f is not None and abs(before - after) > RATE_MOVED * (before + after) / 2:
+            if f is not None and abs(before - after) > RATE_MOVED * max(before, after):
                 mark, moved = "*", True
             if mine and tps > best:  # the target's row: the fastest, its own fraction
                 best, best_frac = tps, f
