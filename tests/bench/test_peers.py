@@ -217,6 +217,12 @@ def test_main_prints_the_charlm_table_with_the_rates_beside(monkeypatch, tmp_pat
     best = max((1, 2), key=lambda r: tps[r])
     frac = tps[best] * fpt / (max(rates[2 * best - 2], rates[2 * best - 1]) * 1e9)
     assert f"rate beside it (the fastest row's): {frac:.0%}" in out
+    every = sorted(tps[r] * fpt / (max(rates[2 * r - 2], rates[2 * r - 1]) * 1e9) for r in (1, 2))
+    assert (f"every run: {every[0]:.0%}, {every[1]:.0%} (median {(every[0] + every[1]) / 2:.0%})"
+            in out)
+    for r in (1, 2):  # each run's line carries its own fraction
+        f = tps[r] * fpt / (max(rates[2 * r - 2], rates[2 * r - 1]) * 1e9)
+        assert f"R{r}/feed (round 1): " in out and f"of sgemm {f:.1%}" in out
     assert rc == (0 if frac >= 0.6 else 1)
 
 
