@@ -190,7 +190,7 @@ static void *par_main(void *arg)
     return NULL;
 }
 
-#define THREADS_MAX 64
+#define THREADS_MAX 1024
 
 /* The summed GFLOP/s of `threads` threads running f on s at once (measure's alone for 1); -1 when
  * a thread does not start. */
@@ -199,8 +199,8 @@ static double measure_par(sgemm_fn f, const shape *s, double seconds, int thread
     if (threads == 1)
         return measure(f, s, seconds, NULL);
     pthread_barrier_t start;
-    pthread_t tid[THREADS_MAX];
-    par_arg args[THREADS_MAX];
+    static pthread_t tid[THREADS_MAX];
+    static par_arg args[THREADS_MAX];
     pthread_barrier_init(&start, NULL, (unsigned)threads);
     int started = 0;
     for (; started < threads; started++) {
