@@ -1,12 +1,13 @@
 /*
- * bench_blas: single-thread sgemm GFLOP/s on the products infeedd's jobs run, for each OpenBLAS
- * kernel this CPU can run (the linked OpenBLAS, switched as --blas-kernel would), beside other
- * BLAS libraries given with --lib, side by side in one run (bench/README.md).
+ * bench_blas: single-thread (or --threads N) sgemm GFLOP/s on the products infeedd's jobs run, for
+ * each OpenBLAS kernel this CPU can run (the linked OpenBLAS, switched as --blas-kernel would),
+ * beside other BLAS libraries given with --lib, side by side in one run (bench/README.md).
  *
  *   bench_blas [--kernels auto,keep,Haswell,...] [--lib PATH[:PREFIX]]... [--reps N] [--json]
- *              [--shapes jobs|charlm] [--xsmm]
+ *              [--shapes jobs|charlm|ref] [--xsmm] [--threads N]
  *
- * --shapes charlm: charlm32's products instead (a 4096-row shard: each dense layer's forward,
+ * --shapes ref: the jobs' first product alone (the issue's reference, 1024x784x128). --shapes
+ * charlm: charlm32's products instead (a 4096-row shard: each dense layer's forward,
  * dx = dy W^T and dW = x^T dy; one head's attention blocks, strided in qkv as the op reads them).
  * --xsmm (a build with libxsmm): libxsmm's JIT kernels as a candidate, two ways: "tiled" cuts C
  * into 64 x 128 tiles and k into 256-long pieces, one kernel call a tile, nothing packed (a
@@ -19,6 +20,12 @@
  * mix with the linked OpenBLAS's; PREFIX is its symbol prefix (scipy-openblas32 names its
  * functions scipy_cblas_sgemm). The rounds alternate between the candidates and each cell is the
  * best of --reps rounds, so a noisy neighbour slows every candidate alike.
+ *
+ * --threads N: N threads in the child each run the same product at once on buffers of their own
+ * (the library single-threaded in each, as the cpu backend runs it: one sgemm a thread), started
+ * together and timed over the same window; a cell is the sum of their GFLOP/s, the rate N
+ * threads get from the machine as it is loaded now (bench/peers.py measures it beside each charlm
+ * run with the daemon's thread count).
  */
 #include "core/thread.h"
 #include "device/cpu/blas.h"
@@ -26,6 +33,7 @@
 
 #include <cblas.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,8 +96,8 @@ static void xsmm_tiled(int order, int ta, int tb, int m, int n, int k, float alp
     (void)order;
     (void)alpha; /* the shapes' alpha is 1, beta 0 */
     (void)beta;
-    static float *bt;
-    static size_t btn;
+    static _Thread_local float *bt;
+    static _Thread_local size_t btn;
     if (tb == CblasTrans) {
         if (btn < (size_t)n * (size_t)k) {
             free(bt);
@@ -132,7 +140,9 @@ static void gemm_small(int order, int ta, int tb, int m, int n, int k, float alp
                        ldc);
 }
 
-static double measure(sgemm_fn f, const shape *s, double seconds)
+/* GFLOP/s of f on s over `seconds`, after one call; with a barrier, it waits there after that call,
+ * so that every thread of a --threads cell times the same window. */
+static double measure(sgemm_fn f, const shape *s, double seconds, pthread_barrier_t *start)
 {
     int lda = s->lda  ? s->lda
               : s->ta ? s->m
@@ -151,6 +161,8 @@ static double measure(sgemm_fn f, const shape *s, double seconds)
         b[i] = (float)((i * 5) % 11) * 0.01f;
     int ta = s->ta ? CblasTrans : CblasNoTrans, tb = s->tb ? CblasTrans : CblasNoTrans;
     f(CblasRowMajor, ta, tb, s->m, s->n, s->k, 1.0f, a, lda, b, ldb, 0.0f, c, ldc);
+    if (start)
+        pthread_barrier_wait(start);
     int64_t t0 = ifd_clock_ns(), calls = 0, t;
     do {
         for (int i = 0; i < 8; i++)
@@ -164,8 +176,52 @@ static double measure(sgemm_fn f, const shape *s, double seconds)
     return 2.0 * s->m * s->n * (double)s->k * (double)calls / ((double)(t - t0) * 1e-9) * 1e-9;
 }
 
+typedef struct par_arg {
+    sgemm_fn f;
+    const shape *s;
+    double seconds, gflops;
+    pthread_barrier_t *start;
+} par_arg;
+
+static void *par_main(void *arg)
+{
+    par_arg *p = arg;
+    p->gflops = measure(p->f, p->s, p->seconds, p->start);
+    return NULL;
+}
+
+#define THREADS_MAX 1024
+
+/* The summed GFLOP/s of `threads` threads running f on s at once (measure's alone for 1); -1 when
+ * a thread does not start. */
+static double measure_par(sgemm_fn f, const shape *s, double seconds, int threads)
+{
+    if (threads == 1)
+        return measure(f, s, seconds, NULL);
+    pthread_barrier_t start;
+    static pthread_t tid[THREADS_MAX];
+    static par_arg args[THREADS_MAX];
+    pthread_barrier_init(&start, NULL, (unsigned)threads);
+    int started = 0;
+    for (; started < threads; started++) {
+        args[started] = (par_arg){.f = f, .s = s, .seconds = seconds, .start = &start};
+        if (pthread_create(&tid[started], NULL, par_main, &args[started]))
+            break;
+    }
+    if (started < threads) /* the barrier would never open: let the others go, and fail */
+        _exit(1);
+    double sum = 0.0;
+    for (int i = 0; i < threads; i++) {
+        pthread_join(tid[i], NULL);
+        sum += args[i].gflops;
+    }
+    pthread_barrier_destroy(&start);
+    return sum;
+}
+
 /* One candidate in a child: its name on the first line, then one GFLOP/s a shape. */
-static void child(const char *kernel, const char *lib, int xsmm, int fd, double seconds)
+static void child(const char *kernel, const char *lib, int xsmm, int fd, double seconds,
+                  int threads)
 {
     sgemm_fn f = (sgemm_fn)cblas_sgemm;
     char label[160];
@@ -238,7 +294,7 @@ static void child(const char *kernel, const char *lib, int xsmm, int fd, double 
     }
     dprintf(fd, "%s\n", label);
     for (size_t i = 0; i < nshapes; i++)
-        dprintf(fd, "%.3f\n", measure(f, &shapes[i], seconds));
+        dprintf(fd, "%.3f\n", measure_par(f, &shapes[i], seconds, threads));
     _exit(0);
 }
 
@@ -250,7 +306,7 @@ typedef struct cand {
     int failed;
 } cand;
 
-static void run_round(cand *c, double seconds)
+static void run_round(cand *c, double seconds, int threads)
 {
     int p[2];
     if (pipe(p))
@@ -258,7 +314,7 @@ static void run_round(cand *c, double seconds)
     pid_t pid = fork();
     if (pid == 0) {
         close(p[0]);
-        child(c->kernel, c->lib, c->xsmm, p[1], seconds);
+        child(c->kernel, c->lib, c->xsmm, p[1], seconds, threads);
     }
     close(p[1]);
     FILE *in = fdopen(p[0], "r");
@@ -286,7 +342,7 @@ static void run_round(cand *c, double seconds)
 int main(int argc, char **argv)
 {
     cand cands[32];
-    int n = 0, reps = 3, json = 0, xsmm = 0;
+    int n = 0, reps = 3, json = 0, xsmm = 0, threads = 1;
     double seconds = 0.25;
     const char *kernels = NULL;
     for (int i = 1; i < argc; i++) {
@@ -302,16 +358,23 @@ int main(int argc, char **argv)
             json = 1;
         else if (!strcmp(argv[i], "--xsmm"))
             xsmm = 1;
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc && atoi(argv[i + 1]) >= 1 &&
+                 atoi(argv[i + 1]) <= THREADS_MAX)
+            threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--shapes") && i + 1 < argc &&
-                 (!strcmp(argv[i + 1], "jobs") || !strcmp(argv[i + 1], "charlm"))) {
+                 (!strcmp(argv[i + 1], "jobs") || !strcmp(argv[i + 1], "charlm") ||
+                  !strcmp(argv[i + 1], "ref"))) {
             int charlm = !strcmp(argv[++i], "charlm");
             shapes = charlm ? charlm_shapes : jobs_shapes;
-            nshapes = charlm ? sizeof charlm_shapes / sizeof charlm_shapes[0]
-                             : sizeof jobs_shapes / sizeof jobs_shapes[0];
+            nshapes = charlm                    ? sizeof charlm_shapes / sizeof charlm_shapes[0]
+                      : !strcmp(argv[i], "ref") ? 1 /* the reference product alone */
+                                                : sizeof jobs_shapes / sizeof jobs_shapes[0];
         } else {
             fprintf(stderr,
                     "usage: bench_blas [--kernels K1,K2,...] [--lib PATH[:PREFIX]]... [--reps N] "
-                    "[--seconds S] [--json] [--shapes jobs|charlm] [--xsmm]\n");
+                    "[--seconds S] [--json] [--shapes jobs|charlm|ref] [--xsmm] [--threads N (1 to "
+                    "%d)]\n",
+                    THREADS_MAX);
             return 2;
         }
     }
@@ -343,11 +406,16 @@ int main(int argc, char **argv)
 
     ifd_blas_info cpu;
     ifd_blas_info_get(&cpu);
-    printf("bench_blas: one thread, the CPU runs %s; best of %d rounds of %.2f s a cell\n",
-           ifd_isa_name(cpu.cpu_isa), reps, seconds);
+    if (threads == 1)
+        printf("bench_blas: one thread, the CPU runs %s; best of %d rounds of %.2f s a cell\n",
+               ifd_isa_name(cpu.cpu_isa), reps, seconds);
+    else
+        printf("bench_blas: %d threads at once, one sgemm each, a cell their sum; the CPU runs %s; "
+               "best of %d rounds of %.2f s a cell\n",
+               threads, ifd_isa_name(cpu.cpu_isa), reps, seconds);
     for (int r = 0; r < reps; r++)
         for (int c = 0; c < n; c++)
-            run_round(&cands[c], seconds);
+            run_round(&cands[c], seconds, threads);
 
     double top[NSHAPES_MAX] = {0};
     for (int c = 0; c < n; c++)

@@ -52,9 +52,16 @@ bench/keras_charlm.py, the same model in Keras 3 (`model.fit`, steps_per_executi
 and TensorFlow backends. They print tokens/s side by side, each infeedd row's ratio to both,
 and the achieved FLOP/s, counted as 6 N + 12 L T C a token (N: the matrices' parameters, L T C
 the attention's products; the embeddings' lookups and the element-wise work are not counted),
-as a fraction of the measured sgemm rate above. `--rounds N` runs every peer in turn N times and
-keeps each one's fastest round (the machine's load drifts over a run). Targets: charlm8 >= 1.5x Keras/JAX; charlm32
->= 1.2x Keras/JAX and >= 60 % of the sgemm rate.
+as a fraction of the machine's sgemm rate measured beside that run: bench_blas (--threads N)
+runs the 1024x784x128 product on N threads at once, N the CPUs this process may use (the
+daemon's threads: R replicas times their teams), just before and just after each peer's run, and
+the fraction is the run's FLOP/s over the higher of those two (both printed; on a shared VM the
+rate moves by half within minutes, so a rate measured at another moment says little, and a
+measurement of about a second can land in a slow moment the run's seconds average out: the
+higher one errs toward a lower fraction). `--rounds N`
+runs every peer in turn N times and keeps each one's fastest round (the machine's load drifts
+over a run). Targets: charlm8 >= 1.5x Keras/JAX; charlm32 >= 1.2x Keras/JAX and >= 60 % of the
+sgemm rate beside it.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -322,10 +330,14 @@ def flops_per_example(job: dict) -> float | None:
     return 2.0 * (2 * d * h + 3 * h * k)
 
 
+def bench_blas_of(exe: str) -> Path:
+    return Path(exe).resolve().parent.parent / "bench" / "bench_blas"
+
+
 def sgemm_rate(exe: str) -> dict | None:
     """bench_blas's single-thread sgemm GFLOP/s of the kernel infeedd runs (--blas-kernel auto) on
     the 1024x784x128 product, and the CPUs this process may use."""
-    bench = Path(exe).resolve().parent.parent / "bench" / "bench_blas"
+    bench = bench_blas_of(exe)
     if not bench.exists():
         print(f"(no {bench}: build the bench_blas target for the matrix-product fraction)")
         return None
@@ -337,6 +349,38 @@ def sgemm_rate(exe: str) -> dict | None:
     cell = json.loads(out.stdout.strip().splitlines()[-1])[0]
     return {"label": cell["label"], "gflops_1thread": cell["ref 1024x784x128"],
             "cpus": len(os.sched_getaffinity(0))}
+
+
+def sgemm_rate_now(bench: Path, threads: int) -> float:
+    """The machine's sgemm GFLOP/s now: bench_blas's 1024x784x128 product with the daemon's
+    kernel (--blas-kernel auto) on `threads` threads at once, their sum (the best of 5 rounds of
+    0.25 s, about 1.5 s in all)."""
+    out = subprocess.run([str(bench), "--kernels", "auto", "--reps", "5", "--shapes", "ref",
+                          "--threads", str(threads), "--json"],
+                         capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(f"bench_blas --threads {threads} failed: {out.stderr[-500:]}")
+    cell = json.loads(out.stdout.strip().splitlines()[-1])[0]
+    if cell.get("failed"):
+        raise RuntimeError(f"bench_blas --threads {threads} failed: {out.stdout[-500:]}")
+    return cell["ref 1024x784x128"]
+
+
+def beside(rate_now, run):
+    """run() with the sgemm rate measured just before and just after it (rate_now(): GFLOP/s, or
+    None for no measurement): its result with "sgemm_before" and "sgemm_after"."""
+    before = rate_now() if rate_now else None
+    res = run()
+    after = rate_now() if rate_now else None
+    return dict(res, sgemm_before=before, sgemm_after=after)
+
+
+def sgemm_fraction(res: dict, flops_per_sec: float) -> float | None:
+    """A run's FLOP/s over the higher of the sgemm rates measured beside it (None without them)."""
+    before, after = res.get("sgemm_before"), res.get("sgemm_after")
+    if not before or not after:
+        return None
+    return flops_per_sec / (max(before, after) * 1e9)
 
 
 def keras_python(venv: Path) -> Path:
@@ -375,73 +419,103 @@ def parse_jobs(text: str) -> list:
 
 
 def run_charlm_job(exe: str | None, py, name: str, steps: int, replicas: str, tmp: Path,
-                   rounds: int = 1) -> dict:
+                   rounds: int = 1, rate_now=None) -> dict:
     """One charlm job: in each round, infeedd at each replica count, then Keras on JAX and
-    TensorFlow; each peer's row is its fastest round (the least disturbed on a shared machine),
-    with every round's tokens/s in "rounds"."""
+    TensorFlow, each run between two measurements of the sgemm rate (rate_now(), GFLOP/s; None:
+    none); each peer's row is its fastest round (the least disturbed on a shared machine), with
+    every round's tokens/s in "rounds" and its fraction of the rate beside it in "fractions"."""
     job = JOBS[name]
     row = {"job": name, "infeedd": {}, "keras": {}, "steps": steps}
 
+    fpt = flops_per_token(job)
+
     def keep(where: dict, key: str, res: dict, label: str) -> None:
         seen = where.get(key, {}).get("rounds", [])
+        fractions = where.get(key, {}).get("fractions", [])
         if not seen or res["tokens_per_sec"] > where[key]["tokens_per_sec"]:
             where[key] = res
         where[key]["rounds"] = seen + [res["tokens_per_sec"]]
-        print(f"{name} {label} (round {len(seen) + 1}): {res}", flush=True)
+        frac = sgemm_fraction(res, res["tokens_per_sec"] * fpt)
+        where[key]["fractions"] = fractions + [frac]
+        print(f"{name} {label} (round {len(seen) + 1}): {res}, of sgemm "
+              f"{'-' if frac is None else f'{frac:.1%}'}", flush=True)
 
     for _ in range(rounds):
         for r in (int(v) for v in replicas.split(",") if exe):
             key = f"R{r}/feed"
-            keep(row["infeedd"], key, run_infeedd_charlm(exe, job, r, steps, tmp),
+            keep(row["infeedd"], key,
+                 beside(rate_now, lambda: run_infeedd_charlm(exe, job, r, steps, tmp)),
                  f"infeedd {key}")
         for backend in ("jax", "tensorflow") if py else ():
-            keep(row["keras"], backend, run_keras_charlm(py, backend, job, steps),
+            keep(row["keras"], backend,
+                 beside(rate_now, lambda: run_keras_charlm(py, backend, job, steps)),
                  f"keras/{backend}")
     return row
 
 
-def print_charlm(rows: list, rate: dict | None) -> bool:
-    """The charlm jobs' table (tokens/s, ratios, achieved FLOP/s) and targets; True when met."""
-    peak = rate["gflops_1thread"] * rate["cpus"] * 1e9 if rate else None
+# a run whose two sgemm measurements differ by more than this (of the higher) is marked:
+# the machine's rate moved during it, so its fraction is less certain
+RATE_MOVED = 0.25
+
+
+def print_charlm(rows: list, threads: int) -> bool:
+    """The charlm jobs' table (tokens/s, ratios, achieved FLOP/s against the sgemm rate measured
+    on `threads` threads beside each run) and targets; True when met."""
     print()
     print("charlm: FLOP a token = 6 N + 12 L T C (N: the matrices' parameters, L 12 C^2 + C V)")
+    print(f"sgemm: bench_blas 1024x784x128 on {threads} thread(s) at once, GFLOP/s just before "
+          f"and just after each run; of sgemm: the run's GFLOP/s over the higher of the two")
     n = max((len(r.get("rounds", [])) for row in rows
              for r in list(row["infeedd"].values()) + list(row["keras"].values())), default=1)
     if n > 1:
         print(f"each row: the fastest of {n} rounds, every peer in turn")
     print(f"{'job':<10} {'peer':<22} {'tokens/s':>10} {'wait':>6} {'x jax':>7} {'x tf':>7} "
-          f"{'GFLOP/s':>8} {'of sgemm':>8}")
-    ok = True
+          f"{'GFLOP/s':>8} {'sgemm before':>12} {'after':>7} {'of sgemm':>8}")
+    ok, moved = True, False
     for row in rows:
         job = JOBS[row["job"]]
         fpt = flops_per_token(job)
         jax = row["keras"].get("jax", {}).get("tokens_per_sec")
         tf = row["keras"].get("tensorflow", {}).get("tokens_per_sec")
-        best = 0.0
+        best, best_frac = 0.0, None
         peers = [("infeedd " + k, v) for k, v in row["infeedd"].items()]
         peers += [("keras/" + k, v) for k, v in row["keras"].items()]
         for label, res in peers:
             tps = res["tokens_per_sec"]
             mine = label.startswith("infeedd")
-            best = max(best, tps) if mine else best
             w = f"{res['wait']:.0%}" if isinstance(res.get("wait"), (int, float)) else ""
             rj = f"{tps / jax:.2f}" if jax and mine else ""
             rt = f"{tps / tf:.2f}" if tf and mine else ""
-            frac = f"{tps * fpt / peak:.0%}" if peak else "-"
+            before, after = res.get("sgemm_before"), res.get("sgemm_after")
+            f = sgemm_fraction(res, tps * fpt)
+            mark = ""
+            if f is not None and abs(before - after) > RATE_MOVED * max(before, after):
+                mark, moved = "*", True
+            if mine and tps > best:  # the target's row: the fastest, its own fraction
+                best, best_frac = tps, f
             print(f"{row['job']:<10} {label:<22} {tps:>10,.0f} {w:>6} {rj:>7} {rt:>7} "
-                  f"{tps * fpt * 1e-9:>8.1f} {frac:>8}")
+                  f"{tps * fpt * 1e-9:>8.1f} {before or 0:>12.1f} {after or 0:>7.1f} "
+                  f"{'-' if f is None else f'{f:.0%}{mark}':>8}")
         name = row["job"]
+        every = sorted(f for r in row["infeedd"].values() for f in r.get("fractions", [])
+                       if f is not None)
+        if len(every) > 1:
+            print(f"{name:<10} infeedd's fraction of the sgemm rate beside it, every run: "
+                  f"{', '.join(f'{f:.0%}' for f in every)} "
+                  f"(median {statistics.median(every):.0%})")
         if jax and best:
             met = best / jax >= TARGETS[name]
             ok &= met
             print(f"{name:<10} target: best infeedd >= {TARGETS[name]}x keras/jax: "
                   f"{best / jax:.2f}x {'met' if met else 'NOT met'}")
-        if name in SGEMM_TARGETS and peak and best:
-            frac = best * fpt / peak
-            met = frac >= SGEMM_TARGETS[name]
+        if name in SGEMM_TARGETS and best_frac is not None:
+            met = best_frac >= SGEMM_TARGETS[name]
             ok &= met
             print(f"{name:<10} target: best infeedd >= {SGEMM_TARGETS[name]:.0%} of the sgemm "
-                  f"rate: {frac:.0%} {'met' if met else 'NOT met'}")
+                  f"rate beside it (the fastest row's): {best_frac:.0%} "
+                  f"{'met' if met else 'NOT met'}")
+    if moved:
+        print(f"*: the two sgemm measurements of the run differ by more than {RATE_MOVED:.0%}")
     return ok
 
 
@@ -487,6 +561,14 @@ def main() -> int:
     except ValueError as e:
         ap.error(str(e))
     offered = transports_of_client()
+    # the charlm jobs' sgemm rate, beside each run, on as many threads as the daemon runs
+    threads = len(os.sched_getaffinity(0))
+    rate_now = None
+    if exe and bench_blas_of(exe).exists():
+        rate_now = lambda: sgemm_rate_now(bench_blas_of(exe), threads)  # noqa: E731
+    elif any(JOBS[j]["program"] == "charlm" for j in jobs):
+        print(f"(no bench_blas beside {exe}: build the bench_blas target for the charlm jobs' "
+              "fraction of the sgemm rate)")
     py = None if a.no_keras else keras_python(Path(a.venv))
     results = []
     blas_lines: set[str] = set()
@@ -496,7 +578,7 @@ def main() -> int:
             steps = a.steps or job["steps"]
             if job["program"] == "charlm":
                 results.append(run_charlm_job(None if a.no_infeedd else exe, py, name, steps,
-                                              a.replicas, Path(tmp), a.rounds))
+                                              a.replicas, Path(tmp), a.rounds, rate_now))
                 blas_lines.update(r["blas"] for r in results[-1]["infeedd"].values())
                 continue
             # a message carries at most 8 MiB (a large batch gains nothing from more steps)
@@ -523,8 +605,8 @@ def main() -> int:
                     print(f"{name} keras/{backend}: {row['keras'][backend]}", flush=True)
             results.append(row)
 
-    rate = sgemm_rate(exe) if exe and any(JOBS[j]["program"] == "charlm" or flops_per_example(JOBS[j])
-                                  for j in jobs) else None
+    mlp = any(JOBS[j]["program"] != "charlm" and flops_per_example(JOBS[j]) for j in jobs)
+    rate = sgemm_rate(exe) if exe and mlp else None
     print()
     for line in sorted(blas_lines):
         print(f"infeedd's BLAS: {line}")
@@ -568,7 +650,7 @@ def main() -> int:
                   f"{best / jax:.2f}x {'met' if met else 'NOT met'}")
     charlm_rows = [r for r in results if JOBS[r["job"]]["program"] == "charlm"]
     if charlm_rows:
-        ok &= print_charlm(charlm_rows, rate)
+        ok &= print_charlm(charlm_rows, threads)
     if a.json:
         Path(a.json).write_text(json.dumps({"results": results, "blas": sorted(blas_lines),
                                             "sgemm": rate}, indent=1))

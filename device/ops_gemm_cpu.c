@@ -33,8 +33,58 @@ static void xsmm_init(void)
 }
 
 /*
+ * The thread's last kernels, by their descriptor: libxsmm's registry lookup (a hash of the whole
+ * descriptor, then its table) was about 5 % of the attention's time, which asks for the same
+ * few shapes thousands of times a step. Direct-mapped, XSMM_CACHE entries; a kernel is never
+ * freed before libxsmm_finalize, so a cached pointer stays good. A miss (or a shape libxsmm has
+ * no kernel for) asks the registry, as before.
+ */
+#define XSMM_CACHE 32
+
+typedef struct xsmm_key {
+    int64_t m, n, k, lda, ldb, ldc;
+    int ta;
+    float beta;
+} xsmm_key;
+
+typedef struct xsmm_entry {
+    xsmm_key key;
+    libxsmm_smmfunction f;
+} xsmm_entry;
+
+static _Thread_local xsmm_entry xsmm_cache[XSMM_CACHE];
+
+static int xsmm_key_eq(const xsmm_key *a, const xsmm_key *b)
+{
+    return a->m == b->m && a->n == b->n && a->k == b->k && a->lda == b->lda && a->ldb == b->ldb &&
+           a->ldc == b->ldc && a->ta == b->ta && a->beta == b->beta;
+}
+
+static libxsmm_smmfunction xsmm_kernel(const xsmm_key *key)
+{
+    uint64_t h = (uint64_t)key->m * 0x9E3779B97F4A7C15u ^ (uint64_t)key->n * 0xC2B2AE3D27D4EB4Fu ^
+                 (uint64_t)key->k * 0x165667B19E3779F9u ^ (uint64_t)key->lda * 31u ^
+                 (uint64_t)key->ldb * 17u ^ (uint64_t)key->ldc * 7u ^ (uint64_t)key->ta ^
+                 (key->beta != 0.0f ? 2u : 0u);
+    xsmm_entry *e = &xsmm_cache[(h ^ (h >> 29)) % XSMM_CACHE];
+    if (e->f != NULL && xsmm_key_eq(&e->key, key))
+        return e->f;
+    libxsmm_blasint xlda = (libxsmm_blasint)key->ldb, xldb = (libxsmm_blasint)key->lda,
+                    xldc = (libxsmm_blasint)key->ldc;
+    int flags = key->ta ? LIBXSMM_GEMM_FLAG_TRANS_B : 0;
+    float one = 1.0f, beta = key->beta;
+    libxsmm_smmfunction f = libxsmm_smmdispatch((libxsmm_blasint)key->n, (libxsmm_blasint)key->m,
+                                                (libxsmm_blasint)key->k, &xlda, &xldb, &xldc, &one,
+                                                &beta, &flags, NULL);
+    if (f != NULL)
+        *e = (xsmm_entry){*key, f};
+    return f;
+}
+
+/*
  * A small product by a libxsmm JIT kernel (its registry: one per shape, generated at the first
- * call, then looked up); 0 where libxsmm has none (alpha not 1, beta not 0 or 1, B transposed).
+ * call, then looked up, through the thread's cache above); 0 where libxsmm has none (alpha not
+ * 1, beta not 0 or 1, B transposed).
  * libxsmm is column-major, so row-major C = op(A) B is column-major C^T = B^T op(A)^T: B is
  * libxsmm's A and A its B, a transposed A its transposed B (a kernel flag). A transposed B would
  * be libxsmm's transposed A, which 1.17 does not generate. Each element of C is one chain of
@@ -47,13 +97,8 @@ static int xsmm_gemm(int ta, int tb, int64_t m, int64_t n, int64_t k, float alph
         m > IFD_GEMM_SMALL_MAX || n > IFD_GEMM_SMALL_MAX || k > IFD_GEMM_SMALL_MAX)
         return 0;
     (void)pthread_once(&xsmm_once, xsmm_init);
-    libxsmm_blasint xlda = (libxsmm_blasint)ldb, xldb = (libxsmm_blasint)lda,
-                    xldc = (libxsmm_blasint)ldc;
-    int flags = ta ? LIBXSMM_GEMM_FLAG_TRANS_B : 0;
-    float one = 1.0f;
-    libxsmm_smmfunction f =
-        libxsmm_smmdispatch((libxsmm_blasint)n, (libxsmm_blasint)m, (libxsmm_blasint)k, &xlda,
-                            &xldb, &xldc, &one, &beta, &flags, NULL);
+    xsmm_key key = {m, n, k, lda, ldb, ldc, ta != 0, beta};
+    libxsmm_smmfunction f = xsmm_kernel(&key);
     if (f == NULL)
         return 0;
     f(b, a, c);

@@ -7,6 +7,9 @@
 - the FLOP count a token is 6 N + 12 L T C with N counted from charlm_ref's parameter list;
 - a message of steps stays under the 8 MiB bound; --rounds runs the peers in turn and keeps
   each one's fastest round;
+- the sgemm rate is measured just before and just after every peer's run, and each run's
+  fraction (and the 60 % target's verdict) is its FLOP/s over the higher of those two; with a
+  bench_blas beside INFEEDD, its --threads measurement gives a positive rate;
 - with a Keras environment (bench/.venv-peers, or IFD_KERAS_PYTHON: the Python that has keras,
   jax and tensorflow): bench/keras_charlm.py's model has charlm_ref's loss, gradients and
   predict output at the same weights, on JAX and TensorFlow, on random small shapes;
@@ -124,6 +127,118 @@ def test_rounds_alternate_the_peers_and_keep_the_fastest(monkeypatch, tmp_path):
         assert where[key]["rounds"] == speed[label]
         assert where[key]["tokens_per_sec"] == max(speed[label])
     assert peers.run_charlm_job(None, None, "charlm8", 10, "1", tmp_path, 2)["infeedd"] == {}
+
+
+def test_sgemm_rate_is_measured_beside_every_run(monkeypatch, tmp_path):
+    rng = random.Random(11)
+    rounds, calls, rates = rng.randint(1, 3), [], []
+
+    def rate_now():
+        rates.append(rng.uniform(50, 300))
+        calls.append("rate")
+        return rates[-1]
+
+    def fake(label):
+        calls.append(label)
+        return {"tokens_per_sec": rng.uniform(1000, 60000)}
+
+    monkeypatch.setattr(peers, "run_infeedd_charlm", lambda exe, job, r, steps, tmp: fake(f"R{r}"))
+    monkeypatch.setattr(peers, "run_keras_charlm", lambda py, backend, job, steps: fake(backend))
+    row = peers.run_charlm_job("infeedd", "python", "charlm32", 10, "1,2", tmp_path, rounds,
+                               rate_now)
+    assert calls == ["rate", "R1", "rate", "rate", "R2", "rate", "rate", "jax", "rate",
+                     "rate", "tensorflow", "rate"] * rounds
+    fpt = peers.flops_per_token(peers.JOBS["charlm32"])
+    for i, (where, key) in enumerate(((row["infeedd"], "R1/feed"), (row["infeedd"], "R2/feed"),
+                                      (row["keras"], "jax"), (row["keras"], "tensorflow"))):
+        res = where[key]
+        for rnd in range(rounds):  # each round's fraction: against its own two measurements
+            before, after = rates[2 * (4 * rnd + i)], rates[2 * (4 * rnd + i) + 1]
+            want = res["rounds"][rnd] * fpt / (max(before, after) * 1e9)
+            assert res["fractions"][rnd] == pytest.approx(want, rel=1e-12)
+        kept = res["rounds"].index(res["tokens_per_sec"])
+        assert (res["sgemm_before"], res["sgemm_after"]) == (rates[2 * (4 * kept + i)],
+                                                             rates[2 * (4 * kept + i) + 1])
+
+
+@pytest.mark.parametrize("frac", [0.55, 0.65])
+def test_sgemm_target_uses_the_rate_beside_the_run(frac, capsys):
+    rng = random.Random(str(frac))
+    fpt = peers.flops_per_token(peers.JOBS["charlm32"])
+    tps = rng.uniform(10000, 60000)
+    mean = tps * fpt / frac / 1e9  # GFLOP/s such that the run is at frac of it
+    skew = rng.uniform(0, 0.2) * mean
+    # the higher measurement is the denominator: after, or before
+    good = {"tokens_per_sec": tps, "sgemm_before": mean - 2 * skew, "sgemm_after": mean}
+    if rng.random() < 0.5:
+        good["sgemm_before"], good["sgemm_after"] = mean, mean - 2 * skew
+    # a slower run beside a much lower rate: a larger fraction, not the fastest row's
+    slow = {"tokens_per_sec": tps / 2, "sgemm_before": mean / 10, "sgemm_after": mean / 10}
+    keras = {"tokens_per_sec": tps / 10, "sgemm_before": mean, "sgemm_after": mean}
+    row = {"job": "charlm32", "infeedd": {"R1/feed": good}, "keras": {"jax": keras}}
+    ok = peers.print_charlm([row], 2)
+    out = capsys.readouterr().out
+    verdict = f"{frac:.0%} {'met' if frac >= 0.6 else 'NOT met'}"
+    assert f"rate beside it (the fastest row's): {verdict}" in out
+    assert ok == (frac >= 0.6)
+    assert f"{mean - 2 * skew:.1f}" in out and f"{mean:.1f}" in out
+    row["infeedd"]["R2/feed"] = slow  # the fastest row's fraction is the target's, not the largest
+    assert peers.print_charlm([row], 2) == (frac >= 0.6)
+    out = capsys.readouterr().out
+    assert f"rate beside it (the fastest row's): {verdict}" in out
+    assert f"{tps / 2 * fpt / (mean / 10) / 1e9:.0%}*" not in out  # the slow row: not moved
+    assert f"{tps / 2 * fpt / (mean / 10) / 1e9:.0%}" in out
+    assert ("*: the two sgemm measurements" in out) == (2 * skew > peers.RATE_MOVED * mean)
+    keras.update(sgemm_before=mean * 0.6, sgemm_after=mean)  # a rate that moved: marked
+    peers.print_charlm([row], 2)
+    out = capsys.readouterr().out
+    assert f"{tps / 10 * fpt / mean / 1e9:.0%}*" in out and "*: the two sgemm measurements" in out
+
+
+def test_main_prints_the_charlm_table_with_the_rates_beside(monkeypatch, tmp_path, capsys):
+    rng = random.Random(5)
+    rates = []
+
+    def rate_now(bench, threads):
+        rates.append(rng.uniform(100, 300))
+        return rates[-1]
+
+    tps = {r: rng.uniform(10000, 60000) for r in (1, 2)}
+    monkeypatch.setattr(peers, "sgemm_rate_now", rate_now)
+    monkeypatch.setattr(peers, "bench_blas_of", lambda exe: tmp_path)  # it exists
+    monkeypatch.setattr(peers, "run_infeedd_charlm",
+                        lambda exe, job, r, steps, tmp: {"tokens_per_sec": tps[r], "blas": "x"})
+    monkeypatch.setattr(sys, "argv", ["peers.py", "--jobs", "charlm32", "--no-keras",
+                                      "--infeedd", "infeedd", "--replicas", "1,2"])
+    rc = peers.main()
+    out = capsys.readouterr().out
+    assert len(rates) == 4
+    fpt = peers.flops_per_token(peers.JOBS["charlm32"])
+    best = max((1, 2), key=lambda r: tps[r])
+    frac = tps[best] * fpt / (max(rates[2 * best - 2], rates[2 * best - 1]) * 1e9)
+    assert f"rate beside it (the fastest row's): {frac:.0%}" in out
+    every = sorted(tps[r] * fpt / (max(rates[2 * r - 2], rates[2 * r - 1]) * 1e9) for r in (1, 2))
+    assert (f"every run: {every[0]:.0%}, {every[1]:.0%} (median {(every[0] + every[1]) / 2:.0%})"
+            in out)
+    for r in (1, 2):  # each run's line carries its own fraction
+        f = tps[r] * fpt / (max(rates[2 * r - 2], rates[2 * r - 1]) * 1e9)
+        assert f"R{r}/feed (round 1): " in out and f"of sgemm {f:.1%}" in out
+    assert rc == (0 if frac >= 0.6 else 1)
+
+
+def bench_blas():
+    exe = os.environ.get("INFEEDD") or str(ROOT / "build" / "host" / "infeedd")
+    b = peers.bench_blas_of(exe)
+    return b if b.is_file() else None
+
+
+@pytest.mark.skipif(bench_blas() is None, reason="no bench_blas beside INFEEDD")
+def test_sgemm_rate_now_on_threads():
+    for threads in (1, random.Random(3).randint(2, 4)):
+        rate = peers.sgemm_rate_now(bench_blas(), threads)
+        assert math.isfinite(rate) and rate > 0
+    with pytest.raises(RuntimeError, match="--threads 0"):
+        peers.sgemm_rate_now(bench_blas(), 0)
 
 
 def test_steps_per_message_fit_a_message():

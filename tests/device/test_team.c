@@ -338,6 +338,45 @@ START_TEST(test_gemm_k_split)
 }
 END_TEST
 
+/* ifd_cpu_gemm_small on random data of one shape, twice (the same bits), against a double
+ * reference; C's padding past n untouched. */
+static void check_gemm_small(ifd_rng *rng, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                             int64_t lda, int64_t ldb, int64_t ldc, float alpha, float beta)
+{
+    int64_t ar = ta ? k : m, br = tb ? n : k;
+    float *a = tu_frand(rng, ar * lda), *b = tu_frand(rng, br * ldb), *c0 = tu_frand(rng, m * ldc);
+    size_t cb = sizeof(float) * (size_t)(m * ldc);
+    float *c1 = malloc(cb), *c2 = malloc(cb);
+    memcpy(c1, c0, cb);
+    memcpy(c2, c0, cb);
+    ifd_cpu_gemm_small(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c1, ldc);
+    ifd_cpu_gemm_small(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c2, ldc);
+    ck_assert_msg(memcmp(c1, c2, cb) == 0, "%lldx%lldx%lld ta %d tb %d: two runs differ",
+                  (long long)m, (long long)n, (long long)k, ta, tb);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < ldc; j++) {
+            double ref = c0[i * ldc + j];
+            if (j < n) {
+                ref *= beta;
+                for (int64_t l = 0; l < k; l++)
+                    ref += alpha * (double)(ta ? a[l * lda + i] : a[i * lda + l]) *
+                           (double)(tb ? b[j * ldb + l] : b[l * ldb + j]);
+            }
+            double tol = j < n ? 1e-4 * (1.0 + sqrt((double)k)) : 0.0;
+            ck_assert_msg(fabs(c1[i * ldc + j] - ref) <= tol,
+                          "%lldx%lldx%lld ta %d tb %d alpha %g beta %g lds %lld %lld %lld: "
+                          "[%lld,%lld] %g, expected %g",
+                          (long long)m, (long long)n, (long long)k, ta, tb, (double)alpha,
+                          (double)beta, (long long)lda, (long long)ldb, (long long)ldc,
+                          (long long)i, (long long)j, c1[i * ldc + j], ref);
+        }
+    free(a);
+    free(b);
+    free(c0);
+    free(c1);
+    free(c2);
+}
+
 /* The attention's small products (ifd_cpu_gemm_small: libxsmm's kernels where the build has
  * libxsmm and the call fits one, else OpenBLAS) agree with a double reference for random shapes
  * (some above IFD_GEMM_SMALL_MAX, some with k = 0: C = beta C), leading dimensions wider than the
@@ -357,45 +396,35 @@ START_TEST(test_gemm_small)
         int ta = trial & 1, tb = (trial >> 1) & 1, big = trial % 12 == 11;
         int64_t m = rand_between(&rng, 1, big ? 300 : 140), n = rand_between(&rng, 1, 140),
                 k = trial % 12 == 4 ? 0 : rand_between(&rng, 1, big ? 300 : 140);
-        int64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+        int64_t ac = ta ? m : k, bc = tb ? k : n;
         int64_t lda = ac + rand_between(&rng, ac ? 0 : 1, 40),
                 ldb = bc + rand_between(&rng, bc ? 0 : 1, 40), ldc = n + rand_between(&rng, 0, 40);
         float alpha = (trial >> 2) % 3 ? 1.0f : (float)(ifd_rng_uniform(&rng) * 2 - 1);
         float beta = (trial >> 3) % 3 == 0   ? 0.0f
                      : (trial >> 3) % 3 == 1 ? 1.0f
                                              : (float)ifd_rng_uniform(&rng);
-        float *a = tu_frand(&rng, ar * lda), *b = tu_frand(&rng, br * ldb),
-              *c0 = tu_frand(&rng, m * ldc);
-        size_t cb = sizeof(float) * (size_t)(m * ldc);
-        float *c1 = malloc(cb), *c2 = malloc(cb);
-        memcpy(c1, c0, cb);
-        memcpy(c2, c0, cb);
-        ifd_cpu_gemm_small(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c1, ldc);
-        ifd_cpu_gemm_small(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c2, ldc);
-        ck_assert_msg(memcmp(c1, c2, cb) == 0, "%lldx%lldx%lld ta %d tb %d: two runs differ",
-                      (long long)m, (long long)n, (long long)k, ta, tb);
-        for (int64_t i = 0; i < m; i++)
-            for (int64_t j = 0; j < ldc; j++) {
-                double ref = c0[i * ldc + j];
-                if (j < n) {
-                    ref *= beta;
-                    for (int64_t l = 0; l < k; l++)
-                        ref += alpha * (double)(ta ? a[l * lda + i] : a[i * lda + l]) *
-                               (double)(tb ? b[j * ldb + l] : b[l * ldb + j]);
-                }
-                double tol = j < n ? 1e-4 * (1.0 + sqrt((double)k)) : 0.0;
-                ck_assert_msg(fabs(c1[i * ldc + j] - ref) <= tol,
-                              "%lldx%lldx%lld ta %d tb %d alpha %g beta %g lds %lld %lld %lld: "
-                              "[%lld,%lld] %g, expected %g",
-                              (long long)m, (long long)n, (long long)k, ta, tb, (double)alpha,
-                              (double)beta, (long long)lda, (long long)ldb, (long long)ldc,
-                              (long long)i, (long long)j, c1[i * ldc + j], ref);
-            }
-        free(a);
-        free(b);
-        free(c0);
-        free(c1);
-        free(c2);
+        check_gemm_small(&rng, ta, tb, m, n, k, lda, ldb, ldc, alpha, beta);
+    }
+}
+END_TEST
+
+/* Products that differ from each other in one thing only (a leading dimension, A transposed or
+ * not, beta 0 or 1), interleaved in random order, each several times: every one gets its own
+ * kernel (the thread's cache of libxsmm kernels keys on the whole descriptor). */
+START_TEST(test_gemm_small_kernels_by_descriptor)
+{
+    ifd_rng rng;
+    seed_rng(&rng);
+    int64_t m = rand_between(&rng, 1, 64), n = rand_between(&rng, 1, 64),
+            k = rand_between(&rng, 1, 64);
+    enum { VARIANTS = 7 };
+    for (int round = 0; round < 6 * VARIANTS; round++) {
+        int v = (int)rand_between(&rng, 0, VARIANTS - 1), ta = v == 4;
+        int64_t lda = (ta ? m : k) + (v == 1 ? 3 : 0), ldb = n + (v == 2 ? 5 : 0),
+                ldc = n + (v == 3 ? 2 : 0);
+        check_gemm_small(&rng, ta, 0, m, n, k, lda, ldb, ldc, 1.0f, v == 5 ? 1.0f : 0.0f);
+        if (v == 6) /* another shape at the same time, which may share a cache slot */
+            check_gemm_small(&rng, 0, 0, n, m, k + 1, k + 1, m, m, 1.0f, 0.0f);
     }
 }
 END_TEST
@@ -705,6 +734,7 @@ int main(void)
     tcase_add_test(tc, test_gemm_k_split);
     tcase_add_test(tc, test_gemm_bias);
     tcase_add_test(tc, test_gemm_small);
+    tcase_add_test(tc, test_gemm_small_kernels_by_descriptor);
     tcase_add_test(tc, test_transpose);
     tcase_add_test(tc, test_update_split_same_bits);
     tcase_add_test(tc, test_replica_threads);
