@@ -34,10 +34,10 @@ static void xsmm_init(void)
 
 /*
  * The thread's last kernels, by their descriptor: libxsmm's registry lookup (a hash of the whole
- * descriptor, then its table) was about 5 % of the attention's time, which asks for the same
- * few shapes thousands of times a step. Direct-mapped, XSMM_CACHE entries; a kernel is never
- * freed before libxsmm_finalize, so a cached pointer stays good. A miss (or a shape libxsmm has
- * no kernel for) asks the registry, as before.
+ * descriptor, then its table) took 1.85 % of an attention driver's samples (0.6 % with this
+ * cache): the attention asks for the same few shapes thousands of times a step. Direct-mapped,
+ * XSMM_CACHE entries; a kernel is never freed before libxsmm_finalize, so a cached pointer stays
+ * good. A miss (or a shape libxsmm has no kernel for) asks the registry, as before.
  */
 #define XSMM_CACHE 32
 
