@@ -7,7 +7,6 @@
 #include "core/thread.h"
 #include "device/cuda/cuda_backend.h"
 
-
 /* ---- the replication ops (device/step.h) ----------------------------------------------------- */
 
 int ifd_cu_allreduce_sum(void *ctx, float *buf, int64_t n, ifd_error *err)
