@@ -218,13 +218,16 @@ static int flush_shm(ifd_publisher *p, tensor_acc *a, int *pushed, ifd_error *er
     ifd_tensor_ring *ring = ring_get(p);
     ring_place place = {.ring = ring, .bytes = a->len};
     char *at = ring ? ifd_tensor_ring_claim(ring, a->len, &place.seq) : NULL, *copy = NULL;
+    /* a->data is NULL while every step so far had no rows (len 0) */
     if (at) {
-        memcpy(at, a->data, a->len);
+        if (a->len)
+            memcpy(at, a->data, a->len);
     } else {
         size_t cap;
         if ((copy = ifd_tensor_pool_get(p->pool, a->len, &cap)) == NULL)
             return ifd_error_set(err, IFD_ENOMEM, "publish: tensor '%s'", a->name);
-        memcpy(copy, a->data, a->len);
+        if (a->len)
+            memcpy(copy, a->data, a->len);
     }
     outmsg *m = tensor_msg(p, a, IFD_PUB_TENSOR_SHM_PREFIX, copy, at ? &place : NULL);
     if (m == NULL) {

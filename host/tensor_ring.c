@@ -236,6 +236,7 @@ int ifd_tensor_ring_read(const ifd_tensor_ring_reader *rd, uint64_t seq, size_t 
         return IFD_EPROTO;
     if (!ifd_tensor_ring_intact(rd, seq))
         return IFD_ERANGE;
-    memcpy(dst, at, n);
+    if (n)
+        memcpy(dst, at, n);
     return ifd_tensor_ring_intact(rd, seq) ? IFD_OK : IFD_ERANGE;
 }
