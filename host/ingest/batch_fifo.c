@@ -162,10 +162,8 @@ static int src_pop(ifd_ingest *g, int lane, ifd_batch **out, int wait, ifd_error
         __atomic_store_n(&g->fifo.src_waiting, 1, __ATOMIC_SEQ_CST);
         if (__atomic_load_n(&g->acks_due, __ATOMIC_SEQ_CST) > 0)
             acks_request(g);
-        g->fifo.nwaiting++;
         while (l->head == NULL && !g->fifo.closed && !g->fifo.aborted)
             ifd_cond_wait(&g->fifo.cv, &g->fifo.mu);
-        g->fifo.nwaiting--;
         __atomic_store_n(&g->fifo.src_waiting, 0, __ATOMIC_SEQ_CST);
     }
     int rc;
@@ -256,9 +254,9 @@ void ingest_fifo_flush(ifd_ingest *g)
         l->bhead = l->btail = NULL;
     }
     /* One consumer (the infeed thread), waiting for one FIFO: a wake-up for another FIFO's batch
-     * makes it check again and wait on. Woken only when it waits, and after the unlock, so that
-     * it does not wake to block on the mutex at once. */
-    int wake = g->fifo.nwaiting > 0;
+     * makes it check again and wait on. Woken only when it waits (src_waiting, written under mu),
+     * and after the unlock, so that it does not wake to block on the mutex at once. */
+    int wake = __atomic_load_n(&g->fifo.src_waiting, __ATOMIC_RELAXED);
     ifd_mutex_unlock(&g->fifo.mu);
     if (wake)
         ifd_cond_signal(&g->fifo.cv);

@@ -214,7 +214,6 @@ typedef struct ingest_fifo {
     src_lane *lanes;
     int closed, aborted;
     int src_waiting; /* atomic, written under mu: the infeed waits for a batch (src_pop) */
-    int nwaiting;    /* under mu: the threads in src_pop's wait (ingest_fifo_flush wakes one) */
     position **pos;  /* the position table; entries never move */
     int npos, cap_pos;
     int max_pos;     /* names the table holds at most (4 x max_producers, at least 1024) */
